@@ -1,0 +1,127 @@
+# quantd — one Makefile (see README.md).
+#   make            bin/quantd (with the CUDA backend when nvcc is found, CPU-only otherwise)
+#   make deps       install the Debian packages that building and testing need (root)
+#   make test       unit tests (cmocka) + peer cross-checks (pytest, venv in .venv)
+#   make sanitize   the same tests built with ASan + UBSan
+#   make bench      CPU throughput table
+#   make run        build and quantize a demo tensor
+
+CC       ?= cc
+PYTHON   ?= python3
+BUILD    ?= build
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+
+# x86-64-v3 (AVX2) where the build machine has it; override ARCH_FLAGS for other targets.
+ARCH_FLAGS ?= $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -march=x86-64-v3 || echo -march=x86-64-v2)
+# No fast-math and no FMA contraction: the peers round every f32 operation (docs/formats.md).
+FP_FLAGS := -ffp-contract=off -fno-fast-math -fno-finite-math-only
+WARN     := -Wall -Wextra -Werror -Wno-unused-parameter
+CFLAGS   ?= -O3 -g
+CFLAGS   += -std=gnu11 $(WARN) $(FP_FLAGS) $(ARCH_FLAGS) -pthread -MMD -MP
+LDLIBS   += -lcjson -lm -pthread
+
+KERNEL_SRCS := $(wildcard kernels/*.c kernels/cpu/*.c)
+SERVER_SRCS := $(wildcard server/*.c)
+CUDA_SRCS   := $(wildcard kernels/cuda/*.cu)
+
+ifneq ($(strip $(NVCC)),)
+ifneq ($(strip $(CUDA_SRCS)),)
+WITH_CUDA := 1
+endif
+endif
+ifeq ($(NO_CUDA),1)
+WITH_CUDA :=
+endif
+
+ifeq ($(WITH_CUDA),1)
+CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NVCC_FLAGS  ?= -O3 -std=c++17 --fmad=false -gencode=arch=compute_90,code=sm_90 \
+               -gencode=arch=compute_90,code=compute_90 -Xcompiler -Wall
+CFLAGS      += -DQD_WITH_CUDA -I$(CUDA_HOME)/include
+LDLIBS      += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+CUDA_OBJS   := $(CUDA_SRCS:%.cu=$(BUILD)/%.o)
+endif
+
+KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
+SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
+
+.PHONY: all deps venv test test-unit test-peers sanitize bench run clean check-deps
+all: check-deps bin/quantd
+
+bin/quantd: $(KERNEL_OBJS) $(SERVER_OBJS)
+	@mkdir -p bin
+	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
+
+# ---- dependencies ---------------------------------------------------------------------------
+DEB_PACKAGES := build-essential pkg-config libcjson-dev libcmocka-dev libmicrohttpd-dev \
+                libcurl4-openssl-dev python3 python3-venv python3-pip
+
+deps:
+	@if [ "$$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO=sudo; fi; \
+	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(DEB_PACKAGES)
+
+check-deps:
+	@test -f /usr/include/cjson/cJSON.h || { echo "missing libcjson-dev: run 'make deps' (apt-get install libcjson-dev)"; exit 1; }
+
+.venv/ok: tests/requirements.txt
+	$(PYTHON) -m venv .venv
+	.venv/bin/pip install -q -r tests/requirements.txt
+	touch $@
+venv: .venv/ok
+
+# ---- tests ----------------------------------------------------------------------------------
+TEST_SRCS := $(wildcard tests/kernels/test_*.c)
+TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+TEST_LIBS := -lcmocka
+
+$(BUILD)/tests/%: tests/%.c $(KERNEL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS)
+
+test-unit: $(TEST_BINS)
+	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
+
+test-peers: bin/quantd .venv/ok
+	QUANTD=$(abspath bin/quantd) .venv/bin/python -m pytest -q tests/peers
+
+test: all test-unit test-peers
+
+# ASan + UBSan: a separate build tree, the same tests.
+sanitize:
+	$(MAKE) BUILD=build-san NO_CUDA=1 \
+	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+	  LDFLAGS="-fsanitize=address,undefined" bin/quantd-san test-unit-san
+
+bin/quantd-san: $(KERNEL_OBJS) $(SERVER_OBJS)
+	@mkdir -p bin
+	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
+
+test-unit-san: $(TEST_BINS) .venv/ok
+	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
+	QUANTD=$(abspath bin/quantd-san) QUANTD_SANITIZED=1 .venv/bin/python -m pytest -q tests/peers
+
+# ---- benchmarks -----------------------------------------------------------------------------
+$(BUILD)/bench/bench_cpu: bench/bench_cpu.c $(KERNEL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) -ldl
+
+bench: $(BUILD)/bench/bench_cpu
+	$(BUILD)/bench/bench_cpu
+
+run: all
+	$(PYTHON) -c "import os,struct,random; random.seed(1); open('/tmp/quantd-demo.f32','wb').write(struct.pack('<65536f',*[random.gauss(0,1) for _ in range(65536)]))"
+	bin/quantd quantize --fmt nvfp4 --dtype f32 --shape 256,256 --in /tmp/quantd-demo.f32 --out /tmp/quantd-demo
+	cat /tmp/quantd-demo/meta.json
+
+clean:
+	rm -rf build build-san bin
+
+-include $(shell find $(BUILD) build-san -name '*.d' 2>/dev/null)

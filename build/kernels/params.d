@@ -1,0 +1,2 @@
+build/kernels/params.o: kernels/params.c kernels/registry.h
+kernels/registry.h:

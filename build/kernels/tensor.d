@@ -1,0 +1,2 @@
+build/kernels/tensor.o: kernels/tensor.c kernels/registry.h
+kernels/registry.h:

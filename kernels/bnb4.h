@@ -1,0 +1,168 @@
+/* bitsandbytes 4-bit codecs (NF4, FP4) and the 8-bit dynamic map used by double quantization,
+ * shared by the CPU and CUDA backends. Each mirrors a device function of bitsandbytes 0.50
+ * csrc/kernels.cu, named beside it; the thresholds are that file's f32 literals. */
+#ifndef QD_BNB4_H
+#define QD_BNB4_H
+
+#include "fp.h"
+
+/* dQuantizeNF4: a decision tree over the midpoints between neighbouring NF4 values. NaN fails
+ * every comparison and lands on code 0. */
+QD_HD uint8_t qd_nf4_code(float x)
+{
+    if (x > 0.03979014977812767f) {
+        if (x > 0.3893125355243683f) {
+            if (x > 0.6427869200706482f)
+                return x > 0.8614784181118011f ? 15 : 14;
+            return x > 0.5016634166240692f ? 13 : 12;
+        }
+        if (x > 0.2035212516784668f)
+            return x > 0.2920137718319893f ? 11 : 10;
+        return x > 0.1202552504837513f ? 9 : 8;
+    }
+    if (x > -0.33967943489551544f) {
+        if (x > -0.13791173323988914f)
+            return x > -0.045525018125772476f ? 7 : 6;
+        return x > -0.23460740596055984f ? 5 : 4;
+    }
+    if (x > -0.6106329262256622f)
+        return x > -0.4599952697753906f ? 3 : 2;
+    return x > -0.8480964004993439f ? 1 : 0;
+}
+
+/* dQuantizeFP4: sign bit 0b1000 only for x < 0 (so -0.0 and NaN get 0), magnitude by a tree
+ * whose pivots are the midpoints of the FP4 values divided by 12 (its absmax). */
+QD_HD uint8_t qd_fp4_code(float x)
+{
+    uint8_t sign = x < 0 ? 8 : 0;
+    float a = qd_absf(x);
+    uint8_t m;
+    if (a > 0.29166667f)
+        m = a > 0.583333f ? (a > 0.8333333f ? 3 : 2) : (a > 0.4166667f ? 5 : 4);
+    else if (a > 0.0859375f)
+        m = a > 0.20833333f ? 7 : 6;
+    else
+        m = a > 0.00260417f ? 1 : 0;
+    return (uint8_t)(m | sign);
+}
+
+/* nf4_dequantization_lut */
+#define QD_NF4_VALUES                                                                            \
+    {-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,                   \
+     -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,                 \
+     0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,    \
+     0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f}
+
+/* fp4_dequantization_lut (low 3 bits); dDequantizeFP4Tree multiplies by -1 for the sign bit. */
+#define QD_FP4_MAGNITUDES                                                                        \
+    {0.0f, 0.005208333333f, 0.66666667f, 1.0f, 0.33333333f, 0.5f, 0.16666667f, 0.25f}
+
+/* bitsandbytes functional.get_4bit_type("fp4") before its division by the max (12): the
+ * quant_map component is these divided by 12 in f32, as torch does. */
+#define QD_FP4_TYPE_VALUES                                                                       \
+    {0.0f, 0.0625f, 8.0f, 12.0f, 4.0f, 6.0f, 2.0f, 3.0f, 0.0f, -0.0625f, -8.0f, -12.0f, -4.0f,   \
+     -6.0f, -2.0f, -3.0f}
+
+/* create_dynamic_map(signed=True): the 256 sorted f32 values bitsandbytes 0.50.2 builds with
+ * torch.linspace; copied from its output (tests/fixtures/bnb, nested_quant_map.bin) rather than
+ * recomputed, because torch's vectorized linspace rounds differently per CPU vector width. */
+#define QD_DYNAMIC_MAP {                                                                         \
+    -0x1.fc66660000000p-1f, -0x1.f533340000000p-1f, -0x1.ee00000000000p-1f, -0x1.e6cccc0000000p-1f, \
+    -0x1.df999a0000000p-1f, -0x1.d866660000000p-1f, -0x1.d133340000000p-1f, -0x1.ca00000000000p-1f, \
+    -0x1.c2cccc0000000p-1f, -0x1.bb999a0000000p-1f, -0x1.b466660000000p-1f, -0x1.ad33340000000p-1f, \
+    -0x1.a600000000000p-1f, -0x1.9ecccc0000000p-1f, -0x1.97999a0000000p-1f, -0x1.9066660000000p-1f, \
+    -0x1.8933340000000p-1f, -0x1.8200000000000p-1f, -0x1.7acccc0000000p-1f, -0x1.73999a0000000p-1f, \
+    -0x1.6c66680000000p-1f, -0x1.6533340000000p-1f, -0x1.5e00000000000p-1f, -0x1.56cccc0000000p-1f, \
+    -0x1.4f999a0000000p-1f, -0x1.4866680000000p-1f, -0x1.4133340000000p-1f, -0x1.3a00000000000p-1f, \
+    -0x1.32cccc0000000p-1f, -0x1.2b999a0000000p-1f, -0x1.2466680000000p-1f, -0x1.1d33340000000p-1f, \
+    -0x1.1600000000000p-1f, -0x1.0ecccc0000000p-1f, -0x1.0799980000000p-1f, -0x1.0066660000000p-1f, \
+    -0x1.f266640000000p-2f, -0x1.e400000000000p-2f, -0x1.d599980000000p-2f, -0x1.c733340000000p-2f, \
+    -0x1.b8cccc0000000p-2f, -0x1.aa66660000000p-2f, -0x1.9c00000000000p-2f, -0x1.8d99980000000p-2f, \
+    -0x1.7f33340000000p-2f, -0x1.70cccc0000000p-2f, -0x1.6266660000000p-2f, -0x1.5400000000000p-2f, \
+    -0x1.4599980000000p-2f, -0x1.3733340000000p-2f, -0x1.28cccc0000000p-2f, -0x1.1a66680000000p-2f, \
+    -0x1.0c00000000000p-2f, -0x1.fb33320000000p-3f, -0x1.de66660000000p-3f, -0x1.c1999a0000000p-3f, \
+    -0x1.a4cccc0000000p-3f, -0x1.8800000000000p-3f, -0x1.6b33340000000p-3f, -0x1.4e66660000000p-3f, \
+    -0x1.31999a0000000p-3f, -0x1.14cccc0000000p-3f, -0x1.f000000000000p-4f, -0x1.b666680000000p-4f, \
+    -0x1.93d70a0000000p-4f, -0x1.8851ee0000000p-4f, -0x1.7cccce0000000p-4f, -0x1.7147ae0000000p-4f, \
+    -0x1.65c2900000000p-4f, -0x1.5a3d700000000p-4f, -0x1.4eb8540000000p-4f, -0x1.4333340000000p-4f, \
+    -0x1.37ae140000000p-4f, -0x1.2c28f60000000p-4f, -0x1.20a3d60000000p-4f, -0x1.151eba0000000p-4f, \
+    -0x1.09999a0000000p-4f, -0x1.fc28f60000000p-5f, -0x1.e51eba0000000p-5f, -0x1.ce147a0000000p-5f, \
+    -0x1.b70a3e0000000p-5f, -0x1.a000000000000p-5f, -0x1.88f5c20000000p-5f, -0x1.71eb860000000p-5f, \
+    -0x1.5ae1460000000p-5f, -0x1.43d70a0000000p-5f, -0x1.2cccce0000000p-5f, -0x1.15c2900000000p-5f, \
+    -0x1.fd70a40000000p-6f, -0x1.cf5c2a0000000p-6f, -0x1.a147ae0000000p-6f, -0x1.7333340000000p-6f, \
+    -0x1.451eba0000000p-6f, -0x1.170a3e0000000p-6f, -0x1.d1eb860000000p-7f, -0x1.75c2900000000p-7f, \
+    -0x1.3e76c80000000p-7f, -0x1.2c08300000000p-7f, -0x1.19999a0000000p-7f, -0x1.072b020000000p-7f, \
+    -0x1.e978d40000000p-8f, -0x1.c49ba60000000p-8f, -0x1.9fbe760000000p-8f, -0x1.7ae1480000000p-8f, \
+    -0x1.56041a0000000p-8f, -0x1.3126e80000000p-8f, -0x1.0c49ba0000000p-8f, -0x1.ced9140000000p-9f, \
+    -0x1.851eb80000000p-9f, -0x1.3b645a0000000p-9f, -0x1.e353f80000000p-10f, -0x1.4fdf3a0000000p-10f, \
+    -0x1.eecbfe0000000p-11f, -0x1.b3d07c0000000p-11f, -0x1.78d5000000000p-11f, -0x1.3dd9820000000p-11f, \
+    -0x1.02de020000000p-11f, -0x1.8fc5060000000p-12f, -0x1.19ce0a0000000p-12f, -0x1.47ae160000000p-13f, \
+    -0x1.743e960000000p-14f, -0x1.15df660000000p-14f, -0x1.6f00680000000p-15f, -0x1.64840c0000000p-16f, \
+    -0x1.040bfe0000000p-17f, -0x1.b435280000000p-19f, -0x1.27476e0000000p-21f, 0x0.0p+0f, \
+    0x1.27476e0000000p-21f, 0x1.b435280000000p-19f, 0x1.040bfe0000000p-17f, 0x1.64840c0000000p-16f, \
+    0x1.6f00680000000p-15f, 0x1.15df660000000p-14f, 0x1.743e960000000p-14f, 0x1.47ae160000000p-13f, \
+    0x1.19ce0a0000000p-12f, 0x1.8fc5060000000p-12f, 0x1.02de020000000p-11f, 0x1.3dd9820000000p-11f, \
+    0x1.78d5000000000p-11f, 0x1.b3d07c0000000p-11f, 0x1.eecbfe0000000p-11f, 0x1.4fdf3a0000000p-10f, \
+    0x1.e353f80000000p-10f, 0x1.3b645a0000000p-9f, 0x1.851eb80000000p-9f, 0x1.ced9140000000p-9f, \
+    0x1.0c49ba0000000p-8f, 0x1.3126e80000000p-8f, 0x1.56041a0000000p-8f, 0x1.7ae1480000000p-8f, \
+    0x1.9fbe760000000p-8f, 0x1.c49ba60000000p-8f, 0x1.e978d40000000p-8f, 0x1.072b020000000p-7f, \
+    0x1.19999a0000000p-7f, 0x1.2c08300000000p-7f, 0x1.3e76c80000000p-7f, 0x1.75c2900000000p-7f, \
+    0x1.d1eb860000000p-7f, 0x1.170a3e0000000p-6f, 0x1.451eba0000000p-6f, 0x1.7333340000000p-6f, \
+    0x1.a147ae0000000p-6f, 0x1.cf5c2a0000000p-6f, 0x1.fd70a40000000p-6f, 0x1.15c2900000000p-5f, \
+    0x1.2cccce0000000p-5f, 0x1.43d70a0000000p-5f, 0x1.5ae1460000000p-5f, 0x1.71eb860000000p-5f, \
+    0x1.88f5c20000000p-5f, 0x1.a000000000000p-5f, 0x1.b70a3e0000000p-5f, 0x1.ce147a0000000p-5f, \
+    0x1.e51eba0000000p-5f, 0x1.fc28f60000000p-5f, 0x1.09999a0000000p-4f, 0x1.151eba0000000p-4f, \
+    0x1.20a3d60000000p-4f, 0x1.2c28f60000000p-4f, 0x1.37ae140000000p-4f, 0x1.4333340000000p-4f, \
+    0x1.4eb8540000000p-4f, 0x1.5a3d700000000p-4f, 0x1.65c2900000000p-4f, 0x1.7147ae0000000p-4f, \
+    0x1.7cccce0000000p-4f, 0x1.8851ee0000000p-4f, 0x1.93d70a0000000p-4f, 0x1.b666680000000p-4f, \
+    0x1.f000000000000p-4f, 0x1.14cccc0000000p-3f, 0x1.31999a0000000p-3f, 0x1.4e66660000000p-3f, \
+    0x1.6b33340000000p-3f, 0x1.8800000000000p-3f, 0x1.a4cccc0000000p-3f, 0x1.c1999a0000000p-3f, \
+    0x1.de66660000000p-3f, 0x1.fb33320000000p-3f, 0x1.0c00000000000p-2f, 0x1.1a66680000000p-2f, \
+    0x1.28cccc0000000p-2f, 0x1.3733340000000p-2f, 0x1.4599980000000p-2f, 0x1.5400000000000p-2f, \
+    0x1.6266660000000p-2f, 0x1.70cccc0000000p-2f, 0x1.7f33340000000p-2f, 0x1.8d99980000000p-2f, \
+    0x1.9c00000000000p-2f, 0x1.aa66660000000p-2f, 0x1.b8cccc0000000p-2f, 0x1.c733340000000p-2f, \
+    0x1.d599980000000p-2f, 0x1.e400000000000p-2f, 0x1.f266640000000p-2f, 0x1.0066660000000p-1f, \
+    0x1.0799980000000p-1f, 0x1.0ecccc0000000p-1f, 0x1.1600000000000p-1f, 0x1.1d33340000000p-1f, \
+    0x1.2466680000000p-1f, 0x1.2b999a0000000p-1f, 0x1.32cccc0000000p-1f, 0x1.3a00000000000p-1f, \
+    0x1.4133340000000p-1f, 0x1.4866680000000p-1f, 0x1.4f999a0000000p-1f, 0x1.56cccc0000000p-1f, \
+    0x1.5e00000000000p-1f, 0x1.6533340000000p-1f, 0x1.6c66680000000p-1f, 0x1.73999a0000000p-1f, \
+    0x1.7acccc0000000p-1f, 0x1.8200000000000p-1f, 0x1.8933340000000p-1f, 0x1.9066660000000p-1f, \
+    0x1.97999a0000000p-1f, 0x1.9ecccc0000000p-1f, 0x1.a600000000000p-1f, 0x1.ad33340000000p-1f, \
+    0x1.b466660000000p-1f, 0x1.bb999a0000000p-1f, 0x1.c2cccc0000000p-1f, 0x1.ca00000000000p-1f, \
+    0x1.d133340000000p-1f, 0x1.d866660000000p-1f, 0x1.df999a0000000p-1f, 0x1.e6cccc0000000p-1f, \
+    0x1.ee00000000000p-1f, 0x1.f533340000000p-1f, 0x1.fc66660000000p-1f, 0x1.0000000000000p+0f, \
+    }
+
+/* dQuantize<0>: binary search of the sorted 256-entry map, then the nearer neighbour by
+ * midpoint (ties go towards the pivot). Kept literally: its edge handling decides codes at the
+ * ends of the map and for NaN (code 0). */
+QD_HD uint8_t qd_dynamic_code(const float *map, float x)
+{
+    int pivot = 127, upper_pivot = 255, lower_pivot = 0;
+    float lower = -1.0f, upper = 1.0f;
+    float val = map[pivot];
+    for (int i = 64; i > 0; i >>= 1) {
+        if (x > val) {
+            lower_pivot = pivot;
+            lower = val;
+            pivot += i;
+        } else {
+            upper_pivot = pivot;
+            upper = val;
+            pivot -= i;
+        }
+        val = map[pivot];
+    }
+    if (upper_pivot == 255)
+        upper = map[upper_pivot];
+    if (lower_pivot == 0)
+        lower = map[lower_pivot];
+    if (x > val) {
+        float mid = (upper + val) * 0.5f;
+        return (uint8_t)(x > mid ? upper_pivot : pivot);
+    }
+    float mid = (lower + val) * 0.5f;
+    return (uint8_t)(x < mid ? lower_pivot : pivot);
+}
+
+#endif

@@ -1,0 +1,103 @@
+/* AWQ int4 on the CPU: one span per group of group_size rows (contiguous in memory); column
+ * statistics are kept in per-span arrays so the inner loops run along rows and vectorize. */
+#include <stdlib.h>
+
+#include "../awq.h"
+#include "cpu.h"
+
+struct awq_ctx {
+    int64_t n_cols, group;
+    uint32_t *qweight, *qzeros;
+    uint16_t *scales;
+    const uint32_t *cqweight, *cqzeros;
+    const uint16_t *cscales;
+    int failed;
+};
+
+static const int awq_order[8] = QD_AWQ_ORDER;
+
+static void awq_quantize_span(void *c, int tid, const float *x, int64_t first, int64_t n)
+{
+    struct awq_ctx *k = c;
+    (void)tid;
+    const int64_t N = k->n_cols, G = k->group;
+    float *stats = malloc((size_t)N * 4 * sizeof(float));
+    if (!stats) {
+        __atomic_store_n(&k->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    float *lo = stats, *hi = stats + N, *scale = stats + 2 * N, *zero = stats + 3 * N;
+    for (int64_t g0 = 0; g0 < n; g0 += G * N) {
+        const float *w = x + g0;
+        int64_t g = (first + g0) / (G * N), row0 = g * G;
+        for (int64_t j = 0; j < N; j++)
+            lo[j] = hi[j] = w[j];
+        for (int64_t r = 1; r < G; r++)
+            for (int64_t j = 0; j < N; j++) {
+                float v = w[r * N + j];
+                lo[j] = v < lo[j] ? v : lo[j];
+                hi[j] = v > hi[j] ? v : hi[j];
+            }
+        for (int64_t j = 0; j < N; j++) {
+            scale[j] = qd_awq_scale(lo[j], hi[j]);
+            zero[j] = qd_awq_zero(lo[j], scale[j]);
+            k->scales[g * N + j] = qd_f32_to_f16(scale[j]);
+        }
+        for (int64_t j = 0; j < N / 8; j++) {
+            uint32_t word = 0;
+            for (int i = 0; i < 8; i++)
+                word |= (uint32_t)zero[8 * j + awq_order[i]] << (4 * i);
+            k->qzeros[g * (N / 8) + j] = word;
+        }
+        for (int64_t r = 0; r < G; r++) {
+            const float *wr = w + r * N;
+            uint32_t *out = k->qweight + (row0 + r) * (N / 8);
+            for (int64_t j = 0; j < N / 8; j++) {
+                uint32_t word = 0;
+                for (int i = 0; i < 8; i++) {
+                    int64_t col = 8 * j + awq_order[i];
+                    word |= qd_awq_code(wr[col], scale[col], zero[col]) << (4 * i);
+                }
+                out[j] = word;
+            }
+        }
+    }
+    free(stats);
+}
+
+static void awq_dequantize_span(void *c, int tid, float *y, int64_t first, int64_t n)
+{
+    struct awq_ctx *k = c;
+    (void)tid;
+    const int64_t N = k->n_cols;
+    for (int64_t e = 0; e < n; e++) {
+        int64_t idx = first + e, row = idx / N, col = idx % N, g = row / k->group;
+        int shift = 0;
+        for (int i = 0; i < 8; i++)
+            if (awq_order[i] == (int)(col % 8))
+                shift = 4 * i;
+        int q = (int)((k->cqweight[row * (N / 8) + col / 8] >> shift) & 15);
+        int z = (int)((k->cqzeros[g * (N / 8) + col / 8] >> shift) & 15);
+        y[e] = (float)(q - z) * qd_f16_to_f32(k->cscales[g * N + col]);
+    }
+}
+
+enum qd_status qd_cpu_awq_quantize(const struct qd_format *f, const struct qd_tensor *in,
+                                   struct qd_params *p, void *const *out)
+{
+    (void)f;
+    struct awq_ctx k = {.n_cols = in->cols, .group = p->group_size,
+                        .qweight = out[0], .qzeros = out[1], .scales = out[2]};
+    if (qd_cpu_spans(in, k.group * k.n_cols, awq_quantize_span, &k) < 0 || k.failed)
+        return QD_ENOMEM;
+    return QD_OK;
+}
+
+enum qd_status qd_cpu_awq_dequantize(const struct qd_format *f, const void *const *in,
+                                     const struct qd_params *p, struct qd_tensor *out)
+{
+    (void)f;
+    struct awq_ctx k = {.n_cols = out->cols, .group = p->group_size,
+                        .cqweight = in[0], .cqzeros = in[1], .cscales = in[2]};
+    return qd_cpu_out_spans(out, out->cols, awq_dequantize_span, &k) < 0 ? QD_ENOMEM : QD_OK;
+}

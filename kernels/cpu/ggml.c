@@ -1,0 +1,44 @@
+/* llama.cpp / ggml blocks on the CPU: rows of cols % 32 == 0, blocks of 32 along the flattened
+ * tensor (a block never crosses a row), each written as ggml's block struct. */
+#include "../ggml.h"
+#include "cpu.h"
+
+struct ggml_ctx {
+    int type, block_bytes;
+    uint8_t *data;
+    const uint8_t *cdata;
+};
+
+static void ggml_quantize_span(void *c, int tid, const float *x, int64_t first, int64_t n)
+{
+    struct ggml_ctx *k = c;
+    (void)tid;
+    uint8_t *out = k->data + first / QD_GGML_QK * k->block_bytes;
+    for (int64_t b = 0; b < n / QD_GGML_QK; b++)
+        qd_ggml_quantize_block(k->type, x + b * QD_GGML_QK, out + b * k->block_bytes);
+}
+
+static void ggml_dequantize_span(void *c, int tid, float *y, int64_t first, int64_t n)
+{
+    struct ggml_ctx *k = c;
+    (void)tid;
+    const uint8_t *in = k->cdata + first / QD_GGML_QK * k->block_bytes;
+    for (int64_t b = 0; b < n / QD_GGML_QK; b++)
+        qd_ggml_dequantize_block(k->type, in + b * k->block_bytes, y + b * QD_GGML_QK);
+}
+
+enum qd_status qd_cpu_ggml_quantize(const struct qd_format *f, const struct qd_tensor *in,
+                                    struct qd_params *p, void *const *out)
+{
+    (void)p;
+    struct ggml_ctx k = {.type = f->code, .block_bytes = f->block_bytes, .data = out[0]};
+    return qd_cpu_spans(in, QD_GGML_QK, ggml_quantize_span, &k) < 0 ? QD_ENOMEM : QD_OK;
+}
+
+enum qd_status qd_cpu_ggml_dequantize(const struct qd_format *f, const void *const *in,
+                                      const struct qd_params *p, struct qd_tensor *out)
+{
+    (void)p;
+    struct ggml_ctx k = {.type = f->code, .block_bytes = f->block_bytes, .cdata = in[0]};
+    return qd_cpu_out_spans(out, QD_GGML_QK, ggml_dequantize_span, &k) < 0 ? QD_ENOMEM : QD_OK;
+}

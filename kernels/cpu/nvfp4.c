@@ -1,0 +1,102 @@
+/* NVFP4 on the CPU: 16-element blocks along the last dim with E4M3 scales and an f32
+ * per-tensor scale (torchao nvfp4_quantize). Without a given scale the tensor's amax is read
+ * first: two passes over the input. */
+#include <string.h>
+
+#include "../mx.h"
+#include "cpu.h"
+
+/* torchao per_tensor_amax_to_scale: amax / (F8E4M3_MAX * F4_E2M1_MAX) */
+#define NVFP4_SCALE_DIVISOR 2688.0f
+
+struct nvfp4_ctx {
+    float pts; /* per-tensor (decode) scale; 0 for single-level */
+    int swizzled;
+    int64_t scale_cols;
+    uint8_t *data, *scales;
+    const uint8_t *cdata, *cscales;
+};
+
+static int64_t scale_index(const struct nvfp4_ctx *k, int64_t block)
+{
+    if (!k->swizzled)
+        return block;
+    return qd_swizzle_offset(block / k->scale_cols, block % k->scale_cols, k->scale_cols);
+}
+
+static void nvfp4_quantize_span(void *c, int tid, const float *x, int64_t first, int64_t n)
+{
+    struct nvfp4_ctx *k = c;
+    (void)tid;
+    for (int64_t b = 0; b < n / QD_NVFP4_BLOCK; b++) {
+        int64_t block = first / QD_NVFP4_BLOCK + b;
+        k->scales[scale_index(k, block)] =
+            qd_nvfp4_quantize_block(k->pts, x + b * QD_NVFP4_BLOCK, k->data + block * 8);
+    }
+}
+
+static void nvfp4_dequantize_span(void *c, int tid, float *y, int64_t first, int64_t n)
+{
+    struct nvfp4_ctx *k = c;
+    (void)tid;
+    for (int64_t b = 0; b < n / QD_NVFP4_BLOCK; b++) {
+        int64_t block = first / QD_NVFP4_BLOCK + b;
+        qd_nvfp4_dequantize_block(k->pts, k->cscales[scale_index(k, block)], k->cdata + block * 8,
+                                  y + b * QD_NVFP4_BLOCK);
+    }
+}
+
+/* Resolves per_tensor_scale / global_scale from what was given, or from the tensor's amax. */
+static void nvfp4_resolve(const struct qd_tensor *in, struct qd_params *p)
+{
+    if (!p->two_level)
+        return;
+    if (!p->has_per_tensor_scale) {
+        if (p->has_global_scale) {
+            p->per_tensor_scale = 1.0f / p->global_scale;
+        } else {
+            float amax, lo, hi;
+            qd_cpu_minmax(in, &amax, &lo, &hi);
+            /* an all-zero tensor would give torchao 0/0 = NaN scales; any positive scale
+             * encodes zeros exactly, and 1 keeps the arithmetic plain */
+            p->per_tensor_scale = amax > 0.0f ? amax / NVFP4_SCALE_DIVISOR : 1.0f;
+        }
+        p->has_per_tensor_scale = 1;
+    }
+    if (!p->has_global_scale) {
+        p->global_scale = 1.0f / p->per_tensor_scale;
+        p->has_global_scale = 1;
+    }
+}
+
+enum qd_status qd_cpu_nvfp4_quantize(const struct qd_format *f, const struct qd_tensor *in,
+                                     struct qd_params *p, void *const *out)
+{
+    (void)f;
+    nvfp4_resolve(in, p);
+    struct nvfp4_ctx k = {.pts = p->two_level ? p->per_tensor_scale : 0.0f,
+                          .swizzled = p->scale_layout == QD_LAYOUT_SWIZZLED,
+                          .scale_cols = in->cols / QD_NVFP4_BLOCK,
+                          .data = out[0],
+                          .scales = out[1]};
+    if (k.swizzled)
+        memset(k.scales, 0, (size_t)qd_swizzle_bytes(in->rows, k.scale_cols));
+    *(float *)out[2] = p->two_level ? p->global_scale : 1.0f;
+    return qd_cpu_spans(in, QD_NVFP4_BLOCK, nvfp4_quantize_span, &k) < 0 ? QD_ENOMEM : QD_OK;
+}
+
+enum qd_status qd_cpu_nvfp4_dequantize(const struct qd_format *f, const void *const *in,
+                                       const struct qd_params *p, struct qd_tensor *out)
+{
+    (void)f;
+    float pts = 0.0f;
+    if (p->two_level)
+        pts = p->has_per_tensor_scale ? p->per_tensor_scale : 1.0f / *(const float *)in[2];
+    struct nvfp4_ctx k = {.pts = pts,
+                          .swizzled = p->scale_layout == QD_LAYOUT_SWIZZLED,
+                          .scale_cols = out->cols / QD_NVFP4_BLOCK,
+                          .cdata = in[0],
+                          .cscales = in[1]};
+    return qd_cpu_out_spans(out, QD_NVFP4_BLOCK, nvfp4_dequantize_span, &k) < 0 ? QD_ENOMEM
+                                                                                   : QD_OK;
+}

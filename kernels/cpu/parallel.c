@@ -1,0 +1,228 @@
+/* Parallel span drivers: split a tensor into aligned spans, one contiguous range per thread,
+ * and hand each span to a format's kernel as f32 (converting f16/bf16 through a small
+ * per-thread buffer that stays in L1/L2). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../fp.h"
+#include "cpu.h"
+
+static int cpu_threads;
+
+void qd_cpu_set_threads(int n) { cpu_threads = n < 1 ? 1 : n > QD_CPU_MAX_THREADS ? QD_CPU_MAX_THREADS : n; }
+
+int qd_cpu_threads(void)
+{
+    if (cpu_threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        qd_cpu_set_threads(n > 0 ? (int)n : 1);
+    }
+    return cpu_threads;
+}
+
+/* Below this many elements a second thread costs more than it saves. */
+#define QD_MIN_PER_THREAD (1 << 15)
+/* Elements converted per step: 64 KiB of f32, comfortably in L2. */
+#define QD_CHUNK_ELEMS (1 << 14)
+
+int qd_cpu_threads_for(int64_t n)
+{
+    int64_t t = n / QD_MIN_PER_THREAD;
+    int max = qd_cpu_threads();
+    if (t < 1)
+        t = 1;
+    return t > max ? max : (int)t;
+}
+
+static void to_f32(float *dst, const void *src, enum qd_dtype dt, int64_t n)
+{
+    if (dt == QD_F16) {
+        const uint16_t *s = src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = qd_f16_to_f32(s[i]);
+    } else {
+        const uint16_t *s = src;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = qd_bf16_to_f32(s[i]);
+    }
+}
+
+static void from_f32(void *dst, const float *src, enum qd_dtype dt, int64_t n)
+{
+    uint16_t *d = dst;
+    if (dt == QD_F16)
+        for (int64_t i = 0; i < n; i++)
+            d[i] = qd_f32_to_f16(src[i]);
+    else
+        for (int64_t i = 0; i < n; i++)
+            d[i] = qd_f32_to_bf16(src[i]);
+}
+
+struct span_job {
+    struct qd_tensor *t;
+    int64_t align, n;
+    qd_span_fn in_fn;
+    qd_out_span_fn out_fn;
+    void *ctx;
+    int nthreads;
+    int failed;
+};
+
+struct span_worker {
+    struct span_job *job;
+    int tid;
+};
+
+static void *span_run(void *arg)
+{
+    struct span_worker *w = arg;
+    struct span_job *j = w->job;
+    int64_t units = (j->n + j->align - 1) / j->align;
+    int64_t u0 = units * w->tid / j->nthreads, u1 = units * (w->tid + 1) / j->nthreads;
+    int64_t chunk_units = QD_CHUNK_ELEMS / j->align;
+    if (chunk_units < 1)
+        chunk_units = 1;
+    size_t esize = qd_dtype_size(j->t->dtype);
+    float *buf = NULL;
+    if (j->t->dtype != QD_F32) {
+        buf = malloc((size_t)(chunk_units * j->align) * sizeof(float));
+        if (!buf) {
+            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+            return NULL;
+        }
+    }
+    for (int64_t u = u0; u < u1; u += chunk_units) {
+        int64_t first = u * j->align;
+        int64_t last = (u + chunk_units < u1 ? u + chunk_units : u1) * j->align;
+        if (last > j->n)
+            last = j->n;
+        int64_t cnt = last - first;
+        char *p = (char *)j->t->data + first * (int64_t)esize;
+        if (j->in_fn) {
+            const float *x = (const float *)p;
+            if (buf) {
+                to_f32(buf, p, j->t->dtype, cnt);
+                x = buf;
+            }
+            j->in_fn(j->ctx, w->tid, x, first, cnt);
+        } else {
+            float *y = buf ? buf : (float *)p;
+            j->out_fn(j->ctx, w->tid, y, first, cnt);
+            if (buf)
+                from_f32(p, buf, j->t->dtype, cnt);
+        }
+    }
+    free(buf);
+    return NULL;
+}
+
+static int span_drive(struct span_job *j)
+{
+    j->n = qd_tensor_numel(j->t);
+    j->nthreads = qd_cpu_threads_for(j->n);
+    int64_t units = (j->n + j->align - 1) / j->align;
+    if (units < j->nthreads)
+        j->nthreads = units < 1 ? 1 : (int)units;
+    pthread_t th[QD_CPU_MAX_THREADS];
+    struct span_worker w[QD_CPU_MAX_THREADS];
+    int joined[QD_CPU_MAX_THREADS] = {0};
+    for (int i = 0; i < j->nthreads; i++)
+        w[i] = (struct span_worker){.job = j, .tid = i};
+    for (int i = 1; i < j->nthreads; i++) {
+        joined[i] = pthread_create(&th[i], NULL, span_run, &w[i]) == 0;
+        if (!joined[i]) /* no thread to be had: do its share here */
+            span_run(&w[i]);
+    }
+    span_run(&w[0]);
+    for (int i = 1; i < j->nthreads; i++)
+        if (joined[i])
+            pthread_join(th[i], NULL);
+    return j->failed ? -1 : j->nthreads;
+}
+
+int qd_cpu_spans(const struct qd_tensor *in, int64_t align, qd_span_fn fn, void *ctx)
+{
+    struct span_job j = {.t = (struct qd_tensor *)in, .align = align, .in_fn = fn, .ctx = ctx};
+    return span_drive(&j);
+}
+
+int qd_cpu_out_spans(struct qd_tensor *out, int64_t align, qd_out_span_fn fn, void *ctx)
+{
+    struct span_job j = {.t = out, .align = align, .out_fn = fn, .ctx = ctx};
+    return span_drive(&j);
+}
+
+/* ---- whole-tensor scans ------------------------------------------------------------------- */
+
+struct scan_ctx {
+    int64_t first_bad[QD_CPU_MAX_THREADS];
+    float amax[QD_CPU_MAX_THREADS], min[QD_CPU_MAX_THREADS], max[QD_CPU_MAX_THREADS];
+};
+
+static void scan_finite(void *c, int tid, const float *x, int64_t first, int64_t n)
+{
+    struct scan_ctx *s = c;
+    if (s->first_bad[tid] >= 0)
+        return;
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) /* branch-free so it vectorizes */
+        bad |= !qd_isfinite(x[i]);
+    if (!bad)
+        return;
+    for (int64_t i = 0; i < n; i++)
+        if (!qd_isfinite(x[i])) {
+            s->first_bad[tid] = first + i;
+            return;
+        }
+}
+
+int64_t qd_cpu_find_nonfinite(const struct qd_tensor *in)
+{
+    struct scan_ctx s;
+    for (int i = 0; i < QD_CPU_MAX_THREADS; i++)
+        s.first_bad[i] = -1;
+    int nt = qd_cpu_spans(in, 1, scan_finite, &s);
+    /* threads own ascending ranges: the lowest thread with a hit has the first index */
+    for (int i = 0; i < nt; i++)
+        if (s.first_bad[i] >= 0)
+            return s.first_bad[i];
+    return -1;
+}
+
+static void scan_minmax(void *c, int tid, const float *x, int64_t first, int64_t n)
+{
+    struct scan_ctx *s = c;
+    (void)first;
+    float a = s->amax[tid], lo = s->min[tid], hi = s->max[tid];
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i], m = qd_absf(v);
+        a = m > a ? m : a;
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    s->amax[tid] = a;
+    s->min[tid] = lo;
+    s->max[tid] = hi;
+}
+
+void qd_cpu_minmax(const struct qd_tensor *in, float *amax, float *min, float *max)
+{
+    struct scan_ctx s;
+    for (int i = 0; i < QD_CPU_MAX_THREADS; i++) {
+        s.amax[i] = 0.0f;
+        s.min[i] = 3.40282347e38f;
+        s.max[i] = -3.40282347e38f;
+    }
+    int nt = qd_cpu_spans(in, 1, scan_minmax, &s);
+    float a = 0.0f, lo = 3.40282347e38f, hi = -3.40282347e38f;
+    for (int i = 0; i < nt; i++) {
+        a = s.amax[i] > a ? s.amax[i] : a;
+        lo = s.min[i] < lo ? s.min[i] : lo;
+        hi = s.max[i] > hi ? s.max[i] : hi;
+    }
+    *amax = a;
+    *min = lo;
+    *max = hi;
+}

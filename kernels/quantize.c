@@ -1,0 +1,149 @@
+/* Validation and dispatch shared by every caller (see quantize.h). */
+#include "quantize.h"
+
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "fp.h"
+
+enum qd_status qd_quantize(enum qd_backend_kind b, const struct qd_format *f,
+                           const struct qd_tensor *in, struct qd_params *p, void *const *out,
+                           char *err, size_t len)
+{
+    if (!qd_dtype_is_float_input(in->dtype)) {
+        snprintf(err, len, "input dtype must be f32, f16 or bf16 (got %s)", qd_dtype_name(in->dtype));
+        return QD_EINVAL;
+    }
+    qd_quantize_fn fn = f->backend[b].quantize;
+    if (!fn) {
+        snprintf(err, len, "format %s has no quantizer on this backend", f->name);
+        return QD_EINVAL;
+    }
+    if (!p->allow_nonfinite) {
+        int64_t bad = qd_cpu_find_nonfinite(in);
+        if (bad >= 0) {
+            snprintf(err, len, "input element %" PRId64 " is not finite (NaN or Inf); set "
+                     "allow_nonfinite=true to quantize it anyway", bad);
+            return QD_ENONFINITE;
+        }
+    }
+    enum qd_status s = fn(f, in, p, out);
+    if (s != QD_OK)
+        snprintf(err, len, "%s quantize failed: %s", f->name, qd_strerror(s));
+    return s;
+}
+
+enum qd_status qd_dequantize(enum qd_backend_kind b, const struct qd_format *f,
+                             const void *const *in, const struct qd_params *p,
+                             struct qd_tensor *out, char *err, size_t len)
+{
+    if (!qd_dtype_is_float_input(out->dtype)) {
+        snprintf(err, len, "output dtype must be f32, f16 or bf16 (got %s)",
+                 qd_dtype_name(out->dtype));
+        return QD_EINVAL;
+    }
+    qd_dequantize_fn fn = f->backend[b].dequantize;
+    if (!fn) {
+        snprintf(err, len, "format %s has no dequantizer on this backend", f->name);
+        return QD_EINVAL;
+    }
+    enum qd_status s = fn(f, in, p, out);
+    if (s != QD_OK)
+        snprintf(err, len, "%s dequantize failed: %s", f->name, qd_strerror(s));
+    return s;
+}
+
+struct err_ctx {
+    const float *deq;
+    double num[QD_CPU_MAX_THREADS], den[QD_CPU_MAX_THREADS], max[QD_CPU_MAX_THREADS];
+};
+
+static void err_span(void *c, int tid, const float *x, int64_t first, int64_t n)
+{
+    struct err_ctx *k = c;
+    double num = 0, den = 0, mx = k->max[tid];
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)x[i] - (double)k->deq[first + i];
+        num += d * d;
+        den += (double)x[i] * x[i];
+        d = fabs(d);
+        mx = d > mx || d != d ? d : mx;
+    }
+    k->num[tid] += num;
+    k->den[tid] += den;
+    k->max[tid] = mx;
+}
+
+void qd_error_report(const struct qd_tensor *ref, const float *deq, struct qd_error_report *r)
+{
+    struct err_ctx k = {.deq = deq};
+    int nt = qd_cpu_spans(ref, 1, err_span, &k);
+    double num = 0, den = 0, mx = 0;
+    for (int i = 0; i < nt; i++) {
+        num += k.num[i];
+        den += k.den[i];
+        mx = k.max[i] > mx || k.max[i] != k.max[i] ? k.max[i] : mx;
+    }
+    r->nmse = den > 0 ? num / den : (num > 0 ? INFINITY : 0.0);
+    r->sqnr_db = r->nmse > 0 ? -10.0 * log10(r->nmse) : INFINITY;
+    r->max_abs = mx;
+}
+
+cJSON *qd_params_to_json(const struct qd_format *f, const struct qd_params *p)
+{
+    cJSON *o = cJSON_CreateObject();
+    char buf[64];
+    for (const char *const *n = f->params; *n; n++) {
+        const struct qd_param_desc *d = qd_param_find(*n);
+        if (!qd_params_get(p, d, buf, sizeof buf))
+            continue;
+        if (d->kind == QD_PARAM_BOOL)
+            cJSON_AddBoolToObject(o, d->name, strcmp(buf, "true") == 0);
+        else if (d->kind == QD_PARAM_ENUM)
+            cJSON_AddStringToObject(o, d->name, buf);
+        else if (d->kind == QD_PARAM_INT)
+            cJSON_AddNumberToObject(o, d->name, *(const int *)((const char *)p + d->offset));
+        else /* f32 widened to double prints back exactly */
+            cJSON_AddNumberToObject(o, d->name, (double)*(const float *)((const char *)p + d->offset));
+    }
+    /* nvfp4 reports both scale conventions */
+    return o;
+}
+
+enum qd_status qd_params_from_json(const struct qd_format *f, struct qd_params *p,
+                                   const cJSON *obj, char *err, size_t len)
+{
+    if (!obj)
+        return QD_OK;
+    if (!cJSON_IsObject(obj)) {
+        snprintf(err, len, "params must be a JSON object");
+        return QD_EINVAL;
+    }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, obj) {
+        char buf[64];
+        if (cJSON_IsBool(it))
+            snprintf(buf, sizeof buf, "%s", cJSON_IsTrue(it) ? "true" : "false");
+        else if (cJSON_IsNumber(it)) {
+            double v = it->valuedouble;
+            if (v == (double)(long long)v && fabs(v) < 1e15)
+                snprintf(buf, sizeof buf, "%lld", (long long)v);
+            else
+                snprintf(buf, sizeof buf, "%.17g", v);
+        } else if (cJSON_IsString(it))
+            snprintf(buf, sizeof buf, "%s", it->valuestring);
+        else {
+            snprintf(err, len, "parameter %s must be a number, boolean or string",
+                     it->string ? it->string : "?");
+            return QD_EINVAL;
+        }
+        enum qd_status s = qd_params_set(f, p, it->string ? it->string : "", buf, err, len);
+        if (s != QD_OK)
+            return s;
+    }
+    return QD_OK;
+}

@@ -1,0 +1,35 @@
+/* The entry points the CLI and the service call: validation, the non-finite check, dispatch to
+ * a backend through the registry, and the error report. */
+#ifndef QD_QUANTIZE_H
+#define QD_QUANTIZE_H
+
+#include "registry.h"
+
+struct cJSON;
+
+/* Quantizes `in` with format f on backend b into out[i] (sized by qd_format_layout). Computed
+ * params (offset, global scale) are written back to p. err gets a message on failure. */
+enum qd_status qd_quantize(enum qd_backend_kind b, const struct qd_format *f,
+                           const struct qd_tensor *in, struct qd_params *p, void *const *out,
+                           char *err, size_t errlen);
+
+/* Dequantizes components in[i] into out (its shape and dtype set by the caller). */
+enum qd_status qd_dequantize(enum qd_backend_kind b, const struct qd_format *f,
+                             const void *const *in, const struct qd_params *p,
+                             struct qd_tensor *out, char *err, size_t errlen);
+
+struct qd_error_report {
+    double nmse;    /* sum((x - y)^2) / sum(x^2) */
+    double sqnr_db; /* -10 log10(nmse); +inf when exact */
+    double max_abs; /* max |x - y| */
+};
+
+/* Compares an input tensor with its dequantized f32 values (same element count). */
+void qd_error_report(const struct qd_tensor *ref, const float *deq, struct qd_error_report *r);
+
+/* Parameters as a JSON object of typed values (unset optional ones left out), and back. */
+struct cJSON *qd_params_to_json(const struct qd_format *f, const struct qd_params *p);
+enum qd_status qd_params_from_json(const struct qd_format *f, struct qd_params *p,
+                                   const struct cJSON *obj, char *err, size_t errlen);
+
+#endif

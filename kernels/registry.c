@@ -1,0 +1,260 @@
+/* The format registry: one entry per format (see registry.h), its parameters and layouts. */
+#include "registry.h"
+
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bnb4.h"
+#include "cpu/cpu.h"
+#include "ggml.h"
+#include "mx.h"
+
+#ifdef QD_WITH_CUDA
+#include "cuda/cuda.h"
+#define CUDA_FNS(fam) {qd_cuda_##fam##_quantize, qd_cuda_##fam##_dequantize}
+#else
+#define CUDA_FNS(fam) {NULL, NULL}
+#endif
+#define BACKENDS(fam) {[QD_BACKEND_CPU] = {qd_cpu_##fam##_quantize, qd_cpu_##fam##_dequantize}, \
+                       [QD_BACKEND_CUDA] = CUDA_FNS(fam)}
+
+/* ---- parameters ----------------------------------------------------------------------------- */
+
+static const char *const layouts[] = {"linear", "swizzled", NULL};
+static const char *const roundings[] = {"floor", "rceil", NULL};
+static const char *const granularities[] = {"tensor", "row", NULL};
+static const char *const fp6_packings[] = {"packed", "unpacked", NULL};
+
+#define OFF(field) offsetof(struct qd_params, field)
+
+const struct qd_param_desc qd_param_descs[] = {
+    {"blocksize", QD_PARAM_INT, OFF(blocksize), 0, "64", 32, 4096, 1, NULL,
+     "elements per absmax block (bitsandbytes: a power of two, 32..4096)"},
+    {"double_quant", QD_PARAM_BOOL, OFF(double_quant), 0, "true", 0, 0, 0, NULL,
+     "quantize the absmax with the 8-bit dynamic map (bitsandbytes compress_statistics)"},
+    {"offset", QD_PARAM_FLOAT, OFF(offset), OFF(has_offset), NULL, 0, 0, 0, NULL,
+     "double quant: mean of absmax subtracted before quantizing it; computed when absent"},
+    {"group_size", QD_PARAM_INT, OFF(group_size), 0, "128", 1, 1 << 30, 0, NULL,
+     "rows of K sharing one scale and zero per column"},
+    {"global_scale", QD_PARAM_FLOAT, OFF(global_scale), OFF(has_global_scale), NULL, 0, 0, 0,
+     NULL, "encode scale 448*6/amax (TensorRT-LLM convention); computed when absent"},
+    {"per_tensor_scale", QD_PARAM_FLOAT, OFF(per_tensor_scale), OFF(has_per_tensor_scale), NULL,
+     0, 0, 0, NULL, "decode scale amax/(448*6) (torchao convention); wins over global_scale"},
+    {"two_level", QD_PARAM_BOOL, OFF(two_level), 0, "true", 0, 0, 0, NULL,
+     "use a per-tensor scale (false: torchao's single-level E4M3 scales)"},
+    {"scale_layout", QD_PARAM_ENUM, OFF(scale_layout), 0, "linear", 0, 0, 0, layouts,
+     "linear [rows, cols/block] or the swizzled 128x4 tensor-core tiling"},
+    {"scale_rounding", QD_PARAM_ENUM, OFF(scale_rounding), 0, "floor", 0, 0, 0, roundings,
+     "E8M0 scale rule: floor (OCP v1.0) or rceil (NVIDIA cvt.rp.ue8m0)"},
+    {"granularity", QD_PARAM_ENUM, OFF(granularity), 0, "tensor", 0, 0, 0, granularities,
+     "one scale for the tensor or one per row"},
+    {"fp6_packing", QD_PARAM_ENUM, OFF(fp6_packing), 0, "packed", 0, 0, 0, fp6_packings,
+     "fp6 codes packed 4 per 3 bytes, or one per byte (torchao)"},
+    {"allow_nonfinite", QD_PARAM_BOOL, OFF(allow_nonfinite), 0, "false", 0, 0, 0, NULL,
+     "accept NaN/Inf input (results follow the peer's arithmetic, see docs/formats.md)"},
+};
+const int qd_param_desc_count = (int)(sizeof qd_param_descs / sizeof qd_param_descs[0]);
+
+/* ---- layouts -------------------------------------------------------------------------------- */
+
+static void comp(struct qd_component *c, const char *name, enum qd_dtype dt, int ndim,
+                 int64_t d0, int64_t d1)
+{
+    c->name = name;
+    c->dtype = dt;
+    c->ndim = ndim;
+    c->shape[0] = d0;
+    c->shape[1] = ndim > 1 ? d1 : 1;
+    c->bytes = d0 * c->shape[1] * (int64_t)qd_dtype_size(dt);
+}
+
+static int cols_multiple(const struct qd_format *f, int64_t cols, int block, char *err, size_t len)
+{
+    if (cols % block == 0)
+        return 1;
+    snprintf(err, len, "%s needs the last dimension to be a multiple of %d (got %" PRId64 ")",
+             f->name, block, cols);
+    return 0;
+}
+
+static int layout_bnb4(const struct qd_format *f, const struct qd_params *p, int64_t rows,
+                       int64_t cols, struct qd_component *c, char *err, size_t len)
+{
+    (void)f, (void)err, (void)len;
+    int64_t n = rows * cols, nblocks = (n + p->blocksize - 1) / p->blocksize;
+    comp(&c[0], "data", QD_U8, 1, (n + 1) / 2, 0);
+    if (!p->double_quant) {
+        comp(&c[1], "absmax", QD_F32, 1, nblocks, 0);
+        comp(&c[2], "quant_map", QD_F32, 1, 16, 0);
+        return 3;
+    }
+    comp(&c[1], "absmax", QD_U8, 1, nblocks, 0);
+    comp(&c[2], "nested_absmax", QD_F32, 1, (nblocks + 255) / 256, 0);
+    comp(&c[3], "nested_quant_map", QD_F32, 1, 256, 0);
+    comp(&c[4], "quant_map", QD_F32, 1, 16, 0);
+    return 5;
+}
+
+static int layout_ggml(const struct qd_format *f, const struct qd_params *p, int64_t rows,
+                       int64_t cols, struct qd_component *c, char *err, size_t len)
+{
+    (void)p;
+    if (!cols_multiple(f, cols, QD_GGML_QK, err, len))
+        return -1;
+    comp(&c[0], "data", QD_U8, 2, rows, cols / QD_GGML_QK * f->block_bytes);
+    return 1;
+}
+
+static int layout_awq(const struct qd_format *f, const struct qd_params *p, int64_t rows,
+                      int64_t cols, struct qd_component *c, char *err, size_t len)
+{
+    (void)f;
+    if (rows % p->group_size != 0) {
+        snprintf(err, len, "awq needs K (the first dimension, %" PRId64 ") to be a multiple of "
+                 "group_size %d", rows, p->group_size);
+        return -1;
+    }
+    if (cols % 8 != 0) {
+        snprintf(err, len, "awq needs N (the last dimension, %" PRId64 ") to be a multiple of 8",
+                 cols);
+        return -1;
+    }
+    comp(&c[0], "qweight", QD_I32, 2, rows, cols / 8);
+    comp(&c[1], "qzeros", QD_I32, 2, rows / p->group_size, cols / 8);
+    comp(&c[2], "scales", QD_F16, 2, rows / p->group_size, cols);
+    return 3;
+}
+
+static void scale_comp(struct qd_component *c, const struct qd_params *p, int64_t rows,
+                       int64_t scale_cols)
+{
+    if (p->scale_layout == QD_LAYOUT_SWIZZLED)
+        comp(c, "scales", QD_U8, 2, (rows + 127) / 128 * 128, (scale_cols + 3) / 4 * 4);
+    else
+        comp(c, "scales", QD_U8, 2, rows, scale_cols);
+}
+
+static int layout_mx(const struct qd_format *f, const struct qd_params *p, int64_t rows,
+                     int64_t cols, struct qd_component *c, char *err, size_t len)
+{
+    if (!cols_multiple(f, cols, QD_MX_BLOCK, err, len))
+        return -1;
+    int bytes = qd_mx_block_data_bytes(f->code, p->fp6_packing == QD_FP6_UNPACKED);
+    comp(&c[0], "data", QD_U8, 2, rows, cols / QD_MX_BLOCK * bytes);
+    scale_comp(&c[1], p, rows, cols / QD_MX_BLOCK);
+    return 2;
+}
+
+static int layout_nvfp4(const struct qd_format *f, const struct qd_params *p, int64_t rows,
+                        int64_t cols, struct qd_component *c, char *err, size_t len)
+{
+    if (!cols_multiple(f, cols, QD_NVFP4_BLOCK, err, len))
+        return -1;
+    comp(&c[0], "data", QD_U8, 2, rows, cols / 2);
+    scale_comp(&c[1], p, rows, cols / QD_NVFP4_BLOCK);
+    comp(&c[2], "global_scale", QD_F32, 1, 1, 0);
+    return 3;
+}
+
+static int layout_int8(const struct qd_format *f, const struct qd_params *p, int64_t rows,
+                       int64_t cols, struct qd_component *c, char *err, size_t len)
+{
+    (void)err, (void)len;
+    int64_t nscale = p->granularity == QD_GRAN_ROW ? rows : 1;
+    comp(&c[0], "data", f->code ? QD_U8 : QD_I8, 2, rows, cols);
+    comp(&c[1], "scale", QD_F32, 1, nscale, 0);
+    if (!f->code)
+        return 2;
+    comp(&c[2], "zero_point", QD_U8, 1, nscale, 0);
+    return 3;
+}
+
+/* ---- the table ------------------------------------------------------------------------------ */
+
+static const char *const bnb4_params[] = {"blocksize", "double_quant", "offset", "allow_nonfinite", NULL};
+static const char *const ggml_params[] = {"allow_nonfinite", NULL};
+static const char *const awq_params[] = {"group_size", "allow_nonfinite", NULL};
+static const char *const mx_params[] = {"scale_rounding", "scale_layout", "allow_nonfinite", NULL};
+static const char *const mx6_params[] = {"scale_rounding", "scale_layout", "fp6_packing",
+                                         "allow_nonfinite", NULL};
+static const char *const nvfp4_params[] = {"global_scale", "per_tensor_scale", "two_level",
+                                           "scale_layout", "allow_nonfinite", NULL};
+static const char *const int8_params[] = {"granularity", "allow_nonfinite", NULL};
+
+#define BNB4(nm, cd, dc)                                                                        \
+    {.name = nm, .family = "bnb4", .doc = dc, .block_elems = 64, .block_axis = "flat",         \
+     .bits_per_weight = 4.0 + 8.0 / 64 + 32.0 / (256 * 64), .code = cd, .params = bnb4_params,  \
+     .layout = layout_bnb4, .backend = BACKENDS(bnb4)}
+#define GGML(nm, cd, bytes, dc)                                                                 \
+    {.name = nm, .family = "ggml", .doc = dc, .block_elems = 32, .block_bytes = bytes,         \
+     .block_axis = "last", .bits_per_weight = bytes * 8.0 / 32, .code = cd,                    \
+     .params = ggml_params, .layout = layout_ggml, .backend = BACKENDS(ggml)}
+#define MX(nm, cd, bits, prm, dc)                                                               \
+    {.name = nm, .family = "mx", .doc = dc, .block_elems = 32, .block_axis = "last",           \
+     .bits_per_weight = bits + 8.0 / 32, .code = cd, .params = prm, .layout = layout_mx,       \
+     .backend = BACKENDS(mx)}
+
+const struct qd_format qd_formats[] = {
+    BNB4("nf4", 0, "bitsandbytes NormalFloat4 (quantize_4bit quant_type='nf4')"),
+    BNB4("fp4", 1, "bitsandbytes FP4 (quantize_4bit quant_type='fp4')"),
+    GGML("q4_0", QD_Q4_0, 18, "ggml block_q4_0: f16 d, 32 x 4-bit"),
+    GGML("q4_1", QD_Q4_1, 20, "ggml block_q4_1: f16 d, f16 m, 32 x 4-bit"),
+    GGML("q5_0", QD_Q5_0, 22, "ggml block_q5_0: f16 d, 32 x 5-bit"),
+    GGML("q5_1", QD_Q5_1, 24, "ggml block_q5_1: f16 d, f16 m, 32 x 5-bit"),
+    GGML("q8_0", QD_Q8_0, 34, "ggml block_q8_0: f16 d, 32 x int8"),
+    GGML("q8_1", QD_Q8_1, 36, "ggml block_q8_1: f16 d, f16 s = d*sum(q), 32 x int8"),
+    {.name = "awq", .family = "awq", .doc = "AutoAWQ WQLinear_GEMM int4, input W [K, N]",
+     .block_elems = 128, .block_axis = "rows", .bits_per_weight = 4.0 + 20.0 / 128,
+     .params = awq_params, .layout = layout_awq, .backend = BACKENDS(awq)},
+    {.name = "nvfp4", .family = "nvfp4", .doc = "NVFP4: E2M1, 16-element blocks, E4M3 scales, "
+     "f32 per-tensor scale (torchao nvfp4_quantize)", .block_elems = 16, .block_axis = "last",
+     .bits_per_weight = 4.5, .params = nvfp4_params, .layout = layout_nvfp4,
+     .backend = BACKENDS(nvfp4)},
+    MX("mxfp4", QD_E2M1, 4, mx_params, "OCP MXFP4: E2M1 elements, E8M0 scale per 32"),
+    MX("mxfp6_e2m3", QD_E2M3, 6, mx6_params, "OCP MXFP6 E2M3, E8M0 scale per 32"),
+    MX("mxfp6_e3m2", QD_E3M2, 6, mx6_params, "OCP MXFP6 E3M2, E8M0 scale per 32"),
+    MX("mxfp8_e4m3", QD_E4M3, 8, mx_params, "OCP MXFP8 E4M3, E8M0 scale per 32"),
+    MX("mxfp8_e5m2", QD_E5M2, 8, mx_params, "OCP MXFP8 E5M2, E8M0 scale per 32"),
+    {.name = "int8", .family = "int8", .doc = "symmetric int8, scale = amax/127",
+     .block_axis = "flat", .bits_per_weight = 8, .code = 0, .params = int8_params,
+     .layout = layout_int8, .backend = BACKENDS(int8)},
+    {.name = "uint8", .family = "int8", .doc = "asymmetric uint8 with zero point",
+     .block_axis = "flat", .bits_per_weight = 8, .code = 1, .params = int8_params,
+     .layout = layout_int8, .backend = BACKENDS(int8)},
+};
+const int qd_format_count = (int)(sizeof qd_formats / sizeof qd_formats[0]);
+
+/* Format-specific defaults that differ from the parameter's own. */
+const char *qd_format_param_default(const struct qd_format *f, const char *param)
+{
+    if (!strcmp(f->name, "nvfp4") && !strcmp(param, "scale_layout"))
+        return "swizzled";
+    return NULL;
+}
+
+const struct qd_format *qd_format_find(const char *name)
+{
+    for (int i = 0; name && i < qd_format_count; i++)
+        if (!strcmp(qd_formats[i].name, name))
+            return &qd_formats[i];
+    return NULL;
+}
+
+const struct qd_param_desc *qd_param_find(const char *name)
+{
+    for (int i = 0; name && i < qd_param_desc_count; i++)
+        if (!strcmp(qd_param_descs[i].name, name))
+            return &qd_param_descs[i];
+    return NULL;
+}
+
+int qd_format_accepts(const struct qd_format *f, const char *param)
+{
+    for (const char *const *p = f->params; *p; p++)
+        if (!strcmp(*p, param))
+            return 1;
+    return 0;
+}

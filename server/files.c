@@ -1,0 +1,41 @@
+#include "files.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+void *qd_file_read(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *buf = NULL;
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long n = ftell(f);
+        if (n >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+            buf = malloc(n > 0 ? (size_t)n : 1);
+            if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+                free(buf);
+                buf = NULL;
+                errno = EIO;
+            }
+            *len = (size_t)n;
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
+int qd_file_write(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    size_t w = len ? fwrite(data, 1, len, f) : 0;
+    int rc = fclose(f);
+    if (w != len || rc != 0) {
+        errno = EIO;
+        return -1;
+    }
+    return 0;
+}

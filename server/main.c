@@ -1,0 +1,39 @@
+/* bin/quantd: one binary, subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void usage(FILE *to)
+{
+    fputs("usage: quantd <command> [options]\n"
+          "  formats                     print the format registry as JSON\n"
+          "  quantize --fmt FMT --dtype DT --shape R,C --in FILE --out DIR [--param k=v ...]\n"
+          "                              quantize a raw little-endian tensor; writes\n"
+          "                              DIR/<component>.bin and DIR/meta.json\n"
+          "  dequantize --in DIR --dtype DT --out FILE\n"
+          "                              turn such a directory back into a raw tensor\n",
+          to);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "formats"))
+        return qd_cli_formats(argc - 2, argv + 2);
+    if (!strcmp(cmd, "quantize"))
+        return qd_cli_quantize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "dequantize"))
+        return qd_cli_dequantize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "quantd: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

@@ -89,7 +89,7 @@ $(BUILD)/tests/%: tests/%.c $(KERNEL_OBJS)
 test-unit: $(TEST_BINS)
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
 
-test-peers: bin/quantd .venv/ok
+test-peers: bin/quantd .venv/ok $(BUILD)/tests/libqdfp.so
 	QUANTD=$(abspath bin/quantd) .venv/bin/python -m pytest -q tests/peers
 
 test: all test-unit test-peers
@@ -104,7 +104,7 @@ bin/quantd-san: $(KERNEL_OBJS) $(SERVER_OBJS)
 	@mkdir -p bin
 	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
 
-test-unit-san: $(TEST_BINS) .venv/ok
+test-unit-san: $(TEST_BINS) .venv/ok $(BUILD)/tests/libqdfp.so
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
 	QUANTD=$(abspath bin/quantd-san) QUANTD_SANITIZED=1 .venv/bin/python -m pytest -q tests/peers
 
@@ -125,3 +125,7 @@ clean:
 	rm -rf build build-san bin
 
 -include $(shell find $(BUILD) build-san -name '*.d' 2>/dev/null)
+
+$(BUILD)/tests/libqdfp.so: tests/peers/fpconv.c kernels/fp.h kernels/mx.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -shared -fPIC -o $@ $<

@@ -1,2 +1,0 @@
-build/kernels/tensor.o: kernels/tensor.c kernels/registry.h
-kernels/registry.h:

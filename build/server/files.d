@@ -1,2 +1,0 @@
-build/server/files.o: server/files.c server/files.h
-server/files.h:

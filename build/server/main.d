@@ -1,2 +1,0 @@
-build/server/main.o: server/main.c server/cli.h
-server/cli.h:

@@ -1,0 +1,64 @@
+"""Shared helpers for the peer cross-checks: the quantd binary, the fp.h shim, fixtures."""
+import ctypes
+import json
+import os
+import subprocess
+import tempfile
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+QUANTD = os.environ.get("QUANTD", os.path.join(ROOT, "bin", "quantd"))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+NP_DTYPE = {"f32": np.float32, "f16": np.float16}
+
+
+def run_quantd(*args, check=True):
+    p = subprocess.run([QUANTD, *map(str, args)], capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise AssertionError(f"quantd {' '.join(map(str, args))} failed: {p.stderr}")
+    return p
+
+
+def quantize(x_bytes, fmt, dtype, shape, params=None, tmp=None):
+    """Runs bin/quantd quantize on raw bytes; returns (dir, meta)."""
+    tmp = tmp or tempfile.mkdtemp(prefix="qd")
+    src = os.path.join(tmp, "input.bin")
+    with open(src, "wb") as f:
+        f.write(x_bytes)
+    out = os.path.join(tmp, "out")
+    args = ["quantize", "--fmt", fmt, "--dtype", dtype, "--shape", ",".join(map(str, shape)),
+            "--in", src, "--out", out]
+    for k, v in (params or {}).items():
+        args += ["--param", f"{k}={str(v).lower() if isinstance(v, bool) else repr(v) if isinstance(v, float) else v}"]
+    run_quantd(*args)
+    with open(os.path.join(out, "meta.json")) as f:
+        return out, json.load(f)
+
+
+def component(out_dir, name):
+    with open(os.path.join(out_dir, name + ".bin"), "rb") as f:
+        return f.read()
+
+
+def bf16_bytes(x32):
+    """f32 -> bf16 (round to nearest even) raw bytes, the way torch rounds."""
+    u = np.asarray(x32, np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return r.tobytes()
+
+
+@pytest.fixture(scope="session")
+def fpconv():
+    lib = os.path.join(ROOT, "build", "tests", "libqdfp.so")
+    if not os.path.exists(lib):
+        raise AssertionError("build/tests/libqdfp.so missing: run through 'make test'")
+    return ctypes.CDLL(lib)
+
+
+def call_array(fn, x, out_dtype):
+    x = np.ascontiguousarray(x)
+    out = np.empty(x.shape, dtype=out_dtype)
+    fn(x.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(x.size))
+    return out

@@ -6,6 +6,45 @@
 
 #include "fp.h"
 
+/* bitsandbytes is built with --use_fast_math, so its f32 arithmetic flushes subnormals to zero
+ * and its `1.0f / absmax` is the GPU's approximate reciprocal (MUFU.RCP). quantd reproduces
+ * both: the bytes users load are those of bitsandbytes' CUDA kernels. */
+QD_HD float qd_ftz(float x)
+{
+    uint32_t u = qd_f32_bits(x);
+    return (u & 0x7f800000u) ? x : qd_bits_f32(u & 0x80000000u);
+}
+
+#ifndef __CUDA_ARCH__
+/* Per 23-bit mantissa m, 2 bits: the approximate reciprocal of 1.m minus the correctly rounded
+ * one, in ulps, plus 1. Measured exhaustively on an H100 (tests/fixtures/probe_rcp.cu). */
+extern const uint8_t qd_rcp_approx_delta[1 << 21];
+#endif
+
+/* rcp.approx.ftz.f32: the result's mantissa depends on x's mantissa only; its exponent is
+ * x's negated; subnormal inputs count as zero and subnormal results flush to zero. */
+QD_HD float qd_rcp_approx(float x)
+{
+#ifdef __CUDA_ARCH__
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+#else
+    uint32_t u = qd_f32_bits(x), sign = u & 0x80000000u, e = (u >> 23) & 0xff, m = u & 0x7fffffu;
+    if (e == 0)
+        return qd_bits_f32(sign | 0x7f800000u);
+    if (e == 0xff)
+        return m ? x : qd_bits_f32(sign);
+    float r0 = 1.0f / qd_bits_f32(0x3f800000u | m); /* in (0.5, 1] */
+    int d = (int)((qd_rcp_approx_delta[m >> 2] >> ((m & 3) * 2)) & 3) - 1;
+    uint32_t a = qd_f32_bits(r0) + (uint32_t)d;
+    int field = (int)((a >> 23) & 0xff) - ((int)e - 127);
+    if (field < 1)
+        return qd_bits_f32(sign);
+    return qd_bits_f32(sign | (uint32_t)field << 23 | (a & 0x7fffffu));
+#endif
+}
+
 /* dQuantizeNF4: a decision tree over the midpoints between neighbouring NF4 values. NaN fails
  * every comparison and lands on code 0. */
 QD_HD uint8_t qd_nf4_code(float x)

@@ -16,6 +16,9 @@ static const float dynamic_map[256] = QD_DYNAMIC_MAP;
 
 static int is_nf4(const struct qd_format *f) { return f->code == 0; }
 
+/* x * (1/absmax) with bitsandbytes' flush-to-zero on the operand and the result. */
+static inline float scaled(float x, float inv) { return qd_ftz(qd_ftz(x) * inv); }
+
 struct bnb_ctx {
     int nf4;
     int64_t n, blocksize;
@@ -34,22 +37,24 @@ static void bnb_quantize_span(void *c, int tid, const float *x, int64_t first, i
         const float *xb = x + b0;
         float amax = 0.0f;
         for (int64_t i = 0; i < len; i++) {
-            float a = qd_absf(xb[i]);
+            float a = qd_ftz(qd_absf(xb[i]));
             amax = a > amax ? a : amax;
         }
         /* a zero block gives inf here and NaN codes below: bitsandbytes does the same */
-        float inv = 1.0f / amax;
+        float inv = qd_rcp_approx(amax);
         k->absmax[(first + b0) / k->blocksize] = amax;
         uint8_t *out = k->data + (first + b0) / 2;
         int64_t pairs = len / 2;
         if (k->nf4)
             for (int64_t j = 0; j < pairs; j++)
-                out[j] = (uint8_t)(qd_nf4_code(xb[2 * j] * inv) << 4 | qd_nf4_code(xb[2 * j + 1] * inv));
+                out[j] = (uint8_t)(qd_nf4_code(scaled(xb[2 * j], inv)) << 4 |
+                                   qd_nf4_code(scaled(xb[2 * j + 1], inv)));
         else
             for (int64_t j = 0; j < pairs; j++)
-                out[j] = (uint8_t)(qd_fp4_code(xb[2 * j] * inv) << 4 | qd_fp4_code(xb[2 * j + 1] * inv));
+                out[j] = (uint8_t)(qd_fp4_code(scaled(xb[2 * j], inv)) << 4 |
+                                   qd_fp4_code(scaled(xb[2 * j + 1], inv)));
         if (len & 1) { /* odd tail: the kernel pads with 0.0, whose code fills the low nibble */
-            float last = xb[len - 1] * inv, pad = 0.0f * inv;
+            float last = scaled(xb[len - 1], inv), pad = 0.0f * inv;
             out[pairs] = k->nf4 ? (uint8_t)(qd_nf4_code(last) << 4 | qd_nf4_code(pad))
                                 : (uint8_t)(qd_fp4_code(last) << 4 | qd_fp4_code(pad));
         }
@@ -65,13 +70,14 @@ static void bnb_double_quant(const float *absmax, int64_t nblocks, float offset,
         int64_t len = nblocks - base < BNB_NESTED_BLOCK ? nblocks - base : BNB_NESTED_BLOCK;
         float amax = 0.0f;
         for (int64_t i = 0; i < len; i++) {
-            float a = qd_absf(absmax[base + i] - offset);
+            /* absmax - offset is a torch op (no flush); the kernel then flushes what it reads */
+            float a = qd_ftz(qd_absf(absmax[base + i] - offset));
             amax = a > amax ? a : amax;
         }
         nested_absmax[g] = amax;
-        float inv = 1.0f / amax;
+        float inv = qd_rcp_approx(amax);
         for (int64_t i = 0; i < len; i++)
-            codes[base + i] = qd_dynamic_code(dynamic_map, (absmax[base + i] - offset) * inv);
+            codes[base + i] = qd_dynamic_code(dynamic_map, scaled(absmax[base + i] - offset, inv));
     }
 }
 
@@ -137,7 +143,7 @@ static void bnb_dequantize_span(void *c, int tid, float *y, int64_t first, int64
         int64_t e = first + i;
         uint8_t byte = k->data[e / 2];
         uint8_t code = (e & 1) ? (byte & 15) : (byte >> 4);
-        y[i] = bnb_value(k->nf4, code) * k->absmax[e / k->blocksize];
+        y[i] = qd_ftz(bnb_value(k->nf4, code) * k->absmax[e / k->blocksize]); /* fast-math */
     }
 }
 
@@ -156,7 +162,7 @@ enum qd_status qd_cpu_bnb4_dequantize(const struct qd_format *f, const void *con
         if (!absmax)
             return QD_ENOMEM;
         for (int64_t b = 0; b < nblocks; b++) {
-            float v = nested_map[codes[b]] * nested_absmax[b / BNB_NESTED_BLOCK];
+            float v = qd_ftz(nested_map[codes[b]] * nested_absmax[b / BNB_NESTED_BLOCK]);
             absmax[b] = v + p->offset;
         }
         k.absmax = absmax;

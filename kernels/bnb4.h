@@ -45,44 +45,38 @@ QD_HD float qd_rcp_approx(float x)
 #endif
 }
 
-/* dQuantizeNF4: a decision tree over the midpoints between neighbouring NF4 values. NaN fails
- * every comparison and lands on code 0. */
+/* dQuantizeNF4 is a decision tree over the 15 midpoints between neighbouring NF4 values (its
+ * f32 literals, below in ascending order) with `x > threshold` at every node; for sorted
+ * thresholds that tree returns the number of thresholds x exceeds, which is what this computes
+ * without branches. NaN exceeds none: code 0, as in the tree. */
+#define QD_NF4_THRESHOLDS                                                                        \
+    {-0.8480964004993439f, -0.6106329262256622f, -0.4599952697753906f, -0.33967943489551544f,  \
+     -0.23460740596055984f, -0.13791173323988914f, -0.045525018125772476f,                     \
+     0.03979014977812767f, 0.1202552504837513f, 0.2035212516784668f, 0.2920137718319893f,       \
+     0.3893125355243683f, 0.5016634166240692f, 0.6427869200706482f, 0.8614784181118011f}
+
 QD_HD uint8_t qd_nf4_code(float x)
 {
-    if (x > 0.03979014977812767f) {
-        if (x > 0.3893125355243683f) {
-            if (x > 0.6427869200706482f)
-                return x > 0.8614784181118011f ? 15 : 14;
-            return x > 0.5016634166240692f ? 13 : 12;
-        }
-        if (x > 0.2035212516784668f)
-            return x > 0.2920137718319893f ? 11 : 10;
-        return x > 0.1202552504837513f ? 9 : 8;
-    }
-    if (x > -0.33967943489551544f) {
-        if (x > -0.13791173323988914f)
-            return x > -0.045525018125772476f ? 7 : 6;
-        return x > -0.23460740596055984f ? 5 : 4;
-    }
-    if (x > -0.6106329262256622f)
-        return x > -0.4599952697753906f ? 3 : 2;
-    return x > -0.8480964004993439f ? 1 : 0;
+    const float t[15] = QD_NF4_THRESHOLDS;
+    int c = 0;
+    for (int i = 0; i < 15; i++)
+        c += x > t[i];
+    return (uint8_t)c;
 }
 
-/* dQuantizeFP4: sign bit 0b1000 only for x < 0 (so -0.0 and NaN get 0), magnitude by a tree
- * whose pivots are the midpoints of the FP4 values divided by 12 (its absmax). */
+/* dQuantizeFP4: sign bit 0b1000 only for x < 0 (so -0.0 and NaN get 0); the magnitude tree's
+ * pivots (FP4 midpoints / 12) in ascending order select codes 0,1,6,7,4,5,2,3 (the FP4 value
+ * order 0, 0.0625, 2, 3, 4, 6, 8, 12 in bitsandbytes' encoding). */
 QD_HD uint8_t qd_fp4_code(float x)
 {
-    uint8_t sign = x < 0 ? 8 : 0;
+    const float t[7] = {0.00260417f, 0.0859375f, 0.20833333f, 0.29166667f, 0.4166667f, 0.583333f,
+                        0.8333333f};
+    const uint8_t code_of_rank[8] = {0, 1, 6, 7, 4, 5, 2, 3};
     float a = qd_absf(x);
-    uint8_t m;
-    if (a > 0.29166667f)
-        m = a > 0.583333f ? (a > 0.8333333f ? 3 : 2) : (a > 0.4166667f ? 5 : 4);
-    else if (a > 0.0859375f)
-        m = a > 0.20833333f ? 7 : 6;
-    else
-        m = a > 0.00260417f ? 1 : 0;
-    return (uint8_t)(m | sign);
+    int c = 0;
+    for (int i = 0; i < 7; i++)
+        c += a > t[i];
+    return (uint8_t)(code_of_rank[c] | (x < 0 ? 8 : 0));
 }
 
 /* nf4_dequantization_lut */

@@ -50,8 +50,10 @@ QD_HD float qd_absf(float f) { return qd_bits_f32(qd_f32_bits(f) & 0x7fffffffu);
  * compare or convert it.) */
 QD_HD float qd_rint(float x)
 {
-#ifdef __CUDA_ARCH__
+#if defined(__CUDA_ARCH__)
     return rintf(x);
+#elif defined(__SSE4_1__)
+    return __builtin_rintf(x); /* roundss/vroundps: vectorizes */
 #else
     return qd_absf(x) < 4194304.0f ? (x + 12582912.0f) - 12582912.0f : x;
 #endif
@@ -139,20 +141,13 @@ QD_HD uint8_t qd_f32_to_floatx(float x, int ebits, int mbits)
     uint32_t u = qd_f32_bits(x);
     uint32_t sign = u & 0x80000000u;
     float a = qd_bits_f32(u ^ sign);
-    uint32_t code;
-    if (a >= max_normal) {
-        code = max_int;
-    } else if (a < min_normal) {
-        /* adding a power of two whose ulp is the target's subnormal step rounds (RNE) */
-        float d = a + qd_bits_f32(denorm_mask_int);
-        code = (uint8_t)(qd_f32_bits(d) - denorm_mask_int);
-    } else {
-        uint32_t n = qd_f32_bits(a);
-        uint32_t odd = (n >> (23 - mbits)) & 1u;
-        n += ((uint32_t)(exp_bias - 127) << 23) + magic;
-        n += odd;
-        code = (uint8_t)(n >> (23 - mbits));
-    }
+    /* all three candidates, then a select: branch-free so loops over it vectorize */
+    float d = a + qd_bits_f32(denorm_mask_int); /* subnormal: the add rounds (RNE) */
+    uint32_t denormal = (qd_f32_bits(d) - denorm_mask_int) & 0xffu;
+    uint32_t n = qd_f32_bits(a);
+    uint32_t odd = (n >> (23 - mbits)) & 1u;
+    uint32_t normal = ((n + ((uint32_t)(exp_bias - 127) << 23) + magic + odd) >> (23 - mbits)) & 0xffu;
+    uint32_t code = a >= max_normal ? max_int : (a < min_normal ? denormal : normal);
     return (uint8_t)(code | ((sign >> (31 - ebits - mbits)) & sign_mask));
 }
 

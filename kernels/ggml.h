@@ -131,10 +131,11 @@ QD_HD void qd_ggml_quantize_q8(int type, const float *x, uint8_t *blk)
     int sum = 0;
     for (int j = 0; j < QD_GGML_QK; j++) {
         float v = x[j] * id;
-        /* roundf: half away from zero, exact: trunc(|v| + 0.5) is wrong at 0.49999997 */
-        float r = qd_rint(v);
-        if (qd_absf(v - r) == 0.5f) /* a tie: rint went to even; roundf goes away from zero */
-            r = v + (v > 0 ? 0.5f : -0.5f);
+        /* roundf (half away from zero), exactly: trunc, then one step away from zero when the
+         * dropped fraction is >= 0.5 (v - trunc(v) is exact); trunc(v + 0.5) would be wrong
+         * at 0.49999997 */
+        float t = __builtin_truncf(v);
+        float r = qd_absf(v - t) >= 0.5f ? t + (v > 0.0f ? 1.0f : -1.0f) : t;
         qs[j] = (int8_t)r;
         sum += qs[j];
     }

@@ -158,9 +158,11 @@ QD_HD uint8_t qd_nvfp4_quantize_block(float per_tensor_scale, const float *x, ui
 QD_HD void qd_nvfp4_dequantize_block(float per_tensor_scale, uint8_t sbyte, const uint8_t *in,
                                      float *y)
 {
+    const float e2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                            -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
     float s = qd_e4m3_to_f32(sbyte);
     for (int j = 0; j < QD_NVFP4_BLOCK; j++) {
-        float v = qd_floatx_to_f32((in[j / 2] >> ((j & 1) * 4)) & 15, 2, 1) * s;
+        float v = e2m1[(in[j / 2] >> ((j & 1) * 4)) & 15] * s;
         y[j] = per_tensor_scale > 0.0f ? v * per_tensor_scale : v;
     }
 }

@@ -43,21 +43,22 @@ static void bnb_quantize_span(void *c, int tid, const float *x, int64_t first, i
         /* a zero block gives inf here and NaN codes below: bitsandbytes does the same */
         float inv = qd_rcp_approx(amax);
         k->absmax[(first + b0) / k->blocksize] = amax;
-        uint8_t *out = k->data + (first + b0) / 2;
-        int64_t pairs = len / 2;
-        if (k->nf4)
-            for (int64_t j = 0; j < pairs; j++)
-                out[j] = (uint8_t)(qd_nf4_code(scaled(xb[2 * j], inv)) << 4 |
-                                   qd_nf4_code(scaled(xb[2 * j + 1], inv)));
-        else
-            for (int64_t j = 0; j < pairs; j++)
-                out[j] = (uint8_t)(qd_fp4_code(scaled(xb[2 * j], inv)) << 4 |
-                                   qd_fp4_code(scaled(xb[2 * j + 1], inv)));
-        if (len & 1) { /* odd tail: the kernel pads with 0.0, whose code fills the low nibble */
-            float last = scaled(xb[len - 1], inv), pad = 0.0f * inv;
-            out[pairs] = k->nf4 ? (uint8_t)(qd_nf4_code(last) << 4 | qd_nf4_code(pad))
-                                : (uint8_t)(qd_fp4_code(last) << 4 | qd_fp4_code(pad));
+        /* codes first (a flat loop the compiler vectorizes), then two per byte, the first
+         * element in the high nibble (bitsandbytes order); an odd tail pairs with the code of
+         * the 0.0 the kernel pads with */
+        uint8_t codes[4096 + 1];
+        if (k->nf4) {
+            for (int64_t i = 0; i < len; i++)
+                codes[i] = qd_nf4_code(scaled(xb[i], inv));
+            codes[len] = qd_nf4_code(0.0f * inv);
+        } else {
+            for (int64_t i = 0; i < len; i++)
+                codes[i] = qd_fp4_code(scaled(xb[i], inv));
+            codes[len] = qd_fp4_code(0.0f * inv);
         }
+        uint8_t *out = k->data + (first + b0) / 2;
+        for (int64_t j = 0; j < (len + 1) / 2; j++)
+            out[j] = (uint8_t)(codes[2 * j] << 4 | codes[2 * j + 1]);
     }
 }
 

@@ -2,6 +2,7 @@
  * and hand each span to a format's kernel as f32 (converting f16/bf16 through a small
  * per-thread buffer that stays in L1/L2). */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -161,31 +162,68 @@ struct scan_ctx {
     float amax[QD_CPU_MAX_THREADS], min[QD_CPU_MAX_THREADS], max[QD_CPU_MAX_THREADS];
 };
 
-static void scan_finite(void *c, int tid, const float *x, int64_t first, int64_t n)
+/* Index of the first element of [0, n) whose exponent field is all ones, or -1. Works on the
+ * raw bits (no conversion): f32 exponent mask 0x7f800000, f16 0x7c00, bf16 0x7f80. */
+static int64_t first_nonfinite_raw(const void *data, enum qd_dtype dt, int64_t first, int64_t n)
 {
-    struct scan_ctx *s = c;
-    if (s->first_bad[tid] >= 0)
-        return;
     int bad = 0;
-    for (int64_t i = 0; i < n; i++) /* branch-free so it vectorizes */
-        bad |= !qd_isfinite(x[i]);
-    if (!bad)
-        return;
-    for (int64_t i = 0; i < n; i++)
-        if (!qd_isfinite(x[i])) {
-            s->first_bad[tid] = first + i;
-            return;
-        }
+    if (dt == QD_F32) {
+        const uint32_t *u = (const uint32_t *)data + first;
+        for (int64_t i = 0; i < n; i++) /* branch-free so it vectorizes */
+            bad |= (u[i] & 0x7f800000u) == 0x7f800000u;
+        if (bad)
+            for (int64_t i = 0; i < n; i++)
+                if ((u[i] & 0x7f800000u) == 0x7f800000u)
+                    return first + i;
+    } else {
+        const uint16_t *h = (const uint16_t *)data + first;
+        const uint16_t mask = dt == QD_F16 ? 0x7c00 : 0x7f80;
+        for (int64_t i = 0; i < n; i++)
+            bad |= (h[i] & mask) == mask;
+        if (bad)
+            for (int64_t i = 0; i < n; i++)
+                if ((h[i] & mask) == mask)
+                    return first + i;
+    }
+    return -1;
+}
+
+struct raw_scan {
+    const struct qd_tensor *t;
+    int64_t n;
+    int nthreads;
+    int64_t first_bad[QD_CPU_MAX_THREADS];
+};
+
+static void *raw_scan_run(void *arg)
+{
+    struct raw_scan *s = ((void **)arg)[0];
+    int tid = (int)(intptr_t)((void **)arg)[1];
+    int64_t a = s->n * tid / s->nthreads, b = s->n * (tid + 1) / s->nthreads;
+    s->first_bad[tid] = first_nonfinite_raw(s->t->data, s->t->dtype, a, b - a);
+    return NULL;
 }
 
 int64_t qd_cpu_find_nonfinite(const struct qd_tensor *in)
 {
-    struct scan_ctx s;
-    for (int i = 0; i < QD_CPU_MAX_THREADS; i++)
-        s.first_bad[i] = -1;
-    int nt = qd_cpu_spans(in, 1, scan_finite, &s);
+    struct raw_scan s = {.t = in, .n = qd_tensor_numel(in)};
+    s.nthreads = qd_cpu_threads_for(s.n);
+    pthread_t th[QD_CPU_MAX_THREADS];
+    void *args[QD_CPU_MAX_THREADS][2];
+    int started[QD_CPU_MAX_THREADS] = {0};
+    for (int i = 0; i < s.nthreads; i++) {
+        args[i][0] = &s;
+        args[i][1] = (void *)(intptr_t)i;
+    }
+    for (int i = 1; i < s.nthreads; i++)
+        if (!(started[i] = pthread_create(&th[i], NULL, raw_scan_run, args[i]) == 0))
+            raw_scan_run(args[i]);
+    raw_scan_run(args[0]);
+    for (int i = 1; i < s.nthreads; i++)
+        if (started[i])
+            pthread_join(th[i], NULL);
     /* threads own ascending ranges: the lowest thread with a hit has the first index */
-    for (int i = 0; i < nt; i++)
+    for (int i = 0; i < s.nthreads; i++)
         if (s.first_bad[i] >= 0)
             return s.first_bad[i];
     return -1;

@@ -14,7 +14,8 @@ NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2
 # x86-64-v3 (AVX2) where the build machine has it; override ARCH_FLAGS for other targets.
 ARCH_FLAGS ?= $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -march=x86-64-v3 || echo -march=x86-64-v2)
 # No fast-math and no FMA contraction: the peers round every f32 operation (docs/formats.md).
-FP_FLAGS := -ffp-contract=off -fno-fast-math -fno-finite-math-only
+# No trapping math / errno: quantd never reads FP flags, and gcc then inlines rintf/truncf.
+FP_FLAGS := -ffp-contract=off -fno-fast-math -fno-finite-math-only -fno-trapping-math -fno-math-errno
 WARN     := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS   ?= -O3 -g
 CFLAGS   += -std=gnu11 $(WARN) $(FP_FLAGS) $(ARCH_FLAGS) -pthread -MMD -MP

@@ -11,8 +11,10 @@
 
 #ifdef __CUDACC__
 #define QD_HD __host__ __device__ __forceinline__
+#define QD_RESTRICT __restrict__
 #else
 #define QD_HD static inline
+#define QD_RESTRICT restrict /* packed bytes never alias the input: lets loops vectorize */
 #endif
 
 QD_HD uint32_t qd_f32_bits(float f)

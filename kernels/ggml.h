@@ -60,7 +60,7 @@ QD_HD float qd_ggml_signed_max(const float *x)
 }
 
 /* q4_0 / q5_0: d = max / -(2^(bits-1)), codes (int8)(x*id + 2^(bits-1) + 0.5) capped. */
-QD_HD void qd_ggml_quantize_sym(int type, const float *x, uint8_t *blk)
+QD_HD void qd_ggml_quantize_sym(int type, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
 {
     const int five = type == QD_Q5_0;
     const float max = qd_ggml_signed_max(x);
@@ -83,7 +83,7 @@ QD_HD void qd_ggml_quantize_sym(int type, const float *x, uint8_t *blk)
 }
 
 /* q4_1 / q5_1: d = (max - min) / (2^bits - 1), m = min, codes of (x - min)*id + 0.5. */
-QD_HD void qd_ggml_quantize_affine(int type, const float *x, uint8_t *blk)
+QD_HD void qd_ggml_quantize_affine(int type, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
 {
     const int five = type == QD_Q5_1;
     float min = 3.40282347e38f, max = -3.40282347e38f;
@@ -118,7 +118,7 @@ QD_HD void qd_ggml_quantize_affine(int type, const float *x, uint8_t *blk)
 
 /* q8_0 / q8_1: d = amax / 127, codes roundf(x*id) (half away from zero); q8_1 adds
  * s = f16(sum(codes) * d). */
-QD_HD void qd_ggml_quantize_q8(int type, const float *x, uint8_t *blk)
+QD_HD void qd_ggml_quantize_q8(int type, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
 {
     float amax = 0.0f;
     for (int j = 0; j < QD_GGML_QK; j++) {
@@ -144,7 +144,7 @@ QD_HD void qd_ggml_quantize_q8(int type, const float *x, uint8_t *blk)
         qd_put_f16(blk + 2, (float)sum * d);
 }
 
-QD_HD void qd_ggml_quantize_block(int type, const float *x, uint8_t *blk)
+QD_HD void qd_ggml_quantize_block(int type, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
 {
     if (type == QD_Q4_0 || type == QD_Q5_0)
         qd_ggml_quantize_sym(type, x, blk);
@@ -155,7 +155,7 @@ QD_HD void qd_ggml_quantize_block(int type, const float *x, uint8_t *blk)
 }
 
 /* dequantize_row_<type> for one block; q8_1 has no ggml dequantizer: q*d. */
-QD_HD void qd_ggml_dequantize_block(int type, const uint8_t *blk, float *y)
+QD_HD void qd_ggml_dequantize_block(int type, const uint8_t *QD_RESTRICT blk, float *QD_RESTRICT y)
 {
     const float d = qd_get_f16(blk);
     if (type == QD_Q8_0 || type == QD_Q8_1) {

@@ -23,15 +23,24 @@ enum qd_status qd_quantize(enum qd_backend_kind b, const struct qd_format *f,
         snprintf(err, len, "format %s has no quantizer on this backend", f->name);
         return QD_EINVAL;
     }
-    if (!p->allow_nonfinite) {
-        int64_t bad = qd_cpu_find_nonfinite(in);
-        if (bad >= 0) {
-            snprintf(err, len, "input element %" PRId64 " is not finite (NaN or Inf); set "
-                     "allow_nonfinite=true to quantize it anyway", bad);
-            return QD_ENONFINITE;
-        }
+    int64_t bad = -1;
+    enum qd_status s;
+    if (!p->allow_nonfinite && b == QD_BACKEND_CPU) {
+        /* checked inside the format's first pass over the input, on chunks already in cache */
+        qd_cpu_scan_begin(&bad);
+        s = fn(f, in, p, out);
+        if (!qd_cpu_scan_end()) /* the format made no input pass: scan on its own */
+            bad = qd_cpu_find_nonfinite(in);
+    } else {
+        if (!p->allow_nonfinite)
+            bad = qd_cpu_find_nonfinite(in);
+        s = bad < 0 ? fn(f, in, p, out) : QD_OK;
     }
-    enum qd_status s = fn(f, in, p, out);
+    if (bad >= 0) {
+        snprintf(err, len, "input element %" PRId64 " is not finite (NaN or Inf); set "
+                 "allow_nonfinite=true to quantize it anyway", bad);
+        return QD_ENONFINITE;
+    }
     if (s != QD_OK)
         snprintf(err, len, "%s quantize failed: %s", f->name, qd_strerror(s));
     return s;

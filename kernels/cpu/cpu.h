@@ -24,6 +24,11 @@ int qd_cpu_out_spans(struct qd_tensor *out, int64_t align, qd_out_span_fn fn, vo
 /* Threads qd_cpu_spans would use for n elements (to size per-thread partials). */
 int qd_cpu_threads_for(int64_t n);
 
+/* Arms a non-finite check on the next input pass this thread drives (qd_cpu_spans): *first_bad
+ * becomes the first NaN/Inf index or stays -1. qd_cpu_scan_end returns 1 when a pass took it. */
+void qd_cpu_scan_begin(int64_t *first_bad);
+int qd_cpu_scan_end(void);
+
 /* First non-finite element index, or -1. */
 int64_t qd_cpu_find_nonfinite(const struct qd_tensor *in);
 /* max |x|, min, max over the tensor (exact: order does not matter). */

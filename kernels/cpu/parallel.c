@@ -69,7 +69,28 @@ struct span_job {
     void *ctx;
     int nthreads;
     int failed;
+    int check;                           /* scan each input chunk for NaN/Inf while it is hot */
+    int64_t first_bad[QD_CPU_MAX_THREADS];
 };
+
+static int64_t first_nonfinite_raw(const void *data, enum qd_dtype dt, int64_t first, int64_t n);
+
+/* The calling thread's pending non-finite check (qd_cpu_scan_begin): taken by the next input
+ * pass that thread drives, so a format's first pass over its input also validates it. */
+static __thread int64_t *scan_slot;
+
+void qd_cpu_scan_begin(int64_t *first_bad)
+{
+    *first_bad = -1;
+    scan_slot = first_bad;
+}
+
+int qd_cpu_scan_end(void)
+{
+    int taken = scan_slot == NULL;
+    scan_slot = NULL;
+    return taken;
+}
 
 struct span_worker {
     struct span_job *job;
@@ -101,6 +122,8 @@ static void *span_run(void *arg)
             last = j->n;
         int64_t cnt = last - first;
         char *p = (char *)j->t->data + first * (int64_t)esize;
+        if (j->check && j->first_bad[w->tid] < 0)
+            j->first_bad[w->tid] = first_nonfinite_raw(j->t->data, j->t->dtype, first, cnt);
         if (j->in_fn) {
             const float *x = (const float *)p;
             if (buf) {
@@ -146,7 +169,21 @@ static int span_drive(struct span_job *j)
 int qd_cpu_spans(const struct qd_tensor *in, int64_t align, qd_span_fn fn, void *ctx)
 {
     struct span_job j = {.t = (struct qd_tensor *)in, .align = align, .in_fn = fn, .ctx = ctx};
-    return span_drive(&j);
+    int64_t *slot = scan_slot;
+    if (slot) {
+        scan_slot = NULL;
+        j.check = 1;
+        for (int i = 0; i < QD_CPU_MAX_THREADS; i++)
+            j.first_bad[i] = -1;
+    }
+    int rc = span_drive(&j);
+    /* threads own ascending ranges: the lowest thread with a hit has the first index */
+    for (int i = 0; slot && rc > 0 && i < rc; i++)
+        if (j.first_bad[i] >= 0) {
+            *slot = j.first_bad[i];
+            break;
+        }
+    return rc;
 }
 
 int qd_cpu_out_spans(struct qd_tensor *out, int64_t align, qd_out_span_fn fn, void *ctx)

@@ -119,7 +119,6 @@ cJSON *qd_params_to_json(const struct qd_format *f, const struct qd_params *p)
         else /* f32 widened to double prints back exactly */
             cJSON_AddNumberToObject(o, d->name, (double)*(const float *)((const char *)p + d->offset));
     }
-    /* nvfp4 reports both scale conventions */
     return o;
 }
 

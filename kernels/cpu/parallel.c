@@ -195,7 +195,6 @@ int qd_cpu_out_spans(struct qd_tensor *out, int64_t align, qd_out_span_fn fn, vo
 /* ---- whole-tensor scans ------------------------------------------------------------------- */
 
 struct scan_ctx {
-    int64_t first_bad[QD_CPU_MAX_THREADS];
     float amax[QD_CPU_MAX_THREADS], min[QD_CPU_MAX_THREADS], max[QD_CPU_MAX_THREADS];
 };
 

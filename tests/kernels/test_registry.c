@@ -128,8 +128,9 @@ static void nonfinite_rejected_with_its_index_unless_allowed(void **state)
         assert_int_equal(test_quantize(&q, f->name, x, rows, cols, QD_F32, params), QD_ENONFINITE);
         assert_non_null(strstr(q.err, "element 4321"));
         tq_release(&q);
-        params[params[0] ? 1 : 0] = "allow_nonfinite=true";
-        params[params[1] && params[0] != params[1] ? 2 : 1] = NULL;
+        int k = params[0] ? 1 : 0; /* after awq's group_size, if any */
+        params[k] = "allow_nonfinite=true";
+        params[k + 1] = NULL;
         assert_int_equal(test_quantize(&q, f->name, x, rows, cols, QD_F32, params), QD_OK);
         tq_release(&q);
         free(x);

@@ -19,7 +19,7 @@ FP_FLAGS := -ffp-contract=off -fno-fast-math -fno-finite-math-only -fno-trapping
 WARN     := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS   ?= -O3 -g
 CFLAGS   += -std=gnu11 $(WARN) $(FP_FLAGS) $(ARCH_FLAGS) -pthread -MMD -MP
-LDLIBS   += -lcjson -lm -pthread
+LDLIBS   += -lcjson -lmicrohttpd -lm -pthread
 
 KERNEL_SRCS := $(wildcard kernels/*.c kernels/cpu/*.c)
 SERVER_SRCS := $(wildcard server/*.c)
@@ -45,8 +45,9 @@ endif
 
 KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
+SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all deps venv test test-unit test-peers sanitize bench run clean check-deps
+.PHONY: all deps venv test test-unit test-peers test-service sanitize fuzz bench run clean check-deps
 all: check-deps bin/quantd
 
 bin/quantd: $(KERNEL_OBJS) $(SERVER_OBJS)
@@ -63,7 +64,7 @@ $(BUILD)/%.o: %.cu
 
 # ---- dependencies ---------------------------------------------------------------------------
 DEB_PACKAGES := build-essential pkg-config libcjson-dev libcmocka-dev libmicrohttpd-dev \
-                libcurl4-openssl-dev python3 python3-venv python3-pip
+                libcurl4-openssl-dev python3 python3-venv python3-pip clang libclang-rt-dev
 
 deps:
 	@if [ "$$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO=sudo; fi; \
@@ -93,13 +94,33 @@ test-unit: $(TEST_BINS)
 test-peers: bin/quantd .venv/ok $(BUILD)/tests/libqdfp.so
 	QUANTD=$(abspath bin/quantd) .venv/bin/python -m pytest -q tests/peers
 
-test: all test-unit test-peers
+# Service tests: a real `quantd serve` per test group, driven by libcurl; every answer is
+# recorded and then validated against api/openapi.yaml.
+SERVICE_TEST_SRCS := $(wildcard tests/server/test_*.c)
+SERVICE_TEST_BINS := $(SERVICE_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+SERVICE_QUANTD    ?= bin/quantd
+
+$(BUILD)/tests/server/test_%: tests/server/test_%.c tests/server/service.c tests/server/service.h $(SERVICE_OBJS) $(KERNEL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) -lcurl $(TEST_LIBS)
+
+test-service: $(SERVICE_QUANTD) $(SERVICE_TEST_BINS) .venv/ok
+	@rm -f $(BUILD)/responses.jsonl
+	@set -e; for t in $(SERVICE_TEST_BINS); do echo "== $$t"; \
+	  QUANTD=$(abspath $(SERVICE_QUANTD)) QUANTD_RESPONSES=$(abspath $(BUILD))/responses.jsonl \
+	  QUANTD_TEST_LOG=$(abspath $(BUILD))/serve.log $$t; done
+	QUANTD_RESPONSES=$(abspath $(BUILD))/responses.jsonl .venv/bin/python -m pytest -q tests/api
+
+test: all test-unit test-service test-peers
 
 # ASan + UBSan: a separate build tree, the same tests.
 sanitize:
 	$(MAKE) BUILD=build-san NO_CUDA=1 \
 	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
 	  LDFLAGS="-fsanitize=address,undefined" bin/quantd-san test-unit-san
+	$(MAKE) BUILD=build-san NO_CUDA=1 SERVICE_QUANTD=bin/quantd-san \
+	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+	  LDFLAGS="-fsanitize=address,undefined" test-service
 
 bin/quantd-san: $(KERNEL_OBJS) $(SERVER_OBJS)
 	@mkdir -p bin
@@ -108,6 +129,19 @@ bin/quantd-san: $(KERNEL_OBJS) $(SERVER_OBJS)
 test-unit-san: $(TEST_BINS) .venv/ok $(BUILD)/tests/libqdfp.so
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
 	QUANTD=$(abspath bin/quantd-san) QUANTD_SANITIZED=1 .venv/bin/python -m pytest -q tests/peers
+
+# libFuzzer over the request decoders (query, JSON, base64, safetensors); FUZZ_SECONDS each.
+FUZZ_SECONDS ?= 20
+FUZZ_SRCS := tests/server/fuzz_decode.c server/decode.c server/base64.c server/safetensors.c \
+             server/reply.c server/encode.c $(wildcard kernels/*.c kernels/cpu/*.c)
+$(BUILD)/fuzz/fuzz_decode: $(FUZZ_SRCS)
+	@mkdir -p $(dir $@)
+	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	  $(FP_FLAGS) -o $@ $(FUZZ_SRCS) -lcjson -lm -pthread
+fuzz: $(BUILD)/fuzz/fuzz_decode
+	@mkdir -p $(BUILD)/fuzz/corpus
+	$(BUILD)/fuzz/fuzz_decode -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=1024 \
+	  $(BUILD)/fuzz/corpus tests/server/fuzz_seeds
 
 # ---- benchmarks -----------------------------------------------------------------------------
 $(BUILD)/bench/bench_cpu: bench/bench_cpu.c $(KERNEL_OBJS)

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "serve.h"
 
 static void usage(FILE *to)
 {
@@ -12,7 +13,10 @@ static void usage(FILE *to)
           "                              quantize a raw little-endian tensor; writes\n"
           "                              DIR/<component>.bin and DIR/meta.json\n"
           "  dequantize --in DIR --dtype DT --out FILE\n"
-          "                              turn such a directory back into a raw tensor\n",
+          "                              turn such a directory back into a raw tensor\n"
+          "  serve [options]             run the HTTP service (quantd serve --help)\n"
+          "  healthcheck [--listen ADDR:PORT] [--path /healthz]\n"
+          "                              exit 0 when the service answers 200\n",
           to);
 }
 
@@ -27,6 +31,10 @@ int main(int argc, char **argv)
         return qd_cli_formats(argc - 2, argv + 2);
     if (!strcmp(cmd, "quantize"))
         return qd_cli_quantize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "serve"))
+        return qd_serve_main(argc - 2, argv + 2);
+    if (!strcmp(cmd, "healthcheck"))
+        return qd_healthcheck_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "dequantize"))
         return qd_cli_dequantize(argc - 2, argv + 2);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {

@@ -1,0 +1,42 @@
+/* A backend as the job queue sees it: something that opens workers and runs decoded work on
+ * them. The CPU backend (backend_cpu.c) and the CUDA one (backend_cuda.c) implement it; serve
+ * picks one from --backend. */
+#ifndef QD_BACKEND_H
+#define QD_BACKEND_H
+
+#include <stddef.h>
+
+#include "work.h"
+
+struct qd_backend_stats {
+    int healthy;             /* 0 after a sticky device error */
+    int devices;             /* GPUs in use (0 for CPU) */
+    double memory_used_bytes; /* device memory quantd holds (buffer pools), 0 for CPU */
+};
+
+struct qd_backend {
+    const char *kind;   /* "cpu", "cuda" */
+    char info[128];     /* e.g. "NVIDIA H100 80GB HBM3 (sm_90)", "x86-64, 2 threads" */
+    int default_workers;
+    /* Per-worker state (a stream, staging buffers); index spreads workers over devices. name
+     * gets "cpu" or "cuda:N". NULL with err on failure. */
+    void *(*worker_open)(struct qd_backend *b, int index, char *name, size_t namelen, char *err,
+                         size_t errlen);
+    void (*worker_close)(void *worker);
+    /* Runs decoded work: quantize (and the error report when asked) or dequantize. Fills the
+     * h2d/kernel/d2h fields of w->t. */
+    enum qd_status (*run)(void *worker, struct qd_work *w, char *err, size_t errlen);
+    void (*stats)(struct qd_backend *b, struct qd_backend_stats *s);
+    void (*close)(struct qd_backend *b);
+    void *state;
+};
+
+/* 0 on success; -1 with err (no usable device for cuda, or not built with CUDA). devices is
+ * a comma list of GPU indices or NULL for all visible. */
+int qd_backend_cpu_open(struct qd_backend *b, char *err, size_t errlen);
+int qd_backend_cuda_open(struct qd_backend *b, const char *devices, char *err, size_t errlen);
+
+/* The error report of a quantize, computed on the CPU from the components (shared by backends). */
+enum qd_status qd_backend_report(struct qd_work *w, char *err, size_t errlen);
+
+#endif

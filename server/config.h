@@ -1,0 +1,29 @@
+/* quantd serve's settings: one table of options, each a --flag and a QUANTD_* environment
+ * variable (the flag wins), so --help, the container's ENV and the docs name the same things. */
+#ifndef QD_CONFIG_H
+#define QD_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+struct qd_serve_config {
+    char listen[128];        /* ADDR:PORT */
+    char backend[8];         /* auto, cpu, cuda */
+    int workers;             /* 0: the backend's default */
+    int queue_depth;
+    long long max_body_bytes;
+    char token[256];         /* "" for none */
+    char devices[128];       /* "" for all visible */
+    int http_threads;
+    int result_ttl_s;
+    long long result_max_bytes;
+    int max_jobs;
+    int drain_timeout_s;
+    int cpu_threads;         /* 0: every core */
+};
+
+/* Defaults, then the environment, then argv. Returns 0, 1 after printing --help, or -1 with err. */
+int qd_config_load(struct qd_serve_config *c, int argc, char **argv, char *err, size_t errlen);
+void qd_config_usage(FILE *to);
+
+#endif

@@ -1,0 +1,59 @@
+/* Request decoders: the URL query, raw and JSON/base64 tensors, safetensors containers. Pure
+ * functions over bytes (no HTTP, no globals), so they are unit-tested and fuzzed directly
+ * (tests/server/fuzz_decode.c). Each failure fills a qd_reply with a 4xx JSON error. */
+#ifndef QD_DECODE_H
+#define QD_DECODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "reply.h"
+#include "work.h"
+
+struct qd_kv {
+    const char *key, *value;
+};
+
+/* Decodes the query of /quantize, /dequantize or /jobs into q (op set by the caller, or by an
+ * op= key when allow_op). Unknown keys that are not parameters of fmt are errors. Returns 0, or
+ * -1 with a 400 in err. */
+int qd_req_from_query(struct qd_req *q, const struct qd_kv *kv, int n, int allow_op,
+                      struct qd_reply *err);
+
+enum qd_body_kind { QD_BODY_RAW, QD_BODY_JSON, QD_BODY_SAFETENSORS };
+
+/* The body kind for a request and its Content-Type (NULL when absent); -1 for a type quantd
+ * does not take (415). curl's default form type is taken as untyped, as curl --data-binary
+ * sends it without -H. */
+int qd_body_kind(const struct qd_req *q, const char *content_type, const char *body, size_t len);
+
+/* Decodes a whole request: q from the query, body of the given kind. Fills w (which then owns
+ * any buffers it allocated; the body must outlive w when raw). Returns 0 or -1 with err. */
+int qd_work_decode(struct qd_work *w, const struct qd_req *q, enum qd_body_kind kind, char *body,
+                   size_t len, struct qd_reply *err);
+
+/* Standard base64 with padding. decode returns a malloc'd buffer, NULL on bad input (bad
+ * character, bad length or padding) or no memory (*oom set). encode writes 4*ceil(n/3) chars. */
+unsigned char *qd_base64_decode(const char *s, size_t n, size_t *out_len, int *oom);
+size_t qd_base64_encoded_len(size_t n);
+void qd_base64_encode(const unsigned char *in, size_t n, char *out);
+
+/* One tensor of a safetensors container, pointing into the container. */
+struct qd_st_tensor {
+    char name[64];
+    enum qd_dtype dtype;
+    int ndim;
+    int64_t shape[QD_MAX_DIMS];
+    const unsigned char *data;
+    size_t bytes;
+};
+
+#define QD_ST_MAX_TENSORS 16
+
+/* Parses a safetensors container: u64 LE header length, JSON header, data. On success returns
+ * the tensor count and sets *metadata to the parsed __metadata__ object (caller deletes; NULL
+ * when absent). -1 with a message on malformed input. */
+int qd_safetensors_parse(const unsigned char *buf, size_t len, struct qd_st_tensor *t, int max,
+                         struct cJSON **metadata, char *err, size_t errlen);
+
+#endif

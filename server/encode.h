@@ -1,0 +1,23 @@
+/* Response encoders: a finished qd_work as JSON (base64 tensors), as a safetensors container, or
+ * as raw bytes; and the small JSON documents the service answers with. */
+#ifndef QD_ENCODE_H
+#define QD_ENCODE_H
+
+#include "decode.h"
+#include "reply.h"
+#include "work.h"
+
+struct cJSON;
+
+/* The answer to a finished /quantize or /dequantize, in the form w->req asked for. */
+void qd_encode_result(struct qd_work *w, struct qd_reply *r); /* may take w->out.data */
+
+/* {"queue_us":..} */
+struct cJSON *qd_timing_json(const struct qd_timing *t);
+
+const char *qd_safetensors_dtype(enum qd_dtype t);
+/* A container of n tensors with string-valued metadata; malloc'd, NULL on no memory. */
+char *qd_safetensors_build(const struct qd_st_tensor *t, int n, const struct cJSON *metadata,
+                           size_t *out_len);
+
+#endif

@@ -1,0 +1,620 @@
+/* HTTP front (see http.h). A request's life: the first callback routes it and checks what the
+ * URL and headers alone can decide (auth, method, query, Content-Type, Content-Length), so a
+ * bad or oversized request is answered before its body is read; upload callbacks append to one
+ * buffer; the last callback either answers at once or hands a job to the queue and suspends the
+ * connection, which the worker resumes when the answer is ready. No HTTP thread waits on work. */
+#include "http.h"
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "decode.h"
+#include "encode.h"
+#include "jobs.h"
+#include "metrics.h"
+
+#define QD_VERSION "0.1.0"
+
+static struct {
+    struct MHD_Daemon *daemon;
+    const struct qd_serve_config *config;
+    struct qd_backend *backend;
+    atomic_int ready, draining, inflight;
+    char *formats_json;
+    int port;
+} S;
+
+struct conn {
+    pthread_mutex_t lock;     /* orders suspend (HTTP thread) before resume (worker) */
+    double start_us;
+    enum qd_route route;
+    char method[8], path[96], job_id[40];
+    int job_result;           /* /jobs/{id}/result rather than /jobs/{id} */
+    int status;
+    size_t bytes_in, bytes_out;
+    char *body;
+    size_t len, cap;
+    int discard;              /* body over the limit: read and dropped, then 413 */
+    struct qd_req req;
+    struct qd_reply reply;    /* an answer decided before or instead of a job */
+    struct qd_job *job;       /* the synchronous job this request waits on */
+    int suspended, job_done;
+};
+
+/* ---- answers ----------------------------------------------------------------------------- */
+
+static enum MHD_Result send_reply(struct MHD_Connection *mc, struct conn *c, struct qd_reply *r,
+                                  int take)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        r->len, r->body, take ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_MUST_COPY);
+    if (!resp)
+        return MHD_NO;
+    if (take)
+        r->body = NULL; /* libmicrohttpd frees it */
+    if (r->content_type)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->content_type);
+    if (r->location[0])
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_LOCATION, r->location);
+    if (r->retry_after_s) {
+        char s[16];
+        snprintf(s, sizeof s, "%d", r->retry_after_s);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, s);
+    }
+    if (r->allow)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, r->allow);
+    if (r->shape_header[0])
+        MHD_add_response_header(resp, "X-Quantd-Shape", r->shape_header);
+    if (r->dtype_header[0])
+        MHD_add_response_header(resp, "X-Quantd-Dtype", r->dtype_header);
+    if (atomic_load(&S.draining))
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    c->status = r->status;
+    c->bytes_out = r->len;
+    enum MHD_Result ok = MHD_queue_response(mc, (unsigned)r->status, resp);
+    MHD_destroy_response(resp);
+    return ok;
+}
+
+static void busy_reply(struct qd_reply *r, const char *what)
+{
+    qd_reply_error(r, 503, "queue_full", "%s; retry later", what);
+    r->retry_after_s = 1;
+}
+
+/* ---- routing ----------------------------------------------------------------------------- */
+
+struct route {
+    const char *path;
+    enum qd_route id;
+    const char *methods; /* space-separated, for matching and Allow */
+    int open;            /* served without the bearer token (probes, scrapes) */
+};
+
+static const struct route routes[] = {
+    {"/quantize", QD_ROUTE_QUANTIZE, "POST", 0},
+    {"/dequantize", QD_ROUTE_DEQUANTIZE, "POST", 0},
+    {"/jobs", QD_ROUTE_JOBS, "POST", 0},
+    {"/formats", QD_ROUTE_FORMATS, "GET HEAD", 0},
+    {"/healthz", QD_ROUTE_HEALTHZ, "GET HEAD", 1},
+    {"/readyz", QD_ROUTE_READYZ, "GET HEAD", 1},
+    {"/metrics", QD_ROUTE_METRICS, "GET HEAD", 1},
+};
+
+static int method_in(const char *method, const char *list)
+{
+    size_t n = strlen(method);
+    for (const char *p = list; (p = strstr(p, method)); p += n)
+        if ((p == list || p[-1] == ' ') && (p[n] == 0 || p[n] == ' '))
+            return 1;
+    return 0;
+}
+
+/* Finds the route of path (with or without /v1); job paths fill id and *sub (0: /jobs/{id},
+ * 1: /jobs/{id}/result). Returns the route or NULL for 404. */
+static const struct route *route_find(const char *path, char *id, size_t idlen, int *sub)
+{
+    static const struct route job_route = {"/jobs/{id}", QD_ROUTE_JOBS, "GET HEAD DELETE", 0},
+                              result_route = {"/jobs/{id}/result", QD_ROUTE_JOBS, "GET HEAD", 0};
+    if (!strncmp(path, "/v1/", 4))
+        path += 3;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (!strcmp(path, routes[i].path))
+            return &routes[i];
+    if (strncmp(path, "/jobs/", 6))
+        return NULL;
+    const char *s = path + 6, *slash = strchr(s, '/');
+    size_t n = slash ? (size_t)(slash - s) : strlen(s);
+    if (!n || n >= idlen || (slash && strcmp(slash, "/result")))
+        return NULL;
+    memcpy(id, s, n);
+    id[n] = 0;
+    *sub = slash != NULL;
+    return slash ? &result_route : &job_route;
+}
+
+static int token_ok(struct MHD_Connection *mc)
+{
+    const char *want = S.config->token;
+    if (!*want)
+        return 1;
+    const char *h = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncmp(h, "Bearer ", 7))
+        return 0;
+    h += 7;
+    size_t n = strlen(want), m = strlen(h);
+    unsigned diff = n != m;
+    for (size_t i = 0; i < n; i++) /* the same time whatever the first wrong byte */
+        diff |= (unsigned char)want[i] ^ (unsigned char)(i < m ? h[i] : 0);
+    return diff == 0;
+}
+
+struct query {
+    struct qd_kv kv[64];
+    int n, overflow;
+};
+
+static enum MHD_Result collect_arg(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    struct query *q = cls;
+    if (q->n == 64)
+        q->overflow = 1;
+    else
+        q->kv[q->n++] = (struct qd_kv){key, value};
+    return MHD_YES;
+}
+
+/* ---- the first callback: what the URL and headers decide -------------------------------- */
+
+static void precheck_post(struct MHD_Connection *mc, struct conn *c)
+{
+    struct query q = {.n = 0};
+    MHD_get_connection_values(mc, MHD_GET_ARGUMENT_KIND, collect_arg, &q);
+    if (q.overflow) {
+        qd_reply_error(&c->reply, 400, "bad_request", "more than 64 query arguments");
+        return;
+    }
+    c->req.op = c->route == QD_ROUTE_DEQUANTIZE ? QD_OP_DEQUANTIZE : QD_OP_QUANTIZE;
+    if (qd_req_from_query(&c->req, q.kv, q.n, c->route == QD_ROUTE_JOBS, &c->reply))
+        return;
+    const char *accept = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
+    c->req.binary_out = accept && strstr(accept, "application/octet-stream") != NULL;
+    const char *ct = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (qd_body_kind(&c->req, ct, NULL, 0) < 0) {
+        qd_reply_error(&c->reply, 415, "unsupported_media_type",
+                       "Content-Type %.64s is not taken: send application/octet-stream or application/json", ct);
+        return;
+    }
+    const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    long long length = cl ? strtoll(cl, NULL, 10) : -1;
+    if (length > S.config->max_body_bytes) {
+        qd_reply_error(&c->reply, 413, "body_too_large", "the body (%lld bytes) is over the limit of %lld bytes",
+                       length, S.config->max_body_bytes);
+        return;
+    }
+    /* a raw tensor's length and the format's shape rules are known before the body */
+    struct qd_req *r = &c->req;
+    if (r->op == QD_OP_QUANTIZE && r->f && r->has_dtype && r->has_shape &&
+        qd_body_kind(r, ct, NULL, 0) == QD_BODY_RAW) {
+        struct qd_tensor t = {.dtype = r->dtype};
+        qd_tensor_set_shape(&t, r->ndim, r->shape);
+        long long want = (long long)((size_t)qd_tensor_numel(&t) * qd_dtype_size(r->dtype));
+        if (length >= 0 && length != want) {
+            qd_reply_error(&c->reply, 400, "length_mismatch", "the body has %lld bytes but shape x dtype needs %lld",
+                           length, want);
+            return;
+        }
+        struct qd_params p;
+        struct qd_component comps[QD_MAX_COMPONENTS];
+        char err[512];
+        qd_params_default(r->f, &p);
+        for (int i = 0; i < r->nparams; i++)
+            qd_params_set(r->f, &p, r->param_key[i], r->param_value[i], err, sizeof err);
+        if (qd_format_layout(r->f, &p, &t, comps, err, sizeof err) < 0)
+            qd_reply_error(&c->reply, 422, "unsupported_shape", "%s", err);
+    }
+    if (length > 0 && !c->reply.status && !(c->body = malloc((size_t)length)))
+        qd_reply_error(&c->reply, 503, "out_of_memory", "no memory for a %lld-byte body", length);
+    else if (length > 0)
+        c->cap = (size_t)length;
+}
+
+static void first_call(struct MHD_Connection *mc, struct conn *c, const char *url, const char *method)
+{
+    int sub = 0;
+    const struct route *r = route_find(url, c->job_id, sizeof c->job_id, &sub);
+    c->job_result = sub;
+    c->route = r ? r->id : QD_ROUTE_OTHER;
+    if (!r) {
+        qd_reply_error(&c->reply, 404, "not_found", "no such path: %.64s", url);
+        return;
+    }
+    if (!method_in(method, r->methods)) {
+        qd_reply_error(&c->reply, 405, "method_not_allowed", "%s is not allowed on %s (allowed: %s)",
+                       method, r->path, r->methods);
+        c->reply.allow = !strcmp(r->methods, "GET HEAD") ? "GET, HEAD"
+                       : !strcmp(r->methods, "POST") ? "POST" : "GET, HEAD, DELETE";
+        return;
+    }
+    if (!r->open && !token_ok(mc)) {
+        qd_reply_error(&c->reply, 401, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required");
+        return;
+    }
+    if (atomic_load(&S.draining) && !r->open) {
+        busy_reply(&c->reply, "the service is shutting down");
+        return;
+    }
+    if (!strcmp(method, "POST"))
+        precheck_post(mc, c);
+}
+
+/* ---- the last callback: answer now or queue ---------------------------------------------- */
+
+static void job_json_reply(struct qd_reply *r, int status, struct qd_job *j)
+{
+    static const char *const states[] = {"queued", "running", "done", "cancelled"};
+    int st = atomic_load(&j->state);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", j->id);
+    cJSON_AddStringToObject(o, "op", j->req.op == QD_OP_QUANTIZE ? "quantize" : "dequantize");
+    if (j->req.f)
+        cJSON_AddStringToObject(o, "fmt", j->req.f->name);
+    cJSON_AddStringToObject(o, "status", states[st]);
+    cJSON_AddNumberToObject(o, "created", j->created_unix);
+    char loc[96];
+    snprintf(loc, sizeof loc, "/jobs/%s", j->id);
+    cJSON_AddStringToObject(o, "location", loc);
+    if (st == QD_JOB_DONE) {
+        cJSON_AddNumberToObject(o, "http_status", j->reply.status);
+        cJSON_AddItemToObject(o, "timing", qd_timing_json(&j->timing));
+        cJSON_AddStringToObject(o, "backend", j->backend);
+    }
+    qd_reply_json(r, status, o);
+}
+
+/* Runs on the worker thread: wake the suspended connection (or tell the HTTP thread, which
+ * has not suspended yet, to answer at once). */
+static void sync_job_done(struct qd_job *j)
+{
+    struct conn *c = j->conn;
+    pthread_mutex_lock(&c->lock);
+    c->job_done = 1;
+    int resume = c->suspended;
+    c->suspended = 0;
+    pthread_mutex_unlock(&c->lock);
+    /* after the unlock: once resumed, the HTTP thread may answer and free c at any moment */
+    if (resume)
+        MHD_resume_connection((struct MHD_Connection *)j->conn_handle);
+}
+
+static enum MHD_Result answer_job(struct MHD_Connection *mc, struct conn *c)
+{
+    return send_reply(mc, c, &c->job->reply, 1);
+}
+
+static enum MHD_Result start_work(struct MHD_Connection *mc, struct conn *c)
+{
+    const char *ct = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    int kind = qd_body_kind(&c->req, ct, c->body, c->len);
+    struct qd_job *j = qd_job_new();
+    if (!j) {
+        qd_reply_error(&c->reply, 503, "out_of_memory", "no memory for a job");
+        return send_reply(mc, c, &c->reply, 1);
+    }
+    j->req = c->req;
+    j->kind = (enum qd_body_kind)kind;
+    j->body = c->body;
+    j->body_len = c->len;
+    c->body = NULL;
+    j->received_us = qd_now_us();
+    if (c->route == QD_ROUTE_JOBS) {
+        enum qd_status s = qd_jobs_store(j);
+        if (s == QD_OK && (s = qd_jobs_submit(j)) != QD_OK)
+            qd_jobs_remove(j->id);
+        if (s == QD_OK) {
+            job_json_reply(&c->reply, 202, j);
+            snprintf(c->reply.location, sizeof c->reply.location, "/jobs/%s", j->id);
+        } else
+            busy_reply(&c->reply, "the job queue or store is full");
+        qd_job_unref(j);
+        return send_reply(mc, c, &c->reply, 1);
+    }
+    j->on_done = sync_job_done;
+    j->conn = c;
+    j->conn_handle = mc;
+    c->job = j;
+    pthread_mutex_lock(&c->lock);
+    if (qd_jobs_submit(j) != QD_OK) {
+        pthread_mutex_unlock(&c->lock);
+        busy_reply(&c->reply, "the job queue is full");
+        return send_reply(mc, c, &c->reply, 1);
+    }
+    if (!c->job_done) {
+        MHD_suspend_connection(mc);
+        c->suspended = 1;
+        pthread_mutex_unlock(&c->lock);
+        return MHD_YES;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return answer_job(mc, c);
+}
+
+static enum MHD_Result jobs_get(struct MHD_Connection *mc, struct conn *c, const char *method, int sub)
+{
+    struct qd_job *j = qd_jobs_find(c->job_id);
+    if (!j) {
+        qd_reply_error(&c->reply, 404, "not_found", "no job %s (finished results expire)", c->job_id);
+        return send_reply(mc, c, &c->reply, 1);
+    }
+    enum MHD_Result rc;
+    if (!strcmp(method, "DELETE")) {
+        qd_jobs_remove(c->job_id);
+        qd_reply_take(&c->reply, 204, NULL, NULL, 0);
+        rc = send_reply(mc, c, &c->reply, 1);
+    } else if (!sub)
+        job_json_reply(&c->reply, 200, j), rc = send_reply(mc, c, &c->reply, 1);
+    else if (atomic_load(&j->state) != QD_JOB_DONE) {
+        qd_reply_error(&c->reply, 409, "not_ready", "job %s has not finished; poll GET /jobs/%s", j->id, j->id);
+        rc = send_reply(mc, c, &c->reply, 1);
+    } else
+        rc = send_reply(mc, c, &j->reply, 0); /* the stored answer, copied: it may be read again */
+    qd_job_unref(j);
+    return rc;
+}
+
+static int ready_now(const char **why)
+{
+    struct qd_jobs_stats js;
+    struct qd_backend_stats bs = {0};
+    qd_jobs_stats(&js);
+    S.backend->stats(S.backend, &bs);
+    *why = !atomic_load(&S.ready) ? "starting" : atomic_load(&S.draining) ? "draining"
+         : !bs.healthy ? "device_unhealthy" : js.depth >= js.capacity ? "queue_full" : NULL;
+    return *why == NULL;
+}
+
+static enum MHD_Result metrics_get(struct MHD_Connection *mc, struct conn *c)
+{
+    struct qd_jobs_stats js;
+    struct qd_backend_stats bs = {0};
+    const char *why;
+    qd_jobs_stats(&js);
+    S.backend->stats(S.backend, &bs);
+    struct qd_metrics_gauges g = {
+        .queue_depth = js.depth, .queue_capacity = js.capacity, .jobs_running = js.running,
+        .workers = js.workers, .jobs_stored = js.stored, .jobs_stored_bytes = (double)js.stored_bytes,
+        .inflight_requests = atomic_load(&S.inflight), .backend = qd_jobs_backend_name(),
+        .backend_info = S.backend->info, .version = QD_VERSION, .devices = bs.devices,
+        .healthy = bs.healthy, .ready = ready_now(&why), .draining = atomic_load(&S.draining),
+        .device_memory_used_bytes = bs.memory_used_bytes};
+    size_t len;
+    char *text = qd_metrics_render(&g, &len);
+    if (!text)
+        qd_reply_error(&c->reply, 503, "out_of_memory", "out of memory");
+    else
+        qd_reply_take(&c->reply, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
+    return send_reply(mc, c, &c->reply, 1);
+}
+
+static enum MHD_Result last_call(struct MHD_Connection *mc, struct conn *c, const char *method)
+{
+    if (c->reply.status)
+        return send_reply(mc, c, &c->reply, 1);
+    cJSON *o;
+    const char *why;
+    switch (c->route) {
+    case QD_ROUTE_QUANTIZE:
+    case QD_ROUTE_DEQUANTIZE:
+        return start_work(mc, c);
+    case QD_ROUTE_JOBS:
+        if (c->job_id[0])
+            return jobs_get(mc, c, method, c->job_result);
+        return start_work(mc, c);
+    case QD_ROUTE_FORMATS:
+        qd_reply_take(&c->reply, 200, "application/json", strdup(S.formats_json), strlen(S.formats_json));
+        break;
+    case QD_ROUTE_HEALTHZ:
+        o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "status", "ok");
+        qd_reply_json(&c->reply, 200, o);
+        break;
+    case QD_ROUTE_READYZ:
+        o = cJSON_CreateObject();
+        int ready = ready_now(&why);
+        cJSON_AddStringToObject(o, "status", ready ? "ready" : "not_ready");
+        if (!ready)
+            cJSON_AddStringToObject(o, "reason", why);
+        cJSON_AddStringToObject(o, "backend", qd_jobs_backend_name());
+        qd_reply_json(&c->reply, ready ? 200 : 503, o);
+        break;
+    case QD_ROUTE_METRICS:
+        return metrics_get(mc, c);
+    default:
+        qd_reply_error(&c->reply, 404, "not_found", "no such path");
+    }
+    return send_reply(mc, c, &c->reply, 1);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls)
+{
+    struct conn *c = *con_cls;
+    if (!c) {
+        if (!(c = calloc(1, sizeof *c)))
+            return MHD_NO;
+        pthread_mutex_init(&c->lock, NULL);
+        c->start_us = qd_now_us();
+        snprintf(c->method, sizeof c->method, "%s", method);
+        snprintf(c->path, sizeof c->path, "%s", url);
+        *con_cls = c;
+        atomic_fetch_add(&S.inflight, 1);
+        first_call(mc, c, url, method);
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        size_t n = *upload_size;
+        c->bytes_in += n;
+        *upload_size = 0;
+        if (c->reply.status || c->discard)
+            return MHD_YES; /* already answered or too large: drop the rest */
+        if (c->len + n > (size_t)S.config->max_body_bytes) {
+            free(c->body);
+            c->body = NULL;
+            c->discard = 1;
+            qd_reply_error(&c->reply, 413, "body_too_large", "the body is over the limit of %lld bytes",
+                           S.config->max_body_bytes);
+            return MHD_YES;
+        }
+        if (c->len + n > c->cap) { /* no or a short Content-Length: grow */
+            size_t cap = c->cap ? c->cap : 65536;
+            while (cap < c->len + n)
+                cap *= 2;
+            if (cap > (size_t)S.config->max_body_bytes)
+                cap = (size_t)S.config->max_body_bytes;
+            char *b = realloc(c->body, cap);
+            if (!b) {
+                qd_reply_error(&c->reply, 503, "out_of_memory", "no memory for the body");
+                return MHD_YES;
+            }
+            c->body = b;
+            c->cap = cap;
+        }
+        memcpy(c->body + c->len, upload, n);
+        c->len += n;
+        return MHD_YES;
+    }
+    if (c->job)
+        return answer_job(mc, c); /* resumed: the worker left the answer */
+    return last_call(mc, c, method);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
+                         enum MHD_RequestTerminationCode why)
+{
+    struct conn *c = *con_cls;
+    if (!c)
+        return;
+    double seconds = (qd_now_us() - c->start_us) / 1e6;
+    const struct qd_format *f = c->req.f;
+    int status = c->status ? c->status : 499; /* 499: client went away before an answer */
+    if (c->route != QD_ROUTE_OTHER || c->status)
+        qd_metrics_request(c->route, f, status, seconds, c->bytes_in, c->bytes_out);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    /* one JSON line per request; the path is quantd's own route table or a 404 (escaped) */
+    char path[200];
+    size_t k = 0;
+    for (const char *p = c->path; *p && k + 7 < sizeof path; p++)
+        k += (unsigned char)*p < 0x20 || *p == '"' || *p == '\\'
+             ? (size_t)snprintf(path + k, sizeof path - k, "\\u%04x", (unsigned char)*p)
+             : (path[k] = *p, 1);
+    path[k] = 0;
+    fprintf(stderr,
+            "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"method\":\"%s\",\"path\":\"%s\","
+            "\"status\":%d,\"fmt\":\"%s\",\"bytes_in\":%zu,\"bytes_out\":%zu,\"ms\":%.3f%s%s%s}\n",
+            tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+            ts.tv_nsec / 1000000, c->method, path, status, f ? f->name : "", c->bytes_in,
+            c->bytes_out, seconds * 1e3, c->job ? ",\"backend\":\"" : "",
+            c->job ? c->job->backend : "", c->job ? "\"" : "");
+    free(c->body);
+    qd_reply_free(&c->reply);
+    if (c->job)
+        qd_job_unref(c->job);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+    *con_cls = NULL;
+    atomic_fetch_sub(&S.inflight, 1);
+}
+
+/* ---- life cycle -------------------------------------------------------------------------- */
+
+int qd_http_start(const struct qd_serve_config *cfg, struct qd_backend *b, char *err, size_t errlen)
+{
+    S.config = cfg;
+    S.backend = b;
+    S.formats_json = qd_registry_json();
+    char host[128];
+    snprintf(host, sizeof host, "%s", cfg->listen);
+    char *colon = strrchr(host, ':');
+    if (!colon) {
+        snprintf(err, errlen, "--listen must be ADDR:PORT (got '%s')", cfg->listen);
+        return -1;
+    }
+    *colon = 0;
+    const char *port = colon + 1, *node = host;
+    if (host[0] == '[') { /* [::1]:8080 */
+        node = host + 1;
+        char *close = strchr(host, ']');
+        if (close)
+            *close = 0;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai = NULL;
+    int gai = getaddrinfo(*node ? node : NULL, port, &hints, &ai);
+    if (gai) {
+        snprintf(err, errlen, "--listen %s: %s", cfg->listen, gai_strerror(gai));
+        return -1;
+    }
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                     MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    S.daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL,
+                                MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                                MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads,
+                                MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
+                                MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+                                MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!S.daemon) {
+        snprintf(err, errlen, "cannot listen on %s (address in use or not available)", cfg->listen);
+        return -1;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(S.daemon, MHD_DAEMON_INFO_BIND_PORT);
+    S.port = info ? info->port : atoi(port);
+    return 0;
+}
+
+int qd_http_port(void) { return S.port; }
+
+void qd_http_set_ready(int ready) { atomic_store(&S.ready, ready); }
+
+int qd_http_drain(int timeout_s)
+{
+    atomic_store(&S.draining, 1);
+    MHD_socket fd = MHD_quiesce_daemon(S.daemon);
+    if (fd != MHD_INVALID_SOCKET)
+        close(fd);
+    double deadline = qd_now_us() + timeout_s * 1e6;
+    struct qd_jobs_stats js;
+    for (;;) {
+        qd_jobs_stats(&js);
+        if (!atomic_load(&S.inflight) && !js.depth && !js.running)
+            return 0;
+        if (qd_now_us() > deadline)
+            return -1;
+        usleep(10000);
+    }
+}
+
+void qd_http_stop(void)
+{
+    if (S.daemon)
+        MHD_stop_daemon(S.daemon);
+    S.daemon = NULL;
+    free(S.formats_json);
+    S.formats_json = NULL;
+}

@@ -1,0 +1,73 @@
+/* The job queue: a bounded FIFO feeding worker threads, each owning one backend worker (a CUDA
+ * stream and its buffers, or a CPU worker), plus the store of asynchronous jobs (/jobs) whose
+ * results are kept for a bounded time and size. */
+#ifndef QD_JOBS_H
+#define QD_JOBS_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include "backend.h"
+#include "decode.h"
+#include "reply.h"
+
+enum qd_job_state { QD_JOB_QUEUED, QD_JOB_RUNNING, QD_JOB_DONE, QD_JOB_CANCELLED };
+
+struct qd_job {
+    atomic_int refs;
+    atomic_int state;          /* enum qd_job_state */
+    struct qd_req req;
+    enum qd_body_kind kind;
+    char *body;                /* malloc'd request body, freed once the job ran */
+    size_t body_len;
+    double received_us;        /* monotonic, when the body was complete */
+    double enqueued_us;
+    struct qd_reply reply;     /* the answer, set by the worker */
+    struct qd_timing timing;
+    char backend[32];
+    /* called by the worker thread after reply is set (sync requests resume their connection) */
+    void (*on_done)(struct qd_job *j);
+    void *conn, *conn_handle;  /* the HTTP request context and its libmicrohttpd connection */
+    /* asynchronous jobs */
+    int async;
+    char id[33];
+    double created_unix, done_us;
+    size_t store_bytes;        /* bytes of reply counted in the store's total */
+    struct qd_job *store_next;
+};
+
+struct qd_job *qd_job_new(void);
+void qd_job_ref(struct qd_job *j);
+void qd_job_unref(struct qd_job *j);
+
+struct qd_jobs_config {
+    int workers, depth;
+    size_t result_max_bytes; /* async results kept, all together */
+    int result_ttl_s;
+    int max_stored;          /* async jobs known at once */
+};
+
+/* Starts the workers on backend b; -1 with err when no worker could open. */
+int qd_jobs_start(const struct qd_jobs_config *c, struct qd_backend *b, char *err, size_t errlen);
+/* Enqueues j (takes a reference): QD_EBUSY when the queue is full or draining. */
+enum qd_status qd_jobs_submit(struct qd_job *j);
+/* Stops taking jobs, lets the workers finish every queued one, joins them. */
+void qd_jobs_drain(void);
+void qd_jobs_stop(void);
+
+struct qd_jobs_stats {
+    int depth, capacity, running, workers, stored;
+    size_t stored_bytes;
+};
+void qd_jobs_stats(struct qd_jobs_stats *s);
+const char *qd_jobs_backend_name(void); /* first worker's name, "cpu" or "cuda:0" */
+
+/* The async store. store gives j an id (and a reference); find returns a reference or NULL;
+ * remove cancels a queued job and forgets it: 0, or -1 when unknown. */
+enum qd_status qd_jobs_store(struct qd_job *j);
+struct qd_job *qd_jobs_find(const char *id);
+int qd_jobs_remove(const char *id);
+
+double qd_now_us(void);
+
+#endif

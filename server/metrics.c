@@ -1,0 +1,152 @@
+/* Metrics storage and the text exposition format (see metrics.h). */
+#include "metrics.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static const char *const route_names[QD_ROUTE_COUNT] = {
+    "quantize", "dequantize", "jobs", "formats", "healthz", "readyz", "metrics", "other"};
+
+const char *qd_route_name(enum qd_route r) { return route_names[r]; }
+
+/* Status codes the service answers with; anything else counts as the last entry. */
+static const int codes[] = {200, 202, 204, 400, 401, 404, 405, 409, 413, 415, 422, 500, 503, 507, 0};
+#define NCODES (int)(sizeof codes / sizeof codes[0])
+#define MAX_FMTS 32 /* > qd_format_count; slot MAX_FMTS is "no format" */
+
+static const double request_buckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                         0.25, 0.5, 1, 2.5, 5, 10, 30};
+static const double kernel_buckets[] = {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
+                                        5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
+#define NREQ_B (int)(sizeof request_buckets / sizeof request_buckets[0])
+#define NKER_B (int)(sizeof kernel_buckets / sizeof kernel_buckets[0])
+
+struct histogram {
+    atomic_ulong bucket[NKER_B + 1]; /* sized for the longer list; last: +Inf */
+    atomic_ulong sum_ns, count;
+};
+
+static atomic_ulong requests[QD_ROUTE_COUNT][MAX_FMTS + 1][NCODES];
+static atomic_ulong bytes_in_total, bytes_out_total;
+static struct histogram request_hist[QD_ROUTE_COUNT];
+static struct histogram kernel_hist[MAX_FMTS + 1];
+
+static int fmt_slot(const struct qd_format *f)
+{
+    int i = f ? (int)(f - qd_formats) : MAX_FMTS;
+    return i >= 0 && i < MAX_FMTS ? i : MAX_FMTS;
+}
+
+static void observe(struct histogram *h, const double *bounds, int n, double seconds)
+{
+    int i = 0;
+    while (i < n && seconds > bounds[i])
+        i++;
+    atomic_fetch_add(&h->bucket[i], 1);
+    atomic_fetch_add(&h->sum_ns, (unsigned long)(seconds * 1e9));
+    atomic_fetch_add(&h->count, 1);
+}
+
+void qd_metrics_request(enum qd_route r, const struct qd_format *f, int status, double seconds,
+                        size_t bytes_in, size_t bytes_out)
+{
+    int c = 0;
+    while (codes[c] && codes[c] != status)
+        c++;
+    atomic_fetch_add(&requests[r][fmt_slot(f)][c], 1);
+    atomic_fetch_add(&bytes_in_total, bytes_in);
+    atomic_fetch_add(&bytes_out_total, bytes_out);
+    observe(&request_hist[r], request_buckets, NREQ_B, seconds);
+}
+
+void qd_metrics_kernel(const struct qd_format *f, double seconds)
+{
+    observe(&kernel_hist[fmt_slot(f)], kernel_buckets, NKER_B, seconds);
+}
+
+static void render_hist(FILE *o, const char *name, const char *label, const char *value,
+                        struct histogram *h, const double *bounds, int n)
+{
+    unsigned long cum = 0;
+    for (int i = 0; i <= n; i++) {
+        cum += atomic_load(&h->bucket[i]);
+        if (i < n)
+            fprintf(o, "%s_bucket{%s=\"%s\",le=\"%g\"} %lu\n", name, label, value, bounds[i], cum);
+        else
+            fprintf(o, "%s_bucket{%s=\"%s\",le=\"+Inf\"} %lu\n", name, label, value, cum);
+    }
+    fprintf(o, "%s_sum{%s=\"%s\"} %.9f\n", name, label, value, atomic_load(&h->sum_ns) / 1e9);
+    fprintf(o, "%s_count{%s=\"%s\"} %lu\n", name, label, value, atomic_load(&h->count));
+}
+
+char *qd_metrics_render(const struct qd_metrics_gauges *g, size_t *len)
+{
+    char *buf = NULL;
+    FILE *o = open_memstream(&buf, len);
+    if (!o)
+        return NULL;
+    fputs("# HELP quantd_requests_total HTTP requests answered, by operation, format and status code.\n"
+          "# TYPE quantd_requests_total counter\n", o);
+    for (int r = 0; r < QD_ROUTE_COUNT; r++)
+        for (int f = 0; f <= MAX_FMTS; f++)
+            for (int c = 0; c < NCODES; c++) {
+                unsigned long v = atomic_load(&requests[r][f][c]);
+                if (!v)
+                    continue;
+                fprintf(o, "quantd_requests_total{op=\"%s\",fmt=\"%s\",code=\"", route_names[r],
+                        f < MAX_FMTS && f < qd_format_count ? qd_formats[f].name : "");
+                fprintf(o, codes[c] ? "%d" : "other", codes[c]);
+                fprintf(o, "\"} %lu\n", v);
+            }
+    fputs("# HELP quantd_request_duration_seconds Time from request start to answer queued.\n"
+          "# TYPE quantd_request_duration_seconds histogram\n", o);
+    for (int r = 0; r < QD_ROUTE_COUNT; r++)
+        if (atomic_load(&request_hist[r].count))
+            render_hist(o, "quantd_request_duration_seconds", "op", route_names[r], &request_hist[r],
+                        request_buckets, NREQ_B);
+    fputs("# HELP quantd_kernel_duration_seconds Backend time of a job (copies and kernels).\n"
+          "# TYPE quantd_kernel_duration_seconds histogram\n", o);
+    for (int f = 0; f < MAX_FMTS && f < qd_format_count; f++)
+        if (atomic_load(&kernel_hist[f].count))
+            render_hist(o, "quantd_kernel_duration_seconds", "fmt", qd_formats[f].name, &kernel_hist[f],
+                        kernel_buckets, NKER_B);
+    fprintf(o, "# HELP quantd_received_bytes_total Request body bytes received.\n"
+               "# TYPE quantd_received_bytes_total counter\nquantd_received_bytes_total %lu\n"
+               "# HELP quantd_sent_bytes_total Response body bytes sent.\n"
+               "# TYPE quantd_sent_bytes_total counter\nquantd_sent_bytes_total %lu\n",
+            atomic_load(&bytes_in_total), atomic_load(&bytes_out_total));
+    fprintf(o, "# HELP quantd_queue_depth Jobs waiting for a worker.\n"
+               "# TYPE quantd_queue_depth gauge\nquantd_queue_depth %d\n"
+               "# HELP quantd_queue_capacity Jobs the queue holds before answering 503.\n"
+               "# TYPE quantd_queue_capacity gauge\nquantd_queue_capacity %d\n"
+               "# HELP quantd_jobs_running Jobs on a worker now.\n"
+               "# TYPE quantd_jobs_running gauge\nquantd_jobs_running %d\n"
+               "# HELP quantd_workers Worker threads (one backend stream each).\n"
+               "# TYPE quantd_workers gauge\nquantd_workers %d\n"
+               "# HELP quantd_jobs_stored Asynchronous jobs held (queued, running or finished).\n"
+               "# TYPE quantd_jobs_stored gauge\nquantd_jobs_stored %d\n"
+               "# HELP quantd_jobs_stored_bytes Bytes of finished asynchronous results held.\n"
+               "# TYPE quantd_jobs_stored_bytes gauge\nquantd_jobs_stored_bytes %.0f\n"
+               "# HELP quantd_inflight_requests HTTP requests being received, queued or answered.\n"
+               "# TYPE quantd_inflight_requests gauge\nquantd_inflight_requests %d\n",
+            g->queue_depth, g->queue_capacity, g->jobs_running, g->workers, g->jobs_stored,
+            g->jobs_stored_bytes, g->inflight_requests);
+    fprintf(o, "# HELP quantd_backend_info The backend serving requests.\n"
+               "# TYPE quantd_backend_info gauge\n"
+               "quantd_backend_info{backend=\"%s\",device=\"%s\",version=\"%s\"} 1\n"
+               "# HELP quantd_devices GPUs in use (0 on the CPU backend).\n"
+               "# TYPE quantd_devices gauge\nquantd_devices %d\n"
+               "# HELP quantd_device_healthy 1 unless a device hit a sticky error.\n"
+               "# TYPE quantd_device_healthy gauge\nquantd_device_healthy %d\n"
+               "# HELP quantd_device_memory_used_bytes Device memory held by quantd's buffer pools.\n"
+               "# TYPE quantd_device_memory_used_bytes gauge\nquantd_device_memory_used_bytes %.0f\n"
+               "# HELP quantd_ready 1 when /readyz answers 200.\n"
+               "# TYPE quantd_ready gauge\nquantd_ready %d\n"
+               "# HELP quantd_draining 1 after SIGTERM, while accepted jobs finish.\n"
+               "# TYPE quantd_draining gauge\nquantd_draining %d\n",
+            g->backend, g->backend_info, g->version, g->devices, g->healthy,
+            g->device_memory_used_bytes, g->ready, g->draining);
+    fclose(o);
+    return buf;
+}

@@ -1,0 +1,36 @@
+/* Prometheus metrics: counters and histograms updated with atomics on the request path,
+ * rendered as text on GET /metrics. Names follow quantd_<noun>_<unit>. */
+#ifndef QD_METRICS_H
+#define QD_METRICS_H
+
+#include <stddef.h>
+
+#include "../kernels/registry.h"
+
+enum qd_route {
+    QD_ROUTE_QUANTIZE, QD_ROUTE_DEQUANTIZE, QD_ROUTE_JOBS, QD_ROUTE_FORMATS, QD_ROUTE_HEALTHZ,
+    QD_ROUTE_READYZ, QD_ROUTE_METRICS, QD_ROUTE_OTHER, QD_ROUTE_COUNT
+};
+
+const char *qd_route_name(enum qd_route r);
+
+/* One finished HTTP request; f may be NULL. */
+void qd_metrics_request(enum qd_route r, const struct qd_format *f, int status, double seconds,
+                        size_t bytes_in, size_t bytes_out);
+/* Backend time of one job. */
+void qd_metrics_kernel(const struct qd_format *f, double seconds);
+
+/* The gauges that /metrics reads at render time. */
+struct qd_metrics_gauges {
+    int queue_depth, queue_capacity, jobs_running, workers, jobs_stored;
+    double jobs_stored_bytes;
+    int inflight_requests;
+    const char *backend, *backend_info, *version;
+    int devices, healthy, ready, draining;
+    double device_memory_used_bytes;
+};
+
+/* The exposition text (malloc'd). */
+char *qd_metrics_render(const struct qd_metrics_gauges *g, size_t *len);
+
+#endif

@@ -1,0 +1,79 @@
+/* Replies and the status mapping (see reply.h). */
+#include "reply.h"
+
+#include <cjson/cJSON.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void qd_reply_free(struct qd_reply *r)
+{
+    free(r->body);
+    r->body = NULL;
+    r->len = 0;
+}
+
+void qd_reply_take(struct qd_reply *r, int status, const char *content_type, char *body, size_t len)
+{
+    free(r->body);
+    r->status = status;
+    r->content_type = content_type;
+    r->body = body;
+    r->len = len;
+}
+
+void qd_reply_json(struct qd_reply *r, int status, cJSON *obj)
+{
+    char *text = obj ? cJSON_PrintUnformatted(obj) : NULL;
+    cJSON_Delete(obj);
+    if (!text) {
+        /* cJSON only fails on allocation; answer with a fixed body rather than nothing */
+        static const char oom[] = "{\"error\":{\"code\":\"out_of_memory\",\"message\":\"out of memory\"}}";
+        text = strdup(oom);
+        status = 503;
+    }
+    qd_reply_take(r, status, "application/json", text, text ? strlen(text) : 0);
+}
+
+void qd_reply_error(struct qd_reply *r, int status, const char *code, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(e, "code", code);
+    cJSON_AddStringToObject(e, "message", msg);
+    qd_reply_json(r, status, o);
+}
+
+int qd_status_http(enum qd_status s)
+{
+    switch (s) {
+    case QD_OK: return 200;
+    case QD_EINVAL: return 400;
+    case QD_ESHAPE: case QD_ENONFINITE: return 422;
+    case QD_ENOMEM: case QD_EBUSY: case QD_EDEVICE: return 503;
+    case QD_ENOTFOUND: return 404;
+    case QD_EIO: return 500;
+    }
+    return 500;
+}
+
+const char *qd_status_code(enum qd_status s)
+{
+    switch (s) {
+    case QD_OK: return "ok";
+    case QD_EINVAL: return "bad_request";
+    case QD_ESHAPE: return "unsupported_shape";
+    case QD_ENONFINITE: return "non_finite_input";
+    case QD_ENOMEM: return "out_of_memory";
+    case QD_EBUSY: return "queue_full";
+    case QD_EDEVICE: return "device_error";
+    case QD_ENOTFOUND: return "not_found";
+    case QD_EIO: return "internal";
+    }
+    return "internal";
+}

@@ -1,0 +1,38 @@
+/* An HTTP answer under construction: status, body and the few headers quantd sets. Every error
+ * the service gives goes through qd_reply_error, so they all share one JSON shape:
+ * {"error": {"code": "...", "message": "..."}}. */
+#ifndef QD_REPLY_H
+#define QD_REPLY_H
+
+#include <stddef.h>
+
+#include "../kernels/registry.h"
+
+struct cJSON;
+
+struct qd_reply {
+    int status;               /* 0: not set yet */
+    const char *content_type; /* static string */
+    char *body;               /* malloc'd, owned */
+    size_t len;
+    char location[96];        /* Location header, "" for none */
+    int retry_after_s;        /* Retry-After header, 0 for none */
+    const char *allow;        /* Allow header for 405, static */
+    char shape_header[160];   /* X-Quantd-Shape for raw tensor bodies, "" for none */
+    char dtype_header[16];    /* X-Quantd-Dtype likewise */
+};
+
+/* Sets an error answer; code is a short machine-readable name ("unknown_format"). */
+void qd_reply_error(struct qd_reply *r, int status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Sets a JSON answer from obj, which it deletes. */
+void qd_reply_json(struct qd_reply *r, int status, struct cJSON *obj);
+/* Takes ownership of a malloc'd body. */
+void qd_reply_take(struct qd_reply *r, int status, const char *content_type, char *body, size_t len);
+void qd_reply_free(struct qd_reply *r);
+
+/* The one mapping from a core status to an HTTP status and error code. */
+int qd_status_http(enum qd_status s);
+const char *qd_status_code(enum qd_status s);
+
+#endif

@@ -1,0 +1,81 @@
+/* quantd serve: settings, backend choice, workers, the HTTP front, and the SIGTERM drain. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../kernels/cpu/cpu.h"
+#include "backend.h"
+#include "config.h"
+#include "http.h"
+#include "jobs.h"
+#include "serve.h"
+
+int qd_serve_main(int argc, char **argv)
+{
+    struct qd_serve_config cfg;
+    char err[1024];
+    int rc = qd_config_load(&cfg, argc, argv, err, sizeof err);
+    if (rc) {
+        if (rc < 0)
+            fprintf(stderr, "quantd serve: %s\n", err);
+        return rc < 0 ? 2 : 0;
+    }
+    /* block the stop signals in every thread started from here; main waits for them */
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (cfg.cpu_threads)
+        qd_cpu_set_threads(cfg.cpu_threads);
+
+    struct qd_backend backend;
+    if (strcmp(cfg.backend, "cpu")) {
+        if (qd_backend_cuda_open(&backend, *cfg.devices ? cfg.devices : NULL, err, sizeof err)) {
+            if (!strcmp(cfg.backend, "cuda")) {
+                fprintf(stderr, "quantd serve: --backend cuda: %s\n", err);
+                return 1;
+            }
+            fprintf(stderr, "{\"msg\":\"no usable GPU, serving from the CPU backend\",\"why\":\"%s\"}\n", err);
+            qd_backend_cpu_open(&backend, err, sizeof err);
+        }
+    } else
+        qd_backend_cpu_open(&backend, err, sizeof err);
+
+    struct qd_jobs_config jc = {
+        .workers = cfg.workers ? cfg.workers : backend.default_workers,
+        .depth = cfg.queue_depth,
+        .result_max_bytes = (size_t)cfg.result_max_bytes,
+        .result_ttl_s = cfg.result_ttl_s,
+        .max_stored = cfg.max_jobs,
+    };
+    if (qd_jobs_start(&jc, &backend, err, sizeof err)) {
+        fprintf(stderr, "quantd serve: no worker could start: %s\n", err);
+        backend.close(&backend);
+        return 1;
+    }
+    if (qd_http_start(&cfg, &backend, err, sizeof err)) {
+        fprintf(stderr, "quantd serve: %s\n", err);
+        qd_jobs_stop();
+        backend.close(&backend);
+        return 1;
+    }
+    qd_http_set_ready(1);
+    fprintf(stderr, "{\"msg\":\"quantd serving\",\"listen\":\"%s\",\"port\":%d,\"backend\":\"%s\","
+            "\"device\":\"%s\",\"workers\":%d,\"queue_depth\":%d,\"auth\":%s}\n",
+            cfg.listen, qd_http_port(), qd_jobs_backend_name(), backend.info, jc.workers, jc.depth,
+            *cfg.token ? "true" : "false");
+
+    int sig = 0;
+    sigwait(&stop, &sig);
+    fprintf(stderr, "{\"msg\":\"%s: draining\",\"timeout_s\":%d}\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+            cfg.drain_timeout_s);
+    int drained = qd_http_drain(cfg.drain_timeout_s) == 0;
+    qd_http_stop();
+    qd_jobs_stop();
+    backend.close(&backend);
+    fprintf(stderr, "{\"msg\":\"quantd stopped\",\"drained\":%s}\n", drained ? "true" : "false");
+    return drained ? 0 : 1;
+}

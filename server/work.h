@@ -1,0 +1,57 @@
+/* One unit of work as the service sees it: what the client asked (struct qd_req, decoded from
+ * the URL), the tensors decoded from the body, the outputs, and the timing. decode.c fills it,
+ * a backend runs it, encode.c turns it into the answer. */
+#ifndef QD_WORK_H
+#define QD_WORK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../kernels/quantize.h"
+
+enum qd_op { QD_OP_QUANTIZE, QD_OP_DEQUANTIZE };
+
+#define QD_REQ_MAX_PARAMS 16
+
+/* The request as named by the URL query and headers: cheap to decode, checked before the body
+ * is queued. Query params are kept as text and applied after any params in a JSON body, so the
+ * URL wins. */
+struct qd_req {
+    enum qd_op op;
+    const struct qd_format *f; /* NULL: not in the query (dequantize reads it from the body) */
+    int has_dtype;
+    enum qd_dtype dtype;       /* quantize: input dtype; dequantize: output dtype */
+    int has_shape;
+    int ndim;
+    int64_t shape[QD_MAX_DIMS];
+    int report_error;          /* report=error */
+    int binary_out;            /* Accept: application/octet-stream */
+    int nparams;
+    char param_key[QD_REQ_MAX_PARAMS][32];
+    char param_value[QD_REQ_MAX_PARAMS][64];
+};
+
+struct qd_timing {
+    double queue_us, h2d_us, kernel_us, d2h_us, total_us;
+};
+
+struct qd_work {
+    struct qd_req req;
+    const struct qd_format *f;
+    struct qd_params p;
+    struct qd_tensor in;  /* quantize input; in.data may point into the request body */
+    void *in_owned;       /* decoded input to free, or NULL */
+    int nc;
+    struct qd_component comps[QD_MAX_COMPONENTS];
+    void *comp[QD_MAX_COMPONENTS]; /* quantize outputs, dequantize inputs */
+    unsigned comp_owned;           /* bit i: comp[i] is malloc'd here */
+    struct qd_tensor out;          /* dequantize output (out.data malloc'd) */
+    int has_report;
+    struct qd_error_report report;
+    struct qd_timing t;
+    char backend[32];              /* "cpu", "cuda:0" */
+};
+
+void qd_work_free(struct qd_work *w);
+
+#endif

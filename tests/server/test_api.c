@@ -1,0 +1,351 @@
+/* The service's endpoints against the CLI: for every format the same bytes from a raw body, a
+ * JSON/base64 body and a safetensors answer; round trips through /dequantize; async jobs;
+ * /formats, /healthz, /readyz, /metrics. */
+#include <cjson/cJSON.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "../../kernels/registry.h"
+#include "../../server/decode.h"
+#include "service.h"
+
+static struct server srv;
+static char tmpdir[256];
+
+static int setup(void **state)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/quantd-test-api-%d", (int)getpid());
+    mkdir(tmpdir, 0777);
+    server_start(&srv, NULL);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    assert_int_equal(server_stop(&srv), 0);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd);
+}
+
+static cJSON *parse(const struct http *r)
+{
+    cJSON *j = cJSON_ParseWithLength(r->body, r->len);
+    assert_non_null(j);
+    return j;
+}
+
+/* Runs the CLI on the same input; returns its meta.json. */
+static cJSON *cli_quantize(const char *fmt, const char *dtype, const char *shape, const char *in,
+                           const char *out)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s quantize --fmt %s --dtype %s --shape %s --in %s --out %s --no-report",
+             quantd_bin(), fmt, dtype, shape, in, out);
+    assert_int_equal(system(cmd), 0);
+    char path[2048];
+    size_t n;
+    snprintf(path, sizeof path, "%s/meta.json", out);
+    char *text = read_file(path, &n);
+    assert_non_null(text);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    return j;
+}
+
+/* Every component of a /quantize JSON answer equals the CLI's file of the same name. */
+static void assert_tensors_equal_cli(const cJSON *tensors, const cJSON *meta, const char *dir)
+{
+    const cJSON *comp;
+    int n = 0;
+    cJSON_ArrayForEach(comp, cJSON_GetObjectItem(meta, "components")) {
+        char path[2048];
+        size_t want_len, got_len;
+        snprintf(path, sizeof path, "%s/%s.bin", dir, comp->string);
+        unsigned char *want = read_file(path, &want_len);
+        const cJSON *t = cJSON_GetObjectItem(tensors, comp->string);
+        assert_non_null(t);
+        unsigned char *got = b64_decode(cJSON_GetStringValue(cJSON_GetObjectItem(t, "data")), &got_len);
+        assert_non_null(got);
+        assert_int_equal(got_len, want_len);
+        assert_memory_equal(got, want, want_len);
+        free(want);
+        free(got);
+        n++;
+    }
+    assert_int_equal(n, cJSON_GetArraySize(tensors));
+}
+
+static void every_format_matches_cli_raw_json_and_safetensors(void **state)
+{
+    const int rows = 128, cols = 256; /* AWQ needs rows (K) in groups of 128 */
+    for (int fi = 0; fi < qd_format_count; fi++) {
+        const char *fmt = qd_formats[fi].name;
+        for (int bf = 0; bf < 2; bf++) {
+            const char *dtype = bf ? "bf16" : "f32";
+            size_t n = (size_t)rows * cols, bytes = n * (bf ? 2 : 4);
+            float *x = random_f32(n);
+            void *in = x;
+            uint16_t *h = NULL;
+            if (bf) {
+                h = malloc(n * 2);
+                f32_to_bf16(x, h, n);
+                in = h;
+            }
+            char in_path[512], out_dir[512], path[2048];
+            snprintf(in_path, sizeof in_path, "%s/%s_%s.in", tmpdir, fmt, dtype);
+            snprintf(out_dir, sizeof out_dir, "%s/%s_%s", tmpdir, fmt, dtype);
+            assert_int_equal(write_file(in_path, in, bytes), 0);
+            cJSON *meta = cli_quantize(fmt, dtype, "128,256", in_path, out_dir);
+
+            /* raw body, as curl --data-binary sends it (form type, no -H) */
+            struct http raw, js, st;
+            snprintf(path, sizeof path, "/quantize?fmt=%s&dtype=%s&shape=%d,%d", fmt, dtype, rows, cols);
+            http_do(&srv, "POST", path, NULL, in, bytes, &raw);
+            assert_int_equal(raw.status, 200);
+            cJSON *a = parse(&raw);
+            assert_tensors_equal_cli(cJSON_GetObjectItem(a, "tensors"), meta, out_dir);
+            assert_true(cJSON_Compare(cJSON_GetObjectItem(a, "params"), cJSON_GetObjectItem(meta, "params"), 1));
+            assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(a, "backend")), "cpu");
+
+            /* JSON body with base64 data */
+            char *b64 = b64_encode(in, bytes);
+            cJSON *req = cJSON_CreateObject();
+            cJSON_AddStringToObject(req, "dtype", dtype);
+            cJSON *shape = cJSON_AddArrayToObject(req, "shape");
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber(rows));
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber(cols));
+            cJSON_AddStringToObject(req, "data", b64);
+            char *text = cJSON_PrintUnformatted(req);
+            snprintf(path, sizeof path, "/v1/quantize?fmt=%s", fmt);
+            const char *json_h[] = {"Content-Type: application/json", NULL};
+            http_do(&srv, "POST", path, json_h, text, strlen(text), &js);
+            assert_int_equal(js.status, 200);
+            cJSON *b = parse(&js);
+            assert_tensors_equal_cli(cJSON_GetObjectItem(b, "tensors"), meta, out_dir);
+
+            /* safetensors answer: the same components */
+            snprintf(path, sizeof path, "/quantize?fmt=%s&dtype=%s&shape=%d,%d", fmt, dtype, rows, cols);
+            const char *bin_h[] = {"Content-Type: application/octet-stream", "Accept: application/octet-stream", NULL};
+            http_do(&srv, "POST", path, bin_h, in, bytes, &st);
+            assert_int_equal(st.status, 200);
+            assert_string_equal(st.content_type, "application/octet-stream");
+            struct qd_st_tensor t[QD_ST_MAX_TENSORS];
+            cJSON *md;
+            char err[256];
+            int nt = qd_safetensors_parse((unsigned char *)st.body, st.len, t, QD_ST_MAX_TENSORS, &md, err, sizeof err);
+            assert_int_equal(nt, cJSON_GetArraySize(cJSON_GetObjectItem(meta, "components")));
+            assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(md, "fmt")), fmt);
+            for (int k = 0; k < nt; k++) {
+                size_t wl;
+                char comp_path[1024];
+                snprintf(comp_path, sizeof comp_path, "%.511s/%.63s.bin", out_dir, t[k].name);
+                unsigned char *want = read_file(comp_path, &wl);
+                assert_non_null(want);
+                assert_int_equal(t[k].bytes, wl);
+                assert_memory_equal(t[k].data, want, wl);
+                free(want);
+            }
+
+            /* back through /dequantize: the JSON answer as is, and the safetensors */
+            char cmd[4096], deq_path[512];
+            snprintf(deq_path, sizeof deq_path, "%s/%s_%s.deq", tmpdir, fmt, dtype);
+            snprintf(cmd, sizeof cmd, "%s dequantize --in %s --dtype %s --out %s", quantd_bin(), out_dir,
+                     dtype, deq_path);
+            assert_int_equal(system(cmd), 0);
+            size_t want_len;
+            unsigned char *want = read_file(deq_path, &want_len);
+            struct http d1, d2, d3;
+            http_do(&srv, "POST", "/dequantize", json_h, raw.body, raw.len, &d1);
+            assert_int_equal(d1.status, 200);
+            cJSON *dj = parse(&d1);
+            size_t got_len;
+            unsigned char *got = b64_decode(cJSON_GetStringValue(cJSON_GetObjectItem(dj, "data")), &got_len);
+            assert_int_equal(got_len, want_len);
+            assert_memory_equal(got, want, want_len);
+            snprintf(path, sizeof path, "/dequantize?dtype=%s", dtype);
+            http_do(&srv, "POST", path, bin_h, st.body, st.len, &d2);
+            assert_int_equal(d2.status, 200);
+            assert_int_equal(d2.len, want_len);
+            assert_memory_equal(d2.body, want, want_len);
+            assert_string_equal(d2.shape, "128,256");
+            assert_string_equal(d2.dtype, dtype);
+            /* safetensors sent untyped (curl's default) is recognised too */
+            http_do(&srv, "POST", "/dequantize", NULL, st.body, st.len, &d3);
+            assert_int_equal(d3.status, 200);
+
+            free(got);
+            free(want);
+            cJSON_Delete(dj);
+            cJSON_Delete(md);
+            http_free(&d1);
+            http_free(&d2);
+            http_free(&d3);
+            http_free(&st);
+            cJSON_Delete(b);
+            http_free(&js);
+            free(text);
+            cJSON_Delete(req);
+            free(b64);
+            cJSON_Delete(a);
+            http_free(&raw);
+            cJSON_Delete(meta);
+            free(h);
+            free(x);
+        }
+    }
+}
+
+static void query_params_and_report_error(void **state)
+{
+    size_t n = 32 * 128;
+    float *x = random_f32(n);
+    struct http r;
+    http_do(&srv, "POST", "/quantize?fmt=nf4&dtype=f32&shape=32,128&blocksize=128&double_quant=false&report=error",
+            NULL, x, n * 4, &r);
+    assert_int_equal(r.status, 200);
+    cJSON *j = parse(&r), *p = cJSON_GetObjectItem(j, "params"), *e = cJSON_GetObjectItem(j, "error");
+    assert_int_equal(cJSON_GetObjectItem(p, "blocksize")->valueint, 128);
+    assert_true(cJSON_IsFalse(cJSON_GetObjectItem(p, "double_quant")));
+    assert_non_null(e);
+    double nmse = cJSON_GetObjectItem(e, "nmse")->valuedouble;
+    assert_true(nmse > 0 && nmse < 0.05);
+    cJSON *timing = cJSON_GetObjectItem(j, "timing");
+    const char *keys[] = {"queue_us", "h2d_us", "kernel_us", "d2h_us", "total_us"};
+    for (int i = 0; i < 5; i++)
+        assert_true(cJSON_IsNumber(cJSON_GetObjectItem(timing, keys[i])));
+    assert_true(cJSON_GetObjectItem(timing, "total_us")->valuedouble >= cJSON_GetObjectItem(timing, "kernel_us")->valuedouble);
+    cJSON_Delete(j);
+    http_free(&r);
+    free(x);
+}
+
+static void async_job_gives_the_synchronous_answer(void **state)
+{
+    size_t n = 16 * 256;
+    float *x = random_f32(n);
+    struct http sync, post, st, res, del, gone;
+    http_do(&srv, "POST", "/quantize?fmt=q4_0&dtype=f32&shape=16,256", NULL, x, n * 4, &sync);
+    assert_int_equal(sync.status, 200);
+    http_do(&srv, "POST", "/jobs?op=quantize&fmt=q4_0&dtype=f32&shape=16,256", NULL, x, n * 4, &post);
+    assert_int_equal(post.status, 202);
+    cJSON *pj = parse(&post);
+    const char *id = cJSON_GetStringValue(cJSON_GetObjectItem(pj, "id"));
+    char path[256];
+    snprintf(path, sizeof path, "/jobs/%s", id);
+    assert_string_equal(post.location, path);
+    const char *status = NULL;
+    cJSON *sj = NULL;
+    for (int i = 0; i < 1000; i++) {
+        cJSON_Delete(sj);
+        http_do(&srv, "GET", path, NULL, NULL, 0, &st);
+        assert_int_equal(st.status, 200);
+        sj = parse(&st);
+        http_free(&st);
+        status = cJSON_GetStringValue(cJSON_GetObjectItem(sj, "status"));
+        if (!strcmp(status, "done"))
+            break;
+        usleep(5000);
+    }
+    assert_string_equal(status, "done");
+    assert_int_equal(cJSON_GetObjectItem(sj, "http_status")->valueint, 200);
+    snprintf(path, sizeof path, "/v1/jobs/%s/result", id);
+    http_do(&srv, "GET", path, NULL, NULL, 0, &res);
+    assert_int_equal(res.status, 200);
+    cJSON *a = parse(&sync), *b = parse(&res);
+    assert_true(cJSON_Compare(cJSON_GetObjectItem(a, "tensors"), cJSON_GetObjectItem(b, "tensors"), 1));
+    snprintf(path, sizeof path, "/jobs/%s", id);
+    http_do(&srv, "DELETE", path, NULL, NULL, 0, &del);
+    assert_int_equal(del.status, 204);
+    http_do(&srv, "GET", path, NULL, NULL, 0, &gone);
+    assert_int_equal(gone.status, 404);
+    /* an async dequantize of the answer */
+    struct http dq, dqs, dqr;
+    const char *json_h[] = {"Content-Type: application/json", NULL};
+    http_do(&srv, "POST", "/jobs?op=dequantize&dtype=f32", json_h, sync.body, sync.len, &dq);
+    assert_int_equal(dq.status, 202);
+    snprintf(path, sizeof path, "%s/result", dq.location);
+    for (int i = 0; i < 1000; i++) {
+        http_do(&srv, "GET", path, NULL, NULL, 0, &dqr);
+        if (dqr.status != 409)
+            break;
+        http_free(&dqr);
+        usleep(5000);
+    }
+    assert_int_equal(dqr.status, 200);
+    http_do(&srv, "GET", dq.location, NULL, NULL, 0, &dqs);
+    assert_int_equal(dqs.status, 200);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    cJSON_Delete(sj);
+    cJSON_Delete(pj);
+    http_free(&dq);
+    http_free(&dqs);
+    http_free(&dqr);
+    http_free(&sync);
+    http_free(&post);
+    http_free(&res);
+    http_free(&del);
+    http_free(&gone);
+    free(x);
+}
+
+static void formats_health_ready_metrics(void **state)
+{
+    struct http f, h, r, m, v, head;
+    http_do(&srv, "GET", "/formats", NULL, NULL, 0, &f);
+    assert_int_equal(f.status, 200);
+    cJSON *fj = parse(&f);
+    char *reg = qd_registry_json();
+    cJSON *want = cJSON_Parse(reg);
+    assert_true(cJSON_Compare(fj, want, 1));
+    free(reg);
+    cJSON_Delete(want);
+    cJSON_Delete(fj);
+    http_do(&srv, "GET", "/healthz", NULL, NULL, 0, &h);
+    assert_int_equal(h.status, 200);
+    http_do(&srv, "GET", "/readyz", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    http_do(&srv, "GET", "/v1/healthz", NULL, NULL, 0, &v);
+    assert_int_equal(v.status, 200);
+    http_do(&srv, "HEAD", "/readyz", NULL, NULL, 0, &head);
+    assert_int_equal(head.status, 200);
+    http_do(&srv, "GET", "/metrics", NULL, NULL, 0, &m);
+    assert_int_equal(m.status, 200);
+    assert_true(!strncmp(m.content_type, "text/plain", 10));
+    const char *names[] = {"quantd_requests_total{op=\"quantize\",fmt=\"nvfp4\",code=\"200\"}",
+                           "quantd_request_duration_seconds_bucket", "quantd_queue_depth ",
+                           "quantd_queue_capacity ", "quantd_received_bytes_total ",
+                           "quantd_sent_bytes_total ", "quantd_kernel_duration_seconds_bucket",
+                           "quantd_backend_info{backend=\"cpu\"", "quantd_device_memory_used_bytes ",
+                           "quantd_ready 1"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strstr(m.body, names[i]))
+            fail_msg("/metrics lacks %s", names[i]);
+    http_free(&f);
+    http_free(&h);
+    http_free(&r);
+    http_free(&m);
+    http_free(&v);
+    http_free(&head);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_format_matches_cli_raw_json_and_safetensors),
+        cmocka_unit_test(query_params_and_report_error),
+        cmocka_unit_test(async_job_gives_the_synchronous_answer),
+        cmocka_unit_test(formats_health_ready_metrics),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,151 @@
+/* The request decoders on their own (server/decode.c, base64.c, safetensors.c): the cases the
+ * service tests cannot reach cheaply. */
+#include <cjson/cJSON.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "../../server/decode.h"
+#include "../../server/encode.h"
+
+static void base64_round_trips_every_length(void **state)
+{
+    unsigned char in[300];
+    for (int i = 0; i < 300; i++)
+        in[i] = (unsigned char)(i * 37 + 11);
+    for (size_t n = 0; n <= 300; n++) {
+        char enc[404];
+        qd_base64_encode(in, n, enc);
+        size_t len;
+        int oom;
+        unsigned char *dec = qd_base64_decode(enc, qd_base64_encoded_len(n), &len, &oom);
+        assert_non_null(dec);
+        assert_int_equal(len, n);
+        assert_memory_equal(dec, in, n);
+        free(dec);
+    }
+}
+
+static void base64_refuses_bad_input(void **state)
+{
+    const char *bad[] = {"A", "AB", "ABC", "AB=C", "A===", "AB!D", "ABC\n", "AAB=", "AA=A", "====", "QUJD RA=="};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        size_t len;
+        int oom;
+        unsigned char *d = qd_base64_decode(bad[i], strlen(bad[i]), &len, &oom);
+        if (d)
+            fail_msg("accepted '%s'", bad[i]);
+        assert_int_equal(oom, 0);
+    }
+}
+
+static void safetensors_round_trip_and_refusals(void **state)
+{
+    uint16_t scales[6] = {1, 2, 3, 4, 5, 6};
+    unsigned char data[5] = {9, 8, 7, 6, 5};
+    struct qd_st_tensor t[2] = {{.name = "data", .dtype = QD_U8, .ndim = 1, .shape = {5}, .data = data, .bytes = 5},
+                                {.name = "scales", .dtype = QD_F16, .ndim = 2, .shape = {2, 3},
+                                 .data = (unsigned char *)scales, .bytes = 12}};
+    cJSON *meta = cJSON_CreateObject();
+    cJSON_AddStringToObject(meta, "fmt", "q8_0");
+    size_t len;
+    char *buf = qd_safetensors_build(t, 2, meta, &len);
+    cJSON_Delete(meta);
+    struct qd_st_tensor back[4];
+    cJSON *md;
+    char err[256];
+    assert_int_equal(qd_safetensors_parse((unsigned char *)buf, len, back, 4, &md, err, sizeof err), 2);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(md, "fmt")), "q8_0");
+    cJSON_Delete(md);
+    for (int i = 0; i < 2; i++) {
+        int k = strcmp(back[0].name, t[i].name) ? 1 : 0;
+        assert_int_equal(back[k].bytes, t[i].bytes);
+        assert_memory_equal(back[k].data, t[i].data, t[i].bytes);
+        assert_int_equal(back[k].dtype, t[i].dtype);
+    }
+    /* the header length may not exceed the body; nor offsets the data */
+    assert_int_equal(qd_safetensors_parse((unsigned char *)buf, len - 1, back, 4, &md, err, sizeof err), -1);
+    buf[0] = (char)0xff;
+    assert_int_equal(qd_safetensors_parse((unsigned char *)buf, len, back, 4, &md, err, sizeof err), -1);
+    free(buf);
+    const char *bad_headers[] = {
+        "{\"x\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,5]}}",
+        "{\"x\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[3,1]}}",
+        "{\"x\":{\"dtype\":\"Q8\",\"shape\":[4],\"data_offsets\":[0,4]}}",
+        "{\"x\":{\"dtype\":\"U8\",\"shape\":[-4],\"data_offsets\":[0,4]}}",
+        "{\"x\":{\"dtype\":\"U8\",\"shape\":[4.5],\"data_offsets\":[0,4]}}",
+        "{\"__metadata__\":[1]}", "[]", "{"};
+    for (size_t i = 0; i < sizeof bad_headers / sizeof bad_headers[0]; i++) {
+        size_t hl = strlen(bad_headers[i]);
+        unsigned char b[256] = {(unsigned char)hl};
+        memcpy(b + 8, bad_headers[i], hl);
+        if (qd_safetensors_parse(b, 8 + hl + 4, back, 4, &md, err, sizeof err) != -1)
+            fail_msg("accepted %s", bad_headers[i]);
+    }
+}
+
+static int query(struct qd_req *q, const char *const *kv, struct qd_reply *r)
+{
+    struct qd_kv pairs[16];
+    int n = 0;
+    for (; kv[2 * n]; n++)
+        pairs[n] = (struct qd_kv){kv[2 * n], kv[2 * n + 1]};
+    memset(q, 0, sizeof *q);
+    memset(r, 0, sizeof *r);
+    return qd_req_from_query(q, pairs, n, 1, r);
+}
+
+static void query_decoding(void **state)
+{
+    struct qd_req q;
+    struct qd_reply r;
+    /* params may come before fmt */
+    assert_int_equal(query(&q, (const char *[]){"blocksize", "128", "fmt", "nf4", "dtype", "bf16", "shape", "4,256", NULL}, &r), 0);
+    assert_int_equal(q.nparams, 1);
+    assert_int_equal(q.shape[1], 256);
+    assert_int_equal(q.dtype, QD_BF16);
+    /* a parameter of another format is refused */
+    assert_int_equal(query(&q, (const char *[]){"fmt", "q8_0", "blocksize", "128", NULL}, &r), -1);
+    assert_int_equal(r.status, 400);
+    qd_reply_free(&r);
+    /* a value is checked against its limits */
+    assert_int_equal(query(&q, (const char *[]){"fmt", "nf4", "blocksize", "8", NULL}, &r), -1);
+    qd_reply_free(&r);
+    /* a parameter without fmt (dequantize reads fmt from the body) is kept if it exists at all */
+    assert_int_equal(query(&q, (const char *[]){"scale_layout", "linear", NULL}, &r), 0);
+    assert_int_equal(query(&q, (const char *[]){"op", "dequantize", "dtype", "f16", NULL}, &r), 0);
+    assert_int_equal(q.op, QD_OP_DEQUANTIZE);
+    assert_int_equal(query(&q, (const char *[]){"dtype", NULL, NULL}, &r), -1);
+    qd_reply_free(&r);
+}
+
+static void body_kinds(void **state)
+{
+    struct qd_req qz = {.op = QD_OP_QUANTIZE, .has_shape = 1}, dq = {.op = QD_OP_DEQUANTIZE};
+    assert_int_equal(qd_body_kind(&qz, "application/json; charset=utf-8", NULL, 0), QD_BODY_JSON);
+    assert_int_equal(qd_body_kind(&qz, NULL, NULL, 0), QD_BODY_RAW);
+    assert_int_equal(qd_body_kind(&qz, "application/x-www-form-urlencoded", NULL, 0), QD_BODY_RAW);
+    assert_int_equal(qd_body_kind(&qz, "text/plain", NULL, 0), -1);
+    assert_int_equal(qd_body_kind(&qz, "application/jsonx", NULL, 0), -1);
+    assert_int_equal(qd_body_kind(&dq, "application/octet-stream", NULL, 0), QD_BODY_SAFETENSORS);
+    assert_int_equal(qd_body_kind(&dq, NULL, "{\"fmt\":1}", 9), QD_BODY_JSON);
+    const char st[] = "\x02\0\0\0\0\0\0\0{}";
+    assert_int_equal(qd_body_kind(&dq, NULL, st, 10), QD_BODY_SAFETENSORS);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(base64_round_trips_every_length),
+        cmocka_unit_test(base64_refuses_bad_input),
+        cmocka_unit_test(safetensors_round_trip_and_refusals),
+        cmocka_unit_test(query_decoding),
+        cmocka_unit_test(body_kinds),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

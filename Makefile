@@ -1,10 +1,12 @@
 # quantd — one Makefile (see README.md).
 #   make            bin/quantd (with the CUDA backend when nvcc is found, CPU-only otherwise)
 #   make deps       install the Debian packages that building and testing need (root)
-#   make test       unit tests (cmocka) + peer cross-checks (pytest, venv in .venv)
+#   make test       unit tests (cmocka), service tests (libcurl + OpenAPI check), peer checks
 #   make sanitize   the same tests built with ASan + UBSan
-#   make bench      CPU throughput table
-#   make run        build and quantize a demo tensor
+#   make fuzz       libFuzzer over the request decoders (FUZZ_SECONDS)
+#   make bench      CPU kernel table + service benchmark
+#   make run        build and run the service on 0.0.0.0:8080
+#   make demo       quantize a demo tensor with the CLI
 
 CC       ?= cc
 PYTHON   ?= python3
@@ -47,7 +49,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all deps venv test test-unit test-peers test-service sanitize fuzz bench run clean check-deps
+.PHONY: all deps venv test test-unit test-peers test-service sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 bin/quantd: $(KERNEL_OBJS) $(SERVER_OBJS)
@@ -148,10 +150,20 @@ $(BUILD)/bench/bench_cpu: bench/bench_cpu.c $(KERNEL_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) -ldl
 
-bench: $(BUILD)/bench/bench_cpu
-	$(BUILD)/bench/bench_cpu
+$(BUILD)/bench/bench_service: bench/bench_service.c tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) -lcurl $(TEST_LIBS)
 
+# BENCH_BACKEND=cuda runs the service benchmark on the GPU backend.
+bench: bin/quantd $(BUILD)/bench/bench_cpu $(BUILD)/bench/bench_service
+	$(BUILD)/bench/bench_cpu
+	QUANTD=$(abspath bin/quantd) QUANTD_TEST_BACKEND=$(or $(BENCH_BACKEND),cpu) $(BUILD)/bench/bench_service $(BENCH_SECONDS) $(BENCH_CLIENTS)
+
+# The service on the embedded default: 0.0.0.0:8080, CUDA when a GPU is usable, else the CPU.
 run: all
+	bin/quantd serve
+
+demo: all
 	$(PYTHON) -c "import os,struct,random; random.seed(1); open('/tmp/quantd-demo.f32','wb').write(struct.pack('<65536f',*[random.gauss(0,1) for _ in range(65536)]))"
 	bin/quantd quantize --fmt nvfp4 --dtype f32 --shape 256,256 --in /tmp/quantd-demo.f32 --out /tmp/quantd-demo
 	cat /tmp/quantd-demo/meta.json

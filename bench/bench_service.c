@@ -1,0 +1,103 @@
+/* Service benchmark: a real `quantd serve` on loopback, N concurrent clients, requests/s and
+ * MB/s of input for small and large tensors sent as a raw body, as JSON/base64, and answered
+ * as JSON or as safetensors. Usage: bench_service [seconds per case] [clients]. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "../tests/server/service.h"
+#include "../server/jobs.h"
+
+struct load {
+    const struct server *s;
+    const char *path;
+    const char *const *headers;
+    const void *body;
+    size_t len;
+    double until_us;
+    long done, failed;
+};
+
+static void *client(void *arg)
+{
+    struct load *l = arg;
+    while (qd_now_us() < l->until_us) {
+        struct http r;
+        http_do(l->s, "POST", l->path, l->headers, l->body, l->len, &r);
+        if (r.status == 200)
+            l->done++;
+        else
+            l->failed++;
+        http_free(&r);
+    }
+    return NULL;
+}
+
+static void run_case(const struct server *s, const char *name, const char *path, const char *const *headers,
+                     const void *body, size_t len, size_t tensor_bytes, double seconds, int clients)
+{
+    struct load l[64];
+    pthread_t th[64];
+    double t0 = qd_now_us();
+    for (int i = 0; i < clients; i++) {
+        l[i] = (struct load){s, path, headers, body, len, t0 + seconds * 1e6, 0, 0};
+        pthread_create(&th[i], NULL, client, &l[i]);
+    }
+    long done = 0, failed = 0;
+    for (int i = 0; i < clients; i++) {
+        pthread_join(th[i], NULL);
+        done += l[i].done;
+        failed += l[i].failed;
+    }
+    double el = (qd_now_us() - t0) / 1e6;
+    printf("| %-40s | %7d | %9.1f | %9.1f | %6ld |\n", name, clients, done / el,
+           done * (double)tensor_bytes / el / 1e6, failed);
+    fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+    double seconds = argc > 1 ? atof(argv[1]) : 3;
+    int clients = argc > 2 ? atoi(argv[2]) : 8;
+    if (clients > 64)
+        clients = 64;
+    struct server s;
+    server_start(&s, NULL);
+    printf("| case (nvfp4 quantize unless named)       | clients |   req/s   | MB/s in   | failed |\n"
+           "|------------------------------------------|---------|-----------|-----------|--------|\n");
+    const char *json_h[] = {"Content-Type: application/json", NULL};
+    const char *bin_h[] = {"Content-Type: application/octet-stream", "Accept: application/octet-stream", NULL};
+    struct { const char *label; int rows, cols; } sizes[] = {{"256x256", 256, 256}, {"4096x4096", 4096, 4096}};
+    for (int k = 0; k < 2; k++) {
+        size_t n = (size_t)sizes[k].rows * sizes[k].cols, bytes = n * 2;
+        float *x = random_f32(n);
+        uint16_t *h = malloc(bytes);
+        f32_to_bf16(x, h, n);
+        char path[256], name[128], *b64 = b64_encode(h, bytes);
+        size_t jlen = strlen(b64) + 128;
+        char *json = malloc(jlen);
+        snprintf(json, jlen, "{\"dtype\":\"bf16\",\"shape\":[%d,%d],\"data\":\"%s\"}", sizes[k].rows, sizes[k].cols, b64);
+        snprintf(path, sizeof path, "/quantize?fmt=nvfp4&dtype=bf16&shape=%d,%d", sizes[k].rows, sizes[k].cols);
+        snprintf(name, sizeof name, "%s bf16 raw -> JSON", sizes[k].label);
+        run_case(&s, name, path, NULL, h, bytes, bytes, seconds, clients);
+        snprintf(name, sizeof name, "%s bf16 raw -> safetensors", sizes[k].label);
+        run_case(&s, name, path, bin_h, h, bytes, bytes, seconds, clients);
+        snprintf(name, sizeof name, "%s bf16 JSON -> JSON", sizes[k].label);
+        run_case(&s, name, "/quantize?fmt=nvfp4", json_h, json, strlen(json), bytes, seconds, clients);
+        snprintf(path, sizeof path, "/quantize?fmt=q8_0&dtype=bf16&shape=%d,%d", sizes[k].rows, sizes[k].cols);
+        snprintf(name, sizeof name, "%s bf16 raw -> safetensors, q8_0", sizes[k].label);
+        run_case(&s, name, path, bin_h, h, bytes, bytes, seconds, clients);
+        free(json);
+        free(b64);
+        free(h);
+        free(x);
+    }
+    return server_stop(&s) ? 1 : 0;
+}

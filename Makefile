@@ -20,7 +20,8 @@ ARCH_FLAGS ?= $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -march=x86-
 FP_FLAGS := -ffp-contract=off -fno-fast-math -fno-finite-math-only -fno-trapping-math -fno-math-errno
 WARN     := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS   ?= -O3 -g
-CFLAGS   += -std=gnu11 $(WARN) $(FP_FLAGS) $(ARCH_FLAGS) -pthread -MMD -MP
+# override: these stay when a target (sanitize) or a user sets CFLAGS on the command line
+override CFLAGS += -std=gnu11 $(WARN) $(FP_FLAGS) $(ARCH_FLAGS) -pthread -MMD -MP
 LDLIBS   += -lcjson -lmicrohttpd -lm -pthread
 
 KERNEL_SRCS := $(wildcard kernels/*.c kernels/cpu/*.c)
@@ -40,7 +41,7 @@ ifeq ($(WITH_CUDA),1)
 CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCC_FLAGS  ?= -O3 -std=c++17 --fmad=false -gencode=arch=compute_90,code=sm_90 \
                -gencode=arch=compute_90,code=compute_90 -Xcompiler -Wall
-CFLAGS      += -DQD_WITH_CUDA -I$(CUDA_HOME)/include
+override CFLAGS += -DQD_WITH_CUDA -I$(CUDA_HOME)/include
 LDLIBS      += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 CUDA_OBJS   := $(CUDA_SRCS:%.cu=$(BUILD)/%.o)
 endif
@@ -49,7 +50,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all deps venv test test-unit test-peers test-service sanitize fuzz bench run demo clean check-deps
+.PHONY: all deps venv test test-unit test-peers test-service test-gpu bench-gpu check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 bin/quantd: $(KERNEL_OBJS) $(SERVER_OBJS)
@@ -60,7 +61,8 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-$(BUILD)/%.o: %.cu
+# nvcc writes no dependency files here: every CUDA object depends on every shared header
+$(BUILD)/%.o: %.cu $(wildcard kernels/*.h kernels/cuda/*.h kernels/cuda/*.cuh)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
 
@@ -73,7 +75,7 @@ deps:
 	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(DEB_PACKAGES)
 
 check-deps:
-	@test -f /usr/include/cjson/cJSON.h || { echo "missing libcjson-dev: run 'make deps' (apt-get install libcjson-dev)"; exit 1; }
+	@echo '#include <cjson/cJSON.h>' | $(CC) -E -x c - >/dev/null 2>&1 || { echo "missing libcjson-dev: run 'make deps' (apt-get install libcjson-dev)"; exit 1; }
 
 .venv/ok: tests/requirements.txt
 	$(PYTHON) -m venv .venv
@@ -167,6 +169,31 @@ demo: all
 	$(PYTHON) -c "import os,struct,random; random.seed(1); open('/tmp/quantd-demo.f32','wb').write(struct.pack('<65536f',*[random.gauss(0,1) for _ in range(65536)]))"
 	bin/quantd quantize --fmt nvfp4 --dtype f32 --shape 256,256 --in /tmp/quantd-demo.f32 --out /tmp/quantd-demo
 	cat /tmp/quantd-demo/meta.json
+
+# ---- GPU (run on a machine with a GPU and nvcc; docs/BENCHMARKS.md) ---------------------------
+GPU_TEST_BIN := $(BUILD)/tests/gpu/test_gpu
+$(GPU_TEST_BIN): tests/gpu/test_gpu.c $(SERVICE_OBJS) $(KERNEL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) -lcurl $(TEST_LIBS)
+
+$(BUILD)/bench/bench_gpu: bench/bench_gpu.c $(KERNEL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS)
+
+COMPUTE_SANITIZER ?= $(shell command -v compute-sanitizer 2>/dev/null || ls $(CUDA_HOME)/bin/compute-sanitizer 2>/dev/null)
+
+# GPU vs CPU bytes, compute-sanitizer memcheck on the small shapes, the service tests on CUDA.
+test-gpu: check-cuda bin/quantd $(GPU_TEST_BIN) $(SERVICE_TEST_BINS) .venv/ok
+	QUANTD_POISON=1 $(GPU_TEST_BIN)
+	QUANTD_POISON=1 QUANTD_GPU_SMALL=1 $(COMPUTE_SANITIZER) --tool memcheck --leak-check full --error-exitcode 1 $(GPU_TEST_BIN)
+	$(MAKE) test-service QUANTD_TEST_BACKEND=cuda
+
+bench-gpu: check-cuda bin/quantd $(BUILD)/bench/bench_gpu $(BUILD)/bench/bench_service
+	$(BUILD)/bench/bench_gpu
+	QUANTD=$(abspath bin/quantd) QUANTD_TEST_BACKEND=cuda QUANTD_BENCH_BIG=1 $(BUILD)/bench/bench_service $(or $(BENCH_SECONDS),3) $(or $(BENCH_CLIENTS),16)
+
+check-cuda:
+	@test "$(WITH_CUDA)" = 1 || { echo "no nvcc: the CUDA backend is not built"; exit 1; }
 
 clean:
 	rm -rf build build-san bin

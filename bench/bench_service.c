@@ -68,12 +68,34 @@ int main(int argc, char **argv)
     int clients = argc > 2 ? atoi(argv[2]) : 8;
     if (clients > 64)
         clients = 64;
-    struct server s;
-    server_start(&s, NULL);
-    printf("| case (nvfp4 quantize unless named)       | clients |   req/s   | MB/s in   | failed |\n"
-           "|------------------------------------------|---------|-----------|-----------|--------|\n");
+    const char *header = "| case (nvfp4 quantize unless named)       | clients |   req/s   | MB/s in   | failed |\n"
+                         "|------------------------------------------|---------|-----------|-----------|--------|\n";
     const char *json_h[] = {"Content-Type: application/json", NULL};
     const char *bin_h[] = {"Content-Type: application/octet-stream", "Accept: application/octet-stream", NULL};
+    if (getenv("QUANTD_BENCH_BIG")) {
+        /* 64 MiB raw bf16 bodies, binary answers: 1 worker (one stream) against the default */
+        size_t n = (size_t)4096 * 8192, bytes = n * 2;
+        float *x = random_f32(n);
+        uint16_t *h = malloc(bytes);
+        f32_to_bf16(x, h, n);
+        printf("%s", header);
+        const char *flag_sets[2][3] = {{"--workers", "1", NULL}, {NULL}};
+        const char *names[2] = {"64 MiB bf16 raw -> safetensors, 1 stream", "64 MiB bf16 raw -> safetensors, N streams"};
+        for (int k = 0; k < 2; k++) {
+            struct server s;
+            server_start(&s, flag_sets[k][0] ? flag_sets[k] : NULL);
+            run_case(&s, names[k], "/quantize?fmt=nvfp4&dtype=bf16&shape=4096,8192", bin_h, h, bytes, bytes, seconds, clients);
+            run_case(&s, "  same, q8_0", "/quantize?fmt=q8_0&dtype=bf16&shape=4096,8192", bin_h, h, bytes, bytes, seconds, clients);
+            if (server_stop(&s))
+                return 1;
+        }
+        free(h);
+        free(x);
+        return 0;
+    }
+    struct server s;
+    server_start(&s, NULL);
+    printf("%s", header);
     struct { const char *label; int rows, cols; } sizes[] = {{"256x256", 256, 256}, {"4096x4096", 4096, 4096}};
     for (int k = 0; k < 2; k++) {
         size_t n = (size_t)sizes[k].rows * sizes[k].cols, bytes = n * 2;

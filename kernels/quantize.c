@@ -8,7 +8,19 @@
 #include <string.h>
 
 #include "cpu/cpu.h"
+#ifdef QD_WITH_CUDA
+#include "cuda/cuda.h"
+#endif
 #include "fp.h"
+
+static const char *device_error(void)
+{
+#ifdef QD_WITH_CUDA
+    return qd_cuda_last_error();
+#else
+    return "";
+#endif
+}
 
 enum qd_status qd_quantize(enum qd_backend_kind b, const struct qd_format *f,
                            const struct qd_tensor *in, struct qd_params *p, void *const *out,
@@ -31,6 +43,13 @@ enum qd_status qd_quantize(enum qd_backend_kind b, const struct qd_format *f,
         s = fn(f, in, p, out);
         if (!qd_cpu_scan_end()) /* the format made no input pass: scan on its own */
             bad = qd_cpu_find_nonfinite(in);
+    } else if (b == QD_BACKEND_CUDA) {
+        /* device data: the kernels check while they read, and say where */
+        s = fn(f, in, p, out);
+#ifdef QD_WITH_CUDA
+        if (s == QD_ENONFINITE)
+            bad = qd_cuda_ctx_get()->bad_index;
+#endif
     } else {
         if (!p->allow_nonfinite)
             bad = qd_cpu_find_nonfinite(in);
@@ -42,7 +61,8 @@ enum qd_status qd_quantize(enum qd_backend_kind b, const struct qd_format *f,
         return QD_ENONFINITE;
     }
     if (s != QD_OK)
-        snprintf(err, len, "%s quantize failed: %s", f->name, qd_strerror(s));
+        snprintf(err, len, "%s quantize failed: %s%s%s", f->name, qd_strerror(s),
+                 s == QD_EDEVICE ? ": " : "", s == QD_EDEVICE ? device_error() : "");
     return s;
 }
 
@@ -62,7 +82,8 @@ enum qd_status qd_dequantize(enum qd_backend_kind b, const struct qd_format *f,
     }
     enum qd_status s = fn(f, in, p, out);
     if (s != QD_OK)
-        snprintf(err, len, "%s dequantize failed: %s", f->name, qd_strerror(s));
+        snprintf(err, len, "%s dequantize failed: %s%s%s", f->name, qd_strerror(s),
+                 s == QD_EDEVICE ? ": " : "", s == QD_EDEVICE ? device_error() : "");
     return s;
 }
 

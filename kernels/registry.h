@@ -10,6 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus /* the CUDA files include this too */
+extern "C" {
+#endif
+
 enum qd_status {
     QD_OK = 0,
     QD_EINVAL,     /* bad argument: unknown name, bad value */
@@ -160,5 +164,9 @@ int qd_format_layout(const struct qd_format *f, const struct qd_params *p,
 
 /* The registry as JSON text (malloc'd, caller frees). */
 char *qd_registry_json(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

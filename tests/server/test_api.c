@@ -37,6 +37,13 @@ static int teardown(void **state)
     return system(cmd);
 }
 
+/* The service tests run on the CPU backend, or on CUDA on a GPU machine (make test-gpu). */
+static const char *expected_backend(void)
+{
+    const char *b = getenv("QUANTD_TEST_BACKEND");
+    return b && !strcmp(b, "cuda") ? "cuda:0" : "cpu";
+}
+
 static cJSON *parse(const struct http *r)
 {
     cJSON *j = cJSON_ParseWithLength(r->body, r->len);
@@ -115,7 +122,7 @@ static void every_format_matches_cli_raw_json_and_safetensors(void **state)
             cJSON *a = parse(&raw);
             assert_tensors_equal_cli(cJSON_GetObjectItem(a, "tensors"), meta, out_dir);
             assert_true(cJSON_Compare(cJSON_GetObjectItem(a, "params"), cJSON_GetObjectItem(meta, "params"), 1));
-            assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(a, "backend")), "cpu");
+            assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(a, "backend")), expected_backend());
 
             /* JSON body with base64 data */
             char *b64 = b64_encode(in, bytes);
@@ -326,7 +333,7 @@ static void formats_health_ready_metrics(void **state)
                            "quantd_request_duration_seconds_bucket", "quantd_queue_depth ",
                            "quantd_queue_capacity ", "quantd_received_bytes_total ",
                            "quantd_sent_bytes_total ", "quantd_kernel_duration_seconds_bucket",
-                           "quantd_backend_info{backend=\"cpu\"", "quantd_device_memory_used_bytes ",
+                           "quantd_backend_info{backend=", "quantd_device_memory_used_bytes ",
                            "quantd_ready 1"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strstr(m.body, names[i]))

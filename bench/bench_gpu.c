@@ -1,0 +1,151 @@
+/* GPU benchmark: every format's CUDA quantize and dequantize on 4096^2, 8192^2 and 16384^2 bf16
+ * tensors already on the device (median of several runs, CUDA events), GB/s counting bytes read
+ * + written, and % of the device-to-device copy bandwidth measured in the same run; plus the
+ * pinned host<->device copy ceiling the service path is bound by. Needs a GPU: make bench-gpu. */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/cuda/cuda.h"
+#include "../kernels/fp.h"
+#include "../kernels/quantize.h"
+
+#define RUNS 15
+
+static int cmp(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static cudaStream_t stream;
+static cudaEvent_t e0, e1;
+
+/* Median ms of fn over RUNS (after one warm-up). */
+#define TIME_MS(out, ...)                                                                       \
+    do {                                                                                        \
+        float t_[RUNS];                                                                         \
+        for (int r_ = -1; r_ < RUNS; r_++) {                                                    \
+            cudaEventRecord(e0, stream);                                                        \
+            __VA_ARGS__;                                                                        \
+            cudaEventRecord(e1, stream);                                                        \
+            cudaEventSynchronize(e1);                                                           \
+            if (r_ >= 0)                                                                        \
+                cudaEventElapsedTime(&t_[r_], e0, e1);                                          \
+        }                                                                                       \
+        qsort(t_, RUNS, sizeof(float), cmp);                                                    \
+        out = t_[RUNS / 2];                                                                     \
+    } while (0)
+
+int main(int argc, char **argv)
+{
+    const char *only = argc > 1 ? argv[1] : NULL;
+    struct qd_cuda_ctx ctx;
+    if (qd_cuda_ctx_init(&ctx) != QD_OK) {
+        fprintf(stderr, "no GPU: %s\n", qd_cuda_last_error());
+        return 1;
+    }
+    qd_cuda_ctx_set(&ctx);
+    stream = (cudaStream_t)ctx.stream;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    struct cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    const int64_t sides[3] = {4096, 8192, 16384};
+    size_t max_in = (size_t)16384 * 16384 * 2;
+    void *d_in, *d_out, *d_back, *h_pinned;
+    if (cudaMalloc(&d_in, max_in) || cudaMalloc(&d_out, max_in) || cudaMalloc(&d_back, max_in) ||
+        cudaMallocHost(&h_pinned, (size_t)64 << 20)) {
+        fprintf(stderr, "out of device memory\n");
+        return 1;
+    }
+    /* random bf16 input, made on the host once */
+    uint16_t *h = malloc(max_in);
+    unsigned seed = 12345;
+    for (size_t i = 0; i < max_in / 2; i++)
+        h[i] = qd_f32_to_bf16(((float)rand_r(&seed) / RAND_MAX - 0.5f) * 4.0f);
+    cudaMemcpy(d_in, h, max_in, cudaMemcpyHostToDevice);
+    free(h);
+
+    printf("# %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    float ms;
+    double copy_gbs[3];
+    for (int s = 0; s < 3; s++) {
+        size_t bytes = (size_t)sides[s] * sides[s] * 2;
+        TIME_MS(ms, cudaMemcpyAsync(d_out, d_in, bytes, cudaMemcpyDeviceToDevice, stream));
+        copy_gbs[s] = 2.0 * bytes / (ms * 1e6);
+        printf("# device-to-device copy %lldx%lld bf16: %.3f ms, %.0f GB/s (read + write)\n",
+               (long long)sides[s], (long long)sides[s], ms, copy_gbs[s]);
+    }
+    size_t pb = (size_t)64 << 20;
+    TIME_MS(ms, cudaMemcpyAsync(d_in, h_pinned, pb, cudaMemcpyHostToDevice, stream));
+    double h2d = pb / (ms * 1e6);
+    TIME_MS(ms, cudaMemcpyAsync(h_pinned, d_out, pb, cudaMemcpyDeviceToHost, stream));
+    printf("# pinned 64 MiB copies: H2D %.1f GB/s, D2H %.1f GB/s\n", h2d, pb / (ms * 1e6));
+    /* the H2D above overwrote the input's first 64 MiB with pinned garbage: remake it */
+    h = malloc(pb);
+    for (size_t i = 0; i < pb / 2; i++)
+        h[i] = qd_f32_to_bf16(((float)rand_r(&seed) / RAND_MAX - 0.5f) * 4.0f);
+    cudaMemcpy(d_in, h, pb, cudaMemcpyHostToDevice);
+    free(h);
+
+    printf("\n| format | params | shape | quantize ms | GB/s | %% copy | dequantize ms | GB/s | %% copy |\n"
+           "|---|---|---|---|---|---|---|---|---|\n");
+    struct variant {
+        const char *fmt, *key, *value, *label;
+        int passes; /* reads of the input the arithmetic needs */
+    } variants[] = {
+        {"nf4", NULL, NULL, "bs64 dq", 1}, {"fp4", NULL, NULL, "bs64 dq", 1}, {"q4_0", NULL, NULL, "", 1},
+        {"q4_1", NULL, NULL, "", 1}, {"q5_0", NULL, NULL, "", 1}, {"q5_1", NULL, NULL, "", 1},
+        {"q8_0", NULL, NULL, "", 1}, {"q8_1", NULL, NULL, "", 1}, {"awq", NULL, NULL, "g128", 1},
+        {"nvfp4", NULL, NULL, "swizzled, amax pass", 2}, {"nvfp4", "global_scale", "500", "global_scale given", 1},
+        {"nvfp4", "scale_layout", "linear", "linear, amax pass", 2}, {"mxfp4", NULL, NULL, "", 1},
+        {"mxfp6_e2m3", NULL, NULL, "", 1}, {"mxfp6_e3m2", NULL, NULL, "", 1}, {"mxfp8_e4m3", NULL, NULL, "", 1},
+        {"mxfp8_e5m2", NULL, NULL, "", 1}, {"int8", NULL, NULL, "per tensor", 2}, {"int8", "granularity", "row", "per row", 1},
+        {"uint8", NULL, NULL, "per tensor", 2}, {"uint8", "granularity", "row", "per row", 1},
+    };
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        const struct qd_format *f = qd_format_find(variants[v].fmt);
+        if (only && strcmp(only, f->name))
+            continue;
+        for (int s = 0; s < 3; s++) {
+            struct qd_tensor in = {.data = d_in, .dtype = QD_BF16};
+            int64_t dims[2] = {sides[s], sides[s]};
+            qd_tensor_set_shape(&in, 2, dims);
+            struct qd_params p0;
+            char err[512];
+            qd_params_default(f, &p0);
+            if (variants[v].key)
+                qd_params_set(f, &p0, variants[v].key, variants[v].value, err, sizeof err);
+            struct qd_component comps[QD_MAX_COMPONENTS];
+            int nc = qd_format_layout(f, &p0, &in, comps, err, sizeof err);
+            void *out[QD_MAX_COMPONENTS];
+            size_t off = 0, out_bytes = 0;
+            for (int i = 0; i < nc; i++) {
+                out[i] = (char *)d_out + off;
+                off += ((size_t)comps[i].bytes + 255) & ~(size_t)255;
+                out_bytes += (size_t)comps[i].bytes;
+            }
+            struct qd_params p = p0;
+            enum qd_status st = QD_OK;
+            float q_ms, d_ms;
+            TIME_MS(q_ms, p = p0; st = qd_quantize(QD_BACKEND_CUDA, f, &in, &p, out, err, sizeof err));
+            if (st != QD_OK) {
+                printf("| %s | %s | error: %s |\n", f->name, variants[v].label, err);
+                continue;
+            }
+            struct qd_tensor back = in;
+            back.data = d_back;
+            TIME_MS(d_ms, st = qd_dequantize(QD_BACKEND_CUDA, f, (const void *const *)out, &p, &back, err, sizeof err));
+            size_t in_bytes = (size_t)qd_tensor_numel(&in) * 2;
+            double qgbs = (variants[v].passes * in_bytes + out_bytes) / (q_ms * 1e6),
+                   dgbs = (in_bytes + out_bytes) / (d_ms * 1e6);
+            printf("| %s | %s | %lldx%lld | %.3f | %.0f | %.0f %% | %.3f | %.0f | %.0f %% |\n", f->name,
+                   variants[v].label, (long long)sides[s], (long long)sides[s], q_ms, qgbs,
+                   100 * qgbs / copy_gbs[s], d_ms, dgbs, 100 * dgbs / copy_gbs[s]);
+            fflush(stdout);
+        }
+    }
+    return 0;
+}

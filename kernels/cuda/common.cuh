@@ -1,0 +1,141 @@
+/* What every CUDA family file shares: error checking, the thread's context, element loads and
+ * stores for f32/f16/bf16 (16-byte vector accesses where the block allows), the non-finite
+ * flag, and whole-tensor range reductions. */
+#ifndef QD_CUDA_COMMON_CUH
+#define QD_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "../fp.h"
+#include "cuda.h"
+
+/* Every CUDA call goes through this: a failure becomes QD_EDEVICE with file:line remembered. */
+void qd_cuda_note_error(cudaError_t e, const char *file, int line);
+#define CUDA_CHECK(call)                                                                        \
+    do {                                                                                        \
+        cudaError_t e_ = (call);                                                                \
+        if (e_ != cudaSuccess) {                                                                \
+            qd_cuda_note_error(e_, __FILE__, __LINE__);                                         \
+            return e_ == cudaErrorMemoryAllocation ? QD_ENOMEM : QD_EDEVICE;                    \
+        }                                                                                       \
+    } while (0)
+#define CUDA_LAUNCHED() CUDA_CHECK(cudaGetLastError())
+
+static inline cudaStream_t qd_stream(void) { return (cudaStream_t)qd_cuda_ctx_get()->stream; }
+
+/* Layout of the scratch buffer. */
+struct qd_scratch {
+    unsigned long long bad;       /* first non-finite index, ~0 when none */
+    float range[3];               /* amax, min, max of the whole tensor */
+    unsigned int blocks_done;     /* grid-wide reduction ticket */
+    float partial[3 * 1024];      /* per-CTA partial ranges */
+};
+
+static inline struct qd_scratch *qd_scratch_dev(void) { return (struct qd_scratch *)qd_cuda_ctx_get()->scratch; }
+static inline struct qd_scratch *qd_scratch_host(void) { return (struct qd_scratch *)qd_cuda_ctx_get()->host_scratch; }
+
+/* Loads element i of a tensor of dtype DT as f32. */
+template <int DT> __device__ __forceinline__ float qd_load(const void *x, int64_t i)
+{
+    if (DT == QD_F32)
+        return ((const float *)x)[i];
+    if (DT == QD_F16)
+        return qd_f16_to_f32(((const uint16_t *)x)[i]);
+    return qd_bf16_to_f32(((const uint16_t *)x)[i]);
+}
+
+/* Loads N consecutive elements starting at `first` (N * size a multiple of 16 bytes and the
+ * start 16-byte aligned, as every block start is) with 16-byte loads. */
+template <int DT, int N> __device__ __forceinline__ void qd_load_block(const void *x, int64_t first, float *v)
+{
+    if (DT == QD_F32) {
+        const float4 *p = (const float4 *)((const float *)x + first);
+#pragma unroll
+        for (int k = 0; k < N / 4; k++) {
+            float4 q = __ldg(p + k);
+            v[4 * k] = q.x, v[4 * k + 1] = q.y, v[4 * k + 2] = q.z, v[4 * k + 3] = q.w;
+        }
+    } else {
+        const uint4 *p = (const uint4 *)((const uint16_t *)x + first);
+#pragma unroll
+        for (int k = 0; k < N / 8; k++) {
+            uint4 q = __ldg(p + k);
+            uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                uint16_t lo = (uint16_t)(w[h] & 0xffff), hi = (uint16_t)(w[h] >> 16);
+                v[8 * k + 2 * h] = DT == QD_F16 ? qd_f16_to_f32(lo) : qd_bf16_to_f32(lo);
+                v[8 * k + 2 * h + 1] = DT == QD_F16 ? qd_f16_to_f32(hi) : qd_bf16_to_f32(hi);
+            }
+        }
+    }
+}
+
+template <int DT> __device__ __forceinline__ void qd_store(void *y, int64_t i, float v)
+{
+    if (DT == QD_F32)
+        ((float *)y)[i] = v;
+    else if (DT == QD_F16)
+        ((uint16_t *)y)[i] = qd_f32_to_f16(v);
+    else
+        ((uint16_t *)y)[i] = qd_f32_to_bf16(v);
+}
+
+template <int DT, int N> __device__ __forceinline__ void qd_store_block(void *y, int64_t first, const float *v)
+{
+    if (DT == QD_F32) {
+        float4 *p = (float4 *)((float *)y + first);
+#pragma unroll
+        for (int k = 0; k < N / 4; k++)
+            p[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+    } else {
+        uint4 *p = (uint4 *)((uint16_t *)y + first);
+#pragma unroll
+        for (int k = 0; k < N / 8; k++) {
+            uint32_t w[4];
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                float a = v[8 * k + 2 * h], b = v[8 * k + 2 * h + 1];
+                uint32_t lo = DT == QD_F16 ? qd_f32_to_f16(a) : qd_f32_to_bf16(a);
+                uint32_t hi = DT == QD_F16 ? qd_f32_to_f16(b) : qd_f32_to_bf16(b);
+                w[h] = lo | hi << 16;
+            }
+            p[k] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
+/* Records element index i as non-finite when v is (the smallest such index wins). */
+__device__ __forceinline__ void qd_note_nonfinite(unsigned long long *bad, float v, int64_t i)
+{
+    if (bad && !qd_isfinite(v))
+        atomicMin(bad, (unsigned long long)i);
+}
+
+/* Dispatches a templated launch on a runtime dtype. */
+#define QD_DTYPE_SWITCH(dt, DT, ...)                                                            \
+    switch (dt) {                                                                               \
+    case QD_F32: { constexpr int DT = QD_F32; __VA_ARGS__; } break;                             \
+    case QD_F16: { constexpr int DT = QD_F16; __VA_ARGS__; } break;                             \
+    default: { constexpr int DT = QD_BF16; __VA_ARGS__; } break;                                \
+    }
+
+static inline unsigned qd_grid(int64_t items, int threads)
+{
+    int64_t g = (items + threads - 1) / threads;
+    return (unsigned)(g < 1 ? 1 : g);
+}
+
+/* Clears the non-finite flag; returns the device pointer to pass to kernels (NULL when the
+ * check is off). */
+enum qd_status qd_cuda_bad_begin(int check, unsigned long long **flag);
+/* Reads the flag back (synchronizes the stream): QD_ENONFINITE with ctx->bad_index set. */
+enum qd_status qd_cuda_bad_end(unsigned long long *flag);
+
+/* amax, min, max of the whole tensor into host floats (two small kernels, one sync); also
+ * notes the first non-finite element into flag when given. */
+enum qd_status qd_cuda_range(const struct qd_tensor *in, unsigned long long *flag, float *amax,
+                             float *min, float *max);
+
+#endif

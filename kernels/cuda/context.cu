@@ -1,0 +1,138 @@
+/* The per-thread CUDA context, error notes, the non-finite flag and whole-tensor ranges. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common.cuh"
+
+static __thread struct qd_cuda_ctx *current;
+static __thread char last_error[256];
+
+extern "C" void qd_cuda_ctx_set(struct qd_cuda_ctx *c) { current = c; }
+extern "C" struct qd_cuda_ctx *qd_cuda_ctx_get(void) { return current; }
+extern "C" const char *qd_cuda_last_error(void) { return last_error; }
+
+void qd_cuda_note_error(cudaError_t e, const char *file, int line)
+{
+    snprintf(last_error, sizeof last_error, "%s (%s:%d)", cudaGetErrorString(e), file, line);
+}
+
+extern "C" enum qd_status qd_cuda_ctx_init(struct qd_cuda_ctx *c)
+{
+    memset(c, 0, sizeof *c);
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    c->stream = s;
+    CUDA_CHECK(cudaMalloc(&c->scratch, QD_CUDA_SCRATCH_BYTES));
+    CUDA_CHECK(cudaMallocHost(&c->host_scratch, QD_CUDA_SCRATCH_BYTES));
+    return QD_OK;
+}
+
+extern "C" void qd_cuda_ctx_free(struct qd_cuda_ctx *c)
+{
+    if (c->stream)
+        cudaStreamDestroy((cudaStream_t)c->stream);
+    cudaFree(c->scratch);
+    cudaFreeHost(c->host_scratch);
+    memset(c, 0, sizeof *c);
+}
+
+enum qd_status qd_cuda_bad_begin(int check, unsigned long long **flag)
+{
+    *flag = NULL;
+    qd_cuda_ctx_get()->bad_index = -1;
+    if (!check)
+        return QD_OK;
+    struct qd_scratch *d = qd_scratch_dev();
+    CUDA_CHECK(cudaMemsetAsync(&d->bad, 0xff, sizeof d->bad, qd_stream()));
+    *flag = &d->bad;
+    return QD_OK;
+}
+
+enum qd_status qd_cuda_bad_end(unsigned long long *flag)
+{
+    if (!flag)
+        return QD_OK;
+    struct qd_scratch *h = qd_scratch_host();
+    CUDA_CHECK(cudaMemcpyAsync(&h->bad, flag, sizeof h->bad, cudaMemcpyDeviceToHost, qd_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(qd_stream()));
+    if (h->bad != ~0ull) {
+        qd_cuda_ctx_get()->bad_index = (int64_t)h->bad;
+        return QD_ENONFINITE;
+    }
+    return QD_OK;
+}
+
+/* Each CTA reduces a grid-stride share of the tensor to (amax, min, max); the last CTA to
+ * finish folds the partials. The order of min/max folds does not matter for finite values. */
+template <int DT>
+__global__ void range_kernel(const void *x, int64_t n, struct qd_scratch *s, unsigned long long *bad)
+{
+    float amax = 0.0f, lo = 3.40282347e38f, hi = -3.40282347e38f; /* as qd_cpu_minmax */
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float v = qd_load<DT>(x, i);
+        qd_note_nonfinite(bad, v, i);
+        float a = qd_absf(v);
+        amax = a > amax ? a : amax;
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    for (int o = 16; o; o >>= 1) {
+        float a = __shfl_xor_sync(0xffffffffu, amax, o), l = __shfl_xor_sync(0xffffffffu, lo, o),
+              h = __shfl_xor_sync(0xffffffffu, hi, o);
+        amax = a > amax ? a : amax;
+        lo = l < lo ? l : lo;
+        hi = h > hi ? h : hi;
+    }
+    __shared__ float sh[3][32];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0)
+        sh[0][warp] = amax, sh[1][warp] = lo, sh[2][warp] = hi;
+    __syncthreads();
+    __shared__ bool last;
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)blockDim.x / 32; w++) {
+            amax = sh[0][w] > amax ? sh[0][w] : amax;
+            lo = sh[1][w] < lo ? sh[1][w] : lo;
+            hi = sh[2][w] > hi ? sh[2][w] : hi;
+        }
+        s->partial[3 * blockIdx.x] = amax;
+        s->partial[3 * blockIdx.x + 1] = lo;
+        s->partial[3 * blockIdx.x + 2] = hi;
+        __threadfence();
+        last = atomicAdd(&s->blocks_done, 1) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last && threadIdx.x == 0) {
+        __threadfence();
+        for (unsigned b = 0; b < gridDim.x; b++) {
+            volatile float *p = s->partial + 3 * b;
+            amax = p[0] > amax ? p[0] : amax;
+            lo = p[1] < lo ? p[1] : lo;
+            hi = p[2] > hi ? p[2] : hi;
+        }
+        s->range[0] = amax, s->range[1] = lo, s->range[2] = hi;
+        s->blocks_done = 0;
+    }
+}
+
+enum qd_status qd_cuda_range(const struct qd_tensor *in, unsigned long long *flag, float *amax,
+                             float *min, float *max)
+{
+    int64_t n = qd_tensor_numel(in);
+    struct qd_scratch *d = qd_scratch_dev(), *h = qd_scratch_host();
+    CUDA_CHECK(cudaMemsetAsync(&d->blocks_done, 0, sizeof d->blocks_done, qd_stream()));
+    int dev, sms;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    unsigned grid = qd_grid(n, 256);
+    unsigned cap = (unsigned)sms * 4 < 1024 ? (unsigned)sms * 4 : 1024;
+    grid = grid < cap ? grid : cap;
+    QD_DTYPE_SWITCH(in->dtype, DT, range_kernel<DT><<<grid, 256, 0, qd_stream()>>>(in->data, n, d, flag));
+    CUDA_LAUNCHED();
+    CUDA_CHECK(cudaMemcpyAsync(h->range, d->range, sizeof h->range, cudaMemcpyDeviceToHost, qd_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(qd_stream()));
+    *amax = h->range[0];
+    *min = h->range[1];
+    *max = h->range[2];
+    return QD_OK;
+}

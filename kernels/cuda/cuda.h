@@ -1,0 +1,51 @@
+/* The CUDA backend's entry points (one kernels/cuda file per family), registered in the same registry entries
+ * as the CPU ones. They take DEVICE pointers (the tensor's data, the component buffers) and run
+ * on the calling thread's context: its stream and scratch memory (set by the worker with
+ * qd_cuda_ctx_set). They return once the results are final on that stream (the caller copies
+ * them back in stream order). */
+#ifndef QD_CUDA_H
+#define QD_CUDA_H
+
+#include <stdint.h>
+
+#include "../registry.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct qd_cuda_ctx {
+    void *stream;       /* cudaStream_t */
+    void *scratch;      /* device: flags and reduction partials, QD_CUDA_SCRATCH_BYTES */
+    void *host_scratch; /* pinned host mirror of the same size */
+    int64_t bad_index;  /* out: first non-finite input element, when a quantize says so */
+};
+
+#define QD_CUDA_SCRATCH_BYTES (64 * 1024)
+
+/* Creates a stream and scratch on the current device; QD_EDEVICE/QD_ENOMEM on failure. */
+enum qd_status qd_cuda_ctx_init(struct qd_cuda_ctx *c);
+void qd_cuda_ctx_free(struct qd_cuda_ctx *c);
+void qd_cuda_ctx_set(struct qd_cuda_ctx *c); /* this thread's context */
+struct qd_cuda_ctx *qd_cuda_ctx_get(void);
+/* The last CUDA error as text (thread's last failed call), for messages. */
+const char *qd_cuda_last_error(void);
+
+#define QD_CUDA_FAMILY(fam)                                                                     \
+    enum qd_status qd_cuda_##fam##_quantize(const struct qd_format *, const struct qd_tensor *, \
+                                            struct qd_params *, void *const *);                 \
+    enum qd_status qd_cuda_##fam##_dequantize(const struct qd_format *, const void *const *,    \
+                                              const struct qd_params *, struct qd_tensor *);
+QD_CUDA_FAMILY(bnb4)
+QD_CUDA_FAMILY(ggml)
+QD_CUDA_FAMILY(awq)
+QD_CUDA_FAMILY(mx)
+QD_CUDA_FAMILY(nvfp4)
+QD_CUDA_FAMILY(int8)
+#undef QD_CUDA_FAMILY
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,271 @@
+/* The CUDA backend as the job queue sees it: each worker owns a device, a stream with its
+ * scratch (qd_cuda_ctx), CUDA events for timing, and buffers reused across jobs — pinned host
+ * staging and device memory, grown on demand. A job is H2D -> kernel(s) -> D2H on the worker's
+ * stream; several workers per GPU overlap one job's copies with another's kernels. */
+#ifdef QD_WITH_CUDA
+#include <cuda_runtime.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/cuda/cuda.h"
+#include "backend.h"
+
+#define MAX_DEVICES 16
+#define ALIGN(n) (((n) + 255) & ~(size_t)255)
+
+struct cuda_state {
+    int ndev, devices[MAX_DEVICES];
+    atomic_llong memory_used;
+    atomic_int healthy;
+    int poison; /* QUANTD_POISON=1: device outputs filled with 0xA5 before each job (tests) */
+};
+
+struct buffer {
+    void *p;
+    size_t cap;
+};
+
+struct cuda_worker {
+    struct cuda_state *st;
+    int device;
+    struct qd_cuda_ctx ctx;
+    cudaEvent_t ev[4];
+    struct buffer d_in, d_out, h_in, h_out;
+};
+
+static enum qd_status fail(cudaError_t e, const char *what, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "%s: %s", what, cudaGetErrorString(e));
+    return e == cudaErrorMemoryAllocation ? QD_ENOMEM : QD_EDEVICE;
+}
+
+/* Grows a buffer to need bytes (device or pinned host); contents are not kept. */
+static enum qd_status ensure(struct cuda_worker *wk, struct buffer *b, size_t need, int device,
+                             char *err, size_t errlen)
+{
+    if (b->cap >= need)
+        return QD_OK;
+    size_t cap = need < (1 << 20) ? (1 << 20) : need;
+    if (b->p) {
+        if (device)
+            cudaFree(b->p);
+        else
+            cudaFreeHost(b->p);
+        atomic_fetch_sub(&wk->st->memory_used, device ? (long long)b->cap : 0);
+        b->p = NULL;
+        b->cap = 0;
+    }
+    cudaError_t e = device ? cudaMalloc(&b->p, cap) : cudaMallocHost(&b->p, cap);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* allocation failures are not sticky */
+        b->p = NULL;
+        snprintf(err, errlen, "cannot allocate %zu bytes of %s memory for this job; retry later",
+                 cap, device ? "device" : "pinned host");
+        return QD_ENOMEM;
+    }
+    b->cap = cap;
+    if (device)
+        atomic_fetch_add(&wk->st->memory_used, (long long)cap);
+    return QD_OK;
+}
+
+static double elapsed_us(cudaEvent_t a, cudaEvent_t b)
+{
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    return ms * 1e3;
+}
+
+/* After a device failure: a sticky error (the context is lost) marks the backend unhealthy. */
+static void check_sticky(struct cuda_worker *wk)
+{
+    if (cudaStreamSynchronize((cudaStream_t)wk->ctx.stream) != cudaSuccess &&
+        cudaGetLastError() != cudaSuccess && cudaDeviceSynchronize() != cudaSuccess)
+        atomic_store(&wk->st->healthy, 0);
+}
+
+static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *err, size_t errlen)
+{
+    cudaStream_t s = (cudaStream_t)wk->ctx.stream;
+    int quant = w->req.op == QD_OP_QUANTIZE;
+    struct qd_tensor *t = quant ? &w->in : &w->out;
+    size_t tensor_bytes = (size_t)qd_tensor_numel(t) * qd_dtype_size(t->dtype), comps = 0;
+    size_t off[QD_MAX_COMPONENTS];
+    for (int i = 0; i < w->nc; i++) {
+        off[i] = comps;
+        comps += ALIGN((size_t)w->comps[i].bytes);
+    }
+    size_t in_bytes = quant ? tensor_bytes : comps, out_bytes = quant ? comps : tensor_bytes;
+    enum qd_status st;
+    if ((st = ensure(wk, &wk->d_in, in_bytes, 1, err, errlen)) || (st = ensure(wk, &wk->d_out, out_bytes, 1, err, errlen)) ||
+        (st = ensure(wk, &wk->h_in, in_bytes, 0, err, errlen)) || (st = ensure(wk, &wk->h_out, out_bytes, 0, err, errlen)))
+        return st;
+    /* stage the input in pinned memory: the H2D then runs at full PCIe speed */
+    if (quant)
+        memcpy(wk->h_in.p, w->in.data, tensor_bytes);
+    else
+        for (int i = 0; i < w->nc; i++)
+            memcpy((char *)wk->h_in.p + off[i], w->comp[i], (size_t)w->comps[i].bytes);
+    cudaError_t e;
+    if ((e = cudaEventRecord(wk->ev[0], s)) || (e = cudaMemcpyAsync(wk->d_in.p, wk->h_in.p, in_bytes, cudaMemcpyHostToDevice, s)) ||
+        (e = cudaEventRecord(wk->ev[1], s)))
+        return fail(e, "copy to the device", err, errlen);
+    if (wk->st->poison && (e = cudaMemsetAsync(wk->d_out.p, 0xa5, out_bytes, s)))
+        return fail(e, "poison", err, errlen);
+    void *dcomp[QD_MAX_COMPONENTS];
+    struct qd_tensor dt = *t;
+    if (quant) {
+        dt.data = wk->d_in.p;
+        for (int i = 0; i < w->nc; i++)
+            dcomp[i] = (char *)wk->d_out.p + off[i];
+        st = qd_quantize(QD_BACKEND_CUDA, w->f, &dt, &w->p, dcomp, err, errlen);
+    } else {
+        dt.data = wk->d_out.p;
+        for (int i = 0; i < w->nc; i++)
+            dcomp[i] = (char *)wk->d_in.p + off[i];
+        st = qd_dequantize(QD_BACKEND_CUDA, w->f, (const void *const *)dcomp, &w->p, &dt, err, errlen);
+    }
+    if (st != QD_OK) {
+        if (st == QD_EDEVICE)
+            check_sticky(wk);
+        return st;
+    }
+    if ((e = cudaEventRecord(wk->ev[2], s)) || (e = cudaMemcpyAsync(wk->h_out.p, wk->d_out.p, out_bytes, cudaMemcpyDeviceToHost, s)) ||
+        (e = cudaEventRecord(wk->ev[3], s)) || (e = cudaStreamSynchronize(s))) {
+        check_sticky(wk);
+        return fail(e, "copy from the device", err, errlen);
+    }
+    if (quant)
+        for (int i = 0; i < w->nc; i++)
+            memcpy(w->comp[i], (char *)wk->h_out.p + off[i], (size_t)w->comps[i].bytes);
+    else
+        memcpy(w->out.data, wk->h_out.p, tensor_bytes);
+    w->t.h2d_us = elapsed_us(wk->ev[0], wk->ev[1]);
+    w->t.kernel_us = elapsed_us(wk->ev[1], wk->ev[2]);
+    w->t.d2h_us = elapsed_us(wk->ev[2], wk->ev[3]);
+    return QD_OK;
+}
+
+static enum qd_status cuda_run(void *worker, struct qd_work *w, char *err, size_t errlen)
+{
+    struct cuda_worker *wk = worker;
+    if (!atomic_load(&wk->st->healthy)) {
+        snprintf(err, errlen, "the GPU hit a sticky error earlier; this replica needs a restart");
+        return QD_EDEVICE;
+    }
+    cudaSetDevice(wk->device);
+    qd_cuda_ctx_set(&wk->ctx);
+    enum qd_status st = run_job(wk, w, err, errlen);
+    if (st == QD_OK && w->req.op == QD_OP_QUANTIZE && w->req.report_error)
+        st = qd_backend_report(w, err, errlen);
+    return st;
+}
+
+static void *cuda_worker_open(struct qd_backend *b, int index, char *name, size_t namelen, char *err,
+                              size_t errlen)
+{
+    struct cuda_state *st = b->state;
+    struct cuda_worker *wk = calloc(1, sizeof *wk);
+    if (!wk)
+        return NULL;
+    wk->st = st;
+    wk->device = st->devices[index % st->ndev];
+    snprintf(name, namelen, "cuda:%d", wk->device);
+    cudaError_t e = cudaSetDevice(wk->device);
+    if (e == cudaSuccess && qd_cuda_ctx_init(&wk->ctx) != QD_OK)
+        e = cudaErrorMemoryAllocation;
+    for (int i = 0; e == cudaSuccess && i < 4; i++)
+        e = cudaEventCreate(&wk->ev[i]);
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "cuda:%d: %s", wk->device, cudaGetErrorString(e));
+        free(wk);
+        return NULL;
+    }
+    atomic_fetch_add(&st->memory_used, QD_CUDA_SCRATCH_BYTES);
+    return wk;
+}
+
+static void cuda_worker_close(void *worker)
+{
+    struct cuda_worker *wk = worker;
+    cudaSetDevice(wk->device);
+    cudaFree(wk->d_in.p);
+    cudaFree(wk->d_out.p);
+    cudaFreeHost(wk->h_in.p);
+    cudaFreeHost(wk->h_out.p);
+    for (int i = 0; i < 4; i++)
+        cudaEventDestroy(wk->ev[i]);
+    qd_cuda_ctx_free(&wk->ctx);
+    free(wk);
+}
+
+static void cuda_stats(struct qd_backend *b, struct qd_backend_stats *s)
+{
+    struct cuda_state *st = b->state;
+    s->healthy = atomic_load(&st->healthy);
+    s->devices = st->ndev;
+    s->memory_used_bytes = (double)atomic_load(&st->memory_used);
+}
+
+static void cuda_close(struct qd_backend *b)
+{
+    free(b->state);
+    b->state = NULL;
+}
+
+int qd_backend_cuda_open(struct qd_backend *b, const char *devices, char *err, size_t errlen)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        snprintf(err, errlen, "no usable CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
+        return -1;
+    }
+    struct cuda_state *st = calloc(1, sizeof *st);
+    if (!st) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (devices && *devices) {
+        for (const char *p = devices; *p && st->ndev < MAX_DEVICES;) {
+            char *end;
+            long d = strtol(p, &end, 10);
+            if (end == p || d < 0 || d >= count) {
+                snprintf(err, errlen, "--devices %s: no device %.*s (%d visible)", devices, (int)(end - p + 1), p, count);
+                free(st);
+                return -1;
+            }
+            st->devices[st->ndev++] = (int)d;
+            p = *end == ',' ? end + 1 : end;
+        }
+    } else
+        for (int d = 0; d < count && d < MAX_DEVICES; d++)
+            st->devices[st->ndev++] = d;
+    struct cudaDeviceProp prop;
+    if ((e = cudaGetDeviceProperties(&prop, st->devices[0])) != cudaSuccess || cudaSetDevice(st->devices[0]) != cudaSuccess ||
+        cudaFree(0) != cudaSuccess) {
+        snprintf(err, errlen, "cuda:%d is not usable (%s)", st->devices[0], cudaGetErrorString(e));
+        free(st);
+        return -1;
+    }
+    atomic_init(&st->healthy, 1);
+    st->poison = getenv("QUANTD_POISON") && !strcmp(getenv("QUANTD_POISON"), "1");
+    memset(b, 0, sizeof *b);
+    b->kind = "cuda";
+    snprintf(b->info, sizeof b->info, "%.80s (sm_%d%d) x%d", prop.name, prop.major, prop.minor, st->ndev);
+    for (char *p = b->info; *p; p++) /* the info goes into a metric label */
+        if (*p == '"' || *p == '\\')
+            *p = ' ';
+    /* three workers per GPU: one job's H2D, another's kernel and a third's D2H overlap */
+    b->default_workers = 3 * st->ndev;
+    b->worker_open = cuda_worker_open;
+    b->worker_close = cuda_worker_close;
+    b->run = cuda_run;
+    b->stats = cuda_stats;
+    b->close = cuda_close;
+    b->state = st;
+    return 0;
+}
+#endif

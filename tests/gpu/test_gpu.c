@@ -1,0 +1,251 @@
+/* GPU vs CPU: for every format x input dtype x shape (tiny, odd, up to 256 MiB), the CUDA
+ * backend's bytes equal the CPU backend's, resolved params included; dequantize of those bytes
+ * equal too, for every output dtype. Fresh random data each run, outputs poisoned before each.
+ * Runs through the same worker code the service uses (server/backend_cuda.c). Needs a GPU:
+ * make test-gpu. QUANTD_GPU_SMALL=1 leaves out the big shapes (for compute-sanitizer). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "../../kernels/fp.h"
+#include "../../kernels/quantize.h"
+#include "../../server/backend.h"
+
+static struct qd_backend cpu, gpu;
+static void *cpu_worker, *gpu_worker;
+static unsigned seed;
+
+static int setup(void **state)
+{
+    char err[256];
+    if (qd_backend_cuda_open(&gpu, NULL, err, sizeof err))
+        fail_msg("no GPU: %s", err);
+    qd_backend_cpu_open(&cpu, err, sizeof err);
+    char name[32];
+    gpu_worker = gpu.worker_open(&gpu, 0, name, sizeof name, err, sizeof err);
+    cpu_worker = cpu.worker_open(&cpu, 0, name, sizeof name, err, sizeof err);
+    assert_non_null(gpu_worker);
+    seed = (unsigned)time(NULL) ^ (unsigned)getpid();
+    printf("# random seed %u, device %s\n", seed, gpu.info);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    gpu.worker_close(gpu_worker);
+    gpu.close(&gpu);
+    return 0;
+}
+
+/* Random values with a spread of magnitudes, some zero blocks and outliers. */
+static void fill(void *data, enum qd_dtype dt, int64_t n)
+{
+    float scale = (float)ldexp(1.0, (int)(rand_r(&seed) % 20) - 10);
+    for (int64_t i = 0; i < n; i++) {
+        float v = 0;
+        for (int k = 0; k < 3; k++)
+            v += (float)rand_r(&seed) / RAND_MAX - 0.5f;
+        v *= scale;
+        if (rand_r(&seed) % 211 == 0)
+            v *= 50;
+        if ((i / 64) % 97 == 5) /* a zero block now and then */
+            v = 0;
+        if (dt == QD_F32)
+            ((float *)data)[i] = v;
+        else if (dt == QD_F16)
+            ((uint16_t *)data)[i] = qd_f32_to_f16(v);
+        else
+            ((uint16_t *)data)[i] = qd_f32_to_bf16(v);
+    }
+}
+
+struct shape {
+    int64_t rows, cols;
+    int big;
+};
+static const struct shape shapes[] = {{1, 32, 0}, {3, 96, 0}, {7, 160, 0}, {1, 77777, 0}, {128, 256, 0},
+                                      {256, 1024, 0}, {384, 4104, 0}, {1000, 4096, 0}, {8192, 8192, 1}};
+
+static int64_t cases, skipped;
+
+static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct shape *sh, int nonfinite)
+{
+    struct qd_work wc, wg;
+    memset(&wc, 0, sizeof wc);
+    wc.req.op = QD_OP_QUANTIZE;
+    wc.f = f;
+    qd_params_default(f, &wc.p);
+    int64_t dims[2] = {sh->rows, sh->cols};
+    wc.in.dtype = dt;
+    qd_tensor_set_shape(&wc.in, sh->rows == 1 ? 1 : 2, sh->rows == 1 ? dims + 1 : dims);
+    char err[512], err2[512];
+    wc.nc = qd_format_layout(f, &wc.p, &wc.in, wc.comps, err, sizeof err);
+    if (wc.nc < 0) {
+        skipped++;
+        return;
+    }
+    int64_t n = qd_tensor_numel(&wc.in);
+    wc.in.data = malloc((size_t)n * qd_dtype_size(dt));
+    fill(wc.in.data, dt, n);
+    if (nonfinite) { /* two bad elements: both backends name the first */
+        int64_t a = n / 3, b = n - 1;
+        if (dt == QD_F32)
+            ((float *)wc.in.data)[a] = NAN, ((float *)wc.in.data)[b] = INFINITY;
+        else
+            ((uint16_t *)wc.in.data)[a] = dt == QD_F16 ? 0x7e00 : 0x7fc0, ((uint16_t *)wc.in.data)[b] = dt == QD_F16 ? 0x7c00 : 0x7f80;
+    }
+    wg = wc;
+    for (int i = 0; i < wc.nc; i++) {
+        wc.comp[i] = malloc((size_t)wc.comps[i].bytes + 1);
+        wg.comp[i] = malloc((size_t)wc.comps[i].bytes + 1);
+        memset(wc.comp[i], 0x5a, (size_t)wc.comps[i].bytes);
+        memset(wg.comp[i], 0xa5, (size_t)wc.comps[i].bytes);
+    }
+    enum qd_status sc = cpu.run(cpu_worker, &wc, err, sizeof err);
+    enum qd_status sg = gpu.run(gpu_worker, &wg, err2, sizeof err2);
+    if (sc != sg || (sc != QD_OK && strcmp(err, err2)))
+        fail_msg("%s %s %lldx%lld: cpu %d '%s' vs gpu %d '%s'", f->name, qd_dtype_name(dt), (long long)sh->rows,
+                 (long long)sh->cols, sc, err, sg, err2);
+    cases++;
+    if (nonfinite) {
+        assert_int_equal(sc, QD_ENONFINITE);
+        goto done;
+    }
+    assert_int_equal(sc, QD_OK);
+    assert_memory_equal(&wc.p, &wg.p, sizeof wc.p);
+    for (int i = 0; i < wc.nc; i++)
+        if (memcmp(wc.comp[i], wg.comp[i], (size_t)wc.comps[i].bytes)) {
+            size_t k = 0;
+            while (((uint8_t *)wc.comp[i])[k] == ((uint8_t *)wg.comp[i])[k])
+                k++;
+            fail_msg("%s %s %lldx%lld: component %s differs first at byte %zu (cpu %02x gpu %02x)", f->name,
+                     qd_dtype_name(dt), (long long)sh->rows, (long long)sh->cols, wc.comps[i].name, k,
+                     ((uint8_t *)wc.comp[i])[k], ((uint8_t *)wg.comp[i])[k]);
+        }
+    /* dequantize the CPU's components on both, for each output dtype */
+    for (int od = QD_F32; od <= QD_BF16; od++) {
+        struct qd_work dc = wc, dg;
+        dc.req.op = QD_OP_DEQUANTIZE;
+        dc.in_owned = NULL;
+        dc.out = wc.in;
+        dc.out.dtype = (enum qd_dtype)od;
+        size_t ob = (size_t)n * qd_dtype_size((enum qd_dtype)od);
+        dc.out.data = malloc(ob);
+        memset(dc.out.data, 0x5a, ob);
+        dg = dc;
+        dg.out.data = malloc(ob);
+        memset(dg.out.data, 0xa5, ob);
+        assert_int_equal(cpu.run(cpu_worker, &dc, err, sizeof err), QD_OK);
+        if (gpu.run(gpu_worker, &dg, err2, sizeof err2) != QD_OK)
+            fail_msg("gpu dequantize %s: %s", f->name, err2);
+        if (memcmp(dc.out.data, dg.out.data, ob))
+            fail_msg("%s %s %lldx%lld: dequantize to %s differs", f->name, qd_dtype_name(dt), (long long)sh->rows,
+                     (long long)sh->cols, qd_dtype_name((enum qd_dtype)od));
+        free(dc.out.data);
+        free(dg.out.data);
+    }
+done:
+    for (int i = 0; i < wc.nc; i++) {
+        free(wc.comp[i]);
+        free(wg.comp[i]);
+    }
+    free(wc.in.data);
+}
+
+static void gpu_bytes_equal_cpu_bytes_for_every_format(void **state)
+{
+    int small = getenv("QUANTD_GPU_SMALL") != NULL;
+    for (int fi = 0; fi < qd_format_count; fi++) {
+        const struct qd_format *f = &qd_formats[fi];
+        int64_t before = cases;
+        for (int dt = QD_F32; dt <= QD_BF16; dt++)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                if (!(shapes[s].big && (small || dt != QD_F32)))
+                    one_case(f, (enum qd_dtype)dt, &shapes[s], 0);
+        printf("# %-12s %lld cases equal\n", f->name, (long long)(cases - before));
+        fflush(stdout);
+    }
+}
+
+static void gpu_names_the_first_nonfinite_element_like_the_cpu(void **state)
+{
+    for (int fi = 0; fi < qd_format_count; fi++)
+        for (int dt = QD_F32; dt <= QD_BF16; dt++)
+            one_case(&qd_formats[fi], (enum qd_dtype)dt, &shapes[5], 1);
+}
+
+static void gpu_params_variants(void **state)
+{
+    /* the non-default parameter paths: linear scales, rceil, unpacked fp6, given scales, rows */
+    const char *variants[][3] = {{"nvfp4", "scale_layout", "linear"}, {"nvfp4", "two_level", "false"},
+                                 {"nvfp4", "global_scale", "123.5"}, {"mxfp4", "scale_rounding", "rceil"},
+                                 {"mxfp6_e3m2", "fp6_packing", "unpacked"}, {"mxfp8_e5m2", "scale_layout", "linear"},
+                                 {"int8", "granularity", "row"}, {"uint8", "granularity", "row"},
+                                 {"nf4", "double_quant", "false"}, {"fp4", "blocksize", "4096"},
+                                 {"nf4", "offset", "0.25"}, {"awq", "group_size", "64"}};
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        const struct qd_format *f = qd_format_find(variants[v][0]);
+        for (int dt = QD_F32; dt <= QD_BF16; dt++) {
+            struct shape sh = {256, 1024, 0};
+            struct qd_work probe;
+            char err[256];
+            memset(&probe, 0, sizeof probe);
+            qd_params_default(f, &probe.p);
+            assert_int_equal(qd_params_set(f, &probe.p, variants[v][1], variants[v][2], err, sizeof err), QD_OK);
+            /* one_case takes defaults: run it with the variant through a patched default */
+            struct qd_work wc;
+            memset(&wc, 0, sizeof wc);
+            wc.req.op = QD_OP_QUANTIZE;
+            wc.f = f;
+            wc.p = probe.p;
+            int64_t dims[2] = {sh.rows, sh.cols};
+            wc.in.dtype = (enum qd_dtype)dt;
+            qd_tensor_set_shape(&wc.in, 2, dims);
+            wc.nc = qd_format_layout(f, &wc.p, &wc.in, wc.comps, err, sizeof err);
+            assert_true(wc.nc > 0);
+            int64_t n = qd_tensor_numel(&wc.in);
+            wc.in.data = malloc((size_t)n * 4);
+            fill(wc.in.data, (enum qd_dtype)dt, n);
+            struct qd_work wg = wc;
+            for (int i = 0; i < wc.nc; i++) {
+                wc.comp[i] = calloc(1, (size_t)wc.comps[i].bytes + 1);
+                wg.comp[i] = malloc((size_t)wc.comps[i].bytes + 1);
+                memset(wg.comp[i], 0xa5, (size_t)wc.comps[i].bytes);
+            }
+            assert_int_equal(cpu.run(cpu_worker, &wc, err, sizeof err), QD_OK);
+            if (gpu.run(gpu_worker, &wg, err, sizeof err) != QD_OK)
+                fail_msg("%s: %s", f->name, err);
+            assert_memory_equal(&wc.p, &wg.p, sizeof wc.p);
+            for (int i = 0; i < wc.nc; i++) {
+                if (memcmp(wc.comp[i], wg.comp[i], (size_t)wc.comps[i].bytes))
+                    fail_msg("%s %s=%s %s: component %s differs", f->name, variants[v][1], variants[v][2],
+                             qd_dtype_name((enum qd_dtype)dt), wc.comps[i].name);
+                free(wc.comp[i]);
+                free(wg.comp[i]);
+            }
+            free(wc.in.data);
+            cases++;
+        }
+    }
+    printf("# %lld cases in all, %lld format x shape pairs the layout refuses (skipped)\n", (long long)cases,
+           (long long)skipped);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(gpu_bytes_equal_cpu_bytes_for_every_format),
+        cmocka_unit_test(gpu_names_the_first_nonfinite_element_like_the_cpu),
+        cmocka_unit_test(gpu_params_variants),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -50,7 +50,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all deps venv test test-unit test-peers test-service test-gpu bench-gpu check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all deps venv test test-unit test-peers test-service test-deploy test-gpu bench-gpu check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 bin/quantd: $(KERNEL_OBJS) $(SERVER_OBJS)
@@ -115,7 +115,11 @@ test-service: $(SERVICE_QUANTD) $(SERVICE_TEST_BINS) .venv/ok
 	  QUANTD_TEST_LOG=$(abspath $(BUILD))/serve.log $$t; done
 	QUANTD_RESPONSES=$(abspath $(BUILD))/responses.jsonl .venv/bin/python -m pytest -q tests/api
 
-test: all test-unit test-service test-peers
+# Offline checks of Dockerfile and deploy/ against the built daemon (tests/deploy).
+test-deploy: bin/quantd .venv/ok
+	QUANTD=$(abspath bin/quantd) .venv/bin/python -m pytest -q tests/deploy
+
+test: all test-unit test-service test-peers test-deploy
 
 # ASan + UBSan: a separate build tree, the same tests.
 sanitize:

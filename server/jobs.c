@@ -114,13 +114,15 @@ static void *worker_main(void *arg)
             if (j->async) /* before DONE: readers take reply as final once DONE */
                 store_finished(j);
             atomic_store(&j->state, QD_JOB_DONE);
-            if (j->on_done)
-                j->on_done(j);
         }
+        /* no longer running before the answer goes out, so that a job is never counted both
+         * as running and as answered */
         pthread_mutex_lock(&q.lock);
         q.running--;
         pthread_cond_broadcast(&q.nonempty); /* wakes qd_jobs_drain */
         pthread_mutex_unlock(&q.lock);
+        if (atomic_load(&j->state) == QD_JOB_DONE && j->on_done)
+            j->on_done(j);
         qd_job_unref(j);
     }
 }

@@ -3,37 +3,56 @@
 #include "../ggml.h"
 #include "common.cuh"
 
+#define GGML_THREADS 128
+#define GGML_MAX_BYTES 36
+
+/* Copies n bytes between global and shared memory with 4-byte accesses where both ends allow
+ * (a CTA's blocks are contiguous in memory: its whole span moves coalesced). */
+__device__ __forceinline__ void cta_copy(uint8_t *dst, const uint8_t *src, int n)
+{
+    if ((((uintptr_t)dst | (uintptr_t)src) & 3) == 0) {
+        for (int i = threadIdx.x; i < n / 4; i += blockDim.x)
+            ((uint32_t *)dst)[i] = ((const uint32_t *)src)[i];
+        for (int i = n / 4 * 4 + threadIdx.x; i < n; i += blockDim.x)
+            dst[i] = src[i];
+    } else
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            dst[i] = src[i];
+}
+
+/* One thread per block; the CTA's packed blocks are staged in shared memory and written out
+ * together, instead of each thread storing its 18-36 bytes one by one at a stride. */
 template <int DT>
 __global__ void ggml_quantize_kernel(int type, int bytes, const void *x, int64_t nblocks, uint8_t *out,
                                      unsigned long long *bad)
 {
-    int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (b >= nblocks)
-        return;
-    float v[QD_GGML_QK];
-    qd_load_block<DT, QD_GGML_QK>(x, b * QD_GGML_QK, v);
-    if (bad)
-        for (int j = 0; j < QD_GGML_QK; j++)
-            qd_note_nonfinite(bad, v[j], b * QD_GGML_QK + j);
-    uint8_t blk[40];
-    qd_ggml_quantize_block(type, v, blk);
-    uint8_t *o = out + b * bytes;
-    for (int j = 0; j < bytes; j++) /* blocks are 18..36 bytes: not 16-byte aligned */
-        o[j] = blk[j];
+    __shared__ __align__(16) uint8_t staged[GGML_THREADS * GGML_MAX_BYTES];
+    int64_t first = blockIdx.x * (int64_t)GGML_THREADS, b = first + threadIdx.x;
+    if (b < nblocks) {
+        float v[QD_GGML_QK];
+        qd_load_block<DT, QD_GGML_QK>(x, b * QD_GGML_QK, v);
+        if (bad)
+            for (int j = 0; j < QD_GGML_QK; j++)
+                qd_note_nonfinite(bad, v[j], b * QD_GGML_QK + j);
+        qd_ggml_quantize_block(type, v, staged + threadIdx.x * bytes);
+    }
+    __syncthreads();
+    int64_t nvalid = nblocks - first < GGML_THREADS ? nblocks - first : GGML_THREADS;
+    cta_copy(out + first * bytes, staged, (int)(nvalid * bytes));
 }
 
 template <int DT>
 __global__ void ggml_dequantize_kernel(int type, int bytes, const uint8_t *in, int64_t nblocks, void *y)
 {
-    int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    __shared__ __align__(16) uint8_t staged[GGML_THREADS * GGML_MAX_BYTES];
+    int64_t first = blockIdx.x * (int64_t)GGML_THREADS, b = first + threadIdx.x;
+    int64_t nvalid = nblocks - first < GGML_THREADS ? nblocks - first : GGML_THREADS;
+    cta_copy(staged, in + first * bytes, (int)(nvalid * bytes));
+    __syncthreads();
     if (b >= nblocks)
         return;
-    uint8_t blk[40];
-    const uint8_t *p = in + b * bytes;
-    for (int j = 0; j < bytes; j++)
-        blk[j] = p[j];
     float v[QD_GGML_QK];
-    qd_ggml_dequantize_block(type, blk, v);
+    qd_ggml_dequantize_block(type, staged + threadIdx.x * bytes, v);
     qd_store_block<DT, QD_GGML_QK>(y, b * QD_GGML_QK, v);
 }
 
@@ -46,7 +65,7 @@ extern "C" enum qd_status qd_cuda_ggml_quantize(const struct qd_format *f, const
     if (s != QD_OK)
         return s;
     QD_DTYPE_SWITCH(in->dtype, DT,
-                    ggml_quantize_kernel<DT><<<qd_grid(nblocks, 128), 128, 0, qd_stream()>>>(
+                    ggml_quantize_kernel<DT><<<qd_grid(nblocks, GGML_THREADS), GGML_THREADS, 0, qd_stream()>>>(
                         f->code, f->block_bytes, in->data, nblocks, (uint8_t *)out[0], bad));
     CUDA_LAUNCHED();
     return qd_cuda_bad_end(bad);
@@ -57,7 +76,7 @@ extern "C" enum qd_status qd_cuda_ggml_dequantize(const struct qd_format *f, con
 {
     int64_t nblocks = qd_tensor_numel(out) / QD_GGML_QK;
     QD_DTYPE_SWITCH(out->dtype, DT,
-                    ggml_dequantize_kernel<DT><<<qd_grid(nblocks, 128), 128, 0, qd_stream()>>>(
+                    ggml_dequantize_kernel<DT><<<qd_grid(nblocks, GGML_THREADS), GGML_THREADS, 0, qd_stream()>>>(
                         f->code, f->block_bytes, (const uint8_t *)in[0], nblocks, out->data));
     CUDA_LAUNCHED();
     return QD_OK;

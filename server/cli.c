@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "../kernels/quantize.h"
+#include "encode.h"
 #include "files.h"
 
 #define ERRLEN 8192
@@ -38,26 +39,6 @@ static const char *arg_value(int *i, int argc, char **argv)
     if (*i + 1 >= argc)
         return NULL;
     return argv[++*i];
-}
-
-static cJSON *shape_json(int ndim, const int64_t *shape)
-{
-    cJSON *a = cJSON_CreateArray();
-    for (int i = 0; i < ndim; i++)
-        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)shape[i]));
-    return a;
-}
-
-static cJSON *error_json(const struct qd_error_report *r)
-{
-    cJSON *e = cJSON_CreateObject();
-    cJSON_AddNumberToObject(e, "nmse", r->nmse);
-    if (isfinite(r->sqnr_db))
-        cJSON_AddNumberToObject(e, "sqnr_db", r->sqnr_db);
-    else
-        cJSON_AddNullToObject(e, "sqnr_db"); /* exact round trip: infinite SQNR */
-    cJSON_AddNumberToObject(e, "max_abs", r->max_abs);
-    return e;
 }
 
 int qd_cli_quantize(int argc, char **argv)
@@ -143,7 +124,7 @@ int qd_cli_quantize(int argc, char **argv)
     meta = cJSON_CreateObject();
     cJSON_AddStringToObject(meta, "fmt", f->name);
     cJSON_AddStringToObject(meta, "dtype", qd_dtype_name(t.dtype));
-    cJSON_AddItemToObject(meta, "shape", shape_json(t.ndim, t.shape));
+    cJSON_AddItemToObject(meta, "shape", qd_shape_json(t.ndim, t.shape));
     cJSON_AddItemToObject(meta, "params", qd_params_to_json(f, &p));
     cJSON *cj = cJSON_AddObjectToObject(meta, "components");
     for (int i = 0; i < nc; i++) {
@@ -155,7 +136,7 @@ int qd_cli_quantize(int argc, char **argv)
         }
         cJSON *c = cJSON_AddObjectToObject(cj, comps[i].name);
         cJSON_AddStringToObject(c, "dtype", qd_dtype_name(comps[i].dtype));
-        cJSON_AddItemToObject(c, "shape", shape_json(comps[i].ndim, comps[i].shape));
+        cJSON_AddItemToObject(c, "shape", qd_shape_json(comps[i].ndim, comps[i].shape));
         snprintf(path, sizeof path, "%s.bin", comps[i].name);
         cJSON_AddStringToObject(c, "file", path);
     }
@@ -170,7 +151,7 @@ int qd_cli_quantize(int argc, char **argv)
         }
         struct qd_error_report r;
         qd_error_report(&t, deq, &r);
-        cJSON_AddItemToObject(meta, "error", error_json(&r));
+        cJSON_AddItemToObject(meta, "error", qd_report_json(&r));
     }
     char *text = cJSON_Print(meta), path[4096];
     snprintf(path, sizeof path, "%s/meta.json", out);

@@ -19,7 +19,7 @@ cJSON *qd_timing_json(const struct qd_timing *t)
     return o;
 }
 
-static cJSON *shape_json(int ndim, const int64_t *shape)
+cJSON *qd_shape_json(int ndim, const int64_t *shape)
 {
     cJSON *a = cJSON_CreateArray();
     for (int i = 0; i < ndim; i++)
@@ -27,7 +27,7 @@ static cJSON *shape_json(int ndim, const int64_t *shape)
     return a;
 }
 
-static cJSON *report_json(const struct qd_error_report *r)
+cJSON *qd_report_json(const struct qd_error_report *r)
 {
     cJSON *e = cJSON_CreateObject();
     cJSON_AddNumberToObject(e, "nmse", r->nmse);
@@ -45,12 +45,12 @@ static cJSON *quantize_head(const struct qd_work *w)
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "fmt", w->f->name);
     cJSON_AddStringToObject(o, "dtype", qd_dtype_name(w->in.dtype));
-    cJSON_AddItemToObject(o, "shape", shape_json(w->in.ndim, w->in.shape));
+    cJSON_AddItemToObject(o, "shape", qd_shape_json(w->in.ndim, w->in.shape));
     cJSON_AddItemToObject(o, "params", qd_params_to_json(w->f, &w->p));
     cJSON_AddItemToObject(o, "timing", qd_timing_json(&w->t));
     cJSON_AddStringToObject(o, "backend", w->backend);
     if (w->has_report)
-        cJSON_AddItemToObject(o, "error", report_json(&w->report));
+        cJSON_AddItemToObject(o, "error", qd_report_json(&w->report));
     return o;
 }
 
@@ -80,7 +80,7 @@ static void json_with_tensors(struct qd_reply *r, cJSON *head, const char *key, 
     for (int i = 0; h && i < n; i++) {
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "dtype", qd_dtype_name(dtypes[i]));
-        cJSON_AddItemToObject(m, "shape", shape_json(ndims[i], shapes[i]));
+        cJSON_AddItemToObject(m, "shape", qd_shape_json(ndims[i], shapes[i]));
         metas[i] = cJSON_PrintUnformatted(m);
         cJSON_Delete(m);
         if (!metas[i])
@@ -178,7 +178,7 @@ static void dequantize_json(const struct qd_work *w, struct qd_reply *r)
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "fmt", w->f->name);
     cJSON_AddStringToObject(o, "dtype", qd_dtype_name(w->out.dtype));
-    cJSON_AddItemToObject(o, "shape", shape_json(w->out.ndim, w->out.shape));
+    cJSON_AddItemToObject(o, "shape", qd_shape_json(w->out.ndim, w->out.shape));
     cJSON_AddItemToObject(o, "timing", qd_timing_json(&w->t));
     cJSON_AddStringToObject(o, "backend", w->backend);
     char *h = cJSON_PrintUnformatted(o);

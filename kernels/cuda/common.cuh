@@ -113,6 +113,40 @@ __device__ __forceinline__ void qd_note_nonfinite(unsigned long long *bad, float
         atomicMin(bad, (unsigned long long)i);
 }
 
+/* amax, min and max of some values, folded as qd_cpu_minmax does (order-free for finite values). */
+struct qd_range {
+    float amax, lo, hi;
+};
+
+__device__ __forceinline__ struct qd_range qd_range_empty(void)
+{
+    return {0.0f, 3.40282347e38f, -3.40282347e38f};
+}
+
+__device__ __forceinline__ void qd_range_add(struct qd_range *r, float v)
+{
+    float a = qd_absf(v);
+    r->amax = a > r->amax ? a : r->amax;
+    r->lo = v < r->lo ? v : r->lo;
+    r->hi = v > r->hi ? v : r->hi;
+}
+
+__device__ __forceinline__ void qd_range_merge(struct qd_range *r, struct qd_range o)
+{
+    r->amax = o.amax > r->amax ? o.amax : r->amax;
+    r->lo = o.lo < r->lo ? o.lo : r->lo;
+    r->hi = o.hi > r->hi ? o.hi : r->hi;
+}
+
+/* The range over the 32 lanes of a warp, in every lane. */
+__device__ __forceinline__ struct qd_range qd_range_warp(struct qd_range r)
+{
+    for (int o = 16; o; o >>= 1)
+        qd_range_merge(&r, {__shfl_xor_sync(0xffffffffu, r.amax, o), __shfl_xor_sync(0xffffffffu, r.lo, o),
+                            __shfl_xor_sync(0xffffffffu, r.hi, o)});
+    return r;
+}
+
 /* Dispatches a templated launch on a runtime dtype. */
 #define QD_DTYPE_SWITCH(dt, DT, ...)                                                            \
     switch (dt) {                                                                               \

@@ -67,37 +67,25 @@ enum qd_status qd_cuda_bad_end(unsigned long long *flag)
 template <int DT>
 __global__ void range_kernel(const void *x, int64_t n, struct qd_scratch *s, unsigned long long *bad)
 {
-    float amax = 0.0f, lo = 3.40282347e38f, hi = -3.40282347e38f; /* as qd_cpu_minmax */
+    struct qd_range r = qd_range_empty();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float v = qd_load<DT>(x, i);
         qd_note_nonfinite(bad, v, i);
-        float a = qd_absf(v);
-        amax = a > amax ? a : amax;
-        lo = v < lo ? v : lo;
-        hi = v > hi ? v : hi;
+        qd_range_add(&r, v);
     }
-    for (int o = 16; o; o >>= 1) {
-        float a = __shfl_xor_sync(0xffffffffu, amax, o), l = __shfl_xor_sync(0xffffffffu, lo, o),
-              h = __shfl_xor_sync(0xffffffffu, hi, o);
-        amax = a > amax ? a : amax;
-        lo = l < lo ? l : lo;
-        hi = h > hi ? h : hi;
-    }
-    __shared__ float sh[3][32];
+    r = qd_range_warp(r);
+    __shared__ struct qd_range sh[32];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0)
-        sh[0][warp] = amax, sh[1][warp] = lo, sh[2][warp] = hi;
+        sh[warp] = r;
     __syncthreads();
     __shared__ bool last;
     if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)blockDim.x / 32; w++) {
-            amax = sh[0][w] > amax ? sh[0][w] : amax;
-            lo = sh[1][w] < lo ? sh[1][w] : lo;
-            hi = sh[2][w] > hi ? sh[2][w] : hi;
-        }
-        s->partial[3 * blockIdx.x] = amax;
-        s->partial[3 * blockIdx.x + 1] = lo;
-        s->partial[3 * blockIdx.x + 2] = hi;
+        for (int w = 1; w < (int)blockDim.x / 32; w++)
+            qd_range_merge(&r, sh[w]);
+        s->partial[3 * blockIdx.x] = r.amax;
+        s->partial[3 * blockIdx.x + 1] = r.lo;
+        s->partial[3 * blockIdx.x + 2] = r.hi;
         __threadfence();
         last = atomicAdd(&s->blocks_done, 1) == gridDim.x - 1;
     }
@@ -106,11 +94,9 @@ __global__ void range_kernel(const void *x, int64_t n, struct qd_scratch *s, uns
         __threadfence();
         for (unsigned b = 0; b < gridDim.x; b++) {
             volatile float *p = s->partial + 3 * b;
-            amax = p[0] > amax ? p[0] : amax;
-            lo = p[1] < lo ? p[1] : lo;
-            hi = p[2] > hi ? p[2] : hi;
+            qd_range_merge(&r, {p[0], p[1], p[2]});
         }
-        s->range[0] = amax, s->range[1] = lo, s->range[2] = hi;
+        s->range[0] = r.amax, s->range[1] = r.lo, s->range[2] = r.hi;
         s->blocks_done = 0;
     }
 }

@@ -40,24 +40,15 @@ __global__ void int8_row_kernel(int asym, const void *x, int64_t rows, int64_t c
     if (row >= rows)
         return;
     int64_t base = row * cols;
-    float amax = 0.0f, lo = 3.40282347e38f, hi = -3.40282347e38f;
+    struct qd_range r = qd_range_empty();
     for (int64_t i = lane; i < cols; i += 32) {
         float v = qd_load<DT>(x, base + i);
         qd_note_nonfinite(bad, v, base + i);
-        float a = qd_absf(v);
-        amax = a > amax ? a : amax;
-        lo = v < lo ? v : lo;
-        hi = v > hi ? v : hi;
+        qd_range_add(&r, v);
     }
-    for (int o = 16; o; o >>= 1) {
-        float a = __shfl_xor_sync(0xffffffffu, amax, o), l = __shfl_xor_sync(0xffffffffu, lo, o),
-              h = __shfl_xor_sync(0xffffffffu, hi, o);
-        amax = a > amax ? a : amax;
-        lo = l < lo ? l : lo;
-        hi = h > hi ? h : hi;
-    }
-    float s = asym ? qd_uint8_scale(lo, hi) : qd_int8_scale(amax);
-    uint8_t zp = asym ? qd_uint8_zero_point(lo, s) : 0;
+    r = qd_range_warp(r);
+    float s = asym ? qd_uint8_scale(r.lo, r.hi) : qd_int8_scale(r.amax);
+    uint8_t zp = asym ? qd_uint8_zero_point(r.lo, s) : 0;
     if (lane == 0) {
         scale[row] = s;
         if (asym)

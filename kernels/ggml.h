@@ -45,6 +45,16 @@ QD_HD uint32_t qd_get_u32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* A float cast to an 8-bit integer as ggml's x86 build computes it: cvttss2si to int32 (NaN and
+ * out-of-range values give INT32_MIN), then the low byte. Only a block whose scale is so small
+ * that 1/d overflows reaches the out-of-range case (x * inf); C leaves it undefined, so quantd
+ * spells out the x86 answer and the GPU computes the same. */
+QD_HD int8_t qd_ggml_i8(float v)
+{
+    int32_t i = (v > -2147483904.0f && v < 2147483648.0f) ? (int32_t)v : INT32_MIN;
+    return (int8_t)(uint8_t)(uint32_t)i;
+}
+
 /* The signed value of largest magnitude; the first one wins on ties (strict <). */
 QD_HD float qd_ggml_signed_max(const float *x)
 {
@@ -72,7 +82,7 @@ QD_HD void qd_ggml_quantize_sym(int type, const float *QD_RESTRICT x, uint8_t *Q
     uint32_t qh = 0;
     qd_put_f16(blk, d);
     for (int j = 0; j < 16; j++) {
-        int a = (int8_t)(x[j] * id + bias), b = (int8_t)(x[j + 16] * id + bias);
+        int a = qd_ggml_i8(x[j] * id + bias), b = qd_ggml_i8(x[j + 16] * id + bias);
         a = a < cap ? a : cap;
         b = b < cap ? b : cap;
         qs[j] = (uint8_t)((a & 15) | (b & 15) << 4);
@@ -101,11 +111,11 @@ QD_HD void qd_ggml_quantize_affine(int type, const float *QD_RESTRICT x, uint8_t
         float x0 = (x[j] - min) * id, x1 = (x[j + 16] - min) * id;
         int a, b;
         if (five) { /* q5_1 casts to uint8_t and does not cap */
-            a = (uint8_t)(x0 + 0.5f);
-            b = (uint8_t)(x1 + 0.5f);
+            a = (uint8_t)qd_ggml_i8(x0 + 0.5f);
+            b = (uint8_t)qd_ggml_i8(x1 + 0.5f);
         } else {
-            a = (int8_t)(x0 + 0.5f);
-            b = (int8_t)(x1 + 0.5f);
+            a = qd_ggml_i8(x0 + 0.5f);
+            b = qd_ggml_i8(x1 + 0.5f);
             a = a < 15 ? a : 15;
             b = b < 15 ? b : 15;
         }
@@ -136,7 +146,7 @@ QD_HD void qd_ggml_quantize_q8(int type, const float *QD_RESTRICT x, uint8_t *QD
          * at 0.49999997 */
         float t = __builtin_truncf(v);
         float r = qd_absf(v - t) >= 0.5f ? t + (v > 0.0f ? 1.0f : -1.0f) : t;
-        qs[j] = (int8_t)r;
+        qs[j] = qd_ggml_i8(r);
         sum += qs[j];
     }
     qd_put_f16(blk, d);

@@ -19,6 +19,10 @@ typedef void (*qd_out_span_fn)(void *ctx, int tid, float *y, int64_t first, int6
  * starts at a multiple of `align` elements and, but for the last, holds a multiple of it.
  * Returns the number of threads used (tid < that), or -1 on allocation failure. */
 int qd_cpu_spans(const struct qd_tensor *in, int64_t align, qd_span_fn fn, void *ctx);
+/* The same for a kernel that finds NaN/Inf itself while it reads (saving the driver's scan):
+ * it calls qd_cpu_note_nonfinite with the absolute index of each block's first one. */
+int qd_cpu_spans_self_checked(const struct qd_tensor *in, int64_t align, qd_span_fn fn, void *ctx);
+void qd_cpu_note_nonfinite(int64_t index);
 /* Same for writing a tensor: fn produces f32, the driver stores it as out->dtype. */
 int qd_cpu_out_spans(struct qd_tensor *out, int64_t align, qd_out_span_fn fn, void *ctx);
 /* Threads qd_cpu_spans would use for n elements (to size per-thread partials). */

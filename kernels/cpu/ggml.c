@@ -2,6 +2,7 @@
  * tensor (a block never crosses a row), each written as ggml's block struct. */
 #include "../ggml.h"
 #include "cpu.h"
+#include "ggml_avx2.h"
 
 struct ggml_ctx {
     int type, block_bytes;
@@ -9,11 +10,40 @@ struct ggml_ctx {
     const uint8_t *cdata;
 };
 
+/* The types with AVX2 block code: it checks for NaN/Inf on the way (no separate scan). */
+static int vector_type(int type)
+{
+#ifdef QD_GGML_AVX2
+    return type == QD_Q8_0 || type == QD_Q8_1 || type == QD_Q4_0;
+#else
+    (void)type;
+    return 0;
+#endif
+}
+
 static void ggml_quantize_span(void *c, int tid, const float *x, int64_t first, int64_t n)
 {
     struct ggml_ctx *k = c;
     (void)tid;
     uint8_t *out = k->data + first / QD_GGML_QK * k->block_bytes;
+#ifdef QD_GGML_AVX2
+    if (vector_type(k->type)) {
+        for (int64_t b = 0; b < n / QD_GGML_QK; b++) {
+            const float *xb = x + b * QD_GGML_QK;
+            uint8_t *o = out + b * k->block_bytes;
+            int took = k->type == QD_Q4_0 ? qd_ggml_q4_0_avx2(xb, o) : qd_ggml_q8_avx2(k->type, xb, o);
+            if (took)
+                continue;
+            for (int j = 0; j < QD_GGML_QK; j++) /* declined: NaN/Inf here, or a tiny block */
+                if (!qd_isfinite(xb[j])) {
+                    qd_cpu_note_nonfinite(first + b * QD_GGML_QK + j);
+                    break;
+                }
+            qd_ggml_quantize_block(k->type, xb, o);
+        }
+        return;
+    }
+#endif
     for (int64_t b = 0; b < n / QD_GGML_QK; b++)
         qd_ggml_quantize_block(k->type, x + b * QD_GGML_QK, out + b * k->block_bytes);
 }
@@ -32,7 +62,9 @@ enum qd_status qd_cpu_ggml_quantize(const struct qd_format *f, const struct qd_t
 {
     (void)p;
     struct ggml_ctx k = {.type = f->code, .block_bytes = f->block_bytes, .data = out[0]};
-    return qd_cpu_spans(in, QD_GGML_QK, ggml_quantize_span, &k) < 0 ? QD_ENOMEM : QD_OK;
+    int rc = vector_type(f->code) ? qd_cpu_spans_self_checked(in, QD_GGML_QK, ggml_quantize_span, &k)
+                                  : qd_cpu_spans(in, QD_GGML_QK, ggml_quantize_span, &k);
+    return rc < 0 ? QD_ENOMEM : QD_OK;
 }
 
 enum qd_status qd_cpu_ggml_dequantize(const struct qd_format *f, const void *const *in,

@@ -70,6 +70,7 @@ struct span_job {
     int nthreads;
     int failed;
     int check;                           /* scan each input chunk for NaN/Inf while it is hot */
+    int self_check;                      /* the kernel notes NaN/Inf itself (qd_cpu_note_nonfinite) */
     int64_t first_bad[QD_CPU_MAX_THREADS];
 };
 
@@ -90,6 +91,15 @@ int qd_cpu_scan_end(void)
     int taken = scan_slot == NULL;
     scan_slot = NULL;
     return taken;
+}
+
+/* Where qd_cpu_note_nonfinite records, on a thread running a self-checking span job. */
+static __thread int64_t *self_bad;
+
+void qd_cpu_note_nonfinite(int64_t index)
+{
+    if (self_bad && *self_bad < 0) /* a thread's spans ascend: its first note is its lowest */
+        *self_bad = index;
 }
 
 struct span_worker {
@@ -115,6 +125,7 @@ static void *span_run(void *arg)
             return NULL;
         }
     }
+    self_bad = j->self_check ? &j->first_bad[w->tid] : NULL;
     for (int64_t u = u0; u < u1; u += chunk_units) {
         int64_t first = u * j->align;
         int64_t last = (u + chunk_units < u1 ? u + chunk_units : u1) * j->align;
@@ -138,6 +149,7 @@ static void *span_run(void *arg)
                 from_f32(p, buf, j->t->dtype, cnt);
         }
     }
+    self_bad = NULL;
     free(buf);
     return NULL;
 }
@@ -166,13 +178,14 @@ static int span_drive(struct span_job *j)
     return j->failed ? -1 : j->nthreads;
 }
 
-int qd_cpu_spans(const struct qd_tensor *in, int64_t align, qd_span_fn fn, void *ctx)
+static int spans(const struct qd_tensor *in, int64_t align, qd_span_fn fn, void *ctx, int self_check)
 {
     struct span_job j = {.t = (struct qd_tensor *)in, .align = align, .in_fn = fn, .ctx = ctx};
     int64_t *slot = scan_slot;
     if (slot) {
         scan_slot = NULL;
-        j.check = 1;
+        j.check = !self_check;
+        j.self_check = self_check;
         for (int i = 0; i < QD_CPU_MAX_THREADS; i++)
             j.first_bad[i] = -1;
     }
@@ -184,6 +197,16 @@ int qd_cpu_spans(const struct qd_tensor *in, int64_t align, qd_span_fn fn, void 
             break;
         }
     return rc;
+}
+
+int qd_cpu_spans(const struct qd_tensor *in, int64_t align, qd_span_fn fn, void *ctx)
+{
+    return spans(in, align, fn, ctx, 0);
+}
+
+int qd_cpu_spans_self_checked(const struct qd_tensor *in, int64_t align, qd_span_fn fn, void *ctx)
+{
+    return spans(in, align, fn, ctx, 1);
 }
 
 int qd_cpu_out_spans(struct qd_tensor *out, int64_t align, qd_out_span_fn fn, void *ctx)

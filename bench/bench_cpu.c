@@ -49,26 +49,22 @@ static void *ggml_thread(void *arg)
     return NULL;
 }
 
-/* ggml's row quantizer over halves (or n_threads parts) of the tensor. */
-static double time_ggml(ggml_row_fn fn, const float *x, uint8_t *y, int64_t rows, int64_t cols,
-                        int block_bytes, int threads)
+/* One run of ggml's row quantizer over halves (or n_threads parts) of the tensor. */
+static double run_ggml(ggml_row_fn fn, const float *x, uint8_t *y, int64_t rows, int64_t cols,
+                       int block_bytes, int threads)
 {
-    double t[REPS];
-    for (int r = 0; r < REPS; r++) {
-        pthread_t th[QD_CPU_MAX_THREADS];
-        struct ggml_job jobs[QD_CPU_MAX_THREADS];
-        double t0 = now_s();
-        for (int i = 0; i < threads; i++) {
-            int64_t r0 = rows * i / threads, r1 = rows * (i + 1) / threads;
-            jobs[i] = (struct ggml_job){fn, x + r0 * cols, y + r0 * cols / 32 * block_bytes,
-                                        (r1 - r0) * cols, block_bytes};
-            pthread_create(&th[i], NULL, ggml_thread, &jobs[i]);
-        }
-        for (int i = 0; i < threads; i++)
-            pthread_join(th[i], NULL);
-        t[r] = now_s() - t0;
+    pthread_t th[QD_CPU_MAX_THREADS];
+    struct ggml_job jobs[QD_CPU_MAX_THREADS];
+    double t0 = now_s();
+    for (int i = 0; i < threads; i++) {
+        int64_t r0 = rows * i / threads, r1 = rows * (i + 1) / threads;
+        jobs[i] = (struct ggml_job){fn, x + r0 * cols, y + r0 * cols / 32 * block_bytes,
+                                    (r1 - r0) * cols, block_bytes};
+        pthread_create(&th[i], NULL, ggml_thread, &jobs[i]);
     }
-    return median(t, REPS);
+    for (int i = 0; i < threads; i++)
+        pthread_join(th[i], NULL);
+    return now_s() - t0;
 }
 
 int main(int argc, char **argv)
@@ -159,7 +155,6 @@ int main(int argc, char **argv)
             ggml_row_fn fn = (ggml_row_fn)dlsym(h, names[i]);
             if (!fn)
                 continue;
-            double tg = time_ggml(fn, x, copy, rows, cols, bytes[i], threads);
             struct qd_tensor in = {.data = x, .dtype = QD_F32};
             int64_t shape[2] = {rows, cols};
             qd_tensor_set_shape(&in, 2, shape);
@@ -168,12 +163,15 @@ int main(int argc, char **argv)
             qd_params_default(f, &p);
             void *bufs[1] = {copy};
             char err[128];
+            double tgs[REPS];
+            /* interleaved runs, so both see the same machine state (this host is shared) */
             for (int r = 0; r < REPS; r++) {
+                tgs[r] = run_ggml(fn, x, copy, rows, cols, bytes[i], threads);
                 double t0 = now_s();
                 qd_quantize(QD_BACKEND_CPU, f, &in, &p, bufs, err, sizeof err);
                 t[r] = now_s() - t0;
             }
-            double tq = median(t, REPS);
+            double tg = median(tgs, REPS), tq = median(t, REPS);
             printf("%-12s ggml %8.2f GB/s   quantd %8.2f GB/s   quantd/ggml %.2fx\n", fmts[i],
                    n * 4 / tg / 1e9, n * 4 / tq / 1e9, tg / tq);
         }

@@ -68,18 +68,40 @@ template <int DT>
 __global__ void range_kernel(const void *x, int64_t n, struct qd_scratch *s, unsigned long long *bad)
 {
     struct qd_range r = qd_range_empty();
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    /* 8 elements per 16-byte-or-two load, two groups in flight per thread; the tail one by one */
+    const int64_t groups = n / 8, stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    for (; g + stride < groups; g += 2 * stride) {
+        float v[8], w[8];
+        qd_load_block<DT, 8>(x, 8 * g, v);
+        qd_load_block<DT, 8>(x, 8 * (g + stride), w);
+        for (int j = 0; j < 8; j++) {
+            qd_note_nonfinite(bad, v[j], 8 * g + j);
+            qd_note_nonfinite(bad, w[j], 8 * (g + stride) + j);
+            qd_range_add(&r, v[j]);
+            qd_range_add(&r, w[j]);
+        }
+    }
+    if (g < groups) {
+        float v[8];
+        qd_load_block<DT, 8>(x, 8 * g, v);
+        for (int j = 0; j < 8; j++) {
+            qd_note_nonfinite(bad, v[j], 8 * g + j);
+            qd_range_add(&r, v[j]);
+        }
+    }
+    for (int64_t i = 8 * groups + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
         float v = qd_load<DT>(x, i);
         qd_note_nonfinite(bad, v, i);
         qd_range_add(&r, v);
     }
-    r = qd_range_warp(r);
     __shared__ struct qd_range sh[32];
+    __shared__ bool last;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    r = qd_range_warp(r);
     if (lane == 0)
         sh[warp] = r;
     __syncthreads();
-    __shared__ bool last;
     if (threadIdx.x == 0) {
         for (int w = 1; w < (int)blockDim.x / 32; w++)
             qd_range_merge(&r, sh[w]);
@@ -90,12 +112,24 @@ __global__ void range_kernel(const void *x, int64_t n, struct qd_scratch *s, uns
         last = atomicAdd(&s->blocks_done, 1) == gridDim.x - 1;
     }
     __syncthreads();
-    if (last && threadIdx.x == 0) {
-        __threadfence();
-        for (unsigned b = 0; b < gridDim.x; b++) {
-            volatile float *p = s->partial + 3 * b;
-            qd_range_merge(&r, {p[0], p[1], p[2]});
-        }
+    if (!last)
+        return;
+    /* the last CTA folds the partials with all its threads (one thread alone would wait out
+     * an L2 round trip per CTA) */
+    __threadfence();
+    r = qd_range_empty();
+    for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
+        volatile float *p = s->partial + 3 * b;
+        qd_range_merge(&r, {p[0], p[1], p[2]});
+    }
+    r = qd_range_warp(r);
+    __syncthreads();
+    if (lane == 0)
+        sh[warp] = r;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)blockDim.x / 32; w++)
+            qd_range_merge(&r, sh[w]);
         s->range[0] = r.amax, s->range[1] = r.lo, s->range[2] = r.hi;
         s->blocks_done = 0;
     }
@@ -111,7 +145,7 @@ enum qd_status qd_cuda_range(const struct qd_tensor *in, unsigned long long *fla
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     unsigned grid = qd_grid(n, 256);
-    unsigned cap = (unsigned)sms * 4 < 1024 ? (unsigned)sms * 4 : 1024;
+    unsigned cap = (unsigned)sms * 7 < 1024 ? (unsigned)sms * 7 : 1024; /* 7 CTAs of 256 per SM: a full SM */
     grid = grid < cap ? grid : cap;
     QD_DTYPE_SWITCH(in->dtype, DT, range_kernel<DT><<<grid, 256, 0, qd_stream()>>>(in->data, n, d, flag));
     CUDA_LAUNCHED();

@@ -31,6 +31,10 @@ struct qd_cuda_ctx *qd_cuda_ctx_get(void);
 /* The last CUDA error as text (thread's last failed call), for messages. */
 const char *qd_cuda_last_error(void);
 
+/* Self-check: f32 bit patterns (all 2^32) whose device encoding for MX element type `elem`
+ * differs from the software one; the lowest in *first_bad. -1 on a CUDA failure. */
+long long qd_cuda_conversion_mismatches(int elem, uint32_t *first_bad);
+
 #define QD_CUDA_FAMILY(fam)                                                                     \
     enum qd_status qd_cuda_##fam##_quantize(const struct qd_format *, const struct qd_tensor *, \
                                             struct qd_params *, void *const *);                 \

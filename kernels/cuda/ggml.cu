@@ -1,24 +1,11 @@
 /* llama.cpp GGML blocks (q4_0 q4_1 q5_0 q5_1 q8_0 q8_1) on the GPU: one thread per 32-element
- * block, the same block arithmetic as the CPU (kernels/ggml.h). */
+ * block, the same block arithmetic as the CPU (kernels/ggml.h), packed blocks and dequantized
+ * elements staged per CTA (tile.cuh). */
 #include "../ggml.h"
-#include "common.cuh"
+#include "tile.cuh"
 
 #define GGML_THREADS 128
 #define GGML_MAX_BYTES 36
-
-/* Copies n bytes between global and shared memory with 4-byte accesses where both ends allow
- * (a CTA's blocks are contiguous in memory: its whole span moves coalesced). */
-__device__ __forceinline__ void cta_copy(uint8_t *dst, const uint8_t *src, int n)
-{
-    if ((((uintptr_t)dst | (uintptr_t)src) & 3) == 0) {
-        for (int i = threadIdx.x; i < n / 4; i += blockDim.x)
-            ((uint32_t *)dst)[i] = ((const uint32_t *)src)[i];
-        for (int i = n / 4 * 4 + threadIdx.x; i < n; i += blockDim.x)
-            dst[i] = src[i];
-    } else
-        for (int i = threadIdx.x; i < n; i += blockDim.x)
-            dst[i] = src[i];
-}
 
 /* One thread per block; the CTA's packed blocks are staged in shared memory and written out
  * together, instead of each thread storing its 18-36 bytes one by one at a stride. */
@@ -45,15 +32,18 @@ template <int DT>
 __global__ void ggml_dequantize_kernel(int type, int bytes, const uint8_t *in, int64_t nblocks, void *y)
 {
     __shared__ __align__(16) uint8_t staged[GGML_THREADS * GGML_MAX_BYTES];
+    __shared__ uint4 tile[GGML_THREADS * qd_tile<DT, QD_GGML_QK>::CH];
     int64_t first = blockIdx.x * (int64_t)GGML_THREADS, b = first + threadIdx.x;
-    int64_t nvalid = nblocks - first < GGML_THREADS ? nblocks - first : GGML_THREADS;
-    cta_copy(staged, in + first * bytes, (int)(nvalid * bytes));
+    int nvalid = nblocks - first < GGML_THREADS ? (int)(nblocks - first) : GGML_THREADS;
+    cta_copy(staged, in + first * bytes, nvalid * bytes);
     __syncthreads();
-    if (b >= nblocks)
-        return;
-    float v[QD_GGML_QK];
-    qd_ggml_dequantize_block(type, staged + threadIdx.x * bytes, v);
-    qd_store_block<DT, QD_GGML_QK>(y, b * QD_GGML_QK, v);
+    if (b < nblocks) {
+        float v[QD_GGML_QK];
+        qd_ggml_dequantize_block(type, staged + threadIdx.x * bytes, v);
+        tile_put<DT, QD_GGML_QK>(tile, v);
+    }
+    __syncthreads();
+    tile_store<DT, QD_GGML_QK>(tile, (uint8_t *)y + first * QD_GGML_QK * qd_tile<DT, QD_GGML_QK>::esize, nvalid);
 }
 
 extern "C" enum qd_status qd_cuda_ggml_quantize(const struct qd_format *f, const struct qd_tensor *in,

@@ -1,5 +1,5 @@
 /* int8 (symmetric) and uint8 (zero point) on the GPU, per tensor (range pass, then codes: two
- * reads of the input) or per row (one warp per row: range by shuffles, then codes). */
+ * reads of the input) or per row (one CTA per row: range, then codes). */
 #include "../int8.h"
 #include "common.cuh"
 
@@ -30,45 +30,109 @@ __global__ void int8_codes_kernel(int asym, const void *x, int64_t n, const floa
     }
 }
 
-/* One warp per row: the row's range, its scale (and zero point), then its codes. */
+#define ROW_THREADS 256
+
+/* One CTA per row: the row's range (16-byte loads when the row is 16-byte aligned and a whole
+ * number of 8-element groups), its scale and zero point, then its codes (the second read of
+ * the row comes from L1/L2). */
 template <int DT>
-__global__ void int8_row_kernel(int asym, const void *x, int64_t rows, int64_t cols, float *scale,
-                                uint8_t *zero_point, uint8_t *out, unsigned long long *bad)
+__global__ void __launch_bounds__(ROW_THREADS) int8_row_kernel(int asym, const void *x, int64_t rows, int64_t cols,
+                                                               float *scale, uint8_t *zero_point, uint8_t *out,
+                                                               unsigned long long *bad)
 {
-    int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= rows)
-        return;
-    int64_t base = row * cols;
+    int64_t row = blockIdx.x, base = row * cols;
+    bool vec = cols % 8 == 0;
     struct qd_range r = qd_range_empty();
-    for (int64_t i = lane; i < cols; i += 32) {
-        float v = qd_load<DT>(x, base + i);
-        qd_note_nonfinite(bad, v, base + i);
-        qd_range_add(&r, v);
+    if (vec) {
+        for (int64_t g = threadIdx.x; g < cols / 8; g += ROW_THREADS) {
+            float v[8];
+            qd_load_block<DT, 8>(x, base + 8 * g, v);
+            for (int j = 0; j < 8; j++) {
+                qd_note_nonfinite(bad, v[j], base + 8 * g + j);
+                qd_range_add(&r, v[j]);
+            }
+        }
+    } else {
+        for (int64_t i = threadIdx.x; i < cols; i += ROW_THREADS) {
+            float v = qd_load<DT>(x, base + i);
+            qd_note_nonfinite(bad, v, base + i);
+            qd_range_add(&r, v);
+        }
     }
     r = qd_range_warp(r);
-    float s = asym ? qd_uint8_scale(r.lo, r.hi) : qd_int8_scale(r.amax);
-    uint8_t zp = asym ? qd_uint8_zero_point(r.lo, s) : 0;
-    if (lane == 0) {
-        scale[row] = s;
+    __shared__ struct qd_range part[ROW_THREADS / 32];
+    __shared__ float s_scale;
+    __shared__ uint8_t s_zp;
+    if (threadIdx.x % 32 == 0)
+        part[threadIdx.x / 32] = r;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < ROW_THREADS / 32; w++)
+            qd_range_merge(&r, part[w]);
+        float sc = asym ? qd_uint8_scale(r.lo, r.hi) : qd_int8_scale(r.amax);
+        s_scale = sc;
+        s_zp = asym ? qd_uint8_zero_point(r.lo, sc) : 0;
+        scale[row] = sc;
         if (asym)
-            zero_point[row] = zp;
+            zero_point[row] = s_zp;
     }
-    for (int64_t i = lane; i < cols; i += 32) {
-        float v = qd_load<DT>(x, base + i);
-        out[base + i] = asym ? qd_uint8_code(v, s, zp) : (uint8_t)qd_int8_code(v, s);
+    __syncthreads();
+    float sc = s_scale;
+    uint8_t zp = s_zp;
+    if (vec) {
+        for (int64_t g = threadIdx.x; g < cols / 8; g += ROW_THREADS) {
+            float v[8];
+            qd_load_block<DT, 8>(x, base + 8 * g, v);
+            uint32_t w[2] = {0, 0};
+            for (int j = 0; j < 8; j++) {
+                uint32_t c = asym ? qd_uint8_code(v[j], sc, zp) : (uint8_t)qd_int8_code(v[j], sc);
+                w[j / 4] |= c << (8 * (j % 4));
+            }
+            if ((base % 8) == 0) /* the codes' start is 8-byte aligned too */
+                ((uint2 *)(out + base))[g] = make_uint2(w[0], w[1]);
+            else
+                for (int j = 0; j < 8; j++)
+                    out[base + 8 * g + j] = (uint8_t)(w[j / 4] >> (8 * (j % 4)));
+        }
+    } else {
+        for (int64_t i = threadIdx.x; i < cols; i += ROW_THREADS) {
+            float v = qd_load<DT>(x, base + i);
+            out[base + i] = asym ? qd_uint8_code(v, sc, zp) : (uint8_t)qd_int8_code(v, sc);
+        }
     }
 }
 
+/* One thread per 8 elements: an 8-byte load of codes, a 16-byte (bf16/f16) or two (f32)
+ * stores; the n % 8 tail one by one. */
 template <int DT>
 __global__ void int8_dequantize_kernel(int asym, int per_row, int64_t cols, const uint8_t *data,
                                        const float *scale, const uint8_t *zero_point, int64_t n, void *y)
 {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t row = per_row ? i / cols : 0;
-        float v = asym ? (float)((int)data[i] - (int)zero_point[row]) * scale[row]
-                       : (float)(int8_t)data[i] * scale[row];
-        qd_store<DT>(y, i, v);
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (8 * t + 8 <= n) {
+        uint2 w = ((const uint2 *)data)[t];
+        float v[8];
+        int64_t row = per_row ? 8 * t / cols : 0;
+        int64_t row_end = per_row ? (row + 1) * cols : n;
+        float sc = scale[row];
+        int zp = asym ? zero_point[row] : 0;
+        for (int j = 0; j < 8; j++) {
+            if (8 * t + j == row_end) { /* the group crosses into the next row */
+                row++, row_end += cols;
+                sc = scale[row];
+                zp = asym ? zero_point[row] : 0;
+            }
+            uint32_t c = ((j < 4 ? w.x : w.y) >> (8 * (j % 4))) & 0xff;
+            v[j] = asym ? (float)((int)c - zp) * sc : (float)(int8_t)c * sc;
+        }
+        qd_store_block<DT, 8>(y, 8 * t, v);
+    } else {
+        for (int64_t i = 8 * t; i < n; i++) {
+            int64_t row = per_row ? i / cols : 0;
+            float v = asym ? (float)((int)data[i] - (int)zero_point[row]) * scale[row]
+                           : (float)(int8_t)data[i] * scale[row];
+            qd_store<DT>(y, i, v);
+        }
     }
 }
 
@@ -83,9 +147,8 @@ extern "C" enum qd_status qd_cuda_int8_quantize(const struct qd_format *f, const
         return s;
     uint8_t *zp = asym ? (uint8_t *)out[2] : NULL;
     if (p->granularity == QD_GRAN_ROW) {
-        unsigned rows_per_cta = 8;
         QD_DTYPE_SWITCH(in->dtype, DT,
-                        int8_row_kernel<DT><<<qd_grid(in->rows, rows_per_cta), 32 * rows_per_cta, 0, qd_stream()>>>(
+                        int8_row_kernel<DT><<<(unsigned)in->rows, ROW_THREADS, 0, qd_stream()>>>(
                             asym, in->data, in->rows, in->cols, (float *)out[1], zp, (uint8_t *)out[0], bad));
         CUDA_LAUNCHED();
         return qd_cuda_bad_end(bad);
@@ -111,10 +174,8 @@ extern "C" enum qd_status qd_cuda_int8_dequantize(const struct qd_format *f, con
                                                   const struct qd_params *p, struct qd_tensor *out)
 {
     int64_t n = qd_tensor_numel(out);
-    unsigned grid = qd_grid(n, 256);
-    grid = grid < 65535u * 16 ? grid : 65535u * 16;
     QD_DTYPE_SWITCH(out->dtype, DT,
-                    int8_dequantize_kernel<DT><<<grid, 256, 0, qd_stream()>>>(
+                    int8_dequantize_kernel<DT><<<qd_grid((n + 7) / 8, 256), 256, 0, qd_stream()>>>(
                         f->code, p->granularity == QD_GRAN_ROW, out->cols, (const uint8_t *)in[0],
                         (const float *)in[1], f->code ? (const uint8_t *)in[2] : NULL, n, out->data));
     CUDA_LAUNCHED();

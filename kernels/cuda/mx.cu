@@ -1,58 +1,133 @@
 /* OCP MX (mxfp4, mxfp6_e2m3/e3m2, mxfp8_e4m3/e5m2) and NVFP4 on the GPU: one thread per block
  * (32 or 16 elements), the block arithmetic of kernels/mx.h, scales linear or in the swizzled
- * 128x4 tensor-core tiling (zero padding cleared first, as on the CPU). Hopper has no e2m1/e8m0
- * cvt instructions (sm_100+): the conversions are the exact software ones in fp.h. */
+ * 128x4 tensor-core tiling (zero padding cleared first, as on the CPU). Packed blocks and
+ * dequantized elements move through shared memory per CTA (tile.cuh); the element encoders
+ * are those of convert.cuh (Hopper's fp8 cvt where it gives the same bits, thresholds for e2m1). */
 #include "../mx.h"
-#include "common.cuh"
+#include "convert.cuh"
+#include "tile.cuh"
+
+#define MX_THREADS 128
 
 struct mx_geom {
     int elem, rceil, unpacked, swizzled, data_bytes;
     int64_t scale_cols;
 };
 
+/* Where block b's scale goes: its index, or its place in the swizzled tiling (32-bit division
+ * when the block count allows: 64-bit division costs tens of instructions per block). */
+__device__ __forceinline__ int64_t scale_pos(int64_t b, int64_t scale_cols, int swizzled)
+{
+    if (!swizzled)
+        return b;
+    int64_t r, c;
+    if (b < 0xffffffffll && scale_cols < 0xffffffffll) {
+        r = (uint32_t)b / (uint32_t)scale_cols;
+        c = (uint32_t)b - (uint32_t)r * (uint32_t)scale_cols;
+    } else {
+        r = b / scale_cols;
+        c = b % scale_cols;
+    }
+    return qd_swizzle_offset(r, c, scale_cols);
+}
+
 __device__ __forceinline__ int64_t scale_index(const struct mx_geom &g, int64_t block)
 {
-    return g.swizzled ? qd_swizzle_offset(block / g.scale_cols, block % g.scale_cols, g.scale_cols) : block;
+    return scale_pos(block, g.scale_cols, g.swizzled);
 }
 
-template <int DT>
-__global__ void mx_quantize_kernel(struct mx_geom g, const void *x, int64_t nblocks, uint8_t *data,
-                                   uint8_t *scales, unsigned long long *bad)
+/* Packs the 32 codes of one block (pairs from qd_mx_encode2, low byte first) into 32-bit
+ * words, as qd_mx_pack lays them out. Returns the number of words (4, 6 or 8). */
+template <int ELEM>
+__device__ __forceinline__ int mx_pack_words(const uint32_t *pair, int unpacked, uint32_t *w)
 {
-    int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (b >= nblocks)
-        return;
-    float v[QD_MX_BLOCK];
-    qd_load_block<DT, QD_MX_BLOCK>(x, b * QD_MX_BLOCK, v);
-    if (bad)
-        for (int j = 0; j < QD_MX_BLOCK; j++)
-            qd_note_nonfinite(bad, v[j], b * QD_MX_BLOCK + j);
-    uint8_t packed[32];
-    scales[scale_index(g, b)] = qd_mx_quantize_block(g.elem, g.rceil, g.unpacked, v, packed);
-    uint8_t *o = data + b * g.data_bytes;
-    if (g.data_bytes % 16 == 0)
-        for (int k = 0; k < g.data_bytes / 16; k++)
-            ((uint4 *)o)[k] = ((const uint4 *)packed)[k];
-    else
-        for (int j = 0; j < g.data_bytes; j++)
-            o[j] = packed[j];
+    if (ELEM == QD_E2M1) { /* two codes per byte, the first in the low nibble */
+        for (int k = 0; k < 4; k++) {
+            uint32_t b = 0;
+            for (int h = 0; h < 4; h++) {
+                uint32_t p = pair[4 * k + h];
+                b |= ((p & 15) | (p >> 8 & 15) << 4) << (8 * h);
+            }
+            w[k] = b;
+        }
+        return 4;
+    }
+    if ((ELEM == QD_E2M3 || ELEM == QD_E3M2) && !unpacked) { /* 4 codes per 3 bytes */
+        uint8_t bytes[24];
+        for (int g = 0; g < 8; g++) {
+            uint32_t p0 = pair[2 * g], p1 = pair[2 * g + 1];
+            uint32_t v = (p0 & 63) | (p0 >> 8 & 63) << 6 | (p1 & 63) << 12 | (p1 >> 8 & 63) << 18;
+            bytes[3 * g] = (uint8_t)v, bytes[3 * g + 1] = (uint8_t)(v >> 8), bytes[3 * g + 2] = (uint8_t)(v >> 16);
+        }
+        for (int k = 0; k < 6; k++)
+            w[k] = bytes[4 * k] | bytes[4 * k + 1] << 8 | bytes[4 * k + 2] << 16 | (uint32_t)bytes[4 * k + 3] << 24;
+        return 6;
+    }
+    for (int k = 0; k < 8; k++) /* one code per byte */
+        w[k] = (pair[2 * k] & 0xffff) | pair[2 * k + 1] << 16;
+    return 8;
 }
 
-template <int DT>
-__global__ void mx_dequantize_kernel(struct mx_geom g, const uint8_t *data, const uint8_t *scales,
-                                     int64_t nblocks, void *y)
+template <int DT, int ELEM>
+__global__ void __launch_bounds__(MX_THREADS) mx_quantize_kernel(struct mx_geom g, const void *x, int64_t nblocks,
+                                                                 uint8_t *data, uint8_t *scales,
+                                                                 unsigned long long *bad)
 {
-    int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (b >= nblocks)
-        return;
-    uint8_t packed[32];
-    const uint8_t *p = data + b * g.data_bytes;
-    for (int j = 0; j < g.data_bytes; j++)
-        packed[j] = p[j];
-    float v[QD_MX_BLOCK];
-    qd_mx_dequantize_block(g.elem, g.unpacked, scales[scale_index(g, b)], packed, v);
-    qd_store_block<DT, QD_MX_BLOCK>(y, b * QD_MX_BLOCK, v);
+    __shared__ __align__(16) uint32_t staged[MX_THREADS * 8];
+    int64_t first = blockIdx.x * (int64_t)MX_THREADS, b = first + threadIdx.x;
+    int words = g.data_bytes / 4;
+    if (b < nblocks) {
+        float v[QD_MX_BLOCK];
+        qd_load_block<DT, QD_MX_BLOCK>(x, b * QD_MX_BLOCK, v);
+        if (bad)
+            for (int j = 0; j < QD_MX_BLOCK; j++)
+                qd_note_nonfinite(bad, v[j], b * QD_MX_BLOCK + j);
+        float amax = qd_block_amax(v, QD_MX_BLOCK);
+        uint8_t scale = g.rceil ? qd_e8m0_rceil(amax * (float)(1.0 / (double)qd_mx_max_pos(ELEM)))
+                                : qd_e8m0_floor(amax, qd_mx_emax(ELEM));
+        float inv = qd_e8m0_reciprocal(scale);
+        uint32_t pair[16];
+#pragma unroll
+        for (int k = 0; k < 16; k++)
+            pair[k] = qd_mx_encode2<ELEM>(v[2 * k] * inv, v[2 * k + 1] * inv);
+        uint32_t w[8];
+        int n = mx_pack_words<ELEM>(pair, g.unpacked, w);
+        for (int k = 0; k < n; k++)
+            staged[threadIdx.x * words + k] = w[k];
+        scales[scale_index(g, b)] = scale;
+    }
+    __syncthreads();
+    int nvalid = nblocks - first < MX_THREADS ? (int)(nblocks - first) : MX_THREADS;
+    cta_copy(data + first * g.data_bytes, (const uint8_t *)staged, nvalid * g.data_bytes);
 }
+
+template <int DT, int ELEM>
+__global__ void __launch_bounds__(MX_THREADS) mx_dequantize_kernel(struct mx_geom g, const uint8_t *data,
+                                                                   const uint8_t *scales, int64_t nblocks, void *y)
+{
+    __shared__ __align__(16) uint8_t staged[MX_THREADS * 32];
+    __shared__ uint4 tile[MX_THREADS * qd_tile<DT, QD_MX_BLOCK>::CH];
+    int64_t first = blockIdx.x * (int64_t)MX_THREADS, b = first + threadIdx.x;
+    int nvalid = nblocks - first < MX_THREADS ? (int)(nblocks - first) : MX_THREADS;
+    cta_copy(staged, data + first * g.data_bytes, nvalid * g.data_bytes);
+    __syncthreads();
+    if (b < nblocks) {
+        float v[QD_MX_BLOCK];
+        qd_mx_dequantize_block(ELEM, g.unpacked, scales[scale_index(g, b)], staged + threadIdx.x * g.data_bytes, v);
+        tile_put<DT, QD_MX_BLOCK>(tile, v);
+    }
+    __syncthreads();
+    tile_store<DT, QD_MX_BLOCK>(tile, (uint8_t *)y + first * QD_MX_BLOCK * qd_tile<DT, QD_MX_BLOCK>::esize, nvalid);
+}
+
+#define QD_ELEM_SWITCH(e, ELEM, ...)                                                            \
+    switch (e) {                                                                                \
+    case QD_E2M1: { constexpr int ELEM = QD_E2M1; __VA_ARGS__; } break;                         \
+    case QD_E2M3: { constexpr int ELEM = QD_E2M3; __VA_ARGS__; } break;                         \
+    case QD_E3M2: { constexpr int ELEM = QD_E3M2; __VA_ARGS__; } break;                         \
+    case QD_E4M3: { constexpr int ELEM = QD_E4M3; __VA_ARGS__; } break;                         \
+    default: { constexpr int ELEM = QD_E5M2; __VA_ARGS__; } break;                              \
+    }
 
 static struct mx_geom mx_setup(const struct qd_format *f, const struct qd_params *p, int64_t cols)
 {
@@ -77,9 +152,9 @@ extern "C" enum qd_status qd_cuda_mx_quantize(const struct qd_format *f, const s
         return s;
     if (g.swizzled)
         CUDA_CHECK(cudaMemsetAsync(out[1], 0, (size_t)qd_swizzle_bytes(in->rows, g.scale_cols), qd_stream()));
-    QD_DTYPE_SWITCH(in->dtype, DT,
-                    mx_quantize_kernel<DT><<<qd_grid(nblocks, 128), 128, 0, qd_stream()>>>(
-                        g, in->data, nblocks, (uint8_t *)out[0], (uint8_t *)out[1], bad));
+    QD_DTYPE_SWITCH(in->dtype, DT, QD_ELEM_SWITCH(g.elem, ELEM,
+                    mx_quantize_kernel<DT, ELEM><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
+                        g, in->data, nblocks, (uint8_t *)out[0], (uint8_t *)out[1], bad)));
     CUDA_LAUNCHED();
     return qd_cuda_bad_end(bad);
 }
@@ -89,9 +164,9 @@ extern "C" enum qd_status qd_cuda_mx_dequantize(const struct qd_format *f, const
 {
     struct mx_geom g = mx_setup(f, p, out->cols);
     int64_t nblocks = qd_tensor_numel(out) / QD_MX_BLOCK;
-    QD_DTYPE_SWITCH(out->dtype, DT,
-                    mx_dequantize_kernel<DT><<<qd_grid(nblocks, 128), 128, 0, qd_stream()>>>(
-                        g, (const uint8_t *)in[0], (const uint8_t *)in[1], nblocks, out->data));
+    QD_DTYPE_SWITCH(out->dtype, DT, QD_ELEM_SWITCH(g.elem, ELEM,
+                    mx_dequantize_kernel<DT, ELEM><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
+                        g, (const uint8_t *)in[0], (const uint8_t *)in[1], nblocks, out->data)));
     CUDA_LAUNCHED();
     return QD_OK;
 }
@@ -101,8 +176,10 @@ extern "C" enum qd_status qd_cuda_mx_dequantize(const struct qd_format *f, const
 /* torchao per_tensor_amax_to_scale: amax / (F8E4M3_MAX * F4_E2M1_MAX), as on the CPU */
 #define NVFP4_SCALE_DIVISOR 2688.0f
 
+/* qd_nvfp4_quantize_block with the e2m1 codes by thresholds (qd_e2m1) and 1/pts from the host
+ * (the same IEEE quotient). */
 template <int DT>
-__global__ void nvfp4_quantize_kernel(float pts, int swizzled, int64_t scale_cols, const void *x,
+__global__ void nvfp4_quantize_kernel(float pts, float inv_pts, int swizzled, int64_t scale_cols, const void *x,
                                       int64_t nblocks, uint8_t *data, uint8_t *scales,
                                       unsigned long long *bad)
 {
@@ -114,29 +191,43 @@ __global__ void nvfp4_quantize_kernel(float pts, int swizzled, int64_t scale_col
     if (bad)
         for (int j = 0; j < QD_NVFP4_BLOCK; j++)
             qd_note_nonfinite(bad, v[j], b * QD_NVFP4_BLOCK + j);
-    uint8_t packed[8];
-    uint8_t sc = qd_nvfp4_quantize_block(pts, v, packed);
-    scales[swizzled ? qd_swizzle_offset(b / scale_cols, b % scale_cols, scale_cols) : b] = sc;
-    uint2 w;
-    w.x = packed[0] | packed[1] << 8 | packed[2] << 16 | (uint32_t)packed[3] << 24;
-    w.y = packed[4] | packed[5] << 8 | packed[6] << 16 | (uint32_t)packed[7] << 24;
-    ((uint2 *)data)[b] = w;
+    float block_scale = qd_block_amax(v, QD_NVFP4_BLOCK) / 6.0f;
+    uint8_t sc;
+    float r;
+    if (pts > 0.0f) {
+        sc = qd_f32_to_e4m3(qd_clamp(block_scale / pts, QD_E4M3_TINY, 448.0f));
+        r = inv_pts / qd_e4m3_to_f32(sc);
+    } else {
+        sc = qd_f32_to_e4m3(qd_clamp(block_scale, QD_E4M3_TINY, 448.0f));
+        r = 1.0f / qd_e4m3_to_f32(sc);
+    }
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < QD_NVFP4_BLOCK; j++)
+        w[j / 8] |= qd_e2m1(qd_clamp(v[j] * r, -6.0f, 6.0f)) << (4 * (j % 8));
+    scales[scale_pos(b, scale_cols, swizzled)] = sc;
+    ((uint2 *)data)[b] = make_uint2(w[0], w[1]);
 }
 
 template <int DT>
-__global__ void nvfp4_dequantize_kernel(float pts, int swizzled, int64_t scale_cols, const uint8_t *data,
-                                        const uint8_t *scales, int64_t nblocks, void *y)
+__global__ void __launch_bounds__(MX_THREADS) nvfp4_dequantize_kernel(float pts, int swizzled, int64_t scale_cols,
+                                                                      const uint8_t *data, const uint8_t *scales,
+                                                                      int64_t nblocks, void *y)
 {
-    int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (b >= nblocks)
-        return;
-    uint2 w = ((const uint2 *)data)[b];
-    uint8_t packed[8] = {(uint8_t)w.x, (uint8_t)(w.x >> 8), (uint8_t)(w.x >> 16), (uint8_t)(w.x >> 24),
-                         (uint8_t)w.y, (uint8_t)(w.y >> 8), (uint8_t)(w.y >> 16), (uint8_t)(w.y >> 24)};
-    float v[QD_NVFP4_BLOCK];
-    uint8_t sc = scales[swizzled ? qd_swizzle_offset(b / scale_cols, b % scale_cols, scale_cols) : b];
-    qd_nvfp4_dequantize_block(pts, sc, packed, v);
-    qd_store_block<DT, QD_NVFP4_BLOCK>(y, b * QD_NVFP4_BLOCK, v);
+    __shared__ uint4 tile[MX_THREADS * qd_tile<DT, QD_NVFP4_BLOCK>::CH];
+    int64_t first = blockIdx.x * (int64_t)MX_THREADS, b = first + threadIdx.x;
+    int nvalid = nblocks - first < MX_THREADS ? (int)(nblocks - first) : MX_THREADS;
+    if (b < nblocks) {
+        uint2 w = ((const uint2 *)data)[b];
+        uint8_t packed[8] = {(uint8_t)w.x, (uint8_t)(w.x >> 8), (uint8_t)(w.x >> 16), (uint8_t)(w.x >> 24),
+                             (uint8_t)w.y, (uint8_t)(w.y >> 8), (uint8_t)(w.y >> 16), (uint8_t)(w.y >> 24)};
+        float v[QD_NVFP4_BLOCK];
+        qd_nvfp4_dequantize_block(pts, scales[scale_pos(b, scale_cols, swizzled)], packed, v);
+        tile_put<DT, QD_NVFP4_BLOCK>(tile, v);
+    }
+    __syncthreads();
+    tile_store<DT, QD_NVFP4_BLOCK>(tile, (uint8_t *)y + first * QD_NVFP4_BLOCK * qd_tile<DT, QD_NVFP4_BLOCK>::esize,
+                                   nvalid);
 }
 
 extern "C" enum qd_status qd_cuda_nvfp4_quantize(const struct qd_format *f, const struct qd_tensor *in,
@@ -172,7 +263,8 @@ extern "C" enum qd_status qd_cuda_nvfp4_quantize(const struct qd_format *f, cons
     CUDA_CHECK(cudaMemcpyAsync(out[2], h->partial, sizeof(float), cudaMemcpyHostToDevice, qd_stream()));
     QD_DTYPE_SWITCH(in->dtype, DT,
                     nvfp4_quantize_kernel<DT><<<qd_grid(nblocks, 128), 128, 0, qd_stream()>>>(
-                        p->two_level ? p->per_tensor_scale : 0.0f, swizzled, scale_cols, in->data,
+                        p->two_level ? p->per_tensor_scale : 0.0f,
+                        p->two_level ? 1.0f / p->per_tensor_scale : 0.0f, swizzled, scale_cols, in->data,
                         nblocks, (uint8_t *)out[0], (uint8_t *)out[1], bad));
     CUDA_LAUNCHED();
     if (bad)
@@ -197,7 +289,7 @@ extern "C" enum qd_status qd_cuda_nvfp4_dequantize(const struct qd_format *f, co
     int swizzled = p->scale_layout == QD_LAYOUT_SWIZZLED;
     int64_t scale_cols = out->cols / QD_NVFP4_BLOCK, nblocks = qd_tensor_numel(out) / QD_NVFP4_BLOCK;
     QD_DTYPE_SWITCH(out->dtype, DT,
-                    nvfp4_dequantize_kernel<DT><<<qd_grid(nblocks, 128), 128, 0, qd_stream()>>>(
+                    nvfp4_dequantize_kernel<DT><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
                         pts, swizzled, scale_cols, (const uint8_t *)in[0], (const uint8_t *)in[1], nblocks,
                         out->data));
     CUDA_LAUNCHED();

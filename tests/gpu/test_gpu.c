@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "../../kernels/fp.h"
+#include "../../kernels/cuda/cuda.h"
 #include "../../kernels/quantize.h"
 #include "../../server/backend.h"
 
@@ -240,9 +241,26 @@ static void gpu_params_variants(void **state)
            (long long)skipped);
 }
 
+/* The device element encoders (fp8 cvt, fp6 through fp8, e2m1 by thresholds) against the
+ * software ones, on all 2^32 f32 inputs. */
+static void device_encoders_equal_software_on_every_f32(void **state)
+{
+    (void)state;
+    const char *names[] = {"e2m1", "e2m3", "e3m2", "e4m3", "e5m2"};
+    for (int e = 0; e < 5; e++) {
+        uint32_t first = 0;
+        long long bad = qd_cuda_conversion_mismatches(e, &first);
+        printf("# %s: %lld of 2^32 inputs differ%s\n", names[e], bad, bad > 0 ? " (first below)" : "");
+        if (bad > 0)
+            printf("# first: 0x%08x\n", first);
+        assert_int_equal(bad, 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(device_encoders_equal_software_on_every_f32),
         cmocka_unit_test(gpu_bytes_equal_cpu_bytes_for_every_format),
         cmocka_unit_test(gpu_names_the_first_nonfinite_element_like_the_cpu),
         cmocka_unit_test(gpu_params_variants),

@@ -45,6 +45,76 @@ QD_HD float qd_rcp_approx(float x)
 #endif
 }
 
+/* ---- the double-quant offset: an exact, order-free mean ---------------------------------------
+ * offset = mean(absmax). Summed in a fixed order in double it would depend on that order (and
+ * the GPU sums in parallel), so quantd sums exactly: each absmax m * 2^(e-150) adds its 24-bit
+ * mantissa into a 64-bit bin per exponent (no overflow below 2^40 blocks); the bins are then
+ * totalled into a wide integer and rounded once to double (nearest even); offset =
+ * (float)(total / nblocks). Bin 255 holds flags: 1 = an infinite absmax, 2 = a NaN one. */
+#define QD_SUM_BINS 256
+
+QD_HD void qd_sum_bin(float v, uint32_t *bin, uint64_t *add)
+{
+    uint32_t u = qd_f32_bits(v) & 0x7fffffffu, e = u >> 23, m = u & 0x7fffffu;
+    if (e == 255) {
+        *bin = 255;
+        *add = m ? 2 : 1;
+        return;
+    }
+    *bin = e ? e : 1; /* subnormals: field 1 without the hidden bit */
+    *add = e ? (m | 0x800000u) : m;
+}
+
+static inline double qd_sum_bins_total(const uint64_t *bins)
+{
+    if (bins[255] & 2)
+        return (double)qd_bits_f32(0x7fc00000u);
+    if (bins[255] & 1)
+        return (double)qd_bits_f32(0x7f800000u);
+    uint32_t limb[12] = {0}; /* the sum in units of 2^-149, little-endian 32-bit limbs */
+    for (int e = 1; e < 255; e++) {
+        uint64_t v = bins[e];
+        if (!v)
+            continue;
+        int sh = e - 1, li = sh / 32, bo = sh % 32;
+        uint32_t piece[3] = {(uint32_t)(v << bo), (uint32_t)(bo ? v >> (32 - bo) : v >> 32),
+                             (uint32_t)(bo ? v >> (64 - bo) : 0)};
+        uint64_t carry = 0;
+        for (int k = li; k < 12; k++) {
+            uint64_t t = (uint64_t)limb[k] + (k - li < 3 ? piece[k - li] : 0) + carry;
+            limb[k] = (uint32_t)t;
+            carry = t >> 32;
+            if (k - li >= 2 && !carry)
+                break;
+        }
+    }
+    int top = -1; /* highest set bit */
+    for (int k = 11; k >= 0 && top < 0; k--)
+        if (limb[k])
+            top = 32 * k + 31 - __builtin_clz(limb[k]);
+    if (top < 0)
+        return 0.0;
+#define QD_BIT(i) ((limb[(i) / 32] >> ((i) % 32)) & 1u)
+    int low = top - 52 > 0 ? top - 52 : 0; /* the 53 bits kept: [low, top] */
+    uint64_t mant = 0;
+    for (int i = top; i >= low; i--)
+        mant = mant << 1 | QD_BIT(i);
+    if (low > 0 && QD_BIT(low - 1)) { /* round to nearest even */
+        int sticky = 0;
+        for (int i = 0; i < low - 1 && !sticky; i++)
+            sticky = QD_BIT(i);
+        if (sticky || (mant & 1))
+            mant++;
+    }
+#undef QD_BIT
+    double r = (double)mant; /* exact: at most 2^53 */
+    for (int k = low - 149; k > 0; k--) /* times 2^(low - 149), exact */
+        r *= 2.0;
+    for (int k = low - 149; k < 0; k++)
+        r *= 0.5;
+    return r;
+}
+
 /* dQuantizeNF4 is a decision tree over the 15 midpoints between neighbouring NF4 values (its
  * f32 literals, below in ascending order) with `x > threshold` at every node; for sorted
  * thresholds that tree returns the number of thresholds x exceeds, which is what this computes

@@ -100,11 +100,18 @@ enum qd_status qd_cpu_bnb4_quantize(const struct qd_format *f, const struct qd_t
     if (p->double_quant) {
         if (!p->has_offset) {
             /* bitsandbytes takes torch's mean on the GPU, whose summation order is not a
-             * contract; a double sum rounded once is the exact mean to within f32 rounding */
-            double sum = 0.0;
-            for (int64_t i = 0; i < nblocks; i++)
-                sum += k.absmax[i];
-            p->offset = (float)(sum / (double)nblocks);
+             * contract; quantd's is the exact sum (any order, so the GPU agrees), rounded once */
+            uint64_t bins[QD_SUM_BINS] = {0};
+            for (int64_t i = 0; i < nblocks; i++) {
+                uint32_t b;
+                uint64_t a;
+                qd_sum_bin(k.absmax[i], &b, &a);
+                if (b == 255)
+                    bins[255] |= a;
+                else
+                    bins[b] += a;
+            }
+            p->offset = (float)(qd_sum_bins_total(bins) / (double)nblocks);
             p->has_offset = 1;
         }
         bnb_double_quant(k.absmax, nblocks, p->offset, out[1], out[2]);

@@ -18,6 +18,7 @@ __global__ void awq_quantize_kernel(const void *x, int64_t K, int64_t N, int64_t
     qd_load_block<DT, 8>(x, row0 * N + 8 * j, v);
     for (int c = 0; c < 8; c++)
         lo[c] = hi[c] = v[c];
+#pragma unroll 8 /* several rows' loads in flight per thread */
     for (int64_t r = 0; r < G; r++) {
         qd_load_block<DT, 8>(x, (row0 + r) * N + 8 * j, v);
         for (int c = 0; c < 8; c++) {
@@ -36,6 +37,7 @@ __global__ void awq_quantize_kernel(const void *x, int64_t K, int64_t N, int64_t
     for (int i = 0; i < 8; i++)
         zword |= (uint32_t)zero[awq_order[i]] << (4 * i);
     qzeros[g * words + j] = zword;
+#pragma unroll 8
     for (int64_t r = 0; r < G; r++) {
         qd_load_block<DT, 8>(x, (row0 + r) * N + 8 * j, v);
         uint32_t word = 0;
@@ -57,10 +59,15 @@ __global__ void awq_dequantize_kernel(const uint32_t *qweight, const uint32_t *q
         return;
     int64_t row = t / words, j = t % words, g = row / G;
     uint32_t q = qweight[t], z = qzeros[g * words + j];
+    uint4 sv = *(const uint4 *)(scales + g * N + 8 * j); /* the word's 8 scales, one 16-byte load */
+    uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
     float v[8];
+#pragma unroll
     for (int i = 0; i < 8; i++) {
-        int c = awq_order[i];
-        v[c] = (float)((int)((q >> (4 * i)) & 15) - (int)((z >> (4 * i)) & 15)) * qd_f16_to_f32(scales[g * N + 8 * j + c]);
+        const int order[8] = QD_AWQ_ORDER; /* compile-time: no constant-bank lookups */
+        int c = order[i];
+        uint16_t sc = (uint16_t)(sw[c / 2] >> (16 * (c % 2)));
+        v[c] = (float)((int)((q >> (4 * i)) & 15) - (int)((z >> (4 * i)) & 15)) * qd_f16_to_f32(sc);
     }
     qd_store_block<DT, 8>(y, row * N + 8 * j, v);
 }

@@ -1,8 +1,7 @@
 /* bitsandbytes NF4/FP4 on the GPU, the same bytes as the CPU backend (kernels/cpu/bnb4.c):
- * one warp per bitsandbytes block (absmax by shuffles, then two codes per byte, the first in
- * the high nibble), double quantization of the absmax with the 8-bit dynamic map. */
-#include <stdlib.h>
-
+ * one thread per 8 elements, a bitsandbytes block per group of threads (absmax by shuffles,
+ * then two codes per byte, the first in the high nibble), the double-quant offset as the exact
+ * sum of bnb4.h gathered on the way, then the absmax quantized with the 8-bit dynamic map. */
 #include "../bnb4.h"
 #include "common.cuh"
 
@@ -27,34 +26,83 @@ __device__ __forceinline__ float warp_max(float v)
     return v;
 }
 
+/* One thread per 8 consecutive elements (one 16-byte load of bf16/f16, two of f32; 4 bytes of
+ * codes out, coalesced across the warp). A bitsandbytes block of B elements is a group of B/8
+ * consecutive threads: its absmax by shuffles within the group (and through shared memory
+ * when the group spans warps). With `bins`, each block's absmax also goes into the exact sum
+ * of the double-quant offset (kernels/bnb4.h), through per-CTA bins. */
 template <int DT>
-__global__ void bnb_quantize_kernel(int nf4, const void *x, int64_t n, int64_t blocksize, int64_t nblocks,
-                                    uint8_t *data, float *absmax, unsigned long long *bad)
+__global__ void __launch_bounds__(512) bnb_quantize_kernel(int nf4, const void *x, int64_t n, int group,
+                                                            uint8_t *data, float *absmax,
+                                                            unsigned long long *bins, unsigned long long *bad)
 {
-    int64_t blk = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (blk >= nblocks)
-        return;
-    int64_t first = blk * blocksize, len = n - first < blocksize ? n - first : blocksize;
-    float amax = 0.0f;
-    for (int64_t i = lane; i < len; i += 32) {
-        float v = qd_load<DT>(x, first + i);
-        qd_note_nonfinite(bad, v, first + i);
-        float a = qd_ftz(qd_absf(v));
-        amax = a > amax ? a : amax;
+    __shared__ float warp_amax[16];
+    __shared__ unsigned long long cta_bins[QD_SUM_BINS];
+    if (bins)
+        for (int i = threadIdx.x; i < QD_SUM_BINS; i += blockDim.x)
+            cta_bins[i] = 0;
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, first = 8 * t;
+    float v[8];
+    if (first + 8 <= n) {
+        qd_load_block<DT, 8>(x, first, v);
+    } else {
+        for (int j = 0; j < 8; j++) /* the tail: bitsandbytes pads with 0.0 */
+            v[j] = first + j < n ? qd_load<DT>(x, first + j) : 0.0f;
     }
-    amax = warp_max(amax);
-    /* a zero block gives inf here and NaN codes below: bitsandbytes does the same */
-    float inv = qd_rcp_approx(amax);
-    if (lane == 0)
-        absmax[blk] = amax;
-    for (int64_t j = lane; j < (len + 1) / 2; j += 32) {
-        float a = qd_load<DT>(x, first + 2 * j);
-        /* an odd tail pairs with the code of the 0.0 bitsandbytes pads with */
-        uint8_t hi = code_of(nf4, scaled(a, inv));
-        uint8_t lo = 2 * j + 1 < len ? code_of(nf4, scaled(qd_load<DT>(x, first + 2 * j + 1), inv))
-                                     : code_of(nf4, 0.0f * inv);
-        data[first / 2 + j] = (uint8_t)(hi << 4 | lo);
+    float amax = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        if (first + j < n)
+            qd_note_nonfinite(bad, v[j], first + j);
+        float a = qd_ftz(qd_absf(v[j]));
+        amax = a > amax ? a : amax; /* a NaN never enters */
+    }
+    int lane = threadIdx.x % 32;
+    for (int o = 1; o < group && o < 32; o <<= 1) {
+        float w = __shfl_xor_sync(0xffffffffu, amax, o);
+        amax = w > amax ? w : amax;
+    }
+    if (group > 32) { /* the group spans group/32 warps of this CTA */
+        if (lane == 0)
+            warp_amax[threadIdx.x / 32] = amax;
+        __syncthreads();
+        int w0 = (threadIdx.x / group) * (group / 32);
+        for (int w = 0; w < group / 32; w++)
+            amax = warp_amax[w0 + w] > amax ? warp_amax[w0 + w] : amax;
+    }
+    if (bins)
+        __syncthreads(); /* cta_bins cleared */
+    if (first < n) {
+        /* a zero block gives inf here and NaN codes below: bitsandbytes does the same */
+        float inv = qd_rcp_approx(amax);
+        uint32_t word = 0;
+        for (int j = 0; j < 8; j += 2) {
+            uint32_t hi = nf4 ? qd_nf4_code(scaled(v[j], inv)) : qd_fp4_code(scaled(v[j], inv));
+            uint32_t lo = nf4 ? qd_nf4_code(scaled(v[j + 1], inv)) : qd_fp4_code(scaled(v[j + 1], inv));
+            word |= (hi << 4 | lo) << (4 * j);
+        }
+        if (first + 8 <= n)
+            ((uint32_t *)data)[t] = word;
+        else
+            for (int k = 0; 2 * k < n - first; k++)
+                data[4 * t + k] = (uint8_t)(word >> (8 * k));
+        if (threadIdx.x % group == 0) {
+            absmax[first / (8 * (int64_t)group)] = amax;
+            if (bins) {
+                uint32_t b;
+                uint64_t a;
+                qd_sum_bin(amax, &b, &a);
+                if (b == 255)
+                    atomicOr(&cta_bins[255], (unsigned long long)a);
+                else
+                    atomicAdd(&cta_bins[b], (unsigned long long)a);
+            }
+        }
+    }
+    if (bins) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < QD_SUM_BINS; i += blockDim.x)
+            if (cta_bins[i])
+                i == 255 ? atomicOr(&bins[i], cta_bins[i]) : atomicAdd(&bins[i], cta_bins[i]);
     }
 }
 
@@ -62,6 +110,10 @@ __global__ void bnb_quantize_kernel(int nf4, const void *x, int64_t n, int64_t b
 __global__ void bnb_double_quant_kernel(const float *absmax, int64_t nblocks, float offset, uint8_t *codes,
                                         float *nested_absmax)
 {
+    __shared__ float map[256]; /* the binary search indexes it per lane: shared, not constant */
+    for (int i = threadIdx.x; i < 256; i += blockDim.x)
+        map[i] = dynamic_map[i];
+    __syncthreads();
     int64_t g = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     int64_t base = g * BNB_NESTED_BLOCK;
@@ -78,26 +130,41 @@ __global__ void bnb_double_quant_kernel(const float *absmax, int64_t nblocks, fl
         nested_absmax[g] = amax;
     float inv = qd_rcp_approx(amax);
     for (int64_t i = lane; i < len; i += 32)
-        codes[base + i] = qd_dynamic_code(dynamic_map, scaled(absmax[base + i] - offset, inv));
+        codes[base + i] = qd_dynamic_code(map, scaled(absmax[base + i] - offset, inv));
 }
 
-/* One thread per packed byte (two elements). */
+/* One thread per 8 elements: 4 bytes of codes in, 16 bytes (bf16/f16) or 32 (f32) out; the
+ * code values and the nested map from shared memory (lanes index them independently). */
 template <int DT>
 __global__ void bnb_dequantize_kernel(int nf4, const uint8_t *data, int64_t n, int64_t blocksize,
                                       const float *absmax, const uint8_t *codes, const float *nested_absmax,
                                       const float *nested_map, float offset, void *y)
 {
-    int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (2 * j >= n)
+    __shared__ float value[16], map[256];
+    if (threadIdx.x < 16) {
+        int c = threadIdx.x;
+        value[c] = nf4 ? nf4_values[c] : fp4_magnitudes[c & 7] * (1.0f - 2.0f * (float)(c >> 3));
+    }
+    if (nested_map)
+        for (int i = threadIdx.x; i < 256; i += blockDim.x)
+            map[i] = nested_map[i];
+    __syncthreads();
+    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, first = 8 * t;
+    if (first >= n)
         return;
-    int64_t b = 2 * j / blocksize; /* blocksize is even: both elements share the block */
-    float am = absmax ? absmax[b]
-                      : qd_ftz(nested_map[codes[b]] * nested_absmax[b / BNB_NESTED_BLOCK]) + offset;
-    uint8_t byte = data[j];
-    for (int h = 0; h < 2 && 2 * j + h < n; h++) {
-        uint8_t c = h ? (byte & 15) : (byte >> 4);
-        float v = nf4 ? nf4_values[c] : fp4_magnitudes[c & 7] * (1.0f - 2.0f * (float)(c >> 3));
-        qd_store<DT>(y, 2 * j + h, qd_ftz(v * am));
+    int64_t b = first / blocksize; /* blocksize is a multiple of 8: one block per thread */
+    float am = absmax ? absmax[b] : qd_ftz(map[codes[b]] * nested_absmax[b / BNB_NESTED_BLOCK]) + offset;
+    float v[8];
+    if (first + 8 <= n) {
+        uint32_t word = ((const uint32_t *)data)[t];
+        for (int j = 0; j < 8; j++) /* byte k: element 2k in the high nibble */
+            v[j] = qd_ftz(value[(word >> (8 * (j / 2) + ((j & 1) ? 0 : 4))) & 15] * am);
+        qd_store_block<DT, 8>(y, first, v);
+    } else {
+        for (int64_t i = first; i < n; i++) {
+            uint8_t byte = data[i / 2];
+            qd_store<DT>(y, i, qd_ftz(value[(i & 1) ? (byte & 15) : (byte >> 4)] * am));
+        }
     }
 }
 
@@ -113,36 +180,30 @@ extern "C" enum qd_status qd_cuda_bnb4_quantize(const struct qd_format *f, const
     float *absmax = (float *)out[1];
     if (p->double_quant)
         CUDA_CHECK(cudaMallocAsync((void **)&absmax, (size_t)nblocks * sizeof(float), qd_stream()));
-    const unsigned warps = 8;
+    struct qd_scratch *d = qd_scratch_dev(), *h = qd_scratch_host();
+    unsigned long long *bins = p->double_quant && !p->has_offset ? d->bins : NULL;
+    if (bins)
+        CUDA_CHECK(cudaMemsetAsync(bins, 0, sizeof d->bins, qd_stream()));
+    int group = (int)(bs / 8), threads = group > 256 ? group : 256;
+    int64_t threads_needed = (n + 7) / 8;
     QD_DTYPE_SWITCH(in->dtype, DT,
-                    bnb_quantize_kernel<DT><<<qd_grid(nblocks, warps), 32 * warps, 0, qd_stream()>>>(
-                        nf4, in->data, n, bs, nblocks, (uint8_t *)out[0], absmax, bad));
+                    bnb_quantize_kernel<DT><<<qd_grid(threads_needed, threads), threads, 0, qd_stream()>>>(
+                        nf4, in->data, n, group, (uint8_t *)out[0], absmax, bins, bad));
     CUDA_LAUNCHED();
+    if (bins) /* 2 KiB of bins back; the one sync below (or here) covers the flag too */
+        CUDA_CHECK(cudaMemcpyAsync(h->bins, bins, sizeof h->bins, cudaMemcpyDeviceToHost, qd_stream()));
     if ((s = qd_cuda_bad_end(bad)) != QD_OK) {
         if (p->double_quant)
             cudaFreeAsync(absmax, qd_stream());
         return s;
     }
-    struct qd_scratch *h = qd_scratch_host();
+    const unsigned warps = 8;
     float *quant_map = (float *)out[p->double_quant ? 4 : 2];
     if (p->double_quant) {
-        if (!p->has_offset) {
-            /* the mean exactly as the CPU takes it (a double sum in block order), on the host */
-            float *host = (float *)malloc((size_t)nblocks * sizeof(float));
-            if (!host) {
-                cudaFreeAsync(absmax, qd_stream());
-                return QD_ENOMEM;
-            }
-            cudaError_t e = cudaMemcpyAsync(host, absmax, (size_t)nblocks * sizeof(float),
-                                            cudaMemcpyDeviceToHost, qd_stream());
-            if (e == cudaSuccess)
-                e = cudaStreamSynchronize(qd_stream());
-            double sum = 0.0;
-            for (int64_t i = 0; i < nblocks; i++)
-                sum += host[i];
-            free(host);
-            CUDA_CHECK(e);
-            p->offset = (float)(sum / (double)nblocks);
+        if (bins) { /* the exact mean, as the CPU takes it (any order gives the same bits) */
+            if (!bad)
+                CUDA_CHECK(cudaStreamSynchronize(qd_stream()));
+            p->offset = (float)(qd_sum_bins_total((const uint64_t *)h->bins) / (double)nblocks);
             p->has_offset = 1;
         }
         int64_t groups = (nblocks + BNB_NESTED_BLOCK - 1) / BNB_NESTED_BLOCK;
@@ -166,7 +227,7 @@ extern "C" enum qd_status qd_cuda_bnb4_dequantize(const struct qd_format *f, con
     int64_t n = qd_tensor_numel(out);
     int dq = p->double_quant;
     QD_DTYPE_SWITCH(out->dtype, DT,
-                    bnb_dequantize_kernel<DT><<<qd_grid((n + 1) / 2, 256), 256, 0, qd_stream()>>>(
+                    bnb_dequantize_kernel<DT><<<qd_grid((n + 7) / 8, 256), 256, 0, qd_stream()>>>(
                         f->code == 0, (const uint8_t *)in[0], n, p->blocksize,
                         dq ? NULL : (const float *)in[1], dq ? (const uint8_t *)in[1] : NULL,
                         dq ? (const float *)in[2] : NULL, dq ? (const float *)in[3] : NULL, p->offset, out->data));

@@ -30,6 +30,7 @@ struct qd_scratch {
     float range[3];               /* amax, min, max of the whole tensor */
     unsigned int blocks_done;     /* grid-wide reduction ticket */
     float partial[3 * 1024];      /* per-CTA partial ranges */
+    unsigned long long bins[256]; /* exact-sum bins of the bnb double-quant offset (bnb4.h) */
 };
 
 static inline struct qd_scratch *qd_scratch_dev(void) { return (struct qd_scratch *)qd_cuda_ctx_get()->scratch; }

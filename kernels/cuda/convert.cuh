@@ -6,9 +6,8 @@
  * - e2m3 / e3m2 (MX fp6) have the same mantissa width as e4m3 / e5m2 and line up with them
  *   after an exact power-of-two scaling (2^-6, 2^-12 map min normal onto min normal and the
  *   subnormal step onto the subnormal step), once clamped to the fp6 maximum.
- * e2m1 has no counterpart before sm_100: qd_e2m1 counts the rounding thresholds instead
- *   (ties to even decide > or >=), equal to qd_f32_to_floatx(x, 2, 1) for every non-NaN f32
- *   (checked exhaustively on the host too, tests/kernels/test_convert.c). */
+ * e2m1 has no counterpart before sm_100: qd_e2m1x2 rounds on each binade's grid with the
+ *   float-to-int conversion (round to nearest even) instead. */
 #ifndef QD_CUDA_CONVERT_CUH
 #define QD_CUDA_CONVERT_CUH
 
@@ -18,6 +17,19 @@
 #define QD_HW_FP8 1
 #endif
 
+/* The software pair encoders, called (not inlined) only for a NaN: inlined, the compiler
+ * would compute them for every element and select. */
+template <int ELEM> __device__ __noinline__ uint32_t qd_encode2_soft(float a, float b)
+{
+    switch (ELEM) {
+    case 0: return qd_f32_to_floatx(a, 2, 1) | (uint32_t)qd_f32_to_floatx(b, 2, 1) << 8;
+    case 1: return qd_f32_to_floatx(a, 2, 3) | (uint32_t)qd_f32_to_floatx(b, 2, 3) << 8;
+    case 2: return qd_f32_to_floatx(a, 3, 2) | (uint32_t)qd_f32_to_floatx(b, 3, 2) << 8;
+    case 3: return qd_f32_to_e4m3(a) | (uint32_t)qd_f32_to_e4m3(b) << 8;
+    default: return qd_f32_to_e5m2(a) | (uint32_t)qd_f32_to_e5m2(b) << 8;
+    }
+}
+
 /* Two e4m3 codes (a low byte, b high byte). */
 __device__ __forceinline__ uint32_t qd_e4m3x2(float a, float b)
 {
@@ -26,7 +38,7 @@ __device__ __forceinline__ uint32_t qd_e4m3x2(float a, float b)
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
     uint32_t c = r;
     if (a != a || b != b) /* rare: NaN keeps its sign in the software rule */
-        c = qd_f32_to_e4m3(a) | (uint32_t)qd_f32_to_e4m3(b) << 8;
+        c = qd_encode2_soft<3>(a, b);
     return c;
 #else
     return qd_f32_to_e4m3(a) | (uint32_t)qd_f32_to_e4m3(b) << 8;
@@ -40,7 +52,7 @@ __device__ __forceinline__ uint32_t qd_e5m2x2(float a, float b)
     asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
     uint32_t c = r;
     if (a != a || b != b)
-        c = qd_f32_to_e5m2(a) | (uint32_t)qd_f32_to_e5m2(b) << 8;
+        c = qd_encode2_soft<4>(a, b);
     return c;
 #else
     return qd_f32_to_e5m2(a) | (uint32_t)qd_f32_to_e5m2(b) << 8;
@@ -59,24 +71,31 @@ template <int EBITS> __device__ __forceinline__ uint32_t qd_fp6x2(float a, float
     /* sign bit 7 -> 5, exponent and mantissa already in the low 5 bits */
     c = (c & 0x1f1fu) | ((c & 0x8080u) >> 2);
     if (a != a || b != b) /* NaN: whatever torchao's bit arithmetic gives, as on the CPU */
-        c = qd_f32_to_floatx(a, EBITS, 5 - EBITS) | (uint32_t)qd_f32_to_floatx(b, EBITS, 5 - EBITS) << 8;
+        c = qd_encode2_soft<EBITS == 2 ? 1 : 2>(a, b);
     return c;
 #else
     return qd_f32_to_floatx(a, EBITS, 5 - EBITS) | (uint32_t)qd_f32_to_floatx(b, EBITS, 5 - EBITS) << 8;
 #endif
 }
 
-/* e2m1 code of x: sign, and how many of the midpoints between neighbouring values
- * 0 0.5 1 1.5 2 3 4 6 |x| passes (a tie goes to the even code: > where the lower code is even,
- * >= where it is odd); 6 and beyond saturate to 7. */
-QD_HD uint32_t qd_e2m1(float x)
+/* e2m1 code of a non-NaN x: |x| (saturated at 6) divided by its binade's step (0.5 below 2,
+ * 1 below 4, else 2; exact powers of two) and rounded to the nearest even integer k by the
+ * conversion instruction: on each step's grid an even k is an even code, so ties go where
+ * round-to-nearest-even on e2m1 sends them; the code is k plus the binade's offset. */
+__device__ __forceinline__ uint32_t qd_e2m1_finite(float x)
 {
-    float a = qd_absf(x);
-    uint32_t c = (uint32_t)(a > 0.25f) + (uint32_t)(a >= 0.75f) + (uint32_t)(a > 1.25f) + (uint32_t)(a >= 1.75f) +
-                 (uint32_t)(a > 2.5f) + (uint32_t)(a >= 3.5f) + (uint32_t)(a > 5.0f);
-    c |= (qd_f32_bits(x) >> 28) & 8;
-    if (a != a) /* NaN: torchao's bit arithmetic, as on the CPU */
-        c = qd_f32_to_floatx(x, 2, 1);
+    float a = fminf(qd_absf(x), 6.0f);
+    float inv_step = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
+    uint32_t base = a < 2.0f ? 0u : (a < 4.0f ? 2u : 4u);
+    uint32_t c = (uint32_t)__float2int_rn(a * inv_step) + base;
+    return c | ((qd_f32_bits(x) >> 28) & 8);
+}
+
+__device__ __forceinline__ uint32_t qd_e2m1x2(float a, float b)
+{
+    uint32_t c = qd_e2m1_finite(a) | qd_e2m1_finite(b) << 8;
+    if (a != a || b != b) /* NaN: torchao's bit arithmetic, as on the CPU */
+        c = qd_encode2_soft<0>(a, b);
     return c;
 }
 
@@ -84,7 +103,7 @@ QD_HD uint32_t qd_e2m1(float x)
 template <int ELEM> __device__ __forceinline__ uint32_t qd_mx_encode2(float a, float b)
 {
     if (ELEM == 0)
-        return qd_e2m1(a) | qd_e2m1(b) << 8;
+        return qd_e2m1x2(a, b);
     if (ELEM == 1)
         return qd_fp6x2<2>(a, b);
     if (ELEM == 2)

@@ -92,13 +92,18 @@ __global__ void __launch_bounds__(MX_THREADS) mx_quantize_kernel(struct mx_geom 
             pair[k] = qd_mx_encode2<ELEM>(v[2 * k] * inv, v[2 * k + 1] * inv);
         uint32_t w[8];
         int n = mx_pack_words<ELEM>(pair, g.unpacked, w);
-        for (int k = 0; k < n; k++)
-            staged[threadIdx.x * words + k] = w[k];
         scales[scale_index(g, b)] = scale;
+        if constexpr (ELEM == QD_E2M1) /* 16 bytes per thread, consecutive: already coalesced */
+            ((uint4 *)data)[b] = make_uint4(w[0], w[1], w[2], w[3]);
+        else
+            for (int k = 0; k < n; k++)
+                staged[threadIdx.x * words + k] = w[k];
     }
-    __syncthreads();
-    int nvalid = nblocks - first < MX_THREADS ? (int)(nblocks - first) : MX_THREADS;
-    cta_copy(data + first * g.data_bytes, (const uint8_t *)staged, nvalid * g.data_bytes);
+    if constexpr (ELEM != QD_E2M1) {
+        __syncthreads();
+        int nvalid = nblocks - first < MX_THREADS ? (int)(nblocks - first) : MX_THREADS;
+        cta_copy(data + first * g.data_bytes, (const uint8_t *)staged, nvalid * g.data_bytes);
+    }
 }
 
 template <int DT, int ELEM>
@@ -176,7 +181,7 @@ extern "C" enum qd_status qd_cuda_mx_dequantize(const struct qd_format *f, const
 /* torchao per_tensor_amax_to_scale: amax / (F8E4M3_MAX * F4_E2M1_MAX), as on the CPU */
 #define NVFP4_SCALE_DIVISOR 2688.0f
 
-/* qd_nvfp4_quantize_block with the e2m1 codes by thresholds (qd_e2m1) and 1/pts from the host
+/* qd_nvfp4_quantize_block with the e2m1 codes of convert.cuh and 1/pts from the host
  * (the same IEEE quotient). */
 template <int DT>
 __global__ void nvfp4_quantize_kernel(float pts, float inv_pts, int swizzled, int64_t scale_cols, const void *x,
@@ -203,8 +208,10 @@ __global__ void nvfp4_quantize_kernel(float pts, float inv_pts, int swizzled, in
     }
     uint32_t w[2] = {0, 0};
 #pragma unroll
-    for (int j = 0; j < QD_NVFP4_BLOCK; j++)
-        w[j / 8] |= qd_e2m1(qd_clamp(v[j] * r, -6.0f, 6.0f)) << (4 * (j % 8));
+    for (int j = 0; j < QD_NVFP4_BLOCK; j += 2) { /* torchao clamps to +-6 first (NaN passes) */
+        uint32_t p = qd_e2m1x2(qd_clamp(v[j] * r, -6.0f, 6.0f), qd_clamp(v[j + 1] * r, -6.0f, 6.0f));
+        w[j / 8] |= ((p & 15) | (p >> 8 & 15) << 4) << (4 * (j % 8));
+    }
     scales[scale_pos(b, scale_cols, swizzled)] = sc;
     ((uint2 *)data)[b] = make_uint2(w[0], w[1]);
 }

@@ -331,6 +331,56 @@ static void tiny_and_huge_magnitudes_keep_their_error(void **state)
     }
 }
 
+static double exact_mean_total(const float *v, int n)
+{
+    uint64_t bins[QD_SUM_BINS] = {0};
+    for (int i = 0; i < n; i++) {
+        uint32_t b;
+        uint64_t a;
+        qd_sum_bin(v[i], &b, &a);
+        if (b == 255)
+            bins[255] |= a;
+        else
+            bins[b] += a;
+    }
+    return qd_sum_bins_total(bins);
+}
+
+/* The double-quant offset's sum is exact and rounded once: equal to a double sum where that is
+ * exact, independent of order, and right where a running double sum is not. */
+static void bnb_offset_sum_is_exact_and_order_free(void **state)
+{
+    (void)state;
+    test_seed();
+    enum { N = 100000 };
+    static float v[N];
+    double plain = 0.0;
+    for (int i = 0; i < N; i++) { /* multiples of 2^-10 below 1024: every partial sum exact */
+        v[i] = (float)(int)(test_uniform() * 1048576.0) / 1024.0f;
+        plain += v[i];
+    }
+    assert_true(exact_mean_total(v, N) == plain);
+    for (int i = N - 1; i > 0; i--) { /* shuffled: the same bits */
+        int j = (int)(test_uniform() * (i + 1));
+        float t = v[i];
+        v[i] = v[j], v[j] = t;
+    }
+    assert_true(exact_mean_total(v, N) == plain);
+    /* 2^60 + 128 + 1: a running double sum ties at +128 and rounds down to 2^60, then drops the
+     * 1; the exact sum is past the midpoint and rounds up to 2^60 + 256 */
+    float w[3] = {0x1p60f, 128.0f, 1.0f};
+    assert_true(exact_mean_total(w, 3) == 0x1p60 + 256.0);
+    float tiny[2] = {0x1p-149f, 0x1p-149f}; /* subnormals, exactly */
+    assert_true(exact_mean_total(tiny, 2) == 0x1p-148);
+    float big[2] = {3.0e38f, 3.0e38f}; /* beyond f32, fine in double */
+    assert_true(exact_mean_total(big, 2) == 2.0 * (double)3.0e38f);
+    float inf[3] = {1.0f, INFINITY, 2.0f}, nan[3] = {1.0f, INFINITY, NAN};
+    assert_true(isinf(exact_mean_total(inf, 3)));
+    assert_true(isnan(exact_mean_total(nan, 3)));
+    float zero[2] = {0.0f, 0.0f};
+    assert_true(exact_mean_total(zero, 2) == 0.0);
+}
+
 int main(void)
 {
     test_seed();
@@ -340,6 +390,7 @@ int main(void)
         cmocka_unit_test(nf4_single_outlier_takes_the_extreme_code),
         cmocka_unit_test(approximate_reciprocal_edges),
         cmocka_unit_test(double_quant_offset_is_mean_of_absmax),
+        cmocka_unit_test(bnb_offset_sum_is_exact_and_order_free),
         cmocka_unit_test(ggml_all_zero_block_has_negative_zero_scale),
         cmocka_unit_test(ggml_signed_max_first_wins_on_ties),
         cmocka_unit_test(ggml_q8_rounds_half_away_from_zero),

@@ -576,6 +576,9 @@ int qd_http_start(const struct qd_serve_config *cfg, struct qd_backend *b, char 
                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
+                                /* a larger per-connection pool lets each recv take 256 KiB of
+                                 * a large body instead of 32 KiB (fewer calls per request) */
+                                MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024),
                                 MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
                                 MHD_OPTION_END);
     freeaddrinfo(ai);

@@ -83,28 +83,30 @@ template <int DT> __device__ __forceinline__ void qd_store(void *y, int64_t i, f
         ((uint16_t *)y)[i] = qd_f32_to_bf16(v);
 }
 
-template <int DT, int N> __device__ __forceinline__ void qd_store_block(void *y, int64_t first, const float *v)
+/* Chunk c (16 bytes: 4 f32 or 8 f16/bf16 values) of v, converted to DT. */
+template <int DT> __device__ __forceinline__ uint4 qd_pack_chunk(const float *v, int c)
 {
-    if (DT == QD_F32) {
-        float4 *p = (float4 *)((float *)y + first);
+    uint32_t w[4];
 #pragma unroll
-        for (int k = 0; k < N / 4; k++)
-            p[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
-    } else {
-        uint4 *p = (uint4 *)((uint16_t *)y + first);
-#pragma unroll
-        for (int k = 0; k < N / 8; k++) {
-            uint32_t w[4];
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                float a = v[8 * k + 2 * h], b = v[8 * k + 2 * h + 1];
-                uint32_t lo = DT == QD_F16 ? qd_f32_to_f16(a) : qd_f32_to_bf16(a);
-                uint32_t hi = DT == QD_F16 ? qd_f32_to_f16(b) : qd_f32_to_bf16(b);
-                w[h] = lo | hi << 16;
-            }
-            p[k] = make_uint4(w[0], w[1], w[2], w[3]);
+    for (int h = 0; h < 4; h++) {
+        if (DT == QD_F32) {
+            w[h] = qd_f32_bits(v[4 * c + h]);
+        } else {
+            float a = v[8 * c + 2 * h], b = v[8 * c + 2 * h + 1];
+            uint32_t lo = DT == QD_F16 ? qd_f32_to_f16(a) : qd_f32_to_bf16(a);
+            uint32_t hi = DT == QD_F16 ? qd_f32_to_f16(b) : qd_f32_to_bf16(b);
+            w[h] = lo | hi << 16;
         }
     }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+template <int DT, int N> __device__ __forceinline__ void qd_store_block(void *y, int64_t first, const float *v)
+{
+    uint4 *p = (uint4 *)((uint8_t *)y + first * (DT == QD_F32 ? 4 : 2));
+#pragma unroll
+    for (int c = 0; c < N * (DT == QD_F32 ? 4 : 2) / 16; c++)
+        p[c] = qd_pack_chunk<DT>(v, c);
 }
 
 /* Records element index i as non-finite when v is (the smallest such index wins). */

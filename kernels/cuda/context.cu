@@ -62,6 +62,19 @@ enum qd_status qd_cuda_bad_end(unsigned long long *flag)
     return QD_OK;
 }
 
+/* The range over the CTA, in thread 0 (sh: one slot per warp). */
+__device__ __forceinline__ struct qd_range cta_range(struct qd_range r, struct qd_range *sh)
+{
+    r = qd_range_warp(r);
+    if (threadIdx.x % 32 == 0)
+        sh[threadIdx.x / 32] = r;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < (int)blockDim.x / 32; w++)
+            qd_range_merge(&r, sh[w]);
+    return r;
+}
+
 /* Each CTA reduces a grid-stride share of the tensor to (amax, min, max); the last CTA to
  * finish folds the partials. The order of min/max folds does not matter for finite values. */
 template <int DT>
@@ -97,14 +110,8 @@ __global__ void range_kernel(const void *x, int64_t n, struct qd_scratch *s, uns
     }
     __shared__ struct qd_range sh[32];
     __shared__ bool last;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    r = qd_range_warp(r);
-    if (lane == 0)
-        sh[warp] = r;
-    __syncthreads();
+    r = cta_range(r, sh);
     if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)blockDim.x / 32; w++)
-            qd_range_merge(&r, sh[w]);
         s->partial[3 * blockIdx.x] = r.amax;
         s->partial[3 * blockIdx.x + 1] = r.lo;
         s->partial[3 * blockIdx.x + 2] = r.hi;
@@ -122,14 +129,9 @@ __global__ void range_kernel(const void *x, int64_t n, struct qd_scratch *s, uns
         volatile float *p = s->partial + 3 * b;
         qd_range_merge(&r, {p[0], p[1], p[2]});
     }
-    r = qd_range_warp(r);
-    __syncthreads();
-    if (lane == 0)
-        sh[warp] = r;
-    __syncthreads();
+    __syncthreads(); /* sh is reused */
+    r = cta_range(r, sh);
     if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)blockDim.x / 32; w++)
-            qd_range_merge(&r, sh[w]);
         s->range[0] = r.amax, s->range[1] = r.lo, s->range[2] = r.hi;
         s->blocks_done = 0;
     }

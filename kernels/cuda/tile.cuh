@@ -42,23 +42,8 @@ template <int DT, int N> __device__ __forceinline__ void tile_put(uint4 *tile, c
 {
     using T = qd_tile<DT, N>;
 #pragma unroll
-    for (int c = 0; c < T::CH; c++) {
-        uint32_t w[4];
-        if (DT == QD_F32) {
-#pragma unroll
-            for (int h = 0; h < 4; h++)
-                w[h] = qd_f32_bits(v[4 * c + h]);
-        } else {
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                float a = v[8 * c + 2 * h], b = v[8 * c + 2 * h + 1];
-                uint32_t lo = DT == QD_F16 ? qd_f32_to_f16(a) : qd_f32_to_bf16(a);
-                uint32_t hi = DT == QD_F16 ? qd_f32_to_f16(b) : qd_f32_to_bf16(b);
-                w[h] = lo | hi << 16;
-            }
-        }
-        tile[T::slot(threadIdx.x, c)] = make_uint4(w[0], w[1], w[2], w[3]);
-    }
+    for (int c = 0; c < T::CH; c++)
+        tile[T::slot(threadIdx.x, c)] = qd_pack_chunk<DT>(v, c);
 }
 
 /* After a __syncthreads: writes the first `rows` threads' rows to y (16-byte aligned), coalesced. */

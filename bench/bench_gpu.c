@@ -40,7 +40,8 @@ static cudaEvent_t e0, e1;
 
 int main(int argc, char **argv)
 {
-    const char *only = argc > 1 ? argv[1] : NULL;
+    const char *only = argc > 1 ? argv[1] : NULL; /* one format */
+    int64_t only_side = argc > 2 ? atoll(argv[2]) : 0; /* one shape (for profilers) */
     struct qd_cuda_ctx ctx;
     if (qd_cuda_ctx_init(&ctx) != QD_OK) {
         fprintf(stderr, "no GPU: %s\n", qd_cuda_last_error());
@@ -72,6 +73,8 @@ int main(int argc, char **argv)
     float ms;
     double copy_gbs[3];
     for (int s = 0; s < 3; s++) {
+        if (only_side && sides[s] != only_side)
+            continue;
         size_t bytes = (size_t)sides[s] * sides[s] * 2;
         TIME_MS(ms, cudaMemcpyAsync(d_out, d_in, bytes, cudaMemcpyDeviceToDevice, stream));
         copy_gbs[s] = 2.0 * bytes / (ms * 1e6);
@@ -110,6 +113,8 @@ int main(int argc, char **argv)
         if (only && strcmp(only, f->name))
             continue;
         for (int s = 0; s < 3; s++) {
+        if (only_side && sides[s] != only_side)
+            continue;
             struct qd_tensor in = {.data = d_in, .dtype = QD_BF16};
             int64_t dims[2] = {sides[s], sides[s]};
             qd_tensor_set_shape(&in, 2, dims);

@@ -2,6 +2,8 @@
  * reads its 8 columns over the group's rows twice (range, then codes; the second read comes
  * from L2), adjacent threads reading adjacent columns. */
 #include "../awq.h"
+#include <cuda_fp16.h>
+
 #include "common.cuh"
 
 __constant__ int awq_order[8] = QD_AWQ_ORDER;
@@ -49,6 +51,75 @@ __global__ void awq_quantize_kernel(const void *x, int64_t K, int64_t N, int64_t
     }
 }
 
+#define AWQ_TILE_COLS 64
+#define AWQ_MAX_TILE_G 128
+#define AWQ_PITCH 65 /* odd row pitch: column walks and row walks both spread over the banks */
+
+/* One CTA per (group, 64 columns): the tile of G <= 128 rows is read from global memory once
+ * into shared memory (coalesced 16-byte loads); 4 threads per column take its min/max, then
+ * the codes are packed from the tile. The single-thread kernel above read every row twice. */
+template <int DT>
+__global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, int64_t N, int G, uint32_t *qweight,
+                                                                uint32_t *qzeros, uint16_t *scales,
+                                                                unsigned long long *bad)
+{
+    __shared__ float tile[AWQ_MAX_TILE_G * AWQ_PITCH];
+    __shared__ float s_scale[AWQ_TILE_COLS], s_zero[AWQ_TILE_COLS];
+    const int order[8] = QD_AWQ_ORDER;
+    int64_t g = blockIdx.x, col0 = (int64_t)blockIdx.y * AWQ_TILE_COLS, row0 = g * G;
+    int cols = N - col0 < AWQ_TILE_COLS ? (int)(N - col0) : AWQ_TILE_COLS, words = cols / 8;
+    for (int k = threadIdx.x; k < G * words; k += blockDim.x) {
+        int r = k / words, w = k % words;
+        int64_t at = (row0 + r) * N + col0 + 8 * w;
+        float v[8];
+        qd_load_block<DT, 8>(x, at, v);
+        for (int j = 0; j < 8; j++) {
+            qd_note_nonfinite(bad, v[j], at + j);
+            tile[r * AWQ_PITCH + 8 * w + j] = v[j];
+        }
+    }
+    __syncthreads();
+    /* column c, part p: rows 32i + 8p + j (banks (8p + c) % 32: distinct across a warp); each
+     * part starts from row 0's value as the sequential scan does (a NaN there stays) */
+    int c = threadIdx.x / 4, part = threadIdx.x % 4;
+    float lo = tile[c], hi = lo;
+    if (c < cols)
+        for (int base = 8 * part; base < G; base += 32)
+            for (int j = 0; j < 8 && base + j < G; j++) {
+                float v = tile[(base + j) * AWQ_PITCH + c];
+                lo = v < lo ? v : lo;
+                hi = v > hi ? v : hi;
+            }
+    for (int o = 1; o < 4; o <<= 1) {
+        float l = __shfl_xor_sync(0xffffffffu, lo, o), h = __shfl_xor_sync(0xffffffffu, hi, o);
+        lo = l < lo ? l : lo;
+        hi = h > hi ? h : hi;
+    }
+    if (part == 0 && c < cols) {
+        float sc = qd_awq_scale(lo, hi);
+        s_scale[c] = sc;
+        s_zero[c] = qd_awq_zero(lo, sc);
+        scales[g * N + col0 + c] = qd_f32_to_f16(sc);
+    }
+    __syncthreads();
+    if (threadIdx.x < words) {
+        uint32_t z = 0;
+        for (int i = 0; i < 8; i++)
+            z |= (uint32_t)s_zero[8 * threadIdx.x + order[i]] << (4 * i);
+        qzeros[g * (N / 8) + col0 / 8 + threadIdx.x] = z;
+    }
+    for (int k = threadIdx.x; k < G * words; k += blockDim.x) {
+        int r = k / words, w = k % words;
+        uint32_t word = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int cc = 8 * w + order[i];
+            word |= qd_awq_code(tile[r * AWQ_PITCH + cc], s_scale[cc], s_zero[cc]) << (4 * i);
+        }
+        qweight[(row0 + r) * (N / 8) + col0 / 8 + w] = word;
+    }
+}
+
 /* One thread per 8 output elements (one packed word). */
 template <int DT>
 __global__ void awq_dequantize_kernel(const uint32_t *qweight, const uint32_t *qzeros, const uint16_t *scales,
@@ -67,7 +138,9 @@ __global__ void awq_dequantize_kernel(const uint32_t *qweight, const uint32_t *q
         const int order[8] = QD_AWQ_ORDER; /* compile-time: no constant-bank lookups */
         int c = order[i];
         uint16_t sc = (uint16_t)(sw[c / 2] >> (16 * (c % 2)));
-        v[c] = (float)((int)((q >> (4 * i)) & 15) - (int)((z >> (4 * i)) & 15)) * qd_f16_to_f32(sc);
+        /* hardware f16 -> f32 is exact (NaN aside, which a scale from quantd never is) */
+        v[c] = qd_small_int_f32((int)((q >> (4 * i)) & 15) - (int)((z >> (4 * i)) & 15)) *
+               __half2float(__ushort_as_half(sc));
     }
     qd_store_block<DT, 8>(y, row * N + 8 * j, v);
 }
@@ -80,9 +153,17 @@ extern "C" enum qd_status qd_cuda_awq_quantize(const struct qd_format *f, const 
     if (s != QD_OK)
         return s;
     int64_t K = in->rows, N = in->cols, G = p->group_size, items = (K / G) * (N / 8);
-    QD_DTYPE_SWITCH(in->dtype, DT,
-                    awq_quantize_kernel<DT><<<qd_grid(items, 128), 128, 0, qd_stream()>>>(
-                        in->data, K, N, G, (uint32_t *)out[0], (uint32_t *)out[1], (uint16_t *)out[2], bad));
+    int64_t col_tiles = (N + AWQ_TILE_COLS - 1) / AWQ_TILE_COLS;
+    if (G <= AWQ_MAX_TILE_G && col_tiles <= 65535 && K / G <= 0x7fffffff) {
+        dim3 grid((unsigned)(K / G), (unsigned)col_tiles);
+        QD_DTYPE_SWITCH(in->dtype, DT,
+                        awq_quantize_tile_kernel<DT><<<grid, 256, 0, qd_stream()>>>(
+                            in->data, N, (int)G, (uint32_t *)out[0], (uint32_t *)out[1], (uint16_t *)out[2], bad));
+    } else {
+        QD_DTYPE_SWITCH(in->dtype, DT,
+                        awq_quantize_kernel<DT><<<qd_grid(items, 128), 128, 0, qd_stream()>>>(
+                            in->data, K, N, G, (uint32_t *)out[0], (uint32_t *)out[1], (uint16_t *)out[2], bad));
+    }
     CUDA_LAUNCHED();
     return qd_cuda_bad_end(bad);
 }

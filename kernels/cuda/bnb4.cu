@@ -4,6 +4,7 @@
  * sum of bnb4.h gathered on the way, then the absmax quantized with the 8-bit dynamic map. */
 #include "../bnb4.h"
 #include "common.cuh"
+#include "convert.cuh"
 
 #define BNB_NESTED_BLOCK 256
 
@@ -76,8 +77,8 @@ __global__ void __launch_bounds__(512) bnb_quantize_kernel(int nf4, const void *
         float inv = qd_rcp_approx(amax);
         uint32_t word = 0;
         for (int j = 0; j < 8; j += 2) {
-            uint32_t hi = nf4 ? qd_nf4_code(scaled(v[j], inv)) : qd_fp4_code(scaled(v[j], inv));
-            uint32_t lo = nf4 ? qd_nf4_code(scaled(v[j + 1], inv)) : qd_fp4_code(scaled(v[j + 1], inv));
+            uint32_t hi = nf4 ? qd_nf4_code_fast(scaled(v[j], inv)) : qd_fp4_code_fast(scaled(v[j], inv));
+            uint32_t lo = nf4 ? qd_nf4_code_fast(scaled(v[j + 1], inv)) : qd_fp4_code_fast(scaled(v[j + 1], inv));
             word |= (hi << 4 | lo) << (4 * j);
         }
         if (first + 8 <= n)

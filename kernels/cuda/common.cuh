@@ -83,21 +83,39 @@ template <int DT> __device__ __forceinline__ void qd_store(void *y, int64_t i, f
         ((uint16_t *)y)[i] = qd_f32_to_bf16(v);
 }
 
+/* Two values as a f16/bf16 pair (a low, b high), rounded to nearest even. sm_80+ has
+ * cvt.rn.{bf16x2,f16x2}.f32, which equals qd_f32_to_bf16/qd_f32_to_f16 on every non-NaN input
+ * (checked on all 2^32 inputs by qd_cuda_conversion_mismatches); a NaN takes the software
+ * rule (sign and payload kept), called, not inlined, so the common path stays short. */
+template <int DT> __device__ __noinline__ uint32_t qd_pack2_soft(float a, float b)
+{
+    return DT == QD_F16 ? (qd_f32_to_f16(a) | (uint32_t)qd_f32_to_f16(b) << 16)
+                        : (qd_f32_to_bf16(a) | (uint32_t)qd_f32_to_bf16(b) << 16);
+}
+
+template <int DT> __device__ __forceinline__ uint32_t qd_pack2(float a, float b)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint32_t r;
+    if (DT == QD_F16)
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    else
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    if (a != a || b != b)
+        r = qd_pack2_soft<DT>(a, b);
+    return r;
+#else
+    return qd_pack2_soft<DT>(a, b);
+#endif
+}
+
 /* Chunk c (16 bytes: 4 f32 or 8 f16/bf16 values) of v, converted to DT. */
 template <int DT> __device__ __forceinline__ uint4 qd_pack_chunk(const float *v, int c)
 {
     uint32_t w[4];
 #pragma unroll
-    for (int h = 0; h < 4; h++) {
-        if (DT == QD_F32) {
-            w[h] = qd_f32_bits(v[4 * c + h]);
-        } else {
-            float a = v[8 * c + 2 * h], b = v[8 * c + 2 * h + 1];
-            uint32_t lo = DT == QD_F16 ? qd_f32_to_f16(a) : qd_f32_to_bf16(a);
-            uint32_t hi = DT == QD_F16 ? qd_f32_to_f16(b) : qd_f32_to_bf16(b);
-            w[h] = lo | hi << 16;
-        }
-    }
+    for (int h = 0; h < 4; h++)
+        w[h] = DT == QD_F32 ? qd_f32_bits(v[4 * c + h]) : qd_pack2<DT>(v[8 * c + 2 * h], v[8 * c + 2 * h + 1]);
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
@@ -108,6 +126,10 @@ template <int DT, int N> __device__ __forceinline__ void qd_store_block(void *y,
     for (int c = 0; c < N * (DT == QD_F32 ? 4 : 2) / 16; c++)
         p[c] = qd_pack_chunk<DT>(v, c);
 }
+
+/* A small integer (|d| < 2^22) as f32 with two ALU operations instead of the conversion unit:
+ * the magic 1.5 * 2^23 (exact). */
+__device__ __forceinline__ float qd_small_int_f32(int d) { return __int_as_float(0x4B400000 + d) - 12582912.0f; }
 
 /* Records element index i as non-finite when v is (the smallest such index wins). */
 __device__ __forceinline__ void qd_note_nonfinite(unsigned long long *bad, float v, int64_t i)

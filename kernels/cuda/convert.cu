@@ -1,5 +1,5 @@
-/* Self-check of convert.cuh: every f32 bit pattern through the device encoders against the
- * software ones of fp.h (run by tests/gpu/test_gpu.c on the device). */
+/* Self-check of convert.cuh and of common.cuh's f16/bf16 packers: every f32 bit pattern through
+ * the device conversions against the software ones of fp.h (run by tests/gpu/test_gpu.c). */
 #include "common.cuh"
 #include "convert.cuh"
 #include "../mx.h"
@@ -19,6 +19,38 @@ __global__ void conversion_check_kernel(unsigned long long *mismatches, unsigned
     }
 }
 
+/* elem 5 / 6: the bf16 / f16 pair packers of common.cuh */
+template <int DT>
+__global__ void pack_check_kernel(unsigned long long *mismatches, unsigned long long *first)
+{
+    for (uint64_t u = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; u < (1ull << 32);
+         u += (uint64_t)gridDim.x * blockDim.x) {
+        float a = qd_bits_f32((uint32_t)u), b = qd_bits_f32((uint32_t)(u * 2654435761u));
+        uint32_t got = qd_pack2<DT>(a, b);
+        uint32_t want = DT == QD_F16 ? (qd_f32_to_f16(a) | (uint32_t)qd_f32_to_f16(b) << 16)
+                                     : (qd_f32_to_bf16(a) | (uint32_t)qd_f32_to_bf16(b) << 16);
+        if (got != want) {
+            atomicAdd(mismatches, 1ull);
+            atomicMin(first, (unsigned long long)u);
+        }
+    }
+}
+
+/* elem 7 / 8: the NF4 / FP4 code searches */
+__global__ void bnb_code_check_kernel(int nf4, unsigned long long *mismatches, unsigned long long *first)
+{
+    for (uint64_t u = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; u < (1ull << 32);
+         u += (uint64_t)gridDim.x * blockDim.x) {
+        float a = qd_bits_f32((uint32_t)u);
+        uint32_t got = nf4 ? qd_nf4_code_fast(a) : qd_fp4_code_fast(a);
+        uint32_t want = nf4 ? qd_nf4_code(a) : qd_fp4_code(a);
+        if (got != want) {
+            atomicAdd(mismatches, 1ull);
+            atomicMin(first, (unsigned long long)u);
+        }
+    }
+}
+
 extern "C" long long qd_cuda_conversion_mismatches(int elem, uint32_t *first_bad)
 {
     unsigned long long *d, h[2] = {0, ~0ull};
@@ -30,6 +62,10 @@ extern "C" long long qd_cuda_conversion_mismatches(int elem, uint32_t *first_bad
     case QD_E2M3: conversion_check_kernel<QD_E2M3><<<4096, 256>>>(d, d + 1); break;
     case QD_E3M2: conversion_check_kernel<QD_E3M2><<<4096, 256>>>(d, d + 1); break;
     case QD_E4M3: conversion_check_kernel<QD_E4M3><<<4096, 256>>>(d, d + 1); break;
+    case 5: pack_check_kernel<QD_BF16><<<4096, 256>>>(d, d + 1); break;
+    case 6: pack_check_kernel<QD_F16><<<4096, 256>>>(d, d + 1); break;
+    case 7: bnb_code_check_kernel<<<4096, 256>>>(1, d, d + 1); break;
+    case 8: bnb_code_check_kernel<<<4096, 256>>>(0, d, d + 1); break;
     default: conversion_check_kernel<QD_E5M2><<<4096, 256>>>(d, d + 1); break;
     }
     cudaError_t e = cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);

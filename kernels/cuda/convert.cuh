@@ -11,6 +11,7 @@
 #ifndef QD_CUDA_CONVERT_CUH
 #define QD_CUDA_CONVERT_CUH
 
+#include "../bnb4.h"
 #include "../fp.h"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
@@ -111,6 +112,32 @@ template <int ELEM> __device__ __forceinline__ uint32_t qd_mx_encode2(float a, f
     if (ELEM == 3)
         return qd_e4m3x2(a, b);
     return qd_e5m2x2(a, b);
+}
+
+/* bitsandbytes' NF4/FP4 codes (qd_nf4_code / qd_fp4_code: how many of the sorted thresholds x
+ * exceeds) as a binary search whose thresholds are picked by selects, not indexed: 4 (3)
+ * compares instead of 15 (7). Equal on every f32 (checked with the others, elem 7 and 8). */
+__device__ __forceinline__ uint32_t qd_nf4_code_fast(float x)
+{
+    const float t[15] = QD_NF4_THRESHOLDS;
+    bool b3 = x > t[7];
+    bool b2 = x > (b3 ? t[11] : t[3]);
+    bool b1 = x > (b3 ? (b2 ? t[13] : t[9]) : (b2 ? t[5] : t[1]));
+    float u0 = b1 ? t[2] : t[0], u1 = b1 ? t[6] : t[4], u2 = b1 ? t[10] : t[8], u3 = b1 ? t[14] : t[12];
+    bool b0 = x > (b3 ? (b2 ? u3 : u2) : (b2 ? u1 : u0));
+    return (uint32_t)b3 << 3 | (uint32_t)b2 << 2 | (uint32_t)b1 << 1 | (uint32_t)b0;
+}
+
+__device__ __forceinline__ uint32_t qd_fp4_code_fast(float x)
+{
+    const float t[7] = {0.00260417f, 0.0859375f, 0.20833333f, 0.29166667f, 0.4166667f, 0.583333f,
+                        0.8333333f};
+    float a = qd_absf(x);
+    bool b2 = a > t[3];
+    bool b1 = a > (b2 ? t[5] : t[1]);
+    bool b0 = a > (b2 ? (b1 ? t[6] : t[4]) : (b1 ? t[2] : t[0]));
+    uint32_t rank = (uint32_t)b2 << 2 | (uint32_t)b1 << 1 | (uint32_t)b0;
+    return ((0x32547610u >> (4 * rank)) & 15) | (x < 0.0f ? 8u : 0u); /* code_of_rank */
 }
 
 #endif

@@ -123,7 +123,7 @@ __global__ void int8_dequantize_kernel(int asym, int per_row, int64_t cols, cons
                 zp = asym ? zero_point[row] : 0;
             }
             uint32_t c = ((j < 4 ? w.x : w.y) >> (8 * (j % 4))) & 0xff;
-            v[j] = asym ? (float)((int)c - zp) * sc : (float)(int8_t)c * sc;
+            v[j] = qd_small_int_f32(asym ? (int)c - zp : (int)(int8_t)c) * sc;
         }
         qd_store_block<DT, 8>(y, 8 * t, v);
     } else {

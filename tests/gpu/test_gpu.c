@@ -192,7 +192,9 @@ static void gpu_params_variants(void **state)
                                  {"mxfp6_e3m2", "fp6_packing", "unpacked"}, {"mxfp8_e5m2", "scale_layout", "linear"},
                                  {"int8", "granularity", "row"}, {"uint8", "granularity", "row"},
                                  {"nf4", "double_quant", "false"}, {"fp4", "blocksize", "4096"},
-                                 {"nf4", "offset", "0.25"}, {"awq", "group_size", "64"}};
+                                 {"nf4", "offset", "0.25"}, {"awq", "group_size", "64"},
+                                 {"awq", "group_size", "32"}, {"awq", "group_size", "256"},
+                                 {"nf4", "blocksize", "32"}, {"fp4", "blocksize", "512"}};
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         const struct qd_format *f = qd_format_find(variants[v][0]);
         for (int dt = QD_F32; dt <= QD_BF16; dt++) {
@@ -241,13 +243,14 @@ static void gpu_params_variants(void **state)
            (long long)skipped);
 }
 
-/* The device element encoders (fp8 cvt, fp6 through fp8, e2m1 by thresholds) against the
- * software ones, on all 2^32 f32 inputs. */
+/* The device element encoders (fp8 cvt, fp6 through fp8, e2m1 per binade) and the f16/bf16
+ * output packers against the software ones, on all 2^32 f32 inputs. */
 static void device_encoders_equal_software_on_every_f32(void **state)
 {
     (void)state;
-    const char *names[] = {"e2m1", "e2m3", "e3m2", "e4m3", "e5m2"};
-    for (int e = 0; e < 5; e++) {
+    const char *names[] = {"e2m1", "e2m3", "e3m2", "e4m3", "e5m2", "bf16 pairs", "f16 pairs", "nf4 codes",
+                           "fp4 codes"};
+    for (int e = 0; e < 9; e++) {
         uint32_t first = 0;
         long long bad = qd_cuda_conversion_mismatches(e, &first);
         printf("# %s: %lld of 2^32 inputs differ%s\n", names[e], bad, bad > 0 ? " (first below)" : "");

@@ -113,8 +113,8 @@ int main(int argc, char **argv)
         if (only && strcmp(only, f->name))
             continue;
         for (int s = 0; s < 3; s++) {
-        if (only_side && sides[s] != only_side)
-            continue;
+            if (only_side && sides[s] != only_side)
+                continue;
             struct qd_tensor in = {.data = d_in, .dtype = QD_BF16};
             int64_t dims[2] = {sides[s], sides[s]};
             qd_tensor_set_shape(&in, 2, dims);

@@ -51,6 +51,22 @@ __global__ void bnb_code_check_kernel(int nf4, unsigned long long *mismatches, u
     }
 }
 
+/* elem 9 / 10: fp8 pair decoding (every 16-bit pair; the sweep repeats them) */
+template <int ELEM>
+__global__ void fp8_decode_check_kernel(unsigned long long *mismatches, unsigned long long *first)
+{
+    for (uint64_t u = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; u < (1ull << 16);
+         u += (uint64_t)gridDim.x * blockDim.x) {
+        float a, b;
+        qd_fp8x2_decode<ELEM>((uint32_t)u, &a, &b);
+        float wa = qd_mx_decode(ELEM, (uint8_t)u), wb = qd_mx_decode(ELEM, (uint8_t)(u >> 8));
+        if (qd_f32_bits(a) != qd_f32_bits(wa) || qd_f32_bits(b) != qd_f32_bits(wb)) {
+            atomicAdd(mismatches, 1ull);
+            atomicMin(first, (unsigned long long)u);
+        }
+    }
+}
+
 extern "C" long long qd_cuda_conversion_mismatches(int elem, uint32_t *first_bad)
 {
     unsigned long long *d, h[2] = {0, ~0ull};
@@ -66,6 +82,8 @@ extern "C" long long qd_cuda_conversion_mismatches(int elem, uint32_t *first_bad
     case 6: pack_check_kernel<QD_F16><<<4096, 256>>>(d, d + 1); break;
     case 7: bnb_code_check_kernel<<<4096, 256>>>(1, d, d + 1); break;
     case 8: bnb_code_check_kernel<<<4096, 256>>>(0, d, d + 1); break;
+    case 9: fp8_decode_check_kernel<QD_E4M3><<<256, 256>>>(d, d + 1); break;
+    case 10: fp8_decode_check_kernel<QD_E5M2><<<256, 256>>>(d, d + 1); break;
     default: conversion_check_kernel<QD_E5M2><<<4096, 256>>>(d, d + 1); break;
     }
     cudaError_t e = cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);

@@ -118,7 +118,25 @@ __global__ void __launch_bounds__(MX_THREADS) mx_dequantize_kernel(struct mx_geo
     __syncthreads();
     if (b < nblocks) {
         float v[QD_MX_BLOCK];
-        qd_mx_dequantize_block(ELEM, g.unpacked, scales[scale_index(g, b)], staged + threadIdx.x * g.data_bytes, v);
+        uint8_t sc = scales[scale_index(g, b)];
+        if constexpr (ELEM == QD_E4M3 || ELEM == QD_E5M2) { /* hardware fp8 decoding */
+            float s = qd_e8m0_to_f32(sc);
+            const uint4 *p = (const uint4 *)(staged + threadIdx.x * 32);
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                uint4 q = p[k];
+                uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+                for (int h = 0; h < 8; h++) {
+                    float a, bb;
+                    qd_fp8x2_decode<ELEM>(w[h / 2] >> (16 * (h % 2)), &a, &bb);
+                    v[16 * k + 2 * h] = a * s;
+                    v[16 * k + 2 * h + 1] = bb * s;
+                }
+            }
+        } else {
+            qd_mx_dequantize_block(ELEM, g.unpacked, sc, staged + threadIdx.x * g.data_bytes, v);
+        }
         tile_put<DT, QD_MX_BLOCK>(tile, v);
     }
     __syncthreads();
@@ -222,14 +240,21 @@ __global__ void __launch_bounds__(MX_THREADS) nvfp4_dequantize_kernel(float pts,
                                                                       int64_t nblocks, void *y)
 {
     __shared__ uint4 tile[MX_THREADS * qd_tile<DT, QD_NVFP4_BLOCK>::CH];
+    __shared__ float e2m1[16]; /* lanes index it independently: shared, not a local array */
+    if (threadIdx.x < 16)
+        e2m1[threadIdx.x] = qd_floatx_to_f32((uint8_t)threadIdx.x, 2, 1);
+    __syncthreads();
     int64_t first = blockIdx.x * (int64_t)MX_THREADS, b = first + threadIdx.x;
     int nvalid = nblocks - first < MX_THREADS ? (int)(nblocks - first) : MX_THREADS;
-    if (b < nblocks) {
+    if (b < nblocks) { /* qd_nvfp4_dequantize_block, the same operations */
         uint2 w = ((const uint2 *)data)[b];
-        uint8_t packed[8] = {(uint8_t)w.x, (uint8_t)(w.x >> 8), (uint8_t)(w.x >> 16), (uint8_t)(w.x >> 24),
-                             (uint8_t)w.y, (uint8_t)(w.y >> 8), (uint8_t)(w.y >> 16), (uint8_t)(w.y >> 24)};
+        float s = qd_e4m3_to_f32(scales[scale_pos(b, scale_cols, swizzled)]);
         float v[QD_NVFP4_BLOCK];
-        qd_nvfp4_dequantize_block(pts, scales[scale_pos(b, scale_cols, swizzled)], packed, v);
+#pragma unroll
+        for (int j = 0; j < QD_NVFP4_BLOCK; j++) {
+            float e = e2m1[((j < 8 ? w.x : w.y) >> (4 * (j % 8))) & 15] * s;
+            v[j] = pts > 0.0f ? e * pts : e;
+        }
         tile_put<DT, QD_NVFP4_BLOCK>(tile, v);
     }
     __syncthreads();

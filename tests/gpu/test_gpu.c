@@ -249,8 +249,8 @@ static void device_encoders_equal_software_on_every_f32(void **state)
 {
     (void)state;
     const char *names[] = {"e2m1", "e2m3", "e3m2", "e4m3", "e5m2", "bf16 pairs", "f16 pairs", "nf4 codes",
-                           "fp4 codes"};
-    for (int e = 0; e < 9; e++) {
+                           "fp4 codes", "e4m3 decode", "e5m2 decode"};
+    for (int e = 0; e < 11; e++) {
         uint32_t first = 0;
         long long bad = qd_cuda_conversion_mismatches(e, &first);
         printf("# %s: %lld of 2^32 inputs differ%s\n", names[e], bad, bad > 0 ? " (first below)" : "");

@@ -28,6 +28,10 @@ struct qd_backend {
     enum qd_status (*run)(void *worker, struct qd_work *w, char *err, size_t errlen);
     void (*stats)(struct qd_backend *b, struct qd_backend_stats *s);
     void (*close)(struct qd_backend *b);
+    /* Host memory the backend copies from fastest (pinned, for CUDA), for request bodies; NULL
+     * when plain malloc is as good (CPU). */
+    void *(*host_alloc)(size_t n);
+    void (*host_free)(void *p);
     void *state;
 };
 

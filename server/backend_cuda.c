@@ -102,14 +102,19 @@ static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *e
     if ((st = ensure(wk, &wk->d_in, in_bytes, 1, err, errlen)) || (st = ensure(wk, &wk->d_out, out_bytes, 1, err, errlen)) ||
         (st = ensure(wk, &wk->h_in, in_bytes, 0, err, errlen)) || (st = ensure(wk, &wk->h_out, out_bytes, 0, err, errlen)))
         return st;
-    /* stage the input in pinned memory: the H2D then runs at full PCIe speed */
-    if (quant)
+    /* the input must sit in pinned memory for the H2D to run at full PCIe speed: a raw body
+     * received into the pinned pool (server/hostmem.c) already does; anything else is staged */
+    const void *src = wk->h_in.p;
+    struct cudaPointerAttributes pa;
+    if (quant && cudaPointerGetAttributes(&pa, w->in.data) == cudaSuccess && pa.type == cudaMemoryTypeHost)
+        src = w->in.data;
+    else if (quant)
         memcpy(wk->h_in.p, w->in.data, tensor_bytes);
     else
         for (int i = 0; i < w->nc; i++)
             memcpy((char *)wk->h_in.p + off[i], w->comp[i], (size_t)w->comps[i].bytes);
     cudaError_t e;
-    if ((e = cudaEventRecord(wk->ev[0], s)) || (e = cudaMemcpyAsync(wk->d_in.p, wk->h_in.p, in_bytes, cudaMemcpyHostToDevice, s)) ||
+    if ((e = cudaEventRecord(wk->ev[0], s)) || (e = cudaMemcpyAsync(wk->d_in.p, src, in_bytes, cudaMemcpyHostToDevice, s)) ||
         (e = cudaEventRecord(wk->ev[1], s)))
         return fail(e, "copy to the device", err, errlen);
     if (wk->st->poison && (e = cudaMemsetAsync(wk->d_out.p, 0xa5, out_bytes, s)))
@@ -215,6 +220,15 @@ static void cuda_close(struct qd_backend *b)
     b->state = NULL;
 }
 
+/* Pinned host memory for request bodies (portable: any of the devices copies from it). */
+static void *cuda_host_alloc(size_t n)
+{
+    void *p = NULL;
+    return cudaHostAlloc(&p, n, cudaHostAllocPortable) == cudaSuccess ? p : NULL;
+}
+
+static void cuda_host_free(void *p) { cudaFreeHost(p); }
+
 int qd_backend_cuda_open(struct qd_backend *b, const char *devices, char *err, size_t errlen)
 {
     int count = 0;
@@ -265,6 +279,8 @@ int qd_backend_cuda_open(struct qd_backend *b, const char *devices, char *err, s
     b->run = cuda_run;
     b->stats = cuda_stats;
     b->close = cuda_close;
+    b->host_alloc = cuda_host_alloc;
+    b->host_free = cuda_host_free;
     b->state = st;
     return 0;
 }

@@ -20,6 +20,7 @@
 #include "backend.h"
 #include "decode.h"
 #include "encode.h"
+#include "hostmem.h"
 #include "jobs.h"
 #include "metrics.h"
 
@@ -223,7 +224,7 @@ static void precheck_post(struct MHD_Connection *mc, struct conn *c)
         if (qd_format_layout(r->f, &p, &t, comps, err, sizeof err) < 0)
             qd_reply_error(&c->reply, 422, "unsupported_shape", "%s", err);
     }
-    if (length > 0 && !c->reply.status && !(c->body = malloc((size_t)length)))
+    if (length > 0 && !c->reply.status && !(c->body = qd_hostmem_get((size_t)length)))
         qd_reply_error(&c->reply, 503, "out_of_memory", "no memory for a %lld-byte body", length);
     else if (length > 0)
         c->cap = (size_t)length;
@@ -469,7 +470,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         if (c->reply.status || c->discard)
             return MHD_YES; /* already answered or too large: drop the rest */
         if (c->len + n > (size_t)S.config->max_body_bytes) {
-            free(c->body);
+            qd_hostmem_put(c->body);
             c->body = NULL;
             c->discard = 1;
             qd_reply_error(&c->reply, 413, "body_too_large", "the body is over the limit of %lld bytes",
@@ -482,7 +483,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
                 cap *= 2;
             if (cap > (size_t)S.config->max_body_bytes)
                 cap = (size_t)S.config->max_body_bytes;
-            char *b = realloc(c->body, cap);
+            char *b = qd_hostmem_grow(c->body, c->len, cap);
             if (!b) {
                 qd_reply_error(&c->reply, 503, "out_of_memory", "no memory for the body");
                 return MHD_YES;
@@ -529,7 +530,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
             ts.tv_nsec / 1000000, c->method, path, status, f ? f->name : "", c->bytes_in,
             c->bytes_out, seconds * 1e3, c->job ? ",\"backend\":\"" : "",
             c->job ? c->job->backend : "", c->job ? "\"" : "");
-    free(c->body);
+    qd_hostmem_put(c->body);
     qd_reply_free(&c->reply);
     if (c->job)
         qd_job_unref(c->job);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "encode.h"
+#include "hostmem.h"
 #include "metrics.h"
 
 double qd_now_us(void)
@@ -32,7 +33,7 @@ void qd_job_ref(struct qd_job *j) { atomic_fetch_add(&j->refs, 1); }
 void qd_job_unref(struct qd_job *j)
 {
     if (j && atomic_fetch_sub(&j->refs, 1) == 1) {
-        free(j->body);
+        qd_hostmem_put(j->body);
         qd_reply_free(&j->reply);
         free(j);
     }
@@ -84,7 +85,7 @@ static void job_execute(struct worker *wk, struct qd_job *j)
     }
     j->timing = w.t;
     qd_work_free(&w);
-    free(j->body);
+    qd_hostmem_put(j->body);
     j->body = NULL;
 }
 

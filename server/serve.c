@@ -6,6 +6,7 @@
 
 #include "../kernels/cpu/cpu.h"
 #include "backend.h"
+#include "hostmem.h"
 #include "config.h"
 #include "http.h"
 #include "jobs.h"
@@ -44,6 +45,10 @@ int qd_serve_main(int argc, char **argv)
     } else
         qd_backend_cpu_open(&backend, err, sizeof err);
 
+    /* large bodies land in pinned buffers the CUDA workers copy from directly; the pool holds
+     * at most 2 GiB (beyond that, bodies are malloc'd and staged as before) */
+    if (backend.host_alloc)
+        qd_hostmem_init(backend.host_alloc, backend.host_free, (size_t)2 << 30);
     struct qd_jobs_config jc = {
         .workers = cfg.workers ? cfg.workers : backend.default_workers,
         .depth = cfg.queue_depth,
@@ -75,6 +80,7 @@ int qd_serve_main(int argc, char **argv)
     int drained = qd_http_drain(cfg.drain_timeout_s) == 0;
     qd_http_stop();
     qd_jobs_stop();
+    qd_hostmem_shutdown();
     backend.close(&backend);
     fprintf(stderr, "{\"msg\":\"quantd stopped\",\"drained\":%s}\n", drained ? "true" : "false");
     return drained ? 0 : 1;

@@ -1,0 +1,108 @@
+/* The body pool: a small table of large buffers, each free or lent; a request takes the smallest
+ * free one that fits, or a new one while the pool is under its byte cap, or falls back to
+ * malloc (so the pool bounds pinned memory, not the service). */
+#include "hostmem.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SLOTS 64
+
+static struct slot {
+    void *p;
+    size_t cap;
+    int lent;
+} slots[SLOTS];
+static size_t held, limit;
+static void *(*pool_alloc)(size_t);
+static void (*pool_release)(void *);
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+void qd_hostmem_init(void *(*alloc)(size_t), void (*release)(void *), size_t cap_bytes)
+{
+    pool_alloc = alloc;
+    pool_release = release;
+    limit = cap_bytes;
+}
+
+static struct slot *slot_of(void *p)
+{
+    for (int i = 0; i < SLOTS; i++)
+        if (slots[i].p == p)
+            return &slots[i];
+    return NULL;
+}
+
+void *qd_hostmem_get(size_t n)
+{
+    if (!pool_alloc || n < QD_HOSTMEM_MIN)
+        return malloc(n ? n : 1);
+    pthread_mutex_lock(&lock);
+    struct slot *best = NULL, *empty = NULL;
+    for (int i = 0; i < SLOTS; i++) {
+        struct slot *s = &slots[i];
+        if (!s->p && !empty)
+            empty = s;
+        else if (s->p && !s->lent && s->cap >= n && (!best || s->cap < best->cap))
+            best = s;
+    }
+    if (!best && empty && held + n <= limit) {
+        /* round up so that bodies of nearby sizes share buffers */
+        size_t cap = QD_HOSTMEM_MIN;
+        while (cap < n)
+            cap *= 2;
+        if (held + cap > limit)
+            cap = n;
+        void *p = pool_alloc(cap);
+        if (p) {
+            *empty = (struct slot){.p = p, .cap = cap};
+            held += cap;
+            best = empty;
+        }
+    }
+    if (best)
+        best->lent = 1;
+    pthread_mutex_unlock(&lock);
+    return best ? best->p : malloc(n);
+}
+
+void qd_hostmem_put(void *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&lock);
+    struct slot *s = pool_alloc ? slot_of(p) : NULL;
+    if (s)
+        s->lent = 0;
+    pthread_mutex_unlock(&lock);
+    if (!s)
+        free(p);
+}
+
+void *qd_hostmem_grow(void *p, size_t len, size_t new_cap)
+{
+    pthread_mutex_lock(&lock);
+    int pooled = p && pool_alloc && slot_of(p);
+    pthread_mutex_unlock(&lock);
+    if (!pooled)
+        return realloc(p, new_cap);
+    void *q = malloc(new_cap);
+    if (!q)
+        return NULL;
+    memcpy(q, p, len);
+    qd_hostmem_put(p);
+    return q;
+}
+
+void qd_hostmem_shutdown(void)
+{
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < SLOTS; i++)
+        if (slots[i].p && !slots[i].lent) {
+            pool_release(slots[i].p);
+            held -= slots[i].cap;
+            slots[i] = (struct slot){0};
+        }
+    pthread_mutex_unlock(&lock);
+}

@@ -73,10 +73,9 @@ __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, i
         int64_t at = (row0 + r) * N + col0 + 8 * w;
         float v[8];
         qd_load_block<DT, 8>(x, at, v);
-        for (int j = 0; j < 8; j++) {
-            qd_note_nonfinite(bad, v[j], at + j);
+        qd_check_block<8>(bad, v, at);
+        for (int j = 0; j < 8; j++)
             tile[r * AWQ_PITCH + 8 * w + j] = v[j];
-        }
     }
     __syncthreads();
     /* column c, part p: rows 32i + 8p + j (banks (8p + c) % 32: distinct across a warp); each

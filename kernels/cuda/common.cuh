@@ -138,6 +138,31 @@ __device__ __forceinline__ void qd_note_nonfinite(unsigned long long *bad, float
         atomicMin(bad, (unsigned long long)i);
 }
 
+/* 1 when any of the N values is NaN or infinite: one compare each, no branch. */
+template <int N> __device__ __forceinline__ bool qd_any_nonfinite(const float *v)
+{
+    bool any = false;
+#pragma unroll
+    for (int j = 0; j < N; j++)
+        any |= !(qd_absf(v[j]) <= 3.40282347e38f);
+    return any;
+}
+
+/* The block-wise non-finite check: one branch per block; the first bad element's index is
+ * recorded (the smallest index wins across the grid). Returns whether the block has one. */
+template <int N> __device__ __forceinline__ bool qd_check_block(unsigned long long *bad, const float *v, int64_t first)
+{
+    if (!qd_any_nonfinite<N>(v))
+        return false;
+    if (bad)
+        for (int j = 0; j < N; j++)
+            if (!qd_isfinite(v[j])) {
+                atomicMin(bad, (unsigned long long)(first + j));
+                break;
+            }
+    return true;
+}
+
 /* amax, min and max of some values, folded as qd_cpu_minmax does (order-free for finite values). */
 struct qd_range {
     float amax, lo, hi;

@@ -88,9 +88,9 @@ __global__ void range_kernel(const void *x, int64_t n, struct qd_scratch *s, uns
         float v[8], w[8];
         qd_load_block<DT, 8>(x, 8 * g, v);
         qd_load_block<DT, 8>(x, 8 * (g + stride), w);
+        qd_check_block<8>(bad, v, 8 * g);
+        qd_check_block<8>(bad, w, 8 * (g + stride));
         for (int j = 0; j < 8; j++) {
-            qd_note_nonfinite(bad, v[j], 8 * g + j);
-            qd_note_nonfinite(bad, w[j], 8 * (g + stride) + j);
             qd_range_add(&r, v[j]);
             qd_range_add(&r, w[j]);
         }
@@ -98,10 +98,9 @@ __global__ void range_kernel(const void *x, int64_t n, struct qd_scratch *s, uns
     if (g < groups) {
         float v[8];
         qd_load_block<DT, 8>(x, 8 * g, v);
-        for (int j = 0; j < 8; j++) {
-            qd_note_nonfinite(bad, v[j], 8 * g + j);
+        qd_check_block<8>(bad, v, 8 * g);
+        for (int j = 0; j < 8; j++)
             qd_range_add(&r, v[j]);
-        }
     }
     for (int64_t i = 8 * groups + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
         float v = qd_load<DT>(x, i);

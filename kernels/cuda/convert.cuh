@@ -6,7 +6,7 @@
  * - e2m3 / e3m2 (MX fp6) have the same mantissa width as e4m3 / e5m2 and line up with them
  *   after an exact power-of-two scaling (2^-6, 2^-12 map min normal onto min normal and the
  *   subnormal step onto the subnormal step), once clamped to the fp6 maximum.
- * e2m1 has no counterpart before sm_100: qd_e2m1x2 rounds on each binade's grid with the
+ * e2m1 has no counterpart before sm_100: qd_e2m1_finite rounds on each binade's grid with the
  *   float-to-int conversion (round to nearest even) instead. */
 #ifndef QD_CUDA_CONVERT_CUH
 #define QD_CUDA_CONVERT_CUH
@@ -34,49 +34,40 @@ template <int ELEM> __device__ __noinline__ uint32_t qd_encode2_soft(float a, fl
     }
 }
 
-/* Two e4m3 codes (a low byte, b high byte). */
-__device__ __forceinline__ uint32_t qd_e4m3x2(float a, float b)
+/* Two e4m3 / e5m2 codes (a low byte, b high byte) of non-NaN values. */
+__device__ __forceinline__ uint32_t qd_e4m3x2_finite(float a, float b)
 {
 #ifdef QD_HW_FP8
     uint16_t r;
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
-    uint32_t c = r;
-    if (a != a || b != b) /* rare: NaN keeps its sign in the software rule */
-        c = qd_encode2_soft<3>(a, b);
-    return c;
+    return r;
 #else
     return qd_f32_to_e4m3(a) | (uint32_t)qd_f32_to_e4m3(b) << 8;
 #endif
 }
 
-__device__ __forceinline__ uint32_t qd_e5m2x2(float a, float b)
+__device__ __forceinline__ uint32_t qd_e5m2x2_finite(float a, float b)
 {
 #ifdef QD_HW_FP8
     uint16_t r;
     asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
-    uint32_t c = r;
-    if (a != a || b != b)
-        c = qd_encode2_soft<4>(a, b);
-    return c;
+    return r;
 #else
     return qd_f32_to_e5m2(a) | (uint32_t)qd_f32_to_e5m2(b) << 8;
 #endif
 }
 
-/* fp6 codes of two values through the fp8 conversion of the same mantissa width. */
-template <int EBITS> __device__ __forceinline__ uint32_t qd_fp6x2(float a, float b)
+/* fp6 codes of two non-NaN values through the fp8 conversion of the same mantissa width. */
+template <int EBITS> __device__ __forceinline__ uint32_t qd_fp6x2_finite(float a, float b)
 {
 #ifdef QD_HW_FP8
     const float maxv = EBITS == 2 ? 7.5f : 28.0f;
     const float shift = EBITS == 2 ? 0.015625f : 0.000244140625f; /* 2^-6, 2^-12 */
     float sa = copysignf(fminf(fabsf(a), maxv), a) * shift;
     float sb = copysignf(fminf(fabsf(b), maxv), b) * shift;
-    uint32_t c = EBITS == 2 ? qd_e4m3x2(sa, sb) : qd_e5m2x2(sa, sb);
+    uint32_t c = EBITS == 2 ? qd_e4m3x2_finite(sa, sb) : qd_e5m2x2_finite(sa, sb);
     /* sign bit 7 -> 5, exponent and mantissa already in the low 5 bits */
-    c = (c & 0x1f1fu) | ((c & 0x8080u) >> 2);
-    if (a != a || b != b) /* NaN: whatever torchao's bit arithmetic gives, as on the CPU */
-        c = qd_encode2_soft<EBITS == 2 ? 1 : 2>(a, b);
-    return c;
+    return (c & 0x1f1fu) | ((c & 0x8080u) >> 2);
 #else
     return qd_f32_to_floatx(a, EBITS, 5 - EBITS) | (uint32_t)qd_f32_to_floatx(b, EBITS, 5 - EBITS) << 8;
 #endif
@@ -95,26 +86,28 @@ __device__ __forceinline__ uint32_t qd_e2m1_finite(float x)
     return c | ((qd_f32_bits(x) >> 28) & 8);
 }
 
-__device__ __forceinline__ uint32_t qd_e2m1x2(float a, float b)
-{
-    uint32_t c = qd_e2m1_finite(a) | qd_e2m1_finite(b) << 8;
-    if (a != a || b != b) /* NaN: torchao's bit arithmetic, as on the CPU */
-        c = qd_encode2_soft<0>(a, b);
-    return c;
-}
-
-/* Code pair of element type ELEM (enum qd_mx_elem order: e2m1 e2m3 e3m2 e4m3 e5m2). */
-template <int ELEM> __device__ __forceinline__ uint32_t qd_mx_encode2(float a, float b)
+/* Code pair of element type ELEM (enum qd_mx_elem order: e2m1 e2m3 e3m2 e4m3 e5m2) for
+ * non-NaN values (what a block without NaN/Inf scales to). */
+template <int ELEM> __device__ __forceinline__ uint32_t qd_mx_encode2_finite(float a, float b)
 {
     if (ELEM == 0)
-        return qd_e2m1x2(a, b);
+        return qd_e2m1_finite(a) | qd_e2m1_finite(b) << 8;
     if (ELEM == 1)
-        return qd_fp6x2<2>(a, b);
+        return qd_fp6x2_finite<2>(a, b);
     if (ELEM == 2)
-        return qd_fp6x2<3>(a, b);
+        return qd_fp6x2_finite<3>(a, b);
     if (ELEM == 3)
-        return qd_e4m3x2(a, b);
-    return qd_e5m2x2(a, b);
+        return qd_e4m3x2_finite(a, b);
+    return qd_e5m2x2_finite(a, b);
+}
+
+/* The same for any values: a NaN takes the software rule (torchao's bit arithmetic for e2m1
+ * and fp6, sign | 0x7f for fp8), as on the CPU. */
+template <int ELEM> __device__ __forceinline__ uint32_t qd_mx_encode2(float a, float b)
+{
+    if (a != a || b != b)
+        return qd_encode2_soft<ELEM>(a, b);
+    return qd_mx_encode2_finite<ELEM>(a, b);
 }
 
 /* bitsandbytes' NF4/FP4 codes (qd_nf4_code / qd_fp4_code: how many of the sorted thresholds x

@@ -18,9 +18,7 @@ __global__ void ggml_quantize_kernel(int type, int bytes, const void *x, int64_t
     if (b < nblocks) {
         float v[QD_GGML_QK];
         qd_load_block<DT, QD_GGML_QK>(x, b * QD_GGML_QK, v);
-        if (bad)
-            for (int j = 0; j < QD_GGML_QK; j++)
-                qd_note_nonfinite(bad, v[j], b * QD_GGML_QK + j);
+        qd_check_block<QD_GGML_QK>(bad, v, b * QD_GGML_QK);
         qd_ggml_quantize_block(type, v, staged + threadIdx.x * bytes);
     }
     __syncthreads();

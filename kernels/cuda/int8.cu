@@ -15,8 +15,8 @@ __global__ void int8_codes_kernel(int asym, const void *x, int64_t n, const floa
         float v[8];
         qd_load_block<DT, 8>(x, 8 * t, v);
         uint32_t w[2] = {0, 0};
+        qd_check_block<8>(bad, v, 8 * t);
         for (int j = 0; j < 8; j++) {
-            qd_note_nonfinite(bad, v[j], 8 * t + j);
             uint32_t c = asym ? qd_uint8_code(v[j], s, zp) : (uint8_t)qd_int8_code(v[j], s);
             w[j / 4] |= c << (8 * (j % 4));
         }
@@ -47,10 +47,9 @@ __global__ void __launch_bounds__(ROW_THREADS) int8_row_kernel(int asym, const v
         for (int64_t g = threadIdx.x; g < cols / 8; g += ROW_THREADS) {
             float v[8];
             qd_load_block<DT, 8>(x, base + 8 * g, v);
-            for (int j = 0; j < 8; j++) {
-                qd_note_nonfinite(bad, v[j], base + 8 * g + j);
+            qd_check_block<8>(bad, v, base + 8 * g);
+            for (int j = 0; j < 8; j++)
                 qd_range_add(&r, v[j]);
-            }
         }
     } else {
         for (int64_t i = threadIdx.x; i < cols; i += ROW_THREADS) {

@@ -79,19 +79,30 @@ __global__ void __launch_bounds__(MX_THREADS) mx_quantize_kernel(struct mx_geom 
     if (b < nblocks) {
         float v[QD_MX_BLOCK];
         qd_load_block<DT, QD_MX_BLOCK>(x, b * QD_MX_BLOCK, v);
-        if (bad)
-            for (int j = 0; j < QD_MX_BLOCK; j++)
-                qd_note_nonfinite(bad, v[j], b * QD_MX_BLOCK + j);
-        float amax = qd_block_amax(v, QD_MX_BLOCK);
-        uint8_t scale = g.rceil ? qd_e8m0_rceil(amax * (float)(1.0 / (double)qd_mx_max_pos(ELEM)))
-                                : qd_e8m0_floor(amax, qd_mx_emax(ELEM));
-        float inv = qd_e8m0_reciprocal(scale);
-        uint32_t pair[16];
-#pragma unroll
-        for (int k = 0; k < 16; k++)
-            pair[k] = qd_mx_encode2<ELEM>(v[2 * k] * inv, v[2 * k + 1] * inv);
         uint32_t w[8];
-        int n = mx_pack_words<ELEM>(pair, g.unpacked, w);
+        uint8_t scale;
+        int n;
+        if (qd_check_block<QD_MX_BLOCK>(bad, v, b * QD_MX_BLOCK)) {
+            /* NaN/Inf (allowed): the reference block code, exactly the CPU's */
+            uint8_t packed[32];
+            scale = qd_mx_quantize_block(ELEM, g.rceil, g.unpacked, v, packed);
+            n = g.data_bytes / 4;
+            for (int k = 0; k < n; k++)
+                w[k] = packed[4 * k] | packed[4 * k + 1] << 8 | packed[4 * k + 2] << 16 | (uint32_t)packed[4 * k + 3] << 24;
+        } else {
+            float amax = 0.0f; /* finite: the NaN-propagating max of the reference is a plain max */
+#pragma unroll
+            for (int j = 0; j < QD_MX_BLOCK; j++)
+                amax = fmaxf(amax, qd_absf(v[j]));
+            scale = g.rceil ? qd_e8m0_rceil(amax * (float)(1.0 / (double)qd_mx_max_pos(ELEM)))
+                            : qd_e8m0_floor(amax, qd_mx_emax(ELEM));
+            float inv = qd_e8m0_reciprocal(scale);
+            uint32_t pair[16];
+#pragma unroll
+            for (int k = 0; k < 16; k++)
+                pair[k] = qd_mx_encode2_finite<ELEM>(v[2 * k] * inv, v[2 * k + 1] * inv);
+            n = mx_pack_words<ELEM>(pair, g.unpacked, w);
+        }
         scales[scale_index(g, b)] = scale;
         if constexpr (ELEM == QD_E2M1) /* 16 bytes per thread, consecutive: already coalesced */
             ((uint4 *)data)[b] = make_uint4(w[0], w[1], w[2], w[3]);
@@ -211,24 +222,34 @@ __global__ void nvfp4_quantize_kernel(float pts, float inv_pts, int swizzled, in
         return;
     float v[QD_NVFP4_BLOCK];
     qd_load_block<DT, QD_NVFP4_BLOCK>(x, b * QD_NVFP4_BLOCK, v);
-    if (bad)
-        for (int j = 0; j < QD_NVFP4_BLOCK; j++)
-            qd_note_nonfinite(bad, v[j], b * QD_NVFP4_BLOCK + j);
-    float block_scale = qd_block_amax(v, QD_NVFP4_BLOCK) / 6.0f;
     uint8_t sc;
-    float r;
-    if (pts > 0.0f) {
-        sc = qd_f32_to_e4m3(qd_clamp(block_scale / pts, QD_E4M3_TINY, 448.0f));
-        r = inv_pts / qd_e4m3_to_f32(sc);
-    } else {
-        sc = qd_f32_to_e4m3(qd_clamp(block_scale, QD_E4M3_TINY, 448.0f));
-        r = 1.0f / qd_e4m3_to_f32(sc);
-    }
     uint32_t w[2] = {0, 0};
+    bool reference = qd_check_block<QD_NVFP4_BLOCK>(bad, v, b * QD_NVFP4_BLOCK);
+    if (!reference) {
+        float amax = 0.0f;
 #pragma unroll
-    for (int j = 0; j < QD_NVFP4_BLOCK; j += 2) { /* torchao clamps to +-6 first (NaN passes) */
-        uint32_t p = qd_e2m1x2(qd_clamp(v[j] * r, -6.0f, 6.0f), qd_clamp(v[j + 1] * r, -6.0f, 6.0f));
-        w[j / 8] |= ((p & 15) | (p >> 8 & 15) << 4) << (4 * (j % 8));
+        for (int j = 0; j < QD_NVFP4_BLOCK; j++)
+            amax = fmaxf(amax, qd_absf(v[j]));
+        float block_scale = amax / 6.0f, r;
+        if (pts > 0.0f) {
+            sc = qd_f32_to_e4m3(qd_clamp(block_scale / pts, QD_E4M3_TINY, 448.0f));
+            r = inv_pts / qd_e4m3_to_f32(sc);
+        } else {
+            sc = qd_f32_to_e4m3(qd_clamp(block_scale, QD_E4M3_TINY, 448.0f));
+            r = 1.0f / qd_e4m3_to_f32(sc);
+        }
+        /* torchao clamps v * r to +-6 first; e2m1 saturates at 6 by itself (non-NaN values) */
+        reference = !(r <= 3.40282347e38f); /* 1/pts overflowed: 0 * inf would be NaN */
+#pragma unroll
+        for (int j = 0; j < QD_NVFP4_BLOCK; j++)
+            w[j / 8] |= qd_e2m1_finite(v[j] * r) << (4 * (j % 8));
+    }
+    if (reference) { /* NaN/Inf in the block, or an infinite r: the reference block code */
+        uint8_t packed[8];
+        sc = qd_nvfp4_quantize_block(pts, v, packed);
+        w[0] = w[1] = 0;
+        for (int k = 0; k < 8; k++)
+            w[k / 4] |= (uint32_t)packed[k] << (8 * (k % 4));
     }
     scales[scale_pos(b, scale_cols, swizzled)] = sc;
     ((uint2 *)data)[b] = make_uint2(w[0], w[1]);

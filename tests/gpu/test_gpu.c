@@ -85,6 +85,8 @@ static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct s
     wc.req.op = QD_OP_QUANTIZE;
     wc.f = f;
     qd_params_default(f, &wc.p);
+    if (nonfinite == 2) /* NaN/Inf allowed: the kernels' non-finite block paths */
+        wc.p.allow_nonfinite = 1;
     int64_t dims[2] = {sh->rows, sh->cols};
     wc.in.dtype = dt;
     qd_tensor_set_shape(&wc.in, sh->rows == 1 ? 1 : 2, sh->rows == 1 ? dims + 1 : dims);
@@ -97,12 +99,16 @@ static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct s
     int64_t n = qd_tensor_numel(&wc.in);
     wc.in.data = malloc((size_t)n * qd_dtype_size(dt));
     fill(wc.in.data, dt, n);
-    if (nonfinite) { /* two bad elements: both backends name the first */
-        int64_t a = n / 3, b = n - 1;
-        if (dt == QD_F32)
-            ((float *)wc.in.data)[a] = NAN, ((float *)wc.in.data)[b] = INFINITY;
-        else
-            ((uint16_t *)wc.in.data)[a] = dt == QD_F16 ? 0x7e00 : 0x7fc0, ((uint16_t *)wc.in.data)[b] = dt == QD_F16 ? 0x7c00 : 0x7f80;
+    if (nonfinite) { /* bad elements: both backends name the first (or, allowed, agree) */
+        int64_t at[4] = {n / 3, n - 1, n / 5, n / 2};
+        for (int k = 0; k < (nonfinite == 2 ? 4 : 2); k++) {
+            int kind = k % 3; /* NaN, +Inf, -Inf */
+            if (dt == QD_F32)
+                ((float *)wc.in.data)[at[k]] = kind == 0 ? NAN : kind == 1 ? INFINITY : -INFINITY;
+            else
+                ((uint16_t *)wc.in.data)[at[k]] = dt == QD_F16 ? (kind == 0 ? 0x7e00 : kind == 1 ? 0x7c00 : 0xfc00)
+                                                               : (kind == 0 ? 0x7fc0 : kind == 1 ? 0x7f80 : 0xff80);
+        }
     }
     wg = wc;
     for (int i = 0; i < wc.nc; i++) {
@@ -117,7 +123,7 @@ static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct s
         fail_msg("%s %s %lldx%lld: cpu %d '%s' vs gpu %d '%s'", f->name, qd_dtype_name(dt), (long long)sh->rows,
                  (long long)sh->cols, sc, err, sg, err2);
     cases++;
-    if (nonfinite) {
+    if (nonfinite == 1) {
         assert_int_equal(sc, QD_ENONFINITE);
         goto done;
     }
@@ -132,6 +138,8 @@ static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct s
                      qd_dtype_name(dt), (long long)sh->rows, (long long)sh->cols, wc.comps[i].name, k,
                      ((uint8_t *)wc.comp[i])[k], ((uint8_t *)wg.comp[i])[k]);
         }
+    if (nonfinite)
+        goto done; /* NaN components dequantize to NaNs whose payloads the two hardwares pick */
     /* dequantize the CPU's components on both, for each output dtype */
     for (int od = QD_F32; od <= QD_BF16; od++) {
         struct qd_work dc = wc, dg;
@@ -182,6 +190,15 @@ static void gpu_names_the_first_nonfinite_element_like_the_cpu(void **state)
     for (int fi = 0; fi < qd_format_count; fi++)
         for (int dt = QD_F32; dt <= QD_BF16; dt++)
             one_case(&qd_formats[fi], (enum qd_dtype)dt, &shapes[5], 1);
+}
+
+/* With allow_nonfinite the blocks holding NaN/Inf take the kernels' reference paths: the
+ * bytes still equal the CPU's. */
+static void gpu_equals_cpu_on_allowed_nonfinite_input(void **state)
+{
+    for (int fi = 0; fi < qd_format_count; fi++)
+        for (int dt = QD_F32; dt <= QD_BF16; dt++)
+            one_case(&qd_formats[fi], (enum qd_dtype)dt, &shapes[5], 2);
 }
 
 static void gpu_params_variants(void **state)
@@ -266,6 +283,7 @@ int main(void)
         cmocka_unit_test(device_encoders_equal_software_on_every_f32),
         cmocka_unit_test(gpu_bytes_equal_cpu_bytes_for_every_format),
         cmocka_unit_test(gpu_names_the_first_nonfinite_element_like_the_cpu),
+        cmocka_unit_test(gpu_equals_cpu_on_allowed_nonfinite_input),
         cmocka_unit_test(gpu_params_variants),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -137,10 +137,12 @@ QD_HD uint8_t qd_nf4_code(float x)
 /* dQuantizeFP4: sign bit 0b1000 only for x < 0 (so -0.0 and NaN get 0); the magnitude tree's
  * pivots (FP4 midpoints / 12) in ascending order select codes 0,1,6,7,4,5,2,3 (the FP4 value
  * order 0, 0.0625, 2, 3, 4, 6, 8, 12 in bitsandbytes' encoding). */
+#define QD_FP4_THRESHOLDS                                                                        \
+    {0.00260417f, 0.0859375f, 0.20833333f, 0.29166667f, 0.4166667f, 0.583333f, 0.8333333f}
+
 QD_HD uint8_t qd_fp4_code(float x)
 {
-    const float t[7] = {0.00260417f, 0.0859375f, 0.20833333f, 0.29166667f, 0.4166667f, 0.583333f,
-                        0.8333333f};
+    const float t[7] = QD_FP4_THRESHOLDS;
     const uint8_t code_of_rank[8] = {0, 1, 6, 7, 4, 5, 2, 3};
     float a = qd_absf(x);
     int c = 0;

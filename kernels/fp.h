@@ -109,6 +109,12 @@ QD_HD uint16_t qd_f32_to_f16(float f)
     return (uint16_t)(sign | (((r >> 13) - (112u << 10)) & 0x7fffu));
 }
 
+/* f16 for a stored scale: any NaN becomes the one quiet NaN 0x7e00. A NaN scale only comes
+ * from NaN/Inf input (allow_nonfinite), and which NaN an invalid operation yields differs
+ * between x86 (negative "indefinite") and the GPU (positive canonical): one spelling keeps the
+ * backends' bytes equal. */
+QD_HD uint16_t qd_f32_to_f16_scale(float f) { return qd_isnan(f) ? (uint16_t)0x7e00 : qd_f32_to_f16(f); }
+
 /* ---- bfloat16 ----------------------------------------------------------------------------- */
 
 QD_HD float qd_bf16_to_f32(uint16_t h) { return qd_bits_f32((uint32_t)h << 16); }

@@ -25,7 +25,7 @@ QD_HD int qd_ggml_block_bytes(int type)
 
 QD_HD void qd_put_f16(uint8_t *p, float v)
 {
-    uint16_t h = qd_f32_to_f16(v);
+    uint16_t h = qd_f32_to_f16_scale(v);
     p[0] = (uint8_t)h;
     p[1] = (uint8_t)(h >> 8);
 }

@@ -41,7 +41,7 @@ static void awq_quantize_span(void *c, int tid, const float *x, int64_t first, i
         for (int64_t j = 0; j < N; j++) {
             scale[j] = qd_awq_scale(lo[j], hi[j]);
             zero[j] = qd_awq_zero(lo[j], scale[j]);
-            k->scales[g * N + j] = qd_f32_to_f16(scale[j]);
+            k->scales[g * N + j] = qd_f32_to_f16_scale(scale[j]);
         }
         for (int64_t j = 0; j < N / 8; j++) {
             uint32_t word = 0;

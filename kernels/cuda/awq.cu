@@ -33,7 +33,7 @@ __global__ void awq_quantize_kernel(const void *x, int64_t K, int64_t N, int64_t
     for (int c = 0; c < 8; c++) {
         scale[c] = qd_awq_scale(lo[c], hi[c]);
         zero[c] = qd_awq_zero(lo[c], scale[c]);
-        scales[g * N + 8 * j + c] = qd_f32_to_f16(scale[c]);
+        scales[g * N + 8 * j + c] = qd_f32_to_f16_scale(scale[c]);
     }
     uint32_t zword = 0;
     for (int i = 0; i < 8; i++)
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, i
     int64_t g = blockIdx.x, col0 = (int64_t)blockIdx.y * AWQ_TILE_COLS, row0 = g * G;
     int cols = N - col0 < AWQ_TILE_COLS ? (int)(N - col0) : AWQ_TILE_COLS, words = cols / 8;
     for (int k = threadIdx.x; k < G * words; k += blockDim.x) {
-        int r = k / words, w = k % words;
+        int r = words == 8 ? k >> 3 : k / words, w = words == 8 ? k & 7 : k % words;
         int64_t at = (row0 + r) * N + col0 + 8 * w;
         float v[8];
         qd_load_block<DT, 8>(x, at, v);
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, i
         float sc = qd_awq_scale(lo, hi);
         s_scale[c] = sc;
         s_zero[c] = qd_awq_zero(lo, sc);
-        scales[g * N + col0 + c] = qd_f32_to_f16(sc);
+        scales[g * N + col0 + c] = qd_f32_to_f16_scale(sc);
     }
     __syncthreads();
     if (threadIdx.x < words) {
@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, i
         qzeros[g * (N / 8) + col0 / 8 + threadIdx.x] = z;
     }
     for (int k = threadIdx.x; k < G * words; k += blockDim.x) {
-        int r = k / words, w = k % words;
+        int r = words == 8 ? k >> 3 : k / words, w = words == 8 ? k & 7 : k % words;
         uint32_t word = 0;
 #pragma unroll
         for (int i = 0; i < 8; i++) {

@@ -39,6 +39,8 @@ __global__ void __launch_bounds__(512) bnb_quantize_kernel(int nf4, const void *
 {
     __shared__ float warp_amax[16];
     __shared__ unsigned long long cta_bins[QD_SUM_BINS];
+    __shared__ float2 lut[QD_BNB_LUT];
+    qd_bnb_lut_init(nf4, lut); /* the __syncthreads below covers it */
     if (bins)
         for (int i = threadIdx.x; i < QD_SUM_BINS; i += blockDim.x)
             cta_bins[i] = 0;
@@ -51,9 +53,9 @@ __global__ void __launch_bounds__(512) bnb_quantize_kernel(int nf4, const void *
             v[j] = first + j < n ? qd_load<DT>(x, first + j) : 0.0f;
     }
     qd_check_block<8>(bad, v, first); /* the zero padding is finite: no false alarm */
-    float amax = 0.0f;
+    float amax = 0.0f; /* max |x|, flushed once at the end (the same as max of flushed |x|) */
     for (int j = 0; j < 8; j++) {
-        float a = qd_ftz(qd_absf(v[j]));
+        float a = qd_absf(v[j]);
         amax = a > amax ? a : amax; /* a NaN never enters */
     }
     int lane = threadIdx.x % 32;
@@ -69,16 +71,20 @@ __global__ void __launch_bounds__(512) bnb_quantize_kernel(int nf4, const void *
         for (int w = 0; w < group / 32; w++)
             amax = warp_amax[w0 + w] > amax ? warp_amax[w0 + w] : amax;
     }
-    if (bins)
-        __syncthreads(); /* cta_bins cleared */
+    amax = qd_ftz(amax);
+    __syncthreads(); /* cta_bins cleared, lut filled */
     if (first < n) {
         /* a zero block gives inf here and NaN codes below: bitsandbytes does the same */
         float inv = qd_rcp_approx(amax);
         uint32_t word = 0;
-        for (int j = 0; j < 8; j += 2) {
-            uint32_t hi = nf4 ? qd_nf4_code_fast(scaled(v[j], inv)) : qd_fp4_code_fast(scaled(v[j], inv));
-            uint32_t lo = nf4 ? qd_nf4_code_fast(scaled(v[j + 1], inv)) : qd_fp4_code_fast(scaled(v[j + 1], inv));
-            word |= (hi << 4 | lo) << (4 * j);
+        for (int j = 0; j < 8; j++) {
+            /* scaled(x, inv) = ftz(ftz(x) * inv). The input flush is a select; the product's
+             * flush changes no code: NF4's thresholds are far from 0, FP4's rank neither, and
+             * its sign bit is set exactly when the flushed product is < 0, i.e. <= -2^-126 */
+            float xf = qd_absf(v[j]) < 0x1p-126f ? copysignf(0.0f, v[j]) : v[j];
+            float p = xf * inv;
+            uint32_t c = nf4 ? qd_nf4_code_lut(p, lut) : qd_fp4_code_lut(p, p <= -0x1p-126f, lut);
+            word |= c << (4 * (j ^ 1)); /* byte k: element 2k in the high nibble */
         }
         if (first + 8 <= n)
             ((uint32_t *)data)[t] = word;

@@ -39,10 +39,13 @@ __global__ void pack_check_kernel(unsigned long long *mismatches, unsigned long 
 /* elem 7 / 8: the NF4 / FP4 code searches */
 __global__ void bnb_code_check_kernel(int nf4, unsigned long long *mismatches, unsigned long long *first)
 {
+    __shared__ float2 lut[QD_BNB_LUT];
+    qd_bnb_lut_init(nf4, lut);
+    __syncthreads();
     for (uint64_t u = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; u < (1ull << 32);
          u += (uint64_t)gridDim.x * blockDim.x) {
         float a = qd_bits_f32((uint32_t)u);
-        uint32_t got = nf4 ? qd_nf4_code_fast(a) : qd_fp4_code_fast(a);
+        uint32_t got = nf4 ? qd_nf4_code_lut(a, lut) : qd_fp4_code_lut(a, a < 0.0f, lut);
         uint32_t want = nf4 ? qd_nf4_code(a) : qd_fp4_code(a);
         if (got != want) {
             atomicAdd(mismatches, 1ull);

@@ -110,59 +110,48 @@ template <int ELEM> __device__ __forceinline__ uint32_t qd_mx_encode2(float a, f
     return qd_mx_encode2_finite<ELEM>(a, b);
 }
 
-/* bitsandbytes' NF4/FP4 codes (qd_nf4_code / qd_fp4_code: how many of the sorted thresholds x
- * exceeds) as a binary search whose thresholds are picked by selects, not indexed: 4 (3)
- * compares instead of 15 (7). Equal on every f32 (checked with the others, elem 7 and 8). */
-__device__ __forceinline__ uint32_t qd_nf4_code_fast(float x)
+/* NF4 / FP4 codes by table: the value's 1/16-wide bucket (each holds at most one threshold)
+ * gives the count of thresholds below the bucket and the one inside it, if any; the code is
+ * that count plus one compare. The bucket index comes from the conversion unit (floor; NaN
+ * gives 0), so the ALU does a clamp and an add. Equal to qd_nf4_code / the FP4 ranks on every
+ * f32 (elem 7 and 8 of qd_cuda_conversion_mismatches). lut holds QD_BNB_LUT entries. */
+#define QD_BNB_LUT 33
+
+/* Run by every thread of a CTA (entry threadIdx.x); a __syncthreads must follow. */
+__device__ __forceinline__ void qd_bnb_lut_init(int nf4, float2 *lut)
 {
-    const float t[15] = QD_NF4_THRESHOLDS;
-    bool b3 = x > t[7];
-    bool b2 = x > (b3 ? t[11] : t[3]);
-    bool b1 = x > (b3 ? (b2 ? t[13] : t[9]) : (b2 ? t[5] : t[1]));
-    float u0 = b1 ? t[2] : t[0], u1 = b1 ? t[6] : t[4], u2 = b1 ? t[10] : t[8], u3 = b1 ? t[14] : t[12];
-    bool b0 = x > (b3 ? (b2 ? u3 : u2) : (b2 ? u1 : u0));
-    return (uint32_t)b3 << 3 | (uint32_t)b2 << 2 | (uint32_t)b1 << 1 | (uint32_t)b0;
+    const float tn[15] = QD_NF4_THRESHOLDS;
+    const float tf[7] = QD_FP4_THRESHOLDS;
+    int i = threadIdx.x, count = nf4 ? 15 : 7, buckets = nf4 ? 33 : 17;
+    if (i >= buckets)
+        return;
+    float b0 = nf4 ? (float)i / 16.0f - 1.0f : (float)i / 16.0f, b1 = b0 + 0.0625f; /* exact */
+    int lo = 0;
+    float inside = __int_as_float(0x7f800000);
+    for (int k = 0; k < count; k++) {
+        float t = nf4 ? tn[k] : tf[k];
+        if (t < b0)
+            lo++;
+        else if (t < b1 && i < buckets - 1 && inside == __int_as_float(0x7f800000))
+            inside = t;
+    }
+    lut[i] = make_float2(inside, __int_as_float(lo));
 }
 
-__device__ __forceinline__ uint32_t qd_fp4_code_fast(float x)
+__device__ __forceinline__ uint32_t qd_nf4_code_lut(float x, const float2 *lut)
 {
-    const float t[7] = {0.00260417f, 0.0859375f, 0.20833333f, 0.29166667f, 0.4166667f, 0.583333f,
-                        0.8333333f};
+    int k = __float2int_rd(__fadd_rn(__fmul_rn(x, 16.0f), 16.0f));
+    float2 e = lut[min(max(k, 0), 32)];
+    return (uint32_t)__float_as_int(e.y) + (x > e.x ? 1u : 0u);
+}
+
+/* FP4 from the rank of |x| (0..7) and the sign; `negative` says whether the sign bit is set. */
+__device__ __forceinline__ uint32_t qd_fp4_code_lut(float x, bool negative, const float2 *lut)
+{
     float a = qd_absf(x);
-    bool b2 = a > t[3];
-    bool b1 = a > (b2 ? t[5] : t[1]);
-    bool b0 = a > (b2 ? (b1 ? t[6] : t[4]) : (b1 ? t[2] : t[0]));
-    uint32_t rank = (uint32_t)b2 << 2 | (uint32_t)b1 << 1 | (uint32_t)b0;
-    return ((0x32547610u >> (4 * rank)) & 15) | (x < 0.0f ? 8u : 0u); /* code_of_rank */
-}
-
-/* f32 values of two fp8 codes (low byte a, high byte b): cvt.rn.f16x2.e4m3x2 (e5m2 is the top
- * byte of an f16 already), exact since every fp8 value is an f16 value, then f16 -> f32; a NaN
- * code keeps the software value (qd_e4m3_to_f32 / qd_e5m2_to_f32 give a quiet NaN with the
- * sign). Checked on every pair (elem 9, 10). */
-template <int ELEM> __device__ __noinline__ float qd_fp8_decode_soft(uint32_t c)
-{
-    return ELEM == QD_E4M3 ? qd_e4m3_to_f32((uint8_t)c) : qd_e5m2_to_f32((uint8_t)c);
-}
-
-template <int ELEM> __device__ __forceinline__ void qd_fp8x2_decode(uint32_t pair, float *a, float *b)
-{
-#ifdef QD_HW_FP8
-    uint32_t h;
-    if (ELEM == QD_E4M3)
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)pair));
-    else
-        h = (pair & 0xffu) << 8 | (pair & 0xff00u) << 16;
-    *a = __half2float(__ushort_as_half((unsigned short)(h & 0xffffu)));
-    *b = __half2float(__ushort_as_half((unsigned short)(h >> 16)));
-    if (*a != *a)
-        *a = qd_fp8_decode_soft<ELEM>(pair & 0xffu);
-    if (*b != *b)
-        *b = qd_fp8_decode_soft<ELEM>(pair >> 8 & 0xffu);
-#else
-    *a = ELEM == QD_E4M3 ? qd_e4m3_to_f32((uint8_t)pair) : qd_e5m2_to_f32((uint8_t)pair);
-    *b = ELEM == QD_E4M3 ? qd_e4m3_to_f32((uint8_t)(pair >> 8)) : qd_e5m2_to_f32((uint8_t)(pair >> 8));
-#endif
+    float2 e = lut[min(__float2int_rd(__fmul_rn(a, 16.0f)), 16)];
+    uint32_t rank = (uint32_t)__float_as_int(e.y) + (a > e.x ? 1u : 0u);
+    return ((0x32547610u >> (4 * rank)) & 15) | (negative ? 8u : 0u); /* code_of_rank */
 }
 
 #endif

@@ -44,6 +44,7 @@ __global__ void __launch_bounds__(ROW_THREADS) int8_row_kernel(int asym, const v
     bool vec = cols % 8 == 0;
     struct qd_range r = qd_range_empty();
     if (vec) {
+#pragma unroll 4
         for (int64_t g = threadIdx.x; g < cols / 8; g += ROW_THREADS) {
             float v[8];
             qd_load_block<DT, 8>(x, base + 8 * g, v);
@@ -79,6 +80,7 @@ __global__ void __launch_bounds__(ROW_THREADS) int8_row_kernel(int asym, const v
     float sc = s_scale;
     uint8_t zp = s_zp;
     if (vec) {
+#pragma unroll 4
         for (int64_t g = threadIdx.x; g < cols / 8; g += ROW_THREADS) {
             float v[8];
             qd_load_block<DT, 8>(x, base + 8 * g, v);

@@ -230,14 +230,12 @@ __global__ void nvfp4_quantize_kernel(float pts, float inv_pts, int swizzled, in
 #pragma unroll
         for (int j = 0; j < QD_NVFP4_BLOCK; j++)
             amax = fmaxf(amax, qd_absf(v[j]));
-        float block_scale = amax / 6.0f, r;
-        if (pts > 0.0f) {
-            sc = qd_f32_to_e4m3(qd_clamp(block_scale / pts, QD_E4M3_TINY, 448.0f));
-            r = inv_pts / qd_e4m3_to_f32(sc);
-        } else {
-            sc = qd_f32_to_e4m3(qd_clamp(block_scale, QD_E4M3_TINY, 448.0f));
-            r = 1.0f / qd_e4m3_to_f32(sc);
-        }
+        float block_scale = amax / 6.0f, sv, r;
+        /* the clamped scale is finite and positive: Hopper's fp8 cvt in both directions */
+        sc = (uint8_t)qd_e4m3x2_finite(qd_clamp(pts > 0.0f ? block_scale / pts : block_scale, QD_E4M3_TINY, 448.0f),
+                                       0.0f);
+        qd_fp8x2_decode<QD_E4M3>(sc, &sv, &r);
+        r = (pts > 0.0f ? inv_pts : 1.0f) / sv;
         /* torchao clamps v * r to +-6 first; e2m1 saturates at 6 by itself (non-NaN values) */
         reference = !(r <= 3.40282347e38f); /* 1/pts overflowed: 0 * inf would be NaN */
 #pragma unroll

@@ -110,6 +110,35 @@ template <int ELEM> __device__ __forceinline__ uint32_t qd_mx_encode2(float a, f
     return qd_mx_encode2_finite<ELEM>(a, b);
 }
 
+/* f32 values of two fp8 codes (low byte a, high byte b): cvt.rn.f16x2.e4m3x2 (e5m2 is the top
+ * byte of an f16 already), exact since every fp8 value is an f16 value, then f16 -> f32; a NaN
+ * code keeps the software value (qd_e4m3_to_f32 / qd_e5m2_to_f32 give a quiet NaN with the
+ * sign). Checked on every pair (elem 9, 10). */
+template <int ELEM> __device__ __noinline__ float qd_fp8_decode_soft(uint32_t c)
+{
+    return ELEM == QD_E4M3 ? qd_e4m3_to_f32((uint8_t)c) : qd_e5m2_to_f32((uint8_t)c);
+}
+
+template <int ELEM> __device__ __forceinline__ void qd_fp8x2_decode(uint32_t pair, float *a, float *b)
+{
+#ifdef QD_HW_FP8
+    uint32_t h;
+    if (ELEM == QD_E4M3)
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)pair));
+    else
+        h = (pair & 0xffu) << 8 | (pair & 0xff00u) << 16;
+    *a = __half2float(__ushort_as_half((unsigned short)(h & 0xffffu)));
+    *b = __half2float(__ushort_as_half((unsigned short)(h >> 16)));
+    if (*a != *a)
+        *a = qd_fp8_decode_soft<ELEM>(pair & 0xffu);
+    if (*b != *b)
+        *b = qd_fp8_decode_soft<ELEM>(pair >> 8 & 0xffu);
+#else
+    *a = ELEM == QD_E4M3 ? qd_e4m3_to_f32((uint8_t)pair) : qd_e5m2_to_f32((uint8_t)pair);
+    *b = ELEM == QD_E4M3 ? qd_e4m3_to_f32((uint8_t)(pair >> 8)) : qd_e5m2_to_f32((uint8_t)(pair >> 8));
+#endif
+}
+
 /* NF4 / FP4 codes by table: the value's 1/16-wide bucket (each holds at most one threshold)
  * gives the count of thresholds below the bucket and the one inside it, if any; the code is
  * that count plus one compare. The bucket index comes from the conversion unit (floor; NaN

@@ -18,10 +18,13 @@ QD_HD float qd_awq_scale(float min, float max)
     return range / 15.0f;
 }
 
+/* A NaN zero or code (only from NaN/Inf input under allow_nonfinite) is 0: C leaves the
+ * float-to-integer cast of NaN undefined and x86 and the GPU answer differently. */
 QD_HD float qd_awq_zero(float min, float scale)
 {
     float z = -qd_rint(min / scale);
-    return z < 0.0f ? 0.0f : (z > 15.0f ? 15.0f : z);
+    z = z < 0.0f ? 0.0f : (z > 15.0f ? 15.0f : z);
+    return z == z ? z : 0.0f;
 }
 
 /* q = clamp(round(w / scale) + zero, 0, 15), round half to even as torch.round. The f32 scale
@@ -30,7 +33,7 @@ QD_HD uint32_t qd_awq_code(float w, float scale, float zero)
 {
     float q = qd_rint(w / scale) + zero;
     q = q < 0.0f ? 0.0f : (q > 15.0f ? 15.0f : q);
-    return (uint32_t)q;
+    return q == q ? (uint32_t)q : 0u;
 }
 
 #endif

@@ -146,7 +146,10 @@ QD_HD uint8_t qd_f32_to_floatx(float x, int ebits, int mbits)
     const uint32_t denorm_exp = (uint32_t)((127 - exp_bias) + (23 - mbits) + 1);
     const uint32_t denorm_mask_int = denorm_exp << 23;
 
-    uint32_t u = qd_f32_bits(x);
+    /* a NaN is read as the GPU's canonical 0x7fffffff, the NaN every CUDA operation returns and
+     * so the one torchao's arithmetic hands this function on the GPU (x86 would hand over other
+     * payloads and signs) */
+    uint32_t u = qd_isnan(x) ? 0x7fffffffu : qd_f32_bits(x);
     uint32_t sign = u & 0x80000000u;
     float a = qd_bits_f32(u ^ sign);
     /* all three candidates, then a select: branch-free so loops over it vectorize */
@@ -175,14 +178,14 @@ QD_HD float qd_floatx_to_f32(uint8_t code, int ebits, int mbits)
 }
 
 /* f32 -> fp8 e4m3fn, round to nearest even, saturating at +-448 (torchao clamps to the max
- * before converting); NaN -> 0x7f with the sign. */
+ * before converting); any NaN -> 0x7f (the canonical NaN's code: see qd_f32_to_floatx). */
 QD_HD uint8_t qd_f32_to_e4m3(float x)
 {
     uint32_t u = qd_f32_bits(x);
     uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
     uint32_t a = u & 0x7fffffffu;
     if (a > 0x7f800000u)
-        return (uint8_t)(sign | 0x7f);
+        return 0x7f;
     if (a >= 0x43e00000u) /* >= 448 */
         return (uint8_t)(sign | 0x7e);
     if (a < 0x3c800000u) { /* < 2^-6: subnormal steps of 2^-9 */
@@ -209,14 +212,14 @@ QD_HD float qd_e4m3_to_f32(uint8_t c)
 }
 
 /* f32 -> fp8 e5m2, round to nearest even, saturating at +-57344 (torchao clamps first);
- * NaN -> 0x7f with the sign. */
+ * any NaN -> 0x7f. */
 QD_HD uint8_t qd_f32_to_e5m2(float x)
 {
     uint32_t u = qd_f32_bits(x);
     uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
     uint32_t a = u & 0x7fffffffu;
     if (a > 0x7f800000u)
-        return (uint8_t)(sign | 0x7f);
+        return 0x7f;
     if (a >= 0x47600000u) /* >= 57344 */
         return (uint8_t)(sign | 0x7b);
     if (a < 0x38800000u) { /* < 2^-14: steps of 2^-16, ulp of [2^7, 2^8) */

@@ -2,7 +2,7 @@
  * ones in fp.h on every f32 input (checked exhaustively on the device by test_gpu through
  * qd_cuda_conversion_mismatches):
  * - e4m3 / e5m2: cvt.rn.satfinite rounds to nearest even and saturates as torchao's clamp
- *   then cast does; NaN keeps the software answer (sign | 0x7f).
+ *   then cast does; a NaN keeps the software answer (0x7f).
  * - e2m3 / e3m2 (MX fp6) have the same mantissa width as e4m3 / e5m2 and line up with them
  *   after an exact power-of-two scaling (2^-6, 2^-12 map min normal onto min normal and the
  *   subnormal step onto the subnormal step), once clamped to the fp6 maximum.
@@ -102,7 +102,7 @@ template <int ELEM> __device__ __forceinline__ uint32_t qd_mx_encode2_finite(flo
 }
 
 /* The same for any values: a NaN takes the software rule (torchao's bit arithmetic for e2m1
- * and fp6, sign | 0x7f for fp8), as on the CPU. */
+ * and fp6 on the canonical NaN, 0x7f for fp8), as on the CPU. */
 template <int ELEM> __device__ __forceinline__ uint32_t qd_mx_encode2(float a, float b)
 {
     if (a != a || b != b)

@@ -86,6 +86,18 @@ static void check_sticky(struct cuda_worker *wk)
         atomic_store(&wk->st->healthy, 0);
 }
 
+/* Whether host memory p is page-locked (cudaHostAlloc'd): copies from and to it run at full
+ * PCIe speed without staging. */
+static int is_pinned(const void *p)
+{
+    struct cudaPointerAttributes a;
+    if (!p || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError(); /* not an error worth keeping */
+        return 0;
+    }
+    return a.type == cudaMemoryTypeHost;
+}
+
 static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *err, size_t errlen)
 {
     cudaStream_t s = (cudaStream_t)wk->ctx.stream;
@@ -105,8 +117,7 @@ static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *e
     /* the input must sit in pinned memory for the H2D to run at full PCIe speed: a raw body
      * received into the pinned pool (server/hostmem.c) already does; anything else is staged */
     const void *src = wk->h_in.p;
-    struct cudaPointerAttributes pa;
-    if (quant && cudaPointerGetAttributes(&pa, w->in.data) == cudaSuccess && pa.type == cudaMemoryTypeHost)
+    if (quant && is_pinned(w->in.data))
         src = w->in.data;
     else if (quant)
         memcpy(wk->h_in.p, w->in.data, tensor_bytes);
@@ -137,15 +148,30 @@ static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *e
             check_sticky(wk);
         return st;
     }
-    if ((e = cudaEventRecord(wk->ev[2], s)) || (e = cudaMemcpyAsync(wk->h_out.p, wk->d_out.p, out_bytes, cudaMemcpyDeviceToHost, s)) ||
-        (e = cudaEventRecord(wk->ev[3], s)) || (e = cudaStreamSynchronize(s))) {
+    /* results whose buffers are pinned (the body pool) come back straight into them; others
+     * through the worker's pinned staging buffer */
+    int direct = 1;
+    for (int i = 0; quant && i < w->nc; i++)
+        direct &= is_pinned(w->comp[i]);
+    if (!quant)
+        direct = is_pinned(w->out.data);
+    if ((e = cudaEventRecord(wk->ev[2], s)))
+        return fail(e, "event", err, errlen);
+    if (direct && quant)
+        for (int i = 0; i < w->nc && !e; i++)
+            e = cudaMemcpyAsync(w->comp[i], (char *)wk->d_out.p + off[i], (size_t)w->comps[i].bytes,
+                                cudaMemcpyDeviceToHost, s);
+    else
+        e = cudaMemcpyAsync(direct ? w->out.data : wk->h_out.p, wk->d_out.p, direct ? tensor_bytes : out_bytes,
+                            cudaMemcpyDeviceToHost, s);
+    if (e || (e = cudaEventRecord(wk->ev[3], s)) || (e = cudaStreamSynchronize(s))) {
         check_sticky(wk);
         return fail(e, "copy from the device", err, errlen);
     }
-    if (quant)
+    if (!direct && quant)
         for (int i = 0; i < w->nc; i++)
             memcpy(w->comp[i], (char *)wk->h_out.p + off[i], (size_t)w->comps[i].bytes);
-    else
+    else if (!direct)
         memcpy(w->out.data, wk->h_out.p, tensor_bytes);
     w->t.h2d_us = elapsed_us(wk->ev[0], wk->ev[1]);
     w->t.kernel_us = elapsed_us(wk->ev[1], wk->ev[2]);

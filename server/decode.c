@@ -1,6 +1,7 @@
 /* Request decoding (see decode.h). Every check here answers 400 (malformed request) or 422 (a
  * well-formed request the format cannot take), with a message naming what to change. */
 #include "decode.h"
+#include "hostmem.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -265,7 +266,8 @@ static int decode_quantize(struct qd_work *w, enum qd_body_kind kind, char *body
     if (resolve_params(w, params, err) || layout(w, &w->in, err))
         goto done;
     for (int i = 0; i < w->nc; i++) {
-        if (!(w->comp[i] = malloc(w->comps[i].bytes ? (size_t)w->comps[i].bytes : 1))) {
+        /* from the body pool: pinned on a CUDA backend, so the results come straight back */
+        if (!(w->comp[i] = qd_hostmem_get((size_t)w->comps[i].bytes))) {
             oom(err);
             goto done;
         }
@@ -417,7 +419,7 @@ static int decode_dequantize(struct qd_work *w, enum qd_body_kind kind, char *bo
         }
     }
     size_t out_bytes = (size_t)qd_tensor_numel(&w->out) * qd_dtype_size(w->out.dtype);
-    if (!(w->out.data = malloc(out_bytes ? out_bytes : 1))) {
+    if (!(w->out.data = qd_hostmem_get(out_bytes))) {
         oom(err);
         goto done;
     }
@@ -441,7 +443,7 @@ void qd_work_free(struct qd_work *w)
     free(w->in_owned);
     for (int i = 0; i < w->nc; i++)
         if (w->comp_owned & (1u << i))
-            free(w->comp[i]);
-    free(w->out.data);
+            qd_hostmem_put(w->comp[i]);
+    qd_hostmem_put(w->out.data);
     memset(w, 0, sizeof *w);
 }

@@ -48,10 +48,8 @@ void *qd_hostmem_get(size_t n)
             best = s;
     }
     if (!best && empty && held + n <= limit) {
-        /* round up so that bodies of nearby sizes share buffers */
-        size_t cap = QD_HOSTMEM_MIN;
-        while (cap < n)
-            cap *= 2;
+        /* round up to 8 MiB so that buffers of nearby sizes are shared */
+        size_t step = (size_t)8 << 20, cap = (n + step - 1) / step * step;
         if (held + cap > limit)
             cap = n;
         void *p = pool_alloc(cap);

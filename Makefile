@@ -196,6 +196,7 @@ bench-gpu: check-cuda bin/quantd $(BUILD)/bench/bench_gpu $(BUILD)/bench/bench_s
 	$(BUILD)/bench/bench_gpu
 	@if $(PYTHON) -c "import bitsandbytes" 2>/dev/null; then $(PYTHON) bench/bench_bnb.py; \
 	  else echo "(bitsandbytes is not installed here: no side-by-side table)"; fi
+	python3 bench/loopback.py $(or $(BENCH_CLIENTS),16)
 	QUANTD=$(abspath bin/quantd) QUANTD_TEST_BACKEND=cuda QUANTD_BENCH_BIG=1 $(BUILD)/bench/bench_service $(or $(BENCH_SECONDS),3) $(or $(BENCH_CLIENTS),16)
 
 check-cuda:

@@ -141,7 +141,7 @@ test-unit-san: $(TEST_BINS) .venv/ok $(BUILD)/tests/libqdfp.so
 # libFuzzer over the request decoders (query, JSON, base64, safetensors); FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 20
 FUZZ_SRCS := tests/server/fuzz_decode.c server/decode.c server/base64.c server/safetensors.c \
-             server/reply.c server/encode.c $(wildcard kernels/*.c kernels/cpu/*.c)
+             server/reply.c server/encode.c server/hostmem.c $(wildcard kernels/*.c kernels/cpu/*.c)
 $(BUILD)/fuzz/fuzz_decode: $(FUZZ_SRCS)
 	@mkdir -p $(dir $@)
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \

@@ -55,6 +55,11 @@ QD_HD int8_t qd_ggml_i8(float v)
     return (int8_t)(uint8_t)(uint32_t)i;
 }
 
+/* The 8-bit cast where the caller knows the value is in range (a block of finite values with
+ * a finite d and 1/d: every x * id lies within the code range), else qd_ggml_i8. The same
+ * result either way; the short form saves the GPU two compares and a select per element. */
+QD_HD int8_t qd_ggml_cast(float v, int in_range) { return in_range ? (int8_t)(int32_t)v : qd_ggml_i8(v); }
+
 /* The signed value of largest magnitude; the first one wins on ties (strict <). */
 QD_HD float qd_ggml_signed_max(const float *x)
 {
@@ -70,19 +75,20 @@ QD_HD float qd_ggml_signed_max(const float *x)
 }
 
 /* q4_0 / q5_0: d = max / -(2^(bits-1)), codes (int8)(x*id + 2^(bits-1) + 0.5) capped. */
-QD_HD void qd_ggml_quantize_sym(int type, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
+QD_HD void qd_ggml_quantize_sym(int type, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk, int clean)
 {
     const int five = type == QD_Q5_0;
     const float max = qd_ggml_signed_max(x);
     const float d = max / (five ? -16.0f : -8.0f);
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int fast = clean && qd_isfinite(id);
     const float bias = five ? 16.5f : 8.5f;
     const int cap = five ? 31 : 15;
     uint8_t *qs = blk + (five ? 6 : 2);
     uint32_t qh = 0;
     qd_put_f16(blk, d);
     for (int j = 0; j < 16; j++) {
-        int a = qd_ggml_i8(x[j] * id + bias), b = qd_ggml_i8(x[j + 16] * id + bias);
+        int a = qd_ggml_cast(x[j] * id + bias, fast), b = qd_ggml_cast(x[j + 16] * id + bias, fast);
         a = a < cap ? a : cap;
         b = b < cap ? b : cap;
         qs[j] = (uint8_t)((a & 15) | (b & 15) << 4);
@@ -93,7 +99,7 @@ QD_HD void qd_ggml_quantize_sym(int type, const float *QD_RESTRICT x, uint8_t *Q
 }
 
 /* q4_1 / q5_1: d = (max - min) / (2^bits - 1), m = min, codes of (x - min)*id + 0.5. */
-QD_HD void qd_ggml_quantize_affine(int type, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
+QD_HD void qd_ggml_quantize_affine(int type, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk, int clean)
 {
     const int five = type == QD_Q5_1;
     float min = 3.40282347e38f, max = -3.40282347e38f;
@@ -103,6 +109,7 @@ QD_HD void qd_ggml_quantize_affine(int type, const float *QD_RESTRICT x, uint8_t
     }
     const float d = (max - min) / (five ? 31.0f : 15.0f);
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int fast = clean && qd_isfinite(d) && qd_isfinite(id); /* d finite: x - min cannot overflow */
     uint8_t *qs = blk + (five ? 8 : 4);
     uint32_t qh = 0;
     qd_put_f16(blk, d);
@@ -111,11 +118,11 @@ QD_HD void qd_ggml_quantize_affine(int type, const float *QD_RESTRICT x, uint8_t
         float x0 = (x[j] - min) * id, x1 = (x[j + 16] - min) * id;
         int a, b;
         if (five) { /* q5_1 casts to uint8_t and does not cap */
-            a = (uint8_t)qd_ggml_i8(x0 + 0.5f);
-            b = (uint8_t)qd_ggml_i8(x1 + 0.5f);
+            a = (uint8_t)qd_ggml_cast(x0 + 0.5f, fast);
+            b = (uint8_t)qd_ggml_cast(x1 + 0.5f, fast);
         } else {
-            a = qd_ggml_i8(x0 + 0.5f);
-            b = qd_ggml_i8(x1 + 0.5f);
+            a = qd_ggml_cast(x0 + 0.5f, fast);
+            b = qd_ggml_cast(x1 + 0.5f, fast);
             a = a < 15 ? a : 15;
             b = b < 15 ? b : 15;
         }
@@ -128,7 +135,7 @@ QD_HD void qd_ggml_quantize_affine(int type, const float *QD_RESTRICT x, uint8_t
 
 /* q8_0 / q8_1: d = amax / 127, codes roundf(x*id) (half away from zero); q8_1 adds
  * s = f16(sum(codes) * d). */
-QD_HD void qd_ggml_quantize_q8(int type, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
+QD_HD void qd_ggml_quantize_q8(int type, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk, int clean)
 {
     float amax = 0.0f;
     for (int j = 0; j < QD_GGML_QK; j++) {
@@ -137,6 +144,7 @@ QD_HD void qd_ggml_quantize_q8(int type, const float *QD_RESTRICT x, uint8_t *QD
     }
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int fast = clean && qd_isfinite(id);
     int8_t *qs = (int8_t *)blk + (type == QD_Q8_1 ? 4 : 2);
     int sum = 0;
     for (int j = 0; j < QD_GGML_QK; j++) {
@@ -146,7 +154,7 @@ QD_HD void qd_ggml_quantize_q8(int type, const float *QD_RESTRICT x, uint8_t *QD
          * at 0.49999997 */
         float t = __builtin_truncf(v);
         float r = qd_absf(v - t) >= 0.5f ? t + (v > 0.0f ? 1.0f : -1.0f) : t;
-        qs[j] = qd_ggml_i8(r);
+        qs[j] = qd_ggml_cast(r, fast);
         sum += qs[j];
     }
     qd_put_f16(blk, d);
@@ -154,14 +162,20 @@ QD_HD void qd_ggml_quantize_q8(int type, const float *QD_RESTRICT x, uint8_t *QD
         qd_put_f16(blk + 2, (float)sum * d);
 }
 
-QD_HD void qd_ggml_quantize_block(int type, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
+/* clean: the caller checked that the block holds no NaN/Inf (the GPU does, per block). */
+QD_HD void qd_ggml_quantize_block_checked(int type, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk, int clean)
 {
     if (type == QD_Q4_0 || type == QD_Q5_0)
-        qd_ggml_quantize_sym(type, x, blk);
+        qd_ggml_quantize_sym(type, x, blk, clean);
     else if (type == QD_Q4_1 || type == QD_Q5_1)
-        qd_ggml_quantize_affine(type, x, blk);
+        qd_ggml_quantize_affine(type, x, blk, clean);
     else
-        qd_ggml_quantize_q8(type, x, blk);
+        qd_ggml_quantize_q8(type, x, blk, clean);
+}
+
+QD_HD void qd_ggml_quantize_block(int type, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
+{
+    qd_ggml_quantize_block_checked(type, x, blk, 0);
 }
 
 /* dequantize_row_<type> for one block; q8_1 has no ggml dequantizer: q*d. */

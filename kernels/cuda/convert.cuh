@@ -119,7 +119,8 @@ template <int ELEM> __device__ __noinline__ float qd_fp8_decode_soft(uint32_t c)
     return ELEM == QD_E4M3 ? qd_e4m3_to_f32((uint8_t)c) : qd_e5m2_to_f32((uint8_t)c);
 }
 
-template <int ELEM> __device__ __forceinline__ void qd_fp8x2_decode(uint32_t pair, float *a, float *b)
+/* For codes that are not NaN. */
+template <int ELEM> __device__ __forceinline__ void qd_fp8x2_decode_finite(uint32_t pair, float *a, float *b)
 {
 #ifdef QD_HW_FP8
     uint32_t h;
@@ -129,6 +130,23 @@ template <int ELEM> __device__ __forceinline__ void qd_fp8x2_decode(uint32_t pai
         h = (pair & 0xffu) << 8 | (pair & 0xff00u) << 16;
     *a = __half2float(__ushort_as_half((unsigned short)(h & 0xffffu)));
     *b = __half2float(__ushort_as_half((unsigned short)(h >> 16)));
+#else
+    *a = ELEM == QD_E4M3 ? qd_e4m3_to_f32((uint8_t)pair) : qd_e5m2_to_f32((uint8_t)pair);
+    *b = ELEM == QD_E4M3 ? qd_e4m3_to_f32((uint8_t)(pair >> 8)) : qd_e5m2_to_f32((uint8_t)(pair >> 8));
+#endif
+}
+
+/* Whether any of the four fp8 codes in w is a NaN code (e4m3: low 7 bits 0x7f; e5m2: above
+ * 0x7c), without a branch: adding to the low 7 bits carries into bit 7 exactly then. */
+template <int ELEM> __device__ __forceinline__ bool qd_fp8x4_has_nan(uint32_t w)
+{
+    return (((w & 0x7f7f7f7fu) + (ELEM == QD_E4M3 ? 0x01010101u : 0x03030303u)) & 0x80808080u) != 0;
+}
+
+template <int ELEM> __device__ __forceinline__ void qd_fp8x2_decode(uint32_t pair, float *a, float *b)
+{
+#ifdef QD_HW_FP8
+    qd_fp8x2_decode_finite<ELEM>(pair, a, b);
     if (*a != *a)
         *a = qd_fp8_decode_soft<ELEM>(pair & 0xffu);
     if (*b != *b)

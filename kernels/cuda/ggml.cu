@@ -18,8 +18,8 @@ __global__ void ggml_quantize_kernel(int type, int bytes, const void *x, int64_t
     if (b < nblocks) {
         float v[QD_GGML_QK];
         qd_load_block<DT, QD_GGML_QK>(x, b * QD_GGML_QK, v);
-        qd_check_block<QD_GGML_QK>(bad, v, b * QD_GGML_QK);
-        qd_ggml_quantize_block(type, v, staged + threadIdx.x * bytes);
+        bool nonfinite = qd_check_block<QD_GGML_QK>(bad, v, b * QD_GGML_QK);
+        qd_ggml_quantize_block_checked(type, v, staged + threadIdx.x * bytes, !nonfinite);
     }
     __syncthreads();
     int64_t nvalid = nblocks - first < GGML_THREADS ? nblocks - first : GGML_THREADS;

@@ -130,20 +130,26 @@ __global__ void __launch_bounds__(MX_THREADS) mx_dequantize_kernel(struct mx_geo
     if (b < nblocks) {
         float v[QD_MX_BLOCK];
         uint8_t sc = scales[scale_index(g, b)];
-        if constexpr (ELEM == QD_E4M3 || ELEM == QD_E5M2) { /* hardware fp8 decoding */
-            float s = qd_e8m0_to_f32(sc);
+        bool fp8 = ELEM == QD_E4M3 || ELEM == QD_E5M2, fast = false;
+        uint32_t w[8];
+        if constexpr (ELEM == QD_E4M3 || ELEM == QD_E5M2) {
             const uint4 *p = (const uint4 *)(staged + threadIdx.x * 32);
+            uint4 q0 = p[0], q1 = p[1];
+            w[0] = q0.x, w[1] = q0.y, w[2] = q0.z, w[3] = q0.w, w[4] = q1.x, w[5] = q1.y, w[6] = q1.z, w[7] = q1.w;
+            bool nan = false; /* a NaN code anywhere: the reference decoding for the block */
 #pragma unroll
-            for (int k = 0; k < 2; k++) {
-                uint4 q = p[k];
-                uint32_t w[4] = {q.x, q.y, q.z, q.w};
+            for (int k = 0; k < 8; k++)
+                nan |= qd_fp8x4_has_nan<ELEM>(w[k]);
+            fast = !nan;
+        }
+        if (fp8 && fast) { /* hardware fp8 decoding */
+            float s = qd_e8m0_to_f32(sc);
 #pragma unroll
-                for (int h = 0; h < 8; h++) {
-                    float a, bb;
-                    qd_fp8x2_decode<ELEM>(w[h / 2] >> (16 * (h % 2)), &a, &bb);
-                    v[16 * k + 2 * h] = a * s;
-                    v[16 * k + 2 * h + 1] = bb * s;
-                }
+            for (int h = 0; h < 16; h++) {
+                float a, bb;
+                qd_fp8x2_decode_finite<ELEM>(w[h / 2] >> (16 * (h % 2)), &a, &bb);
+                v[2 * h] = a * s;
+                v[2 * h + 1] = bb * s;
             }
         } else {
             qd_mx_dequantize_block(ELEM, g.unpacked, sc, staged + threadIdx.x * g.data_bytes, v);

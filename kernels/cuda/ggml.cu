@@ -9,10 +9,13 @@
 
 /* One thread per block; the CTA's packed blocks are staged in shared memory and written out
  * together, instead of each thread storing its 18-36 bytes one by one at a stride. */
-template <int DT>
-__global__ void ggml_quantize_kernel(int type, int bytes, const void *x, int64_t nblocks, uint8_t *out,
+/* TYPE is a template parameter: each kernel holds one type's block code (the runtime switch
+ * of the shared functions folds away), which keeps registers and code small. */
+template <int DT, int TYPE>
+__global__ void ggml_quantize_kernel(int bytes, const void *x, int64_t nblocks, uint8_t *out,
                                      unsigned long long *bad)
 {
+    const int type = TYPE;
     __shared__ __align__(16) uint8_t staged[GGML_THREADS * GGML_MAX_BYTES];
     int64_t first = blockIdx.x * (int64_t)GGML_THREADS, b = first + threadIdx.x;
     if (b < nblocks) {
@@ -26,9 +29,10 @@ __global__ void ggml_quantize_kernel(int type, int bytes, const void *x, int64_t
     cta_copy(out + first * bytes, staged, (int)(nvalid * bytes));
 }
 
-template <int DT>
-__global__ void ggml_dequantize_kernel(int type, int bytes, const uint8_t *in, int64_t nblocks, void *y)
+template <int DT, int TYPE>
+__global__ void ggml_dequantize_kernel(int bytes, const uint8_t *in, int64_t nblocks, void *y)
 {
+    const int type = TYPE;
     __shared__ __align__(16) uint8_t staged[GGML_THREADS * GGML_MAX_BYTES];
     __shared__ uint4 tile[GGML_THREADS * qd_tile<DT, QD_GGML_QK>::CH];
     int64_t first = blockIdx.x * (int64_t)GGML_THREADS, b = first + threadIdx.x;
@@ -44,6 +48,16 @@ __global__ void ggml_dequantize_kernel(int type, int bytes, const uint8_t *in, i
     tile_store<DT, QD_GGML_QK>(tile, (uint8_t *)y + first * QD_GGML_QK * qd_tile<DT, QD_GGML_QK>::esize, nvalid);
 }
 
+#define GGML_TYPE_SWITCH(t, TYPE, ...)                                                          \
+    switch (t) {                                                                                \
+    case QD_Q4_0: { constexpr int TYPE = QD_Q4_0; __VA_ARGS__; } break;                         \
+    case QD_Q4_1: { constexpr int TYPE = QD_Q4_1; __VA_ARGS__; } break;                         \
+    case QD_Q5_0: { constexpr int TYPE = QD_Q5_0; __VA_ARGS__; } break;                         \
+    case QD_Q5_1: { constexpr int TYPE = QD_Q5_1; __VA_ARGS__; } break;                         \
+    case QD_Q8_0: { constexpr int TYPE = QD_Q8_0; __VA_ARGS__; } break;                         \
+    default: { constexpr int TYPE = QD_Q8_1; __VA_ARGS__; } break;                              \
+    }
+
 extern "C" enum qd_status qd_cuda_ggml_quantize(const struct qd_format *f, const struct qd_tensor *in,
                                                 struct qd_params *p, void *const *out)
 {
@@ -52,9 +66,9 @@ extern "C" enum qd_status qd_cuda_ggml_quantize(const struct qd_format *f, const
     enum qd_status s = qd_cuda_bad_begin(!p->allow_nonfinite, &bad);
     if (s != QD_OK)
         return s;
-    QD_DTYPE_SWITCH(in->dtype, DT,
-                    ggml_quantize_kernel<DT><<<qd_grid(nblocks, GGML_THREADS), GGML_THREADS, 0, qd_stream()>>>(
-                        f->code, f->block_bytes, in->data, nblocks, (uint8_t *)out[0], bad));
+    QD_DTYPE_SWITCH(in->dtype, DT, GGML_TYPE_SWITCH(f->code, TYPE,
+                    ggml_quantize_kernel<DT, TYPE><<<qd_grid(nblocks, GGML_THREADS), GGML_THREADS, 0, qd_stream()>>>(
+                        f->block_bytes, in->data, nblocks, (uint8_t *)out[0], bad)));
     CUDA_LAUNCHED();
     return qd_cuda_bad_end(bad);
 }
@@ -63,9 +77,9 @@ extern "C" enum qd_status qd_cuda_ggml_dequantize(const struct qd_format *f, con
                                                   const struct qd_params *p, struct qd_tensor *out)
 {
     int64_t nblocks = qd_tensor_numel(out) / QD_GGML_QK;
-    QD_DTYPE_SWITCH(out->dtype, DT,
-                    ggml_dequantize_kernel<DT><<<qd_grid(nblocks, GGML_THREADS), GGML_THREADS, 0, qd_stream()>>>(
-                        f->code, f->block_bytes, (const uint8_t *)in[0], nblocks, out->data));
+    QD_DTYPE_SWITCH(out->dtype, DT, GGML_TYPE_SWITCH(f->code, TYPE,
+                    ggml_dequantize_kernel<DT, TYPE><<<qd_grid(nblocks, GGML_THREADS), GGML_THREADS, 0, qd_stream()>>>(
+                        f->block_bytes, (const uint8_t *)in[0], nblocks, out->data)));
     CUDA_LAUNCHED();
     return QD_OK;
 }

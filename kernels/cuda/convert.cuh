@@ -7,7 +7,7 @@
  *   after an exact power-of-two scaling (2^-6, 2^-12 map min normal onto min normal and the
  *   subnormal step onto the subnormal step), once clamped to the fp6 maximum.
  * e2m1 has no counterpart before sm_100: qd_e2m1_finite rounds on each binade's grid with the
- *   float-to-int conversion (round to nearest even) instead. */
+ *   round-to-nearest-even of an add instead. */
 #ifndef QD_CUDA_CONVERT_CUH
 #define QD_CUDA_CONVERT_CUH
 
@@ -74,15 +74,16 @@ template <int EBITS> __device__ __forceinline__ uint32_t qd_fp6x2_finite(float a
 }
 
 /* e2m1 code of a non-NaN x: |x| (saturated at 6) divided by its binade's step (0.5 below 2,
- * 1 below 4, else 2; exact powers of two) and rounded to the nearest even integer k by the
- * conversion instruction: on each step's grid an even k is an even code, so ties go where
+ * 1 below 4, else 2; exact powers of two) and rounded to the nearest even integer k: on each step's grid an even k is an even code, so ties go where
  * round-to-nearest-even on e2m1 sends them; the code is k plus the binade's offset. */
 __device__ __forceinline__ uint32_t qd_e2m1_finite(float x)
 {
     float a = fminf(qd_absf(x), 6.0f);
     float inv_step = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
     uint32_t base = a < 2.0f ? 0u : (a < 4.0f ? 2u : 4u);
-    uint32_t c = (uint32_t)__float2int_rn(a * inv_step) + base;
+    /* the rounding by an add of 1.5 * 2^23 (ulp 1, ties to even): the integer lands in the low
+     * mantissa bits, no trip through the conversion unit */
+    uint32_t c = qd_f32_bits(a * inv_step + 12582912.0f) - 0x4B400000u + base;
     return c | ((qd_f32_bits(x) >> 28) & 8);
 }
 

@@ -147,14 +147,10 @@ __global__ void bnb_dequantize_kernel(int nf4, const uint8_t *data, int64_t n, i
                                       const float *nested_map, float offset, void *y)
 {
     __shared__ float value[16], map[256];
-    __shared__ float2 pair[256]; /* both values of a byte: one 8-byte load per two elements */
     if (threadIdx.x < 16) {
         int c = threadIdx.x;
         value[c] = nf4 ? nf4_values[c] : fp4_magnitudes[c & 7] * (1.0f - 2.0f * (float)(c >> 3));
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) /* the first element in the high nibble */
-        pair[i] = make_float2(value[i >> 4], value[i & 15]);
     if (nested_map)
         for (int i = threadIdx.x; i < 256; i += blockDim.x)
             map[i] = nested_map[i];
@@ -170,11 +166,9 @@ __global__ void bnb_dequantize_kernel(int nf4, const uint8_t *data, int64_t n, i
         /* every nonzero code value is >= 0.005 in magnitude: with |absmax| >= 2^-118 no product
          * is subnormal and the flush is a no-op (NaN/Inf pass either way) */
         bool normal = qd_absf(am) >= 0x1p-118f;
-        for (int k = 0; k < 4; k++) {
-            float2 e = pair[(word >> (8 * k)) & 0xff];
-            float p0 = e.x * am, p1 = e.y * am;
-            v[2 * k] = normal ? p0 : qd_ftz(p0);
-            v[2 * k + 1] = normal ? p1 : qd_ftz(p1);
+        for (int j = 0; j < 8; j++) { /* byte k: element 2k in the high nibble */
+            float p = value[(word >> (8 * (j / 2) + ((j & 1) ? 0 : 4))) & 15] * am;
+            v[j] = normal ? p : qd_ftz(p);
         }
         qd_store_block<DT, 8>(y, first, v);
     } else {

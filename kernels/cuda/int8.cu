@@ -31,45 +31,21 @@ __global__ void int8_codes_kernel(int asym, const void *x, int64_t n, const floa
 }
 
 #define ROW_THREADS 256
-#define ROW_CACHE 8
 
-/* The 8 codes of 8 elements, one 8-byte store (a row of cols % 8 == 0 keeps that aligned). */
-__device__ __forceinline__ void row_codes(int asym, const float *v, float sc, uint8_t zp, uint8_t *out)
-{
-    uint32_t w[2] = {0, 0};
-    for (int j = 0; j < 8; j++) {
-        uint32_t c = asym ? qd_uint8_code(v[j], sc, zp) : (uint8_t)qd_int8_code(v[j], sc);
-        w[j / 4] |= c << (8 * (j % 4));
-    }
-    *(uint2 *)out = make_uint2(w[0], w[1]);
-}
-
-/* One CTA per row: the row's range (16-byte loads when the row is a whole number of 8-element
- * groups), its scale and zero point, then its codes from the values kept in registers (rows
- * wider than 16384 read the rest again, from L2). */
+/* One CTA per row: the row's range (16-byte loads when the row is 16-byte aligned and a whole
+ * number of 8-element groups), its scale and zero point, then its codes (the second read of
+ * the row comes from L1/L2). */
 template <int DT>
 __global__ void __launch_bounds__(ROW_THREADS) int8_row_kernel(int asym, const void *x, int64_t rows, int64_t cols,
                                                                float *scale, uint8_t *zero_point, uint8_t *out,
                                                                unsigned long long *bad)
 {
-    int64_t row = blockIdx.x, base = row * cols, groups = cols / 8;
+    int64_t row = blockIdx.x, base = row * cols;
     bool vec = cols % 8 == 0;
     struct qd_range r = qd_range_empty();
-    /* the first ROW_CACHE groups of each thread stay in registers for the codes (rows up to
-     * 16384 wide are read once); the rest is read again */
-    float cache[ROW_CACHE][8];
     if (vec) {
-#pragma unroll
-        for (int i = 0; i < ROW_CACHE; i++) {
-            int64_t g = threadIdx.x + i * ROW_THREADS;
-            if (g < groups) {
-                qd_load_block<DT, 8>(x, base + 8 * g, cache[i]);
-                qd_check_block<8>(bad, cache[i], base + 8 * g);
-                for (int j = 0; j < 8; j++)
-                    qd_range_add(&r, cache[i][j]);
-            }
-        }
-        for (int64_t g = threadIdx.x + ROW_CACHE * ROW_THREADS; g < groups; g += ROW_THREADS) {
+#pragma unroll 4
+        for (int64_t g = threadIdx.x; g < cols / 8; g += ROW_THREADS) {
             float v[8];
             qd_load_block<DT, 8>(x, base + 8 * g, v);
             qd_check_block<8>(bad, v, base + 8 * g);
@@ -104,16 +80,20 @@ __global__ void __launch_bounds__(ROW_THREADS) int8_row_kernel(int asym, const v
     float sc = s_scale;
     uint8_t zp = s_zp;
     if (vec) {
-#pragma unroll
-        for (int i = 0; i < ROW_CACHE; i++) {
-            int64_t g = threadIdx.x + i * ROW_THREADS;
-            if (g < groups)
-                row_codes(asym, cache[i], sc, zp, out + base + 8 * g);
-        }
-        for (int64_t g = threadIdx.x + ROW_CACHE * ROW_THREADS; g < groups; g += ROW_THREADS) {
+#pragma unroll 4
+        for (int64_t g = threadIdx.x; g < cols / 8; g += ROW_THREADS) {
             float v[8];
             qd_load_block<DT, 8>(x, base + 8 * g, v);
-            row_codes(asym, v, sc, zp, out + base + 8 * g);
+            uint32_t w[2] = {0, 0};
+            for (int j = 0; j < 8; j++) {
+                uint32_t c = asym ? qd_uint8_code(v[j], sc, zp) : (uint8_t)qd_int8_code(v[j], sc);
+                w[j / 4] |= c << (8 * (j % 4));
+            }
+            if ((base % 8) == 0) /* the codes' start is 8-byte aligned too */
+                ((uint2 *)(out + base))[g] = make_uint2(w[0], w[1]);
+            else
+                for (int j = 0; j < 8; j++)
+                    out[base + 8 * g + j] = (uint8_t)(w[j / 4] >> (8 * (j % 4)));
         }
     } else {
         for (int64_t i = threadIdx.x; i < cols; i += ROW_THREADS) {

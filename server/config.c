@@ -23,7 +23,7 @@ static const struct option options[] = {
     {"--max-body-bytes", "QUANTD_MAX_BODY_BYTES", "1073741824", "largest request body (413 beyond)", SIZE, F(max_body_bytes), 1, 1LL << 40},
     {"--token", "QUANTD_TOKEN", "", "bearer token required on the API (not on health or metrics)", TEXT, F(token), 0, 0},
     {"--devices", "QUANTD_DEVICES", "", "GPU indices for the CUDA backend, e.g. 0,1 (default: all visible)", TEXT, F(devices), 0, 0},
-    {"--http-threads", "QUANTD_HTTP_THREADS", "4", "libmicrohttpd threads", INT, F(http_threads), 1, 256},
+    {"--http-threads", "QUANTD_HTTP_THREADS", "0", "libmicrohttpd threads (0: one per core, at least 4)", INT, F(http_threads), 0, 256},
     {"--result-ttl", "QUANTD_RESULT_TTL", "600", "seconds a finished async job's result is kept", INT, F(result_ttl_s), 1, 1 << 30},
     {"--result-max-bytes", "QUANTD_RESULT_MAX_BYTES", "2147483648", "bytes of async results kept in all", SIZE, F(result_max_bytes), 0, 1LL << 42},
     {"--max-jobs", "QUANTD_MAX_JOBS", "4096", "async jobs known at once", INT, F(max_jobs), 1, 1 << 24},

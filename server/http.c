@@ -230,6 +230,16 @@ static void precheck_post(struct MHD_Connection *mc, struct conn *c)
         c->cap = (size_t)length;
 }
 
+/* --http-threads, 0 = one per core and at least 4: receiving large bodies is CPU work
+ * (docs/BENCHMARKS.md: 16 threads on a 16-core GPU node carry 30 % more than 4). */
+static unsigned http_threads(const struct qd_serve_config *cfg)
+{
+    if (cfg->http_threads > 0)
+        return (unsigned)cfg->http_threads;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 4 ? (unsigned)n : 4u;
+}
+
 static void first_call(struct MHD_Connection *mc, struct conn *c, const char *url, const char *method)
 {
     int sub = 0;
@@ -573,7 +583,7 @@ int qd_http_start(const struct qd_serve_config *cfg, struct qd_backend *b, char 
                      MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     S.daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL,
                                 MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                                MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads,
+                                MHD_OPTION_THREAD_POOL_SIZE, http_threads(cfg),
                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,

@@ -31,7 +31,8 @@ __device__ __forceinline__ float warp_max(float v)
  * codes out, coalesced across the warp). A bitsandbytes block of B elements is a group of B/8
  * consecutive threads: its absmax by shuffles within the group (and through shared memory
  * when the group spans warps). With `bins`, each block's absmax also goes into the exact sum
- * of the double-quant offset (kernels/bnb4.h), through per-CTA bins. */
+ * of the double-quant offset (kernels/bnb4.h), through per-CTA bins: the grid is capped and
+ * each CTA walks many tiles, so the global bins see a few atomics per CTA, not per tile. */
 template <int DT>
 __global__ void __launch_bounds__(512) bnb_quantize_kernel(int nf4, const void *x, int64_t n, int group,
                                                             uint8_t *data, float *absmax,
@@ -44,63 +45,68 @@ __global__ void __launch_bounds__(512) bnb_quantize_kernel(int nf4, const void *
     if (bins)
         for (int i = threadIdx.x; i < QD_SUM_BINS; i += blockDim.x)
             cta_bins[i] = 0;
-    int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, first = 8 * t;
-    float v[8];
-    if (first + 8 <= n) {
-        qd_load_block<DT, 8>(x, first, v);
-    } else {
-        for (int j = 0; j < 8; j++) /* the tail: bitsandbytes pads with 0.0 */
-            v[j] = first + j < n ? qd_load<DT>(x, first + j) : 0.0f;
-    }
-    qd_check_block<8>(bad, v, first); /* the zero padding is finite: no false alarm */
-    float amax = 0.0f; /* max |x|, flushed once at the end (the same as max of flushed |x|) */
-    for (int j = 0; j < 8; j++) {
-        float a = qd_absf(v[j]);
-        amax = a > amax ? a : amax; /* a NaN never enters */
-    }
-    int lane = threadIdx.x % 32;
-    for (int o = 1; o < group && o < 32; o <<= 1) {
-        float w = __shfl_xor_sync(0xffffffffu, amax, o);
-        amax = w > amax ? w : amax;
-    }
-    if (group > 32) { /* the group spans group/32 warps of this CTA */
-        if (lane == 0)
-            warp_amax[threadIdx.x / 32] = amax;
-        __syncthreads();
-        int w0 = (threadIdx.x / group) * (group / 32);
-        for (int w = 0; w < group / 32; w++)
-            amax = warp_amax[w0 + w] > amax ? warp_amax[w0 + w] : amax;
-    }
-    amax = qd_ftz(amax);
-    __syncthreads(); /* cta_bins cleared, lut filled */
-    if (first < n) {
-        /* a zero block gives inf here and NaN codes below: bitsandbytes does the same */
-        float inv = qd_rcp_approx(amax);
-        uint32_t word = 0;
-        for (int j = 0; j < 8; j++) {
-            /* scaled(x, inv) = ftz(ftz(x) * inv). The input flush is a select; the product's
-             * flush changes no code: NF4's thresholds are far from 0, FP4's rank neither, and
-             * its sign bit is set exactly when the flushed product is < 0, i.e. <= -2^-126 */
-            float xf = qd_absf(v[j]) < 0x1p-126f ? copysignf(0.0f, v[j]) : v[j];
-            float p = xf * inv;
-            uint32_t c = nf4 ? qd_nf4_code_lut(p, lut) : qd_fp4_code_lut(p, p <= -0x1p-126f, lut);
-            word |= c << (4 * (j ^ 1)); /* byte k: element 2k in the high nibble */
+    int64_t tiles = (n + 8 * (int64_t)blockDim.x - 1) / (8 * (int64_t)blockDim.x);
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        int64_t t = tile * blockDim.x + threadIdx.x, first = 8 * t;
+        float v[8];
+        if (first + 8 <= n) {
+            qd_load_block<DT, 8>(x, first, v);
+        } else {
+            for (int j = 0; j < 8; j++) /* the tail: bitsandbytes pads with 0.0 */
+                v[j] = first + j < n ? qd_load<DT>(x, first + j) : 0.0f;
         }
-        if (first + 8 <= n)
-            ((uint32_t *)data)[t] = word;
-        else
-            for (int k = 0; 2 * k < n - first; k++)
-                data[4 * t + k] = (uint8_t)(word >> (8 * k));
-        if (threadIdx.x % group == 0) {
-            absmax[first / (8 * (int64_t)group)] = amax;
-            if (bins) {
-                uint32_t b;
-                uint64_t a;
-                qd_sum_bin(amax, &b, &a);
-                if (b == 255)
-                    atomicOr(&cta_bins[255], (unsigned long long)a);
-                else
-                    atomicAdd(&cta_bins[b], (unsigned long long)a);
+        qd_check_block<8>(bad, v, first); /* the zero padding is finite: no false alarm */
+        float amax = 0.0f; /* max |x|, flushed once at the end (the same as max of flushed |x|) */
+        for (int j = 0; j < 8; j++) {
+            float a = qd_absf(v[j]);
+            amax = a > amax ? a : amax; /* a NaN never enters */
+        }
+        int lane = threadIdx.x % 32;
+        for (int o = 1; o < group && o < 32; o <<= 1) {
+            float w = __shfl_xor_sync(0xffffffffu, amax, o);
+            amax = w > amax ? w : amax;
+        }
+        if (group > 32) { /* the group spans group/32 warps of this CTA */
+            __syncthreads(); /* warp_amax of the previous tile read */
+            if (lane == 0)
+                warp_amax[threadIdx.x / 32] = amax;
+            __syncthreads();
+            int w0 = (threadIdx.x / group) * (group / 32);
+            for (int w = 0; w < group / 32; w++)
+                amax = warp_amax[w0 + w] > amax ? warp_amax[w0 + w] : amax;
+        }
+        amax = qd_ftz(amax);
+        if (tile == blockIdx.x)
+            __syncthreads(); /* cta_bins cleared, lut filled (the first tile of every CTA) */
+        if (first < n) {
+            /* a zero block gives inf here and NaN codes below: bitsandbytes does the same */
+            float inv = qd_rcp_approx(amax);
+            uint32_t word = 0;
+            for (int j = 0; j < 8; j++) {
+                /* scaled(x, inv) = ftz(ftz(x) * inv). The input flush is a select; the product's
+                 * flush changes no code: NF4's thresholds are far from 0, FP4's rank neither, and
+                 * its sign bit is set exactly when the flushed product is < 0, i.e. <= -2^-126 */
+                float xf = qd_absf(v[j]) < 0x1p-126f ? copysignf(0.0f, v[j]) : v[j];
+                float p = xf * inv;
+                uint32_t c = nf4 ? qd_nf4_code_lut(p, lut) : qd_fp4_code_lut(p, p <= -0x1p-126f, lut);
+                word |= c << (4 * (j ^ 1)); /* byte k: element 2k in the high nibble */
+            }
+            if (first + 8 <= n)
+                ((uint32_t *)data)[t] = word;
+            else
+                for (int k = 0; 2 * k < n - first; k++)
+                    data[4 * t + k] = (uint8_t)(word >> (8 * k));
+            if (threadIdx.x % group == 0) {
+                absmax[first / (8 * (int64_t)group)] = amax;
+                if (bins) {
+                    uint32_t b;
+                    uint64_t a;
+                    qd_sum_bin(amax, &b, &a);
+                    if (b == 255)
+                        atomicOr(&cta_bins[255], (unsigned long long)a);
+                    else
+                        atomicAdd(&cta_bins[b], (unsigned long long)a);
+                }
             }
         }
     }
@@ -197,8 +203,11 @@ extern "C" enum qd_status qd_cuda_bnb4_quantize(const struct qd_format *f, const
         CUDA_CHECK(cudaMemsetAsync(bins, 0, sizeof d->bins, qd_stream()));
     int group = (int)(bs / 8), threads = group > 256 ? group : 256;
     int64_t threads_needed = (n + 7) / 8;
+    unsigned grid = qd_grid(threads_needed, threads), cap = 8 * (unsigned)qd_cuda_sm_count();
+    if (bins && grid > cap) /* few CTAs walking many tiles: few global bin atomics */
+        grid = cap;
     QD_DTYPE_SWITCH(in->dtype, DT,
-                    bnb_quantize_kernel<DT><<<qd_grid(threads_needed, threads), threads, 0, qd_stream()>>>(
+                    bnb_quantize_kernel<DT><<<grid, threads, 0, qd_stream()>>>(
                         nf4, in->data, n, group, (uint8_t *)out[0], absmax, bins, bad));
     CUDA_LAUNCHED();
     if (bins) /* 2 KiB of bins back; the one sync below (or here) covers the flag too */

@@ -217,6 +217,9 @@ enum qd_status qd_cuda_bad_begin(int check, unsigned long long **flag);
 /* Reads the flag back (synchronizes the stream): QD_ENONFINITE with ctx->bad_index set. */
 enum qd_status qd_cuda_bad_end(unsigned long long *flag);
 
+/* Multiprocessors of the current device (1 when it cannot be read). */
+int qd_cuda_sm_count(void);
+
 /* amax, min, max of the whole tensor into host floats (two small kernels, one sync); also
  * notes the first non-finite element into flag when given. */
 enum qd_status qd_cuda_range(const struct qd_tensor *in, unsigned long long *flag, float *amax,

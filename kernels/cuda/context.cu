@@ -136,15 +136,21 @@ __global__ void range_kernel(const void *x, int64_t n, struct qd_scratch *s, uns
     }
 }
 
+int qd_cuda_sm_count(void)
+{
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return 1;
+    return sms > 0 ? sms : 1;
+}
+
 enum qd_status qd_cuda_range(const struct qd_tensor *in, unsigned long long *flag, float *amax,
                              float *min, float *max)
 {
     int64_t n = qd_tensor_numel(in);
     struct qd_scratch *d = qd_scratch_dev(), *h = qd_scratch_host();
     CUDA_CHECK(cudaMemsetAsync(&d->blocks_done, 0, sizeof d->blocks_done, qd_stream()));
-    int dev, sms;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    int sms = qd_cuda_sm_count();
     unsigned grid = qd_grid(n, 256);
     unsigned cap = (unsigned)sms * 7 < 1024 ? (unsigned)sms * 7 : 1024; /* 7 CTAs of 256 per SM: a full SM */
     grid = grid < cap ? grid : cap;

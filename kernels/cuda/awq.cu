@@ -55,20 +55,6 @@ __global__ void awq_quantize_kernel(const void *x, int64_t K, int64_t N, int64_t
 #define AWQ_MAX_TILE_G 128
 #define AWQ_PITCH 65 /* odd row pitch: column walks and row walks both spread over the banks */
 
-/* qd_awq_code(w, scale, zero) without the IEEE division in the common case: q = w * (1/scale)
- * is within 2^-23 |q| of w / scale (two roundings), so unless q lies within 2^-21 |q| of a
- * half-integer, rint(q) = rint(w / scale); near one, the division decides. (scale >= 1e-5/15
- * keeps 1/scale finite; a NaN q takes the fast path and gives NaN either way.) */
-__device__ __forceinline__ uint32_t awq_code_fast(float w, float scale, float inv, float zero)
-{
-    float q = w * inv;
-    if (fabsf(q - floorf(q) - 0.5f) <= fabsf(q) * 0x1p-21f)
-        q = w / scale;
-    q = rintf(q) + zero;
-    q = q < 0.0f ? 0.0f : (q > 15.0f ? 15.0f : q);
-    return q == q ? (uint32_t)q : 0u;
-}
-
 /* One CTA per (group, 64 columns): the tile of G <= 128 rows is read from global memory once
  * into shared memory (coalesced 16-byte loads); 4 threads per column take its min/max, then
  * the codes are packed from the tile. The single-thread kernel above read every row twice. */
@@ -78,7 +64,7 @@ __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, i
                                                                 unsigned long long *bad)
 {
     __shared__ float tile[AWQ_MAX_TILE_G * AWQ_PITCH];
-    __shared__ float s_scale[AWQ_TILE_COLS], s_inv[AWQ_TILE_COLS], s_zero[AWQ_TILE_COLS];
+    __shared__ float s_scale[AWQ_TILE_COLS], s_zero[AWQ_TILE_COLS];
     const int order[8] = QD_AWQ_ORDER;
     int64_t g = blockIdx.x, col0 = (int64_t)blockIdx.y * AWQ_TILE_COLS, row0 = g * G;
     int cols = N - col0 < AWQ_TILE_COLS ? (int)(N - col0) : AWQ_TILE_COLS, words = cols / 8;
@@ -111,7 +97,6 @@ __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, i
     if (part == 0 && c < cols) {
         float sc = qd_awq_scale(lo, hi);
         s_scale[c] = sc;
-        s_inv[c] = 1.0f / sc;
         s_zero[c] = qd_awq_zero(lo, sc);
         scales[g * N + col0 + c] = qd_f32_to_f16_scale(sc);
     }
@@ -128,7 +113,7 @@ __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, i
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             int cc = 8 * w + order[i];
-            word |= awq_code_fast(tile[r * AWQ_PITCH + cc], s_scale[cc], s_inv[cc], s_zero[cc]) << (4 * i);
+            word |= qd_awq_code(tile[r * AWQ_PITCH + cc], s_scale[cc], s_zero[cc]) << (4 * i);
         }
         qweight[(row0 + r) * (N / 8) + col0 / 8 + w] = word;
     }

@@ -57,8 +57,9 @@ struct conn {
 static enum MHD_Result send_reply(struct MHD_Connection *mc, struct conn *c, struct qd_reply *r,
                                   int take)
 {
-    struct MHD_Response *resp = MHD_create_response_from_buffer(
-        r->len, r->body, take ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_MUST_COPY);
+    /* a taken body may be a pooled (pinned) buffer: libmicrohttpd gives it back through the pool */
+    struct MHD_Response *resp = take ? MHD_create_response_from_buffer_with_free_callback(r->len, r->body, qd_hostmem_put)
+                                     : MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_COPY);
     if (!resp)
         return MHD_NO;
     if (take)

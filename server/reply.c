@@ -7,16 +7,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hostmem.h"
+
+/* Bodies may come from the pinned pool (a raw tensor answer is the result buffer itself):
+ * qd_hostmem_put returns those to the pool and frees the others. */
 void qd_reply_free(struct qd_reply *r)
 {
-    free(r->body);
+    qd_hostmem_put(r->body);
     r->body = NULL;
     r->len = 0;
 }
 
 void qd_reply_take(struct qd_reply *r, int status, const char *content_type, char *body, size_t len)
 {
-    free(r->body);
+    qd_hostmem_put(r->body);
     r->status = status;
     r->content_type = content_type;
     r->body = body;

@@ -13,7 +13,7 @@ struct cJSON;
 struct qd_reply {
     int status;               /* 0: not set yet */
     const char *content_type; /* static string */
-    char *body;               /* malloc'd, owned */
+    char *body;               /* owned: malloc'd or from the body pool (qd_hostmem_put frees) */
     size_t len;
     char location[96];        /* Location header, "" for none */
     int retry_after_s;        /* Retry-After header, 0 for none */

@@ -308,6 +308,44 @@ static void async_job_gives_the_synchronous_answer(void **state)
     free(x);
 }
 
+/* Tensors of several MiB: on a CUDA backend their bodies and results live in the pinned pool,
+ * and a raw dequantize answer hands the result buffer itself to libmicrohttpd. Twice, and the
+ * server must still answer afterwards (a pooled buffer once went to free()). */
+static void large_round_trips_with_raw_answers(void **state)
+{
+    size_t n = 1024 * 1024;
+    float *x = random_f32(n);
+    const char *bin_h[] = {"Content-Type: application/octet-stream", "Accept: application/octet-stream", NULL};
+    const char *json_in[] = {"Content-Type: application/json", "Accept: application/octet-stream", NULL};
+    for (int round = 0; round < 2; round++) {
+        struct http q, d;
+        http_do(&srv, "POST", "/quantize?fmt=q8_0&dtype=f32&shape=1024,1024", NULL, x, n * 4, &q);
+        assert_int_equal(q.status, 200);
+        http_do(&srv, "POST", "/dequantize?dtype=f32", json_in, q.body, q.len, &d);
+        assert_int_equal(d.status, 200);
+        assert_int_equal(d.len, n * 4);
+        double err = 0, ref = 0;
+        for (size_t i = 0; i < n; i++) {
+            float y;
+            memcpy(&y, d.body + 4 * i, 4);
+            err += ((double)y - x[i]) * ((double)y - x[i]);
+            ref += (double)x[i] * x[i];
+        }
+        assert_true(err / ref < 1e-3); /* q8_0 */
+        http_free(&q);
+        http_free(&d);
+        struct http st;
+        http_do(&srv, "POST", "/quantize?fmt=nvfp4&dtype=f32&shape=1024,1024", bin_h, x, n * 4, &st);
+        assert_int_equal(st.status, 200);
+        http_free(&st);
+    }
+    struct http h;
+    http_do(&srv, "GET", "/healthz", NULL, NULL, 0, &h);
+    assert_int_equal(h.status, 200);
+    http_free(&h);
+    free(x);
+}
+
 static void formats_health_ready_metrics(void **state)
 {
     struct http f, h, r, m, v, head;
@@ -354,6 +392,7 @@ int main(void)
         cmocka_unit_test(every_format_matches_cli_raw_json_and_safetensors),
         cmocka_unit_test(query_params_and_report_error),
         cmocka_unit_test(async_job_gives_the_synchronous_answer),
+        cmocka_unit_test(large_round_trips_with_raw_answers),
         cmocka_unit_test(formats_health_ready_metrics),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

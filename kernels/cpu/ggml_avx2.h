@@ -13,7 +13,7 @@
 #define QD_GGML_AVX2 1
 
 /* 32 int32 codes (four vectors, in order) to 32 bytes in order. */
-static inline __m256i pack_codes(__m256i a, __m256i b, __m256i c, __m256i d)
+static inline __attribute__((always_inline)) __m256i pack_codes(__m256i a, __m256i b, __m256i c, __m256i d)
 {
     __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
     __m256i all = _mm256_packs_epi16(ab, cd);
@@ -30,7 +30,7 @@ static inline void put_f16_finite(uint8_t *p, float v)
 
 /* max |x| of the block as bits: for non-negative floats the unsigned order of the bits is the
  * numeric one, and NaN/Inf sort above every finite value. */
-static inline uint32_t block_amax_bits(const __m256 *v)
+static inline __attribute__((always_inline)) uint32_t block_amax_bits(const __m256 *v)
 {
     const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
     __m256i m = _mm256_max_epu32(
@@ -46,7 +46,7 @@ static inline uint32_t block_amax_bits(const __m256 *v)
 
 /* Returns 0 (writing nothing) for a block the vector code does not take: one holding NaN/Inf,
  * or one so small that 1/d overflows (the scalar code's out-of-range casts define those). */
-static inline int qd_ggml_q8_avx2(int type, const float *x, uint8_t *blk)
+static inline __attribute__((always_inline)) int qd_ggml_q8_avx2(int type, const float *x, uint8_t *blk)
 {
     __m256 v[4] = {_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)};
     uint32_t bits = block_amax_bits(v);
@@ -79,7 +79,7 @@ static inline int qd_ggml_q8_avx2(int type, const float *x, uint8_t *blk)
     return 1;
 }
 
-static inline int qd_ggml_q4_0_avx2(const float *x, uint8_t *blk)
+static inline __attribute__((always_inline)) int qd_ggml_q4_0_avx2(const float *x, uint8_t *blk)
 {
     __m256 v[4] = {_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)};
     uint32_t bits = block_amax_bits(v);

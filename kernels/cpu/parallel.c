@@ -1,5 +1,5 @@
-/* Parallel span drivers: split a tensor into aligned spans, one contiguous range per thread,
- * and hand each span to a format's kernel as f32 (converting f16/bf16 through a small
+/* Parallel span drivers: split a tensor into aligned chunks that threads take in order from a
+ * shared counter, and hand each chunk to a format's kernel as f32 (converting f16/bf16 through a small
  * per-thread buffer that stays in L1/L2). */
 #include <pthread.h>
 #include <stdint.h>
@@ -68,6 +68,7 @@ struct span_job {
     qd_out_span_fn out_fn;
     void *ctx;
     int nthreads;
+    int64_t next;                        /* the next chunk to hand out, in align units */
     int failed;
     int check;                           /* scan each input chunk for NaN/Inf while it is hot */
     int self_check;                      /* the kernel notes NaN/Inf itself (qd_cpu_note_nonfinite) */
@@ -112,7 +113,6 @@ static void *span_run(void *arg)
     struct span_worker *w = arg;
     struct span_job *j = w->job;
     int64_t units = (j->n + j->align - 1) / j->align;
-    int64_t u0 = units * w->tid / j->nthreads, u1 = units * (w->tid + 1) / j->nthreads;
     int64_t chunk_units = QD_CHUNK_ELEMS / j->align;
     if (chunk_units < 1)
         chunk_units = 1;
@@ -126,9 +126,11 @@ static void *span_run(void *arg)
         }
     }
     self_bad = j->self_check ? &j->first_bad[w->tid] : NULL;
-    for (int64_t u = u0; u < u1; u += chunk_units) {
+    /* chunks are handed out in order from a shared counter: a thread on a busy core takes
+     * fewer of them, and each thread's chunks still ascend */
+    for (int64_t u; (u = __atomic_fetch_add(&j->next, chunk_units, __ATOMIC_RELAXED)) < units;) {
         int64_t first = u * j->align;
-        int64_t last = (u + chunk_units < u1 ? u + chunk_units : u1) * j->align;
+        int64_t last = (u + chunk_units < units ? u + chunk_units : units) * j->align;
         if (last > j->n)
             last = j->n;
         int64_t cnt = last - first;
@@ -190,12 +192,10 @@ static int spans(const struct qd_tensor *in, int64_t align, qd_span_fn fn, void 
             j.first_bad[i] = -1;
     }
     int rc = span_drive(&j);
-    /* threads own ascending ranges: the lowest thread with a hit has the first index */
+    /* each thread's chunks ascend, so its note is its lowest: the first index is their least */
     for (int i = 0; slot && rc > 0 && i < rc; i++)
-        if (j.first_bad[i] >= 0) {
+        if (j.first_bad[i] >= 0 && (*slot < 0 || j.first_bad[i] < *slot))
             *slot = j.first_bad[i];
-            break;
-        }
     return rc;
 }
 

@@ -1,12 +1,10 @@
-/* AutoAWQ int4 (WQLinear_GEMM layout) on the GPU: one thread per (group, 8-column word); it
- * reads its 8 columns over the group's rows twice (range, then codes; the second read comes
- * from L2), adjacent threads reading adjacent columns. */
+/* AutoAWQ int4 (WQLinear_GEMM layout) on the GPU: one CTA per (group, 64 columns) from a
+ * shared-memory tile for groups up to 128 rows; larger groups one thread per (group, 8-column
+ * word), reading its columns over the group's rows twice (the second read from L2). */
 #include "../awq.h"
 #include <cuda_fp16.h>
 
 #include "common.cuh"
-
-__constant__ int awq_order[8] = QD_AWQ_ORDER;
 
 template <int DT>
 __global__ void awq_quantize_kernel(const void *x, int64_t K, int64_t N, int64_t G, uint32_t *qweight,
@@ -16,6 +14,7 @@ __global__ void awq_quantize_kernel(const void *x, int64_t K, int64_t N, int64_t
     if (t >= (K / G) * words)
         return;
     int64_t g = t / words, j = t % words, row0 = g * G;
+    const int awq_order[8] = QD_AWQ_ORDER;
     float lo[8], hi[8], v[8];
     qd_load_block<DT, 8>(x, row0 * N + 8 * j, v);
     for (int c = 0; c < 8; c++)
@@ -23,8 +22,9 @@ __global__ void awq_quantize_kernel(const void *x, int64_t K, int64_t N, int64_t
 #pragma unroll 8 /* several rows' loads in flight per thread */
     for (int64_t r = 0; r < G; r++) {
         qd_load_block<DT, 8>(x, (row0 + r) * N + 8 * j, v);
+        if (bad)
+            qd_check_block<8>(bad, v, (row0 + r) * N + 8 * j);
         for (int c = 0; c < 8; c++) {
-            qd_note_nonfinite(bad, v[c], (row0 + r) * N + 8 * j + c);
             lo[c] = v[c] < lo[c] ? v[c] : lo[c];
             hi[c] = v[c] > hi[c] ? v[c] : hi[c];
         }
@@ -57,7 +57,7 @@ __global__ void awq_quantize_kernel(const void *x, int64_t K, int64_t N, int64_t
 
 /* One CTA per (group, 64 columns): the tile of G <= 128 rows is read from global memory once
  * into shared memory (coalesced 16-byte loads); 4 threads per column take its min/max, then
- * the codes are packed from the tile. The single-thread kernel above read every row twice. */
+ * the codes are packed from the tile. */
 template <int DT>
 __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, int64_t N, int G, uint32_t *qweight,
                                                                 uint32_t *qzeros, uint16_t *scales,
@@ -73,7 +73,8 @@ __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, i
         int64_t at = (row0 + r) * N + col0 + 8 * w;
         float v[8];
         qd_load_block<DT, 8>(x, at, v);
-        qd_check_block<8>(bad, v, at);
+        if (bad)
+            qd_check_block<8>(bad, v, at);
         for (int j = 0; j < 8; j++)
             tile[r * AWQ_PITCH + 8 * w + j] = v[j];
     }

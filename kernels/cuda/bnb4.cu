@@ -16,7 +16,6 @@ static const float host_fp4_type_values[16] = QD_FP4_TYPE_VALUES;
 static const float host_dynamic_map[256] = QD_DYNAMIC_MAP;
 
 __device__ __forceinline__ float scaled(float x, float inv) { return qd_ftz(qd_ftz(x) * inv); }
-__device__ __forceinline__ uint8_t code_of(int nf4, float v) { return nf4 ? qd_nf4_code(v) : qd_fp4_code(v); }
 
 __device__ __forceinline__ float warp_max(float v)
 {
@@ -55,7 +54,8 @@ __global__ void __launch_bounds__(512) bnb_quantize_kernel(int nf4, const void *
             for (int j = 0; j < 8; j++) /* the tail: bitsandbytes pads with 0.0 */
                 v[j] = first + j < n ? qd_load<DT>(x, first + j) : 0.0f;
         }
-        qd_check_block<8>(bad, v, first); /* the zero padding is finite: no false alarm */
+        if (bad) /* the zero padding is finite: no false alarm */
+            qd_check_block<8>(bad, v, first);
         float amax = 0.0f; /* max |x|, flushed once at the end (the same as max of flushed |x|) */
         for (int j = 0; j < 8; j++) {
             float a = qd_absf(v[j]);

@@ -220,8 +220,8 @@ enum qd_status qd_cuda_bad_end(unsigned long long *flag);
 /* Multiprocessors of the current device (1 when it cannot be read). */
 int qd_cuda_sm_count(void);
 
-/* amax, min, max of the whole tensor into host floats (two small kernels, one sync); also
- * notes the first non-finite element into flag when given. */
+/* amax, min, max of the whole tensor into host floats (one kernel, one sync); also notes the
+ * first non-finite element into flag when given. */
 enum qd_status qd_cuda_range(const struct qd_tensor *in, unsigned long long *flag, float *amax,
                              float *min, float *max);
 

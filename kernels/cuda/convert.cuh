@@ -2,12 +2,12 @@
  * ones in fp.h on every f32 input (checked exhaustively on the device by test_gpu through
  * qd_cuda_conversion_mismatches):
  * - e4m3 / e5m2: cvt.rn.satfinite rounds to nearest even and saturates as torchao's clamp
- *   then cast does; a NaN keeps the software answer (0x7f).
+ *   then cast does (a NaN is encoded by the software rule: 0x7f).
  * - e2m3 / e3m2 (MX fp6) have the same mantissa width as e4m3 / e5m2 and line up with them
  *   after an exact power-of-two scaling (2^-6, 2^-12 map min normal onto min normal and the
  *   subnormal step onto the subnormal step), once clamped to the fp6 maximum.
  * e2m1 has no counterpart before sm_100: qd_e2m1_finite rounds on each binade's grid with the
- *   round-to-nearest-even of an add instead. */
+ * round-to-nearest-even of an add instead. */
 #ifndef QD_CUDA_CONVERT_CUH
 #define QD_CUDA_CONVERT_CUH
 
@@ -34,26 +34,19 @@ template <int ELEM> __device__ __noinline__ uint32_t qd_encode2_soft(float a, fl
     }
 }
 
-/* Two e4m3 / e5m2 codes (a low byte, b high byte) of non-NaN values. */
-__device__ __forceinline__ uint32_t qd_e4m3x2_finite(float a, float b)
+/* Two fp8 codes (ELEM QD_E4M3 or QD_E5M2; a low byte, b high byte) of non-NaN values. */
+template <int ELEM> __device__ __forceinline__ uint32_t qd_fp8x2_finite(float a, float b)
 {
 #ifdef QD_HW_FP8
     uint16_t r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
+    if (ELEM == QD_E4M3)
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
+    else
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
     return r;
 #else
-    return qd_f32_to_e4m3(a) | (uint32_t)qd_f32_to_e4m3(b) << 8;
-#endif
-}
-
-__device__ __forceinline__ uint32_t qd_e5m2x2_finite(float a, float b)
-{
-#ifdef QD_HW_FP8
-    uint16_t r;
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
-    return r;
-#else
-    return qd_f32_to_e5m2(a) | (uint32_t)qd_f32_to_e5m2(b) << 8;
+    return ELEM == QD_E4M3 ? qd_f32_to_e4m3(a) | (uint32_t)qd_f32_to_e4m3(b) << 8
+                           : qd_f32_to_e5m2(a) | (uint32_t)qd_f32_to_e5m2(b) << 8;
 #endif
 }
 
@@ -65,7 +58,7 @@ template <int EBITS> __device__ __forceinline__ uint32_t qd_fp6x2_finite(float a
     const float shift = EBITS == 2 ? 0.015625f : 0.000244140625f; /* 2^-6, 2^-12 */
     float sa = copysignf(fminf(fabsf(a), maxv), a) * shift;
     float sb = copysignf(fminf(fabsf(b), maxv), b) * shift;
-    uint32_t c = EBITS == 2 ? qd_e4m3x2_finite(sa, sb) : qd_e5m2x2_finite(sa, sb);
+    uint32_t c = qd_fp8x2_finite<EBITS == 2 ? QD_E4M3 : QD_E5M2>(sa, sb);
     /* sign bit 7 -> 5, exponent and mantissa already in the low 5 bits */
     return (c & 0x1f1fu) | ((c & 0x8080u) >> 2);
 #else
@@ -74,8 +67,9 @@ template <int EBITS> __device__ __forceinline__ uint32_t qd_fp6x2_finite(float a
 }
 
 /* e2m1 code of a non-NaN x: |x| (saturated at 6) divided by its binade's step (0.5 below 2,
- * 1 below 4, else 2; exact powers of two) and rounded to the nearest even integer k: on each step's grid an even k is an even code, so ties go where
- * round-to-nearest-even on e2m1 sends them; the code is k plus the binade's offset. */
+ * 1 below 4, else 2; exact powers of two) and rounded to the nearest even integer k: on each
+ * step's grid an even k is an even code, so ties go where round-to-nearest-even on e2m1 sends
+ * them; the code is k plus the binade's offset. */
 __device__ __forceinline__ uint32_t qd_e2m1_finite(float x)
 {
     float a = fminf(qd_absf(x), 6.0f);
@@ -97,9 +91,7 @@ template <int ELEM> __device__ __forceinline__ uint32_t qd_mx_encode2_finite(flo
         return qd_fp6x2_finite<2>(a, b);
     if (ELEM == 2)
         return qd_fp6x2_finite<3>(a, b);
-    if (ELEM == 3)
-        return qd_e4m3x2_finite(a, b);
-    return qd_e5m2x2_finite(a, b);
+    return qd_fp8x2_finite<ELEM>(a, b);
 }
 
 /* The same for any values: a NaN takes the software rule (torchao's bit arithmetic for e2m1
@@ -132,8 +124,8 @@ template <int ELEM> __device__ __forceinline__ void qd_fp8x2_decode_finite(uint3
     *a = __half2float(__ushort_as_half((unsigned short)(h & 0xffffu)));
     *b = __half2float(__ushort_as_half((unsigned short)(h >> 16)));
 #else
-    *a = ELEM == QD_E4M3 ? qd_e4m3_to_f32((uint8_t)pair) : qd_e5m2_to_f32((uint8_t)pair);
-    *b = ELEM == QD_E4M3 ? qd_e4m3_to_f32((uint8_t)(pair >> 8)) : qd_e5m2_to_f32((uint8_t)(pair >> 8));
+    *a = qd_fp8_decode_soft<ELEM>(pair & 0xffu);
+    *b = qd_fp8_decode_soft<ELEM>(pair >> 8 & 0xffu);
 #endif
 }
 
@@ -146,16 +138,11 @@ template <int ELEM> __device__ __forceinline__ bool qd_fp8x4_has_nan(uint32_t w)
 
 template <int ELEM> __device__ __forceinline__ void qd_fp8x2_decode(uint32_t pair, float *a, float *b)
 {
-#ifdef QD_HW_FP8
     qd_fp8x2_decode_finite<ELEM>(pair, a, b);
     if (*a != *a)
         *a = qd_fp8_decode_soft<ELEM>(pair & 0xffu);
     if (*b != *b)
         *b = qd_fp8_decode_soft<ELEM>(pair >> 8 & 0xffu);
-#else
-    *a = ELEM == QD_E4M3 ? qd_e4m3_to_f32((uint8_t)pair) : qd_e5m2_to_f32((uint8_t)pair);
-    *b = ELEM == QD_E4M3 ? qd_e4m3_to_f32((uint8_t)(pair >> 8)) : qd_e5m2_to_f32((uint8_t)(pair >> 8));
-#endif
 }
 
 /* NF4 / FP4 codes by table: the value's 1/16-wide bucket (each holds at most one threshold)

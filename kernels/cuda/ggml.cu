@@ -8,21 +8,20 @@
 #define GGML_MAX_BYTES 36
 
 /* One thread per block; the CTA's packed blocks are staged in shared memory and written out
- * together, instead of each thread storing its 18-36 bytes one by one at a stride. */
-/* TYPE is a template parameter: each kernel holds one type's block code (the runtime switch
- * of the shared functions folds away), which keeps registers and code small. */
+ * together, instead of each thread storing its 18-36 bytes one by one at a stride. TYPE is a
+ * template parameter: each kernel holds one type's block code (the runtime switch of the
+ * shared functions folds away), which keeps registers and code small. */
 template <int DT, int TYPE>
 __global__ void ggml_quantize_kernel(int bytes, const void *x, int64_t nblocks, uint8_t *out,
                                      unsigned long long *bad)
 {
-    const int type = TYPE;
     __shared__ __align__(16) uint8_t staged[GGML_THREADS * GGML_MAX_BYTES];
     int64_t first = blockIdx.x * (int64_t)GGML_THREADS, b = first + threadIdx.x;
     if (b < nblocks) {
         float v[QD_GGML_QK];
         qd_load_block<DT, QD_GGML_QK>(x, b * QD_GGML_QK, v);
         bool nonfinite = qd_check_block<QD_GGML_QK>(bad, v, b * QD_GGML_QK);
-        qd_ggml_quantize_block_checked(type, v, staged + threadIdx.x * bytes, !nonfinite);
+        qd_ggml_quantize_block_checked(TYPE, v, staged + threadIdx.x * bytes, !nonfinite);
     }
     __syncthreads();
     int64_t nvalid = nblocks - first < GGML_THREADS ? nblocks - first : GGML_THREADS;
@@ -32,7 +31,6 @@ __global__ void ggml_quantize_kernel(int bytes, const void *x, int64_t nblocks, 
 template <int DT, int TYPE>
 __global__ void ggml_dequantize_kernel(int bytes, const uint8_t *in, int64_t nblocks, void *y)
 {
-    const int type = TYPE;
     __shared__ __align__(16) uint8_t staged[GGML_THREADS * GGML_MAX_BYTES];
     __shared__ uint4 tile[GGML_THREADS * qd_tile<DT, QD_GGML_QK>::CH];
     int64_t first = blockIdx.x * (int64_t)GGML_THREADS, b = first + threadIdx.x;
@@ -41,7 +39,7 @@ __global__ void ggml_dequantize_kernel(int bytes, const uint8_t *in, int64_t nbl
     __syncthreads();
     if (b < nblocks) {
         float v[QD_GGML_QK];
-        qd_ggml_dequantize_block(type, staged + threadIdx.x * bytes, v);
+        qd_ggml_dequantize_block(TYPE, staged + threadIdx.x * bytes, v);
         tile_put<DT, QD_GGML_QK>(tile, v);
     }
     __syncthreads();

@@ -3,10 +3,11 @@
 #include "../int8.h"
 #include "common.cuh"
 
-/* Codes for elements [8t, 8t+8) with one scale; the tail of n % 8 elements one by one. */
+/* Codes for elements [8t, 8t+8) with one scale; the tail of n % 8 elements one by one. The
+ * range pass before it has checked the input. */
 template <int DT>
 __global__ void int8_codes_kernel(int asym, const void *x, int64_t n, const float *scale,
-                                  const uint8_t *zero_point, uint8_t *out, unsigned long long *bad)
+                                  const uint8_t *zero_point, uint8_t *out)
 {
     int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     float s = scale[0];
@@ -15,7 +16,6 @@ __global__ void int8_codes_kernel(int asym, const void *x, int64_t n, const floa
         float v[8];
         qd_load_block<DT, 8>(x, 8 * t, v);
         uint32_t w[2] = {0, 0};
-        qd_check_block<8>(bad, v, 8 * t);
         for (int j = 0; j < 8; j++) {
             uint32_t c = asym ? qd_uint8_code(v[j], s, zp) : (uint8_t)qd_int8_code(v[j], s);
             w[j / 4] |= c << (8 * (j % 4));
@@ -24,7 +24,6 @@ __global__ void int8_codes_kernel(int asym, const void *x, int64_t n, const floa
     } else {
         for (int64_t i = 8 * t; i < n; i++) {
             float v = qd_load<DT>(x, i);
-            qd_note_nonfinite(bad, v, i);
             out[i] = asym ? qd_uint8_code(v, s, zp) : (uint8_t)qd_int8_code(v, s);
         }
     }
@@ -36,7 +35,7 @@ __global__ void int8_codes_kernel(int asym, const void *x, int64_t n, const floa
  * number of 8-element groups), its scale and zero point, then its codes (the second read of
  * the row comes from L1/L2). */
 template <int DT>
-__global__ void __launch_bounds__(ROW_THREADS) int8_row_kernel(int asym, const void *x, int64_t rows, int64_t cols,
+__global__ void __launch_bounds__(ROW_THREADS) int8_row_kernel(int asym, const void *x, int64_t cols,
                                                                float *scale, uint8_t *zero_point, uint8_t *out,
                                                                unsigned long long *bad)
 {
@@ -48,7 +47,8 @@ __global__ void __launch_bounds__(ROW_THREADS) int8_row_kernel(int asym, const v
         for (int64_t g = threadIdx.x; g < cols / 8; g += ROW_THREADS) {
             float v[8];
             qd_load_block<DT, 8>(x, base + 8 * g, v);
-            qd_check_block<8>(bad, v, base + 8 * g);
+            if (bad)
+                qd_check_block<8>(bad, v, base + 8 * g);
             for (int j = 0; j < 8; j++)
                 qd_range_add(&r, v[j]);
         }
@@ -150,7 +150,7 @@ extern "C" enum qd_status qd_cuda_int8_quantize(const struct qd_format *f, const
     if (p->granularity == QD_GRAN_ROW) {
         QD_DTYPE_SWITCH(in->dtype, DT,
                         int8_row_kernel<DT><<<(unsigned)in->rows, ROW_THREADS, 0, qd_stream()>>>(
-                            asym, in->data, in->rows, in->cols, (float *)out[1], zp, (uint8_t *)out[0], bad));
+                            asym, in->data, in->cols, (float *)out[1], zp, (uint8_t *)out[0], bad));
         CUDA_LAUNCHED();
         return qd_cuda_bad_end(bad);
     }
@@ -166,7 +166,7 @@ extern "C" enum qd_status qd_cuda_int8_quantize(const struct qd_format *f, const
         CUDA_CHECK(cudaMemcpyAsync(zp, &h->partial[1], 1, cudaMemcpyHostToDevice, qd_stream()));
     QD_DTYPE_SWITCH(in->dtype, DT,
                     int8_codes_kernel<DT><<<qd_grid((n + 7) / 8, 256), 256, 0, qd_stream()>>>(
-                        asym, in->data, n, (const float *)out[1], zp, (uint8_t *)out[0], NULL));
+                        asym, in->data, n, (const float *)out[1], zp, (uint8_t *)out[0]));
     CUDA_LAUNCHED();
     return QD_OK;
 }

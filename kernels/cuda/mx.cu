@@ -2,7 +2,8 @@
  * (32 or 16 elements), the block arithmetic of kernels/mx.h, scales linear or in the swizzled
  * 128x4 tensor-core tiling (zero padding cleared first, as on the CPU). Packed blocks and
  * dequantized elements move through shared memory per CTA (tile.cuh); the element encoders
- * are those of convert.cuh (Hopper's fp8 cvt where it gives the same bits, thresholds for e2m1). */
+ * are those of convert.cuh (Hopper's fp8 cvt where it gives the same bits). Blocks holding
+ * NaN/Inf (allowed by the caller) take the reference block code of mx.h. */
 #include "../mx.h"
 #include "convert.cuh"
 #include "tile.cuh"
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(MX_THREADS) mx_quantize_kernel(struct mx_geom 
             /* NaN/Inf (allowed): the reference block code, exactly the CPU's */
             uint8_t packed[32];
             scale = qd_mx_quantize_block(ELEM, g.rceil, g.unpacked, v, packed);
-            n = g.data_bytes / 4;
+            n = words;
             for (int k = 0; k < n; k++)
                 w[k] = packed[4 * k] | packed[4 * k + 1] << 8 | packed[4 * k + 2] << 16 | (uint32_t)packed[4 * k + 3] << 24;
         } else {
@@ -117,6 +118,30 @@ __global__ void __launch_bounds__(MX_THREADS) mx_quantize_kernel(struct mx_geom 
     }
 }
 
+/* An fp8 block's 32 values through the hardware decoder; false (nothing written) when a code
+ * is NaN, which the reference decoding then handles. */
+template <int ELEM> __device__ __forceinline__ bool mx_fp8_decode(const uint8_t *codes, uint8_t scale, float *v)
+{
+    const uint4 *p = (const uint4 *)codes;
+    uint4 q0 = p[0], q1 = p[1];
+    uint32_t w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    bool nan = false;
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        nan |= qd_fp8x4_has_nan<ELEM>(w[k]);
+    if (nan)
+        return false;
+    float s = qd_e8m0_to_f32(scale);
+#pragma unroll
+    for (int h = 0; h < 16; h++) {
+        float a, b;
+        qd_fp8x2_decode_finite<ELEM>(w[h / 2] >> (16 * (h % 2)), &a, &b);
+        v[2 * h] = a * s;
+        v[2 * h + 1] = b * s;
+    }
+    return true;
+}
+
 template <int DT, int ELEM>
 __global__ void __launch_bounds__(MX_THREADS) mx_dequantize_kernel(struct mx_geom g, const uint8_t *data,
                                                                    const uint8_t *scales, int64_t nblocks, void *y)
@@ -130,30 +155,8 @@ __global__ void __launch_bounds__(MX_THREADS) mx_dequantize_kernel(struct mx_geo
     if (b < nblocks) {
         float v[QD_MX_BLOCK];
         uint8_t sc = scales[scale_index(g, b)];
-        bool fp8 = ELEM == QD_E4M3 || ELEM == QD_E5M2, fast = false;
-        uint32_t w[8];
-        if constexpr (ELEM == QD_E4M3 || ELEM == QD_E5M2) {
-            const uint4 *p = (const uint4 *)(staged + threadIdx.x * 32);
-            uint4 q0 = p[0], q1 = p[1];
-            w[0] = q0.x, w[1] = q0.y, w[2] = q0.z, w[3] = q0.w, w[4] = q1.x, w[5] = q1.y, w[6] = q1.z, w[7] = q1.w;
-            bool nan = false; /* a NaN code anywhere: the reference decoding for the block */
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                nan |= qd_fp8x4_has_nan<ELEM>(w[k]);
-            fast = !nan;
-        }
-        if (fp8 && fast) { /* hardware fp8 decoding */
-            float s = qd_e8m0_to_f32(sc);
-#pragma unroll
-            for (int h = 0; h < 16; h++) {
-                float a, bb;
-                qd_fp8x2_decode_finite<ELEM>(w[h / 2] >> (16 * (h % 2)), &a, &bb);
-                v[2 * h] = a * s;
-                v[2 * h + 1] = bb * s;
-            }
-        } else {
+        if (!((ELEM == QD_E4M3 || ELEM == QD_E5M2) && mx_fp8_decode<ELEM>(staged + threadIdx.x * 32, sc, v)))
             qd_mx_dequantize_block(ELEM, g.unpacked, sc, staged + threadIdx.x * g.data_bytes, v);
-        }
         tile_put<DT, QD_MX_BLOCK>(tile, v);
     }
     __syncthreads();
@@ -238,9 +241,9 @@ __global__ void nvfp4_quantize_kernel(float pts, float inv_pts, int swizzled, in
             amax = fmaxf(amax, qd_absf(v[j]));
         float block_scale = amax / 6.0f, sv, r;
         /* the clamped scale is finite and positive: Hopper's fp8 cvt in both directions */
-        sc = (uint8_t)qd_e4m3x2_finite(qd_clamp(pts > 0.0f ? block_scale / pts : block_scale, QD_E4M3_TINY, 448.0f),
-                                       0.0f);
-        qd_fp8x2_decode<QD_E4M3>(sc, &sv, &r);
+        sc = (uint8_t)qd_fp8x2_finite<QD_E4M3>(
+            qd_clamp(pts > 0.0f ? block_scale / pts : block_scale, QD_E4M3_TINY, 448.0f), 0.0f);
+        qd_fp8x2_decode_finite<QD_E4M3>(sc, &sv, &r); /* sc <= 0x7e: not a NaN code; r unused */
         r = (pts > 0.0f ? inv_pts : 1.0f) / sv;
         /* torchao clamps v * r to +-6 first; e2m1 saturates at 6 by itself (non-NaN values) */
         reference = !(r <= 3.40282347e38f); /* 1/pts overflowed: 0 * inf would be NaN */
@@ -319,14 +322,12 @@ extern "C" enum qd_status qd_cuda_nvfp4_quantize(const struct qd_format *f, cons
     h->partial[0] = gs; /* staged in pinned memory: the copy runs in stream order */
     CUDA_CHECK(cudaMemcpyAsync(out[2], h->partial, sizeof(float), cudaMemcpyHostToDevice, qd_stream()));
     QD_DTYPE_SWITCH(in->dtype, DT,
-                    nvfp4_quantize_kernel<DT><<<qd_grid(nblocks, 128), 128, 0, qd_stream()>>>(
+                    nvfp4_quantize_kernel<DT><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
                         p->two_level ? p->per_tensor_scale : 0.0f,
                         p->two_level ? 1.0f / p->per_tensor_scale : 0.0f, swizzled, scale_cols, in->data,
                         nblocks, (uint8_t *)out[0], (uint8_t *)out[1], bad));
     CUDA_LAUNCHED();
-    if (bad)
-        return qd_cuda_bad_end(bad);
-    return QD_OK;
+    return qd_cuda_bad_end(bad);
 }
 
 extern "C" enum qd_status qd_cuda_nvfp4_dequantize(const struct qd_format *f, const void *const *in,

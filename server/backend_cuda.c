@@ -1,7 +1,8 @@
 /* The CUDA backend as the job queue sees it: each worker owns a device, a stream with its
  * scratch (qd_cuda_ctx), CUDA events for timing, and buffers reused across jobs — pinned host
  * staging and device memory, grown on demand. A job is H2D -> kernel(s) -> D2H on the worker's
- * stream; several workers per GPU overlap one job's copies with another's kernels. */
+ * stream (straight from and to pinned request and result buffers, else through the staging);
+ * several workers per GPU overlap one job's copies with another's kernels. */
 #ifdef QD_WITH_CUDA
 #include <cuda_runtime.h>
 #include <stdatomic.h>
@@ -98,6 +99,35 @@ static int is_pinned(const void *p)
     return a.type == cudaMemoryTypeHost;
 }
 
+/* A host buffer and its place in the worker's device buffer. */
+struct piece {
+    void *host;
+    size_t off, bytes;
+};
+
+/* The job's host side: the input pieces (the tensor, or the components at their offsets) or
+ * the output pieces. Returns their count. */
+static int pieces(struct qd_work *w, int input, const size_t *off, struct piece *p)
+{
+    int quant = w->req.op == QD_OP_QUANTIZE;
+    struct qd_tensor *t = quant ? &w->in : &w->out;
+    if (input == quant) { /* the tensor side */
+        p[0] = (struct piece){t->data, 0, (size_t)qd_tensor_numel(t) * qd_dtype_size(t->dtype)};
+        return 1;
+    }
+    for (int i = 0; i < w->nc; i++)
+        p[i] = (struct piece){w->comp[i], off[i], (size_t)w->comps[i].bytes};
+    return w->nc;
+}
+
+static int all_pinned(const struct piece *p, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!is_pinned(p[i].host))
+            return 0;
+    return 1;
+}
+
 static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *err, size_t errlen)
 {
     cudaStream_t s = (cudaStream_t)wk->ctx.stream;
@@ -110,69 +140,53 @@ static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *e
         comps += ALIGN((size_t)w->comps[i].bytes);
     }
     size_t in_bytes = quant ? tensor_bytes : comps, out_bytes = quant ? comps : tensor_bytes;
+    struct piece in[QD_MAX_COMPONENTS], out[QD_MAX_COMPONENTS];
+    int nin = pieces(w, 1, off, in), nout = pieces(w, 0, off, out);
+    /* copies run at full PCIe speed only from and to pinned memory: pieces in the body pool
+     * (server/hostmem.c) are copied directly, others go through the worker's pinned staging */
+    int in_direct = all_pinned(in, nin), out_direct = all_pinned(out, nout);
     enum qd_status st;
     if ((st = ensure(wk, &wk->d_in, in_bytes, 1, err, errlen)) || (st = ensure(wk, &wk->d_out, out_bytes, 1, err, errlen)) ||
-        (st = ensure(wk, &wk->h_in, in_bytes, 0, err, errlen)) || (st = ensure(wk, &wk->h_out, out_bytes, 0, err, errlen)))
+        (!in_direct && (st = ensure(wk, &wk->h_in, in_bytes, 0, err, errlen))) ||
+        (!out_direct && (st = ensure(wk, &wk->h_out, out_bytes, 0, err, errlen))))
         return st;
-    /* the input must sit in pinned memory for the H2D to run at full PCIe speed: a raw body
-     * received into the pinned pool (server/hostmem.c) already does; anything else is staged */
-    const void *src = wk->h_in.p;
-    if (quant && is_pinned(w->in.data))
-        src = w->in.data;
-    else if (quant)
-        memcpy(wk->h_in.p, w->in.data, tensor_bytes);
-    else
-        for (int i = 0; i < w->nc; i++)
-            memcpy((char *)wk->h_in.p + off[i], w->comp[i], (size_t)w->comps[i].bytes);
-    cudaError_t e;
-    if ((e = cudaEventRecord(wk->ev[0], s)) || (e = cudaMemcpyAsync(wk->d_in.p, src, in_bytes, cudaMemcpyHostToDevice, s)) ||
-        (e = cudaEventRecord(wk->ev[1], s)))
+    for (int i = 0; !in_direct && i < nin; i++)
+        memcpy((char *)wk->h_in.p + in[i].off, in[i].host, in[i].bytes);
+    cudaError_t e = cudaEventRecord(wk->ev[0], s);
+    if (in_direct)
+        for (int i = 0; i < nin && !e; i++)
+            e = cudaMemcpyAsync((char *)wk->d_in.p + in[i].off, in[i].host, in[i].bytes, cudaMemcpyHostToDevice, s);
+    else if (!e)
+        e = cudaMemcpyAsync(wk->d_in.p, wk->h_in.p, in_bytes, cudaMemcpyHostToDevice, s);
+    if (e || (e = cudaEventRecord(wk->ev[1], s)))
         return fail(e, "copy to the device", err, errlen);
     if (wk->st->poison && (e = cudaMemsetAsync(wk->d_out.p, 0xa5, out_bytes, s)))
         return fail(e, "poison", err, errlen);
+    /* the kernels see the device buffers: the tensor in one, the components at their offsets */
     void *dcomp[QD_MAX_COMPONENTS];
     struct qd_tensor dt = *t;
-    if (quant) {
-        dt.data = wk->d_in.p;
-        for (int i = 0; i < w->nc; i++)
-            dcomp[i] = (char *)wk->d_out.p + off[i];
-        st = qd_quantize(QD_BACKEND_CUDA, w->f, &dt, &w->p, dcomp, err, errlen);
-    } else {
-        dt.data = wk->d_out.p;
-        for (int i = 0; i < w->nc; i++)
-            dcomp[i] = (char *)wk->d_in.p + off[i];
-        st = qd_dequantize(QD_BACKEND_CUDA, w->f, (const void *const *)dcomp, &w->p, &dt, err, errlen);
-    }
+    dt.data = quant ? wk->d_in.p : wk->d_out.p;
+    for (int i = 0; i < w->nc; i++)
+        dcomp[i] = (char *)(quant ? wk->d_out.p : wk->d_in.p) + off[i];
+    st = quant ? qd_quantize(QD_BACKEND_CUDA, w->f, &dt, &w->p, dcomp, err, errlen)
+               : qd_dequantize(QD_BACKEND_CUDA, w->f, (const void *const *)dcomp, &w->p, &dt, err, errlen);
     if (st != QD_OK) {
         if (st == QD_EDEVICE)
             check_sticky(wk);
         return st;
     }
-    /* results whose buffers are pinned (the body pool) come back straight into them; others
-     * through the worker's pinned staging buffer */
-    int direct = 1;
-    for (int i = 0; quant && i < w->nc; i++)
-        direct &= is_pinned(w->comp[i]);
-    if (!quant)
-        direct = is_pinned(w->out.data);
-    if ((e = cudaEventRecord(wk->ev[2], s)))
-        return fail(e, "event", err, errlen);
-    if (direct && quant)
-        for (int i = 0; i < w->nc && !e; i++)
-            e = cudaMemcpyAsync(w->comp[i], (char *)wk->d_out.p + off[i], (size_t)w->comps[i].bytes,
-                                cudaMemcpyDeviceToHost, s);
-    else
-        e = cudaMemcpyAsync(direct ? w->out.data : wk->h_out.p, wk->d_out.p, direct ? tensor_bytes : out_bytes,
-                            cudaMemcpyDeviceToHost, s);
+    e = cudaEventRecord(wk->ev[2], s);
+    if (out_direct)
+        for (int i = 0; i < nout && !e; i++)
+            e = cudaMemcpyAsync(out[i].host, (char *)wk->d_out.p + out[i].off, out[i].bytes, cudaMemcpyDeviceToHost, s);
+    else if (!e)
+        e = cudaMemcpyAsync(wk->h_out.p, wk->d_out.p, out_bytes, cudaMemcpyDeviceToHost, s);
     if (e || (e = cudaEventRecord(wk->ev[3], s)) || (e = cudaStreamSynchronize(s))) {
         check_sticky(wk);
         return fail(e, "copy from the device", err, errlen);
     }
-    if (!direct && quant)
-        for (int i = 0; i < w->nc; i++)
-            memcpy(w->comp[i], (char *)wk->h_out.p + off[i], (size_t)w->comps[i].bytes);
-    else if (!direct)
-        memcpy(w->out.data, wk->h_out.p, tensor_bytes);
+    for (int i = 0; !out_direct && i < nout; i++)
+        memcpy(out[i].host, (char *)wk->h_out.p + out[i].off, out[i].bytes);
     w->t.h2d_us = elapsed_us(wk->ev[0], wk->ev[1]);
     w->t.kernel_us = elapsed_us(wk->ev[1], wk->ev[2]);
     w->t.d2h_us = elapsed_us(wk->ev[2], wk->ev[3]);

@@ -67,10 +67,14 @@ void *qd_hostmem_get(size_t n)
 
 void qd_hostmem_put(void *p)
 {
+    if (!pool_alloc) { /* no pool (CPU backend): everything is malloc'd */
+        free(p);
+        return;
+    }
     if (!p)
         return;
     pthread_mutex_lock(&lock);
-    struct slot *s = pool_alloc ? slot_of(p) : NULL;
+    struct slot *s = slot_of(p);
     if (s)
         s->lent = 0;
     pthread_mutex_unlock(&lock);
@@ -80,8 +84,10 @@ void qd_hostmem_put(void *p)
 
 void *qd_hostmem_grow(void *p, size_t len, size_t new_cap)
 {
+    if (!pool_alloc || !p)
+        return realloc(p, new_cap);
     pthread_mutex_lock(&lock);
-    int pooled = p && pool_alloc && slot_of(p);
+    int pooled = slot_of(p) != NULL;
     pthread_mutex_unlock(&lock);
     if (!pooled)
         return realloc(p, new_cap);

@@ -13,12 +13,7 @@ struct ggml_ctx {
 /* The types with AVX2 block code: it checks for NaN/Inf on the way (no separate scan). */
 static int vector_type(int type)
 {
-#ifdef QD_GGML_AVX2
-    return type == QD_Q8_0 || type == QD_Q8_1 || type == QD_Q4_0;
-#else
-    (void)type;
-    return 0;
-#endif
+    return QD_GGML_AVX2 && (type == QD_Q8_0 || type == QD_Q8_1 || type == QD_Q4_0);
 }
 
 static void ggml_quantize_span(void *c, int tid, const float *x, int64_t first, int64_t n)
@@ -26,7 +21,6 @@ static void ggml_quantize_span(void *c, int tid, const float *x, int64_t first, 
     struct ggml_ctx *k = c;
     (void)tid;
     uint8_t *out = k->data + first / QD_GGML_QK * k->block_bytes;
-#ifdef QD_GGML_AVX2
     if (vector_type(k->type)) {
         for (int64_t b = 0; b < n / QD_GGML_QK; b++) {
             const float *xb = x + b * QD_GGML_QK;
@@ -43,7 +37,6 @@ static void ggml_quantize_span(void *c, int tid, const float *x, int64_t first, 
         }
         return;
     }
-#endif
     for (int64_t b = 0; b < n / QD_GGML_QK; b++)
         qd_ggml_quantize_block(k->type, x + b * QD_GGML_QK, out + b * k->block_bytes);
 }

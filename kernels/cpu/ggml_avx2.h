@@ -111,5 +111,9 @@ static inline __attribute__((always_inline)) int qd_ggml_q4_0_avx2(const float *
     return 1;
 }
 
+#else /* no AVX2: the callers take the scalar code */
+#define QD_GGML_AVX2 0
+static inline int qd_ggml_q8_avx2(int type, const float *x, uint8_t *blk) { (void)type, (void)x, (void)blk; return 0; }
+static inline int qd_ggml_q4_0_avx2(const float *x, uint8_t *blk) { (void)x, (void)blk; return 0; }
 #endif
 #endif

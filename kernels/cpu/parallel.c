@@ -1,6 +1,6 @@
 /* Parallel span drivers: split a tensor into aligned chunks that threads take in order from a
- * shared counter, and hand each chunk to a format's kernel as f32 (converting f16/bf16 through a small
- * per-thread buffer that stays in L1/L2). */
+ * shared counter, and hand each chunk to a format's kernel as f32 (converting f16/bf16
+ * through a small per-thread buffer that stays in L1/L2). */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>

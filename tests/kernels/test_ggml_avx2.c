@@ -7,7 +7,7 @@
 #include "../../kernels/cpu/ggml_avx2.h"
 #include "helpers.h"
 
-#ifdef QD_GGML_AVX2
+#if QD_GGML_AVX2
 static uint64_t rng_state;
 static long taken, declined;
 

@@ -55,6 +55,24 @@ static void *client_main(void *arg)
     return NULL;
 }
 
+/* One thread per client. */
+static void start_clients(struct client *c, pthread_t *th, int n)
+{
+    for (int i = 0; i < n; i++)
+        pthread_create(&th[i], NULL, client_main, &c[i]);
+}
+
+/* Waits for every client; returns the requests answered 200. */
+static int join_clients(struct client *c, pthread_t *th, int n)
+{
+    int ok = 0;
+    for (int i = 0; i < n; i++) {
+        pthread_join(th[i], NULL);
+        ok += c[i].ok;
+    }
+    return ok;
+}
+
 /* Reference answers computed one at a time before the load. */
 static cJSON *reference(const struct server *s, const char *path, const void *body, size_t len)
 {
@@ -85,17 +103,13 @@ static void sixty_four_concurrent_clients_without_error(void **state)
     }
     struct client c[NC];
     pthread_t th[NC];
-    for (int i = 0; i < NC; i++) {
+    for (int i = 0; i < NC; i++)
         c[i] = (struct client){.s = &s, .path = paths[i % NIN], .body = in[i % NIN],
                                .len = 32 * 256 * 4, .repeat = 4, .want = want[i % NIN]};
-        pthread_create(&th[i], NULL, client_main, &c[i]);
-    }
-    int ok = 0;
-    for (int i = 0; i < NC; i++) {
-        pthread_join(th[i], NULL);
-        ok += c[i].ok;
+    start_clients(c, th, NC);
+    int ok = join_clients(c, th, NC);
+    for (int i = 0; i < NC; i++)
         assert_int_equal(c[i].busy + c[i].other + c[i].wrong_bytes, 0);
-    }
     assert_int_equal(ok, NC * 4);
     for (int i = 0; i < NIN; i++) {
         cJSON_Delete(want[i]);
@@ -114,11 +128,10 @@ static void tiny_queue_answers_503_with_retry_after(void **state)
     float *x = random_f32(n);
     struct client c[NC];
     pthread_t th[NC];
-    for (int i = 0; i < NC; i++) {
+    for (int i = 0; i < NC; i++)
         c[i] = (struct client){.s = &s, .path = "/quantize?fmt=nf4&dtype=f32&shape=1024,1024",
                                .body = x, .len = n * 4, .repeat = 2};
-        pthread_create(&th[i], NULL, client_main, &c[i]);
-    }
+    start_clients(c, th, NC);
     /* while the queue is full, liveness and metrics still answer */
     struct http h;
     http_do(&s, "GET", "/healthz", NULL, NULL, 0, &h);
@@ -127,10 +140,8 @@ static void tiny_queue_answers_503_with_retry_after(void **state)
     http_do(&s, "GET", "/metrics", NULL, NULL, 0, &h);
     assert_int_equal(h.status, 200);
     http_free(&h);
-    int ok = 0, busy = 0;
+    int ok = join_clients(c, th, NC), busy = 0;
     for (int i = 0; i < NC; i++) {
-        pthread_join(th[i], NULL);
-        ok += c[i].ok;
         busy += c[i].busy;
         assert_int_equal(c[i].other, 0);
         if (c[i].busy)
@@ -167,10 +178,9 @@ static void sigterm_answers_every_accepted_job(void **state)
     cJSON *want = reference(&s, path, x, n * 4);
     struct client c[NC];
     pthread_t th[NC];
-    for (int i = 0; i < NC; i++) {
+    for (int i = 0; i < NC; i++)
         c[i] = (struct client){.s = &s, .path = path, .body = x, .len = n * 4, .repeat = 1, .want = want};
-        pthread_create(&th[i], NULL, client_main, &c[i]);
-    }
+    start_clients(c, th, NC);
     /* wait until every job is accepted (queued, running or answered), then stop the server; a
      * job between its worker and its answer is briefly in none of the counts, never in two */
     int accepted = 0;
@@ -184,12 +194,9 @@ static void sigterm_answers_every_accepted_job(void **state)
     }
     assert_true(accepted >= NC);
     kill(s.pid, SIGTERM);
-    int ok = 0;
-    for (int i = 0; i < NC; i++) {
-        pthread_join(th[i], NULL);
-        ok += c[i].ok;
+    int ok = join_clients(c, th, NC);
+    for (int i = 0; i < NC; i++)
         assert_int_equal(c[i].wrong_bytes, 0);
-    }
     printf("# SIGTERM with %d jobs accepted: %d answered 200\n", NC, ok);
     assert_int_equal(ok, NC); /* nothing accepted is lost */
     int status;

@@ -205,6 +205,16 @@ __device__ __forceinline__ struct qd_range qd_range_warp(struct qd_range r)
     default: { constexpr int DT = QD_BF16; __VA_ARGS__; } break;                                \
     }
 
+/* Dispatches on a runtime flag with a compile-time constant. */
+#define QD_BOOL_SWITCH(flag, B, ...)                                                            \
+    if (flag) {                                                                                 \
+        constexpr int B = 1;                                                                    \
+        __VA_ARGS__;                                                                            \
+    } else {                                                                                    \
+        constexpr int B = 0;                                                                    \
+        __VA_ARGS__;                                                                            \
+    }
+
 static inline unsigned qd_grid(int64_t items, int threads)
 {
     int64_t g = (items + threads - 1) / threads;
@@ -219,6 +229,17 @@ enum qd_status qd_cuda_bad_end(unsigned long long *flag);
 
 /* Multiprocessors of the current device (1 when it cannot be read). */
 int qd_cuda_sm_count(void);
+
+/* A grid of at most `tiles` CTAs that all fit on the GPU at once (kernels that walk tiles in
+ * a loop): no second, partial wave. */
+template <class K> static inline unsigned qd_resident_grid(K kernel, int threads, int64_t tiles)
+{
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess || per_sm < 1)
+        per_sm = 1;
+    int64_t cap = (int64_t)per_sm * qd_cuda_sm_count();
+    return (unsigned)(tiles < 1 ? 1 : (tiles < cap ? tiles : cap));
+}
 
 /* amax, min, max of the whole tensor into host floats (one kernel, one sync); also notes the
  * first non-finite element into flag when given. */

@@ -28,11 +28,13 @@ template <int DT> struct pack_check { /* elem 5, 6: bf16 / f16 output pairs */
     }
 };
 
-template <int NF4> struct bnb_check { /* elem 7, 8: NF4 / FP4 codes by table */
+template <int NF4> struct bnb_check { /* elem 7, 8: NF4 / FP4 codes by table, on its domain */
     __device__ bool operator()(uint64_t u, const float2 *lut) const
     {
-        float a = pattern(u);
-        return NF4 ? qd_nf4_code_lut(a, lut) != qd_nf4_code(a) : qd_fp4_code_lut(a, a < 0.0f, lut) != qd_fp4_code(a);
+        float p = qd_ftz(pattern(u)); /* the kernels' scaled values are flushed */
+        if (!(p >= QD_BNB_LUT_LO && p < QD_BNB_LUT_HI))
+            return false;
+        return qd_bnb_code_lut<NF4>(p, lut) != qd_bnb_ref(NF4, p);
     }
 };
 

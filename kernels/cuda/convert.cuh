@@ -145,48 +145,80 @@ template <int ELEM> __device__ __forceinline__ void qd_fp8x2_decode(uint32_t pai
         *b = qd_fp8_decode_soft<ELEM>(pair >> 8 & 0xffu);
 }
 
-/* NF4 / FP4 codes by table: the value's 1/16-wide bucket (each holds at most one threshold)
- * gives the count of thresholds below the bucket and the one inside it, if any; the code is
- * that count plus one compare. The bucket index comes from the conversion unit (floor; NaN
- * gives 0), so the ALU does a clamp and an add. Equal to qd_nf4_code / the FP4 ranks on every
- * f32 (elem 7 and 8 of qd_cuda_conversion_mismatches). lut holds QD_BNB_LUT entries. */
-#define QD_BNB_LUT 33
+/* NF4 / FP4 codes by table, for the scaled values p = x / absmax of a block with a normal,
+ * finite absmax and finite elements: then |p| <= 1 + 2^-22 (rcp.approx is within 1 ulp), so
+ * p lies in [-1.0625, 1.0625), the table's domain. Bucket i = floor(16 p + 17) (0..33) is
+ * 1/16 wide and holds at most one code change (the codes' thresholds are further apart);
+ * entry i is {the largest p of the bucket with the lower code (+inf when none changes), the
+ * lower code (NF4: the upper one is the next) or lower | upper << 8 (FP4)}. The bucket index
+ * is one fused multiply-add rounding down. Equal to qd_nf4_code / qd_fp4_code on every flushed
+ * f32 of the domain (elem 7 and 8 of qd_cuda_conversion_mismatches); other values (NaN, Inf,
+ * blocks of zeros) take the reference functions. */
+#define QD_BNB_LUT 34
+#define QD_BNB_LUT_LO (-1.0625f)
+#define QD_BNB_LUT_HI 1.0625f
 
-/* Run by every thread of a CTA (entry threadIdx.x); a __syncthreads must follow. */
+__device__ __forceinline__ uint32_t qd_bnb_ref(int nf4, float p) { return nf4 ? qd_nf4_code(p) : qd_fp4_code(p); }
+
+/* f32 <-> an integer key in value order (-0 and +0 share key 0) */
+__device__ __forceinline__ int qd_order_key(float f)
+{
+    int b = __float_as_int(f);
+    return b >= 0 ? b : -(b & 0x7fffffff);
+}
+__device__ __forceinline__ float qd_order_float(int k) { return __int_as_float(k >= 0 ? k : (int)(0x80000000u | (uint32_t)-k)); }
+
+/* Run by every thread of a CTA (entry threadIdx.x); a __syncthreads must follow. The code
+ * change inside a bucket is found by bisection on the reference function itself. */
 __device__ __forceinline__ void qd_bnb_lut_init(int nf4, float2 *lut)
 {
-    const float tn[15] = QD_NF4_THRESHOLDS;
-    const float tf[7] = QD_FP4_THRESHOLDS;
-    int i = threadIdx.x, count = nf4 ? 15 : 7, buckets = nf4 ? 33 : 17;
-    if (i >= buckets)
+    int i = threadIdx.x;
+    if (i >= QD_BNB_LUT)
         return;
-    float b0 = nf4 ? (float)i / 16.0f - 1.0f : (float)i / 16.0f, b1 = b0 + 0.0625f; /* exact */
-    int lo = 0;
-    float inside = __int_as_float(0x7f800000);
-    for (int k = 0; k < count; k++) {
-        float t = nf4 ? tn[k] : tf[k];
-        if (t < b0)
-            lo++;
-        else if (t < b1 && i < buckets - 1 && inside == __int_as_float(0x7f800000))
-            inside = t;
+    int a = qd_order_key((float)(i - 17) * 0.0625f), b = qd_order_key((float)(i - 16) * 0.0625f) - 1;
+    uint32_t lo = qd_bnb_ref(nf4, qd_order_float(a)), hi = qd_bnb_ref(nf4, qd_order_float(b));
+    float thr = __int_as_float(0x7f800000);
+    if (lo != hi) { /* invariant: code(a) == lo, code(b) == hi */
+        while (b - a > 1) {
+            int m = a + (b - a) / 2;
+            if (qd_bnb_ref(nf4, qd_order_float(m)) == lo)
+                a = m;
+            else
+                b = m;
+        }
+        thr = qd_order_float(a);
     }
-    lut[i] = make_float2(inside, __int_as_float(lo));
+    lut[i] = make_float2(thr, __int_as_float((int)(nf4 ? lo : lo | hi << 8)));
 }
 
-__device__ __forceinline__ uint32_t qd_nf4_code_lut(float x, const float2 *lut)
+/* The table's shared-memory address. */
+__device__ __forceinline__ uint32_t qd_bnb_lut_base(const float2 *lut) { return (uint32_t)__cvta_generic_to_shared(lut); }
+
+/* Adds the code of p (in the table's domain) to word at bit `shift` (a constant; the bits
+ * there are zero). NF4's upper code is always the lower plus one. */
+template <int NF4> __device__ __forceinline__ void qd_bnb_code_add(uint32_t *word, int shift, float p, uint32_t base)
 {
-    int k = __float2int_rd(__fadd_rn(__fmul_rn(x, 16.0f), 16.0f));
-    float2 e = lut[min(max(k, 0), 32)];
-    return (uint32_t)__float_as_int(e.y) + (x > e.x ? 1u : 0u);
+    float k, thr, codes;
+    /* k = 2 + floor(16 p + 17) * 2^-22 (rounding down onto the grid of [2, 4)): its bits are
+     * 0x40000000 + bucket, and shifted left by 3 (an 8-byte entry) the 0x40000000 drops out */
+    asm("fma.rm.f32 %0, %1, 0f36800000, 0f40000011;" : "=f"(k) : "f"(p));
+    asm("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(thr), "=f"(codes) : "r"(base + ((uint32_t)__float_as_int(k) << 3)));
+    uint32_t c = (uint32_t)__float_as_int(codes);
+    if (NF4) {
+        *word += c << shift;
+        if (p > thr)
+            *word += 1u << shift;
+    } else {
+        *word += ((p > thr ? c >> 8 : c) & 0xff) << shift;
+    }
 }
 
-/* FP4 from the rank of |x| (0..7) and the sign; `negative` says whether the sign bit is set. */
-__device__ __forceinline__ uint32_t qd_fp4_code_lut(float x, bool negative, const float2 *lut)
+/* The code of p alone (the self-check's form). */
+template <int NF4> __device__ __forceinline__ uint32_t qd_bnb_code_lut(float p, const float2 *lut)
 {
-    float a = qd_absf(x);
-    float2 e = lut[min(__float2int_rd(__fmul_rn(a, 16.0f)), 16)];
-    uint32_t rank = (uint32_t)__float_as_int(e.y) + (a > e.x ? 1u : 0u);
-    return ((0x32547610u >> (4 * rank)) & 15) | (negative ? 8u : 0u); /* code_of_rank */
+    uint32_t w = 0;
+    qd_bnb_code_add<NF4>(&w, 0, p, qd_bnb_lut_base(lut));
+    return w;
 }
 
 #endif

@@ -60,6 +60,8 @@ static void fill(void *data, enum qd_dtype dt, int64_t n)
             v *= 50;
         if ((i / 64) % 97 == 5) /* a zero block now and then */
             v = 0;
+        if ((i / 64) % 89 == 7) /* and a block of subnormals (f32, bf16; zeros in f16) */
+            v *= 1e-40f;
         if (dt == QD_F32)
             ((float *)data)[i] = v;
         else if (dt == QD_F16)

@@ -65,33 +65,49 @@ QD_HD void qd_sum_bin(float v, uint32_t *bin, uint64_t *add)
     *add = e ? (m | 0x800000u) : m;
 }
 
-static inline double qd_sum_bins_total(const uint64_t *bins)
+/* The total is a wide integer in units of 2^-149 held in QD_SUM_LIMBS 32-bit limbs; bin e
+ * (mantissas of weight 2^(e-1)) adds to limbs (e-1)/32 .. +2. Its share of limb k: */
+#define QD_SUM_LIMBS 12
+QD_HD uint32_t qd_sum_piece(uint64_t v, int e, int k)
 {
-    if (bins[255] & 2)
+    int sh = e - 1, bo = sh % 32, d = k - sh / 32;
+    if (d == 0)
+        return (uint32_t)(v << bo);
+    if (d == 1)
+        return (uint32_t)(bo ? v >> (32 - bo) : v >> 32);
+    if (d == 2)
+        return (uint32_t)(bo ? v >> (64 - bo) : 0);
+    return 0;
+}
+
+QD_HD int qd_clz32(uint32_t x)
+{
+#ifdef __CUDA_ARCH__
+    return __clz(x);
+#else
+    return __builtin_clz(x);
+#endif
+}
+
+/* From the per-limb sums of pieces (each below 2^40, carries not yet taken) and the flags of
+ * bin 255 to the total rounded once to double (nearest even). */
+QD_HD double qd_sum_finish(uint64_t flags, const uint64_t *column)
+{
+    if (flags & 2)
         return (double)qd_bits_f32(0x7fc00000u);
-    if (bins[255] & 1)
+    if (flags & 1)
         return (double)qd_bits_f32(0x7f800000u);
-    uint32_t limb[12] = {0}; /* the sum in units of 2^-149, little-endian 32-bit limbs */
-    for (int e = 1; e < 255; e++) {
-        uint64_t v = bins[e];
-        if (!v)
-            continue;
-        int sh = e - 1, li = sh / 32, bo = sh % 32;
-        uint32_t piece[3] = {(uint32_t)(v << bo), (uint32_t)(bo ? v >> (32 - bo) : v >> 32),
-                             (uint32_t)(bo ? v >> (64 - bo) : 0)};
-        uint64_t carry = 0;
-        for (int k = li; k < 12; k++) {
-            uint64_t t = (uint64_t)limb[k] + (k - li < 3 ? piece[k - li] : 0) + carry;
-            limb[k] = (uint32_t)t;
-            carry = t >> 32;
-            if (k - li >= 2 && !carry)
-                break;
-        }
+    uint32_t limb[QD_SUM_LIMBS];
+    uint64_t carry = 0;
+    for (int k = 0; k < QD_SUM_LIMBS; k++) { /* the total stays below 2^320: no carry out */
+        uint64_t t = column[k] + carry;
+        limb[k] = (uint32_t)t;
+        carry = t >> 32;
     }
     int top = -1; /* highest set bit */
-    for (int k = 11; k >= 0 && top < 0; k--)
+    for (int k = QD_SUM_LIMBS - 1; k >= 0 && top < 0; k--)
         if (limb[k])
-            top = 32 * k + 31 - __builtin_clz(limb[k]);
+            top = 32 * k + 31 - qd_clz32(limb[k]);
     if (top < 0)
         return 0.0;
 #define QD_BIT(i) ((limb[(i) / 32] >> ((i) % 32)) & 1u)
@@ -113,6 +129,16 @@ static inline double qd_sum_bins_total(const uint64_t *bins)
     for (int k = low - 149; k < 0; k++)
         r *= 0.5;
     return r;
+}
+
+static inline double qd_sum_bins_total(const uint64_t *bins)
+{
+    uint64_t column[QD_SUM_LIMBS] = {0};
+    for (int e = 1; e < 255; e++)
+        if (bins[e])
+            for (int d = 0; d < 3 && (e - 1) / 32 + d < QD_SUM_LIMBS; d++)
+                column[(e - 1) / 32 + d] += qd_sum_piece(bins[e], e, (e - 1) / 32 + d);
+    return qd_sum_finish(bins[255], column);
 }
 
 /* dQuantizeNF4 is a decision tree over the 15 midpoints between neighbouring NF4 values (its

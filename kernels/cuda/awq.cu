@@ -2,6 +2,7 @@
  * shared-memory tile for groups up to 128 rows; larger groups one thread per (group, 8-column
  * word), reading its columns over the group's rows twice (the second read from L2). */
 #include "../awq.h"
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "common.cuh"
@@ -120,6 +121,160 @@ __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, i
     }
 }
 
+#define AWQ_REG_THREADS 256
+
+/* Min and max of two packed f16/bf16 pairs, NaN ignored (the other input returned). */
+template <int DT> __device__ __forceinline__ uint32_t pair_min(uint32_t a, uint32_t b)
+{
+    if (DT == QD_F16) {
+        __half2 r = __hmin2(*(__half2 *)&a, *(__half2 *)&b);
+        return *(uint32_t *)&r;
+    }
+    __nv_bfloat162 r = __hmin2(*(__nv_bfloat162 *)&a, *(__nv_bfloat162 *)&b);
+    return *(uint32_t *)&r;
+}
+template <int DT> __device__ __forceinline__ uint32_t pair_max(uint32_t a, uint32_t b)
+{
+    if (DT == QD_F16) {
+        __half2 r = __hmax2(*(__half2 *)&a, *(__half2 *)&b);
+        return *(uint32_t *)&r;
+    }
+    __nv_bfloat162 r = __hmax2(*(__nv_bfloat162 *)&a, *(__nv_bfloat162 *)&b);
+    return *(uint32_t *)&r;
+}
+template <int DT> __device__ __forceinline__ float half_to_f32(uint16_t h)
+{
+    return DT == QD_F16 ? qd_f16_to_f32(h) : qd_bf16_to_f32(h);
+}
+
+/* One CTA per (group of G = 32 R rows, 64 columns), the tile held in registers: thread
+ * (ty, tx) loads 8 columns (one 16-byte load of f16/bf16) of rows ty, ty + 32, ... and packs
+ * one word per row. Column min/max: packed pair min/max (NaN ignored), shuffles across the 4
+ * row slices of a warp, then shared memory across the 8 warps; a NaN in the group's first row
+ * makes the column's min and max NaN, as AutoAWQ's sequential scan from that row does. The
+ * codes: w * (1/scale) rounded as the quotient w / scale would be (qd_round_quotient; a
+ * thread with a value too near a half-integer redoes its codes with the division, rarely).
+ * 16-bit inputs only. */
+template <int DT, int R>
+__global__ void __launch_bounds__(AWQ_REG_THREADS) awq_quantize_reg_kernel(const void *x, int64_t N, uint32_t *qweight,
+                                                                           uint32_t *qzeros, uint16_t *scales,
+                                                                           unsigned long long *bad)
+{
+    __shared__ uint32_t s_lo[8][8][4], s_hi[8][8][4]; /* [warp][tx][pair] */
+    __shared__ __align__(16) float s_scale[AWQ_TILE_COLS], s_zero[AWQ_TILE_COLS], s_rcp[AWQ_TILE_COLS],
+        s_mz[AWQ_TILE_COLS];
+    const int order[8] = QD_AWQ_ORDER;
+    const int G = 32 * R;
+    int tx = threadIdx.x % 8, ty = threadIdx.x / 8, warp = threadIdx.x / 32;
+    int64_t g = blockIdx.x, col0 = (int64_t)blockIdx.y * AWQ_TILE_COLS, row0 = g * G;
+    int words = N - col0 < AWQ_TILE_COLS ? (int)(N - col0) / 8 : 8;
+    bool active = tx < words;
+    uint32_t w[R][4];
+    const uint16_t *xh = (const uint16_t *)x;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        uint4 q = active ? __ldg((const uint4 *)(xh + (row0 + ty + 32 * r) * N + col0 + 8 * tx)) : make_uint4(0, 0, 0, 0);
+        w[r][0] = q.x, w[r][1] = q.y, w[r][2] = q.z, w[r][3] = q.w;
+    }
+    if (bad && active) {
+        uint32_t top = 0;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            for (int k = 0; k < 4; k++)
+                top = __vmaxu2(top, w[r][k] & 0x7fff7fffu);
+        uint32_t inf = DT == QD_F16 ? 0x7c00u : 0x7f80u;
+        if ((top & 0xffff) >= inf || (top >> 16) >= inf) /* rare: find the first one in index order */
+            for (int r = 0; r < R; r++)
+                for (int j = 0; j < 8; j++)
+                    if (!qd_isfinite(half_to_f32<DT>((uint16_t)(w[r][j / 2] >> (16 * (j % 2)))))) {
+                        atomicMin(bad, (unsigned long long)((row0 + ty + 32 * r) * N + col0 + 8 * tx + j));
+                        r = R;
+                        break;
+                    }
+    }
+    uint32_t lo[4], hi[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        lo[k] = hi[k] = w[0][k];
+#pragma unroll
+        for (int r = 1; r < R; r++) {
+            lo[k] = pair_min<DT>(lo[k], w[r][k]);
+            hi[k] = pair_max<DT>(hi[k], w[r][k]);
+        }
+#pragma unroll
+        for (int o = 8; o < 32; o <<= 1) {
+            lo[k] = pair_min<DT>(lo[k], __shfl_xor_sync(0xffffffffu, lo[k], o));
+            hi[k] = pair_max<DT>(hi[k], __shfl_xor_sync(0xffffffffu, hi[k], o));
+        }
+    }
+    if (threadIdx.x % 32 < 8)
+        for (int k = 0; k < 4; k++) {
+            s_lo[warp][tx][k] = lo[k];
+            s_hi[warp][tx][k] = hi[k];
+        }
+    __syncthreads();
+    if (threadIdx.x < 8 * words) { /* one thread per column: the fold over the 8 warps */
+        int c = threadIdx.x, cw = c / 8, pair = (c % 8) / 2, half = c % 2;
+        uint32_t l = s_lo[0][cw][pair], h = s_hi[0][cw][pair];
+        for (int wi = 1; wi < 8; wi++) {
+            l = pair_min<DT>(l, s_lo[wi][cw][pair]);
+            h = pair_max<DT>(h, s_hi[wi][cw][pair]);
+        }
+        float lof = half_to_f32<DT>((uint16_t)(l >> (16 * half))), hif = half_to_f32<DT>((uint16_t)(h >> (16 * half)));
+        float first = half_to_f32<DT>(xh[row0 * N + col0 + c]);
+        if (first != first) /* the sequential scan keeps a NaN start */
+            lof = hif = first;
+        float sc = qd_awq_scale(lof, hif), z = qd_awq_zero(lof, sc);
+        s_scale[c] = sc;
+        s_zero[c] = z;
+        s_rcp[c] = __frcp_rn(sc);
+        s_mz[c] = 12582912.0f + z; /* 1.5 * 2^23 + zero: qd_round_quotient */
+        scales[g * N + col0 + c] = qd_f32_to_f16_scale(sc);
+    }
+    __syncthreads();
+    if (threadIdx.x < words) {
+        uint32_t zw = 0;
+        for (int i = 0; i < 8; i++)
+            zw |= (uint32_t)s_zero[8 * threadIdx.x + order[i]] << (4 * i);
+        qzeros[g * (N / 8) + col0 / 8 + threadIdx.x] = zw;
+    }
+    if (!active)
+        return;
+    float rc[8], mz[8];
+#pragma unroll
+    for (int j = 0; j < 8; j += 4) {
+        float4 a = *(const float4 *)&s_rcp[8 * tx + j], b = *(const float4 *)&s_mz[8 * tx + j];
+        rc[j] = a.x, rc[j + 1] = a.y, rc[j + 2] = a.z, rc[j + 3] = a.w;
+        mz[j] = b.x, mz[j + 1] = b.y, mz[j + 2] = b.z, mz[j + 3] = b.w;
+    }
+    uint32_t out[R];
+    bool near_half = false;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int c = order[i];
+            float v = half_to_f32<DT>((uint16_t)(w[r][c / 2] >> (16 * (c % 2))));
+            word |= (uint32_t)qd_round_quotient<32>(v, rc[c], mz[c], 0, 15, &near_half) << (4 * i);
+        }
+        out[r] = word;
+    }
+    if (near_half) /* redo with the division */
+        for (int r = 0; r < R; r++) {
+            uint32_t word = 0;
+            for (int i = 0; i < 8; i++) {
+                int c = order[i];
+                float v = half_to_f32<DT>((uint16_t)(w[r][c / 2] >> (16 * (c % 2))));
+                word |= qd_awq_code(v, s_scale[8 * tx + c], s_zero[8 * tx + c]) << (4 * i);
+            }
+            out[r] = word;
+        }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        qweight[(row0 + ty + 32 * r) * (N / 8) + col0 / 8 + tx] = out[r];
+}
+
 /* One thread per 8 output elements (one packed word). */
 template <int DT>
 __global__ void awq_dequantize_kernel(const uint32_t *qweight, const uint32_t *qzeros, const uint16_t *scales,
@@ -154,7 +309,19 @@ extern "C" enum qd_status qd_cuda_awq_quantize(const struct qd_format *f, const 
         return s;
     int64_t K = in->rows, N = in->cols, G = p->group_size, items = (K / G) * (N / 8);
     int64_t col_tiles = (N + AWQ_TILE_COLS - 1) / AWQ_TILE_COLS;
-    if (G <= AWQ_MAX_TILE_G && col_tiles <= 65535 && K / G <= 0x7fffffff) {
+    int R = G == 32 ? 1 : (G == 64 ? 2 : (G == 128 ? 4 : 0));
+    if (R && in->dtype != QD_F32 && col_tiles <= 65535 && K / G <= 0x7fffffff) {
+        dim3 grid((unsigned)(K / G), (unsigned)col_tiles);
+        const void *x = in->data;
+        uint32_t *qw = (uint32_t *)out[0], *qz = (uint32_t *)out[1];
+        uint16_t *sc = (uint16_t *)out[2];
+#define AWQ_REG(DT, RR) awq_quantize_reg_kernel<DT, RR><<<grid, AWQ_REG_THREADS, 0, qd_stream()>>>(x, N, qw, qz, sc, bad)
+        if (in->dtype == QD_F16)
+            R == 1 ? AWQ_REG(QD_F16, 1) : (R == 2 ? AWQ_REG(QD_F16, 2) : AWQ_REG(QD_F16, 4));
+        else
+            R == 1 ? AWQ_REG(QD_BF16, 1) : (R == 2 ? AWQ_REG(QD_BF16, 2) : AWQ_REG(QD_BF16, 4));
+#undef AWQ_REG
+    } else if (G <= AWQ_MAX_TILE_G && col_tiles <= 65535 && K / G <= 0x7fffffff) {
         dim3 grid((unsigned)(K / G), (unsigned)col_tiles);
         QD_DTYPE_SWITCH(in->dtype, DT,
                         awq_quantize_tile_kernel<DT><<<grid, 256, 0, qd_stream()>>>(

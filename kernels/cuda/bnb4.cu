@@ -11,9 +11,15 @@
 __constant__ float nf4_values[16] = QD_NF4_VALUES;
 __constant__ float fp4_magnitudes[8] = QD_FP4_MAGNITUDES;
 __constant__ float dynamic_map[256] = QD_DYNAMIC_MAP;
-static const float host_nf4_values[16] = QD_NF4_VALUES;
-static const float host_fp4_type_values[16] = QD_FP4_TYPE_VALUES;
-static const float host_dynamic_map[256] = QD_DYNAMIC_MAP;
+__constant__ float fp4_type_values[16] = QD_FP4_TYPE_VALUES;
+
+/* The quant_map component (what bitsandbytes' QuantState.code holds), written by thread i < 16
+ * of one CTA; FP4's is its type values / 12 (the same division as the CPU's). */
+__device__ __forceinline__ void write_quant_map(int nf4, float *quant_map)
+{
+    if (quant_map && blockIdx.x == 0 && threadIdx.x < 16)
+        quant_map[threadIdx.x] = nf4 ? nf4_values[threadIdx.x] : fp4_type_values[threadIdx.x] / 12.0f;
+}
 
 __device__ __forceinline__ float scaled(float x, float inv) { return qd_ftz(qd_ftz(x) * inv); }
 
@@ -38,32 +44,15 @@ __device__ __forceinline__ float scaled_ftz(float x, float inv)
 }
 
 /* 16 elements from `first` (zero beyond n: bitsandbytes pads the last block with 0.0) and the
- * largest |x| as f32 bits: above 0x7f800000 exactly when one is NaN, equal when the largest is
- * Inf. For 16-bit inputs the magnitudes are compared two at a time on the raw halves. */
+ * largest |x| as f32 bits (qd_load_block_top). */
 template <int DT>
 __device__ __forceinline__ uint32_t bnb_load16(const void *x, int64_t first, int64_t n, float *v)
 {
-    uint32_t top = 0;
-    if (DT != QD_F32 && first + BNB_PER_THREAD <= n) {
-        const uint4 *p = (const uint4 *)((const uint16_t *)x + first);
-        uint4 q[2] = {__ldg(p), __ldg(p + 1)};
-        uint32_t w[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w}, m = 0;
-#pragma unroll
-        for (int h = 0; h < 8; h++) {
-            m = __vmaxu2(m, w[h] & 0x7fff7fffu);
-            uint16_t lo = (uint16_t)(w[h] & 0xffff), hi = (uint16_t)(w[h] >> 16);
-            v[2 * h] = DT == QD_F16 ? qd_f16_to_f32(lo) : qd_bf16_to_f32(lo);
-            v[2 * h + 1] = DT == QD_F16 ? qd_f16_to_f32(hi) : qd_bf16_to_f32(hi);
-        }
-        uint32_t m16 = max(m & 0xffffu, m >> 16);
-        return DT == QD_F16 ? (m16 >= 0x7c00u ? 0x7f800000u + (m16 - 0x7c00u) : qd_f32_bits(qd_f16_to_f32((uint16_t)m16)))
-                            : m16 << 16;
-    }
     if (first + BNB_PER_THREAD <= n)
-        qd_load_block<DT, BNB_PER_THREAD>(x, first, v);
-    else
-        for (int j = 0; j < BNB_PER_THREAD; j++)
-            v[j] = first + j < n ? qd_load<DT>(x, first + j) : 0.0f;
+        return qd_load_block_top<DT, BNB_PER_THREAD>(x, first, v);
+    uint32_t top = 0;
+    for (int j = 0; j < BNB_PER_THREAD; j++)
+        v[j] = first + j < n ? qd_load<DT>(x, first + j) : 0.0f;
 #pragma unroll
     for (int j = 0; j < BNB_PER_THREAD; j++)
         top = max(top, qd_f32_bits(v[j]) & 0x7fffffffu);
@@ -80,9 +69,10 @@ __device__ __forceinline__ uint32_t bnb_load16(const void *x, int64_t first, int
  * the rest into per-CTA bins, which reach the global ones once per CTA. */
 template <int DT, int NF4>
 __global__ void __launch_bounds__(BNB_THREADS) bnb_quantize_kernel(const void *x, int64_t n, int group, int log_bs,
-                                                                   uint8_t *data, float *absmax,
+                                                                   uint8_t *data, float *absmax, float *quant_map,
                                                                    unsigned long long *bins, unsigned long long *bad)
 {
+    write_quant_map(NF4, quant_map);
     __shared__ float2 lut[QD_BNB_LUT];
     __shared__ float warp_amax[BNB_THREADS / 32];
     __shared__ unsigned long long cta_bins[QD_SUM_BINS];
@@ -171,14 +161,38 @@ __global__ void __launch_bounds__(BNB_THREADS) bnb_quantize_kernel(const void *x
     }
 }
 
-/* quantize_blockwise(absmax - offset, blocksize=256): one warp per group of 256 absmax. */
-__global__ void bnb_double_quant_kernel(const float *absmax, int64_t nblocks, float offset, uint8_t *codes,
-                                        float *nested_absmax)
+/* The double-quant offset from the exact-sum bins, on the device (no round trip to the host
+ * between the kernels): lane k sums the pieces of limb k, lane 0 carries and rounds as the CPU
+ * does (kernels/bnb4.h), then divides by the block count in double. */
+__global__ void bnb_offset_kernel(const unsigned long long *bins, int64_t nblocks, float *offset)
+{
+    __shared__ uint64_t column[QD_SUM_LIMBS];
+    int k = threadIdx.x;
+    if (k < QD_SUM_LIMBS) {
+        uint64_t sum = 0;
+        for (int e = 32 * (k - 2) + 1 > 1 ? 32 * (k - 2) + 1 : 1; e <= 32 * k + 32 && e < 255; e++)
+            sum += qd_sum_piece(bins[e], e, k);
+        column[k] = sum;
+    }
+    __syncthreads();
+    if (k == 0)
+        *offset = (float)(qd_sum_finish(bins[255], column) / (double)nblocks);
+}
+
+/* quantize_blockwise(absmax - offset, blocksize=256): one warp per group of 256 absmax; the
+ * offset from the device when computed there. */
+__global__ void bnb_double_quant_kernel(const float *absmax, int64_t nblocks, const float *offset_dev, float offset,
+                                        uint8_t *codes, float *nested_absmax, float *nested_map)
 {
     __shared__ float map[256]; /* the binary search indexes it per lane: shared, not constant */
-    for (int i = threadIdx.x; i < 256; i += blockDim.x)
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
         map[i] = dynamic_map[i];
+        if (blockIdx.x == 0) /* the nested_quant_map component */
+            nested_map[i] = dynamic_map[i];
+    }
     __syncthreads();
+    if (offset_dev)
+        offset = *offset_dev;
     int64_t g = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     int64_t base = g * BNB_NESTED_BLOCK;
@@ -279,7 +293,7 @@ extern "C" enum qd_status qd_cuda_bnb4_quantize(const struct qd_format *f, const
     enum qd_status s = qd_cuda_bad_begin(!p->allow_nonfinite, &bad);
     if (s != QD_OK)
         return s;
-    float *absmax = (float *)out[1];
+    float *absmax = (float *)out[1], *quant_map = (float *)out[p->double_quant ? 4 : 2];
     if (p->double_quant)
         CUDA_CHECK(cudaMallocAsync((void **)&absmax, (size_t)nblocks * sizeof(float), qd_stream()));
     struct qd_scratch *d = qd_scratch_dev(), *h = qd_scratch_host();
@@ -293,37 +307,33 @@ extern "C" enum qd_status qd_cuda_bnb4_quantize(const struct qd_format *f, const
     QD_BOOL_SWITCH(nf4, NF4, QD_DTYPE_SWITCH(in->dtype, DT, {
         auto kernel = bnb_quantize_kernel<DT, NF4>;
         kernel<<<qd_resident_grid(kernel, BNB_THREADS, tiles), BNB_THREADS, 0, qd_stream()>>>(
-            in->data, n, group, log_bs, (uint8_t *)out[0], absmax, bins, bad);
+            in->data, n, group, log_bs, (uint8_t *)out[0], absmax, quant_map, bins, bad);
     }));
     CUDA_LAUNCHED();
-    if (bins) /* 2 KiB of bins back; the one sync below (or here) covers the flag too */
-        CUDA_CHECK(cudaMemcpyAsync(h->bins, bins, sizeof h->bins, cudaMemcpyDeviceToHost, qd_stream()));
-    if ((s = qd_cuda_bad_end(bad)) != QD_OK) {
-        if (p->double_quant)
-            cudaFreeAsync(absmax, qd_stream());
-        return s;
-    }
-    const unsigned warps = 8;
-    float *quant_map = (float *)out[p->double_quant ? 4 : 2];
     if (p->double_quant) {
+        float *offset_dev = NULL;
         if (bins) { /* the exact mean, as the CPU takes it (any order gives the same bits) */
-            if (!bad)
-                CUDA_CHECK(cudaStreamSynchronize(qd_stream()));
-            p->offset = (float)(qd_sum_bins_total((const uint64_t *)h->bins) / (double)nblocks);
-            p->has_offset = 1;
+            offset_dev = &d->offset;
+            bnb_offset_kernel<<<1, 32, 0, qd_stream()>>>(bins, nblocks, offset_dev);
+            CUDA_LAUNCHED();
         }
+        const unsigned warps = 8;
         int64_t groups = (nblocks + BNB_NESTED_BLOCK - 1) / BNB_NESTED_BLOCK;
         bnb_double_quant_kernel<<<qd_grid(groups, warps), 32 * warps, 0, qd_stream()>>>(
-            absmax, nblocks, p->offset, (uint8_t *)out[1], (float *)out[2]);
+            absmax, nblocks, offset_dev, p->offset, (uint8_t *)out[1], (float *)out[2], (float *)out[3]);
         CUDA_LAUNCHED();
         CUDA_CHECK(cudaFreeAsync(absmax, qd_stream()));
-        for (int i = 0; i < 256; i++)
-            h->partial[i] = host_dynamic_map[i];
-        CUDA_CHECK(cudaMemcpyAsync(out[3], h->partial, 256 * sizeof(float), cudaMemcpyHostToDevice, qd_stream()));
     }
-    for (int i = 0; i < 16; i++)
-        h->partial[256 + i] = nf4 ? host_nf4_values[i] : host_fp4_type_values[i] / 12.0f;
-    CUDA_CHECK(cudaMemcpyAsync(quant_map, h->partial + 256, 16 * sizeof(float), cudaMemcpyHostToDevice, qd_stream()));
+    if (bins && !bad) /* (with the check on, bad_end brings the offset back with the flag) */
+        CUDA_CHECK(cudaMemcpyAsync(&h->offset, &d->offset, sizeof h->offset, cudaMemcpyDeviceToHost, qd_stream()));
+    if ((s = qd_cuda_bad_end(bad)) != QD_OK) /* the one sync (with the check on) */
+        return s;
+    if (bins) {
+        if (!bad)
+            CUDA_CHECK(cudaStreamSynchronize(qd_stream()));
+        p->offset = h->offset;
+        p->has_offset = 1;
+    }
     return QD_OK;
 }
 

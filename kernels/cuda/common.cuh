@@ -27,6 +27,8 @@ static inline cudaStream_t qd_stream(void) { return (cudaStream_t)qd_cuda_ctx_ge
 /* Layout of the scratch buffer. */
 struct qd_scratch {
     unsigned long long bad;       /* first non-finite index, ~0 when none */
+    float offset;                 /* bnb4's double-quant offset, computed on the device */
+    float reserved;               /* (bad and offset come back to the host in one copy) */
     float range[3];               /* amax, min, max of the whole tensor */
     unsigned int blocks_done;     /* grid-wide reduction ticket */
     float partial[3 * 1024];      /* per-CTA partial ranges */
@@ -71,6 +73,38 @@ template <int DT, int N> __device__ __forceinline__ void qd_load_block(const voi
             }
         }
     }
+}
+
+/* qd_load_block, also returning the largest |x| as f32 bits: above 0x7f800000 exactly when
+ * one is NaN, equal when the largest is Inf. 16-bit inputs compare their raw halves two at a
+ * time (no float compares); the f32 is exact (f16: its conversion). */
+template <int DT, int N> __device__ __forceinline__ uint32_t qd_load_block_top(const void *x, int64_t first, float *v)
+{
+    uint32_t top = 0;
+    if (DT == QD_F32) {
+        qd_load_block<DT, N>(x, first, v);
+#pragma unroll
+        for (int j = 0; j < N; j++)
+            top = max(top, qd_f32_bits(v[j]) & 0x7fffffffu);
+        return top;
+    }
+    const uint4 *p = (const uint4 *)((const uint16_t *)x + first);
+#pragma unroll
+    for (int k = 0; k < N / 8; k++) {
+        uint4 q = __ldg(p + k);
+        uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            top = __vmaxu2(top, w[h] & 0x7fff7fffu);
+            uint16_t lo = (uint16_t)(w[h] & 0xffff), hi = (uint16_t)(w[h] >> 16);
+            v[8 * k + 2 * h] = DT == QD_F16 ? qd_f16_to_f32(lo) : qd_bf16_to_f32(lo);
+            v[8 * k + 2 * h + 1] = DT == QD_F16 ? qd_f16_to_f32(hi) : qd_bf16_to_f32(hi);
+        }
+    }
+    uint32_t t16 = max(top & 0xffffu, top >> 16);
+    if (DT == QD_BF16)
+        return t16 << 16;
+    return t16 >= 0x7c00u ? 0x7f800000u + (t16 - 0x7c00u) : qd_f32_bits(qd_f16_to_f32((uint16_t)t16));
 }
 
 template <int DT> __device__ __forceinline__ void qd_store(void *y, int64_t i, float v)
@@ -131,6 +165,25 @@ template <int DT, int N> __device__ __forceinline__ void qd_store_block(void *y,
  * the magic 1.5 * 2^23 (exact). */
 __device__ __forceinline__ float qd_small_int_f32(int d) { return __int_as_float(0x4B400000 + d) - 12582912.0f; }
 
+/* clamp(round(x / scale) + zero, lo, hi), round half to even, as the reference computes it
+ * with the IEEE quotient, from q = x * rcp (rcp = 1 / scale, rounded) instead: q is clamped to
+ * +-BOUND (beyond it the clamp to [lo, hi] decides whatever the rounding), then rounded by
+ * adding mz = 1.5 * 2^23 + zero (an exact float; the sum's ulp is 1, ties to even). q and
+ * x / scale differ by at most 2^-23 |q| + (the quotient's own rounding) 2^-24 BOUND, less than
+ * BOUND * 2^-22: when q lies further than that from a half-integer both round alike.
+ * Otherwise, or for NaN, *near is set and the caller redoes the element with the division
+ * (rare; the reference decides NaN). */
+template <int BOUND>
+__device__ __forceinline__ int qd_round_quotient(float x, float rcp, float mz, int lo, int hi, bool *near)
+{
+    float q;
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(q) : "f"(x * rcp), "f"((float)BOUND));
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(q) : "f"(q), "f"(-(float)BOUND));
+    float t = q + mz;
+    *near |= !(fabsf(q - (t - mz)) < 0.5f - (float)BOUND * 0x1p-22f);
+    return min(max((int)(qd_f32_bits(t) - 0x4B400000u), lo), hi);
+}
+
 /* Records element index i as non-finite when v is (the smallest such index wins). */
 __device__ __forceinline__ void qd_note_nonfinite(unsigned long long *bad, float v, int64_t i)
 {
@@ -146,6 +199,17 @@ template <int N> __device__ __forceinline__ bool qd_any_nonfinite(const float *v
     for (int j = 0; j < N; j++)
         any |= !(qd_absf(v[j]) <= 3.40282347e38f);
     return any;
+}
+
+/* Records the first non-finite of N values (one is known to be) when bad is given. */
+template <int N> __device__ __forceinline__ void qd_note_first_nonfinite(unsigned long long *bad, const float *v, int64_t first)
+{
+    if (bad)
+        for (int j = 0; j < N; j++)
+            if (!qd_isfinite(v[j])) {
+                atomicMin(bad, (unsigned long long)(first + j));
+                break;
+            }
 }
 
 /* The block-wise non-finite check: one branch per block; the first bad element's index is

@@ -1,4 +1,5 @@
 /* The per-thread CUDA context, error notes, the non-finite flag and whole-tensor ranges. */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -24,6 +25,14 @@ extern "C" enum qd_status qd_cuda_ctx_init(struct qd_cuda_ctx *c)
     c->stream = s;
     CUDA_CHECK(cudaMalloc(&c->scratch, QD_CUDA_SCRATCH_BYTES));
     CUDA_CHECK(cudaMallocHost(&c->host_scratch, QD_CUDA_SCRATCH_BYTES));
+    /* stream-ordered temporaries (bnb4's absmax) stay cached in the device's pool across
+     * synchronizations instead of going back to the driver each time */
+    int dev = 0;
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+    uint64_t keep = 256ull << 20;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     return QD_OK;
 }
 
@@ -53,7 +62,8 @@ enum qd_status qd_cuda_bad_end(unsigned long long *flag)
     if (!flag)
         return QD_OK;
     struct qd_scratch *h = qd_scratch_host();
-    CUDA_CHECK(cudaMemcpyAsync(&h->bad, flag, sizeof h->bad, cudaMemcpyDeviceToHost, qd_stream()));
+    /* the flag and the device-computed values beside it (struct qd_scratch) in one copy */
+    CUDA_CHECK(cudaMemcpyAsync(&h->bad, flag, offsetof(struct qd_scratch, range), cudaMemcpyDeviceToHost, qd_stream()));
     CUDA_CHECK(cudaStreamSynchronize(qd_stream()));
     if (h->bad != ~0ull) {
         qd_cuda_ctx_get()->bad_index = (int64_t)h->bad;

@@ -66,19 +66,18 @@ template <int EBITS> __device__ __forceinline__ uint32_t qd_fp6x2_finite(float a
 #endif
 }
 
-/* e2m1 code of a non-NaN x: |x| (saturated at 6) divided by its binade's step (0.5 below 2,
- * 1 below 4, else 2; exact powers of two) and rounded to the nearest even integer k: on each
- * step's grid an even k is an even code, so ties go where round-to-nearest-even on e2m1 sends
- * them; the code is k plus the binade's offset. */
+/* e2m1 code of a non-NaN x: |x| saturated at 6, then rounded to its binade's e2m1 step (0.5
+ * below 2, 1 below 4, else 2) by adding c = 1.5 * 2^22 * step, whose ulp is that step (ties to
+ * even: on each step's grid an even multiple is an even code, so ties go where round-to-
+ * nearest-even on e2m1 sends them). The multiple k sits in the sum's low bits; the code is k
+ * plus twice the binade's index. Integer and add units only. */
 __device__ __forceinline__ uint32_t qd_e2m1_finite(float x)
 {
     float a = fminf(qd_absf(x), 6.0f);
-    float inv_step = a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f);
-    uint32_t base = a < 2.0f ? 0u : (a < 4.0f ? 2u : 4u);
-    /* the rounding by an add of 1.5 * 2^23 (ulp 1, ties to even): the integer lands in the low
-     * mantissa bits, no trip through the conversion unit */
-    uint32_t c = qd_f32_bits(a * inv_step + 12582912.0f) - 0x4B400000u + base;
-    return c | ((qd_f32_bits(x) >> 28) & 8);
+    uint32_t e = max(qd_f32_bits(a) & 0x7f800000u, 0x3f800000u); /* the binade, at least [1, 2) */
+    float c = qd_bits_f32(e + 0x0B400000u);                      /* 1.5 * 2^(22 + binade) */
+    uint32_t k = qd_f32_bits(a + c) - qd_f32_bits(c);
+    return (k + ((e >> 22) - 0xFEu)) | ((qd_f32_bits(x) >> 28) & 8);
 }
 
 /* Code pair of element type ELEM (enum qd_mx_elem order: e2m1 e2m3 e3m2 e4m3 e5m2) for
@@ -208,8 +207,8 @@ template <int NF4> __device__ __forceinline__ void qd_bnb_code_add(uint32_t *wor
         *word += c << shift;
         if (p > thr)
             *word += 1u << shift;
-    } else {
-        *word += ((p > thr ? c >> 8 : c) & 0xff) << shift;
+    } else { /* byte 0 or byte 1 of c */
+        *word += __byte_perm(c, 0, p > thr ? 0x4441 : 0x4440) << shift;
     }
 }
 

@@ -79,22 +79,23 @@ __global__ void __launch_bounds__(MX_THREADS) mx_quantize_kernel(struct mx_geom 
     int words = g.data_bytes / 4;
     if (b < nblocks) {
         float v[QD_MX_BLOCK];
-        qd_load_block<DT, QD_MX_BLOCK>(x, b * QD_MX_BLOCK, v);
+        uint32_t top = qd_load_block_top<DT, QD_MX_BLOCK>(x, b * QD_MX_BLOCK, v);
         uint32_t w[8];
         uint8_t scale;
         int n;
-        if (qd_check_block<QD_MX_BLOCK>(bad, v, b * QD_MX_BLOCK)) {
+        if (top >= 0x7f800000u) {
             /* NaN/Inf (allowed): the reference block code, exactly the CPU's */
+            qd_note_first_nonfinite<QD_MX_BLOCK>(bad, v, b * QD_MX_BLOCK);
             uint8_t packed[32];
             scale = qd_mx_quantize_block(ELEM, g.rceil, g.unpacked, v, packed);
             n = words;
-            for (int k = 0; k < n; k++)
-                w[k] = packed[4 * k] | packed[4 * k + 1] << 8 | packed[4 * k + 2] << 16 | (uint32_t)packed[4 * k + 3] << 24;
+#pragma unroll /* w stays in registers */
+            for (int k = 0; k < 8; k++)
+                w[k] = k < n ? packed[4 * k] | packed[4 * k + 1] << 8 | packed[4 * k + 2] << 16 |
+                                   (uint32_t)packed[4 * k + 3] << 24
+                             : 0u;
         } else {
-            float amax = 0.0f; /* finite: the NaN-propagating max of the reference is a plain max */
-#pragma unroll
-            for (int j = 0; j < QD_MX_BLOCK; j++)
-                amax = fmaxf(amax, qd_absf(v[j]));
+            float amax = qd_bits_f32(top); /* finite: the NaN-propagating max of the reference is a plain max */
             scale = g.rceil ? qd_e8m0_rceil(amax * (float)(1.0 / (double)qd_mx_max_pos(ELEM)))
                             : qd_e8m0_floor(amax, qd_mx_emax(ELEM));
             float inv = qd_e8m0_reciprocal(scale);
@@ -230,15 +231,14 @@ __global__ void nvfp4_quantize_kernel(float pts, float inv_pts, int swizzled, in
     if (b >= nblocks)
         return;
     float v[QD_NVFP4_BLOCK];
-    qd_load_block<DT, QD_NVFP4_BLOCK>(x, b * QD_NVFP4_BLOCK, v);
+    uint32_t top = qd_load_block_top<DT, QD_NVFP4_BLOCK>(x, b * QD_NVFP4_BLOCK, v);
     uint8_t sc;
     uint32_t w[2] = {0, 0};
-    bool reference = qd_check_block<QD_NVFP4_BLOCK>(bad, v, b * QD_NVFP4_BLOCK);
-    if (!reference) {
-        float amax = 0.0f;
-#pragma unroll
-        for (int j = 0; j < QD_NVFP4_BLOCK; j++)
-            amax = fmaxf(amax, qd_absf(v[j]));
+    bool reference = top >= 0x7f800000u; /* NaN/Inf in the block */
+    if (reference)
+        qd_note_first_nonfinite<QD_NVFP4_BLOCK>(bad, v, b * QD_NVFP4_BLOCK);
+    else {
+        float amax = qd_bits_f32(top); /* finite: the plain max of |x| */
         float block_scale = amax / 6.0f, sv, r;
         /* the clamped scale is finite and positive: Hopper's fp8 cvt in both directions */
         sc = (uint8_t)qd_fp8x2_finite<QD_E4M3>(

@@ -47,12 +47,29 @@ static int teardown(void **state)
     return 0;
 }
 
-/* Random values with a spread of magnitudes, some zero blocks and outliers. */
+/* Instead of random data: 1 = multiples of 1/2 in [-127, 127] (int8's scale is 1 there, every
+ * other value a tie), 2 = in [0, 255] (uint8's), 3 = ((row + col) % 31) / 2 (AWQ's scale is 1
+ * in every group-column of 32+ rows) */
+static int pattern;
+static int64_t pattern_cols;
+
+/* Random values with a spread of magnitudes, some zero blocks and outliers (or a pattern). */
 static void fill(void *data, enum qd_dtype dt, int64_t n)
 {
     float scale = (float)ldexp(1.0, (int)(rand_r(&seed) % 20) - 10);
     for (int64_t i = 0; i < n; i++) {
         float v = 0;
+        if (pattern) {
+            int64_t k = i * 7919;
+            v = pattern == 1 ? (float)(i == 0 ? -254 : k % 509 - 254) * 0.5f
+                : pattern == 2 ? (float)(i == 0 ? 510 : k % 511) * 0.5f
+                               : (float)((i / pattern_cols + i % pattern_cols) % 31) * 0.5f;
+            if (dt == QD_F32)
+                ((float *)data)[i] = v;
+            else
+                ((uint16_t *)data)[i] = dt == QD_F16 ? qd_f32_to_f16(v) : qd_f32_to_bf16(v);
+            continue;
+        }
         for (int k = 0; k < 3; k++)
             v += (float)rand_r(&seed) / RAND_MAX - 0.5f;
         v *= scale;
@@ -193,6 +210,19 @@ static void gpu_bytes_equal_cpu_bytes_for_every_format(void **state)
     }
 }
 
+/* Values on the half-integers of the scale (ties of round half to even) for every format, so
+ * the kernels' fast rounding of quotients meets the cases it hands to the division. */
+static void gpu_equals_cpu_on_ties(void **state)
+{
+    const struct shape sh = {256, 1024, 0};
+    pattern_cols = sh.cols;
+    for (pattern = 1; pattern <= 3; pattern++)
+        for (int fi = 0; fi < qd_format_count; fi++)
+            for (int dt = QD_F32; dt <= QD_BF16; dt++)
+                one_case(&qd_formats[fi], (enum qd_dtype)dt, &sh, 0);
+    pattern = 0;
+}
+
 static void gpu_names_the_first_nonfinite_element_like_the_cpu(void **state)
 {
     for (int fi = 0; fi < qd_format_count; fi++)
@@ -293,6 +323,7 @@ int main(void)
         cmocka_unit_test(device_encoders_equal_software_on_every_f32),
         cmocka_unit_test(gpu_bytes_equal_cpu_bytes_for_every_format),
         cmocka_unit_test(gpu_names_the_first_nonfinite_element_like_the_cpu),
+        cmocka_unit_test(gpu_equals_cpu_on_ties),
         cmocka_unit_test(gpu_equals_cpu_on_allowed_nonfinite_input),
         cmocka_unit_test(gpu_params_variants),
     };

@@ -152,17 +152,18 @@ template <int DT> __device__ __forceinline__ float half_to_f32(uint16_t h)
  * one word per row. Column min/max: packed pair min/max (NaN ignored), shuffles across the 4
  * row slices of a warp, then shared memory across the 8 warps; a NaN in the group's first row
  * makes the column's min and max NaN, as AutoAWQ's sequential scan from that row does. The
- * codes: w * (1/scale) rounded as the quotient w / scale would be (qd_round_quotient; a
- * thread with a value too near a half-integer redoes its codes with the division, rarely).
- * 16-bit inputs only. */
+ * codes: the quotient w / scale exactly as the division gives it (qd_quotient), w first
+ * clamped to +-41 scales (the code saturates beyond +-16 anyway; a NaN becomes -41 scales,
+ * code 0 as AutoAWQ's cast gives), rounded by adding 1.5 * 2^23 (ties to even), plus the zero.
+ * A column whose scale is not finite (NaN/Inf input) takes the division. 16-bit inputs only. */
 template <int DT, int R>
 __global__ void __launch_bounds__(AWQ_REG_THREADS) awq_quantize_reg_kernel(const void *x, int64_t N, uint32_t *qweight,
                                                                            uint32_t *qzeros, uint16_t *scales,
                                                                            unsigned long long *bad)
 {
     __shared__ uint32_t s_lo[8][8][4], s_hi[8][8][4]; /* [warp][tx][pair] */
-    __shared__ __align__(16) float s_scale[AWQ_TILE_COLS], s_zero[AWQ_TILE_COLS], s_rcp[AWQ_TILE_COLS],
-        s_mz[AWQ_TILE_COLS];
+    __shared__ __align__(16) float4 s_col[AWQ_TILE_COLS]; /* scale, 1/scale, 41 scales, zero */
+    __shared__ float s_zero[AWQ_TILE_COLS];
     const int order[8] = QD_AWQ_ORDER;
     const int G = 32 * R;
     int tx = threadIdx.x % 8, ty = threadIdx.x / 8, warp = threadIdx.x / 32;
@@ -225,10 +226,8 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS) awq_quantize_reg_kernel(const
         if (first != first) /* the sequential scan keeps a NaN start */
             lof = hif = first;
         float sc = qd_awq_scale(lof, hif), z = qd_awq_zero(lof, sc);
-        s_scale[c] = sc;
         s_zero[c] = z;
-        s_rcp[c] = __frcp_rn(sc);
-        s_mz[c] = 12582912.0f + z; /* 1.5 * 2^23 + zero: qd_round_quotient */
+        s_col[c] = make_float4(sc, __frcp_rn(sc), 41.0f * sc, z);
         scales[g * N + col0 + c] = qd_f32_to_f16_scale(sc);
     }
     __syncthreads();
@@ -240,15 +239,16 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS) awq_quantize_reg_kernel(const
     }
     if (!active)
         return;
-    float rc[8], mz[8];
+    float sc[8], rc[8], wmax[8];
+    int zi[8];
+    bool finite = true;
 #pragma unroll
-    for (int j = 0; j < 8; j += 4) {
-        float4 a = *(const float4 *)&s_rcp[8 * tx + j], b = *(const float4 *)&s_mz[8 * tx + j];
-        rc[j] = a.x, rc[j + 1] = a.y, rc[j + 2] = a.z, rc[j + 3] = a.w;
-        mz[j] = b.x, mz[j + 1] = b.y, mz[j + 2] = b.z, mz[j + 3] = b.w;
+    for (int c = 0; c < 8; c++) { /* the thread's 8 columns' constants, in registers */
+        float4 col = s_col[8 * tx + c];
+        sc[c] = col.x, rc[c] = col.y, wmax[c] = col.z, zi[c] = (int)col.w;
+        finite &= col.x <= 3.40282347e38f; /* NaN or Inf: the division below */
     }
     uint32_t out[R];
-    bool near_half = false;
 #pragma unroll
     for (int r = 0; r < R; r++) {
         uint32_t word = 0;
@@ -256,17 +256,19 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS) awq_quantize_reg_kernel(const
         for (int i = 0; i < 8; i++) {
             int c = order[i];
             float v = half_to_f32<DT>((uint16_t)(w[r][c / 2] >> (16 * (c % 2))));
-            word |= (uint32_t)qd_round_quotient<32>(v, rc[c], mz[c], 0, 15, &near_half) << (4 * i);
+            float q = qd_quotient(fminf(fmaxf(v, -wmax[c]), wmax[c]), sc[c], rc[c]);
+            int code = (int)(qd_f32_bits(q + 12582912.0f) - 0x4B400000u) + zi[c];
+            word |= (uint32_t)min(max(code, 0), 15) << (4 * i);
         }
         out[r] = word;
     }
-    if (near_half) /* redo with the division */
+    if (!finite)
         for (int r = 0; r < R; r++) {
             uint32_t word = 0;
             for (int i = 0; i < 8; i++) {
                 int c = order[i];
                 float v = half_to_f32<DT>((uint16_t)(w[r][c / 2] >> (16 * (c % 2))));
-                word |= qd_awq_code(v, s_scale[8 * tx + c], s_zero[8 * tx + c]) << (4 * i);
+                word |= qd_awq_code(v, s_col[8 * tx + c].x, s_zero[8 * tx + c]) << (4 * i);
             }
             out[r] = word;
         }

@@ -48,6 +48,19 @@ template <int ELEM> struct decode_check { /* elem 9, 10: fp8 pair decoding (2^16
     }
 };
 
+struct quotient_check { /* elem 11: qd_quotient against the division, bf16 w x scrambled s */
+    __device__ bool operator()(uint64_t u, const float2 *) const
+    {
+        float w = qd_bits_f32((uint32_t)u & 0xffff0000u);
+        uint32_t h = (uint32_t)u * 2654435761u ^ (uint32_t)u >> 13;
+        float s = qd_bits_f32((uint32_t)(107 + h % 41) << 23 | (h >> 5 & 0x7fffffu)); /* 2^-20 .. 2^20 */
+        float want = w / s, a = qd_absf(want);
+        if (!(a >= 0x1p-100f && a <= 0x1p100f && qd_absf(w) >= 0x1p-90f))
+            return false;
+        return qd_f32_bits(qd_quotient(w, s, __frcp_rn(s))) != qd_f32_bits(want);
+    }
+};
+
 template <class Check>
 __global__ void sweep_kernel(int nf4_lut, Check differs, unsigned long long *mismatches, unsigned long long *first)
 {
@@ -84,7 +97,8 @@ extern "C" long long qd_cuda_conversion_mismatches(int elem, uint32_t *first_bad
     case 7: sweep<bnb_check<1>>(1, d); break;
     case 8: sweep<bnb_check<0>>(0, d); break;
     case 9: sweep<decode_check<QD_E4M3>>(0, d); break;
-    default: sweep<decode_check<QD_E5M2>>(0, d); break;
+    case 10: sweep<decode_check<QD_E5M2>>(0, d); break;
+    default: sweep<quotient_check>(0, d); break;
     }
     cudaError_t e = cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
     cudaFree(d);

@@ -2,6 +2,8 @@
  * reads of the input) or per row (one CTA per row: range, then codes). */
 #include "../int8.h"
 #include "common.cuh"
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 /* Codes for elements [8t, 8t+8) with one scale; the tail of n % 8 elements one by one. The
  * range pass before it has checked the input. */
@@ -103,6 +105,114 @@ __global__ void __launch_bounds__(ROW_THREADS) int8_row_kernel(int asym, const v
     }
 }
 
+/* Min and max of two packed f16/bf16 pairs, NaN ignored. */
+template <int DT> __device__ __forceinline__ uint32_t pair_min(uint32_t a, uint32_t b)
+{
+    if (DT == QD_F16) {
+        __half2 r = __hmin2(*(__half2 *)&a, *(__half2 *)&b);
+        return *(uint32_t *)&r;
+    }
+    __nv_bfloat162 r = __hmin2(*(__nv_bfloat162 *)&a, *(__nv_bfloat162 *)&b);
+    return *(uint32_t *)&r;
+}
+template <int DT> __device__ __forceinline__ uint32_t pair_max(uint32_t a, uint32_t b)
+{
+    if (DT == QD_F16) {
+        __half2 r = __hmax2(*(__half2 *)&a, *(__half2 *)&b);
+        return *(uint32_t *)&r;
+    }
+    __nv_bfloat162 r = __hmax2(*(__nv_bfloat162 *)&a, *(__nv_bfloat162 *)&b);
+    return *(uint32_t *)&r;
+}
+template <int DT> __device__ __forceinline__ float half_f32(uint32_t w, int hi)
+{
+    uint16_t h = (uint16_t)(hi ? w >> 16 : w & 0xffff);
+    return DT == QD_F16 ? qd_f16_to_f32(h) : qd_bf16_to_f32(h);
+}
+
+/* Per row for 16-bit rows of up to 2048 K elements (a multiple of 8): one CTA per row, the
+ * row held in registers (K 16-byte chunks per thread, 2048 elements apart: coalesced), so it
+ * is read once. The range from packed pair min/max (NaN ignored); a row with NaN/Inf takes the
+ * element-wise fold of the reference instead. */
+template <int DT, int K>
+__global__ void __launch_bounds__(ROW_THREADS) int8_row_reg_kernel(int asym, const void *x, int64_t cols,
+                                                                   float *scale, uint8_t *zero_point, uint8_t *out,
+                                                                   unsigned long long *bad)
+{
+    int64_t row = blockIdx.x, base = row * cols, chunks = cols / 8;
+    const uint4 *src = (const uint4 *)((const uint16_t *)x + base);
+    uint4 q[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        int64_t c = threadIdx.x + (int64_t)k * ROW_THREADS;
+        q[k] = c < chunks ? __ldg(src + c) : make_uint4(0, 0, 0, 0); /* zeros: inside any range with 0 */
+    }
+    uint32_t top = 0, lo = 0, hi = 0; /* pairs; the zero padding cannot change a range widened to 0 */
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        uint32_t w[4] = {q[k].x, q[k].y, q[k].z, q[k].w};
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            top = __vmaxu2(top, w[h] & 0x7fff7fffu);
+            lo = pair_min<DT>(lo, w[h]);
+            hi = pair_max<DT>(hi, w[h]);
+        }
+    }
+    uint32_t inf = DT == QD_F16 ? 0x7c00u : 0x7f80u;
+    bool finite = (top & 0xffff) < inf && (top >> 16) < inf;
+    struct qd_range r;
+    if (finite) { /* the packed fold started from 0: harmless, both scales widen the range to 0 */
+        float l = fminf(half_f32<DT>(lo, 0), half_f32<DT>(lo, 1)), h = fmaxf(half_f32<DT>(hi, 0), half_f32<DT>(hi, 1));
+        r = {fmaxf(-l, h), l, h};
+    } else { /* rare: the reference fold, and the first bad element */
+        r = qd_range_empty();
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int64_t c = threadIdx.x + (int64_t)k * ROW_THREADS;
+            uint32_t w[4] = {q[k].x, q[k].y, q[k].z, q[k].w};
+            for (int j = 0; j < 8 && c < chunks; j++) {
+                float v = half_f32<DT>(w[j / 2], j % 2);
+                qd_note_nonfinite(bad, v, base + 8 * c + j);
+                qd_range_add(&r, v);
+            }
+        }
+    }
+    r = qd_range_warp(r);
+    __shared__ struct qd_range part[ROW_THREADS / 32];
+    __shared__ float s_scale;
+    __shared__ uint8_t s_zp;
+    if (threadIdx.x % 32 == 0)
+        part[threadIdx.x / 32] = r;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < ROW_THREADS / 32; w++)
+            qd_range_merge(&r, part[w]);
+        float sc = asym ? qd_uint8_scale(r.lo, r.hi) : qd_int8_scale(r.amax);
+        s_scale = sc;
+        s_zp = asym ? qd_uint8_zero_point(r.lo, sc) : 0;
+        scale[row] = sc;
+        if (asym)
+            zero_point[row] = s_zp;
+    }
+    __syncthreads();
+    float sc = s_scale;
+    uint8_t zp = s_zp;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        int64_t c = threadIdx.x + (int64_t)k * ROW_THREADS;
+        if (c >= chunks)
+            break;
+        uint32_t w[4] = {q[k].x, q[k].y, q[k].z, q[k].w}, o[2] = {0, 0};
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float v = half_f32<DT>(w[j / 2], j % 2);
+            uint32_t code = asym ? qd_uint8_code(v, sc, zp) : (uint8_t)qd_int8_code(v, sc);
+            o[j / 4] |= code << (8 * (j % 4));
+        }
+        ((uint2 *)(out + base))[c] = make_uint2(o[0], o[1]);
+    }
+}
+
 /* One thread per 8 elements: an 8-byte load of codes, a 16-byte (bf16/f16) or two (f32)
  * stores; the n % 8 tail one by one. */
 template <int DT>
@@ -148,6 +258,23 @@ extern "C" enum qd_status qd_cuda_int8_quantize(const struct qd_format *f, const
         return s;
     uint8_t *zp = asym ? (uint8_t *)out[2] : NULL;
     if (p->granularity == QD_GRAN_ROW) {
+        int64_t cols = in->cols, k = (cols + 8 * ROW_THREADS - 1) / (8 * ROW_THREADS);
+        if (in->dtype != QD_F32 && cols % 8 == 0 && k <= 8) {
+            const void *x = in->data;
+            float *sc = (float *)out[1];
+            uint8_t *codes = (uint8_t *)out[0];
+            unsigned rows = (unsigned)in->rows;
+#define ROW_REG(DT, K) int8_row_reg_kernel<DT, K><<<rows, ROW_THREADS, 0, qd_stream()>>>(asym, x, cols, sc, zp, codes, bad)
+#define ROW_REG_K(DT) (k <= 1 ? ROW_REG(DT, 1) : k <= 2 ? ROW_REG(DT, 2) : k <= 4 ? ROW_REG(DT, 4) : ROW_REG(DT, 8))
+            if (in->dtype == QD_F16)
+                ROW_REG_K(QD_F16);
+            else
+                ROW_REG_K(QD_BF16);
+#undef ROW_REG_K
+#undef ROW_REG
+            CUDA_LAUNCHED();
+            return qd_cuda_bad_end(bad);
+        }
         QD_DTYPE_SWITCH(in->dtype, DT,
                         int8_row_kernel<DT><<<(unsigned)in->rows, ROW_THREADS, 0, qd_stream()>>>(
                             asym, in->data, in->cols, (float *)out[1], zp, (uint8_t *)out[0], bad));

@@ -253,61 +253,77 @@ static void gpu_params_variants(void **state)
                                  {"nf4", "blocksize", "32"}, {"fp4", "blocksize", "512"}};
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         const struct qd_format *f = qd_format_find(variants[v][0]);
-        for (int dt = QD_F32; dt <= QD_BF16; dt++) {
-            /* per-row int8: rows wider than the 16384 values the kernel keeps in registers */
-            struct shape sh = !strcmp(variants[v][2], "row") ? (struct shape){16, 20480, 0} : (struct shape){256, 1024, 0};
-            struct qd_work probe;
-            char err[256];
-            memset(&probe, 0, sizeof probe);
-            qd_params_default(f, &probe.p);
-            assert_int_equal(qd_params_set(f, &probe.p, variants[v][1], variants[v][2], err, sizeof err), QD_OK);
-            /* one_case takes defaults: run it with the variant through a patched default */
-            struct qd_work wc;
-            memset(&wc, 0, sizeof wc);
-            wc.req.op = QD_OP_QUANTIZE;
-            wc.f = f;
-            wc.p = probe.p;
-            int64_t dims[2] = {sh.rows, sh.cols};
-            wc.in.dtype = (enum qd_dtype)dt;
-            qd_tensor_set_shape(&wc.in, 2, dims);
-            wc.nc = qd_format_layout(f, &wc.p, &wc.in, wc.comps, err, sizeof err);
-            assert_true(wc.nc > 0);
-            int64_t n = qd_tensor_numel(&wc.in);
-            wc.in.data = malloc((size_t)n * 4);
-            fill(wc.in.data, (enum qd_dtype)dt, n);
-            struct qd_work wg = wc;
-            for (int i = 0; i < wc.nc; i++) {
-                wc.comp[i] = calloc(1, (size_t)wc.comps[i].bytes + 1);
-                wg.comp[i] = malloc((size_t)wc.comps[i].bytes + 1);
-                memset(wg.comp[i], 0xa5, (size_t)wc.comps[i].bytes);
+        /* per-row int8: rows the kernel keeps in registers (up to 16384 16-bit values, whole
+         * 8-element chunks) and others; the last shape again with NaN/Inf allowed */
+        static const struct shape row_shapes[] = {{16, 20480, 0}, {256, 1024, 0}, {7, 4104, 0}, {5, 96, 0},
+                                                  {3, 16384, 0}, {2, 100, 0}, {9, 2056, 0}};
+        int row = !strcmp(variants[v][2], "row"), nshapes = row ? 8 : 1;
+        for (int dt = QD_F32; dt <= QD_BF16; dt++)
+            for (int si = 0; si < nshapes; si++) {
+                struct shape sh = row ? row_shapes[si < 7 ? si : 6] : (struct shape){256, 1024, 0};
+                int nonfinite = si == 7;
+                struct qd_work probe;
+                char err[256];
+                memset(&probe, 0, sizeof probe);
+                qd_params_default(f, &probe.p);
+                assert_int_equal(qd_params_set(f, &probe.p, variants[v][1], variants[v][2], err, sizeof err), QD_OK);
+                probe.p.allow_nonfinite = nonfinite;
+                /* one_case takes defaults: run it with the variant through a patched default */
+                struct qd_work wc;
+                memset(&wc, 0, sizeof wc);
+                wc.req.op = QD_OP_QUANTIZE;
+                wc.f = f;
+                wc.p = probe.p;
+                int64_t dims[2] = {sh.rows, sh.cols};
+                wc.in.dtype = (enum qd_dtype)dt;
+                qd_tensor_set_shape(&wc.in, 2, dims);
+                wc.nc = qd_format_layout(f, &wc.p, &wc.in, wc.comps, err, sizeof err);
+                assert_true(wc.nc > 0);
+                int64_t n = qd_tensor_numel(&wc.in);
+                wc.in.data = malloc((size_t)n * 4);
+                fill(wc.in.data, (enum qd_dtype)dt, n);
+                if (nonfinite) /* a NaN in row 1, an Inf in row 4 */
+                    for (int k = 0; k < 2; k++) {
+                        int64_t at = (k ? 4 : 1) * sh.cols + 37 * (k + 1);
+                        if (dt == QD_F32)
+                            ((float *)wc.in.data)[at] = k ? INFINITY : NAN;
+                        else
+                            ((uint16_t *)wc.in.data)[at] = dt == QD_F16 ? (k ? 0x7c00 : 0x7e00) : (k ? 0x7f80 : 0x7fc0);
+                    }
+                struct qd_work wg = wc;
+                for (int i = 0; i < wc.nc; i++) {
+                    wc.comp[i] = calloc(1, (size_t)wc.comps[i].bytes + 1);
+                    wg.comp[i] = malloc((size_t)wc.comps[i].bytes + 1);
+                    memset(wg.comp[i], 0xa5, (size_t)wc.comps[i].bytes);
+                }
+                assert_int_equal(cpu.run(cpu_worker, &wc, err, sizeof err), QD_OK);
+                if (gpu.run(gpu_worker, &wg, err, sizeof err) != QD_OK)
+                    fail_msg("%s: %s", f->name, err);
+                assert_memory_equal(&wc.p, &wg.p, sizeof wc.p);
+                for (int i = 0; i < wc.nc; i++) {
+                    if (memcmp(wc.comp[i], wg.comp[i], (size_t)wc.comps[i].bytes))
+                        fail_msg("%s %s=%s %s: component %s differs", f->name, variants[v][1], variants[v][2],
+                                 qd_dtype_name((enum qd_dtype)dt), wc.comps[i].name);
+                    free(wc.comp[i]);
+                    free(wg.comp[i]);
+                }
+                free(wc.in.data);
+                cases++;
             }
-            assert_int_equal(cpu.run(cpu_worker, &wc, err, sizeof err), QD_OK);
-            if (gpu.run(gpu_worker, &wg, err, sizeof err) != QD_OK)
-                fail_msg("%s: %s", f->name, err);
-            assert_memory_equal(&wc.p, &wg.p, sizeof wc.p);
-            for (int i = 0; i < wc.nc; i++) {
-                if (memcmp(wc.comp[i], wg.comp[i], (size_t)wc.comps[i].bytes))
-                    fail_msg("%s %s=%s %s: component %s differs", f->name, variants[v][1], variants[v][2],
-                             qd_dtype_name((enum qd_dtype)dt), wc.comps[i].name);
-                free(wc.comp[i]);
-                free(wg.comp[i]);
-            }
-            free(wc.in.data);
-            cases++;
-        }
     }
     printf("# %lld cases in all, %lld format x shape pairs the layout refuses (skipped)\n", (long long)cases,
            (long long)skipped);
 }
 
-/* The device element encoders (fp8 cvt, fp6 through fp8, e2m1 per binade) and the f16/bf16
- * output packers against the software ones, on all 2^32 f32 inputs. */
+/* The device element encoders (fp8 cvt, fp6 through fp8, e2m1 per binade), the f16/bf16
+ * output packers and the bnb4 code tables against the software ones, on all 2^32 f32 inputs;
+ * the reciprocal-based quotient against the division on 2^32 (bf16, scale) pairs. */
 static void device_encoders_equal_software_on_every_f32(void **state)
 {
     (void)state;
     const char *names[] = {"e2m1", "e2m3", "e3m2", "e4m3", "e5m2", "bf16 pairs", "f16 pairs", "nf4 codes",
-                           "fp4 codes", "e4m3 decode", "e5m2 decode"};
-    for (int e = 0; e < 11; e++) {
+                           "fp4 codes", "e4m3 decode", "e5m2 decode", "quotients"};
+    for (int e = 0; e < 12; e++) {
         uint32_t first = 0;
         long long bad = qd_cuda_conversion_mismatches(e, &first);
         printf("# %s: %lld of 2^32 inputs differ%s\n", names[e], bad, bad > 0 ? " (first below)" : "");

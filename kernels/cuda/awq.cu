@@ -162,8 +162,8 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS) awq_quantize_reg_kernel(const
                                                                            unsigned long long *bad)
 {
     __shared__ uint32_t s_lo[8][8][4], s_hi[8][8][4]; /* [warp][tx][pair] */
-    __shared__ __align__(16) float4 s_col[AWQ_TILE_COLS]; /* scale, 1/scale, 41 scales, zero */
-    __shared__ float s_zero[AWQ_TILE_COLS];
+    __shared__ __align__(16) float s_scale[AWQ_TILE_COLS], s_zero[AWQ_TILE_COLS], s_rcp[AWQ_TILE_COLS],
+        s_wmax[AWQ_TILE_COLS];
     const int order[8] = QD_AWQ_ORDER;
     const int G = 32 * R;
     int tx = threadIdx.x % 8, ty = threadIdx.x / 8, warp = threadIdx.x / 32;
@@ -226,8 +226,10 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS) awq_quantize_reg_kernel(const
         if (first != first) /* the sequential scan keeps a NaN start */
             lof = hif = first;
         float sc = qd_awq_scale(lof, hif), z = qd_awq_zero(lof, sc);
+        s_scale[c] = sc;
         s_zero[c] = z;
-        s_col[c] = make_float4(sc, __frcp_rn(sc), 41.0f * sc, z);
+        s_rcp[c] = __frcp_rn(sc);
+        s_wmax[c] = 41.0f * sc;
         scales[g * N + col0 + c] = qd_f32_to_f16_scale(sc);
     }
     __syncthreads();
@@ -243,11 +245,17 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS) awq_quantize_reg_kernel(const
     int zi[8];
     bool finite = true;
 #pragma unroll
-    for (int c = 0; c < 8; c++) { /* the thread's 8 columns' constants, in registers */
-        float4 col = s_col[8 * tx + c];
-        sc[c] = col.x, rc[c] = col.y, wmax[c] = col.z, zi[c] = (int)col.w;
-        finite &= col.x <= 3.40282347e38f; /* NaN or Inf: the division below */
+    for (int j = 0; j < 8; j += 4) { /* the thread's 8 columns' constants, in registers */
+        float4 a = *(const float4 *)&s_scale[8 * tx + j], b = *(const float4 *)&s_rcp[8 * tx + j],
+               m = *(const float4 *)&s_wmax[8 * tx + j], z = *(const float4 *)&s_zero[8 * tx + j];
+        sc[j] = a.x, sc[j + 1] = a.y, sc[j + 2] = a.z, sc[j + 3] = a.w;
+        rc[j] = b.x, rc[j + 1] = b.y, rc[j + 2] = b.z, rc[j + 3] = b.w;
+        wmax[j] = m.x, wmax[j + 1] = m.y, wmax[j + 2] = m.z, wmax[j + 3] = m.w;
+        zi[j] = (int)z.x, zi[j + 1] = (int)z.y, zi[j + 2] = (int)z.z, zi[j + 3] = (int)z.w;
     }
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        finite &= sc[j] <= 3.40282347e38f; /* NaN or Inf: the division below */
     uint32_t out[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -268,7 +276,7 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS) awq_quantize_reg_kernel(const
             for (int i = 0; i < 8; i++) {
                 int c = order[i];
                 float v = half_to_f32<DT>((uint16_t)(w[r][c / 2] >> (16 * (c % 2))));
-                word |= qd_awq_code(v, s_col[8 * tx + c].x, s_zero[8 * tx + c]) << (4 * i);
+                word |= qd_awq_code(v, sc[c], s_zero[8 * tx + c]) << (4 * i);
             }
             out[r] = word;
         }

@@ -4,6 +4,8 @@
 #ifndef QD_BNB4_H
 #define QD_BNB4_H
 
+#include <math.h>
+
 #include "fp.h"
 
 /* bitsandbytes is built with --use_fast_math, so its f32 arithmetic flushes subnormals to zero
@@ -110,25 +112,23 @@ QD_HD double qd_sum_finish(uint64_t flags, const uint64_t *column)
             top = 32 * k + 31 - qd_clz32(limb[k]);
     if (top < 0)
         return 0.0;
-#define QD_BIT(i) ((limb[(i) / 32] >> ((i) % 32)) & 1u)
     int low = top - 52 > 0 ? top - 52 : 0; /* the 53 bits kept: [low, top] */
-    uint64_t mant = 0;
-    for (int i = top; i >= low; i--)
-        mant = mant << 1 | QD_BIT(i);
-    if (low > 0 && QD_BIT(low - 1)) { /* round to nearest even */
-        int sticky = 0;
-        for (int i = 0; i < low - 1 && !sticky; i++)
-            sticky = QD_BIT(i);
-        if (sticky || (mant & 1))
+    /* bits [low, low + 64) as one word, from the three limbs that hold them */
+    int w = low / 32, b = low % 32;
+    uint64_t mant = (uint64_t)limb[w] | (w + 1 < QD_SUM_LIMBS ? (uint64_t)limb[w + 1] << 32 : 0);
+    mant >>= b;
+    if (b && w + 2 < QD_SUM_LIMBS)
+        mant |= (uint64_t)limb[w + 2] << (64 - b);
+    mant &= (top - low == 63) ? ~0ull : ((1ull << (top - low + 1)) - 1);
+    if (low > 0) { /* round to nearest even on bit low - 1 and the sticky bits below it */
+        int rb = low - 1;
+        uint32_t round = (limb[rb / 32] >> (rb % 32)) & 1u, sticky = limb[rb / 32] & ((1u << (rb % 32)) - 1u);
+        for (int k = 0; k < rb / 32; k++)
+            sticky |= limb[k];
+        if (round && (sticky || (mant & 1)))
             mant++;
     }
-#undef QD_BIT
-    double r = (double)mant; /* exact: at most 2^53 */
-    for (int k = low - 149; k > 0; k--) /* times 2^(low - 149), exact */
-        r *= 2.0;
-    for (int k = low - 149; k < 0; k++)
-        r *= 0.5;
-    return r;
+    return ldexp((double)mant, low - 149); /* exact: mant <= 2^53, the result a normal double */
 }
 
 static inline double qd_sum_bins_total(const uint64_t *bins)
@@ -169,12 +169,12 @@ QD_HD uint8_t qd_nf4_code(float x)
 QD_HD uint8_t qd_fp4_code(float x)
 {
     const float t[7] = QD_FP4_THRESHOLDS;
-    const uint8_t code_of_rank[8] = {0, 1, 6, 7, 4, 5, 2, 3};
     float a = qd_absf(x);
     int c = 0;
     for (int i = 0; i < 7; i++)
         c += a > t[i];
-    return (uint8_t)(code_of_rank[c] | (x < 0 ? 8 : 0));
+    /* code_of_rank {0, 1, 6, 7, 4, 5, 2, 3} as nibbles (no array: registers on the GPU) */
+    return (uint8_t)(((0x32547610u >> (4 * c)) & 15) | (x < 0 ? 8 : 0));
 }
 
 /* nf4_dequantization_lut */

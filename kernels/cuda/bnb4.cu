@@ -68,7 +68,7 @@ __device__ __forceinline__ uint32_t bnb_load16(const void *x, int64_t first, int
  * bins (a block of finite data rarely falls outside the window of the leader's first block),
  * the rest into per-CTA bins, which reach the global ones once per CTA. */
 template <int DT, int NF4>
-__global__ void __launch_bounds__(BNB_THREADS) bnb_quantize_kernel(const void *x, int64_t n, int group, int log_bs,
+__global__ void __launch_bounds__(BNB_THREADS, 6) bnb_quantize_kernel(const void *x, int64_t n, int group, int log_bs,
                                                                    uint8_t *data, float *absmax, float *quant_map,
                                                                    unsigned long long *bins, unsigned long long *bad)
 {
@@ -126,6 +126,7 @@ __global__ void __launch_bounds__(BNB_THREADS) bnb_quantize_kernel(const void *x
             for (int j = 0; j < BNB_PER_THREAD; j++) /* byte k: element 2k in the high nibble */
                 qd_bnb_code_add<NF4>(&w[j / 8], 4 * ((j & 7) ^ 1), scaled_ftz(v[j], inv), base);
         } else {
+#pragma unroll /* (w stays in registers) */
             for (int j = 0; j < BNB_PER_THREAD; j++)
                 w[j / 8] |= qd_bnb_ref(NF4, scaled_ftz(v[j], inv)) << (4 * ((j & 7) ^ 1));
         }

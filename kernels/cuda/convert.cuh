@@ -69,15 +69,15 @@ template <int EBITS> __device__ __forceinline__ uint32_t qd_fp6x2_finite(float a
 /* e2m1 code of a non-NaN x: |x| saturated at 6, then rounded to its binade's e2m1 step (0.5
  * below 2, 1 below 4, else 2) by adding c = 1.5 * 2^22 * step, whose ulp is that step (ties to
  * even: on each step's grid an even multiple is an even code, so ties go where round-to-
- * nearest-even on e2m1 sends them). The multiple k sits in the sum's low bits; the code is k
- * plus twice the binade's index. Integer and add units only. */
+ * nearest-even on e2m1 sends them). The sum's low 22 bits hold that multiple k, its bits from
+ * 22 up 0x12B plus twice the binade's index j, and the code is k + 2j. Integer and add units
+ * only. */
 __device__ __forceinline__ uint32_t qd_e2m1_finite(float x)
 {
-    float a = fminf(qd_absf(x), 6.0f);
+    float a = fminf(fabsf(x), 6.0f);
     uint32_t e = max(qd_f32_bits(a) & 0x7f800000u, 0x3f800000u); /* the binade, at least [1, 2) */
-    float c = qd_bits_f32(e + 0x0B400000u);                      /* 1.5 * 2^(22 + binade) */
-    uint32_t k = qd_f32_bits(a + c) - qd_f32_bits(c);
-    return (k + ((e >> 22) - 0xFEu)) | ((qd_f32_bits(x) >> 28) & 8);
+    uint32_t sum = qd_f32_bits(a + qd_bits_f32(e + 0x0B400000u)); /* a + 1.5 * 2^(22 + j) */
+    return ((sum & 0x3fffffu) + (sum >> 22) - 0x12Bu) | ((qd_f32_bits(x) >> 28) & 8);
 }
 
 /* Code pair of element type ELEM (enum qd_mx_elem order: e2m1 e2m3 e3m2 e4m3 e5m2) for

@@ -19,8 +19,9 @@ __global__ void ggml_quantize_kernel(int bytes, const void *x, int64_t nblocks, 
     int64_t first = blockIdx.x * (int64_t)GGML_THREADS, b = first + threadIdx.x;
     if (b < nblocks) {
         float v[QD_GGML_QK];
-        qd_load_block<DT, QD_GGML_QK>(x, b * QD_GGML_QK, v);
-        bool nonfinite = qd_check_block<QD_GGML_QK>(bad, v, b * QD_GGML_QK);
+        bool nonfinite = qd_load_block_top<DT, QD_GGML_QK>(x, b * QD_GGML_QK, v) >= 0x7f800000u;
+        if (nonfinite)
+            qd_note_first_nonfinite<QD_GGML_QK>(bad, v, b * QD_GGML_QK);
         qd_ggml_quantize_block_checked(TYPE, v, staged + threadIdx.x * bytes, !nonfinite);
     }
     __syncthreads();

@@ -17,17 +17,28 @@ struct mx_geom {
 
 /* Where block b's scale goes: its index, or its place in the swizzled tiling (32-bit division
  * when the block count allows: 64-bit division costs tens of instructions per block). */
+/* Where block b's scale goes; b must be the CTA's first block + threadIdx.x. */
 __device__ __forceinline__ int64_t scale_pos(int64_t b, int64_t scale_cols, int swizzled)
 {
     if (!swizzled)
         return b;
-    int64_t r, c;
-    if (b < 0xffffffffll && scale_cols < 0xffffffffll) {
-        r = (uint32_t)b / (uint32_t)scale_cols;
-        c = (uint32_t)b - (uint32_t)r * (uint32_t)scale_cols;
+    /* row and column of block b: one division for the CTA's first block (the same in every
+     * thread), then at most one wrap when a row holds at least a CTA's worth of blocks */
+    int64_t first = b - threadIdx.x, r, c;
+    if (first < 0xffffffffll && scale_cols < 0xffffffffll) {
+        r = (uint32_t)first / (uint32_t)scale_cols;
+        c = (uint32_t)first - (uint32_t)r * (uint32_t)scale_cols;
     } else {
-        r = b / scale_cols;
-        c = b % scale_cols;
+        r = first / scale_cols;
+        c = first % scale_cols;
+    }
+    c += threadIdx.x;
+    if (scale_cols >= blockDim.x) {
+        if (c >= scale_cols)
+            c -= scale_cols, r++;
+    } else {
+        r += c / scale_cols;
+        c %= scale_cols;
     }
     return qd_swizzle_offset(r, c, scale_cols);
 }

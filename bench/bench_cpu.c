@@ -163,21 +163,24 @@ int main(int argc, char **argv)
             qd_params_default(f, &p);
             void *bufs[1] = {copy};
             char err[128];
-            double tgs[REPS];
-            /* interleaved runs, so both see the same machine state (this host is shared), in
-             * alternating order (whichever runs second finds the other's output in cache) */
-            for (int r = 0; r < REPS; r++) {
+            /* interleaved pairs, so both see the same machine state (this host is shared), in
+             * alternating order (whichever runs second finds the other's output in cache); the
+             * ratio is the median of the pairs' ratios, which drift on the host cancels */
+            enum { PAIRS = 31 };
+            double tgs[PAIRS], tqs[PAIRS], ratio[PAIRS];
+            for (int r = 0; r < PAIRS; r++) {
                 if (r % 2)
                     tgs[r] = run_ggml(fn, x, copy, rows, cols, bytes[i], threads);
                 double t0 = now_s();
                 qd_quantize(QD_BACKEND_CPU, f, &in, &p, bufs, err, sizeof err);
-                t[r] = now_s() - t0;
+                tqs[r] = now_s() - t0;
                 if (r % 2 == 0)
                     tgs[r] = run_ggml(fn, x, copy, rows, cols, bytes[i], threads);
+                ratio[r] = tgs[r] / tqs[r];
             }
-            double tg = median(tgs, REPS), tq = median(t, REPS);
-            printf("%-12s ggml %8.2f GB/s   quantd %8.2f GB/s   quantd/ggml %.2fx\n", fmts[i],
-                   n * 4 / tg / 1e9, n * 4 / tq / 1e9, tg / tq);
+            double tg = median(tgs, PAIRS), tq = median(tqs, PAIRS), rq = median(ratio, PAIRS);
+            printf("%-12s ggml %8.2f GB/s   quantd %8.2f GB/s   quantd/ggml %.2fx (median of %d pairs)\n",
+                   fmts[i], n * 4 / tg / 1e9, n * 4 / tq / 1e9, rq, PAIRS);
         }
     }
     free(x);

@@ -17,6 +17,7 @@ struct qd_serve_config {
     int http_threads;
     int result_ttl_s;
     long long result_max_bytes;
+    long long pinned_bytes;
     int max_jobs;
     int drain_timeout_s;
     int cpu_threads;         /* 0: every core */

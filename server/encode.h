@@ -21,7 +21,8 @@ struct cJSON *qd_report_json(const struct qd_error_report *r);
 struct cJSON *qd_timing_json(const struct qd_timing *t);
 
 const char *qd_safetensors_dtype(enum qd_dtype t);
-/* A container of n tensors with string-valued metadata; malloc'd, NULL on no memory. */
+/* A container of n tensors with string-valued metadata, in a buffer from qd_hostmem_get (free
+ * it with qd_hostmem_put); NULL on no memory. */
 char *qd_safetensors_build(const struct qd_st_tensor *t, int n, const struct cJSON *metadata,
                            size_t *out_len);
 

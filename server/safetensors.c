@@ -9,6 +9,7 @@
 
 #include "decode.h"
 #include "encode.h"
+#include "hostmem.h"
 
 static const char *const st_dtype_names[QD_DTYPE_COUNT] = {"F32", "F16", "BF16", "U8", "I8", "I32"};
 
@@ -135,7 +136,7 @@ char *qd_safetensors_build(const struct qd_st_tensor *t, int n, const cJSON *met
         return NULL;
     /* pad the header with spaces to 8 bytes so that every tensor starts aligned */
     size_t tl = strlen(text), hl = (tl + 7) / 8 * 8;
-    char *out = malloc(8 + hl + off);
+    char *out = qd_hostmem_get(8 + hl + off); /* a pooled buffer: no fresh pages to fault in */
     if (out) {
         for (int i = 0; i < 8; i++)
             out[i] = (char)((uint64_t)hl >> (8 * i));

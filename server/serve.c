@@ -46,9 +46,9 @@ int qd_serve_main(int argc, char **argv)
         qd_backend_cpu_open(&backend, err, sizeof err);
 
     /* large bodies land in pinned buffers the CUDA workers copy from directly; the pool holds
-     * at most 2 GiB (beyond that, bodies are malloc'd and staged as before) */
+     * at most --pinned-bytes (beyond that, bodies are malloc'd and staged as before) */
     if (backend.host_alloc)
-        qd_hostmem_init(backend.host_alloc, backend.host_free, (size_t)2 << 30);
+        qd_hostmem_init(backend.host_alloc, backend.host_free, (size_t)cfg.pinned_bytes);
     struct qd_jobs_config jc = {
         .workers = cfg.workers ? cfg.workers : backend.default_workers,
         .depth = cfg.queue_depth,

@@ -12,6 +12,8 @@
 
 #include "../../server/decode.h"
 #include "../../server/encode.h"
+#include "../../server/hostmem.h"
+#include "../../server/hostmem.h"
 
 static void base64_round_trips_every_length(void **state)
 {
@@ -72,7 +74,7 @@ static void safetensors_round_trip_and_refusals(void **state)
     assert_int_equal(qd_safetensors_parse((unsigned char *)buf, len - 1, back, 4, &md, err, sizeof err), -1);
     buf[0] = (char)0xff;
     assert_int_equal(qd_safetensors_parse((unsigned char *)buf, len, back, 4, &md, err, sizeof err), -1);
-    free(buf);
+    qd_hostmem_put(buf);
     const char *bad_headers[] = {
         "{\"x\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,5]}}",
         "{\"x\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[3,1]}}",

@@ -2,8 +2,6 @@
  * shared-memory tile for groups up to 128 rows; larger groups one thread per (group, 8-column
  * word), reading its columns over the group's rows twice (the second read from L2). */
 #include "../awq.h"
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include "common.cuh"
 
@@ -123,30 +121,6 @@ __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, i
 
 #define AWQ_REG_THREADS 256
 
-/* Min and max of two packed f16/bf16 pairs, NaN ignored (the other input returned). */
-template <int DT> __device__ __forceinline__ uint32_t pair_min(uint32_t a, uint32_t b)
-{
-    if (DT == QD_F16) {
-        __half2 r = __hmin2(*(__half2 *)&a, *(__half2 *)&b);
-        return *(uint32_t *)&r;
-    }
-    __nv_bfloat162 r = __hmin2(*(__nv_bfloat162 *)&a, *(__nv_bfloat162 *)&b);
-    return *(uint32_t *)&r;
-}
-template <int DT> __device__ __forceinline__ uint32_t pair_max(uint32_t a, uint32_t b)
-{
-    if (DT == QD_F16) {
-        __half2 r = __hmax2(*(__half2 *)&a, *(__half2 *)&b);
-        return *(uint32_t *)&r;
-    }
-    __nv_bfloat162 r = __hmax2(*(__nv_bfloat162 *)&a, *(__nv_bfloat162 *)&b);
-    return *(uint32_t *)&r;
-}
-template <int DT> __device__ __forceinline__ float half_to_f32(uint16_t h)
-{
-    return DT == QD_F16 ? qd_f16_to_f32(h) : qd_bf16_to_f32(h);
-}
-
 /* One CTA per (group of G = 32 R rows, 64 columns), the tile held in registers: thread
  * (ty, tx) loads 8 columns (one 16-byte load of f16/bf16) of rows ty, ty + 32, ... and packs
  * one word per row. Column min/max: packed pair min/max (NaN ignored), shuffles across the 4
@@ -187,7 +161,7 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS) awq_quantize_reg_kernel(const
         if ((top & 0xffff) >= inf || (top >> 16) >= inf) /* rare: find the first one in index order */
             for (int r = 0; r < R; r++)
                 for (int j = 0; j < 8; j++)
-                    if (!qd_isfinite(half_to_f32<DT>((uint16_t)(w[r][j / 2] >> (16 * (j % 2)))))) {
+                    if (!qd_isfinite(qd_half_f32<DT>(w[r][j / 2], j % 2))) {
                         atomicMin(bad, (unsigned long long)((row0 + ty + 32 * r) * N + col0 + 8 * tx + j));
                         r = R;
                         break;
@@ -199,13 +173,13 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS) awq_quantize_reg_kernel(const
         lo[k] = hi[k] = w[0][k];
 #pragma unroll
         for (int r = 1; r < R; r++) {
-            lo[k] = pair_min<DT>(lo[k], w[r][k]);
-            hi[k] = pair_max<DT>(hi[k], w[r][k]);
+            lo[k] = qd_pair_min<DT>(lo[k], w[r][k]);
+            hi[k] = qd_pair_max<DT>(hi[k], w[r][k]);
         }
 #pragma unroll
         for (int o = 8; o < 32; o <<= 1) {
-            lo[k] = pair_min<DT>(lo[k], __shfl_xor_sync(0xffffffffu, lo[k], o));
-            hi[k] = pair_max<DT>(hi[k], __shfl_xor_sync(0xffffffffu, hi[k], o));
+            lo[k] = qd_pair_min<DT>(lo[k], __shfl_xor_sync(0xffffffffu, lo[k], o));
+            hi[k] = qd_pair_max<DT>(hi[k], __shfl_xor_sync(0xffffffffu, hi[k], o));
         }
     }
     if (threadIdx.x % 32 < 8)
@@ -218,11 +192,11 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS) awq_quantize_reg_kernel(const
         int c = threadIdx.x, cw = c / 8, pair = (c % 8) / 2, half = c % 2;
         uint32_t l = s_lo[0][cw][pair], h = s_hi[0][cw][pair];
         for (int wi = 1; wi < 8; wi++) {
-            l = pair_min<DT>(l, s_lo[wi][cw][pair]);
-            h = pair_max<DT>(h, s_hi[wi][cw][pair]);
+            l = qd_pair_min<DT>(l, s_lo[wi][cw][pair]);
+            h = qd_pair_max<DT>(h, s_hi[wi][cw][pair]);
         }
-        float lof = half_to_f32<DT>((uint16_t)(l >> (16 * half))), hif = half_to_f32<DT>((uint16_t)(h >> (16 * half)));
-        float first = half_to_f32<DT>(xh[row0 * N + col0 + c]);
+        float lof = qd_half_f32<DT>(l, half), hif = qd_half_f32<DT>(h, half);
+        float first = qd_half_f32<DT>(xh[row0 * N + col0 + c], 0);
         if (first != first) /* the sequential scan keeps a NaN start */
             lof = hif = first;
         float sc = qd_awq_scale(lof, hif), z = qd_awq_zero(lof, sc);
@@ -263,7 +237,7 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS) awq_quantize_reg_kernel(const
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             int c = order[i];
-            float v = half_to_f32<DT>((uint16_t)(w[r][c / 2] >> (16 * (c % 2))));
+            float v = qd_half_f32<DT>(w[r][c / 2], c % 2);
             float q = qd_quotient(fminf(fmaxf(v, -wmax[c]), wmax[c]), sc[c], rc[c]);
             int code = (int)(qd_f32_bits(q + 12582912.0f) - 0x4B400000u) + zi[c];
             word |= (uint32_t)min(max(code, 0), 15) << (4 * i);
@@ -275,7 +249,7 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS) awq_quantize_reg_kernel(const
             uint32_t word = 0;
             for (int i = 0; i < 8; i++) {
                 int c = order[i];
-                float v = half_to_f32<DT>((uint16_t)(w[r][c / 2] >> (16 * (c % 2))));
+                float v = qd_half_f32<DT>(w[r][c / 2], c % 2);
                 word |= qd_awq_code(v, sc[c], s_zero[8 * tx + c]) << (4 * i);
             }
             out[r] = word;

@@ -4,6 +4,8 @@
 #ifndef QD_CUDA_COMMON_CUH
 #define QD_CUDA_COMMON_CUH
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -105,6 +107,33 @@ template <int DT, int N> __device__ __forceinline__ uint32_t qd_load_block_top(c
     if (DT == QD_BF16)
         return t16 << 16;
     return t16 >= 0x7c00u ? 0x7f800000u + (t16 - 0x7c00u) : qd_f32_bits(qd_f16_to_f32((uint16_t)t16));
+}
+
+/* Min and max of two packed f16/bf16 pairs, NaN ignored (the other input returned). */
+template <int DT> __device__ __forceinline__ uint32_t qd_pair_min(uint32_t a, uint32_t b)
+{
+    if (DT == QD_F16) {
+        __half2 r = __hmin2(*(__half2 *)&a, *(__half2 *)&b);
+        return *(uint32_t *)&r;
+    }
+    __nv_bfloat162 r = __hmin2(*(__nv_bfloat162 *)&a, *(__nv_bfloat162 *)&b);
+    return *(uint32_t *)&r;
+}
+template <int DT> __device__ __forceinline__ uint32_t qd_pair_max(uint32_t a, uint32_t b)
+{
+    if (DT == QD_F16) {
+        __half2 r = __hmax2(*(__half2 *)&a, *(__half2 *)&b);
+        return *(uint32_t *)&r;
+    }
+    __nv_bfloat162 r = __hmax2(*(__nv_bfloat162 *)&a, *(__nv_bfloat162 *)&b);
+    return *(uint32_t *)&r;
+}
+
+/* The f16/bf16 value in half `hi` (0: low, 1: high) of a packed pair, as f32. */
+template <int DT> __device__ __forceinline__ float qd_half_f32(uint32_t w, int hi)
+{
+    uint16_t h = (uint16_t)(hi ? w >> 16 : w & 0xffff);
+    return DT == QD_F16 ? qd_f16_to_f32(h) : qd_bf16_to_f32(h);
 }
 
 template <int DT> __device__ __forceinline__ void qd_store(void *y, int64_t i, float v)

@@ -2,8 +2,6 @@
  * reads of the input) or per row (one CTA per row: range, then codes). */
 #include "../int8.h"
 #include "common.cuh"
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 /* Codes for elements [8t, 8t+8) with one scale; the tail of n % 8 elements one by one. The
  * range pass before it has checked the input. */
@@ -105,31 +103,6 @@ __global__ void __launch_bounds__(ROW_THREADS) int8_row_kernel(int asym, const v
     }
 }
 
-/* Min and max of two packed f16/bf16 pairs, NaN ignored. */
-template <int DT> __device__ __forceinline__ uint32_t pair_min(uint32_t a, uint32_t b)
-{
-    if (DT == QD_F16) {
-        __half2 r = __hmin2(*(__half2 *)&a, *(__half2 *)&b);
-        return *(uint32_t *)&r;
-    }
-    __nv_bfloat162 r = __hmin2(*(__nv_bfloat162 *)&a, *(__nv_bfloat162 *)&b);
-    return *(uint32_t *)&r;
-}
-template <int DT> __device__ __forceinline__ uint32_t pair_max(uint32_t a, uint32_t b)
-{
-    if (DT == QD_F16) {
-        __half2 r = __hmax2(*(__half2 *)&a, *(__half2 *)&b);
-        return *(uint32_t *)&r;
-    }
-    __nv_bfloat162 r = __hmax2(*(__nv_bfloat162 *)&a, *(__nv_bfloat162 *)&b);
-    return *(uint32_t *)&r;
-}
-template <int DT> __device__ __forceinline__ float half_f32(uint32_t w, int hi)
-{
-    uint16_t h = (uint16_t)(hi ? w >> 16 : w & 0xffff);
-    return DT == QD_F16 ? qd_f16_to_f32(h) : qd_bf16_to_f32(h);
-}
-
 /* Per row for 16-bit rows of up to 2048 K elements (a multiple of 8): one CTA per row, the
  * row held in registers (K 16-byte chunks per thread, 2048 elements apart: coalesced), so it
  * is read once. The range from packed pair min/max (NaN ignored); a row with NaN/Inf takes the
@@ -154,15 +127,16 @@ __global__ void __launch_bounds__(ROW_THREADS) int8_row_reg_kernel(int asym, con
 #pragma unroll
         for (int h = 0; h < 4; h++) {
             top = __vmaxu2(top, w[h] & 0x7fff7fffu);
-            lo = pair_min<DT>(lo, w[h]);
-            hi = pair_max<DT>(hi, w[h]);
+            lo = qd_pair_min<DT>(lo, w[h]);
+            hi = qd_pair_max<DT>(hi, w[h]);
         }
     }
     uint32_t inf = DT == QD_F16 ? 0x7c00u : 0x7f80u;
     bool finite = (top & 0xffff) < inf && (top >> 16) < inf;
     struct qd_range r;
     if (finite) { /* the packed fold started from 0: harmless, both scales widen the range to 0 */
-        float l = fminf(half_f32<DT>(lo, 0), half_f32<DT>(lo, 1)), h = fmaxf(half_f32<DT>(hi, 0), half_f32<DT>(hi, 1));
+        float l = fminf(qd_half_f32<DT>(lo, 0), qd_half_f32<DT>(lo, 1));
+        float h = fmaxf(qd_half_f32<DT>(hi, 0), qd_half_f32<DT>(hi, 1));
         r = {fmaxf(-l, h), l, h};
     } else { /* rare: the reference fold, and the first bad element */
         r = qd_range_empty();
@@ -171,7 +145,7 @@ __global__ void __launch_bounds__(ROW_THREADS) int8_row_reg_kernel(int asym, con
             int64_t c = threadIdx.x + (int64_t)k * ROW_THREADS;
             uint32_t w[4] = {q[k].x, q[k].y, q[k].z, q[k].w};
             for (int j = 0; j < 8 && c < chunks; j++) {
-                float v = half_f32<DT>(w[j / 2], j % 2);
+                float v = qd_half_f32<DT>(w[j / 2], j % 2);
                 qd_note_nonfinite(bad, v, base + 8 * c + j);
                 qd_range_add(&r, v);
             }
@@ -205,7 +179,7 @@ __global__ void __launch_bounds__(ROW_THREADS) int8_row_reg_kernel(int asym, con
         uint32_t w[4] = {q[k].x, q[k].y, q[k].z, q[k].w}, o[2] = {0, 0};
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            float v = half_f32<DT>(w[j / 2], j % 2);
+            float v = qd_half_f32<DT>(w[j / 2], j % 2);
             uint32_t code = asym ? qd_uint8_code(v, sc, zp) : (uint8_t)qd_int8_code(v, sc);
             o[j / 4] |= code << (8 * (j % 4));
         }

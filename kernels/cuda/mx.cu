@@ -232,19 +232,15 @@ extern "C" enum qd_status qd_cuda_mx_dequantize(const struct qd_format *f, const
 #define NVFP4_SCALE_DIVISOR 2688.0f
 
 /* qd_nvfp4_quantize_block with the e2m1 codes of convert.cuh and 1/pts from the host
- * (the same IEEE quotient). */
+ * (the same IEEE quotient): block b's scale byte and 8 bytes of codes. */
 template <int DT>
-__global__ void nvfp4_quantize_kernel(float pts, float inv_pts, int swizzled, int64_t scale_cols, const void *x,
-                                      int64_t nblocks, uint8_t *data, uint8_t *scales,
-                                      unsigned long long *bad)
+__device__ __forceinline__ uint8_t nvfp4_block(float pts, float inv_pts, const void *x, int64_t b, uint32_t *w,
+                                               unsigned long long *bad)
 {
-    int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (b >= nblocks)
-        return;
     float v[QD_NVFP4_BLOCK];
     uint32_t top = qd_load_block_top<DT, QD_NVFP4_BLOCK>(x, b * QD_NVFP4_BLOCK, v);
-    uint8_t sc;
-    uint32_t w[2] = {0, 0};
+    uint8_t sc = 0;
+    w[0] = w[1] = 0;
     bool reference = top >= 0x7f800000u; /* NaN/Inf in the block */
     if (reference)
         qd_note_first_nonfinite<QD_NVFP4_BLOCK>(bad, v, b * QD_NVFP4_BLOCK);
@@ -266,11 +262,48 @@ __global__ void nvfp4_quantize_kernel(float pts, float inv_pts, int swizzled, in
         uint8_t packed[8];
         sc = qd_nvfp4_quantize_block(pts, v, packed);
         w[0] = w[1] = 0;
+#pragma unroll
         for (int k = 0; k < 8; k++)
             w[k / 4] |= (uint32_t)packed[k] << (8 * (k % 4));
     }
-    scales[scale_pos(b, scale_cols, swizzled)] = sc;
+    return sc;
+}
+
+/* Linear scales: thread per block, in order. */
+template <int DT>
+__global__ void nvfp4_quantize_kernel(float pts, float inv_pts, const void *x, int64_t nblocks, uint8_t *data,
+                                      uint8_t *scales, unsigned long long *bad)
+{
+    int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (b >= nblocks)
+        return;
+    uint32_t w[2];
+    scales[b] = nvfp4_block<DT>(pts, inv_pts, x, b, w, bad);
     ((uint2 *)data)[b] = make_uint2(w[0], w[1]);
+}
+
+/* Swizzled scales: one CTA per 128 x 4 tile of the scale matrix (512 blocks, two per thread),
+ * the block of each (thread, pass) chosen so that a warp's 32 scale bytes are consecutive in
+ * the tile (qd_swizzle_offset: byte o of a tile is row o/16 + 32 ((o/4) % 4), column o % 4);
+ * four threads in a row read 128 contiguous bytes of bf16 input. The tile is written whole by
+ * one CTA instead of 4 bytes at a time by 128 CTAs far apart. */
+template <int DT>
+__global__ void __launch_bounds__(256) nvfp4_quantize_tile_kernel(float pts, float inv_pts, const void *x,
+                                                                  int64_t rows, int64_t scale_cols, uint8_t *data,
+                                                                  uint8_t *scales, unsigned long long *bad)
+{
+    int64_t col_tiles = (scale_cols + 3) / 4, tr = blockIdx.x / col_tiles, tc = blockIdx.x % col_tiles;
+#pragma unroll
+    for (int pass = 0; pass < 2; pass++) {
+        int o = threadIdx.x + 256 * pass;
+        int64_t row = 128 * tr + o / 16 + 32 * ((o / 4) % 4), col = 4 * tc + o % 4;
+        if (row >= rows || col >= scale_cols)
+            continue; /* padding: the memset's zeros stay */
+        int64_t b = row * scale_cols + col;
+        uint32_t w[2];
+        scales[(int64_t)blockIdx.x * 512 + o] = nvfp4_block<DT>(pts, inv_pts, x, b, w, bad);
+        ((uint2 *)data)[b] = make_uint2(w[0], w[1]);
+    }
 }
 
 template <int DT>
@@ -332,11 +365,17 @@ extern "C" enum qd_status qd_cuda_nvfp4_quantize(const struct qd_format *f, cons
     struct qd_scratch *h = qd_scratch_host();
     h->partial[0] = gs; /* staged in pinned memory: the copy runs in stream order */
     CUDA_CHECK(cudaMemcpyAsync(out[2], h->partial, sizeof(float), cudaMemcpyHostToDevice, qd_stream()));
-    QD_DTYPE_SWITCH(in->dtype, DT,
-                    nvfp4_quantize_kernel<DT><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
-                        p->two_level ? p->per_tensor_scale : 0.0f,
-                        p->two_level ? 1.0f / p->per_tensor_scale : 0.0f, swizzled, scale_cols, in->data,
-                        nblocks, (uint8_t *)out[0], (uint8_t *)out[1], bad));
+    float pts = p->two_level ? p->per_tensor_scale : 0.0f, inv_pts = p->two_level ? 1.0f / p->per_tensor_scale : 0.0f;
+    if (swizzled) {
+        int64_t tiles = (in->rows + 127) / 128 * ((scale_cols + 3) / 4);
+        QD_DTYPE_SWITCH(in->dtype, DT,
+                        nvfp4_quantize_tile_kernel<DT><<<qd_grid(tiles, 1), 256, 0, qd_stream()>>>(
+                            pts, inv_pts, in->data, in->rows, scale_cols, (uint8_t *)out[0], (uint8_t *)out[1], bad));
+    } else {
+        QD_DTYPE_SWITCH(in->dtype, DT,
+                        nvfp4_quantize_kernel<DT><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
+                            pts, inv_pts, in->data, nblocks, (uint8_t *)out[0], (uint8_t *)out[1], bad));
+    }
     CUDA_LAUNCHED();
     return qd_cuda_bad_end(bad);
 }

@@ -48,10 +48,10 @@ template <int ELEM> struct decode_check { /* elem 9, 10: fp8 pair decoding (2^16
     }
 };
 
-struct quotient_check { /* elem 11: qd_quotient against the division, bf16 w x scrambled s */
+struct quotient_check { /* elem 11: qd_quotient against the division, every f32 w x a scrambled s */
     __device__ bool operator()(uint64_t u, const float2 *) const
     {
-        float w = qd_bits_f32((uint32_t)u & 0xffff0000u);
+        float w = pattern(u);
         uint32_t h = (uint32_t)u * 2654435761u ^ (uint32_t)u >> 13;
         float s = qd_bits_f32((uint32_t)(107 + h % 41) << 23 | (h >> 5 & 0x7fffffu)); /* 2^-20 .. 2^20 */
         float want = w / s, a = qd_absf(want);

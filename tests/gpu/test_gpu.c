@@ -317,7 +317,7 @@ static void gpu_params_variants(void **state)
 
 /* The device element encoders (fp8 cvt, fp6 through fp8, e2m1 per binade), the f16/bf16
  * output packers and the bnb4 code tables against the software ones, on all 2^32 f32 inputs;
- * the reciprocal-based quotient against the division on 2^32 (bf16, scale) pairs. */
+ * the reciprocal-based quotient against the division on 2^32 (f32, scale) pairs. */
 static void device_encoders_equal_software_on_every_f32(void **state)
 {
     (void)state;

@@ -35,6 +35,7 @@ struct qd_scratch {
     unsigned int blocks_done;     /* grid-wide reduction ticket */
     float partial[3 * 1024];      /* per-CTA partial ranges */
     unsigned long long bins[256]; /* exact-sum bins of the bnb double-quant offset (bnb4.h) */
+    unsigned int amax_bits;       /* qd_cuda_amax's result */
 };
 
 static inline struct qd_scratch *qd_scratch_dev(void) { return (struct qd_scratch *)qd_cuda_ctx_get()->scratch; }
@@ -328,6 +329,10 @@ template <class K> static inline unsigned qd_resident_grid(K kernel, int threads
     int64_t cap = (int64_t)per_sm * qd_cuda_sm_count();
     return (unsigned)(tiles < 1 ? 1 : (tiles < cap ? tiles : cap));
 }
+
+/* max |x| of the whole tensor into a host float (one kernel on raw bits, one sync); a tensor
+ * holding NaN/Inf takes qd_cuda_range, which notes the first into flag when given. */
+enum qd_status qd_cuda_amax(const struct qd_tensor *in, unsigned long long *flag, float *amax);
 
 /* amax, min, max of the whole tensor into host floats (one kernel, one sync); also notes the
  * first non-finite element into flag when given. */

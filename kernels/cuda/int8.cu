@@ -255,8 +255,9 @@ extern "C" enum qd_status qd_cuda_int8_quantize(const struct qd_format *f, const
         CUDA_LAUNCHED();
         return qd_cuda_bad_end(bad);
     }
-    float amax, lo, hi;
-    if ((s = qd_cuda_range(in, bad, &amax, &lo, &hi)) != QD_OK || (s = qd_cuda_bad_end(bad)) != QD_OK)
+    float amax = 0.0f, lo = 0.0f, hi = 0.0f; /* int8 needs only the amax */
+    if ((s = asym ? qd_cuda_range(in, bad, &amax, &lo, &hi) : qd_cuda_amax(in, bad, &amax)) != QD_OK ||
+        (s = qd_cuda_bad_end(bad)) != QD_OK)
         return s;
     /* the scale and zero point, computed on the host exactly as the CPU does, staged pinned */
     struct qd_scratch *h = qd_scratch_host();

@@ -345,8 +345,8 @@ extern "C" enum qd_status qd_cuda_nvfp4_quantize(const struct qd_format *f, cons
         if (p->has_global_scale)
             p->per_tensor_scale = 1.0f / p->global_scale;
         else { /* the two-pass case: the tensor's amax first (and the non-finite check) */
-            float amax, lo, hi;
-            if ((s = qd_cuda_range(in, bad, &amax, &lo, &hi)) != QD_OK || (s = qd_cuda_bad_end(bad)) != QD_OK)
+            float amax;
+            if ((s = qd_cuda_amax(in, bad, &amax)) != QD_OK || (s = qd_cuda_bad_end(bad)) != QD_OK)
                 return s;
             bad = NULL; /* checked */
             p->per_tensor_scale = amax > 0.0f ? amax / NVFP4_SCALE_DIVISOR : 1.0f;

@@ -1,9 +1,21 @@
-/* AutoAWQ int4 (WQLinear_GEMM layout) on the GPU: one CTA per (group, 64 columns) from a
- * shared-memory tile for groups up to 128 rows; larger groups one thread per (group, 8-column
- * word), reading its columns over the group's rows twice (the second read from L2). */
+/* AutoAWQ int4 (WQLinear_GEMM layout) on the GPU: one CTA per (group, 64 columns), the tile in
+ * registers for 16-bit inputs and groups of 32, 64 or 128 rows, in shared memory for f32 and
+ * other groups up to 128 rows; larger groups one thread per (group, 8-column word), reading its
+ * columns over the group's rows twice (the second read from L2). */
 #include "../awq.h"
 
 #include "common.cuh"
+
+/* One qzeros word from 8 columns' zero points, in the AWQ interleave. */
+__device__ __forceinline__ uint32_t pack_zeros(const float *zero)
+{
+    const int order[8] = QD_AWQ_ORDER;
+    uint32_t z = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        z |= (uint32_t)zero[order[i]] << (4 * i);
+    return z;
+}
 
 template <int DT>
 __global__ void awq_quantize_kernel(const void *x, int64_t K, int64_t N, int64_t G, uint32_t *qweight,
@@ -34,10 +46,7 @@ __global__ void awq_quantize_kernel(const void *x, int64_t K, int64_t N, int64_t
         zero[c] = qd_awq_zero(lo[c], scale[c]);
         scales[g * N + 8 * j + c] = qd_f32_to_f16_scale(scale[c]);
     }
-    uint32_t zword = 0;
-    for (int i = 0; i < 8; i++)
-        zword |= (uint32_t)zero[awq_order[i]] << (4 * i);
-    qzeros[g * words + j] = zword;
+    qzeros[g * words + j] = pack_zeros(zero);
 #pragma unroll 8
     for (int64_t r = 0; r < G; r++) {
         qd_load_block<DT, 8>(x, (row0 + r) * N + 8 * j, v);
@@ -101,12 +110,8 @@ __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, i
         scales[g * N + col0 + c] = qd_f32_to_f16_scale(sc);
     }
     __syncthreads();
-    if (threadIdx.x < words) {
-        uint32_t z = 0;
-        for (int i = 0; i < 8; i++)
-            z |= (uint32_t)s_zero[8 * threadIdx.x + order[i]] << (4 * i);
-        qzeros[g * (N / 8) + col0 / 8 + threadIdx.x] = z;
-    }
+    if (threadIdx.x < words)
+        qzeros[g * (N / 8) + col0 / 8 + threadIdx.x] = pack_zeros(s_zero + 8 * threadIdx.x);
     for (int k = threadIdx.x; k < G * words; k += blockDim.x) {
         int r = words == 8 ? k >> 3 : k / words, w = words == 8 ? k & 7 : k % words;
         uint32_t word = 0;
@@ -207,12 +212,8 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS) awq_quantize_reg_kernel(const
         scales[g * N + col0 + c] = qd_f32_to_f16_scale(sc);
     }
     __syncthreads();
-    if (threadIdx.x < words) {
-        uint32_t zw = 0;
-        for (int i = 0; i < 8; i++)
-            zw |= (uint32_t)s_zero[8 * threadIdx.x + order[i]] << (4 * i);
-        qzeros[g * (N / 8) + col0 / 8 + threadIdx.x] = zw;
-    }
+    if (threadIdx.x < words)
+        qzeros[g * (N / 8) + col0 / 8 + threadIdx.x] = pack_zeros(s_zero + 8 * threadIdx.x);
     if (!active)
         return;
     float sc[8], rc[8], wmax[8];

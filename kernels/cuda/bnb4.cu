@@ -1,5 +1,5 @@
 /* bitsandbytes NF4/FP4 on the GPU, the same bytes as the CPU backend (kernels/cpu/bnb4.c):
- * one thread per 8 elements, a bitsandbytes block per group of threads (absmax by shuffles,
+ * one thread per 16 elements, a bitsandbytes block per group of threads (absmax by shuffles,
  * then two codes per byte, the first in the high nibble), the double-quant offset as the exact
  * sum of bnb4.h gathered on the way, then the absmax quantized with the 8-bit dynamic map. */
 #include "../bnb4.h"
@@ -96,12 +96,7 @@ __global__ void __launch_bounds__(BNB_THREADS, 6) bnb_quantize_kernel(const void
                 float a = qd_absf(v[j]);
                 amax = a > amax ? a : amax;
             }
-            if (bad)
-                for (int j = 0; j < BNB_PER_THREAD; j++)
-                    if (!qd_isfinite(v[j])) {
-                        atomicMin(bad, (unsigned long long)(first + j));
-                        break;
-                    }
+            qd_note_first_nonfinite<BNB_PER_THREAD>(bad, v, first);
         }
         for (int o = 1; o < group && o < 32; o <<= 1)
             amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o)); /* no NaN here */

@@ -78,6 +78,16 @@ template <int DT, int N> __device__ __forceinline__ void qd_load_block(const voi
     }
 }
 
+/* The larger of two packed f16/bf16 magnitudes (sign bits clear) as f32 bits, keeping the
+ * order NaN above Inf above finite (an f16 NaN maps above 0x7f800000, not to a float NaN). */
+template <int DT> __device__ __forceinline__ uint32_t qd_half_pair_top(uint32_t m)
+{
+    uint32_t t16 = max(m & 0xffffu, m >> 16);
+    if (DT == QD_BF16)
+        return t16 << 16;
+    return t16 >= 0x7c00u ? 0x7f800000u + (t16 - 0x7c00u) : qd_f32_bits(qd_f16_to_f32((uint16_t)t16));
+}
+
 /* qd_load_block, also returning the largest |x| as f32 bits: above 0x7f800000 exactly when
  * one is NaN, equal when the largest is Inf. 16-bit inputs compare their raw halves two at a
  * time (no float compares); the f32 is exact (f16: its conversion). */
@@ -104,10 +114,7 @@ template <int DT, int N> __device__ __forceinline__ uint32_t qd_load_block_top(c
             v[8 * k + 2 * h + 1] = DT == QD_F16 ? qd_f16_to_f32(hi) : qd_bf16_to_f32(hi);
         }
     }
-    uint32_t t16 = max(top & 0xffffu, top >> 16);
-    if (DT == QD_BF16)
-        return t16 << 16;
-    return t16 >= 0x7c00u ? 0x7f800000u + (t16 - 0x7c00u) : qd_f32_bits(qd_f16_to_f32((uint16_t)t16));
+    return qd_half_pair_top<DT>(top);
 }
 
 /* Min and max of two packed f16/bf16 pairs, NaN ignored (the other input returned). */
@@ -243,12 +250,7 @@ template <int N> __device__ __forceinline__ bool qd_check_block(unsigned long lo
 {
     if (!qd_any_nonfinite<N>(v))
         return false;
-    if (bad)
-        for (int j = 0; j < N; j++)
-            if (!qd_isfinite(v[j])) {
-                atomicMin(bad, (unsigned long long)(first + j));
-                break;
-            }
+    qd_note_first_nonfinite<N>(bad, v, first);
     return true;
 }
 

@@ -163,13 +163,7 @@ __global__ void amax_kernel(const void *x, int64_t n, unsigned int *out)
     }
     for (int64_t i = per * groups + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride)
         m = max(m, DT == QD_F32 ? ((const uint32_t *)x)[i] & 0x7fffffffu : ((const uint16_t *)x)[i] & 0x7fffu);
-    uint32_t bits = m;
-    if (DT != QD_F32) {
-        uint32_t t16 = max(m & 0xffffu, m >> 16);
-        bits = DT == QD_BF16 ? t16 << 16
-                             : (t16 >= 0x7c00u ? 0x7f800000u + (t16 - 0x7c00u) : qd_f32_bits(qd_f16_to_f32((uint16_t)t16)));
-    }
-    bits = __reduce_max_sync(0xffffffffu, bits);
+    uint32_t bits = __reduce_max_sync(0xffffffffu, DT == QD_F32 ? m : qd_half_pair_top<DT>(m));
     if (threadIdx.x % 32 == 0)
         atomicMax(out, bits);
 }

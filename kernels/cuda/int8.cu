@@ -3,6 +3,21 @@
 #include "../int8.h"
 #include "common.cuh"
 
+__device__ __forceinline__ uint32_t int8_code(int asym, float v, float sc, uint8_t zp)
+{
+    return asym ? qd_uint8_code(v, sc, zp) : (uint8_t)qd_int8_code(v, sc);
+}
+
+/* The codes of 8 values, byte j = value j. */
+__device__ __forceinline__ uint2 int8_codes8(int asym, const float *v, float sc, uint8_t zp)
+{
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        w[j / 4] |= int8_code(asym, v[j], sc, zp) << (8 * (j % 4));
+    return make_uint2(w[0], w[1]);
+}
+
 /* Codes for elements [8t, 8t+8) with one scale; the tail of n % 8 elements one by one. The
  * range pass before it has checked the input. */
 template <int DT>
@@ -15,21 +30,41 @@ __global__ void int8_codes_kernel(int asym, const void *x, int64_t n, const floa
     if (8 * t + 8 <= n) {
         float v[8];
         qd_load_block<DT, 8>(x, 8 * t, v);
-        uint32_t w[2] = {0, 0};
-        for (int j = 0; j < 8; j++) {
-            uint32_t c = asym ? qd_uint8_code(v[j], s, zp) : (uint8_t)qd_int8_code(v[j], s);
-            w[j / 4] |= c << (8 * (j % 4));
-        }
-        ((uint2 *)out)[t] = make_uint2(w[0], w[1]);
+        ((uint2 *)out)[t] = int8_codes8(asym, v, s, zp);
     } else {
-        for (int64_t i = 8 * t; i < n; i++) {
-            float v = qd_load<DT>(x, i);
-            out[i] = asym ? qd_uint8_code(v, s, zp) : (uint8_t)qd_int8_code(v, s);
-        }
+        for (int64_t i = 8 * t; i < n; i++)
+            out[i] = (uint8_t)int8_code(asym, qd_load<DT>(x, i), s, zp);
     }
 }
 
 #define ROW_THREADS 256
+
+/* The row's range from each thread's share (folded over the CTA), its scale and zero point,
+ * stored and returned to every thread. */
+__device__ __forceinline__ void row_scale(int asym, struct qd_range r, int64_t row, float *scale, uint8_t *zero_point,
+                                          float *sc_out, uint8_t *zp_out)
+{
+    __shared__ struct qd_range part[ROW_THREADS / 32];
+    __shared__ float s_scale;
+    __shared__ uint8_t s_zp;
+    r = qd_range_warp(r);
+    if (threadIdx.x % 32 == 0)
+        part[threadIdx.x / 32] = r;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < ROW_THREADS / 32; w++)
+            qd_range_merge(&r, part[w]);
+        float sc = asym ? qd_uint8_scale(r.lo, r.hi) : qd_int8_scale(r.amax);
+        s_scale = sc;
+        s_zp = asym ? qd_uint8_zero_point(r.lo, sc) : 0;
+        scale[row] = sc;
+        if (asym)
+            zero_point[row] = s_zp;
+    }
+    __syncthreads();
+    *sc_out = s_scale;
+    *zp_out = s_zp;
+}
 
 /* One CTA per row: the row's range (16-byte loads when the row is 16-byte aligned and a whole
  * number of 8-element groups), its scale and zero point, then its codes (the second read of
@@ -59,47 +94,25 @@ __global__ void __launch_bounds__(ROW_THREADS) int8_row_kernel(int asym, const v
             qd_range_add(&r, v);
         }
     }
-    r = qd_range_warp(r);
-    __shared__ struct qd_range part[ROW_THREADS / 32];
-    __shared__ float s_scale;
-    __shared__ uint8_t s_zp;
-    if (threadIdx.x % 32 == 0)
-        part[threadIdx.x / 32] = r;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < ROW_THREADS / 32; w++)
-            qd_range_merge(&r, part[w]);
-        float sc = asym ? qd_uint8_scale(r.lo, r.hi) : qd_int8_scale(r.amax);
-        s_scale = sc;
-        s_zp = asym ? qd_uint8_zero_point(r.lo, sc) : 0;
-        scale[row] = sc;
-        if (asym)
-            zero_point[row] = s_zp;
-    }
-    __syncthreads();
-    float sc = s_scale;
-    uint8_t zp = s_zp;
+    float sc;
+    uint8_t zp;
+    row_scale(asym, r, row, scale, zero_point, &sc, &zp);
     if (vec) {
 #pragma unroll 4
         for (int64_t g = threadIdx.x; g < cols / 8; g += ROW_THREADS) {
             float v[8];
             qd_load_block<DT, 8>(x, base + 8 * g, v);
-            uint32_t w[2] = {0, 0};
-            for (int j = 0; j < 8; j++) {
-                uint32_t c = asym ? qd_uint8_code(v[j], sc, zp) : (uint8_t)qd_int8_code(v[j], sc);
-                w[j / 4] |= c << (8 * (j % 4));
-            }
+            uint2 cw = int8_codes8(asym, v, sc, zp);
+            uint32_t w[2] = {cw.x, cw.y};
             if ((base % 8) == 0) /* the codes' start is 8-byte aligned too */
-                ((uint2 *)(out + base))[g] = make_uint2(w[0], w[1]);
+                ((uint2 *)(out + base))[g] = cw;
             else
                 for (int j = 0; j < 8; j++)
                     out[base + 8 * g + j] = (uint8_t)(w[j / 4] >> (8 * (j % 4)));
         }
     } else {
-        for (int64_t i = threadIdx.x; i < cols; i += ROW_THREADS) {
-            float v = qd_load<DT>(x, base + i);
-            out[base + i] = asym ? qd_uint8_code(v, sc, zp) : (uint8_t)qd_int8_code(v, sc);
-        }
+        for (int64_t i = threadIdx.x; i < cols; i += ROW_THREADS)
+            out[base + i] = (uint8_t)int8_code(asym, qd_load<DT>(x, base + i), sc, zp);
     }
 }
 
@@ -151,26 +164,9 @@ __global__ void __launch_bounds__(ROW_THREADS) int8_row_reg_kernel(int asym, con
             }
         }
     }
-    r = qd_range_warp(r);
-    __shared__ struct qd_range part[ROW_THREADS / 32];
-    __shared__ float s_scale;
-    __shared__ uint8_t s_zp;
-    if (threadIdx.x % 32 == 0)
-        part[threadIdx.x / 32] = r;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < ROW_THREADS / 32; w++)
-            qd_range_merge(&r, part[w]);
-        float sc = asym ? qd_uint8_scale(r.lo, r.hi) : qd_int8_scale(r.amax);
-        s_scale = sc;
-        s_zp = asym ? qd_uint8_zero_point(r.lo, sc) : 0;
-        scale[row] = sc;
-        if (asym)
-            zero_point[row] = s_zp;
-    }
-    __syncthreads();
-    float sc = s_scale;
-    uint8_t zp = s_zp;
+    float sc;
+    uint8_t zp;
+    row_scale(asym, r, row, scale, zero_point, &sc, &zp);
 #pragma unroll
     for (int k = 0; k < K; k++) {
         int64_t c = threadIdx.x + (int64_t)k * ROW_THREADS;
@@ -178,11 +174,8 @@ __global__ void __launch_bounds__(ROW_THREADS) int8_row_reg_kernel(int asym, con
             break;
         uint32_t w[4] = {q[k].x, q[k].y, q[k].z, q[k].w}, o[2] = {0, 0};
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float v = qd_half_f32<DT>(w[j / 2], j % 2);
-            uint32_t code = asym ? qd_uint8_code(v, sc, zp) : (uint8_t)qd_int8_code(v, sc);
-            o[j / 4] |= code << (8 * (j % 4));
-        }
+        for (int j = 0; j < 8; j++)
+            o[j / 4] |= int8_code(asym, qd_half_f32<DT>(w[j / 2], j % 2), sc, zp) << (8 * (j % 4));
         ((uint2 *)(out + base))[c] = make_uint2(o[0], o[1]);
     }
 }

@@ -16,25 +16,36 @@ static int vector_type(int type)
     return QD_GGML_AVX2 && (type == QD_Q8_0 || type == QD_Q8_1 || type == QD_Q4_0);
 }
 
+/* One block by the vector code, or (declined: NaN/Inf here, or a tiny block) by the scalar
+ * reference, noting the block's first non-finite element. */
+static void quantize_one(const struct ggml_ctx *k, const float *x, uint8_t *out, int64_t first, int64_t b)
+{
+    const float *xb = x + b * QD_GGML_QK;
+    uint8_t *o = out + b * k->block_bytes;
+    if (k->type == QD_Q4_0 ? qd_ggml_q4_0_avx2(xb, o) : qd_ggml_q8_avx2(k->type, xb, o))
+        return;
+    for (int j = 0; j < QD_GGML_QK; j++)
+        if (!qd_isfinite(xb[j])) {
+            qd_cpu_note_nonfinite(first + b * QD_GGML_QK + j);
+            break;
+        }
+    qd_ggml_quantize_block(k->type, xb, o);
+}
+
 static void ggml_quantize_span(void *c, int tid, const float *x, int64_t first, int64_t n)
 {
     struct ggml_ctx *k = c;
     (void)tid;
     uint8_t *out = k->data + first / QD_GGML_QK * k->block_bytes;
     if (vector_type(k->type)) {
-        for (int64_t b = 0; b < n / QD_GGML_QK; b++) {
-            const float *xb = x + b * QD_GGML_QK;
-            uint8_t *o = out + b * k->block_bytes;
-            int took = k->type == QD_Q4_0 ? qd_ggml_q4_0_avx2(xb, o) : qd_ggml_q8_avx2(k->type, xb, o);
-            if (took)
-                continue;
-            for (int j = 0; j < QD_GGML_QK; j++) /* declined: NaN/Inf here, or a tiny block */
-                if (!qd_isfinite(xb[j])) {
-                    qd_cpu_note_nonfinite(first + b * QD_GGML_QK + j);
-                    break;
-                }
-            qd_ggml_quantize_block(k->type, xb, o);
-        }
+        int64_t b = 0;
+        if (k->type != QD_Q4_0) /* q8: eight blocks at a time where all eight are plain */
+            for (; b + 8 <= n / QD_GGML_QK; b += 8)
+                if (!qd_ggml_q8_avx2_x8(k->type, x + b * QD_GGML_QK, out + b * k->block_bytes))
+                    for (int e = 0; e < 8; e++)
+                        quantize_one(k, x, out, first, b + e);
+        for (; b < n / QD_GGML_QK; b++)
+            quantize_one(k, x, out, first, b);
         return;
     }
     for (int64_t b = 0; b < n / QD_GGML_QK; b++)

@@ -79,6 +79,75 @@ static inline __attribute__((always_inline)) int qd_ggml_q8_avx2(int type, const
     return 1;
 }
 
+/* Lane j of the result: the unsigned max (or the sum, add = 1) of the eight lanes of v[j]. */
+static inline __attribute__((always_inline)) __m256i reduce8(const __m256i *v, int add)
+{
+#define QD_OP(a, b) (add ? _mm256_add_epi32(a, b) : _mm256_max_epu32(a, b))
+    __m256i p[4], q[2];
+    for (int i = 0; i < 4; i++) /* per 128-bit half: v[2i] and v[2i+1] folded to two lanes each */
+        p[i] = QD_OP(_mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]), _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 2; i++) /* then four vectors to one lane each, per half */
+        q[i] = QD_OP(_mm256_unpacklo_epi64(p[2 * i], p[2 * i + 1]), _mm256_unpackhi_epi64(p[2 * i], p[2 * i + 1]));
+    return QD_OP(_mm256_permute2x128_si256(q[0], q[1], 0x20), _mm256_permute2x128_si256(q[0], q[1], 0x31));
+#undef QD_OP
+}
+
+/* Eight q8_0/q8_1 blocks at once: the same bytes as eight qd_ggml_q8_avx2 calls, with the
+ * scale divisions done once per eight blocks in vector form (IEEE division, like the scalar
+ * one) so no block waits on two scalar divides in a row. Returns 0, writing nothing, when
+ * one of the blocks needs the per-block path (NaN/Inf, or 1/d overflowing). */
+static inline __attribute__((always_inline)) int qd_ggml_q8_avx2_x8(int type, const float *x, uint8_t *blk)
+{
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+    __m256i m[8];
+    for (int b = 0; b < 8; b++) {
+        const __m256i *xb = (const __m256i *)(x + 32 * b);
+        __m256i a0 = _mm256_and_si256(_mm256_loadu_si256(xb), abs_mask);
+        __m256i a1 = _mm256_and_si256(_mm256_loadu_si256(xb + 1), abs_mask);
+        __m256i a2 = _mm256_and_si256(_mm256_loadu_si256(xb + 2), abs_mask);
+        __m256i a3 = _mm256_and_si256(_mm256_loadu_si256(xb + 3), abs_mask);
+        m[b] = _mm256_max_epu32(_mm256_max_epu32(a0, a1), _mm256_max_epu32(a2, a3));
+    }
+    __m256i amax = reduce8(m, 0);
+    /* NaN/Inf: bits at or above the infinity pattern (signed compare is safe: the sign bit is 0) */
+    if (_mm256_movemask_epi8(_mm256_cmpgt_epi32(amax, _mm256_set1_epi32(0x7f7fffff))))
+        return 0;
+    const __m256 d = _mm256_div_ps(_mm256_castsi256_ps(amax), _mm256_set1_ps(127.0f));
+    const __m256 nz = _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_OQ);
+    const __m256 inv = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d), nz);
+    const __m256i inf = _mm256_set1_epi32(0x7f800000);
+    if (_mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(inv), inf), inf)))
+        return 0;
+    float invs[8];
+    uint16_t dh[8];
+    _mm256_storeu_ps(invs, inv);
+    _mm_storeu_si128((__m128i *)dh, _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT));
+    const int bytes = type == QD_Q8_1 ? 36 : 34, off = type == QD_Q8_1 ? 4 : 2;
+    const __m256 below_half = _mm256_set1_ps(0.49999997f);
+    __m256i sums[8];
+    for (int b = 0; b < 8; b++) {
+        const __m256 id = _mm256_broadcast_ss(&invs[b]);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++) { /* roundf(x*id) = sign(x) * trunc(|x|*id + 0.49999997): id >= 0 */
+            __m256i v = _mm256_loadu_si256((const __m256i *)(x + 32 * b + 8 * k));
+            __m256 s = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(v, abs_mask)), id);
+            q[k] = _mm256_sign_epi32(_mm256_cvttps_epi32(_mm256_add_ps(s, below_half)), v);
+        }
+        uint8_t *o = blk + b * bytes;
+        _mm256_storeu_si256((__m256i *)(o + off), pack_codes(q[0], q[1], q[2], q[3]));
+        memcpy(o, &dh[b], 2);
+        if (type == QD_Q8_1)
+            sums[b] = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    }
+    if (type == QD_Q8_1) {
+        __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(reduce8(sums, 1)), d);
+        _mm_storeu_si128((__m128i *)dh, _mm256_cvtps_ph(s, _MM_FROUND_TO_NEAREST_INT));
+        for (int b = 0; b < 8; b++)
+            memcpy(blk + b * bytes + 2, &dh[b], 2);
+    }
+    return 1;
+}
+
 static inline __attribute__((always_inline)) int qd_ggml_q4_0_avx2(const float *x, uint8_t *blk)
 {
     __m256 v[4] = {_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24)};
@@ -115,5 +184,6 @@ static inline __attribute__((always_inline)) int qd_ggml_q4_0_avx2(const float *
 #define QD_GGML_AVX2 0
 static inline int qd_ggml_q8_avx2(int type, const float *x, uint8_t *blk) { (void)type, (void)x, (void)blk; return 0; }
 static inline int qd_ggml_q4_0_avx2(const float *x, uint8_t *blk) { (void)x, (void)blk; return 0; }
+static inline int qd_ggml_q8_avx2_x8(int type, const float *x, uint8_t *blk) { (void)type, (void)x, (void)blk; return 0; }
 #endif
 #endif

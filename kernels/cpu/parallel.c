@@ -68,7 +68,10 @@ struct span_job {
     qd_out_span_fn out_fn;
     void *ctx;
     int nthreads;
-    int64_t next;                        /* the next chunk to hand out, in align units */
+    struct {                             /* thread t's own stretch of chunks, in align units */
+        int64_t next, end;
+        char pad[48];                    /* one cache line each: the cursors move independently */
+    } range[QD_CPU_MAX_THREADS];
     int failed;
     int check;                           /* scan each input chunk for NaN/Inf while it is hot */
     int self_check;                      /* the kernel notes NaN/Inf itself (qd_cpu_note_nonfinite) */
@@ -99,7 +102,7 @@ static __thread int64_t *self_bad;
 
 void qd_cpu_note_nonfinite(int64_t index)
 {
-    if (self_bad && *self_bad < 0) /* a thread's spans ascend: its first note is its lowest */
+    if (self_bad && (*self_bad < 0 || index < *self_bad)) /* a thread may steal out of order */
         *self_bad = index;
 }
 
@@ -108,15 +111,43 @@ struct span_worker {
     int tid;
 };
 
+/* Chunk [u, last_u) (align units) on thread tid: check it, convert it, run the kernel. */
+static void run_chunk(struct span_job *j, int tid, float *buf, int64_t u, int64_t last_u)
+{
+    size_t esize = qd_dtype_size(j->t->dtype);
+    int64_t first = u * j->align;
+    int64_t last = last_u * j->align;
+    if (last > j->n)
+        last = j->n;
+    int64_t cnt = last - first;
+    char *p = (char *)j->t->data + first * (int64_t)esize;
+    if (j->check && (j->first_bad[tid] < 0 || first < j->first_bad[tid])) {
+        int64_t bad = first_nonfinite_raw(j->t->data, j->t->dtype, first, cnt);
+        if (bad >= 0)
+            j->first_bad[tid] = bad;
+    }
+    if (j->in_fn) {
+        const float *x = (const float *)p;
+        if (buf) {
+            to_f32(buf, p, j->t->dtype, cnt);
+            x = buf;
+        }
+        j->in_fn(j->ctx, tid, x, first, cnt);
+    } else {
+        float *y = buf ? buf : (float *)p;
+        j->out_fn(j->ctx, tid, y, first, cnt);
+        if (buf)
+            from_f32(p, buf, j->t->dtype, cnt);
+    }
+}
+
 static void *span_run(void *arg)
 {
     struct span_worker *w = arg;
     struct span_job *j = w->job;
-    int64_t units = (j->n + j->align - 1) / j->align;
     int64_t chunk_units = QD_CHUNK_ELEMS / j->align;
     if (chunk_units < 1)
         chunk_units = 1;
-    size_t esize = qd_dtype_size(j->t->dtype);
     float *buf = NULL;
     if (j->t->dtype != QD_F32) {
         buf = malloc((size_t)(chunk_units * j->align) * sizeof(float));
@@ -126,34 +157,36 @@ static void *span_run(void *arg)
         }
     }
     self_bad = j->self_check ? &j->first_bad[w->tid] : NULL;
-    /* chunks are handed out in order from a shared counter: a thread on a busy core takes
-     * fewer of them, and each thread's chunks still ascend */
-    for (int64_t u; (u = __atomic_fetch_add(&j->next, chunk_units, __ATOMIC_RELAXED)) < units;) {
-        int64_t first = u * j->align;
-        int64_t last = (u + chunk_units < units ? u + chunk_units : units) * j->align;
-        if (last > j->n)
-            last = j->n;
-        int64_t cnt = last - first;
-        char *p = (char *)j->t->data + first * (int64_t)esize;
-        if (j->check && j->first_bad[w->tid] < 0)
-            j->first_bad[w->tid] = first_nonfinite_raw(j->t->data, j->t->dtype, first, cnt);
-        if (j->in_fn) {
-            const float *x = (const float *)p;
-            if (buf) {
-                to_f32(buf, p, j->t->dtype, cnt);
-                x = buf;
-            }
-            j->in_fn(j->ctx, w->tid, x, first, cnt);
-        } else {
-            float *y = buf ? buf : (float *)p;
-            j->out_fn(j->ctx, w->tid, y, first, cnt);
-            if (buf)
-                from_f32(p, buf, j->t->dtype, cnt);
-        }
+    /* each thread streams through its own contiguous stretch, as a static split would, then
+     * takes what is left of the others' stretches, so a thread on a busy core holds nobody
+     * up (threads taking turns at one shared counter ran slower on 2 cores) */
+    for (int v = 0; v < j->nthreads; v++) {
+        int r = (w->tid + v) % j->nthreads;
+        int64_t end = j->range[r].end;
+        for (int64_t u; (u = __atomic_fetch_add(&j->range[r].next, chunk_units, __ATOMIC_RELAXED)) < end;)
+            run_chunk(j, w->tid, buf, u, u + chunk_units < end ? u + chunk_units : end);
     }
     self_bad = NULL;
     free(buf);
     return NULL;
+}
+
+/* Runs fn(arg + i * size) for i in [0, n) on n threads. With more than one, every share gets
+ * a new thread and the caller only waits: a thread created while its creator keeps its core
+ * busy started ~2 ms late on average on a 2-core host (the scheduler queues it behind the
+ * creator), while one created before the creator sleeps starts within ~0.1 ms. */
+static void run_threads(int n, void *(*fn)(void *), void *arg, size_t size)
+{
+    pthread_t th[QD_CPU_MAX_THREADS];
+    int started[QD_CPU_MAX_THREADS] = {0};
+    for (int i = 0; n > 1 && i < n; i++)
+        started[i] = pthread_create(&th[i], NULL, fn, (char *)arg + i * size) == 0;
+    for (int i = 0; i < n; i++) /* no thread to be had (or only one share): run it here */
+        if (!started[i])
+            fn((char *)arg + i * size);
+    for (int i = 0; i < n; i++)
+        if (started[i])
+            pthread_join(th[i], NULL);
 }
 
 static int span_drive(struct span_job *j)
@@ -163,20 +196,13 @@ static int span_drive(struct span_job *j)
     int64_t units = (j->n + j->align - 1) / j->align;
     if (units < j->nthreads)
         j->nthreads = units < 1 ? 1 : (int)units;
-    pthread_t th[QD_CPU_MAX_THREADS];
     struct span_worker w[QD_CPU_MAX_THREADS];
-    int joined[QD_CPU_MAX_THREADS] = {0};
-    for (int i = 0; i < j->nthreads; i++)
+    for (int i = 0; i < j->nthreads; i++) {
         w[i] = (struct span_worker){.job = j, .tid = i};
-    for (int i = 1; i < j->nthreads; i++) {
-        joined[i] = pthread_create(&th[i], NULL, span_run, &w[i]) == 0;
-        if (!joined[i]) /* no thread to be had: do its share here */
-            span_run(&w[i]);
+        j->range[i].next = units * i / j->nthreads;
+        j->range[i].end = units * (i + 1) / j->nthreads;
     }
-    span_run(&w[0]);
-    for (int i = 1; i < j->nthreads; i++)
-        if (joined[i])
-            pthread_join(th[i], NULL);
+    run_threads(j->nthreads, span_run, w, sizeof w[0]);
     return j->failed ? -1 : j->nthreads;
 }
 
@@ -267,20 +293,12 @@ int64_t qd_cpu_find_nonfinite(const struct qd_tensor *in)
 {
     struct raw_scan s = {.t = in, .n = qd_tensor_numel(in)};
     s.nthreads = qd_cpu_threads_for(s.n);
-    pthread_t th[QD_CPU_MAX_THREADS];
     void *args[QD_CPU_MAX_THREADS][2];
-    int started[QD_CPU_MAX_THREADS] = {0};
     for (int i = 0; i < s.nthreads; i++) {
         args[i][0] = &s;
         args[i][1] = (void *)(intptr_t)i;
     }
-    for (int i = 1; i < s.nthreads; i++)
-        if (!(started[i] = pthread_create(&th[i], NULL, raw_scan_run, args[i]) == 0))
-            raw_scan_run(args[i]);
-    raw_scan_run(args[0]);
-    for (int i = 1; i < s.nthreads; i++)
-        if (started[i])
-            pthread_join(th[i], NULL);
+    run_threads(s.nthreads, raw_scan_run, args, sizeof args[0]);
     /* threads own ascending ranges: the lowest thread with a hit has the first index */
     for (int i = 0; i < s.nthreads; i++)
         if (s.first_bad[i] >= 0)

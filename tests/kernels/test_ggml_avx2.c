@@ -105,6 +105,54 @@ static void avx2_equals_scalar_on_special_blocks(void **state)
         }
 }
 
+/* Eight blocks at a time (qd_ggml_q8_avx2_x8): each group of eight mixes kinds of block
+ * (random at any scale, ties, zeros, signed zeros, tiny, huge, non-finite); the group gives
+ * the scalar bytes of each of its blocks, or is declined exactly when one of its blocks would
+ * be declined on its own. */
+static void avx2_eight_blocks_equal_scalar_on_mixed_groups(void **state)
+{
+    (void)state;
+    rng_state = (uint64_t)time(NULL) * 40503u | 1;
+    enum { B = 8 * QD_GGML_QK };
+    float x[B];
+    long groups_taken = 0, groups_declined = 0;
+    for (int it = 0; it < 40000; it++) {
+        for (int b = 0; b < 8; b++) {
+            float *xb = x + b * QD_GGML_QK;
+            int kind = (int)(rnd() % 16);
+            float scale = ldexpf(1.0f, (int)(rnd() % 250) - 125);
+            for (int j = 0; j < QD_GGML_QK; j++)
+                xb[j] = kind == 0   ? 0.0f
+                        : kind == 1 ? -0.0f
+                        : kind == 2 ? (float)((int)(rnd() % 254) - 127) + ((rnd() & 1) ? 0.5f : 0.0f)
+                        : kind == 3 ? uniform(1.0e-40f)
+                                    : uniform(kind == 4 ? 3.0e38f : scale);
+            if (kind == 2)
+                xb[rnd() % QD_GGML_QK] = 127.0f;
+            if (kind == 5 && rnd() % 8 == 0)
+                xb[rnd() % QD_GGML_QK] = (rnd() & 1) ? NAN : -INFINITY;
+        }
+        for (int t = QD_Q8_0; t <= QD_Q8_1; t++) {
+            const int bytes = qd_ggml_block_bytes(t);
+            uint8_t want[8 * 36], got[8 * 36];
+            int each = 1;
+            for (int b = 0; b < 8; b++) {
+                uint8_t tmp[36];
+                each &= qd_ggml_q8_avx2(t, x + b * QD_GGML_QK, tmp);
+                qd_ggml_quantize_block(t, x + b * QD_GGML_QK, want + b * bytes);
+            }
+            memset(got, 0x5a, sizeof got);
+            int took = qd_ggml_q8_avx2_x8(t, x, got);
+            assert_int_equal(took, each);
+            if (took)
+                assert_memory_equal(got, want, (size_t)(8 * bytes));
+            groups_taken += took;
+            groups_declined += !took;
+        }
+    }
+    assert_true(groups_taken > 1000 && groups_declined > 1000); /* both paths were exercised */
+}
+
 /* These types find NaN/Inf inside the block code instead of the driver's scan: the error
  * still names the first bad index, on either thread's span and for every dtype. */
 static void nonfinite_found_by_the_block_code_names_the_first_index(void **state)
@@ -131,6 +179,22 @@ static void nonfinite_found_by_the_block_code_names_the_first_index(void **state
                 assert_non_null(strstr(q.err, want));
                 tq_release(&q);
             }
+    /* bad elements in both threads' stretches, the lowest in the second half: threads that
+     * finish early take chunks from the other's stretch, out of order, and the least still wins */
+    for (int64_t i = 0; i < n; i++)
+        x[i] = test_normal();
+    const int64_t bad[] = {n - 5, n / 2 + 3, n / 2 + 40000, n / 4 + 77};
+    int64_t lowest = n;
+    for (int k = 0; k < 4; k++) {
+        x[bad[k]] = NAN;
+        lowest = bad[k] < lowest ? bad[k] : lowest;
+        struct test_q q;
+        assert_int_equal(test_quantize(&q, "q8_0", x, rows, cols, QD_F32, NULL), QD_ENONFINITE);
+        char want[64];
+        snprintf(want, sizeof want, "element %lld", (long long)lowest);
+        assert_non_null(strstr(q.err, want));
+        tq_release(&q);
+    }
     free(x);
 }
 
@@ -141,6 +205,7 @@ int main(void)
         cmocka_unit_test(avx2_equals_scalar_on_random_blocks),
         cmocka_unit_test(avx2_equals_scalar_on_ties),
         cmocka_unit_test(avx2_equals_scalar_on_special_blocks),
+        cmocka_unit_test(avx2_eight_blocks_equal_scalar_on_mixed_groups),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

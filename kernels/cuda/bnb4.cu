@@ -195,17 +195,28 @@ __global__ void bnb_double_quant_kernel(const float *absmax, int64_t nblocks, co
     if (base >= nblocks)
         return;
     int64_t len = nblocks - base < BNB_NESTED_BLOCK ? nblocks - base : BNB_NESTED_BLOCK;
-    float amax = 0.0f;
-    for (int64_t i = lane; i < len; i += 32) {
-        float a = qd_ftz(qd_absf(absmax[base + i] - offset));
+    /* each lane's eight values held at once: their eight binary searches are independent, so
+     * the unrolled code interleaves them instead of waiting on one chain of table loads */
+    float v[BNB_NESTED_BLOCK / 32], amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < BNB_NESTED_BLOCK / 32; k++) {
+        int64_t i = lane + 32 * k;
+        v[k] = i < len ? absmax[base + i] - offset : 0.0f;
+        float a = qd_ftz(qd_absf(v[k]));
         amax = a > amax ? a : amax;
     }
     amax = warp_max(amax);
     if (lane == 0)
         nested_absmax[g] = amax;
     float inv = qd_rcp_approx(amax);
-    for (int64_t i = lane; i < len; i += 32)
-        codes[base + i] = qd_dynamic_code(map, scaled(absmax[base + i] - offset, inv));
+    uint8_t c[BNB_NESTED_BLOCK / 32];
+#pragma unroll
+    for (int k = 0; k < BNB_NESTED_BLOCK / 32; k++)
+        c[k] = qd_dynamic_code(map, scaled(v[k], inv));
+#pragma unroll
+    for (int k = 0; k < BNB_NESTED_BLOCK / 32; k++)
+        if (lane + 32 * k < len)
+            codes[base + lane + 32 * k] = c[k];
 }
 
 /* Nibble s/4 of w times 4: a byte offset into a table of floats (s is a constant). */

@@ -196,6 +196,9 @@ static struct mx_geom mx_setup(const struct qd_format *f, const struct qd_params
     return g;
 }
 
+/* Whether the 128 x 4 tiles of a swizzled scale matrix hold padding (zeros by the layout). */
+static int swizzle_padded(int64_t rows, int64_t scale_cols) { return rows % 128 || scale_cols % 4; }
+
 extern "C" enum qd_status qd_cuda_mx_quantize(const struct qd_format *f, const struct qd_tensor *in,
                                               struct qd_params *p, void *const *out)
 {
@@ -205,7 +208,7 @@ extern "C" enum qd_status qd_cuda_mx_quantize(const struct qd_format *f, const s
     enum qd_status s = qd_cuda_bad_begin(!p->allow_nonfinite, &bad);
     if (s != QD_OK)
         return s;
-    if (g.swizzled)
+    if (g.swizzled && swizzle_padded(in->rows, g.scale_cols)) /* else the kernel writes every byte */
         CUDA_CHECK(cudaMemsetAsync(out[1], 0, (size_t)qd_swizzle_bytes(in->rows, g.scale_cols), qd_stream()));
     QD_DTYPE_SWITCH(in->dtype, DT, QD_ELEM_SWITCH(g.elem, ELEM,
                     mx_quantize_kernel<DT, ELEM><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
@@ -231,11 +234,29 @@ extern "C" enum qd_status qd_cuda_mx_dequantize(const struct qd_format *f, const
 /* torchao per_tensor_amax_to_scale: amax / (F8E4M3_MAX * F4_E2M1_MAX), as on the CPU */
 #define NVFP4_SCALE_DIVISOR 2688.0f
 
-/* qd_nvfp4_quantize_block with the e2m1 codes of convert.cuh and 1/pts from the host
- * (the same IEEE quotient): block b's scale byte and 8 bytes of codes. */
+/* What every block of a call shares. The scale byte is cvt(clamp((amax / 6) / pts)) with two
+ * IEEE divisions; amax * c with c = 1 / (6 pts) is within 4 ulp of that quotient, so the
+ * codes of amax * lo and amax * hi (c widened by 2^-21 each way) agree exactly when no rounding
+ * boundary of e4m3 lies between them, and then they are the code of the quotient (cvt and the
+ * clamp are monotonic); otherwise, or for a block whose amax / 6 would be subnormal, the two
+ * divisions run. The multiplier (1 / pts) / e4m3 takes one of 128 values: a table per CTA. */
+struct nvfp4_consts {
+    float pts, inv_pts, lo, hi;
+    int fast; /* lo and hi are normal floats */
+};
+
+__device__ __forceinline__ void nvfp4_table(const nvfp4_consts &k, float *rt)
+{
+    if (threadIdx.x < 128) /* the division qd_nvfp4_quantize_block makes per block */
+        rt[threadIdx.x] = (k.pts > 0.0f ? k.inv_pts : 1.0f) / qd_e4m3_to_f32((uint8_t)threadIdx.x);
+    __syncthreads();
+}
+
+/* qd_nvfp4_quantize_block with the e2m1 codes of convert.cuh: block b's scale byte and 8 bytes
+ * of codes. */
 template <int DT>
-__device__ __forceinline__ uint8_t nvfp4_block(float pts, float inv_pts, const void *x, int64_t b, uint32_t *w,
-                                               unsigned long long *bad)
+__device__ __forceinline__ uint8_t nvfp4_block(const nvfp4_consts &k, const float *rt, const void *x, int64_t b,
+                                               uint32_t *w, unsigned long long *bad)
 {
     float v[QD_NVFP4_BLOCK];
     uint32_t top = qd_load_block_top<DT, QD_NVFP4_BLOCK>(x, b * QD_NVFP4_BLOCK, v);
@@ -246,12 +267,16 @@ __device__ __forceinline__ uint8_t nvfp4_block(float pts, float inv_pts, const v
         qd_note_first_nonfinite<QD_NVFP4_BLOCK>(bad, v, b * QD_NVFP4_BLOCK);
     else {
         float amax = qd_bits_f32(top); /* finite: the plain max of |x| */
-        float block_scale = amax / 6.0f, sv, r;
-        /* the clamped scale is finite and positive: Hopper's fp8 cvt in both directions */
-        sc = (uint8_t)qd_fp8x2_finite<QD_E4M3>(
-            qd_clamp(pts > 0.0f ? block_scale / pts : block_scale, QD_E4M3_TINY, 448.0f), 0.0f);
-        qd_fp8x2_decode_finite<QD_E4M3>(sc, &sv, &r); /* sc <= 0x7e: not a NaN code; r unused */
-        r = (pts > 0.0f ? inv_pts : 1.0f) / sv;
+        /* (satfinite clamps from above as the clamp to 448 does) */
+        uint32_t c2 = qd_fp8x2_finite<QD_E4M3>(fmaxf(amax * k.lo, QD_E4M3_TINY), fmaxf(amax * k.hi, QD_E4M3_TINY));
+        if (k.fast && amax >= 0x1p-123f && (c2 & 0xffu) == (c2 >> 8))
+            sc = (uint8_t)c2;
+        else {
+            float block_scale = amax / 6.0f;
+            sc = (uint8_t)qd_fp8x2_finite<QD_E4M3>(
+                qd_clamp(k.pts > 0.0f ? block_scale / k.pts : block_scale, QD_E4M3_TINY, 448.0f), 0.0f);
+        }
+        float r = rt[sc & 0x7f];
         /* torchao clamps v * r to +-6 first; e2m1 saturates at 6 by itself (non-NaN values) */
         reference = !(r <= 3.40282347e38f); /* 1/pts overflowed: 0 * inf would be NaN */
 #pragma unroll
@@ -260,25 +285,28 @@ __device__ __forceinline__ uint8_t nvfp4_block(float pts, float inv_pts, const v
     }
     if (reference) { /* NaN/Inf in the block, or an infinite r: the reference block code */
         uint8_t packed[8];
-        sc = qd_nvfp4_quantize_block(pts, v, packed);
+        sc = qd_nvfp4_quantize_block(k.pts, v, packed);
         w[0] = w[1] = 0;
 #pragma unroll
-        for (int k = 0; k < 8; k++)
-            w[k / 4] |= (uint32_t)packed[k] << (8 * (k % 4));
+        for (int i = 0; i < 8; i++)
+            w[i / 4] |= (uint32_t)packed[i] << (8 * (i % 4));
     }
     return sc;
 }
 
 /* Linear scales: thread per block, in order. */
 template <int DT>
-__global__ void nvfp4_quantize_kernel(float pts, float inv_pts, const void *x, int64_t nblocks, uint8_t *data,
-                                      uint8_t *scales, unsigned long long *bad)
+__global__ void __launch_bounds__(MX_THREADS) nvfp4_quantize_kernel(nvfp4_consts k, const void *x, int64_t nblocks,
+                                                                    uint8_t *data, uint8_t *scales,
+                                                                    unsigned long long *bad)
 {
+    __shared__ float rt[128];
+    nvfp4_table(k, rt);
     int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (b >= nblocks)
         return;
     uint32_t w[2];
-    scales[b] = nvfp4_block<DT>(pts, inv_pts, x, b, w, bad);
+    scales[b] = nvfp4_block<DT>(k, rt, x, b, w, bad);
     ((uint2 *)data)[b] = make_uint2(w[0], w[1]);
 }
 
@@ -288,10 +316,12 @@ __global__ void nvfp4_quantize_kernel(float pts, float inv_pts, const void *x, i
  * four threads in a row read 128 contiguous bytes of bf16 input. The tile is written whole by
  * one CTA instead of 4 bytes at a time by 128 CTAs far apart. */
 template <int DT>
-__global__ void __launch_bounds__(256) nvfp4_quantize_tile_kernel(float pts, float inv_pts, const void *x,
-                                                                  int64_t rows, int64_t scale_cols, uint8_t *data,
-                                                                  uint8_t *scales, unsigned long long *bad)
+__global__ void __launch_bounds__(256) nvfp4_quantize_tile_kernel(nvfp4_consts k, const void *x, int64_t rows,
+                                                                  int64_t scale_cols, uint8_t *data, uint8_t *scales,
+                                                                  unsigned long long *bad)
 {
+    __shared__ float rt[128];
+    nvfp4_table(k, rt);
     int64_t col_tiles = (scale_cols + 3) / 4, tr = blockIdx.x / col_tiles, tc = blockIdx.x % col_tiles;
 #pragma unroll
     for (int pass = 0; pass < 2; pass++) {
@@ -301,7 +331,7 @@ __global__ void __launch_bounds__(256) nvfp4_quantize_tile_kernel(float pts, flo
             continue; /* padding: the memset's zeros stay */
         int64_t b = row * scale_cols + col;
         uint32_t w[2];
-        scales[(int64_t)blockIdx.x * 512 + o] = nvfp4_block<DT>(pts, inv_pts, x, b, w, bad);
+        scales[(int64_t)blockIdx.x * 512 + o] = nvfp4_block<DT>(k, rt, x, b, w, bad);
         ((uint2 *)data)[b] = make_uint2(w[0], w[1]);
     }
 }
@@ -359,22 +389,28 @@ extern "C" enum qd_status qd_cuda_nvfp4_quantize(const struct qd_format *f, cons
     }
     int swizzled = p->scale_layout == QD_LAYOUT_SWIZZLED;
     int64_t scale_cols = in->cols / QD_NVFP4_BLOCK, nblocks = qd_tensor_numel(in) / QD_NVFP4_BLOCK;
-    if (swizzled)
+    if (swizzled && swizzle_padded(in->rows, scale_cols)) /* else the kernel writes every byte */
         CUDA_CHECK(cudaMemsetAsync(out[1], 0, (size_t)qd_swizzle_bytes(in->rows, scale_cols), qd_stream()));
     float gs = p->two_level ? p->global_scale : 1.0f;
     struct qd_scratch *h = qd_scratch_host();
     h->partial[0] = gs; /* staged in pinned memory: the copy runs in stream order */
     CUDA_CHECK(cudaMemcpyAsync(out[2], h->partial, sizeof(float), cudaMemcpyHostToDevice, qd_stream()));
-    float pts = p->two_level ? p->per_tensor_scale : 0.0f, inv_pts = p->two_level ? 1.0f / p->per_tensor_scale : 0.0f;
+    nvfp4_consts k;
+    k.pts = p->two_level ? p->per_tensor_scale : 0.0f;
+    k.inv_pts = p->two_level ? 1.0f / p->per_tensor_scale : 0.0f;
+    double c = 1.0 / (6.0 * (k.pts > 0.0f ? (double)k.pts : 1.0)); /* 6 pts is exact in double */
+    k.lo = (float)(c * (1.0 - 0x1p-21));
+    k.hi = (float)(c * (1.0 + 0x1p-21));
+    k.fast = isnormal(k.lo) && isnormal(k.hi);
     if (swizzled) {
         int64_t tiles = (in->rows + 127) / 128 * ((scale_cols + 3) / 4);
         QD_DTYPE_SWITCH(in->dtype, DT,
                         nvfp4_quantize_tile_kernel<DT><<<qd_grid(tiles, 1), 256, 0, qd_stream()>>>(
-                            pts, inv_pts, in->data, in->rows, scale_cols, (uint8_t *)out[0], (uint8_t *)out[1], bad));
+                            k, in->data, in->rows, scale_cols, (uint8_t *)out[0], (uint8_t *)out[1], bad));
     } else {
         QD_DTYPE_SWITCH(in->dtype, DT,
                         nvfp4_quantize_kernel<DT><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
-                            pts, inv_pts, in->data, nblocks, (uint8_t *)out[0], (uint8_t *)out[1], bad));
+                            k, in->data, nblocks, (uint8_t *)out[0], (uint8_t *)out[1], bad));
     }
     CUDA_LAUNCHED();
     return qd_cuda_bad_end(bad);

@@ -250,7 +250,12 @@ static void gpu_params_variants(void **state)
                                  {"nf4", "double_quant", "false"}, {"fp4", "blocksize", "4096"},
                                  {"nf4", "offset", "0.25"}, {"awq", "group_size", "64"},
                                  {"awq", "group_size", "32"}, {"awq", "group_size", "256"},
-                                 {"nf4", "blocksize", "32"}, {"fp4", "blocksize", "512"}};
+                                 {"nf4", "blocksize", "32"}, {"fp4", "blocksize", "512"},
+                                 /* scale 1: bf16 block maxima land on e4m3 ties of amax / 6 (the
+                                  * kernel's division path); 2e-38: 1 / (6 pts) is subnormal (the
+                                  * multiply path is off); 3e38: amax / 6 / pts overflows */
+                                 {"nvfp4", "global_scale", "1"}, {"nvfp4", "global_scale", "2e-38"},
+                                 {"nvfp4", "global_scale", "3e38"}};
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         const struct qd_format *f = qd_format_find(variants[v][0]);
         /* per-row int8: rows the kernel keeps in registers (up to 16384 16-bit values, whole

@@ -22,6 +22,13 @@ static const char *device_error(void)
 #endif
 }
 
+static enum qd_status nonfinite_error(int64_t bad, char *err, size_t len)
+{
+    snprintf(err, len, "input element %" PRId64 " is not finite (NaN or Inf); set "
+             "allow_nonfinite=true to quantize it anyway", bad);
+    return QD_ENONFINITE;
+}
+
 enum qd_status qd_quantize(enum qd_backend_kind b, const struct qd_format *f,
                            const struct qd_tensor *in, struct qd_params *p, void *const *out,
                            char *err, size_t len)
@@ -44,26 +51,35 @@ enum qd_status qd_quantize(enum qd_backend_kind b, const struct qd_format *f,
         if (!qd_cpu_scan_end()) /* the format made no input pass: scan on its own */
             bad = qd_cpu_find_nonfinite(in);
     } else if (b == QD_BACKEND_CUDA) {
-        /* device data: the kernels check while they read, and say where */
+        /* device data: the kernels check while they read; qd_quantize_finish says where */
         s = fn(f, in, p, out);
-#ifdef QD_WITH_CUDA
-        if (s == QD_ENONFINITE)
-            bad = qd_cuda_ctx_get()->bad_index;
-#endif
     } else {
         if (!p->allow_nonfinite)
             bad = qd_cpu_find_nonfinite(in);
         s = bad < 0 ? fn(f, in, p, out) : QD_OK;
     }
-    if (bad >= 0) {
-        snprintf(err, len, "input element %" PRId64 " is not finite (NaN or Inf); set "
-                 "allow_nonfinite=true to quantize it anyway", bad);
-        return QD_ENONFINITE;
-    }
+    if (bad >= 0)
+        return nonfinite_error(bad, err, len);
     if (s != QD_OK)
         snprintf(err, len, "%s quantize failed: %s%s%s", f->name, qd_strerror(s),
                  s == QD_EDEVICE ? ": " : "", s == QD_EDEVICE ? device_error() : "");
     return s;
+}
+
+enum qd_status qd_quantize_finish(enum qd_backend_kind b, struct qd_params *p, char *err, size_t len)
+{
+#ifdef QD_WITH_CUDA
+    if (b == QD_BACKEND_CUDA) {
+        enum qd_status s = qd_cuda_finish(p);
+        if (s == QD_ENONFINITE)
+            return nonfinite_error(qd_cuda_ctx_get()->bad_index, err, len);
+        if (s != QD_OK)
+            snprintf(err, len, "quantize failed: %s: %s", qd_strerror(s), device_error());
+        return s;
+    }
+#endif
+    (void)b, (void)p, (void)err, (void)len;
+    return QD_OK;
 }
 
 enum qd_status qd_dequantize(enum qd_backend_kind b, const struct qd_format *f,

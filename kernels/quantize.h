@@ -13,6 +13,13 @@ enum qd_status qd_quantize(enum qd_backend_kind b, const struct qd_format *f,
                            const struct qd_tensor *in, struct qd_params *p, void *const *out,
                            char *err, size_t errlen);
 
+/* On the CUDA backend qd_quantize returns with the work queued on the thread's stream; after
+ * the caller has queued its copies, this waits for the stream and reports what the device
+ * found (the non-finite check, as qd_quantize would) and writes device-computed params (the
+ * nf4/fp4 offset) to p. It must follow every successful CUDA quantize; on the CPU it does
+ * nothing. */
+enum qd_status qd_quantize_finish(enum qd_backend_kind b, struct qd_params *p, char *err, size_t errlen);
+
 /* Dequantizes components in[i] into out (its shape and dtype set by the caller). */
 enum qd_status qd_dequantize(enum qd_backend_kind b, const struct qd_format *f,
                              const void *const *in, const struct qd_params *p,

@@ -185,6 +185,12 @@ static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *e
         check_sticky(wk);
         return fail(e, "copy from the device", err, errlen);
     }
+    /* the stream has run: the quantize's non-finite check and device-computed params */
+    if (quant && (st = qd_quantize_finish(QD_BACKEND_CUDA, &w->p, err, errlen)) != QD_OK) {
+        if (st == QD_EDEVICE)
+            check_sticky(wk);
+        return st;
+    }
     for (int i = 0; !out_direct && i < nout; i++)
         memcpy(out[i].host, (char *)wk->h_out.p + out[i].off, out[i].bytes);
     w->t.h2d_us = elapsed_us(wk->ev[0], wk->ev[1]);

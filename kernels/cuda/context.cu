@@ -48,7 +48,10 @@ extern "C" void qd_cuda_ctx_free(struct qd_cuda_ctx *c)
 enum qd_status qd_cuda_bad_begin(int check, unsigned long long **flag)
 {
     *flag = NULL;
-    qd_cuda_ctx_get()->bad_index = -1;
+    struct qd_cuda_ctx *c = qd_cuda_ctx_get();
+    c->bad_index = -1;
+    c->pending_bad = 0; /* a call that failed midway leaves nothing for the next one */
+    c->pending_offset = 0;
     if (!check)
         return QD_OK;
     struct qd_scratch *d = qd_scratch_dev();
@@ -62,11 +65,29 @@ enum qd_status qd_cuda_bad_end(unsigned long long *flag)
     if (!flag)
         return QD_OK;
     struct qd_scratch *h = qd_scratch_host();
-    /* the flag and the device-computed values beside it (struct qd_scratch) in one copy */
+    /* the flag and the device-computed values beside it (struct qd_scratch) in one copy, read
+     * by qd_cuda_finish once the stream has run */
     CUDA_CHECK(cudaMemcpyAsync(&h->bad, flag, offsetof(struct qd_scratch, range), cudaMemcpyDeviceToHost, qd_stream()));
+    qd_cuda_ctx_get()->pending_bad = 1;
+    return QD_OK;
+}
+
+enum qd_status qd_cuda_finish(struct qd_params *p)
+{
+    struct qd_cuda_ctx *c = qd_cuda_ctx_get();
+    if (!c->pending_bad && !c->pending_offset)
+        return QD_OK;
     CUDA_CHECK(cudaStreamSynchronize(qd_stream()));
-    if (h->bad != ~0ull) {
-        qd_cuda_ctx_get()->bad_index = (int64_t)h->bad;
+    struct qd_scratch *h = qd_scratch_host();
+    int bad = c->pending_bad && h->bad != ~0ull;
+    if (c->pending_offset) {
+        p->offset = h->offset;
+        p->has_offset = 1;
+    }
+    c->pending_bad = 0;
+    c->pending_offset = 0;
+    if (bad) {
+        c->bad_index = (int64_t)h->bad;
         return QD_ENONFINITE;
     }
     return QD_OK;

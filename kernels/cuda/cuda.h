@@ -1,8 +1,10 @@
 /* The CUDA backend's entry points (one kernels/cuda file per family), registered in the same registry entries
  * as the CPU ones. They take DEVICE pointers (the tensor's data, the component buffers) and run
  * on the calling thread's context: its stream and scratch memory (set by the worker with
- * qd_cuda_ctx_set). They return once the results are final on that stream (the caller copies
- * them back in stream order). */
+ * qd_cuda_ctx_set). They return with the work queued on that stream (the caller copies the
+ * results back in stream order); a quantize's non-finite check and device-computed params
+ * (the nf4/fp4 offset) are settled by qd_cuda_finish once the stream has run, so a call adds
+ * no synchronization of its own except where the host needs a value mid-call (a tensor scale). */
 #ifndef QD_CUDA_H
 #define QD_CUDA_H
 
@@ -19,6 +21,9 @@ struct qd_cuda_ctx {
     void *scratch;      /* device: flags and reduction partials, QD_CUDA_SCRATCH_BYTES */
     void *host_scratch; /* pinned host mirror of the same size */
     int64_t bad_index;  /* out: first non-finite input element, when a quantize says so */
+    /* what qd_cuda_finish settles for the last quantize (private to context.cu and the kernels) */
+    int pending_bad;                   /* the non-finite flag is on its way to host scratch */
+    int pending_offset;                /* the nf4/fp4 offset is on its way to host scratch */
 };
 
 #define QD_CUDA_SCRATCH_BYTES (64 * 1024)
@@ -28,6 +33,9 @@ enum qd_status qd_cuda_ctx_init(struct qd_cuda_ctx *c);
 void qd_cuda_ctx_free(struct qd_cuda_ctx *c);
 void qd_cuda_ctx_set(struct qd_cuda_ctx *c); /* this thread's context */
 struct qd_cuda_ctx *qd_cuda_ctx_get(void);
+/* After a quantize: waits for the stream, writes the device-computed params to p (the params
+ * of that quantize), then QD_ENONFINITE (bad_index set) if the check found NaN/Inf. */
+enum qd_status qd_cuda_finish(struct qd_params *p);
 /* The last CUDA error as text (thread's last failed call), for messages. */
 const char *qd_cuda_last_error(void);
 

@@ -5,6 +5,7 @@
 #include "../bnb4.h"
 #include "common.cuh"
 #include "convert.cuh"
+#include "dynamic_code.cuh"
 
 #define BNB_NESTED_BLOCK 256
 
@@ -158,31 +159,39 @@ __global__ void __launch_bounds__(BNB_THREADS, 6) bnb_quantize_kernel(const void
 }
 
 /* The double-quant offset from the exact-sum bins, on the device (no round trip to the host
- * between the kernels): lane k sums the pieces of limb k, lane 0 carries and rounds as the CPU
- * does (kernels/bnb4.h), then divides by the block count in double. */
+ * between the kernels): the limbs' sums of pieces as the CPU takes them (kernels/bnb4.h), in
+ * any order (integers), then one lane carries, rounds and divides by the block count. */
 __global__ void bnb_offset_kernel(const unsigned long long *bins, int64_t nblocks, float *offset)
 {
-    __shared__ uint64_t column[QD_SUM_LIMBS], bin[QD_SUM_BINS];
-    int k = threadIdx.x;
-    /* all loads in flight at once: a loop of dependent L2 round trips took ~13 us */
+    __shared__ unsigned long long column[QD_SUM_LIMBS];
+    int lane = threadIdx.x;
+    if (lane < QD_SUM_LIMBS)
+        column[lane] = 0;
+    /* lane l takes bins 8l .. 8l+7 (loads all in flight), adding each bin's three pieces to
+     * the limbs they belong to: a lane-per-limb loop over ~96 bins ran ~10 us */
+    unsigned long long v[QD_SUM_BINS / 32];
 #pragma unroll
     for (int i = 0; i < QD_SUM_BINS / 32; i++)
-        bin[k + 32 * i] = bins[k + 32 * i];
+        v[i] = bins[8 * lane + i];
     __syncwarp();
-    if (k < QD_SUM_LIMBS) {
-        uint64_t sum = 0;
-        for (int e = 32 * (k - 2) + 1 > 1 ? 32 * (k - 2) + 1 : 1; e <= 32 * k + 32 && e < 255; e++)
-            sum += qd_sum_piece(bin[e], e, k);
-        column[k] = sum;
+#pragma unroll
+    for (int i = 0; i < QD_SUM_BINS / 32; i++) {
+        int e = 8 * lane + i;
+        if (e < 1 || e > 254 || !v[i])
+            continue;
+        for (int d = 0; d < 3 && (e - 1) / 32 + d < QD_SUM_LIMBS; d++) {
+            int k = (e - 1) / 32 + d;
+            atomicAdd(&column[k], (unsigned long long)qd_sum_piece(v[i], e, k));
+        }
     }
-    __syncthreads();
-    if (k == 0)
-        *offset = (float)(qd_sum_finish(bin[255], column) / (double)nblocks);
+    __syncwarp();
+    if (lane == 31) /* (bin 255, the flags, is lane 31's last) */
+        *offset = (float)(qd_sum_finish(v[QD_SUM_BINS / 32 - 1], (const uint64_t *)column) / (double)nblocks);
 }
 
 /* quantize_blockwise(absmax - offset, blocksize=256): one warp per group of 256 absmax; the
  * offset from the device when computed there. */
-__global__ void bnb_double_quant_kernel(const float *absmax, int64_t nblocks, const float *offset_dev, float offset,
+__global__ void bnb_double_quant_kernel(const uint2 *table, const float *absmax, int64_t nblocks, const float *offset_dev, float offset,
                                         uint8_t *codes, float *nested_absmax, float *nested_map)
 {
     __shared__ float map[256]; /* the binary search indexes it per lane: shared, not constant */
@@ -217,7 +226,7 @@ __global__ void bnb_double_quant_kernel(const float *absmax, int64_t nblocks, co
     uint8_t c[BNB_NESTED_BLOCK / 32];
 #pragma unroll
     for (int k = 0; k < BNB_NESTED_BLOCK / 32; k++)
-        c[k] = qd_dynamic_code(map, scaled(v[k], inv));
+        c[k] = qd_dq_code(scaled(v[k], inv), map, table);
 #pragma unroll
     for (int k = 0; k < BNB_NESTED_BLOCK / 32; k++)
         if (lane + 32 * k < len)
@@ -332,7 +341,7 @@ extern "C" enum qd_status qd_cuda_bnb4_quantize(const struct qd_format *f, const
         const unsigned warps = 8;
         int64_t groups = (nblocks + BNB_NESTED_BLOCK - 1) / BNB_NESTED_BLOCK;
         bnb_double_quant_kernel<<<qd_grid(groups, warps), 32 * warps, 0, qd_stream()>>>(
-            absmax, nblocks, offset_dev, p->offset, (uint8_t *)out[1], (float *)out[2], (float *)out[3]);
+            qd_cuda_dq_table(), absmax, nblocks, offset_dev, p->offset, (uint8_t *)out[1], (float *)out[2], (float *)out[3]);
         CUDA_LAUNCHED();
         CUDA_CHECK(cudaFreeAsync(absmax, qd_stream()));
     }

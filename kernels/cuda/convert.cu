@@ -80,6 +80,8 @@ template <class Check> static void sweep(int nf4_lut, unsigned long long *d)
     sweep_kernel<<<4096, 256>>>(nf4_lut, Check(), d, d + 1);
 }
 
+extern "C" int qd_cuda_dq_sweep(unsigned long long *d); /* dynamic_code.cu */
+
 extern "C" long long qd_cuda_conversion_mismatches(int elem, uint32_t *first_bad)
 {
     unsigned long long *d, h[2] = {0, ~0ull};
@@ -98,7 +100,13 @@ extern "C" long long qd_cuda_conversion_mismatches(int elem, uint32_t *first_bad
     case 8: sweep<bnb_check<0>>(0, d); break;
     case 9: sweep<decode_check<QD_E4M3>>(0, d); break;
     case 10: sweep<decode_check<QD_E5M2>>(0, d); break;
-    default: sweep<quotient_check>(0, d); break;
+    case 11: sweep<quotient_check>(0, d); break;
+    default:
+        if (qd_cuda_dq_sweep(d) != 0) {
+            cudaFree(d);
+            return -1;
+        }
+        break;
     }
     cudaError_t e = cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
     cudaFree(d);

@@ -42,7 +42,8 @@ const char *qd_cuda_last_error(void);
 /* Self-check: f32 bit patterns (all 2^32) whose device encoding for MX element type `elem`
  * (0-4; 5 = bf16, 6 = f16 output packing; 7 = NF4, 8 = FP4 codes on the table's domain;
  * 9, 10 = e4m3, e5m2 decoding, on all 2^16 code pairs; 11 = qd_quotient on 2^32 f32 x scale
- * pairs) differs from the software one; the lowest in *first_bad. -1 on a CUDA failure. */
+ * pairs; 12 = the dynamic map's code by table against its search) differs from the software
+ * one; the lowest in *first_bad. -1 on a CUDA failure. */
 long long qd_cuda_conversion_mismatches(int elem, uint32_t *first_bad);
 
 #define QD_CUDA_FAMILY(fam)                                                                     \

@@ -68,42 +68,10 @@ __device__ __forceinline__ uint32_t bnb_load16(const void *x, int64_t first, int
  * (kernels/bnb4.h): a group leader adds its blocks into a register window of 8 neighbouring
  * bins (a block of finite data rarely falls outside the window of the leader's first block),
  * the rest into per-CTA bins, which reach the global ones once per CTA. */
-/* The double-quant offset from the exact-sum bins, on the device by the last CTA of the
- * quantize kernel (no round trip to the host, no kernel of its own): the limbs' sums of pieces
- * as the CPU takes them (kernels/bnb4.h), in any order (integers), then one lane carries,
- * rounds and divides by the block count. One warp; column: shared. */
-__device__ void bnb_offset_warp(const unsigned long long *bins, int64_t nblocks, float *offset,
-                                unsigned long long *column)
-{
-    int lane = threadIdx.x;
-    if (lane < QD_SUM_LIMBS)
-        column[lane] = 0;
-    /* lane l takes bins 8l .. 8l+7 (all loads in flight, from L2 where the atomics landed) */
-    unsigned long long v[QD_SUM_BINS / 32];
-#pragma unroll
-    for (int i = 0; i < QD_SUM_BINS / 32; i++)
-        v[i] = __ldcg(&bins[8 * lane + i]);
-    __syncwarp();
-#pragma unroll
-    for (int i = 0; i < QD_SUM_BINS / 32; i++) {
-        int e = 8 * lane + i;
-        if (e < 1 || e > 254 || !v[i])
-            continue;
-        for (int d = 0; d < 3 && (e - 1) / 32 + d < QD_SUM_LIMBS; d++) {
-            int k = (e - 1) / 32 + d;
-            atomicAdd(&column[k], (unsigned long long)qd_sum_piece(v[i], e, k));
-        }
-    }
-    __syncwarp();
-    if (lane == 31) /* (bin 255, the flags, is lane 31's last) */
-        *offset = (float)(qd_sum_finish(v[QD_SUM_BINS / 32 - 1], (const uint64_t *)column) / (double)nblocks);
-}
-
 template <int DT, int NF4>
 __global__ void __launch_bounds__(BNB_THREADS, 6) bnb_quantize_kernel(const void *x, int64_t n, int group, int log_bs,
                                                                    uint8_t *data, float *absmax, float *quant_map,
-                                                                   unsigned long long *bins, unsigned int *ticket,
-                                                                   int64_t nblocks, float *offset, unsigned long long *bad)
+                                                                   unsigned long long *bins, unsigned long long *bad)
 {
     write_quant_map(NF4, quant_map);
     __shared__ float2 lut[QD_BNB_LUT];
@@ -187,17 +155,38 @@ __global__ void __launch_bounds__(BNB_THREADS, 6) bnb_quantize_kernel(const void
         for (int i = threadIdx.x; i < QD_SUM_BINS; i += blockDim.x)
             if (cta_bins[i])
                 i == 255 ? atomicOr(&bins[i], cta_bins[i]) : atomicAdd(&bins[i], cta_bins[i]);
-        __threadfence(); /* this CTA's bins before its ticket */
-        __syncthreads();
-        __shared__ int last;
-        if (threadIdx.x == 0)
-            last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-        __syncthreads();
-        if (last && threadIdx.x < 32) {
-            __threadfence();
-            bnb_offset_warp(bins, nblocks, offset, cta_bins); /* (cta_bins is spent) */
+    }
+}
+
+/* The double-quant offset from the exact-sum bins, on the device (no round trip to the host
+ * between the kernels): the limbs' sums of pieces as the CPU takes them (kernels/bnb4.h), in
+ * any order (integers), then one lane carries, rounds and divides by the block count. */
+__global__ void bnb_offset_kernel(const unsigned long long *bins, int64_t nblocks, float *offset)
+{
+    __shared__ unsigned long long column[QD_SUM_LIMBS];
+    int lane = threadIdx.x;
+    if (lane < QD_SUM_LIMBS)
+        column[lane] = 0;
+    /* lane l takes bins 8l .. 8l+7 (loads all in flight), adding each bin's three pieces to
+     * the limbs they belong to: a lane-per-limb loop over ~96 bins ran ~10 us */
+    unsigned long long v[QD_SUM_BINS / 32];
+#pragma unroll
+    for (int i = 0; i < QD_SUM_BINS / 32; i++)
+        v[i] = bins[8 * lane + i];
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < QD_SUM_BINS / 32; i++) {
+        int e = 8 * lane + i;
+        if (e < 1 || e > 254 || !v[i])
+            continue;
+        for (int d = 0; d < 3 && (e - 1) / 32 + d < QD_SUM_LIMBS; d++) {
+            int k = (e - 1) / 32 + d;
+            atomicAdd(&column[k], (unsigned long long)qd_sum_piece(v[i], e, k));
         }
     }
+    __syncwarp();
+    if (lane == 31) /* (bin 255, the flags, is lane 31's last) */
+        *offset = (float)(qd_sum_finish(v[QD_SUM_BINS / 32 - 1], (const uint64_t *)column) / (double)nblocks);
 }
 
 /* quantize_blockwise(absmax - offset, blocksize=256): one warp per group of 256 absmax; the
@@ -216,12 +205,22 @@ __global__ void bnb_double_quant_kernel(const uint2 *table, const float *absmax,
     if (base >= nblocks)
         return;
     int64_t len = nblocks - base < BNB_NESTED_BLOCK ? nblocks - base : BNB_NESTED_BLOCK;
-    /* each lane's eight values held at once: their loads and table lookups all in flight */
-    float v[BNB_NESTED_BLOCK / 32], amax = 0.0f;
+    /* lane l holds the group's values 8l .. 8l+7, loaded as two 16-byte vectors and stored as
+     * one 8-byte word when the group is whole (absmax is 1 KiB-aligned per group then) */
+    constexpr int PER = BNB_NESTED_BLOCK / 32;
+    float v[PER], amax = 0.0f;
+    const float *src = absmax + base + PER * lane;
+    if (len == BNB_NESTED_BLOCK) {
+        float4 p = ((const float4 *)src)[0], q = ((const float4 *)src)[1];
+        v[0] = p.x, v[1] = p.y, v[2] = p.z, v[3] = p.w, v[4] = q.x, v[5] = q.y, v[6] = q.z, v[7] = q.w;
+    } else {
 #pragma unroll
-    for (int k = 0; k < BNB_NESTED_BLOCK / 32; k++) {
-        int64_t i = lane + 32 * k;
-        v[k] = i < len ? absmax[base + i] - offset : 0.0f;
+        for (int k = 0; k < PER; k++)
+            v[k] = PER * lane + k < len ? src[k] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        v[k] = PER * lane + k < len ? v[k] - offset : 0.0f; /* beyond the end: 0 (amax ignores it) */
         float a = qd_ftz(qd_absf(v[k]));
         amax = a > amax ? a : amax;
     }
@@ -229,14 +228,16 @@ __global__ void bnb_double_quant_kernel(const uint2 *table, const float *absmax,
     if (lane == 0)
         nested_absmax[g] = amax;
     float inv = qd_rcp_approx(amax);
-    uint8_t c[BNB_NESTED_BLOCK / 32];
+    uint32_t w[2] = {0, 0};
 #pragma unroll
-    for (int k = 0; k < BNB_NESTED_BLOCK / 32; k++)
-        c[k] = qd_dq_code(scaled(v[k], inv), dynamic_map, table); /* (the map: rare fallbacks only) */
-#pragma unroll
-    for (int k = 0; k < BNB_NESTED_BLOCK / 32; k++)
-        if (lane + 32 * k < len)
-            codes[base + lane + 32 * k] = c[k];
+    for (int k = 0; k < PER; k++) /* (the map: rare fallbacks only) */
+        w[k / 4] |= (uint32_t)qd_dq_code(scaled(v[k], inv), dynamic_map, table) << (8 * (k % 4));
+    uint8_t *dst = codes + base + PER * lane;
+    if (len == BNB_NESTED_BLOCK && ((uintptr_t)dst & 7) == 0)
+        *(uint2 *)dst = make_uint2(w[0], w[1]);
+    else
+        for (int k = 0; k < PER && PER * lane + k < len; k++)
+            dst[k] = (uint8_t)(w[k / 4] >> (8 * (k % 4)));
 }
 
 /* Nibble s/4 of w times 4: a byte offset into a table of floats (s is a constant). */
@@ -325,9 +326,8 @@ extern "C" enum qd_status qd_cuda_bnb4_quantize(const struct qd_format *f, const
         CUDA_CHECK(cudaMallocAsync((void **)&absmax, (size_t)nblocks * sizeof(float), qd_stream()));
     struct qd_scratch *d = qd_scratch_dev();
     unsigned long long *bins = p->double_quant && !p->has_offset ? d->bins : NULL;
-    if (bins) /* the bins and the ticket after them */
-        CUDA_CHECK(cudaMemsetAsync(bins, 0, offsetof(struct qd_scratch, bins_ticket) + sizeof d->bins_ticket -
-                                                offsetof(struct qd_scratch, bins), qd_stream()));
+    if (bins)
+        CUDA_CHECK(cudaMemsetAsync(bins, 0, sizeof d->bins, qd_stream()));
     int group = (int)(bs / BNB_PER_THREAD), log_bs = 0; /* bs: a power of two, 32..4096 */
     while ((1 << log_bs) < bs)
         log_bs++;
@@ -335,13 +335,16 @@ extern "C" enum qd_status qd_cuda_bnb4_quantize(const struct qd_format *f, const
     QD_BOOL_SWITCH(nf4, NF4, QD_DTYPE_SWITCH(in->dtype, DT, {
         auto kernel = bnb_quantize_kernel<DT, NF4>;
         kernel<<<qd_resident_grid(kernel, BNB_THREADS, tiles), BNB_THREADS, 0, qd_stream()>>>(
-            in->data, n, group, log_bs, (uint8_t *)out[0], absmax, quant_map, bins, &d->bins_ticket, nblocks,
-            &d->offset, bad);
+            in->data, n, group, log_bs, (uint8_t *)out[0], absmax, quant_map, bins, bad);
     }));
     CUDA_LAUNCHED();
     if (p->double_quant) {
-        /* the exact mean, as the CPU takes it, left by the quantize kernel's last CTA */
-        float *offset_dev = bins ? &d->offset : NULL;
+        float *offset_dev = NULL;
+        if (bins) { /* the exact mean, as the CPU takes it (any order gives the same bits) */
+            offset_dev = &d->offset;
+            bnb_offset_kernel<<<1, 32, 0, qd_stream()>>>(bins, nblocks, offset_dev);
+            CUDA_LAUNCHED();
+        }
         const unsigned warps = 8;
         int64_t groups = (nblocks + BNB_NESTED_BLOCK - 1) / BNB_NESTED_BLOCK;
         bnb_double_quant_kernel<<<qd_grid(groups, warps), 32 * warps, 0, qd_stream()>>>(

@@ -35,7 +35,6 @@ struct qd_scratch {
     unsigned int blocks_done;     /* grid-wide reduction ticket */
     float partial[3 * 1024];      /* per-CTA partial ranges */
     unsigned long long bins[256]; /* exact-sum bins of the bnb double-quant offset (bnb4.h) */
-    unsigned int bins_ticket;     /* CTAs done adding to them (cleared with them) */
     unsigned int amax_bits;       /* qd_cuda_amax's result */
 };
 

@@ -50,7 +50,7 @@ template <int DT>
 __device__ __forceinline__ uint32_t bnb_load16(const void *x, int64_t first, int64_t n, float *v)
 {
     if (first + BNB_PER_THREAD <= n)
-        return qd_load_block_top<DT, BNB_PER_THREAD, true>(x, first, v);
+        return qd_load_block_top<DT, BNB_PER_THREAD>(x, first, v);
     uint32_t top = 0;
     for (int j = 0; j < BNB_PER_THREAD; j++)
         v[j] = first + j < n ? qd_load<DT>(x, first + j) : 0.0f;
@@ -67,9 +67,7 @@ __device__ __forceinline__ uint32_t bnb_load16(const void *x, int64_t first, int
  * `bins`, each block's absmax also goes into the exact sum of the double-quant offset
  * (kernels/bnb4.h): a group leader adds its blocks into a register window of 8 neighbouring
  * bins (a block of finite data rarely falls outside the window of the leader's first block),
- * the rest into per-CTA bins, which reach the global ones once per CTA. Input and codes go
- * through L2 as streaming (evict-first) so that the f32 absmax, read again by the double-quant
- * kernel right after, has a better chance to still be there. */
+ * the rest into per-CTA bins, which reach the global ones once per CTA. */
 template <int DT, int NF4>
 __global__ void __launch_bounds__(BNB_THREADS, 6) bnb_quantize_kernel(const void *x, int64_t n, int group, int log_bs,
                                                                    uint8_t *data, float *absmax, float *quant_map,
@@ -129,7 +127,7 @@ __global__ void __launch_bounds__(BNB_THREADS, 6) bnb_quantize_kernel(const void
                 w[j / 8] |= qd_bnb_ref(NF4, scaled_ftz(v[j], inv)) << (4 * ((j & 7) ^ 1));
         }
         if (first + BNB_PER_THREAD <= n)
-            __stcs((uint2 *)data + t, make_uint2(w[0], w[1])); /* streaming, like the input */
+            ((uint2 *)data)[t] = make_uint2(w[0], w[1]);
         else
             for (int k = 0; 2 * k < n - first; k++)
                 data[BNB_PER_THREAD / 2 * t + k] = (uint8_t)(w[k / 4] >> (8 * (k % 4)));

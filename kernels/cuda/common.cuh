@@ -91,8 +91,7 @@ template <int DT> __device__ __forceinline__ uint32_t qd_half_pair_top(uint32_t 
 /* qd_load_block, also returning the largest |x| as f32 bits: above 0x7f800000 exactly when
  * one is NaN, equal when the largest is Inf. 16-bit inputs compare their raw halves two at a
  * time (no float compares); the f32 is exact (f16: its conversion). */
-template <int DT, int N, bool STREAM = false>
-__device__ __forceinline__ uint32_t qd_load_block_top(const void *x, int64_t first, float *v)
+template <int DT, int N> __device__ __forceinline__ uint32_t qd_load_block_top(const void *x, int64_t first, float *v)
 {
     uint32_t top = 0;
     if (DT == QD_F32) {
@@ -105,7 +104,7 @@ __device__ __forceinline__ uint32_t qd_load_block_top(const void *x, int64_t fir
     const uint4 *p = (const uint4 *)((const uint16_t *)x + first);
 #pragma unroll
     for (int k = 0; k < N / 8; k++) {
-        uint4 q = STREAM ? __ldcs(p + k) : __ldg(p + k); /* STREAM: evict first from L2 */
+        uint4 q = __ldg(p + k);
         uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int h = 0; h < 4; h++) {

@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(BNB_THREADS, 6) bnb_quantize_kernel(const void
 /* The double-quant offset from the exact-sum bins, on the device (no round trip to the host
  * between the kernels): the limbs' sums of pieces as the CPU takes them (kernels/bnb4.h), in
  * any order (integers), then one lane carries, rounds and divides by the block count. */
-__global__ void bnb_offset_kernel(const unsigned long long *bins, int64_t nblocks, float *offset)
+__global__ void bnb_offset_kernel(unsigned long long *bins, int64_t nblocks, float *offset)
 {
     __shared__ unsigned long long column[QD_SUM_LIMBS];
     int lane = threadIdx.x;
@@ -173,6 +173,9 @@ __global__ void bnb_offset_kernel(const unsigned long long *bins, int64_t nblock
 #pragma unroll
     for (int i = 0; i < QD_SUM_BINS / 32; i++)
         v[i] = bins[8 * lane + i];
+#pragma unroll
+    for (int i = 0; i < QD_SUM_BINS / 32; i++) /* left clean for the next call (no memset there) */
+        bins[8 * lane + i] = 0;
     __syncwarp();
 #pragma unroll
     for (int i = 0; i < QD_SUM_BINS / 32; i++) {
@@ -326,8 +329,13 @@ extern "C" enum qd_status qd_cuda_bnb4_quantize(const struct qd_format *f, const
         CUDA_CHECK(cudaMallocAsync((void **)&absmax, (size_t)nblocks * sizeof(float), qd_stream()));
     struct qd_scratch *d = qd_scratch_dev();
     unsigned long long *bins = p->double_quant && !p->has_offset ? d->bins : NULL;
-    if (bins)
+    struct qd_cuda_ctx *ctx = qd_cuda_ctx_get();
+    if (bins && ctx->bins_dirty) { /* the first call, or one that stopped before the offset kernel */
         CUDA_CHECK(cudaMemsetAsync(bins, 0, sizeof d->bins, qd_stream()));
+        ctx->bins_dirty = 0;
+    }
+    if (bins)
+        ctx->bins_dirty = 1; /* until the offset kernel is queued */
     int group = (int)(bs / BNB_PER_THREAD), log_bs = 0; /* bs: a power of two, 32..4096 */
     while ((1 << log_bs) < bs)
         log_bs++;
@@ -344,6 +352,7 @@ extern "C" enum qd_status qd_cuda_bnb4_quantize(const struct qd_format *f, const
             offset_dev = &d->offset;
             bnb_offset_kernel<<<1, 32, 0, qd_stream()>>>(bins, nblocks, offset_dev);
             CUDA_LAUNCHED();
+            ctx->bins_dirty = 0;
         }
         const unsigned warps = 8;
         int64_t groups = (nblocks + BNB_NESTED_BLOCK - 1) / BNB_NESTED_BLOCK;

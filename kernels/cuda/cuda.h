@@ -24,6 +24,8 @@ struct qd_cuda_ctx {
     /* what qd_cuda_finish settles for the last quantize (private to context.cu and the kernels) */
     int pending_bad;                   /* the non-finite flag is on its way to host scratch */
     int pending_offset;                /* the nf4/fp4 offset is on its way to host scratch */
+    int bins_dirty;                    /* the offset bins may hold a sum (clean: the offset kernel
+                                        * zeroes them as it reads them) */
 };
 
 #define QD_CUDA_SCRATCH_BYTES (64 * 1024)

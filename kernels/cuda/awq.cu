@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, i
  * code 0 as AutoAWQ's cast gives), rounded by adding 1.5 * 2^23 (ties to even), plus the zero.
  * A column whose scale is not finite (NaN/Inf input) takes the division. 16-bit inputs only. */
 template <int DT, int R>
-__global__ void __launch_bounds__(AWQ_REG_THREADS) awq_quantize_reg_kernel(const void *x, int64_t N, uint32_t *qweight,
+__global__ void __launch_bounds__(AWQ_REG_THREADS, 4) awq_quantize_reg_kernel(const void *x, int64_t N, uint32_t *qweight,
                                                                            uint32_t *qzeros, uint16_t *scales,
                                                                            unsigned long long *bad)
 {

@@ -35,7 +35,8 @@ __global__ void dq_build_kernel(uint2 *table)
 }
 
 #define QD_DQ_MAX_DEVICES 64
-static uint2 *tables[QD_DQ_MAX_DEVICES];
+__device__ uint2 dq_table[QD_DQ_BUCKETS]; /* a module global: one per device, nothing to free */
+static uint2 *tables[QD_DQ_MAX_DEVICES];   /* its address on each device, once built */
 static pthread_mutex_t tables_lock = PTHREAD_MUTEX_INITIALIZER;
 
 const uint2 *qd_cuda_dq_table(void)
@@ -45,27 +46,20 @@ const uint2 *qd_cuda_dq_table(void)
         return NULL;
     pthread_mutex_lock(&tables_lock);
     uint2 *t = tables[dev];
-    if (!t) { /* once per device, on its own stream, finished before anyone reads it */
-        cudaStream_t s;
-        if (cudaMalloc((void **)&t, QD_DQ_BUCKETS * sizeof(uint2)) != cudaSuccess)
-            t = NULL;
-        else if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
-            cudaFree(t);
-            t = NULL;
-        } else {
-            dq_build_kernel<<<(QD_DQ_BUCKETS + 127) / 128, 128, 0, s>>>(t);
-            cudaError_t e = cudaGetLastError();
-            if (e == cudaSuccess)
-                e = cudaStreamSynchronize(s);
-            cudaStreamDestroy(s);
-            if (e != cudaSuccess) {
-                qd_cuda_note_error(e, __FILE__, __LINE__);
-                cudaFree(t);
-                t = NULL;
-            }
-        }
-        tables[dev] = t;
+    cudaStream_t s;
+    if (!t && cudaGetSymbolAddress((void **)&t, dq_table) == cudaSuccess &&
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess) {
+        /* once per device, on its own stream, finished before anyone reads it */
+        dq_build_kernel<<<(QD_DQ_BUCKETS + 127) / 128, 128, 0, s>>>(t);
+        cudaError_t e = cudaGetLastError();
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(s);
+        cudaStreamDestroy(s);
+        if (e != cudaSuccess)
+            qd_cuda_note_error(e, __FILE__, __LINE__);
+        tables[dev] = e == cudaSuccess ? t : NULL;
     }
+    t = tables[dev];
     pthread_mutex_unlock(&tables_lock);
     return t;
 }

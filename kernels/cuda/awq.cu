@@ -141,6 +141,7 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS, 4) awq_quantize_reg_kernel(co
                                                                            unsigned long long *bad)
 {
     __shared__ uint32_t s_lo[8][8][4], s_hi[8][8][4]; /* [warp][tx][pair] */
+    __shared__ uint32_t s_first[32];                   /* the group's first row, column pairs */
     __shared__ __align__(16) float s_scale[AWQ_TILE_COLS], s_zero[AWQ_TILE_COLS], s_rcp[AWQ_TILE_COLS],
         s_wmax[AWQ_TILE_COLS];
     const int order[8] = QD_AWQ_ORDER;
@@ -192,6 +193,9 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS, 4) awq_quantize_reg_kernel(co
             s_lo[warp][tx][k] = lo[k];
             s_hi[warp][tx][k] = hi[k];
         }
+    if (threadIdx.x < 8) /* ty 0 holds row0: no second global read after the barrier */
+        for (int k = 0; k < 4; k++)
+            s_first[4 * tx + k] = w[0][k];
     __syncthreads();
     if (threadIdx.x < 8 * words) { /* one thread per column: the fold over the 8 warps */
         int c = threadIdx.x, cw = c / 8, pair = (c % 8) / 2, half = c % 2;
@@ -201,7 +205,7 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS, 4) awq_quantize_reg_kernel(co
             h = qd_pair_max<DT>(h, s_hi[wi][cw][pair]);
         }
         float lof = qd_half_f32<DT>(l, half), hif = qd_half_f32<DT>(h, half);
-        float first = qd_half_f32<DT>(xh[row0 * N + col0 + c], 0);
+        float first = qd_half_f32<DT>(s_first[c / 2], c % 2);
         if (first != first) /* the sequential scan keeps a NaN start */
             lof = hif = first;
         float sc = qd_awq_scale(lof, hif), z = qd_awq_zero(lof, sc);

@@ -148,6 +148,7 @@ __global__ void __launch_bounds__(BNB_THREADS, 6) bnb_quantize_kernel(const void
             }
         }
     }
+    qd_grid_release(); /* this CTA's tiles are done: the next kernel may be scheduled */
     if (bins) {
         if (window_sum)
             atomicAdd(&cta_bins[window], window_sum);
@@ -164,6 +165,8 @@ __global__ void __launch_bounds__(BNB_THREADS, 6) bnb_quantize_kernel(const void
 __global__ void bnb_offset_kernel(unsigned long long *bins, int64_t nblocks, float *offset)
 {
     __shared__ unsigned long long column[QD_SUM_LIMBS];
+    qd_grid_release(); /* the double quant may be scheduled; it waits for this kernel */
+    qd_grid_wait();    /* the quantize kernel's bins */
     int lane = threadIdx.x;
     if (lane < QD_SUM_LIMBS)
         column[lane] = 0;
@@ -200,6 +203,7 @@ __global__ void bnb_double_quant_kernel(const uint2 *table, const float *absmax,
     if (blockIdx.x == 0) /* the nested_quant_map component */
         for (int i = threadIdx.x; i < 256; i += blockDim.x)
             nested_map[i] = dynamic_map[i];
+    qd_grid_wait(); /* the absmax and the offset of the kernels before */
     if (offset_dev)
         offset = *offset_dev;
     int64_t g = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
@@ -330,6 +334,7 @@ extern "C" enum qd_status qd_cuda_bnb4_quantize(const struct qd_format *f, const
     struct qd_scratch *d = qd_scratch_dev();
     unsigned long long *bins = p->double_quant && !p->has_offset ? d->bins : NULL;
     struct qd_cuda_ctx *ctx = qd_cuda_ctx_get();
+    const uint2 *table = p->double_quant ? qd_cuda_dq_table() : NULL; /* (built once, before the launches) */
     if (bins && ctx->bins_dirty) { /* the first call, or one that stopped before the offset kernel */
         CUDA_CHECK(cudaMemsetAsync(bins, 0, sizeof d->bins, qd_stream()));
         ctx->bins_dirty = 0;
@@ -350,15 +355,14 @@ extern "C" enum qd_status qd_cuda_bnb4_quantize(const struct qd_format *f, const
         float *offset_dev = NULL;
         if (bins) { /* the exact mean, as the CPU takes it (any order gives the same bits) */
             offset_dev = &d->offset;
-            bnb_offset_kernel<<<1, 32, 0, qd_stream()>>>(bins, nblocks, offset_dev);
-            CUDA_LAUNCHED();
+            CUDA_CHECK(qd_launch_dependent(bnb_offset_kernel, 1, 32, bins, nblocks, offset_dev));
             ctx->bins_dirty = 0;
         }
         const unsigned warps = 8;
         int64_t groups = (nblocks + BNB_NESTED_BLOCK - 1) / BNB_NESTED_BLOCK;
-        bnb_double_quant_kernel<<<qd_grid(groups, warps), 32 * warps, 0, qd_stream()>>>(
-            qd_cuda_dq_table(), absmax, nblocks, offset_dev, p->offset, (uint8_t *)out[1], (float *)out[2], (float *)out[3]);
-        CUDA_LAUNCHED();
+        CUDA_CHECK(qd_launch_dependent(bnb_double_quant_kernel, qd_grid(groups, warps), 32 * warps, table,
+                                       absmax, nblocks, offset_dev, p->offset, (uint8_t *)out[1], (float *)out[2],
+                                       (float *)out[3]));
         CUDA_CHECK(cudaFreeAsync(absmax, qd_stream()));
     }
     if (bins) { /* the offset comes back beside the flag (qd_cuda_finish writes it to p) */

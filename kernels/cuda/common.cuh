@@ -332,6 +332,40 @@ template <class K> static inline unsigned qd_resident_grid(K kernel, int threads
     return (unsigned)(tiles < 1 ? 1 : (tiles < cap ? tiles : cap));
 }
 
+/* Programmatic dependent launch (Hopper): the kernel is launched while the one before it in
+ * the stream still runs, and waits in qd_grid_wait for that kernel's completion and memory
+ * before touching what it wrote; saves the launch gap between dependent kernels. */
+template <class... P, class... A>
+static inline cudaError_t qd_launch_dependent(void (*kernel)(P...), unsigned grid, unsigned block, A... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.stream = qd_stream();
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, ((P)args)...);
+}
+
+/* In a kernel launched by qd_launch_dependent: wait for the previous kernel (and its writes);
+ * qd_grid_release lets the next dependent kernel be scheduled early. No-ops before sm_90. */
+__device__ __forceinline__ void qd_grid_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void qd_grid_release(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 /* max |x| of the whole tensor into a host float (one kernel on raw bits, one sync); a tensor
  * holding NaN/Inf takes qd_cuda_range, which notes the first into flag when given. */
 enum qd_status qd_cuda_amax(const struct qd_tensor *in, unsigned long long *flag, float *amax);

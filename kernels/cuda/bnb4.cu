@@ -198,12 +198,20 @@ __global__ void bnb_offset_kernel(unsigned long long *bins, int64_t nblocks, flo
 /* quantize_blockwise(absmax - offset, blocksize=256): one warp per group of 256 absmax; the
  * offset from the device when computed there. */
 __global__ void bnb_double_quant_kernel(const uint2 *table, const float *absmax, int64_t nblocks, const float *offset_dev, float offset,
-                                        uint8_t *codes, float *nested_absmax, float *nested_map)
+                                        uint8_t *codes, float *nested_absmax, float *nested_map,
+                                        const struct qd_scratch *d, struct qd_scratch *h)
 {
     if (blockIdx.x == 0) /* the nested_quant_map component */
         for (int i = threadIdx.x; i < 256; i += blockDim.x)
             nested_map[i] = dynamic_map[i];
     qd_grid_wait(); /* the absmax and the offset of the kernels before */
+    if (h && blockIdx.x == 0 && threadIdx.x == 0) {
+        /* the non-finite flag and the offset are final now: straight into the host's pinned
+         * mirror (no copy after this kernel) */
+        h->bad = *(volatile const unsigned long long *)&d->bad;
+        h->offset = *(volatile const float *)&d->offset;
+        __threadfence_system();
+    }
     if (offset_dev)
         offset = *offset_dev;
     int64_t g = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
@@ -360,10 +368,16 @@ extern "C" enum qd_status qd_cuda_bnb4_quantize(const struct qd_format *f, const
         }
         const unsigned warps = 8;
         int64_t groups = (nblocks + BNB_NESTED_BLOCK - 1) / BNB_NESTED_BLOCK;
+        struct qd_scratch *h_dev = (struct qd_scratch *)ctx->host_scratch_dev;
         CUDA_CHECK(qd_launch_dependent(bnb_double_quant_kernel, qd_grid(groups, warps), 32 * warps, table,
                                        absmax, nblocks, offset_dev, p->offset, (uint8_t *)out[1], (float *)out[2],
-                                       (float *)out[3]));
+                                       (float *)out[3], (const struct qd_scratch *)d, h_dev));
         CUDA_CHECK(cudaFreeAsync(absmax, qd_stream()));
+        if (h_dev) { /* the kernel wrote flag and offset to the host: nothing to copy */
+            ctx->pending_bad = bad != NULL;
+            ctx->pending_offset = bins != NULL;
+            return QD_OK;
+        }
     }
     if (bins) { /* the offset comes back beside the flag (qd_cuda_finish writes it to p) */
         struct qd_scratch *h = qd_scratch_host();

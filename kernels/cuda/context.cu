@@ -26,6 +26,10 @@ extern "C" enum qd_status qd_cuda_ctx_init(struct qd_cuda_ctx *c)
     CUDA_CHECK(cudaMalloc(&c->scratch, QD_CUDA_SCRATCH_BYTES));
     c->bins_dirty = 1; /* (cleared by the first nf4/fp4 call's memset) */
     CUDA_CHECK(cudaMallocHost(&c->host_scratch, QD_CUDA_SCRATCH_BYTES));
+    if (cudaHostGetDevicePointer(&c->host_scratch_dev, c->host_scratch, 0) != cudaSuccess) {
+        c->host_scratch_dev = NULL; /* (kernels then leave their results to copies) */
+        cudaGetLastError();
+    }
     /* stream-ordered temporaries (bnb4's absmax) stay cached in the device's pool across
      * synchronizations instead of going back to the driver each time */
     int dev = 0;

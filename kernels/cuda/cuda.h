@@ -20,6 +20,7 @@ struct qd_cuda_ctx {
     void *stream;       /* cudaStream_t */
     void *scratch;      /* device: flags and reduction partials, QD_CUDA_SCRATCH_BYTES */
     void *host_scratch; /* pinned host mirror of the same size */
+    void *host_scratch_dev; /* the mirror's address for kernels (mapped), NULL where not mapped */
     int64_t bad_index;  /* out: first non-finite input element, when a quantize says so */
     /* what qd_cuda_finish settles for the last quantize (private to context.cu and the kernels) */
     int pending_bad;                   /* the non-finite flag is on its way to host scratch */

@@ -198,20 +198,12 @@ __global__ void bnb_offset_kernel(unsigned long long *bins, int64_t nblocks, flo
 /* quantize_blockwise(absmax - offset, blocksize=256): one warp per group of 256 absmax; the
  * offset from the device when computed there. */
 __global__ void bnb_double_quant_kernel(const uint2 *table, const float *absmax, int64_t nblocks, const float *offset_dev, float offset,
-                                        uint8_t *codes, float *nested_absmax, float *nested_map,
-                                        const struct qd_scratch *d, struct qd_scratch *h)
+                                        uint8_t *codes, float *nested_absmax, float *nested_map)
 {
     if (blockIdx.x == 0) /* the nested_quant_map component */
         for (int i = threadIdx.x; i < 256; i += blockDim.x)
             nested_map[i] = dynamic_map[i];
     qd_grid_wait(); /* the absmax and the offset of the kernels before */
-    if (h && blockIdx.x == 0 && threadIdx.x == 0) {
-        /* the non-finite flag and the offset are final now: straight into the host's pinned
-         * mirror (no copy after this kernel) */
-        h->bad = *(volatile const unsigned long long *)&d->bad;
-        h->offset = *(volatile const float *)&d->offset;
-        __threadfence_system();
-    }
     if (offset_dev)
         offset = *offset_dev;
     int64_t g = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
@@ -343,12 +335,11 @@ extern "C" enum qd_status qd_cuda_bnb4_quantize(const struct qd_format *f, const
     unsigned long long *bins = p->double_quant && !p->has_offset ? d->bins : NULL;
     struct qd_cuda_ctx *ctx = qd_cuda_ctx_get();
     const uint2 *table = p->double_quant ? qd_cuda_dq_table() : NULL; /* (built once, before the launches) */
-    if (bins && ctx->bins_dirty) { /* the first call, or one that stopped before the offset kernel */
-        CUDA_CHECK(cudaMemsetAsync(bins, 0, sizeof d->bins, qd_stream()));
-        ctx->bins_dirty = 0;
+    if (bins) {
+        if (ctx->bins_dirty) /* the first call, or one that stopped before the offset kernel */
+            CUDA_CHECK(cudaMemsetAsync(bins, 0, sizeof d->bins, qd_stream()));
+        ctx->bins_dirty = 1; /* until the offset kernel (which zeroes them) is queued */
     }
-    if (bins)
-        ctx->bins_dirty = 1; /* until the offset kernel is queued */
     int group = (int)(bs / BNB_PER_THREAD), log_bs = 0; /* bs: a power of two, 32..4096 */
     while ((1 << log_bs) < bs)
         log_bs++;
@@ -368,26 +359,13 @@ extern "C" enum qd_status qd_cuda_bnb4_quantize(const struct qd_format *f, const
         }
         const unsigned warps = 8;
         int64_t groups = (nblocks + BNB_NESTED_BLOCK - 1) / BNB_NESTED_BLOCK;
-        struct qd_scratch *h_dev = (struct qd_scratch *)ctx->host_scratch_dev;
         CUDA_CHECK(qd_launch_dependent(bnb_double_quant_kernel, qd_grid(groups, warps), 32 * warps, table,
                                        absmax, nblocks, offset_dev, p->offset, (uint8_t *)out[1], (float *)out[2],
-                                       (float *)out[3], (const struct qd_scratch *)d, h_dev));
+                                       (float *)out[3]));
         CUDA_CHECK(cudaFreeAsync(absmax, qd_stream()));
-        if (h_dev) { /* the kernel wrote flag and offset to the host: nothing to copy */
-            ctx->pending_bad = bad != NULL;
-            ctx->pending_offset = bins != NULL;
-            return QD_OK;
-        }
     }
-    if (bins) { /* the offset comes back beside the flag (qd_cuda_finish writes it to p) */
-        struct qd_scratch *h = qd_scratch_host();
-        if (!bad)
-            CUDA_CHECK(cudaMemcpyAsync(&h->offset, &d->offset, sizeof h->offset, cudaMemcpyDeviceToHost, qd_stream()));
-        qd_cuda_ctx_get()->pending_offset = 1;
-    }
-    if ((s = qd_cuda_bad_end(bad)) != QD_OK)
-        return s;
-    return QD_OK;
+    ctx->pending_offset = bins != NULL; /* it comes back beside the flag; qd_cuda_finish sets p's */
+    return qd_cuda_bad_end(bad);
 }
 
 extern "C" enum qd_status qd_cuda_bnb4_dequantize(const struct qd_format *f, const void *const *in,

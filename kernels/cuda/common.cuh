@@ -117,25 +117,21 @@ template <int DT, int N> __device__ __forceinline__ uint32_t qd_load_block_top(c
     return qd_half_pair_top<DT>(top);
 }
 
-/* Min and max of two packed f16/bf16 pairs, NaN ignored (the other input returned). */
-template <int DT> __device__ __forceinline__ uint32_t qd_pair_min(uint32_t a, uint32_t b)
+/* Min (MAX = 0) or max of two packed f16/bf16 pairs, NaN ignored (the other input returned). */
+template <int DT, int MAX> __device__ __forceinline__ uint32_t qd_pair_fold(uint32_t a, uint32_t b)
 {
+    uint32_t r;
     if (DT == QD_F16) {
-        __half2 r = __hmin2(*(__half2 *)&a, *(__half2 *)&b);
-        return *(uint32_t *)&r;
+        __half2 x = *(__half2 *)&a, y = *(__half2 *)&b, m = MAX ? __hmax2(x, y) : __hmin2(x, y);
+        r = *(uint32_t *)&m;
+    } else {
+        __nv_bfloat162 x = *(__nv_bfloat162 *)&a, y = *(__nv_bfloat162 *)&b, m = MAX ? __hmax2(x, y) : __hmin2(x, y);
+        r = *(uint32_t *)&m;
     }
-    __nv_bfloat162 r = __hmin2(*(__nv_bfloat162 *)&a, *(__nv_bfloat162 *)&b);
-    return *(uint32_t *)&r;
+    return r;
 }
-template <int DT> __device__ __forceinline__ uint32_t qd_pair_max(uint32_t a, uint32_t b)
-{
-    if (DT == QD_F16) {
-        __half2 r = __hmax2(*(__half2 *)&a, *(__half2 *)&b);
-        return *(uint32_t *)&r;
-    }
-    __nv_bfloat162 r = __hmax2(*(__nv_bfloat162 *)&a, *(__nv_bfloat162 *)&b);
-    return *(uint32_t *)&r;
-}
+template <int DT> __device__ __forceinline__ uint32_t qd_pair_min(uint32_t a, uint32_t b) { return qd_pair_fold<DT, 0>(a, b); }
+template <int DT> __device__ __forceinline__ uint32_t qd_pair_max(uint32_t a, uint32_t b) { return qd_pair_fold<DT, 1>(a, b); }
 
 /* The f16/bf16 value in half `hi` (0: low, 1: high) of a packed pair, as f32. */
 template <int DT> __device__ __forceinline__ float qd_half_f32(uint32_t w, int hi)
@@ -315,7 +311,8 @@ static inline unsigned qd_grid(int64_t items, int threads)
 /* Clears the non-finite flag; returns the device pointer to pass to kernels (NULL when the
  * check is off). */
 enum qd_status qd_cuda_bad_begin(int check, unsigned long long **flag);
-/* Reads the flag back (synchronizes the stream): QD_ENONFINITE with ctx->bad_index set. */
+/* Sends the flag (and the device's offset, when ctx->pending_offset) to the host mirror in
+ * stream order, without waiting; qd_cuda_finish reads them once the stream has run. */
 enum qd_status qd_cuda_bad_end(unsigned long long *flag);
 
 /* Multiprocessors of the current device (1 when it cannot be read). */

@@ -78,16 +78,16 @@ __global__ void publish_kernel(const struct qd_scratch *d, struct qd_scratch *h)
 
 enum qd_status qd_cuda_bad_end(unsigned long long *flag)
 {
-    if (!flag)
-        return QD_OK;
     struct qd_cuda_ctx *c = qd_cuda_ctx_get();
-    struct qd_scratch *h = qd_scratch_host();
+    if (!flag && !c->pending_offset)
+        return QD_OK;
+    struct qd_scratch *h = qd_scratch_host(), *d = qd_scratch_dev();
     if (c->host_scratch_dev) /* read by qd_cuda_finish once the stream has run */
-        CUDA_CHECK(qd_launch_dependent(publish_kernel, 1, 1, (const struct qd_scratch *)qd_scratch_dev(),
+        CUDA_CHECK(qd_launch_dependent(publish_kernel, 1, 1, (const struct qd_scratch *)d,
                                        (struct qd_scratch *)c->host_scratch_dev));
     else /* the flag and the device-computed values beside it (struct qd_scratch) in one copy */
-        CUDA_CHECK(cudaMemcpyAsync(&h->bad, flag, offsetof(struct qd_scratch, range), cudaMemcpyDeviceToHost, qd_stream()));
-    c->pending_bad = 1;
+        CUDA_CHECK(cudaMemcpyAsync(&h->bad, &d->bad, offsetof(struct qd_scratch, range), cudaMemcpyDeviceToHost, qd_stream()));
+    c->pending_bad = flag != NULL;
     return QD_OK;
 }
 

@@ -172,11 +172,12 @@ __global__ void __launch_bounds__(ROW_THREADS) int8_row_reg_kernel(int asym, con
         int64_t c = threadIdx.x + (int64_t)k * ROW_THREADS;
         if (c >= chunks)
             break;
-        uint32_t w[4] = {q[k].x, q[k].y, q[k].z, q[k].w}, o[2] = {0, 0};
+        uint32_t w[4] = {q[k].x, q[k].y, q[k].z, q[k].w};
+        float v[8];
 #pragma unroll
         for (int j = 0; j < 8; j++)
-            o[j / 4] |= int8_code(asym, qd_half_f32<DT>(w[j / 2], j % 2), sc, zp) << (8 * (j % 4));
-        ((uint2 *)(out + base))[c] = make_uint2(o[0], o[1]);
+            v[j] = qd_half_f32<DT>(w[j / 2], j % 2);
+        ((uint2 *)(out + base))[c] = int8_codes8(asym, v, sc, zp);
     }
 }
 

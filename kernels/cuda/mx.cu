@@ -15,9 +15,9 @@ struct mx_geom {
     int64_t scale_cols;
 };
 
-/* Where block b's scale goes: its index, or its place in the swizzled tiling (32-bit division
- * when the block count allows: 64-bit division costs tens of instructions per block). */
-/* Where block b's scale goes; b must be the CTA's first block + threadIdx.x. */
+/* Where block b's scale goes: its index, or its place in the swizzled tiling. b must be the
+ * CTA's first block + threadIdx.x (32-bit division when the block count allows: 64-bit
+ * division costs tens of instructions). */
 __device__ __forceinline__ int64_t scale_pos(int64_t b, int64_t scale_cols, int swizzled)
 {
     if (!swizzled)

@@ -27,29 +27,6 @@ struct load {
     long done, failed;
 };
 
-/* The answer goes into one buffer per client, reused: a fresh allocation per 34 MiB answer
- * costs the client (on the same host as the server) page faults and zeroing. */
-struct answer {
-    char *p;
-    size_t n, cap;
-};
-
-static size_t take(char *data, size_t size, size_t nmemb, void *arg)
-{
-    struct answer *a = arg;
-    size_t n = size * nmemb;
-    if (a->n + n > a->cap) {
-        size_t cap = (a->n + n) * 2;
-        char *p = realloc(a->p, cap);
-        if (!p)
-            return 0;
-        a->p = p, a->cap = cap;
-    }
-    memcpy(a->p + a->n, data, n);
-    a->n += n;
-    return n;
-}
-
 /* A lean client, as a program feeding the service would be: one connection kept alive, 2 MiB
  * upload writes, the answer into a reused buffer. An answer counts when it is a non-empty 200. */
 static void *client(void *arg)
@@ -61,12 +38,12 @@ static void *client(void *arg)
     for (int i = 0; l->headers && l->headers[i]; i++)
         h = curl_slist_append(h, l->headers[i]);
     CURL *c = curl_easy_init();
-    struct answer a = {0};
+    struct sink a = {0}; /* one answer buffer, reused: no fresh pages to fault in per answer */
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, l->body);
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)l->len);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, take);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, http_sink);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &a);
     curl_easy_setopt(c, CURLOPT_UPLOAD_BUFFERSIZE, 2L << 20);
     curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L << 10);

@@ -84,18 +84,16 @@ int server_stop(struct server *s)
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-struct sink {
-    char *p;
-    size_t n, cap;
-};
-
-static size_t on_body(char *data, size_t size, size_t nmemb, void *arg)
+size_t http_sink(char *data, size_t size, size_t nmemb, void *arg)
 {
     struct sink *k = arg;
     size_t n = size * nmemb;
     if (k->n + n + 1 > k->cap) {
-        k->cap = (k->n + n + 1) * 2;
-        k->p = realloc(k->p, k->cap);
+        size_t cap = (k->n + n + 1) * 2;
+        char *p = realloc(k->p, cap);
+        if (!p)
+            return 0; /* curl fails the transfer */
+        k->p = p, k->cap = cap;
     }
     memcpy(k->p + k->n, data, n);
     k->n += n;
@@ -172,7 +170,7 @@ void http_do(const struct server *s, const char *method, const char *path, const
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, http_sink);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &k);
     curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(c, CURLOPT_HEADERDATA, r);

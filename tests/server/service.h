@@ -30,6 +30,12 @@ struct http {
 void http_do(const struct server *s, const char *method, const char *path, const char *const *headers,
              const void *body, size_t len, struct http *r);
 void http_free(struct http *r);
+/* A growing, NUL-terminated answer buffer and its curl write callback (set n = 0 to reuse). */
+struct sink {
+    char *p;
+    size_t n, cap;
+};
+size_t http_sink(char *data, size_t size, size_t nmemb, void *arg);
 
 /* Random f32 values, normal-ish, fresh per call; the seed is printed once. */
 float *random_f32(size_t n);

@@ -13,7 +13,6 @@
 #include "../../server/decode.h"
 #include "../../server/encode.h"
 #include "../../server/hostmem.h"
-#include "../../server/hostmem.h"
 
 static void base64_round_trips_every_length(void **state)
 {

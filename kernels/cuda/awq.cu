@@ -67,14 +67,15 @@ __global__ void awq_quantize_kernel(const void *x, int64_t K, int64_t N, int64_t
  * into shared memory (coalesced 16-byte loads); 4 threads per column take its min/max, then
  * the codes are packed from the tile. */
 template <int DT>
-__global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, int64_t N, int G, uint32_t *qweight,
+__global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, int64_t N, unsigned col_tiles, int G,
+                                                                uint32_t *qweight,
                                                                 uint32_t *qzeros, uint16_t *scales,
                                                                 unsigned long long *bad)
 {
     __shared__ float tile[AWQ_MAX_TILE_G * AWQ_PITCH];
     __shared__ float s_scale[AWQ_TILE_COLS], s_zero[AWQ_TILE_COLS];
     const int order[8] = QD_AWQ_ORDER;
-    int64_t g = blockIdx.x, col0 = (int64_t)blockIdx.y * AWQ_TILE_COLS, row0 = g * G;
+    int64_t g = blockIdx.x / col_tiles, col0 = (int64_t)(blockIdx.x % col_tiles) * AWQ_TILE_COLS, row0 = g * G;
     int cols = N - col0 < AWQ_TILE_COLS ? (int)(N - col0) : AWQ_TILE_COLS, words = cols / 8;
     for (int k = threadIdx.x; k < G * words; k += blockDim.x) {
         int r = words == 8 ? k >> 3 : k / words, w = words == 8 ? k & 7 : k % words;
@@ -130,24 +131,29 @@ __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, i
  * (ty, tx) loads 8 columns (one 16-byte load of f16/bf16) of rows ty, ty + 32, ... and packs
  * one word per row. Column min/max: packed pair min/max (NaN ignored), shuffles across the 4
  * row slices of a warp, then shared memory across the 8 warps; a NaN in the group's first row
- * makes the column's min and max NaN, as AutoAWQ's sequential scan from that row does. The
- * codes: the quotient w / scale exactly as the division gives it (qd_quotient), w first
- * clamped to +-41 scales (the code saturates beyond +-16 anyway; a NaN becomes -41 scales,
- * code 0 as AutoAWQ's cast gives), rounded by adding 1.5 * 2^23 (ties to even), plus the zero.
- * A column whose scale is not finite (NaN/Inf input) takes the division. 16-bit inputs only. */
+ * makes the column's min and max NaN, as AutoAWQ's sequential scan from that row does. One
+ * thread per column then sets the scale, the zero and the constants below; each code is the
+ * quotient w / scale exactly as the division gives it (qd_quotient), clamped and rounded as
+ * the comment in the loop says. A column whose scale is not finite (NaN/Inf input) or whose
+ * values reach 2^100 scales takes the division. 16-bit inputs only. */
 template <int DT, int R>
-__global__ void __launch_bounds__(AWQ_REG_THREADS, 4) awq_quantize_reg_kernel(const void *x, int64_t N, uint32_t *qweight,
+__global__ void __launch_bounds__(AWQ_REG_THREADS, 4) awq_quantize_reg_kernel(const void *x, int64_t N, unsigned col_tiles,
+                                                                           uint32_t *qweight,
                                                                            uint32_t *qzeros, uint16_t *scales,
                                                                            unsigned long long *bad)
 {
-    __shared__ uint32_t s_lo[8][8][4], s_hi[8][8][4]; /* [warp][tx][pair] */
-    __shared__ uint32_t s_first[32];                   /* the group's first row, column pairs */
-    __shared__ __align__(16) float s_scale[AWQ_TILE_COLS], s_zero[AWQ_TILE_COLS], s_rcp[AWQ_TILE_COLS],
-        s_wmax[AWQ_TILE_COLS];
+    __shared__ struct {
+        uint32_t lo[8][8][4], hi[8][8][4]; /* [warp][tx][pair]: each warp's column min/max */
+        uint32_t first[32];                /* the group's first row, column pairs */
+        /* scale, 1 / scale, -zero, 15 - zero (-1: take the division); column 8 w + c at
+         * [c][w], so the 8 words' threads read 128 contiguous bytes (no bank conflict) */
+        float4 col[8][8];
+        uint32_t zword[8]; /* the qzeros words */
+        float zero[AWQ_TILE_COLS];
+    } s;
     const int order[8] = QD_AWQ_ORDER;
-    const int G = 32 * R;
     int tx = threadIdx.x % 8, ty = threadIdx.x / 8, warp = threadIdx.x / 32;
-    int64_t g = blockIdx.x, col0 = (int64_t)blockIdx.y * AWQ_TILE_COLS, row0 = g * G;
+    int64_t g = blockIdx.x / col_tiles, col0 = (int64_t)(blockIdx.x % col_tiles) * AWQ_TILE_COLS, row0 = g * 32 * R;
     int words = N - col0 < AWQ_TILE_COLS ? (int)(N - col0) / 8 : 8;
     bool active = tx < words;
     uint32_t w[R][4];
@@ -164,14 +170,16 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS, 4) awq_quantize_reg_kernel(co
             for (int k = 0; k < 4; k++)
                 top = __vmaxu2(top, w[r][k] & 0x7fff7fffu);
         uint32_t inf = DT == QD_F16 ? 0x7c00u : 0x7f80u;
-        if ((top & 0xffff) >= inf || (top >> 16) >= inf) /* rare: find the first one in index order */
-            for (int r = 0; r < R; r++)
-                for (int j = 0; j < 8; j++)
-                    if (!qd_isfinite(qd_half_f32<DT>(w[r][j / 2], j % 2))) {
-                        atomicMin(bad, (unsigned long long)((row0 + ty + 32 * r) * N + col0 + 8 * tx + j));
-                        r = R;
-                        break;
-                    }
+        if ((top & 0xffff) >= inf || (top >> 16) >= inf) { /* rare: the first one in index order */
+            unsigned long long first = ~0ull;
+#pragma unroll /* constant indices: w stays in registers */
+            for (int r = R - 1; r >= 0; r--)
+#pragma unroll
+                for (int j = 7; j >= 0; j--)
+                    if (!qd_isfinite(qd_half_f32<DT>(w[r][j / 2], j % 2)))
+                        first = (unsigned long long)((row0 + ty + 32 * r) * N + col0 + 8 * tx + j);
+            atomicMin(bad, first);
+        }
     }
     uint32_t lo[4], hi[4];
 #pragma unroll
@@ -190,72 +198,77 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS, 4) awq_quantize_reg_kernel(co
     }
     if (threadIdx.x % 32 < 8)
         for (int k = 0; k < 4; k++) {
-            s_lo[warp][tx][k] = lo[k];
-            s_hi[warp][tx][k] = hi[k];
+            s.lo[warp][tx][k] = lo[k];
+            s.hi[warp][tx][k] = hi[k];
         }
     if (threadIdx.x < 8) /* ty 0 holds row0: no second global read after the barrier */
         for (int k = 0; k < 4; k++)
-            s_first[4 * tx + k] = w[0][k];
+            s.first[4 * tx + k] = w[0][k];
     __syncthreads();
+    uint32_t zword = 0;
     if (threadIdx.x < 8 * words) { /* one thread per column: the fold over the 8 warps */
-        int c = threadIdx.x, cw = c / 8, pair = (c % 8) / 2, half = c % 2;
-        uint32_t l = s_lo[0][cw][pair], h = s_hi[0][cw][pair];
+        int c = threadIdx.x, cw = c / 8, j = c % 8, pair = j / 2, half = c % 2;
+        uint32_t l = s.lo[0][cw][pair], h = s.hi[0][cw][pair];
         for (int wi = 1; wi < 8; wi++) {
-            l = qd_pair_min<DT>(l, s_lo[wi][cw][pair]);
-            h = qd_pair_max<DT>(h, s_hi[wi][cw][pair]);
+            l = qd_pair_min<DT>(l, s.lo[wi][cw][pair]);
+            h = qd_pair_max<DT>(h, s.hi[wi][cw][pair]);
         }
         float lof = qd_half_f32<DT>(l, half), hif = qd_half_f32<DT>(h, half);
-        float first = qd_half_f32<DT>(s_first[c / 2], c % 2);
+        float first = qd_half_f32<DT>(s.first[c / 2], c % 2);
         if (first != first) /* the sequential scan keeps a NaN start */
             lof = hif = first;
         float sc = qd_awq_scale(lof, hif), z = qd_awq_zero(lof, sc);
-        s_scale[c] = sc;
-        s_zero[c] = z;
-        s_rcp[c] = __frcp_rn(sc);
-        s_wmax[c] = 41.0f * sc;
+        /* the fast codes need a finite scale and |w / scale| <= 2^100 (qd_quotient's range) */
+        bool fast = sc <= 3.40282347e38f && fmaxf(qd_absf(lof), qd_absf(hif)) <= 0x1p100f * sc;
+        s.col[j][cw] = make_float4(sc, __frcp_rn(sc), -z, fast ? 15.0f - z : -1.0f);
+        s.zero[c] = z;
         scales[g * N + col0 + c] = qd_f32_to_f16_scale(sc);
+        zword = (uint32_t)z << (4 * (j % 2 ? 4 + j / 2 : j / 2)); /* its nibble in the AWQ order */
+    }
+    if (threadIdx.x < AWQ_TILE_COLS) { /* warps 0 and 1: each word's 8 nibbles from its 8 lanes */
+        for (int o = 1; o < 8; o <<= 1)
+            zword |= __shfl_xor_sync(0xffffffffu, zword, o);
+        if (threadIdx.x % 8 == 0 && threadIdx.x < 8 * words) {
+            s.zword[threadIdx.x / 8] = zword;
+            qzeros[g * (N / 8) + col0 / 8 + threadIdx.x / 8] = zword;
+        }
     }
     __syncthreads();
-    if (threadIdx.x < words)
-        qzeros[g * (N / 8) + col0 / 8 + threadIdx.x] = pack_zeros(s_zero + 8 * threadIdx.x);
     if (!active)
         return;
-    float sc[8], rc[8], wmax[8];
-    int zi[8];
-    bool finite = true;
-#pragma unroll
-    for (int j = 0; j < 8; j += 4) { /* the thread's 8 columns' constants, in registers */
-        float4 a = *(const float4 *)&s_scale[8 * tx + j], b = *(const float4 *)&s_rcp[8 * tx + j],
-               m = *(const float4 *)&s_wmax[8 * tx + j], z = *(const float4 *)&s_zero[8 * tx + j];
-        sc[j] = a.x, sc[j + 1] = a.y, sc[j + 2] = a.z, sc[j + 3] = a.w;
-        rc[j] = b.x, rc[j + 1] = b.y, rc[j + 2] = b.z, rc[j + 3] = b.w;
-        wmax[j] = m.x, wmax[j + 1] = m.y, wmax[j + 2] = m.z, wmax[j + 3] = m.w;
-        zi[j] = (int)z.x, zi[j + 1] = (int)z.y, zi[j + 2] = (int)z.z, zi[j + 3] = (int)z.w;
-    }
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-        finite &= sc[j] <= 3.40282347e38f; /* NaN or Inf: the division below */
+    /* Column by column, so only one column's constants are live (one 16-byte shared load).
+     * code = clamp(rne(q) + z, 0, 15) = rne(clamp(q, -z, 15 - z)) + z (the bounds are
+     * integers); rne by adding 1.5 * 2^23, whose bits are then 0x4B400000 + rne(...). The
+     * word sums those bits shifted to their nibbles, starting from the zeros' word less the
+     * 8 shifted 0x4B400000 (modulo 2^32: the nibbles' sum carries nowhere). */
+    constexpr uint32_t magic8 = 0x4B400000u * 0x11111111u;
     uint32_t out[R];
+    bool fast = true;
+    uint32_t start = s.zword[tx] - magic8;
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        uint32_t word = 0;
+    for (int r = 0; r < R; r++)
+        out[r] = start;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            int c = order[i];
+    for (int i = 0; i < 8; i++) {
+        int c = order[i];
+        float4 k = s.col[c][tx];
+        fast &= k.w >= 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
             float v = qd_half_f32<DT>(w[r][c / 2], c % 2);
-            float q = qd_quotient(fminf(fmaxf(v, -wmax[c]), wmax[c]), sc[c], rc[c]);
-            int code = (int)(qd_f32_bits(q + 12582912.0f) - 0x4B400000u) + zi[c];
-            word |= (uint32_t)min(max(code, 0), 15) << (4 * i);
+            float q = fminf(fmaxf(qd_quotient(v, k.x, k.y), k.z), k.w); /* a NaN becomes -z: code 0 */
+            out[r] += qd_f32_bits(q + 12582912.0f) << (4 * i);
         }
-        out[r] = word;
     }
-    if (!finite)
+    if (!fast) /* a non-finite scale or huge values: the division */
+#pragma unroll /* constant indices: w stays in registers */
         for (int r = 0; r < R; r++) {
             uint32_t word = 0;
+#pragma unroll
             for (int i = 0; i < 8; i++) {
                 int c = order[i];
                 float v = qd_half_f32<DT>(w[r][c / 2], c % 2);
-                word |= qd_awq_code(v, sc[c], s_zero[8 * tx + c]) << (4 * i);
+                word |= qd_awq_code(v, s.col[c][tx].x, s.zero[8 * tx + c]) << (4 * i);
             }
             out[r] = word;
         }
@@ -299,22 +312,24 @@ extern "C" enum qd_status qd_cuda_awq_quantize(const struct qd_format *f, const 
     int64_t K = in->rows, N = in->cols, G = p->group_size, items = (K / G) * (N / 8);
     int64_t col_tiles = (N + AWQ_TILE_COLS - 1) / AWQ_TILE_COLS;
     int R = G == 32 ? 1 : (G == 64 ? 2 : (G == 128 ? 4 : 0));
-    if (R && in->dtype != QD_F32 && col_tiles <= 65535 && K / G <= 0x7fffffff) {
-        dim3 grid((unsigned)(K / G), (unsigned)col_tiles);
+    /* one CTA per tile, the column tiles of a group on consecutive CTAs (together they read
+     * whole rows: DRAM pages open once) */
+    unsigned ct = (unsigned)col_tiles, grid = (unsigned)((K / G) * col_tiles);
+    bool one_grid = (K / G) * col_tiles <= 0x7fffffff;
+    if (R && in->dtype != QD_F32 && one_grid) {
         const void *x = in->data;
         uint32_t *qw = (uint32_t *)out[0], *qz = (uint32_t *)out[1];
         uint16_t *sc = (uint16_t *)out[2];
-#define AWQ_REG(DT, RR) awq_quantize_reg_kernel<DT, RR><<<grid, AWQ_REG_THREADS, 0, qd_stream()>>>(x, N, qw, qz, sc, bad)
+#define AWQ_REG(DT, RR) awq_quantize_reg_kernel<DT, RR><<<grid, AWQ_REG_THREADS, 0, qd_stream()>>>(x, N, ct, qw, qz, sc, bad)
         if (in->dtype == QD_F16)
             R == 1 ? AWQ_REG(QD_F16, 1) : (R == 2 ? AWQ_REG(QD_F16, 2) : AWQ_REG(QD_F16, 4));
         else
             R == 1 ? AWQ_REG(QD_BF16, 1) : (R == 2 ? AWQ_REG(QD_BF16, 2) : AWQ_REG(QD_BF16, 4));
 #undef AWQ_REG
-    } else if (G <= AWQ_MAX_TILE_G && col_tiles <= 65535 && K / G <= 0x7fffffff) {
-        dim3 grid((unsigned)(K / G), (unsigned)col_tiles);
+    } else if (G <= AWQ_MAX_TILE_G && one_grid) {
         QD_DTYPE_SWITCH(in->dtype, DT,
                         awq_quantize_tile_kernel<DT><<<grid, 256, 0, qd_stream()>>>(
-                            in->data, N, (int)G, (uint32_t *)out[0], (uint32_t *)out[1], (uint16_t *)out[2], bad));
+                            in->data, N, ct, (int)G, (uint32_t *)out[0], (uint32_t *)out[1], (uint16_t *)out[2], bad));
     } else {
         QD_DTYPE_SWITCH(in->dtype, DT,
                         awq_quantize_kernel<DT><<<qd_grid(items, 128), 128, 0, qd_stream()>>>(

@@ -9,6 +9,8 @@
 /* Bit position 4*i of each 32-bit word holds column 8c + qd_awq_order[i]: the interleave the
  * GEMM kernels' lop3 unpacking expects. */
 #define QD_AWQ_ORDER {0, 2, 4, 6, 1, 3, 5, 7}
+/* Its inverse: the bit position of column 8c + j within word c. */
+#define QD_AWQ_SHIFT_OF_COL {0, 16, 4, 20, 8, 24, 12, 28}
 
 /* scale = clamp(max - min, min=1e-5) / 15; zero = clamp(-round(min / scale), 0, 15). */
 QD_HD float qd_awq_scale(float min, float max)

@@ -72,8 +72,7 @@ static void awq_dequantize_span(void *c, int tid, float *y, int64_t first, int64
     const int64_t N = k->n_cols;
     for (int64_t e = 0; e < n; e++) {
         int64_t idx = first + e, row = idx / N, col = idx % N, g = row / k->group;
-        /* bit position of column c within its word: the inverse of QD_AWQ_ORDER */
-        static const int shift_of_col[8] = {0, 16, 4, 20, 8, 24, 12, 28};
+        static const int shift_of_col[8] = QD_AWQ_SHIFT_OF_COL;
         int shift = shift_of_col[col % 8];
         int q = (int)((k->cqweight[row * (N / 8) + col / 8] >> shift) & 15);
         int z = (int)((k->cqzeros[g * (N / 8) + col / 8] >> shift) & 15);

@@ -223,7 +223,8 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS, 4) awq_quantize_reg_kernel(co
         s.col[j][cw] = make_float4(sc, __frcp_rn(sc), -z, fast ? 15.0f - z : -1.0f);
         s.zero[c] = z;
         scales[g * N + col0 + c] = qd_f32_to_f16_scale(sc);
-        zword = (uint32_t)z << (4 * (j % 2 ? 4 + j / 2 : j / 2)); /* its nibble in the AWQ order */
+        const int shift_of_col[8] = QD_AWQ_SHIFT_OF_COL;
+        zword = (uint32_t)z << shift_of_col[j]; /* its nibble in the AWQ order */
     }
     if (threadIdx.x < AWQ_TILE_COLS) { /* warps 0 and 1: each word's 8 nibbles from its 8 lanes */
         for (int o = 1; o < 8; o <<= 1)

@@ -22,7 +22,7 @@ __device__ __forceinline__ int qd_dq_bucket(float x)
     return (unsigned)e < QD_DQ_BINADES ? ((int)(u >> 31) * QD_DQ_BINADES + e) * 64 + (int)((a >> 17) & 63) : -1;
 }
 
-/* map: the dynamic map (shared memory); table: qd_cuda_dq_table's (NULL: the search only) */
+/* map: the dynamic map (shared or constant memory); table: qd_cuda_dq_table's (NULL: the search only) */
 __device__ __forceinline__ uint8_t qd_dq_code(float x, const float *map, const uint2 *table)
 {
     int b = table ? qd_dq_bucket(x) : -1;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #ifdef __CUDACC__
+#include <cuda_fp16.h>
 #define QD_HD __host__ __device__ __forceinline__
 #define QD_RESTRICT __restrict__
 #else
@@ -107,6 +108,19 @@ QD_HD uint16_t qd_f32_to_f16(float f)
     }
     uint32_t r = a + 0x0fffu + ((a >> 13) & 1u); /* round mantissa to 10 bits, ties to even */
     return (uint16_t)(sign | (((r >> 13) - (112u << 10)) & 0x7fffu));
+}
+
+/* x rounded to f16 and widened back: the result of one torch fp16 tensor op, which computes in
+ * f32 and rounds to f16 after each op (round to nearest even, inf beyond 65504, NaN kept). */
+QD_HD float qd_f16_round(float x)
+{
+#if defined(__CUDA_ARCH__)
+    return __half2float(__float2half_rn(x));
+#elif defined(__FLT16_MAX__) && defined(__F16C__)
+    return (float)(_Float16)x; /* vcvtps2ph / vcvtph2ps: vectorizes */
+#else
+    return qd_f16_to_f32(qd_f32_to_f16(x));
+#endif
 }
 
 /* f16 for a stored scale: any NaN becomes the one quiet NaN 0x7e00. A NaN scale only comes

@@ -11,6 +11,7 @@
 #ifdef QD_WITH_CUDA
 #include "cuda/cuda.h"
 #endif
+#include "awq.h"
 #include "fp.h"
 
 static const char *device_error(void)
@@ -24,8 +25,16 @@ static const char *device_error(void)
 
 static enum qd_status nonfinite_error(int64_t bad, char *err, size_t len)
 {
-    snprintf(err, len, "input element %" PRId64 " is not finite (NaN or Inf); set "
-             "allow_nonfinite=true to quantize it anyway", bad);
+    if (bad & QD_BAD_AWQ_F16_RANGE)
+        snprintf(err, len, "awq: the group starting at input element %" PRId64 " (its column's "
+                 "first row in the group) overflows f16: AutoAWQ halves the weight and computes "
+                 "in f16, where a value beyond +-65504, a range max - min past 65504, or at the "
+                 "largest scale (4368) a zero or code of 15 gives inf (an assert, or inf cast "
+                 "to int); set allow_nonfinite=true to quantize it anyway (docs/formats.md)",
+                 bad & ~QD_BAD_AWQ_F16_RANGE);
+    else
+        snprintf(err, len, "input element %" PRId64 " is not finite (NaN or Inf); set "
+                 "allow_nonfinite=true to quantize it anyway", bad);
     return QD_ENONFINITE;
 }
 

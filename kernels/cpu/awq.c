@@ -14,19 +14,19 @@ struct awq_ctx {
     int failed;
 };
 
-static const int awq_order[8] = QD_AWQ_ORDER;
-
 static void awq_quantize_span(void *c, int tid, const float *x, int64_t first, int64_t n)
 {
     struct awq_ctx *k = c;
     (void)tid;
     const int64_t N = k->n_cols, G = k->group;
-    float *stats = malloc((size_t)N * 4 * sizeof(float));
+    static const int shift_of_col[8] = QD_AWQ_SHIFT_OF_COL;
+    float *stats = malloc((size_t)N * 4 * sizeof(float) + (size_t)N);
     if (!stats) {
         __atomic_store_n(&k->failed, 1, __ATOMIC_RELAXED);
         return;
     }
     float *lo = stats, *hi = stats + N, *scale = stats + 2 * N, *zero = stats + 3 * N;
+    uint8_t *code = (uint8_t *)(stats + 4 * N);
     for (int64_t g0 = 0; g0 < n; g0 += G * N) {
         const float *w = x + g0;
         int64_t g = (first + g0) / (G * N), row0 = g * G;
@@ -39,25 +39,29 @@ static void awq_quantize_span(void *c, int tid, const float *x, int64_t first, i
                 hi[j] = v > hi[j] ? v : hi[j];
             }
         for (int64_t j = 0; j < N; j++) {
-            scale[j] = qd_awq_scale(lo[j], hi[j]);
-            zero[j] = qd_awq_zero(lo[j], scale[j]);
+            /* f16 rounding is monotone: the min and max of the halved weights are these */
+            float lo16 = qd_f16_round(lo[j]), hi16 = qd_f16_round(hi[j]);
+            scale[j] = qd_awq_scale(lo16, hi16);
+            zero[j] = qd_awq_zero(lo16, scale[j]);
             k->scales[g * N + j] = qd_f32_to_f16_scale(scale[j]);
+            if (!qd_awq_column_defined(hi16, scale[j], zero[j])) /* noted unless NaN/Inf are allowed */
+                qd_cpu_note_nonfinite(QD_BAD_AWQ_F16_RANGE | (row0 * N + j));
         }
         for (int64_t j = 0; j < N / 8; j++) {
             uint32_t word = 0;
             for (int i = 0; i < 8; i++)
-                word |= (uint32_t)zero[8 * j + awq_order[i]] << (4 * i);
+                word |= (uint32_t)zero[8 * j + i] << shift_of_col[i];
             k->qzeros[g * (N / 8) + j] = word;
         }
         for (int64_t r = 0; r < G; r++) {
             const float *wr = w + r * N;
+            for (int64_t j = 0; j < N; j++) /* along the row: vectorizes */
+                code[j] = (uint8_t)qd_awq_code(qd_f16_round(wr[j]), scale[j], zero[j]);
             uint32_t *out = k->qweight + (row0 + r) * (N / 8);
             for (int64_t j = 0; j < N / 8; j++) {
                 uint32_t word = 0;
-                for (int i = 0; i < 8; i++) {
-                    int64_t col = 8 * j + awq_order[i];
-                    word |= qd_awq_code(wr[col], scale[col], zero[col]) << (4 * i);
-                }
+                for (int i = 0; i < 8; i++)
+                    word |= (uint32_t)code[8 * j + i] << shift_of_col[i];
                 out[j] = word;
             }
         }

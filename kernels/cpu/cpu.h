@@ -22,6 +22,8 @@ int qd_cpu_spans(const struct qd_tensor *in, int64_t align, qd_span_fn fn, void 
 /* The same for a kernel that finds NaN/Inf itself while it reads (saving the driver's scan):
  * it calls qd_cpu_note_nonfinite with the absolute index of each block's first one. */
 int qd_cpu_spans_self_checked(const struct qd_tensor *in, int64_t align, qd_span_fn fn, void *ctx);
+/* Records a bad index (the least wins) when the pass has a non-finite check armed; a kernel
+ * under qd_cpu_spans may add its own (a flagged one: QD_BAD_AWQ_F16_RANGE). */
 void qd_cpu_note_nonfinite(int64_t index);
 /* Same for writing a tensor: fn produces f32, the driver stores it as out->dtype. */
 int qd_cpu_out_spans(struct qd_tensor *out, int64_t align, qd_out_span_fn fn, void *ctx);

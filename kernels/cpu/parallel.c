@@ -97,7 +97,7 @@ int qd_cpu_scan_end(void)
     return taken;
 }
 
-/* Where qd_cpu_note_nonfinite records, on a thread running a self-checking span job. */
+/* Where qd_cpu_note_nonfinite records, on a thread running a span job with a check armed. */
 static __thread int64_t *self_bad;
 
 void qd_cpu_note_nonfinite(int64_t index)
@@ -156,7 +156,7 @@ static void *span_run(void *arg)
             return NULL;
         }
     }
-    self_bad = j->self_check ? &j->first_bad[w->tid] : NULL;
+    self_bad = j->self_check || j->check ? &j->first_bad[w->tid] : NULL;
     /* each thread streams through its own contiguous stretch, as a static split would, then
      * takes what is left of the others' stretches, so a thread on a busy core holds nobody
      * up (threads taking turns at one shared counter ran slower on 2 cores) */

@@ -1,7 +1,8 @@
 /* AutoAWQ int4 (WQLinear_GEMM layout) on the GPU: one CTA per (group, 64 columns), the tile in
  * registers for 16-bit inputs and groups of 32, 64 or 128 rows, in shared memory for f32 and
  * other groups up to 128 rows; larger groups one thread per (group, 8-column word), reading its
- * columns over the group's rows twice (the second read from L2). */
+ * columns over the group's rows twice (the second read from L2). The arithmetic is AutoAWQ's
+ * f16 flow (kernels/awq.h): weights rounded to f16 first, each op's result rounded to f16. */
 #include "../awq.h"
 
 #include "common.cuh"
@@ -15,6 +16,14 @@ __device__ __forceinline__ uint32_t pack_zeros(const float *zero)
     for (int i = 0; i < 8; i++)
         z |= (uint32_t)zero[order[i]] << (4 * i);
     return z;
+}
+
+/* A group column where AutoAWQ's f16 flow overflows (kernels/awq.h). */
+__device__ __forceinline__ void note_f16_overflow(unsigned long long *bad, float max16, float scale, float zero,
+                                                  int64_t first)
+{
+    if (bad && !qd_awq_column_defined(max16, scale, zero))
+        atomicMin(bad, (unsigned long long)(QD_BAD_AWQ_F16_RANGE | first));
 }
 
 template <int DT>
@@ -42,9 +51,12 @@ __global__ void awq_quantize_kernel(const void *x, int64_t K, int64_t N, int64_t
     }
     float scale[8], zero[8];
     for (int c = 0; c < 8; c++) {
-        scale[c] = qd_awq_scale(lo[c], hi[c]);
-        zero[c] = qd_awq_zero(lo[c], scale[c]);
+        /* f16 rounding is monotone: min and max of the halved weights */
+        float lo16 = qd_f16_round(lo[c]), hi16 = qd_f16_round(hi[c]);
+        scale[c] = qd_awq_scale(lo16, hi16);
+        zero[c] = qd_awq_zero(lo16, scale[c]);
         scales[g * N + 8 * j + c] = qd_f32_to_f16_scale(scale[c]);
+        note_f16_overflow(bad, hi16, scale[c], zero[c], row0 * N + 8 * j + c);
     }
     qzeros[g * words + j] = pack_zeros(zero);
 #pragma unroll 8
@@ -53,7 +65,7 @@ __global__ void awq_quantize_kernel(const void *x, int64_t K, int64_t N, int64_t
         uint32_t word = 0;
         for (int i = 0; i < 8; i++) {
             int c = awq_order[i];
-            word |= qd_awq_code(v[c], scale[c], zero[c]) << (4 * i);
+            word |= qd_awq_code(qd_f16_round(v[c]), scale[c], zero[c]) << (4 * i);
         }
         qweight[(row0 + r) * words + j] = word;
     }
@@ -84,8 +96,8 @@ __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, i
         qd_load_block<DT, 8>(x, at, v);
         if (bad)
             qd_check_block<8>(bad, v, at);
-        for (int j = 0; j < 8; j++)
-            tile[r * AWQ_PITCH + 8 * w + j] = v[j];
+        for (int j = 0; j < 8; j++) /* the weight halved, as AutoAWQ does first */
+            tile[r * AWQ_PITCH + 8 * w + j] = qd_f16_round(v[j]);
     }
     __syncthreads();
     /* column c, part p: rows 32i + 8p + j (banks (8p + c) % 32: distinct across a warp); each
@@ -109,6 +121,7 @@ __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, i
         s_scale[c] = sc;
         s_zero[c] = qd_awq_zero(lo, sc);
         scales[g * N + col0 + c] = qd_f32_to_f16_scale(sc);
+        note_f16_overflow(bad, hi, sc, s_zero[c], row0 * N + col0 + c);
     }
     __syncthreads();
     if (threadIdx.x < words)
@@ -127,15 +140,24 @@ __global__ void __launch_bounds__(256) awq_quantize_tile_kernel(const void *x, i
 
 #define AWQ_REG_THREADS 256
 
+/* Bits of a half2 (low half = first element). */
+__device__ __forceinline__ uint32_t half2_bits(__half2 h)
+{
+    uint32_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+
 /* One CTA per (group of G = 32 R rows, 64 columns), the tile held in registers: thread
  * (ty, tx) loads 8 columns (one 16-byte load of f16/bf16) of rows ty, ty + 32, ... and packs
  * one word per row. Column min/max: packed pair min/max (NaN ignored), shuffles across the 4
  * row slices of a warp, then shared memory across the 8 warps; a NaN in the group's first row
  * makes the column's min and max NaN, as AutoAWQ's sequential scan from that row does. One
- * thread per column then sets the scale, the zero and the constants below; each code is the
- * quotient w / scale exactly as the division gives it (qd_quotient), clamped and rounded as
- * the comment in the loop says. A column whose scale is not finite (NaN/Inf input) or whose
- * values reach 2^100 scales takes the division. 16-bit inputs only. */
+ * thread per column then sets the f16 scale and zero (kernels/awq.h) and the constants below.
+ * Each code is round(f16(w / scale)) + zero, clamped: the quotient exactly as the division
+ * gives it (qd_quotient), clamped, then rounded to f16 two at a time as the loop says. A word
+ * with a column whose scale is not finite (NaN/Inf input, or f16 overflow under
+ * allow_nonfinite) takes the division. 16-bit inputs only. */
 template <int DT, int R>
 __global__ void __launch_bounds__(AWQ_REG_THREADS, 4) awq_quantize_reg_kernel(const void *x, int64_t N, unsigned col_tiles,
                                                                            uint32_t *qweight,
@@ -145,10 +167,13 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS, 4) awq_quantize_reg_kernel(co
     __shared__ struct {
         uint32_t lo[8][8][4], hi[8][8][4]; /* [warp][tx][pair]: each warp's column min/max */
         uint32_t first[32];                /* the group's first row, column pairs */
-        /* scale, 1 / scale, -zero, 15 - zero (-1: take the division); column 8 w + c at
-         * [c][w], so the 8 words' threads read 128 contiguous bytes (no bank conflict) */
-        float4 col[8][8];
+        /* per column pair p = (8 w + 2p, 8 w + 2p + 1) at [p][w], so the 8 words' threads read
+         * contiguous bytes (no bank conflict): the two scales and reciprocals, and the clamp
+         * bounds -zero and 15 - zero as f16 pairs */
+        float4 div[4][8];
+        uint2 bound[4][8];
         uint32_t zword[8]; /* the qzeros words */
+        int fast[8];       /* every scale of the word finite */
         float zero[AWQ_TILE_COLS];
     } s;
     const int order[8] = QD_AWQ_ORDER;
@@ -205,74 +230,104 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS, 4) awq_quantize_reg_kernel(co
         for (int k = 0; k < 4; k++)
             s.first[4 * tx + k] = w[0][k];
     __syncthreads();
-    uint32_t zword = 0;
-    if (threadIdx.x < 8 * words) { /* one thread per column: the fold over the 8 warps */
+    if (threadIdx.x < AWQ_TILE_COLS) { /* warps 0 and 1, one thread per column */
         int c = threadIdx.x, cw = c / 8, j = c % 8, pair = j / 2, half = c % 2;
+        bool valid = c < 8 * words;
         uint32_t l = s.lo[0][cw][pair], h = s.hi[0][cw][pair];
         for (int wi = 1; wi < 8; wi++) {
             l = qd_pair_min<DT>(l, s.lo[wi][cw][pair]);
             h = qd_pair_max<DT>(h, s.hi[wi][cw][pair]);
         }
-        float lof = qd_half_f32<DT>(l, half), hif = qd_half_f32<DT>(h, half);
+        /* f16 rounding is monotone: min and max of the halved weights are these, halved */
+        float lof = qd_f16_round(qd_half_f32<DT>(l, half)), hif = qd_f16_round(qd_half_f32<DT>(h, half));
         float first = qd_half_f32<DT>(s.first[c / 2], c % 2);
         if (first != first) /* the sequential scan keeps a NaN start */
             lof = hif = first;
-        float sc = qd_awq_scale(lof, hif), z = qd_awq_zero(lof, sc);
-        /* the fast codes need a finite scale and |w / scale| <= 2^100 (qd_quotient's range) */
-        bool fast = sc <= 3.40282347e38f && fmaxf(qd_absf(lof), qd_absf(hif)) <= 0x1p100f * sc;
-        s.col[j][cw] = make_float4(sc, __frcp_rn(sc), -z, fast ? 15.0f - z : -1.0f);
-        s.zero[c] = z;
-        scales[g * N + col0 + c] = qd_f32_to_f16_scale(sc);
+        float sc = qd_awq_scale(lof, hif), z = qd_awq_zero(lof, sc), rcp = __frcp_rn(sc);
+        if (valid) {
+            s.zero[c] = z;
+            scales[g * N + col0 + c] = qd_f32_to_f16_scale(sc);
+            note_f16_overflow(bad, hif, sc, z, row0 * N + col0 + c);
+        }
+        /* the pair's constants, written by its even column */
+        float sc1 = __shfl_xor_sync(0xffffffffu, sc, 1), rcp1 = __shfl_xor_sync(0xffffffffu, rcp, 1);
+        float z1 = __shfl_xor_sync(0xffffffffu, z, 1);
+        if (valid && half == 0) {
+            s.div[pair][cw] = make_float4(sc, rcp, sc1, rcp1);
+            s.bound[pair][cw] = make_uint2(half2_bits(__floats2half2_rn(-z, -z1)),
+                                           half2_bits(__floats2half2_rn(15.0f - z, 15.0f - z1)));
+        }
+        /* qd_quotient needs |w / scale| <= 2^100: any finite f16 scale (>= 11 * 2^-24) gives it */
+        int fast = qd_isfinite(sc);
         const int shift_of_col[8] = QD_AWQ_SHIFT_OF_COL;
-        zword = (uint32_t)z << shift_of_col[j]; /* its nibble in the AWQ order */
-    }
-    if (threadIdx.x < AWQ_TILE_COLS) { /* warps 0 and 1: each word's 8 nibbles from its 8 lanes */
-        for (int o = 1; o < 8; o <<= 1)
+        uint32_t zword = (uint32_t)z << shift_of_col[j]; /* its nibble in the AWQ order */
+        for (int o = 1; o < 8; o <<= 1) { /* each word's 8 nibbles and flags from its 8 lanes */
             zword |= __shfl_xor_sync(0xffffffffu, zword, o);
-        if (threadIdx.x % 8 == 0 && threadIdx.x < 8 * words) {
-            s.zword[threadIdx.x / 8] = zword;
-            qzeros[g * (N / 8) + col0 / 8 + threadIdx.x / 8] = zword;
+            fast &= __shfl_xor_sync(0xffffffffu, fast, o);
+        }
+        if (j == 0 && valid) {
+            s.zword[cw] = zword;
+            s.fast[cw] = fast;
+            qzeros[g * (N / 8) + col0 / 8 + cw] = zword;
         }
     }
     __syncthreads();
     if (!active)
         return;
-    /* Column by column, so only one column's constants are live (one 16-byte shared load).
-     * code = clamp(rne(q) + z, 0, 15) = rne(clamp(q, -z, 15 - z)) + z (the bounds are
-     * integers); rne by adding 1.5 * 2^23, whose bits are then 0x4B400000 + rne(...). The
-     * word sums those bits shifted to their nibbles, starting from the zeros' word less the
-     * 8 shifted 0x4B400000 (modulo 2^32: the nibbles' sum carries nowhere). */
-    constexpr uint32_t magic8 = 0x4B400000u * 0x11111111u;
     uint32_t out[R];
-    bool fast = true;
-    uint32_t start = s.zword[tx] - magic8;
+    if (s.fast[tx]) {
+        /* Pair p of the word holds columns 2p and 2p + 1, whose nibbles sit at bits 4p and
+         * 16 + 4p: exactly the two halves of an f16 pair shifted left by 4p. Per pair: the two
+         * exact quotients, clamped to [-z, 15 - z] (integers: clamping before the f16
+         * rounding is the same as after), rounded to f16 together (cvt.rn.f16x2), then 1536
+         * added in f16: in [1024, 2048) the ulp is 1, so the sum is 1536 + round-half-even(q)
+         * and its bits are 0x6600 + that integer. The word sums those bits shifted, starting
+         * from the zeros' word less the 8 shifted 0x6600s (modulo 2^32: the nibbles' sum
+         * carries nowhere). bf16 weights are halved by adding and taking away 0.75: exact for
+         * f16 normals (a bf16 has 8 significant bits) and the f16 subnormal rounding (ulp
+         * 2^-24, ties to even) below 2^-14; a finite scale bounds them by 65504. */
+        const uint32_t magic = 0x66006600u;
+        uint32_t start = s.zword[tx] - magic * 0x1111u;
+        __half2_raw k1536_raw;
+        k1536_raw.x = 0x6600;
+        k1536_raw.y = 0x6600;
+        const __half2 k1536(k1536_raw);
 #pragma unroll
-    for (int r = 0; r < R; r++)
-        out[r] = start;
+        for (int r = 0; r < R; r++)
+            out[r] = start;
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        int c = order[i];
-        float4 k = s.col[c][tx];
-        fast &= k.w >= 0.0f;
+        for (int p = 0; p < 4; p++) {
+            float4 d = s.div[p][tx];
+            uint2 b = s.bound[p][tx];
+            __half2 lo2, hi2;
+            memcpy(&lo2, &b.x, 4);
+            memcpy(&hi2, &b.y, 4);
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            float v = qd_half_f32<DT>(w[r][c / 2], c % 2);
-            float q = fminf(fmaxf(qd_quotient(v, k.x, k.y), k.z), k.w); /* a NaN becomes -z: code 0 */
-            out[r] += qd_f32_bits(q + 12582912.0f) << (4 * i);
+            for (int r = 0; r < R; r++) {
+                float v0 = qd_half_f32<DT>(w[r][p], 0), v1 = qd_half_f32<DT>(w[r][p], 1);
+                if (DT == QD_BF16) {
+                    v0 = __fadd_rn(__fadd_rn(v0, 0.75f), -0.75f);
+                    v1 = __fadd_rn(__fadd_rn(v1, 0.75f), -0.75f);
+                }
+                __half2 q = __floats2half2_rn(qd_quotient(v0, d.x, d.y), qd_quotient(v1, d.z, d.w));
+                q = __hadd2(__hmin2(__hmax2(q, lo2), hi2), k1536); /* a NaN becomes -z: code 0 */
+                out[r] += half2_bits(q) << (4 * p);
+            }
         }
-    }
-    if (!fast) /* a non-finite scale or huge values: the division */
+    } else { /* a non-finite scale: the division */
 #pragma unroll /* constant indices: w stays in registers */
         for (int r = 0; r < R; r++) {
             uint32_t word = 0;
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 int c = order[i];
-                float v = qd_half_f32<DT>(w[r][c / 2], c % 2);
-                word |= qd_awq_code(v, s.col[c][tx].x, s.zero[8 * tx + c]) << (4 * i);
+                float v = qd_f16_round(qd_half_f32<DT>(w[r][c / 2], c % 2));
+                float sc = c % 2 ? s.div[c / 2][tx].z : s.div[c / 2][tx].x;
+                word |= qd_awq_code(v, sc, s.zero[8 * tx + c]) << (4 * i);
             }
             out[r] = word;
         }
+    }
 #pragma unroll
     for (int r = 0; r < R; r++)
         qweight[(row0 + ty + 32 * r) * (N / 8) + col0 / 8 + tx] = out[r];

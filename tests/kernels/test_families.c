@@ -242,30 +242,6 @@ static void nvfp4_swizzle_padding_is_zero(void **state)
     tq_release(&q);
 }
 
-static void awq_nibbles_follow_the_gemm_interleave(void **state)
-{
-    (void)state;
-    /* group of 32 rows: row 0 all 0, row 1 all 15 -> scale 1, zero 0, so code = value */
-    enum { K = 32, N = 16 };
-    float w[K * N];
-    for (int r = 0; r < K; r++)
-        for (int c = 0; c < N; c++)
-            w[r * N + c] = r == 0 ? 0.0f : r == 1 ? 15.0f : (float)((r + c) % 16);
-    const char *params[] = {"group_size=32", NULL};
-    struct test_q q;
-    assert_int_equal(test_quantize(&q, "awq", w, K, N, QD_F32, params), QD_OK);
-    const uint32_t *qw = q.buf[0];
-    static const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
-    for (int r = 0; r < K; r++)
-        for (int word = 0; word < N / 8; word++)
-            for (int i = 0; i < 8; i++)
-                assert_int_equal((qw[r * 2 + word] >> (4 * i)) & 15,
-                                 (uint32_t)w[r * N + word * 8 + order[i]]);
-    assert_int_equal(((uint32_t *)q.buf[1])[0], 0); /* zeros */
-    assert_true(qd_f16_to_f32(((uint16_t *)q.buf[2])[0]) == 1.0f);
-    tq_release(&q);
-}
-
 static void int8_zero_tensor_gets_scale_one(void **state)
 {
     (void)state;
@@ -400,7 +376,6 @@ int main(void)
         cmocka_unit_test(swizzled_scale_offsets_follow_the_128x4_tiles),
         cmocka_unit_test(nvfp4_global_scale_given_is_used_and_reported),
         cmocka_unit_test(nvfp4_swizzle_padding_is_zero),
-        cmocka_unit_test(awq_nibbles_follow_the_gemm_interleave),
         cmocka_unit_test(int8_zero_tensor_gets_scale_one),
         cmocka_unit_test(uint8_range_includes_zero),
         cmocka_unit_test(tiny_and_huge_magnitudes_keep_their_error),

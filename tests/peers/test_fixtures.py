@@ -83,7 +83,17 @@ def test_torchao_nvfp4_bytes(case, tmp_path):
 
 @pytest.mark.parametrize("case", cases("awq"))
 def test_autoawq_bytes(case, tmp_path):
+    """AutoAWQ's own _apply_quant (f16 flow) on CUDA; where its f16 arithmetic overflows (it
+    asserts, or casts inf to int) quantd refuses with the group named."""
     d, meta, x = load("awq", case)
+    if meta.get("quantd_refuses"):
+        src = tmp_path / "input.bin"
+        src.write_bytes(x)
+        p = run_quantd("quantize", "--fmt", "awq", "--dtype", meta["dtype"], "--shape",
+                       ",".join(map(str, meta["shape"])), "--in", src, "--out", tmp_path / "out",
+                       "--param", f"group_size={meta['params']['group_size']}", check=False)
+        assert p.returncode != 0 and "overflows f16" in p.stderr, p.stderr
+        return
     out, _ = quantize(x, meta["fmt"], meta["dtype"], meta["shape"], meta["params"], str(tmp_path))
     check_components(d, meta, out)
 

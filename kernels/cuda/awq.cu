@@ -148,6 +148,52 @@ __device__ __forceinline__ uint32_t half2_bits(__half2 h)
     return u;
 }
 
+/* The codes of R rows of one word (8 columns, 4 pairs, register-held as w[r][pair]) on the
+ * fast path, given per pair the two scales and reciprocals (div[8 p]) and the f16 clamp bounds
+ * -zero and 15 - zero (bound[8 p]). Pair p holds columns 2p and 2p + 1, whose nibbles sit at
+ * bits 4p and 16 + 4p: exactly the two halves of an f16 pair shifted left by 4p. Per pair: the
+ * two exact quotients, rounded to f16 together (cvt.rn.f16x2), clamped to the integer bounds
+ * (the same before or after a monotone rounding), then 1536 added in f16: in [1024, 2048) the
+ * ulp is 1, so the sum is 1536 + round-half-even(q) and its bits 0x6600 + that integer. The
+ * word sums those bits shifted, starting from the zeros' word less the 8 shifted 0x6600s
+ * (modulo 2^32: the nibbles' sum carries nowhere).
+ * HALVE (bf16 only): AutoAWQ's f16 weight. A bf16 is its own f16 from 2^-14 up (8 significant
+ * bits; a finite scale bounds it by 65504); below, adding and taking away 0.75 rounds it to
+ * the f16 subnormal grid (ulp 2^-24, ties to even). Where every scale of the word exceeds
+ * 2^-13, weights below 2^-14 give quotients under 1/2 halved or not (code: the zero), so
+ * the two adds are left out. */
+template <int DT, int R, bool HALVE>
+__device__ __forceinline__ void awq_fast_words(const uint32_t (&w)[R][4], const float4 *div, const uint2 *bound,
+                                               uint32_t zword, uint32_t (&out)[R])
+{
+    __half2_raw k1536_raw;
+    k1536_raw.x = 0x6600;
+    k1536_raw.y = 0x6600;
+    const __half2 k1536(k1536_raw);
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        out[r] = zword - 0x66006600u * 0x1111u;
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        float4 d = div[8 * p];
+        uint2 b = bound[8 * p];
+        __half2 lo2, hi2;
+        memcpy(&lo2, &b.x, 4);
+        memcpy(&hi2, &b.y, 4);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float v0 = qd_half_f32<DT>(w[r][p], 0), v1 = qd_half_f32<DT>(w[r][p], 1);
+            if (HALVE) {
+                v0 = __fadd_rn(__fadd_rn(v0, 0.75f), -0.75f);
+                v1 = __fadd_rn(__fadd_rn(v1, 0.75f), -0.75f);
+            }
+            __half2 q = __floats2half2_rn(qd_quotient(v0, d.x, d.y), qd_quotient(v1, d.z, d.w));
+            q = __hadd2(__hmin2(__hmax2(q, lo2), hi2), k1536); /* a NaN becomes -z: code 0 */
+            out[r] += half2_bits(q) << (4 * p);
+        }
+    }
+}
+
 /* One CTA per (group of G = 32 R rows, 64 columns), the tile held in registers: thread
  * (ty, tx) loads 8 columns (one 16-byte load of f16/bf16) of rows ty, ty + 32, ... and packs
  * one word per row. Column min/max: packed pair min/max (NaN ignored), shuffles across the 4
@@ -155,9 +201,9 @@ __device__ __forceinline__ uint32_t half2_bits(__half2 h)
  * makes the column's min and max NaN, as AutoAWQ's sequential scan from that row does. One
  * thread per column then sets the f16 scale and zero (kernels/awq.h) and the constants below.
  * Each code is round(f16(w / scale)) + zero, clamped: the quotient exactly as the division
- * gives it (qd_quotient), clamped, then rounded to f16 two at a time as the loop says. A word
- * with a column whose scale is not finite (NaN/Inf input, or f16 overflow under
- * allow_nonfinite) takes the division. 16-bit inputs only. */
+ * gives it (qd_quotient), then awq_fast_words. A word with a column whose scale is not finite
+ * (NaN/Inf input, or f16 overflow under allow_nonfinite) takes the division. 16-bit inputs
+ * only. */
 template <int DT, int R>
 __global__ void __launch_bounds__(AWQ_REG_THREADS, 4) awq_quantize_reg_kernel(const void *x, int64_t N, unsigned col_tiles,
                                                                            uint32_t *qweight,
@@ -174,6 +220,7 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS, 4) awq_quantize_reg_kernel(co
         uint2 bound[4][8];
         uint32_t zword[8]; /* the qzeros words */
         int fast[8];       /* every scale of the word finite */
+        int halve[8];      /* bf16: a scale of the word <= 2^-13 (see awq_fast_words) */
         float zero[AWQ_TILE_COLS];
     } s;
     const int order[8] = QD_AWQ_ORDER;
@@ -258,16 +305,18 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS, 4) awq_quantize_reg_kernel(co
                                            half2_bits(__floats2half2_rn(15.0f - z, 15.0f - z1)));
         }
         /* qd_quotient needs |w / scale| <= 2^100: any finite f16 scale (>= 11 * 2^-24) gives it */
-        int fast = qd_isfinite(sc);
+        int fast = qd_isfinite(sc), halve = DT == QD_BF16 && sc <= 0x1p-13f;
         const int shift_of_col[8] = QD_AWQ_SHIFT_OF_COL;
         uint32_t zword = (uint32_t)z << shift_of_col[j]; /* its nibble in the AWQ order */
         for (int o = 1; o < 8; o <<= 1) { /* each word's 8 nibbles and flags from its 8 lanes */
             zword |= __shfl_xor_sync(0xffffffffu, zword, o);
             fast &= __shfl_xor_sync(0xffffffffu, fast, o);
+            halve |= __shfl_xor_sync(0xffffffffu, halve, o);
         }
         if (j == 0 && valid) {
             s.zword[cw] = zword;
             s.fast[cw] = fast;
+            s.halve[cw] = halve;
             qzeros[g * (N / 8) + col0 / 8 + cw] = zword;
         }
     }
@@ -276,44 +325,10 @@ __global__ void __launch_bounds__(AWQ_REG_THREADS, 4) awq_quantize_reg_kernel(co
         return;
     uint32_t out[R];
     if (s.fast[tx]) {
-        /* Pair p of the word holds columns 2p and 2p + 1, whose nibbles sit at bits 4p and
-         * 16 + 4p: exactly the two halves of an f16 pair shifted left by 4p. Per pair: the two
-         * exact quotients, clamped to [-z, 15 - z] (integers: clamping before the f16
-         * rounding is the same as after), rounded to f16 together (cvt.rn.f16x2), then 1536
-         * added in f16: in [1024, 2048) the ulp is 1, so the sum is 1536 + round-half-even(q)
-         * and its bits are 0x6600 + that integer. The word sums those bits shifted, starting
-         * from the zeros' word less the 8 shifted 0x6600s (modulo 2^32: the nibbles' sum
-         * carries nowhere). bf16 weights are halved by adding and taking away 0.75: exact for
-         * f16 normals (a bf16 has 8 significant bits) and the f16 subnormal rounding (ulp
-         * 2^-24, ties to even) below 2^-14; a finite scale bounds them by 65504. */
-        const uint32_t magic = 0x66006600u;
-        uint32_t start = s.zword[tx] - magic * 0x1111u;
-        __half2_raw k1536_raw;
-        k1536_raw.x = 0x6600;
-        k1536_raw.y = 0x6600;
-        const __half2 k1536(k1536_raw);
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            out[r] = start;
-#pragma unroll
-        for (int p = 0; p < 4; p++) {
-            float4 d = s.div[p][tx];
-            uint2 b = s.bound[p][tx];
-            __half2 lo2, hi2;
-            memcpy(&lo2, &b.x, 4);
-            memcpy(&hi2, &b.y, 4);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                float v0 = qd_half_f32<DT>(w[r][p], 0), v1 = qd_half_f32<DT>(w[r][p], 1);
-                if (DT == QD_BF16) {
-                    v0 = __fadd_rn(__fadd_rn(v0, 0.75f), -0.75f);
-                    v1 = __fadd_rn(__fadd_rn(v1, 0.75f), -0.75f);
-                }
-                __half2 q = __floats2half2_rn(qd_quotient(v0, d.x, d.y), qd_quotient(v1, d.z, d.w));
-                q = __hadd2(__hmin2(__hmax2(q, lo2), hi2), k1536); /* a NaN becomes -z: code 0 */
-                out[r] += half2_bits(q) << (4 * p);
-            }
-        }
+        if (s.halve[tx])
+            awq_fast_words<DT, R, true>(w, &s.div[0][tx], &s.bound[0][tx], s.zword[tx], out);
+        else
+            awq_fast_words<DT, R, false>(w, &s.div[0][tx], &s.bound[0][tx], s.zword[tx], out);
     } else { /* a non-finite scale: the division */
 #pragma unroll /* constant indices: w stays in registers */
         for (int r = 0; r < R; r++) {

@@ -51,8 +51,9 @@ static int teardown(void **state)
  * other value a tie), 2 = in [0, 255] (uint8's), 3 = ((row + col) % 31) / 2 (AWQ's scale is 1
  * in every group-column of 32+ rows), 4 = small values with some columns of one value: 1e30,
  * +-3e38 (f16: +-65504), 1e-38 or 0 (AWQ refuses the first three as f16 overflow: compared
- * with allow_nonfinite, its division path), 5 = multiples of 2^-20 up to +-2.4e-4 (AWQ's f16
- * weights and scales subnormal) */
+ * with allow_nonfinite, its division path), 5 = tiny values, up to +-2.4e-4 in odd columns
+ * and +-4.5e-6 in even ones (AWQ's f16 weights and scales subnormal; in the even columns the
+ * halving to f16 changes bf16 and f32 weights) */
 static int pattern;
 static int64_t pattern_cols;
 
@@ -68,7 +69,7 @@ static void fill(void *data, enum qd_dtype dt, int64_t n)
             v = pattern == 1   ? (float)(i == 0 ? -254 : k % 509 - 254) * 0.5f
                 : pattern == 2 ? (float)(i == 0 ? 510 : k % 511) * 0.5f
                 : pattern == 3 ? (float)((i / pattern_cols + col) % 31) * 0.5f
-                : pattern == 5 ? (float)(k % 509 - 254) * 0x1p-20f
+                : pattern == 5 ? (float)(k % 509 - 254) * (col % 2 ? 0x1p-20f : 0x1.3p-26f)
                 : col % 16 == 3  ? 1e30f
                 : col % 16 == 5  ? -3e38f
                 : col % 16 == 9  ? 3e38f

@@ -21,11 +21,11 @@ FP_FLAGS := -ffp-contract=off -fno-fast-math -fno-finite-math-only -fno-trapping
 WARN     := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS   ?= -O3 -g
 # override: these stay when a target (sanitize) or a user sets CFLAGS on the command line
-override CFLAGS += -std=gnu11 $(WARN) $(FP_FLAGS) $(ARCH_FLAGS) -pthread -MMD -MP
+override CFLAGS += -std=gnu11 $(WARN) $(FP_FLAGS) $(ARCH_FLAGS) -pthread -MMD -MP -Iserver
 LDLIBS   += -lcjson -lmicrohttpd -lm -pthread
 
 KERNEL_SRCS := $(wildcard kernels/*.c kernels/cpu/*.c)
-SERVER_SRCS := $(wildcard server/*.c)
+SERVER_SRCS := $(wildcard server/*.c server/*/*.c)
 CUDA_SRCS   := $(wildcard kernels/cuda/*.cu)
 
 ifneq ($(strip $(NVCC)),)
@@ -140,12 +140,12 @@ test-unit-san: $(TEST_BINS) .venv/ok $(BUILD)/tests/libqdfp.so
 
 # libFuzzer over the request decoders (query, JSON, base64, safetensors); FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 20
-FUZZ_SRCS := tests/server/fuzz_decode.c server/decode.c server/base64.c server/safetensors.c \
-             server/reply.c server/encode.c server/hostmem.c $(wildcard kernels/*.c kernels/cpu/*.c)
+FUZZ_SRCS := tests/server/fuzz_decode.c server/http/decode.c server/http/base64.c server/http/safetensors.c \
+             server/http/reply.c server/http/encode.c server/queue/hostmem.c $(wildcard kernels/*.c kernels/cpu/*.c)
 $(BUILD)/fuzz/fuzz_decode: $(FUZZ_SRCS)
 	@mkdir -p $(dir $@)
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-	  $(FP_FLAGS) -o $@ $(FUZZ_SRCS) -lcjson -lm -pthread
+	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_SRCS) -lcjson -lm -pthread
 fuzz: $(BUILD)/fuzz/fuzz_decode
 	@mkdir -p $(BUILD)/fuzz/corpus
 	$(BUILD)/fuzz/fuzz_decode -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=1024 \

@@ -15,7 +15,7 @@
 #include <curl/curl.h>
 
 #include "../tests/server/service.h"
-#include "../server/jobs.h"
+#include "../server/queue/jobs.h"
 
 struct load {
     const struct server *s;

@@ -2,8 +2,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
-#include "serve.h"
+#include "cli/cli.h"
+#include "service/serve.h"
 
 static void usage(FILE *to)
 {

@@ -19,7 +19,7 @@
 #include "../../kernels/fp.h"
 #include "../../kernels/cuda/cuda.h"
 #include "../../kernels/quantize.h"
-#include "../../server/backend.h"
+#include "../../server/queue/backend.h"
 
 static struct qd_backend cpu, gpu;
 static void *cpu_worker, *gpu_worker;

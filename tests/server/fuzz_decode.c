@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../server/decode.h"
+#include "../../server/http/decode.h"
 
 static void check_reply(struct qd_reply *r, int rc)
 {

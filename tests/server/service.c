@@ -19,7 +19,7 @@
 
 #include <cmocka.h>
 
-#include "../../server/decode.h"
+#include "../../server/http/decode.h"
 
 const char *quantd_bin(void)
 {

@@ -15,7 +15,7 @@
 #include <cmocka.h>
 
 #include "../../kernels/registry.h"
-#include "../../server/decode.h"
+#include "../../server/http/decode.h"
 #include "service.h"
 
 static struct server srv;

@@ -10,9 +10,9 @@
 
 #include <cmocka.h>
 
-#include "../../server/decode.h"
-#include "../../server/encode.h"
-#include "../../server/hostmem.h"
+#include "../../server/http/decode.h"
+#include "../../server/http/encode.h"
+#include "../../server/queue/hostmem.h"
 
 static void base64_round_trips_every_length(void **state)
 {

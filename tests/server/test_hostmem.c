@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "../../server/hostmem.h"
+#include "../../server/queue/hostmem.h"
 
 static int allocs, releases;
 static size_t live;

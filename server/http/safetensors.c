@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "decode.h"
-#include "encode.h"
-#include "hostmem.h"
+#include "http/decode.h"
+#include "http/encode.h"
+#include "queue/hostmem.h"
 
 static const char *const st_dtype_names[QD_DTYPE_COUNT] = {"F32", "F16", "BF16", "U8", "I8", "I32"};
 

@@ -7,9 +7,9 @@
 #include <stdatomic.h>
 #include <stddef.h>
 
-#include "backend.h"
-#include "decode.h"
-#include "reply.h"
+#include "queue/backend.h"
+#include "http/decode.h"
+#include "http/reply.h"
 
 enum qd_job_state { QD_JOB_QUEUED, QD_JOB_RUNNING, QD_JOB_DONE, QD_JOB_CANCELLED };
 

@@ -1,6 +1,6 @@
 /* bin/quantd formats | quantize | dequantize: raw little-endian tensors in, one raw file per
  * component plus meta.json out, and back. Errors go to stderr with exit status 1 (2 for usage). */
-#include "cli.h"
+#include "cli/cli.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -11,9 +11,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../kernels/quantize.h"
-#include "encode.h"
-#include "files.h"
+#include "../../kernels/quantize.h"
+#include "http/encode.h"
+#include "cli/files.h"
 
 #define ERRLEN 8192
 

@@ -1,6 +1,6 @@
 /* Job queue, workers and the async store (see jobs.h). One mutex guards the FIFO and another
  * the store; workers hold neither while they run a job. */
-#include "jobs.h"
+#include "queue/jobs.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -9,9 +9,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "encode.h"
-#include "hostmem.h"
-#include "metrics.h"
+#include "http/encode.h"
+#include "queue/hostmem.h"
+#include "service/metrics.h"
 
 double qd_now_us(void)
 {

@@ -4,13 +4,13 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../kernels/cpu/cpu.h"
-#include "backend.h"
-#include "hostmem.h"
-#include "config.h"
-#include "http.h"
-#include "jobs.h"
-#include "serve.h"
+#include "../../kernels/cpu/cpu.h"
+#include "queue/backend.h"
+#include "queue/hostmem.h"
+#include "service/config.h"
+#include "http/http.h"
+#include "queue/jobs.h"
+#include "service/serve.h"
 
 int qd_serve_main(int argc, char **argv)
 {

@@ -7,8 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "reply.h"
-#include "work.h"
+#include "http/reply.h"
+#include "queue/work.h"
 
 struct qd_kv {
     const char *key, *value;

@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cuda/cuda.h"
-#include "backend.h"
+#include "../../kernels/cuda/cuda.h"
+#include "queue/backend.h"
 
 #define MAX_DEVICES 16
 #define ALIGN(n) (((n) + 255) & ~(size_t)255)

@@ -8,7 +8,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include "serve.h"
+#include "service/serve.h"
 
 int qd_healthcheck_main(int argc, char **argv)
 {

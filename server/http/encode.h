@@ -3,9 +3,9 @@
 #ifndef QD_ENCODE_H
 #define QD_ENCODE_H
 
-#include "decode.h"
-#include "reply.h"
-#include "work.h"
+#include "http/decode.h"
+#include "http/reply.h"
+#include "queue/work.h"
 
 struct cJSON;
 

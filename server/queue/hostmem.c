@@ -1,7 +1,7 @@
 /* The body pool: a small table of large buffers, each free or lent; a request takes the smallest
  * free one that fits, or a new one while the pool is under its byte cap, or falls back to
  * malloc (so the pool bounds pinned memory, not the service). */
-#include "hostmem.h"
+#include "queue/hostmem.h"
 
 #include <pthread.h>
 #include <stdlib.h>

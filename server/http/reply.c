@@ -1,5 +1,5 @@
 /* Replies and the status mapping (see reply.h). */
-#include "reply.h"
+#include "http/reply.h"
 
 #include <cjson/cJSON.h>
 #include <stdarg.h>
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "hostmem.h"
+#include "queue/hostmem.h"
 
 /* Bodies may come from the pinned pool (a raw tensor answer is the result buffer itself):
  * qd_hostmem_put returns those to the pool and frees the others. */

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#include "../kernels/registry.h"
+#include "../../kernels/registry.h"
 
 struct cJSON;
 

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#include "work.h"
+#include "queue/work.h"
 
 struct qd_backend_stats {
     int healthy;             /* 0 after a sticky device error */

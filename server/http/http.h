@@ -3,7 +3,7 @@
 #ifndef QD_HTTP_H
 #define QD_HTTP_H
 
-#include "config.h"
+#include "service/config.h"
 
 struct qd_backend;
 

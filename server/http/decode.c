@@ -1,7 +1,7 @@
 /* Request decoding (see decode.h). Every check here answers 400 (malformed request) or 422 (a
  * well-formed request the format cannot take), with a message naming what to change. */
-#include "decode.h"
-#include "hostmem.h"
+#include "http/decode.h"
+#include "queue/hostmem.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>

@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 
-#include "../kernels/registry.h"
+#include "../../kernels/registry.h"
 
 enum qd_route {
     QD_ROUTE_QUANTIZE, QD_ROUTE_DEQUANTIZE, QD_ROUTE_JOBS, QD_ROUTE_FORMATS, QD_ROUTE_HEALTHZ,

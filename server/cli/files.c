@@ -1,4 +1,4 @@
-#include "files.h"
+#include "cli/files.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /* Metrics storage and the text exposition format (see metrics.h). */
-#include "metrics.h"
+#include "service/metrics.h"
 
 #include <stdatomic.h>
 #include <stdio.h>

@@ -3,7 +3,7 @@
  * bad or oversized request is answered before its body is read; upload callbacks append to one
  * buffer; the last callback either answers at once or hands a job to the queue and suspends the
  * connection, which the worker resumes when the answer is ready. No HTTP thread waits on work. */
-#include "http.h"
+#include "http/http.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -17,12 +17,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "decode.h"
-#include "encode.h"
-#include "hostmem.h"
-#include "jobs.h"
-#include "metrics.h"
+#include "queue/backend.h"
+#include "http/decode.h"
+#include "http/encode.h"
+#include "queue/hostmem.h"
+#include "queue/jobs.h"
+#include "service/metrics.h"
 
 #define QD_VERSION "0.1.0"
 

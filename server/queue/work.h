@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../kernels/quantize.h"
+#include "../../kernels/quantize.h"
 
 enum qd_op { QD_OP_QUANTIZE, QD_OP_DEQUANTIZE };
 

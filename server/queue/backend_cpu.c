@@ -4,8 +4,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../kernels/cpu/cpu.h"
-#include "backend.h"
+#include "../../kernels/cpu/cpu.h"
+#include "queue/backend.h"
 
 static double now_us(void)
 {

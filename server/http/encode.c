@@ -1,6 +1,6 @@
 /* Response encoding (see encode.h). Big tensors are written once into the final buffer: the JSON
  * around them is printed by cJSON, the base64 is written straight after it. */
-#include "encode.h"
+#include "http/encode.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

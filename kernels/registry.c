@@ -188,10 +188,11 @@ static const char *const int8_params[] = {"granularity", "allow_nonfinite", NULL
     {.name = nm, .family = "bnb4", .doc = dc, .block_elems = 64, .block_axis = "flat",         \
      .bits_per_weight = 4.0 + 8.0 / 64 + 32.0 / (256 * 64), .code = cd, .params = bnb4_params,  \
      .layout = layout_bnb4, .backend = BACKENDS(bnb4)}
-#define GGML(nm, cd, bytes, dc)                                                                 \
+#define GGML(nm, cd, bytes, gguf, ftype, dc)                                                    \
     {.name = nm, .family = "ggml", .doc = dc, .block_elems = 32, .block_bytes = bytes,         \
      .block_axis = "last", .bits_per_weight = bytes * 8.0 / 32, .code = cd,                    \
-     .params = ggml_params, .layout = layout_ggml, .backend = BACKENDS(ggml)}
+     .gguf_type = gguf, .gguf_file_type = ftype, .params = ggml_params, .layout = layout_ggml,  \
+     .backend = BACKENDS(ggml)}
 #define MX(nm, cd, bits, prm, dc)                                                               \
     {.name = nm, .family = "mx", .doc = dc, .block_elems = 32, .block_axis = "last",           \
      .bits_per_weight = bits + 8.0 / 32, .code = cd, .params = prm, .layout = layout_mx,       \
@@ -200,12 +201,12 @@ static const char *const int8_params[] = {"granularity", "allow_nonfinite", NULL
 const struct qd_format qd_formats[] = {
     BNB4("nf4", 0, "bitsandbytes NormalFloat4 (quantize_4bit quant_type='nf4')"),
     BNB4("fp4", 1, "bitsandbytes FP4 (quantize_4bit quant_type='fp4')"),
-    GGML("q4_0", QD_Q4_0, 18, "ggml block_q4_0: f16 d, 32 x 4-bit"),
-    GGML("q4_1", QD_Q4_1, 20, "ggml block_q4_1: f16 d, f16 m, 32 x 4-bit"),
-    GGML("q5_0", QD_Q5_0, 22, "ggml block_q5_0: f16 d, 32 x 5-bit"),
-    GGML("q5_1", QD_Q5_1, 24, "ggml block_q5_1: f16 d, f16 m, 32 x 5-bit"),
-    GGML("q8_0", QD_Q8_0, 34, "ggml block_q8_0: f16 d, 32 x int8"),
-    GGML("q8_1", QD_Q8_1, 36, "ggml block_q8_1: f16 d, f16 s = d*sum(q), 32 x int8"),
+    GGML("q4_0", QD_Q4_0, 18, 2, 2, "ggml block_q4_0: f16 d, 32 x 4-bit"),
+    GGML("q4_1", QD_Q4_1, 20, 3, 3, "ggml block_q4_1: f16 d, f16 m, 32 x 4-bit"),
+    GGML("q5_0", QD_Q5_0, 22, 6, 8, "ggml block_q5_0: f16 d, 32 x 5-bit"),
+    GGML("q5_1", QD_Q5_1, 24, 7, 9, "ggml block_q5_1: f16 d, f16 m, 32 x 5-bit"),
+    GGML("q8_0", QD_Q8_0, 34, 8, 7, "ggml block_q8_0: f16 d, 32 x int8"),
+    GGML("q8_1", QD_Q8_1, 36, 9, 0, "ggml block_q8_1: f16 d, f16 s = d*sum(q), 32 x int8"),
     {.name = "awq", .family = "awq", .doc = "AutoAWQ WQLinear_GEMM int4, input W [K, N]",
      .block_elems = 128, .block_axis = "rows", .bits_per_weight = 4.0 + 20.0 / 128,
      .params = awq_params, .layout = layout_awq, .backend = BACKENDS(awq)},

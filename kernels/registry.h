@@ -24,6 +24,7 @@ enum qd_status {
     QD_EDEVICE,    /* accelerator error */
     QD_EIO,        /* file or stream error */
     QD_ENOTFOUND,
+    QD_ECANCELED,  /* stopped on request (a cancelled conversion) */
 };
 
 const char *qd_strerror(enum qd_status s);
@@ -125,6 +126,8 @@ struct qd_format {
     const char *doc;
     int block_elems;         /* elements per block along the blocked dim (0: whole tensor/row) */
     int block_bytes;         /* packed bytes per block where fixed (ggml structs), else 0 */
+    int gguf_type;           /* ggml type id in GGUF files (ggml.h enum ggml_type), 0: none */
+    int gguf_file_type;      /* llama.cpp general.file_type (llama_ftype MOSTLY_*), 0: none */
     const char *block_axis;  /* "flat", "last", "rows" */
     double bits_per_weight;  /* at default params */
     int code;                /* format-specific selector (element type, ggml type, ...) */

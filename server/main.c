@@ -14,6 +14,8 @@ static void usage(FILE *to)
           "                              DIR/<component>.bin and DIR/meta.json\n"
           "  dequantize --in DIR --dtype DT --out FILE\n"
           "                              turn such a directory back into a raw tensor\n"
+          "  convert --in SRC --out DST --fmt FMT [--param k=v] [--skip RE] [--only RE]\n"
+          "                              convert a model file for its runtime (quantd convert --help)\n"
           "  serve [options]             run the HTTP service (quantd serve --help)\n"
           "  healthcheck [--listen ADDR:PORT] [--path /healthz]\n"
           "                              exit 0 when the service answers 200\n",
@@ -35,6 +37,8 @@ int main(int argc, char **argv)
         return qd_serve_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "healthcheck"))
         return qd_healthcheck_main(argc - 2, argv + 2);
+    if (!strcmp(cmd, "convert"))
+        return qd_cli_convert(argc - 2, argv + 2);
     if (!strcmp(cmd, "dequantize"))
         return qd_cli_dequantize(argc - 2, argv + 2);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {

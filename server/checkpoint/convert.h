@@ -1,0 +1,100 @@
+/* Checkpoint conversion: a model file (or directory) in, the file the target runtime loads out,
+ * one pass tensor by tensor. A target builds a plan (every output tensor, its source and what
+ * to do with it) from the input's headers alone, so the output's header is known before any
+ * tensor is quantized and the output is written front to back. Output goes to a temporary name
+ * beside the destination, fsynced and renamed when complete; a failure or a cancellation
+ * removes it and never touches the input. */
+#ifndef QD_CONVERT_H
+#define QD_CONVERT_H
+
+#include <stdint.h>
+
+#include "queue/backend.h"
+
+enum qd_convert_action { QD_CONVERT_COPY, QD_CONVERT_QUANTIZE, QD_CONVERT_CAST_F16 };
+
+/* One tensor's progress, reported after it is written. */
+struct qd_convert_event {
+    int index, count;          /* 1-based tensor index, tensors in all */
+    const char *name;
+    enum qd_convert_action action;
+    const char *fmt;           /* the format when quantized */
+    int ndim;
+    int64_t shape[4];          /* as the source lists it, outermost first */
+    double ms;
+    int has_nmse;
+    double nmse;
+    uint64_t in_done, in_total; /* source tensor bytes */
+    uint64_t out_done;
+};
+
+struct qd_convert_opts {
+    const char *src, *dst;
+    const struct qd_format *f;
+    struct qd_params params;
+    const char *skip, *only;  /* POSIX extended regexes over tensor names, or NULL */
+    int report_error;         /* NMSE per quantized tensor (costs a dequantize on the CPU) */
+    struct qd_backend *backend;
+    void *worker;
+    void (*progress)(void *ctx, const struct qd_convert_event *ev);
+    void *progress_ctx;
+    const volatile int *cancel; /* nonzero: stop, remove the partial output */
+};
+
+struct qd_convert_summary {
+    int quantized, copied, cast;
+    uint64_t bytes_in, bytes_out;
+    uint64_t params_quantized, params_total;
+    double seconds;
+};
+
+/* Converts o->src into o->dst for o->f; which container and layout follow from the input and
+ * the format (GGUF in and a GGML block format: llama.cpp's GGUF). 0, or -1 with a message;
+ * *status says which kind of failure (QD_EINVAL bad input/request, QD_ENOMEM, QD_EDEVICE,
+ * QD_ECANCELED ...). */
+int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status, char *err,
+               size_t errlen);
+
+/* ---- for targets ------------------------------------------------------------------------------ */
+
+/* A read-only mapping of a whole file. */
+struct qd_mapped {
+    const uint8_t *data;
+    size_t size;
+};
+int qd_map_file(const char *path, struct qd_mapped *m, char *err, size_t errlen);
+void qd_unmap_file(struct qd_mapped *m);
+/* Drops the mapping's pages over [p, p + n) once read (they stay in the page cache): peak RSS
+ * then follows the tensors in flight, not the model. */
+void qd_mapped_done(const struct qd_mapped *m, const void *p, size_t n);
+
+/* An output file being written under a temporary name in its destination's directory. */
+struct qd_outfile {
+    int fd;
+    char *path, *tmp;
+    uint64_t written;
+};
+int qd_outfile_open(struct qd_outfile *f, const char *path, char *err, size_t errlen);
+int qd_outfile_write(struct qd_outfile *f, const void *p, size_t n, char *err, size_t errlen);
+int qd_outfile_pad(struct qd_outfile *f, uint32_t alignment, char *err, size_t errlen);
+/* fsync and rename into place (commit), or remove (abort). */
+int qd_outfile_commit(struct qd_outfile *f, char *err, size_t errlen);
+void qd_outfile_abort(struct qd_outfile *f);
+
+/* Name selection: whether a tensor the target's rule would quantize stays quantized under
+ * --skip / --only. */
+struct qd_name_filter;
+struct qd_name_filter *qd_name_filter_new(const char *skip, const char *only, char *err, size_t errlen);
+int qd_name_filter_keeps(const struct qd_name_filter *nf, const char *name);
+void qd_name_filter_free(struct qd_name_filter *nf);
+
+/* Quantizes one tensor through the worker: src (dtype, rows x cols) into out (the format's
+ * components, back to back, sized by qd_format_layout). */
+enum qd_status qd_convert_quantize(const struct qd_convert_opts *o, const void *src, enum qd_dtype dtype,
+                                   int64_t rows, int64_t cols, void *out, int64_t out_bytes, double *nmse,
+                                   char *err, size_t errlen);
+
+int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
+                    char *err, size_t errlen);
+
+#endif

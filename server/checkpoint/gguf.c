@@ -1,0 +1,372 @@
+/* GGUF v3 reader and metadata writer (see gguf.h). Every count and length is checked against
+ * the bytes left before anything is allocated or read; errors name the field and both numbers. */
+#include "checkpoint/gguf.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ggml.c type_traits: name, elements per block, bytes per block (ggml-common.h structs). */
+static const struct qd_ggml_type ggml_types[QD_GGML_TYPE_COUNT] = {
+    [0] = {"f32", 1, 4},       [1] = {"f16", 1, 2},        [2] = {"q4_0", 32, 18},
+    [3] = {"q4_1", 32, 20},    [6] = {"q5_0", 32, 22},     [7] = {"q5_1", 32, 24},
+    [8] = {"q8_0", 32, 34},    [9] = {"q8_1", 32, 36},     [10] = {"q2_K", 256, 84},
+    [11] = {"q3_K", 256, 110}, [12] = {"q4_K", 256, 144},  [13] = {"q5_K", 256, 176},
+    [14] = {"q6_K", 256, 210}, [15] = {"q8_K", 256, 292},  [16] = {"iq2_xxs", 256, 66},
+    [17] = {"iq2_xs", 256, 74}, [18] = {"iq3_xxs", 256, 98}, [19] = {"iq1_s", 256, 50},
+    [20] = {"iq4_nl", 32, 18}, [21] = {"iq3_s", 256, 110}, [22] = {"iq2_s", 256, 82},
+    [23] = {"iq4_xs", 256, 136}, [24] = {"i8", 1, 1},      [25] = {"i16", 1, 2},
+    [26] = {"i32", 1, 4},      [27] = {"i64", 1, 8},       [28] = {"f64", 1, 8},
+    [29] = {"iq1_m", 256, 56}, [30] = {"bf16", 1, 2},      [34] = {"tq1_0", 256, 54},
+    [35] = {"tq2_0", 256, 66}, [39] = {"mxfp4", 32, 17},   [40] = {"nvfp4", 64, 36},
+    [41] = {"q1_0", 128, 18},  [42] = {"q2_0", 64, 18},
+};
+
+const struct qd_ggml_type *qd_ggml_type(uint32_t type)
+{
+    return type < QD_GGML_TYPE_COUNT && ggml_types[type].name ? &ggml_types[type] : NULL;
+}
+
+/* Sizes of the scalar value types (0 for string and array). */
+static const size_t value_size[QD_GGUF_VALUE_TYPE_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+
+struct reader {
+    const uint8_t *buf;
+    size_t len, pos;
+    char *err;
+    size_t errlen;
+};
+
+static int fail(struct reader *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = snprintf(r->err, r->errlen, "gguf: ");
+    vsnprintf(r->err + n, r->errlen > (size_t)n ? r->errlen - (size_t)n : 0, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int take(struct reader *r, void *out, size_t n, const char *what)
+{
+    if (r->len - r->pos < n)
+        return fail(r, "%s at byte %zu needs %zu bytes, %zu left", what, r->pos, n, r->len - r->pos);
+    memcpy(out, r->buf + r->pos, n);
+    r->pos += n;
+    return 0;
+}
+
+static int u32(struct reader *r, uint32_t *v, const char *what) { return take(r, v, 4, what); }
+static int u64(struct reader *r, uint64_t *v, const char *what) { return take(r, v, 8, what); }
+
+/* A string: u64 length, then bytes. With out, a malloc'd NUL-terminated copy. */
+static int string(struct reader *r, char **out, uint64_t max, const char *what)
+{
+    uint64_t n = 0;
+    if (u64(r, &n, what))
+        return -1;
+    if (n > r->len - r->pos)
+        return fail(r, "%s at byte %zu: length %" PRIu64 " exceeds the %zu bytes left", what, r->pos - 8, n,
+                    r->len - r->pos);
+    if (n > max)
+        return fail(r, "%s at byte %zu: length %" PRIu64 " over the limit %" PRIu64, what, r->pos - 8, n, max);
+    if (out) {
+        if (!(*out = malloc(n + 1)))
+            return fail(r, "no memory for %s", what);
+        memcpy(*out, r->buf + r->pos, n);
+        (*out)[n] = 0;
+        if (strlen(*out) != n) {
+            free(*out);
+            *out = NULL;
+            return fail(r, "%s at byte %zu holds a NUL byte", what, r->pos - 8);
+        }
+    }
+    r->pos += n;
+    return 0;
+}
+
+/* Skips one value of type t (an array: its element type, count and elements). */
+static int value(struct reader *r, uint32_t t, const char *key, int in_array)
+{
+    if (t >= QD_GGUF_VALUE_TYPE_COUNT)
+        return fail(r, "key '%s': value type %u unknown", key, t);
+    if (t == QD_GGUF_STRING)
+        return string(r, NULL, UINT64_MAX, "string value");
+    if (t != QD_GGUF_ARRAY) {
+        if (r->len - r->pos < value_size[t])
+            return fail(r, "key '%s': value needs %zu bytes, %zu left", key, value_size[t], r->len - r->pos);
+        r->pos += value_size[t];
+        return 0;
+    }
+    if (in_array)
+        return fail(r, "key '%s': arrays of arrays are not supported (as in ggml)", key);
+    uint32_t et = 0;
+    uint64_t n = 0;
+    if (u32(r, &et, "array type") || u64(r, &n, "array length"))
+        return -1;
+    if (et >= QD_GGUF_VALUE_TYPE_COUNT || et == QD_GGUF_ARRAY)
+        return fail(r, "key '%s': array element type %u not supported", key, et);
+    if (et != QD_GGUF_STRING) {
+        if (n > (r->len - r->pos) / value_size[et])
+            return fail(r, "key '%s': %" PRIu64 " elements of %zu bytes exceed the %zu bytes left", key, n,
+                        value_size[et], r->len - r->pos);
+        r->pos += (size_t)n * value_size[et];
+        return 0;
+    }
+    if (n > (r->len - r->pos) / 8) /* every string takes at least its 8-byte length */
+        return fail(r, "key '%s': %" PRIu64 " strings cannot fit in the %zu bytes left", key, n, r->len - r->pos);
+    for (uint64_t i = 0; i < n; i++)
+        if (string(r, NULL, UINT64_MAX, "array string"))
+            return -1;
+    return 0;
+}
+
+uint32_t qd_gguf_n_dims(const int64_t *ne)
+{
+    for (int i = QD_GGUF_MAX_DIMS - 1; i >= 1; i--)
+        if (ne[i] > 1)
+            return (uint32_t)i + 1;
+    return 1;
+}
+
+uint64_t qd_ggml_nbytes(uint32_t type, const int64_t *ne)
+{
+    const struct qd_ggml_type *t = qd_ggml_type(type);
+    uint64_t rows = 1;
+    for (int i = 1; i < QD_GGUF_MAX_DIMS; i++)
+        rows *= (uint64_t)ne[i];
+    return rows * ((uint64_t)ne[0] / (uint64_t)t->block_elems) * (uint64_t)t->block_bytes;
+}
+
+static int tensor_info(struct reader *r, struct qd_gguf_tensor *t, int64_t index)
+{
+    char *name = NULL;
+    if (string(r, &name, QD_GGUF_MAX_NAME - 1, "tensor name"))
+        return -1;
+    strcpy(t->name, name);
+    free(name);
+    if (u32(r, &t->n_dims, "tensor dims"))
+        return -1;
+    if (t->n_dims < 1 || t->n_dims > QD_GGUF_MAX_DIMS)
+        return fail(r, "tensor '%s': %u dimensions (1 to %d allowed)", t->name, t->n_dims, QD_GGUF_MAX_DIMS);
+    uint64_t numel = 1;
+    for (int i = 0; i < QD_GGUF_MAX_DIMS; i++) {
+        uint64_t d = 1;
+        if (i < (int)t->n_dims && u64(r, &d, "tensor dim"))
+            return -1;
+        if (d > (uint64_t)INT64_MAX || (d && numel > (uint64_t)INT64_MAX / d))
+            return fail(r, "tensor '%s': dimension %d (%" PRIu64 ") overflows the element count", t->name, i, d);
+        t->ne[i] = (int64_t)d;
+        numel *= d;
+    }
+    if (u32(r, &t->type, "tensor type") || u64(r, &t->offset, "tensor offset"))
+        return -1;
+    const struct qd_ggml_type *ty = qd_ggml_type(t->type);
+    if (!ty)
+        return fail(r, "tensor '%s' (#%" PRId64 "): ggml type %u unknown", t->name, index, t->type);
+    if (t->ne[0] % ty->block_elems)
+        return fail(r, "tensor '%s': row length %" PRId64 " is not a multiple of %s's block of %d", t->name, t->ne[0],
+                    ty->name, ty->block_elems);
+    if (numel / (uint64_t)ty->block_elems > UINT64_MAX / (uint64_t)ty->block_bytes)
+        return fail(r, "tensor '%s': its byte size overflows", t->name);
+    t->bytes = qd_ggml_nbytes(t->type, t->ne);
+    return 0;
+}
+
+static int cmp_offset(const void *a, const void *b)
+{
+    const struct qd_gguf_tensor *x = *(const struct qd_gguf_tensor *const *)a, *y = *(const struct qd_gguf_tensor *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+int qd_gguf_parse(const uint8_t *buf, size_t len, struct qd_gguf *g, char *err, size_t errlen)
+{
+    struct reader r = {.buf = buf, .len = len, .err = err, .errlen = errlen};
+    memset(g, 0, sizeof *g);
+    char magic[4] = {0};
+    uint64_t n_tensors = 0, n_kv = 0;
+    if (take(&r, magic, 4, "magic") || memcmp(magic, "GGUF", 4))
+        return len < 4 ? -1 : fail(&r, "not a GGUF file (magic %02x %02x %02x %02x)", (uint8_t)magic[0],
+                                   (uint8_t)magic[1], (uint8_t)magic[2], (uint8_t)magic[3]);
+    if (u32(&r, &g->version, "version"))
+        return -1;
+    if (g->version != 2 && g->version != 3)
+        return fail(&r, "version %u not supported (2 or 3)%s", g->version,
+                    (g->version & 0xffff) == 0 ? ": the file looks byte-swapped (big-endian)" : "");
+    if (u64(&r, &n_tensors, "tensor count") || u64(&r, &n_kv, "key/value count"))
+        return -1;
+    /* a key/value takes at least 8 + 4 + 1 bytes, a tensor info at least 8 + 4 + 8 + 4 + 8 */
+    if (n_kv > (len - r.pos) / 13 || n_tensors > (len - r.pos) / 32)
+        return fail(&r, "%" PRIu64 " key/values and %" PRIu64 " tensors cannot fit in %zu bytes", n_kv, n_tensors, len);
+    g->n_kv = (int64_t)n_kv;
+    g->n_tensors = (int64_t)n_tensors;
+    g->kv = calloc(n_kv ? n_kv : 1, sizeof *g->kv);
+    g->tensors = calloc(n_tensors ? n_tensors : 1, sizeof *g->tensors);
+    if (!g->kv || !g->tensors) {
+        qd_gguf_free(g);
+        return fail(&r, "no memory for %" PRIu64 " key/values and %" PRIu64 " tensors", n_kv, n_tensors);
+    }
+    g->alignment = QD_GGUF_DEFAULT_ALIGNMENT;
+    for (int64_t i = 0; i < g->n_kv; i++) {
+        struct qd_gguf_kv *kv = &g->kv[i];
+        size_t start = r.pos;
+        if (string(&r, &kv->key, 1 << 16, "key") || u32(&r, &kv->type, "value type"))
+            goto bad;
+        kv->value = buf + r.pos;
+        if (value(&r, kv->type, kv->key, 0))
+            goto bad;
+        kv->entry = buf + start;
+        kv->entry_bytes = r.pos - start;
+        for (int64_t j = 0; j < i; j++)
+            if (!strcmp(g->kv[j].key, kv->key)) {
+                fail(&r, "key '%s' appears twice", kv->key);
+                goto bad;
+            }
+        if (!strcmp(kv->key, "general.alignment")) {
+            uint32_t a;
+            memcpy(&a, kv->value, 4);
+            if (kv->type != QD_GGUF_U32 || a == 0 || (a & (a - 1))) {
+                fail(&r, "general.alignment must be a u32 power of two");
+                goto bad;
+            }
+            g->alignment = a;
+        }
+    }
+    for (int64_t i = 0; i < g->n_tensors; i++) {
+        if (tensor_info(&r, &g->tensors[i], i))
+            goto bad;
+        for (int64_t j = 0; j < i; j++)
+            if (!strcmp(g->tensors[j].name, g->tensors[i].name)) {
+                fail(&r, "tensor '%s' appears twice", g->tensors[i].name);
+                goto bad;
+            }
+    }
+    g->data_offset = (r.pos + g->alignment - 1) / g->alignment * g->alignment;
+    if (g->n_tensors && g->data_offset > len) {
+        fail(&r, "data section at byte %" PRIu64 " starts past the end (%zu bytes)", g->data_offset, len);
+        goto bad;
+    }
+    uint64_t data_len = g->n_tensors ? len - g->data_offset : 0;
+    struct qd_gguf_tensor **order = malloc((size_t)(g->n_tensors ? g->n_tensors : 1) * sizeof *order);
+    if (!order) {
+        fail(&r, "no memory");
+        goto bad;
+    }
+    for (int64_t i = 0; i < g->n_tensors; i++) {
+        struct qd_gguf_tensor *t = &g->tensors[i];
+        if (t->offset % g->alignment || t->offset > data_len || t->bytes > data_len - t->offset) {
+            fail(&r, "tensor '%s': data at offset %" PRIu64 " (%" PRIu64 " bytes) is misaligned or past the "
+                 "%" PRIu64 "-byte data section", t->name, t->offset, t->bytes, data_len);
+            free(order);
+            goto bad;
+        }
+        t->data = buf + g->data_offset + t->offset;
+        order[i] = t;
+    }
+    qsort(order, (size_t)g->n_tensors, sizeof *order, cmp_offset);
+    for (int64_t i = 1; i < g->n_tensors; i++)
+        if (order[i - 1]->offset + order[i - 1]->bytes > order[i]->offset) {
+            fail(&r, "tensors '%s' and '%s' overlap", order[i - 1]->name, order[i]->name);
+            free(order);
+            goto bad;
+        }
+    free(order);
+    return 0;
+bad:
+    qd_gguf_free(g);
+    return -1;
+}
+
+void qd_gguf_free(struct qd_gguf *g)
+{
+    for (int64_t i = 0; g->kv && i < g->n_kv; i++)
+        free(g->kv[i].key);
+    free(g->kv);
+    free(g->tensors);
+    memset(g, 0, sizeof *g);
+}
+
+const struct qd_gguf_kv *qd_gguf_find(const struct qd_gguf *g, const char *key)
+{
+    for (int64_t i = 0; i < g->n_kv; i++)
+        if (!strcmp(g->kv[i].key, key))
+            return &g->kv[i];
+    return NULL;
+}
+
+char *qd_gguf_string(const struct qd_gguf *g, const char *key)
+{
+    const struct qd_gguf_kv *kv = qd_gguf_find(g, key);
+    if (!kv || kv->type != QD_GGUF_STRING)
+        return NULL;
+    uint64_t n = 0;
+    memcpy(&n, kv->value, 8);
+    char *s = malloc(n + 1);
+    if (s) {
+        memcpy(s, kv->value + 8, n);
+        s[n] = 0;
+    }
+    return s;
+}
+
+/* ---- writing -------------------------------------------------------------------------------- */
+
+struct out {
+    uint8_t *p;
+    size_t len, cap;
+};
+
+static int put(struct out *o, const void *src, size_t n)
+{
+    if (o->len + n > o->cap) {
+        size_t cap = (o->cap ? o->cap * 2 : 4096) + n;
+        uint8_t *p = realloc(o->p, cap);
+        if (!p)
+            return -1;
+        o->p = p, o->cap = cap;
+    }
+    memcpy(o->p + o->len, src, n);
+    o->len += n;
+    return 0;
+}
+
+static int put_u32(struct out *o, uint32_t v) { return put(o, &v, 4); }
+static int put_u64(struct out *o, uint64_t v) { return put(o, &v, 8); }
+static int put_str(struct out *o, const char *s) { return put_u64(o, strlen(s)) || put(o, s, strlen(s)); }
+
+uint8_t *qd_gguf_write_meta(const struct qd_gguf_kv *const *kv, int n_kv, const struct qd_gguf_u32_kv *extra,
+                            int n_extra, const struct qd_gguf_tensor *t, int n_tensors, uint32_t alignment,
+                            size_t *len)
+{
+    struct out o = {0};
+    int bad = put(&o, "GGUF", 4) || put_u32(&o, 3) || put_u64(&o, (uint64_t)n_tensors) ||
+              put_u64(&o, (uint64_t)(n_kv + n_extra));
+    for (int i = 0; !bad && i < n_kv; i++)
+        bad = put(&o, kv[i]->entry, kv[i]->entry_bytes);
+    for (int i = 0; !bad && i < n_extra; i++)
+        bad = put_str(&o, extra[i].key) || put_u32(&o, QD_GGUF_U32) || put_u32(&o, extra[i].value);
+    uint64_t offset = 0;
+    for (int i = 0; !bad && i < n_tensors; i++) {
+        uint32_t nd = qd_gguf_n_dims(t[i].ne);
+        bad = put_str(&o, t[i].name) || put_u32(&o, nd);
+        for (uint32_t d = 0; !bad && d < nd; d++)
+            bad = put_u64(&o, (uint64_t)t[i].ne[d]);
+        bad = bad || put_u32(&o, t[i].type) || put_u64(&o, offset);
+        offset += (t[i].bytes + alignment - 1) / alignment * alignment;
+    }
+    static const uint8_t zeros[256];
+    size_t pad = (alignment - o.len % alignment) % alignment;
+    while (!bad && pad) {
+        size_t n = pad < sizeof zeros ? pad : sizeof zeros;
+        bad = put(&o, zeros, n);
+        pad -= n;
+    }
+    if (bad) {
+        free(o.p);
+        return NULL;
+    }
+    *len = o.len;
+    return o.p;
+}

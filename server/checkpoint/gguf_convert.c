@@ -1,0 +1,312 @@
+/* GGUF in -> GGUF out for the GGML block formats: the file `llama-quantize --pure <TYPE>` writes
+ * (llama.cpp src/llama-quant.cpp, as vendored in llama-cpp-python 0.3.36), byte for byte:
+ * - tensors in the loader's order (blk.N.* by layer N, the others first, then by name);
+ * - which tensors are quantized: tensor_allows_quantization (2-D+, name ends in "weight", not
+ *   a norm, and the exclusions below), narrowed by --skip/--only; output.weight is quantized
+ *   (quantize_output_tensor defaults to true);
+ * - a row length that is not a multiple of 32 falls back to F16 (tensor_type_fallback);
+ * - every input key/value in order, general.quantization_version (2) and general.file_type
+ *   re-set (removed and appended, as gguf_set_val does), split.* removed;
+ * - data aligned to 32 (GGUF_DEFAULT_ALIGNMENT), each tensor zero-padded to it. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "../../kernels/fp.h"
+#include "checkpoint/convert.h"
+#include "checkpoint/gguf.h"
+
+/* tensor_allows_quantization: names containing any of these stay as they are. */
+static const char *const keep_if_contains[] = {
+    "_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel",
+    "per_layer_model_proj", "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight",
+    "indexer.q_proj.weight", "time_mix_first.weight", "time_mix_w0.weight", "time_mix_w1.weight",
+    "time_mix_w2.weight", "time_mix_v0.weight", "time_mix_v1.weight", "time_mix_v2.weight",
+    "time_mix_a0.weight", "time_mix_a1.weight", "time_mix_a2.weight", "time_mix_g1.weight",
+    "time_mix_g2.weight", "time_mix_decay_w1.weight", "time_mix_decay_w2.weight",
+    "time_mix_lerp_fused.weight", "attn_rel_b.weight", ".position_embd", "sam.pos_embd",
+    "sam.neck.", "sam.net_", ".rel_pos", ".patch_embd", ".patch_merger", "a.rvq.codebook",
+    "mm.a.code_embd", NULL};
+/* ... and these whole names (positional embeddings, BERT's token types) */
+static const char *const keep_if_named[] = {"position_embd.weight", "token_types.weight", NULL};
+/* ... and for the glm5-next architecture, these too */
+static const char *const keep_if_contains_glm5_next[] = {
+    "hc_", "indexer.attn_q_b", "indexer.attn_k", "indexer.proj", "indexer_compressor_gate",
+    "indexer_compressor_ape", "ssm_f_a.weight", "ssm_f_b.weight", "ssm_g_a.weight", "ssm_g_b.weight",
+    "ssm_beta.weight", "attn_kv_a_mqa.weight", "attn_k_b.weight", "attn_v_b.weight", NULL};
+
+static int contains_any(const char *name, const char *const *list)
+{
+    for (; *list; list++)
+        if (strstr(name, *list))
+            return 1;
+    return 0;
+}
+
+static int allows_quantization(const struct qd_gguf_tensor *t, const char *arch)
+{
+    size_t n = strlen(t->name);
+    if (qd_gguf_n_dims(t->ne) < 2 || n < 6 || strcmp(t->name + n - 6, "weight"))
+        return 0;
+    for (const char *const *k = keep_if_named; *k; k++)
+        if (!strcmp(t->name, *k))
+            return 0;
+    if (contains_any(t->name, keep_if_contains))
+        return 0;
+    return !(arch && !strcmp(arch, "glm5-next") && contains_any(t->name, keep_if_contains_glm5_next));
+}
+
+/* llama_model_loader's weights_map order: by the layer number of "blk.%d." (-1 for others),
+ * then by name. */
+static int layer_of(const char *name)
+{
+    int layer = -1;
+    sscanf(name, "blk.%d.", &layer);
+    return layer;
+}
+
+static int cmp_loader_order(const void *a, const void *b)
+{
+    const struct qd_gguf_tensor *x = *(const struct qd_gguf_tensor *const *)a, *y = *(const struct qd_gguf_tensor *const *)b;
+    int lx = layer_of(x->name), ly = layer_of(y->name);
+    return lx != ly ? (lx < ly ? -1 : 1) : strcmp(x->name, y->name);
+}
+
+static int is_float(uint32_t type) { return type == QD_GGML_F32 || type == QD_GGML_F16 || type == QD_GGML_BF16; }
+
+static enum qd_dtype float_dtype(uint32_t type)
+{
+    return type == QD_GGML_F32 ? QD_F32 : type == QD_GGML_F16 ? QD_F16 : QD_BF16;
+}
+
+/* ggml_validate_row_data: llama-quantize refuses a quantized row whose block scale (and min)
+ * is not finite; F16 output is checked value by value. */
+static int first_nonfinite_f16(const uint8_t *p, uint64_t n_blocks, int block_bytes, int fields)
+{
+    for (uint64_t b = 0; b < n_blocks; b++)
+        for (int k = 0; k < fields; k++) {
+            uint16_t h;
+            memcpy(&h, p + b * (uint64_t)block_bytes + 2 * k, 2);
+            if ((h & 0x7c00) == 0x7c00)
+                return 1;
+        }
+    return 0;
+}
+
+struct plan {
+    const struct qd_gguf_tensor *src;
+    struct qd_gguf_tensor out;
+    enum qd_convert_action action;
+};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int same_file(const char *a, const char *b)
+{
+    struct stat x, y;
+    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
+                    char *err, size_t errlen)
+{
+    double t0 = now_ms();
+    const struct qd_format *f = o->f;
+    if (!f->gguf_file_type) {
+        snprintf(err, errlen, "convert: %s has no llama.cpp file type (llama-quantize does not write it); "
+                 "use q4_0, q4_1, q5_0, q5_1 or q8_0", f->name);
+        return -1;
+    }
+    if (same_file(o->src, o->dst)) {
+        snprintf(err, errlen, "convert: the output %s is the input", o->dst);
+        return -1;
+    }
+    struct qd_mapped in;
+    if (qd_map_file(o->src, &in, err, errlen)) {
+        *status = QD_ENOTFOUND;
+        return -1;
+    }
+    struct qd_gguf g;
+    if (qd_gguf_parse(in.data, in.size, &g, err, errlen)) {
+        qd_unmap_file(&in);
+        return -1;
+    }
+    int rc = -1, n = (int)g.n_tensors;
+    char *arch = qd_gguf_string(&g, "general.architecture");
+    struct plan *plan = calloc((size_t)(n ? n : 1), sizeof *plan);
+    const struct qd_gguf_tensor **order = calloc((size_t)(n ? n : 1), sizeof *order);
+    const struct qd_gguf_kv **kv = calloc((size_t)(g.n_kv ? g.n_kv : 1), sizeof *kv);
+    struct qd_name_filter *nf = qd_name_filter_new(o->skip, o->only, err, errlen);
+    uint8_t *meta = NULL, *buf = NULL;
+    uint64_t buf_cap = 0;
+    struct qd_outfile out = {.fd = -1};
+    if (!plan || !order || !kv || !nf) {
+        if (nf)
+            snprintf(err, errlen, "no memory for %d tensors", n);
+        *status = nf ? QD_ENOMEM : QD_EINVAL;
+        goto done;
+    }
+    /* the plan: every output tensor, from the headers alone */
+    for (int i = 0; i < n; i++)
+        order[i] = &g.tensors[i];
+    qsort(order, (size_t)n, sizeof *order, cmp_loader_order);
+    for (int i = 0; i < n; i++) {
+        struct plan *p = &plan[i];
+        p->src = order[i];
+        p->out = *order[i];
+        p->action = QD_CONVERT_COPY;
+        s->params_total += p->src->bytes / (uint64_t)qd_ggml_type(p->src->type)->block_bytes *
+                           (uint64_t)qd_ggml_type(p->src->type)->block_elems;
+        if (!allows_quantization(p->src, arch) || !qd_name_filter_keeps(nf, p->src->name))
+            continue;
+        /* tensor_type_fallback: a 32-block type with a row it cannot split is F16 */
+        uint32_t target = p->src->ne[0] % 32 ? QD_GGML_F16 : (uint32_t)f->gguf_type;
+        if (target == p->src->type)
+            continue;
+        if (!is_float(p->src->type)) {
+            snprintf(err, errlen, "tensor '%s' is %s: requantizing is not supported (llama-quantize refuses it "
+                     "without --allow-requantize); give a model with F32, F16 or BF16 weights", p->src->name,
+                     qd_ggml_type(p->src->type)->name);
+            goto done;
+        }
+        p->action = target == QD_GGML_F16 ? QD_CONVERT_CAST_F16 : QD_CONVERT_QUANTIZE;
+        p->out.type = target;
+        p->out.bytes = qd_ggml_nbytes(target, p->out.ne);
+        if (p->out.bytes > buf_cap)
+            buf_cap = p->out.bytes;
+    }
+    int nkv = 0;
+    static const char *const dropped[] = {"general.quantization_version", "general.file_type", "split.no",
+                                          "split.count", "split.tensors.count", NULL};
+    for (int64_t i = 0; i < g.n_kv; i++) {
+        int drop = 0;
+        for (const char *const *d = dropped; *d; d++)
+            drop |= !strcmp(g.kv[i].key, *d);
+        if (!drop)
+            kv[nkv++] = &g.kv[i];
+    }
+    const struct qd_gguf_u32_kv extra[] = {{"general.quantization_version", 2},
+                                           {"general.file_type", (uint32_t)f->gguf_file_type}};
+    struct qd_gguf_tensor *infos = malloc((size_t)(n ? n : 1) * sizeof *infos);
+    size_t meta_len = 0;
+    if (infos) {
+        for (int i = 0; i < n; i++)
+            infos[i] = plan[i].out;
+        meta = qd_gguf_write_meta(kv, nkv, extra, 2, infos, n, QD_GGUF_DEFAULT_ALIGNMENT, &meta_len);
+        free(infos);
+    }
+    buf = buf_cap ? malloc(buf_cap) : NULL;
+    if (!meta || (buf_cap && !buf)) {
+        snprintf(err, errlen, "no memory for the output header or a %" PRIu64 "-byte tensor", buf_cap);
+        *status = QD_ENOMEM;
+        goto done;
+    }
+    if (qd_outfile_open(&out, o->dst, err, errlen)) {
+        *status = QD_EIO;
+        goto done;
+    }
+    if (qd_outfile_write(&out, meta, meta_len, err, errlen))
+        goto io;
+    uint64_t in_total = 0;
+    for (int i = 0; i < n; i++)
+        in_total += plan[i].src->bytes;
+    s->bytes_in = 0;
+    for (int i = 0; i < n; i++) {
+        if (o->cancel && *o->cancel) {
+            snprintf(err, errlen, "convert: cancelled at tensor %d of %d", i + 1, n);
+            *status = QD_ECANCELED;
+            goto fail;
+        }
+        struct plan *p = &plan[i];
+        double t1 = now_ms(), nmse = 0;
+        const void *data = p->src->data;
+        int64_t rows = (int64_t)(p->src->bytes / (uint64_t)qd_ggml_type(p->src->type)->block_bytes *
+                                 (uint64_t)qd_ggml_type(p->src->type)->block_elems) / p->src->ne[0];
+        if (p->action == QD_CONVERT_QUANTIZE) {
+            enum qd_status st = qd_convert_quantize(o, p->src->data, float_dtype(p->src->type), rows, p->src->ne[0],
+                                                    buf, (int64_t)p->out.bytes, &nmse, err, errlen);
+            if (st != QD_OK) {
+                char msg[512];
+                snprintf(msg, sizeof msg, "tensor '%s': %s", p->src->name, err);
+                snprintf(err, errlen, "%s", msg);
+                *status = st;
+                goto fail;
+            }
+            const struct qd_ggml_type *ty = qd_ggml_type(p->out.type);
+            int fields = p->out.type == QD_GGML_Q4_1 || p->out.type == QD_GGML_Q5_1 ? 2 : 1;
+            if (first_nonfinite_f16(buf, p->out.bytes / (uint64_t)ty->block_bytes, ty->block_bytes, fields)) {
+                snprintf(err, errlen, "tensor '%s': a block scale overflows f16 (llama-quantize stops there too: "
+                         "\"quantized data validation failed\")", p->src->name);
+                *status = QD_ENONFINITE;
+                goto fail;
+            }
+            data = buf;
+            s->quantized++;
+            s->params_quantized += (uint64_t)rows * (uint64_t)p->src->ne[0];
+        } else if (p->action == QD_CONVERT_CAST_F16) {
+            uint64_t count = p->out.bytes / 2;
+            uint16_t *h = (uint16_t *)buf;
+            for (uint64_t k = 0; k < count; k++) {
+                float v = p->src->type == QD_GGML_F32 ? ((const float *)p->src->data)[k]
+                                                      : qd_bf16_to_f32(((const uint16_t *)p->src->data)[k]);
+                h[k] = qd_f32_to_f16(v);
+            }
+            if (first_nonfinite_f16(buf, count, 2, 1)) {
+                snprintf(err, errlen, "tensor '%s': a value is not finite in f16 (llama-quantize stops there too)",
+                         p->src->name);
+                *status = QD_ENONFINITE;
+                goto fail;
+            }
+            data = buf;
+            s->cast++;
+        } else
+            s->copied++;
+        if (qd_outfile_write(&out, data, p->out.bytes, err, errlen) ||
+            qd_outfile_pad(&out, QD_GGUF_DEFAULT_ALIGNMENT, err, errlen))
+            goto io;
+        s->bytes_in += p->src->bytes;
+        qd_mapped_done(&in, p->src->data, p->src->bytes);
+        if (o->progress) {
+            struct qd_convert_event ev = {.index = i + 1, .count = n, .name = p->src->name, .action = p->action,
+                                          .fmt = f->name, .ms = now_ms() - t1,
+                                          .has_nmse = o->report_error && p->action == QD_CONVERT_QUANTIZE,
+                                          .nmse = nmse, .in_done = s->bytes_in, .in_total = in_total,
+                                          .out_done = out.written};
+            uint32_t nd = qd_gguf_n_dims(p->src->ne);
+            ev.ndim = (int)nd;
+            for (uint32_t d = 0; d < nd; d++) /* outermost first, as torch and safetensors list them */
+                ev.shape[d] = p->src->ne[nd - 1 - d];
+            o->progress(o->progress_ctx, &ev);
+        }
+    }
+    s->bytes_out = out.written;
+    if (qd_outfile_commit(&out, err, errlen))
+        goto io;
+    rc = 0;
+    *status = QD_OK;
+    goto done;
+io:
+    *status = QD_EIO;
+fail:
+    qd_outfile_abort(&out);
+done:
+    s->seconds = (now_ms() - t0) / 1e3;
+    qd_name_filter_free(nf);
+    free(buf);
+    free(meta);
+    free(kv);
+    free(order);
+    free(plan);
+    free(arch);
+    qd_gguf_free(&g);
+    qd_unmap_file(&in);
+    return rc;
+}

@@ -1,0 +1,156 @@
+/* bin/quantd convert: a model file in, the file its runtime loads out (server/checkpoint).
+ * On a terminal a progress line (tensor i/N, GB done, GB/s, ETA) on stderr; otherwise one
+ * JSON line per tensor on stdout. A JSON summary line at the end either way. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "checkpoint/convert.h"
+#include "cli/cli.h"
+
+static const char *const usage_text =
+    "usage: quantd convert --in SRC --out DST --fmt FMT [--param k=v ...] [--skip RE] [--only RE]\n"
+    "                      [--backend auto|cpu|cuda] [--devices LIST] [--report-error]\n"
+    "  GGUF in (F32/F16/BF16 weights), --fmt q4_0|q4_1|q5_0|q5_1|q8_0: the GGUF llama-quantize\n"
+    "  --pure writes. --skip/--only: POSIX extended regexes narrowing which of the tensors the\n"
+    "  runtime would quantize are quantized. --report-error adds each tensor's NMSE.\n";
+
+struct progress {
+    int tty;
+    struct timespec start;
+};
+
+static double since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+static void on_tensor(void *ctx, const struct qd_convert_event *ev)
+{
+    struct progress *pr = ctx;
+    if (pr->tty) {
+        double s = since(&pr->start), rate = s > 0 ? ev->in_done / s : 0;
+        double eta = rate > 0 ? (double)(ev->in_total - ev->in_done) / rate : 0;
+        fprintf(stderr, "\r[%d/%d] %.2f/%.2f GB  %.2f GB/s  ETA %.0f s  %-40.40s", ev->index, ev->count,
+                ev->in_done / 1e9, ev->in_total / 1e9, rate / 1e9, eta, ev->name);
+        if (ev->index == ev->count)
+            fputc('\n', stderr);
+        return;
+    }
+    char shape[96] = "";
+    for (int d = 0, at = 0; d < ev->ndim && at < (int)sizeof shape - 24; d++)
+        at += snprintf(shape + at, sizeof shape - (size_t)at, "%s%" PRId64, d ? "," : "", ev->shape[d]);
+    const char *what = ev->action == QD_CONVERT_QUANTIZE ? ev->fmt : ev->action == QD_CONVERT_CAST_F16 ? "f16" : "copied";
+    printf("{\"tensor\":%d,\"of\":%d,\"name\":\"%s\",\"fmt\":\"%s\",\"shape\":[%s],\"ms\":%.3f", ev->index, ev->count,
+           ev->name, what, shape, ev->ms);
+    if (ev->has_nmse)
+        printf(",\"nmse\":%.6g", ev->nmse);
+    printf("}\n");
+}
+
+int qd_cli_convert(int argc, char **argv)
+{
+    struct qd_convert_opts o;
+    memset(&o, 0, sizeof o);
+    const char *fmt = NULL, *backend_name = "auto", *devices = NULL, *params[64];
+    int nparams = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--report-error")) {
+            o.report_error = 1;
+            continue;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage_text, stdout);
+            return 0;
+        }
+        const char *v = i + 1 < argc ? argv[++i] : NULL;
+        if (!v || strncmp(a, "--", 2)) {
+            fprintf(stderr, "quantd convert: bad or incomplete argument '%s'\n%s", a, usage_text);
+            return 2;
+        }
+        if (!strcmp(a, "--in")) o.src = v;
+        else if (!strcmp(a, "--out")) o.dst = v;
+        else if (!strcmp(a, "--fmt")) fmt = v;
+        else if (!strcmp(a, "--skip")) o.skip = v;
+        else if (!strcmp(a, "--only")) o.only = v;
+        else if (!strcmp(a, "--backend")) backend_name = v;
+        else if (!strcmp(a, "--devices")) devices = v;
+        else if (!strcmp(a, "--param") && nparams < 64) params[nparams++] = v;
+        else {
+            fprintf(stderr, "quantd convert: unknown option '%s'\n%s", a, usage_text);
+            return 2;
+        }
+    }
+    if (!o.src || !o.dst || !fmt) {
+        fprintf(stderr, "quantd convert: --in, --out and --fmt are required\n%s", usage_text);
+        return 2;
+    }
+    char err[1024];
+    if (!(o.f = qd_format_find(fmt))) {
+        fprintf(stderr, "quantd convert: unknown format '%s' (quantd formats lists them)\n", fmt);
+        return 2;
+    }
+    qd_params_default(o.f, &o.params);
+    for (int i = 0; i < nparams; i++) {
+        char key[64];
+        const char *eq = strchr(params[i], '=');
+        if (!eq || (size_t)(eq - params[i]) >= sizeof key) {
+            fprintf(stderr, "quantd convert: --param needs k=v (got '%s')\n", params[i]);
+            return 2;
+        }
+        memcpy(key, params[i], (size_t)(eq - params[i]));
+        key[eq - params[i]] = 0;
+        if (qd_params_set(o.f, &o.params, key, eq + 1, err, sizeof err) != QD_OK) {
+            fprintf(stderr, "quantd convert: %s\n", err);
+            return 2;
+        }
+    }
+    if (strcmp(backend_name, "auto") && strcmp(backend_name, "cpu") && strcmp(backend_name, "cuda")) {
+        fprintf(stderr, "quantd convert: --backend must be auto, cpu or cuda\n");
+        return 2;
+    }
+    struct qd_backend b;
+    if (strcmp(backend_name, "cpu") && qd_backend_cuda_open(&b, devices, err, sizeof err) == 0) {
+        /* the GPU */
+    } else if (!strcmp(backend_name, "cuda")) {
+        fprintf(stderr, "quantd convert: --backend cuda: %s\n", err);
+        return 1;
+    } else
+        qd_backend_cpu_open(&b, err, sizeof err);
+    char name[32];
+    o.backend = &b;
+    o.worker = b.worker_open(&b, 0, name, sizeof name, err, sizeof err);
+    if (!o.worker) {
+        fprintf(stderr, "quantd convert: %s\n", err);
+        b.close(&b);
+        return 1;
+    }
+    struct progress pr = {.tty = isatty(STDOUT_FILENO)}; /* a terminal: the bar; else JSON lines */
+    clock_gettime(CLOCK_MONOTONIC, &pr.start);
+    o.progress = on_tensor;
+    o.progress_ctx = &pr;
+    struct qd_convert_summary s;
+    enum qd_status st;
+    int rc = qd_convert(&o, &s, &st, err, sizeof err);
+    b.worker_close(o.worker);
+    b.close(&b);
+    if (rc) {
+        if (pr.tty)
+            fputc('\n', stderr);
+        fprintf(stderr, "quantd convert: %s\n", err);
+        return 1;
+    }
+    double bpw = s.params_total ? s.bytes_out * 8.0 / (double)s.params_total : 0;
+    printf("{\"summary\":{\"in\":\"%s\",\"out\":\"%s\",\"fmt\":\"%s\",\"backend\":\"%s\",\"quantized\":%d,"
+           "\"copied\":%d,\"cast_f16\":%d,\"bytes_in\":%" PRIu64 ",\"bytes_out\":%" PRIu64 ",\"bits_per_weight\":%.3f,"
+           "\"seconds\":%.3f,\"gb_per_s\":%.3f}}\n",
+           o.src, o.dst, o.f->name, name, s.quantized, s.copied, s.cast, s.bytes_in, s.bytes_out, bpw, s.seconds,
+           s.seconds > 0 ? s.bytes_in / s.seconds / 1e9 : 0.0);
+    return 0;
+}

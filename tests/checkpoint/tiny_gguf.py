@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""A tiny random Llama as llama.cpp loads it, written with the `gguf` package's own writer:
+usage: tiny_gguf.py OUT.gguf [f32|f16|bf16] [--ffn N] [--layers N] [--hidden N] [--seed N]
+
+The vocabulary is SentencePiece-style with byte fallback (<unk>, <s>, </s>, the 256 byte tokens
+and a few pieces), so llama.cpp can tokenize any prompt. Norms are F32 (as convert_hf_to_gguf
+writes them); the other weights take the dtype asked for. An --ffn that is not a multiple of 32
+makes ffn_down's rows unsplittable into 32-blocks (llama-quantize's F16 fallback)."""
+import argparse
+
+import numpy as np
+import gguf
+
+
+def bf16(x):
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("dtype", nargs="?", default="f16", choices=["f32", "f16", "bf16"])
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--ffn", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    rng = np.random.default_rng(a.seed)
+    pieces = ["▁the", "▁a", "▁of", "▁and", "▁to", "▁in", "▁is", "▁quant", "ize", "▁model"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)
+    scores = [0.0, 0.0, 0.0] + [0.0] * 256 + [-float(i) for i in range(len(pieces))]
+    vocab, h, hd = len(tokens), a.hidden, a.hidden // a.heads
+
+    w = gguf.GGUFWriter(a.out, "llama")
+    w.add_name("quantd tiny llama")
+    w.add_context_length(256)
+    w.add_embedding_length(h)
+    w.add_block_count(a.layers)
+    w.add_feed_forward_length(a.ffn)
+    w.add_head_count(a.heads)
+    w.add_head_count_kv(a.kv_heads)
+    w.add_rope_dimension_count(hd)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_file_type({"f32": 0, "f16": 1, "bf16": 32}[a.dtype])
+    w.add_vocab_size(vocab)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+
+    def weight(name, rows, cols, scale=0.05):
+        x = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        if a.dtype == "f32":
+            w.add_tensor(name, x)
+        elif a.dtype == "f16":
+            w.add_tensor(name, x.astype(np.float16))
+        else:
+            w.add_tensor(name, bf16(x), raw_shape=x.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
+
+    def norm(name):
+        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(h)).astype(np.float32))
+
+    weight("token_embd.weight", vocab, h, 0.5)
+    for i in range(a.layers):
+        p = f"blk.{i}."
+        norm(p + "attn_norm.weight")
+        weight(p + "attn_q.weight", h, h)
+        weight(p + "attn_k.weight", a.kv_heads * hd, h)
+        weight(p + "attn_v.weight", a.kv_heads * hd, h)
+        weight(p + "attn_output.weight", h, h)
+        norm(p + "ffn_norm.weight")
+        weight(p + "ffn_gate.weight", a.ffn, h)
+        weight(p + "ffn_up.weight", a.ffn, h)
+        weight(p + "ffn_down.weight", h, a.ffn)
+    norm("output_norm.weight")
+    weight("output.weight", vocab, h)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -2,6 +2,7 @@
 #   make            bin/quantd (with the CUDA backend when nvcc is found, CPU-only otherwise)
 #   make deps       install the Debian packages that building and testing need (root)
 #   make test       unit tests (cmocka), service tests (libcurl + OpenAPI check), peer checks
+#   make test-consumers  the runtimes themselves: llama.cpp built from source (tests/consumers)
 #   make sanitize   the same tests built with ASan + UBSan
 #   make fuzz       libFuzzer over the request decoders (FUZZ_SECONDS)
 #   make bench      CPU kernel table + service benchmark
@@ -50,7 +51,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all deps venv test test-unit test-peers test-service test-deploy test-gpu bench-gpu check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all deps venv test test-unit test-peers test-service test-deploy test-gpu test-consumers bench-gpu check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 bin/quantd: $(KERNEL_OBJS) $(SERVER_OBJS)
@@ -67,7 +68,7 @@ $(BUILD)/%.o: %.cu $(wildcard kernels/*.h kernels/cuda/*.h kernels/cuda/*.cuh)
 	$(NVCC) $(NVCC_FLAGS) -c -o $@ $<
 
 # ---- dependencies ---------------------------------------------------------------------------
-DEB_PACKAGES := build-essential pkg-config libcjson-dev libcmocka-dev libmicrohttpd-dev \
+DEB_PACKAGES := build-essential pkg-config cmake libcjson-dev libcmocka-dev libmicrohttpd-dev \
                 libcurl4-openssl-dev python3 python3-venv python3-pip clang libclang-rt-dev
 
 deps:
@@ -198,6 +199,23 @@ bench-gpu: check-cuda bin/quantd $(BUILD)/bench/bench_gpu $(BUILD)/bench/bench_s
 	  else echo "(bitsandbytes is not installed here: no side-by-side table)"; fi
 	python3 bench/loopback.py $(or $(BENCH_CLIENTS),16)
 	QUANTD=$(abspath bin/quantd) QUANTD_TEST_BACKEND=cuda QUANTD_BENCH_BIG=1 $(BUILD)/bench/bench_service $(or $(BENCH_SECONDS),3) $(or $(BENCH_CLIENTS),16)
+
+# ---- consumers: the runtimes themselves load quantd's files (tests/consumers) -----------------
+# llama.cpp's source ships in the llama-cpp-python sdist on PyPI; llama-quantize and
+# llama-completion are built from it (cmake, g++) under build/consumers.
+LLAMA_CPP_PYTHON ?= 0.3.36
+LLAMA_CPP_DIR := $(BUILD)/consumers/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
+$(LLAMA_CPP_DIR)/build/bin/llama-quantize:
+	@mkdir -p $(BUILD)/consumers
+	cd $(BUILD)/consumers && $(abspath .venv/bin/pip) download -q --no-deps --no-binary :all: \
+	  llama-cpp-python==$(LLAMA_CPP_PYTHON) && tar xzf llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
+	cmake -S $(LLAMA_CPP_DIR) -B $(LLAMA_CPP_DIR)/build -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
+	  -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null
+	cmake --build $(LLAMA_CPP_DIR)/build -j$$(nproc) --target llama-quantize llama-completion >/dev/null
+
+test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize
+	LLAMA_CPP_BIN=$(abspath $(LLAMA_CPP_DIR)/build/bin) QUANTD=$(abspath bin/quantd) \
+	  .venv/bin/python -m pytest -q tests/consumers
 
 check-cuda:
 	@test "$(WITH_CUDA)" = 1 || { echo "no nvcc: the CUDA backend is not built"; exit 1; }

@@ -1,0 +1,55 @@
+"""quantd convert against llama.cpp itself (make test-consumers builds llama-quantize and
+llama-completion from the llama.cpp sources vendored in the llama-cpp-python sdist and points
+LLAMA_CPP_BIN at them): for tiny Llama GGUFs in F32, F16 and BF16 (one with an FFN width that
+is not a multiple of 32), `quantd convert --fmt T` equals `llama-quantize --pure <in> <out> T`
+byte for byte, and llama.cpp runs quantd's file to the same greedy continuation."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "peers"))
+from conftest import QUANTD, run_quantd  # noqa: E402
+
+BIN = os.environ.get("LLAMA_CPP_BIN", "")
+TINY = os.path.join(os.path.dirname(__file__), "..", "checkpoint", "tiny_gguf.py")
+pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(BIN, "llama-quantize")),
+                                reason="LLAMA_CPP_BIN is not set (make test-consumers builds llama.cpp)")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    out = {}
+    for dt in ("f32", "f16", "bf16"):
+        for kind, extra in (("plain", []), ("odd", ["--ffn", "100"])):
+            p = d / f"{kind}_{dt}.gguf"
+            subprocess.run([sys.executable, TINY, str(p), dt, *extra], check=True)
+            out[(kind, dt)] = p
+    return out
+
+
+def complete(model):
+    p = subprocess.run([os.path.join(BIN, "llama-completion"), "-m", str(model), "-p", "the quantize model",
+                        "-n", "16", "--temp", "0", "--seed", "1", "-t", "2", "-no-cnv"],
+                       capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout
+
+
+@pytest.mark.parametrize("kind", ["plain", "odd"])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+def test_convert_equals_llama_quantize_pure(models, tmp_path, kind, dtype, qtype):
+    src = models[(kind, dtype)]
+    ref, ours = tmp_path / "ref.gguf", tmp_path / "ours.gguf"
+    p = subprocess.run([os.path.join(BIN, "llama-quantize"), "--pure", str(src), str(ref), qtype, "2"],
+                       capture_output=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    run_quantd("convert", "--in", src, "--out", ours, "--fmt", qtype.lower())
+    a, b = ref.read_bytes(), ours.read_bytes()
+    first = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
+    assert a == b, f"sizes {len(a)}/{len(b)}, first differing byte {first}"
+    if kind == "plain" and dtype == "bf16":  # llama.cpp runs it (the same bytes: the same logits)
+        assert complete(ours) == complete(ref)

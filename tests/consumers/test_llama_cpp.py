@@ -2,7 +2,9 @@
 llama-completion from the llama.cpp sources vendored in the llama-cpp-python sdist and points
 LLAMA_CPP_BIN at them): for tiny Llama GGUFs in F32, F16 and BF16 (one with an FFN width that
 is not a multiple of 32), `quantd convert --fmt T` equals `llama-quantize --pure <in> <out> T`
-byte for byte, and llama.cpp runs quantd's file to the same greedy continuation."""
+byte for byte (so llama.cpp computes the same logits from both), and llama.cpp loads and runs
+quantd's file. (Its console output is not compared: llama-completion's stdout of a greedy run on
+this random model varies between runs of the same file, even on one thread.)"""
 import os
 import subprocess
 import sys
@@ -32,7 +34,7 @@ def models(tmp_path_factory):
 
 def complete(model):
     p = subprocess.run([os.path.join(BIN, "llama-completion"), "-m", str(model), "-p", "the quantize model",
-                        "-n", "16", "--temp", "0", "--seed", "1", "-t", "2", "-no-cnv"],
+                        "-n", "16", "--temp", "0", "--seed", "1", "-t", "1", "-no-cnv"],
                        capture_output=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     return p.stdout
@@ -51,5 +53,5 @@ def test_convert_equals_llama_quantize_pure(models, tmp_path, kind, dtype, qtype
     a, b = ref.read_bytes(), ours.read_bytes()
     first = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
     assert a == b, f"sizes {len(a)}/{len(b)}, first differing byte {first}"
-    if kind == "plain" and dtype == "bf16":  # llama.cpp runs it (the same bytes: the same logits)
-        assert complete(ours) == complete(ref)
+    if kind == "plain" and dtype == "bf16":  # llama.cpp loads and runs it (same bytes: same logits)
+        assert complete(ours).startswith("▁the▁quantize▁model".encode())

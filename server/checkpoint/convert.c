@@ -210,7 +210,7 @@ void qd_name_filter_free(struct qd_name_filter *nf)
 
 enum qd_status qd_convert_quantize(const struct qd_convert_opts *o, const void *src, enum qd_dtype dtype,
                                    int64_t rows, int64_t cols, void *out, int64_t out_bytes, double *nmse,
-                                   char *err, size_t errlen)
+                                   struct qd_params *resolved, char *err, size_t errlen)
 {
     struct qd_work w;
     memset(&w, 0, sizeof w);
@@ -241,6 +241,8 @@ enum qd_status qd_convert_quantize(const struct qd_convert_opts *o, const void *
     enum qd_status s = o->backend->run(o->worker, &w, err, errlen);
     if (s == QD_OK && w.has_report && nmse)
         *nmse = w.report.nmse;
+    if (resolved)
+        *resolved = w.p;
     return s;
 }
 
@@ -251,7 +253,10 @@ int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, en
     *status = QD_EINVAL;
     if (!strcmp(o->f->family, "ggml"))
         return qd_convert_gguf(o, s, status, err, errlen);
+    if (!strcmp(o->f->family, "bnb4"))
+        return qd_convert_bnb(o, s, status, err, errlen);
     snprintf(err, errlen, "convert: no checkpoint layout for format %s yet (GGML block formats: GGUF in, "
-             "GGUF out)", o->f->name);
+             "GGUF out; nf4/fp4: a Hugging Face safetensors model in, transformers + bitsandbytes out)",
+             o->f->name);
     return -1;
 }

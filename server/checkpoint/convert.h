@@ -90,11 +90,14 @@ void qd_name_filter_free(struct qd_name_filter *nf);
 
 /* Quantizes one tensor through the worker: src (dtype, rows x cols) into out (the format's
  * components, back to back, sized by qd_format_layout). */
+/* resolved (optional) gets the params as run, computed ones included (the nf4/fp4 offset). */
 enum qd_status qd_convert_quantize(const struct qd_convert_opts *o, const void *src, enum qd_dtype dtype,
                                    int64_t rows, int64_t cols, void *out, int64_t out_bytes, double *nmse,
-                                   char *err, size_t errlen);
+                                   struct qd_params *resolved, char *err, size_t errlen);
 
 int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
                     char *err, size_t errlen);
+int qd_convert_bnb(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
+                   char *err, size_t errlen);
 
 #endif

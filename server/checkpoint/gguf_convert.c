@@ -232,7 +232,7 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
                                  (uint64_t)qd_ggml_type(p->src->type)->block_elems) / p->src->ne[0];
         if (p->action == QD_CONVERT_QUANTIZE) {
             enum qd_status st = qd_convert_quantize(o, p->src->data, float_dtype(p->src->type), rows, p->src->ne[0],
-                                                    buf, (int64_t)p->out.bytes, &nmse, err, errlen);
+                                                    buf, (int64_t)p->out.bytes, &nmse, NULL, err, errlen);
             if (st != QD_OK) {
                 char msg[512];
                 snprintf(msg, sizeof msg, "tensor '%s': %s", p->src->name, err);

@@ -1,0 +1,657 @@
+/* A Hugging Face safetensors model in -> the transformers + bitsandbytes 4-bit checkpoint
+ * (nf4/fp4) out: what `from_pretrained(..., BitsAndBytesConfig(load_in_4bit=True, ...))` then
+ * `save_pretrained` writes (transformers 5.17, bitsandbytes 0.50), shard for shard.
+ * - Quantized: every Linear weight but the output head, named by transformers' rule
+ *   (replace_with_bnb_linear, get_keys_to_not_convert): 2-D float "<m>.weight" tensors whose
+ *   module is not an embedding ("embed" in its last name, wte, wpe) nor the head (lm_head).
+ * - Per weight, Params4bit's state dict: <m>.weight (u8 [n/2, 1], bitsandbytes' nibble order),
+ *   .absmax, .nested_absmax, .nested_quant_map, .quant_map, and
+ *   .quant_state.bitsandbytes__<nf4|fp4>: QuantState.as_dict(packed=True)'s JSON (json.dumps of
+ *   quant_type, blocksize, dtype, shape, nested_*; the offset as Python prints a float),
+ *   padded with trailing spaces to a fixed length so every header is known before any tensor
+ *   is quantized (json.loads reads it the same).
+ * - Everything else is copied bit for bit; config.json gains quantization_config; the other
+ *   files of the directory (tokenizer, generation config) are copied; a sharded model keeps
+ *   its shard names and gets a new model.safetensors.index.json.
+ * A single .safetensors file in gives a single file out, its quantization_config in the
+ * __metadata__ (for clients that write config.json themselves). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "checkpoint/convert.h"
+#include "checkpoint/safetensors.h"
+
+#define QSTATE_OFFSET_WIDTH 24 /* the longest Python repr of a float */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Python's repr of a float: the shortest digits that read back to it, fixed notation for
+ * decimal exponents in [-4, 16), else d.ddde+XX. */
+static void py_float_repr(double v, char *out, size_t len)
+{
+    if (v != v || isinf(v)) {
+        snprintf(out, len, "%s", v != v ? "NaN" : v < 0 ? "-Infinity" : "Infinity");
+        return;
+    }
+    char e[40];
+    for (int p = 1; p <= 17; p++) {
+        snprintf(e, sizeof e, "%.*e", p - 1, v);
+        if (strtod(e, NULL) == v)
+            break;
+    }
+    char digits[24];
+    int nd = 0, neg = e[0] == '-';
+    const char *c = e + neg;
+    for (; *c && *c != 'e'; c++)
+        if (*c != '.')
+            digits[nd++] = *c;
+    digits[nd] = 0;
+    int exp10 = atoi(c + 1);
+    char *o = out;
+    size_t left = len;
+#define PUT(...) do { int k = snprintf(o, left, __VA_ARGS__); o += k; left -= (size_t)k; } while (0)
+    if (neg)
+        PUT("-");
+    if (exp10 >= 16 || exp10 < -4) {
+        PUT("%c", digits[0]);
+        if (nd > 1)
+            PUT(".%s", digits + 1);
+        PUT("e%c%02d", exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
+    } else if (exp10 >= 0) {
+        for (int i = 0; i <= exp10; i++)
+            PUT("%c", i < nd ? digits[i] : '0');
+        PUT(".%s", nd > exp10 + 1 ? digits + exp10 + 1 : "0");
+    } else {
+        PUT("0.");
+        for (int i = 0; i < -exp10 - 1; i++)
+            PUT("0");
+        PUT("%s", digits);
+    }
+#undef PUT
+}
+
+static const char *torch_dtype(const char *st) /* str(torch dtype).strip("torch.") */
+{
+    return !strcmp(st, "F32") ? "float32" : !strcmp(st, "F16") ? "float16" : "bfloat16";
+}
+
+/* transformers' rule, from names and shapes (see the top of this file). */
+static int quantized_module(const struct qd_st_entry *t)
+{
+    size_t n = strlen(t->name);
+    if (t->ndim != 2 || n < 8 || strcmp(t->name + n - 7, ".weight") ||
+        (strcmp(t->dtype, "F32") && strcmp(t->dtype, "F16") && strcmp(t->dtype, "BF16")))
+        return 0;
+    const char *last = t->name + n - 7;
+    while (last > t->name && last[-1] != '.')
+        last--;
+    size_t ln = (size_t)(t->name + n - 7 - last);
+    char mod[256];
+    snprintf(mod, sizeof mod, "%.*s", (int)(ln < sizeof mod ? ln : sizeof mod - 1), last);
+    return !strstr(mod, "embed") && strcmp(mod, "wte") && strcmp(mod, "wpe") && strcmp(mod, "lm_head");
+}
+
+/* QuantState.as_dict(packed=True)'s non-tensor items as json.dumps writes them. */
+static int quant_state_json(char *out, size_t len, const struct qd_convert_opts *o, const struct qd_st_entry *t,
+                            const struct qd_params *p, int pad)
+{
+    char shape[64], offset[40];
+    snprintf(shape, sizeof shape, "[%" PRId64 ", %" PRId64 "]", t->shape[0], t->shape[1]);
+    int n = snprintf(out, len, "{\"quant_type\": \"%s\", \"blocksize\": %d, \"dtype\": \"%s\", \"shape\": %s", o->f->name,
+                     p->blocksize, torch_dtype(t->dtype), shape);
+    if (p->double_quant) {
+        if (pad)
+            memset(offset, '0', QSTATE_OFFSET_WIDTH), offset[QSTATE_OFFSET_WIDTH] = 0;
+        else
+            py_float_repr((double)p->offset, offset, sizeof offset);
+        n += snprintf(out + n, len - (size_t)n, ", \"nested_blocksize\": 256, \"nested_dtype\": \"float32\", "
+                      "\"nested_offset\": %s", offset);
+    }
+    n += snprintf(out + n, len - (size_t)n, "}");
+    return n;
+}
+
+struct out_tensor {
+    char *name;
+    const char *dtype;
+    int ndim;
+    int64_t shape[2];
+    uint64_t bytes;
+    const struct qd_st_entry *src;
+    int quantize;      /* 1: the first of a quantized weight's tensors (the rest follow it) */
+    uint64_t qbytes;   /* that weight's components, back to back */
+};
+
+struct shard {
+    char *in_path, *out_name;
+    struct qd_mapped m;
+    struct qd_st_file st;
+    struct out_tensor *t;
+    int n;
+};
+
+static int add(struct shard *sh, int *cap, struct out_tensor t)
+{
+    if (sh->n == *cap) {
+        int nc = *cap ? *cap * 2 : 64;
+        struct out_tensor *p = realloc(sh->t, (size_t)nc * sizeof *p);
+        if (!p)
+            return -1;
+        sh->t = p, *cap = nc;
+    }
+    sh->t[sh->n++] = t;
+    return t.name ? 0 : -1;
+}
+
+static char *join(const char *a, const char *b)
+{
+    size_t n = strlen(a) + strlen(b) + 2;
+    char *s = malloc(n);
+    if (s)
+        snprintf(s, n, "%s/%s", a, b);
+    return s;
+}
+
+static char *suffixed(const char *name, const char *suffix)
+{
+    size_t n = strlen(name) + strlen(suffix) + 1;
+    char *s = malloc(n);
+    if (s)
+        snprintf(s, n, "%s%s", name, suffix);
+    return s;
+}
+
+/* The plan of one shard: its output tensors, from its header alone. */
+static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const struct qd_name_filter *nf,
+                      uint64_t *buf_cap, char *err, size_t errlen)
+{
+    int cap = 0;
+    for (int i = 0; i < sh->st.n; i++) {
+        const struct qd_st_entry *t = &sh->st.t[i];
+        if (!quantized_module(t) || !qd_name_filter_keeps(nf, t->name)) {
+            struct out_tensor c = {.name = strdup(t->name), .dtype = t->dtype, .ndim = t->ndim, .bytes = t->end - t->begin,
+                                   .src = t};
+            if (t->ndim > 2) { /* copied tensors keep their shape: only 2 dims fit the plan */
+                c.ndim = -1;
+            } else
+                memcpy(c.shape, t->shape, sizeof c.shape);
+            if (add(sh, &cap, c))
+                goto nomem;
+            continue;
+        }
+        struct qd_tensor in = {.dtype = QD_F32};
+        struct qd_component comps[QD_MAX_COMPONENTS];
+        int64_t shape[2] = {t->shape[0], t->shape[1]};
+        qd_tensor_set_shape(&in, 2, shape);
+        struct qd_params p = o->params;
+        int nc = qd_format_layout(o->f, &p, &in, comps, err, errlen);
+        if (nc < 0)
+            return -1;
+        /* bitsandbytes' names for quantd's components, in quantd's order */
+        uint64_t qbytes = 0;
+        for (int k = 0; k < nc; k++) {
+            const char *suffix = !strcmp(comps[k].name, "data") ? "" : comps[k].name;
+            char sfx[64];
+            snprintf(sfx, sizeof sfx, "%s%s", *suffix ? "." : "", suffix);
+            struct out_tensor c = {.name = suffixed(t->name, sfx), .dtype = comps[k].dtype == QD_U8 ? "U8" : "F32",
+                                   .ndim = k == 0 ? 2 : 1, .shape = {comps[k].shape[0], 1}, .bytes = (uint64_t)comps[k].bytes,
+                                   .src = t, .quantize = k == 0};
+            qbytes += c.bytes;
+            if (add(sh, &cap, c))
+                goto nomem;
+        }
+        sh->t[sh->n - nc].qbytes = qbytes;
+        if (qbytes > *buf_cap)
+            *buf_cap = qbytes;
+        char js[512], sfx[64];
+        snprintf(sfx, sizeof sfx, ".quant_state.bitsandbytes__%s", o->f->name);
+        struct out_tensor q = {.name = suffixed(t->name, sfx), .dtype = "U8", .ndim = 1,
+                               .shape = {quant_state_json(js, sizeof js, o, t, &p, 1), 1}, .src = t};
+        q.bytes = (uint64_t)q.shape[0];
+        if (add(sh, &cap, q))
+            goto nomem;
+    }
+    return 0;
+nomem:
+    snprintf(err, errlen, "no memory for the plan");
+    return -1;
+}
+
+static cJSON *quantization_config(const struct qd_convert_opts *o, const char *compute_dtype)
+{
+    cJSON *q = cJSON_CreateObject(); /* the keys as transformers writes them (sorted) */
+    cJSON_AddBoolToObject(q, "_load_in_4bit", 1);
+    cJSON_AddBoolToObject(q, "_load_in_8bit", 0);
+    cJSON_AddStringToObject(q, "bnb_4bit_compute_dtype", compute_dtype);
+    cJSON_AddStringToObject(q, "bnb_4bit_quant_storage", "uint8");
+    cJSON_AddStringToObject(q, "bnb_4bit_quant_type", o->f->name);
+    cJSON_AddBoolToObject(q, "bnb_4bit_use_double_quant", o->params.double_quant);
+    cJSON_AddBoolToObject(q, "llm_int8_enable_fp32_cpu_offload", 0);
+    cJSON_AddBoolToObject(q, "llm_int8_has_fp16_weight", 0);
+    cJSON_AddNullToObject(q, "llm_int8_skip_modules");
+    cJSON_AddNumberToObject(q, "llm_int8_threshold", 6.0);
+    cJSON_AddBoolToObject(q, "load_in_4bit", 1);
+    cJSON_AddBoolToObject(q, "load_in_8bit", 0);
+    cJSON_AddStringToObject(q, "quant_method", "bitsandbytes");
+    return q;
+}
+
+/* Writes one shard front to back: header, then each tensor (quantized weights through the
+ * worker), dropping the source pages behind. */
+static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const char *path, const cJSON *metadata,
+                       uint8_t *buf, struct qd_convert_summary *s, int *index, int count, uint64_t in_total,
+                       enum qd_status *status, char *err, size_t errlen)
+{
+    struct qd_st_out *h = calloc((size_t)(sh->n ? sh->n : 1), sizeof *h);
+    if (!h) {
+        *status = QD_ENOMEM;
+        snprintf(err, errlen, "no memory");
+        return -1;
+    }
+    for (int i = 0; i < sh->n; i++) {
+        const struct out_tensor *t = &sh->t[i];
+        h[i] = (struct qd_st_out){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .bytes = t->bytes};
+        if (t->ndim < 0) { /* copied as listed */
+            h[i].ndim = t->src->ndim;
+            memcpy(h[i].shape, t->src->shape, sizeof h[i].shape);
+        } else
+            memcpy(h[i].shape, t->shape, sizeof t->shape);
+    }
+    size_t hlen;
+    uint8_t *header = qd_st_header(h, sh->n, metadata, &hlen);
+    free(h);
+    struct qd_outfile out;
+    if (!header || qd_outfile_open(&out, path, err, errlen)) {
+        if (!header)
+            snprintf(err, errlen, "no memory");
+        free(header);
+        *status = header ? QD_EIO : QD_ENOMEM;
+        return -1;
+    }
+    int bad = qd_outfile_write(&out, header, hlen, err, errlen);
+    free(header);
+    for (int i = 0; !bad && i < sh->n; i++) {
+        const struct out_tensor *t = &sh->t[i];
+        if (o->cancel && *o->cancel) {
+            snprintf(err, errlen, "convert: cancelled at tensor %s", t->src->name);
+            *status = QD_ECANCELED;
+            bad = 1;
+            break;
+        }
+        double t1 = now_s(), nmse = 0;
+        uint64_t src_bytes = t->src->end - t->src->begin;
+        if (!t->quantize && !strstr(t->name, ".quant_state.") && t->bytes == src_bytes && !strcmp(t->name, t->src->name)) {
+            bad = qd_outfile_write(&out, t->src->data, t->bytes, err, errlen);
+            s->copied++;
+        } else if (t->quantize) {
+            struct qd_params p;
+            enum qd_dtype dt = !strcmp(t->src->dtype, "F32") ? QD_F32 : !strcmp(t->src->dtype, "F16") ? QD_F16 : QD_BF16;
+            enum qd_status st = qd_convert_quantize(o, t->src->data, dt, t->src->shape[0], t->src->shape[1], buf,
+                                                    (int64_t)t->qbytes, &nmse, &p, err, errlen);
+            if (st != QD_OK) {
+                char msg[600];
+                snprintf(msg, sizeof msg, "tensor '%s': %s", t->src->name, err);
+                snprintf(err, errlen, "%s", msg);
+                *status = st;
+                bad = 1;
+                break;
+            }
+            bad = qd_outfile_write(&out, buf, t->qbytes, err, errlen);
+            /* the components' tensors are written: skip to the quant_state JSON */
+            while (!bad && !strstr(sh->t[i + 1].name, ".quant_state."))
+                i++;
+            char js[512];
+            int n = quant_state_json(js, sizeof js, o, t->src, &p, 0);
+            uint64_t want = sh->t[i + 1].bytes;
+            if ((uint64_t)n > want) {
+                snprintf(err, errlen, "internal: quant_state of %s longer than planned", t->src->name);
+                bad = 1;
+                break;
+            }
+            memset(js + n, ' ', want - (uint64_t)n);
+            bad = bad || qd_outfile_write(&out, js, want, err, errlen);
+            i++;
+            s->quantized++;
+            s->params_quantized += (uint64_t)(t->src->shape[0] * t->src->shape[1]);
+        }
+        if (bad)
+            break;
+        qd_mapped_done(&sh->m, t->src->data, src_bytes);
+        s->bytes_in += src_bytes;
+        (*index)++;
+        if (o->progress) {
+            struct qd_convert_event ev = {.index = *index, .count = count, .name = t->src->name,
+                                          .action = t->quantize ? QD_CONVERT_QUANTIZE : QD_CONVERT_COPY, .fmt = o->f->name,
+                                          .ndim = t->src->ndim, .ms = (now_s() - t1) * 1e3,
+                                          .has_nmse = o->report_error && t->quantize, .nmse = nmse,
+                                          .in_done = s->bytes_in, .in_total = in_total};
+            for (int d = 0; d < t->src->ndim && d < 4; d++)
+                ev.shape[d] = t->src->shape[d];
+            ev.out_done = s->bytes_out + out.written;
+            o->progress(o->progress_ctx, &ev);
+        }
+    }
+    if (bad) {
+        if (*status == QD_EINVAL)
+            *status = QD_EIO;
+        qd_outfile_abort(&out);
+        return -1;
+    }
+    s->bytes_out += out.written;
+    if (qd_outfile_commit(&out, err, errlen)) {
+        *status = QD_EIO;
+        return -1;
+    }
+    return 0;
+}
+
+static int copy_file(const char *from, const char *to, char *err, size_t errlen)
+{
+    struct qd_mapped m;
+    struct qd_outfile out;
+    if (qd_map_file(from, &m, err, errlen))
+        return -1;
+    int rc = qd_outfile_open(&out, to, err, errlen);
+    if (!rc && (qd_outfile_write(&out, m.data, m.size, err, errlen) || qd_outfile_commit(&out, err, errlen)))
+        rc = -1, qd_outfile_abort(&out);
+    qd_unmap_file(&m);
+    return rc;
+}
+
+static int write_text(const char *path, const char *text, char *err, size_t errlen)
+{
+    struct qd_outfile out;
+    if (qd_outfile_open(&out, path, err, errlen))
+        return -1;
+    if (qd_outfile_write(&out, text, strlen(text), err, errlen) || qd_outfile_write(&out, "\n", 1, err, errlen) ||
+        qd_outfile_commit(&out, err, errlen)) {
+        qd_outfile_abort(&out);
+        return -1;
+    }
+    return 0;
+}
+
+static int is_weights_file(const char *name)
+{
+    static const char *const ends[] = {".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".ckpt",
+                                       ".h5", ".msgpack", ".bin.index.json", NULL};
+    if (!strcmp(name, "config.json"))
+        return 1;
+    size_t n = strlen(name);
+    for (const char *const *e = ends; *e; e++)
+        if (n >= strlen(*e) && !strcmp(name + n - strlen(*e), *e))
+            return 1;
+    return 0;
+}
+
+static void remove_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        char *p = join(dir, e->d_name);
+        if (p)
+            unlink(p);
+        free(p);
+    }
+    if (d)
+        closedir(d);
+    rmdir(dir);
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static int cmp_out_name(const void *a, const void *b)
+{
+    return strcmp((*(const struct out_tensor *const *)a)->name, (*(const struct out_tensor *const *)b)->name);
+}
+
+int qd_convert_bnb(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
+                   char *err, size_t errlen)
+{
+    double t0 = now_s();
+    struct stat st;
+    if (stat(o->src, &st) < 0) {
+        snprintf(err, errlen, "%s: %s", o->src, strerror(errno));
+        *status = QD_ENOTFOUND;
+        return -1;
+    }
+    int dir_in = S_ISDIR(st.st_mode), rc = -1, nshards = 0;
+    struct shard *sh = NULL;
+    struct qd_name_filter *nf = qd_name_filter_new(o->skip, o->only, err, errlen);
+    cJSON *config = NULL, *index = NULL, *qc = NULL;
+    char *tmpdir = NULL, **names = NULL;
+    uint8_t *buf = NULL;
+    if (!nf)
+        goto done;
+    /* the shards: from the index, or the one file */
+    if (dir_in) {
+        char *ip = join(o->src, "model.safetensors.index.json"), *cp = join(o->src, "config.json");
+        struct qd_mapped m;
+        char e2[256];
+        if (!qd_map_file(cp, &m, e2, sizeof e2)) {
+            config = cJSON_ParseWithLength((const char *)m.data, m.size);
+            qd_unmap_file(&m);
+        }
+        if (!config || !cJSON_IsObject(config)) {
+            snprintf(err, errlen, "%s: a readable JSON config.json is needed beside the weights", cp);
+            free(ip), free(cp);
+            goto done;
+        }
+        if (!qd_map_file(ip, &m, e2, sizeof e2)) {
+            index = cJSON_ParseWithLength((const char *)m.data, m.size);
+            qd_unmap_file(&m);
+            const cJSON *wm = cJSON_GetObjectItemCaseSensitive(index, "weight_map"), *it;
+            int cap = cJSON_GetArraySize(wm);
+            names = calloc((size_t)(cap ? cap : 1), sizeof *names);
+            if (!cJSON_IsObject(wm) || !names) {
+                snprintf(err, errlen, "%s: no weight_map object", ip);
+                free(ip), free(cp);
+                goto done;
+            }
+            cJSON_ArrayForEach(it, wm) {
+                const char *f = cJSON_GetStringValue(it);
+                if (!f || strchr(f, '/') || f[0] == '.') {
+                    snprintf(err, errlen, "%s: weight_map['%.100s'] is not a file name beside it", ip, it->string);
+                    free(ip), free(cp);
+                    goto done;
+                }
+                int seen = 0;
+                for (int k = 0; k < nshards; k++)
+                    seen |= !strcmp(names[k], f);
+                if (!seen)
+                    names[nshards++] = (char *)f;
+            }
+            qsort(names, (size_t)nshards, sizeof *names, cmp_str);
+        } else {
+            names = calloc(1, sizeof *names);
+            if (names)
+                names[nshards++] = "model.safetensors";
+        }
+        free(ip), free(cp);
+    } else {
+        names = calloc(1, sizeof *names);
+        if (names)
+            names[nshards++] = (char *)o->src;
+    }
+    sh = calloc((size_t)(nshards ? nshards : 1), sizeof *sh);
+    if (!names || !sh) {
+        snprintf(err, errlen, "no memory");
+        *status = QD_ENOMEM;
+        goto done;
+    }
+    uint64_t buf_cap = 0, in_total = 0;
+    int count = 0;
+    const char *compute_dtype = NULL;
+    for (int k = 0; k < nshards; k++) {
+        sh[k].in_path = dir_in ? join(o->src, names[k]) : strdup(names[k]);
+        sh[k].out_name = strdup(dir_in ? names[k] : "");
+        if (!sh[k].in_path || !sh[k].out_name) {
+            snprintf(err, errlen, "no memory");
+            goto done;
+        }
+        if (qd_map_file(sh[k].in_path, &sh[k].m, err, errlen)) {
+            *status = QD_ENOTFOUND;
+            goto done;
+        }
+        if (qd_st_parse(sh[k].m.data, sh[k].m.size, sh[k].in_path, &sh[k].st, err, errlen) ||
+            plan_shard(o, &sh[k], nf, &buf_cap, err, errlen))
+            goto done;
+        for (int i = 0; i < sh[k].st.n; i++) {
+            in_total += sh[k].st.t[i].end - sh[k].st.t[i].begin;
+            count++;
+            s->params_total += (sh[k].st.t[i].end - sh[k].st.t[i].begin) * 8 / (uint64_t)sh[k].st.t[i].elem_bits;
+        }
+        for (int i = 0; !compute_dtype && i < sh[k].n; i++)
+            if (sh[k].t[i].quantize)
+                compute_dtype = torch_dtype(sh[k].t[i].src->dtype);
+    }
+    qc = quantization_config(o, compute_dtype ? compute_dtype : "float32");
+    if (!(buf = malloc(buf_cap ? buf_cap : 1)) || !qc) {
+        snprintf(err, errlen, "no memory for a %" PRIu64 "-byte weight", buf_cap);
+        *status = QD_ENOMEM;
+        goto done;
+    }
+    int done_tensors = 0;
+    if (!dir_in) {
+        cJSON *meta = cJSON_CreateObject();
+        char *qtext = cJSON_PrintUnformatted(qc);
+        cJSON_AddStringToObject(meta, "format", "pt");
+        cJSON_AddStringToObject(meta, "quantization_config", qtext ? qtext : "{}");
+        free(qtext);
+        rc = write_shard(o, &sh[0], o->dst, meta, buf, s, &done_tensors, count, in_total, status, err, errlen);
+        cJSON_Delete(meta);
+        goto done;
+    }
+    /* a directory: everything into a temporary sibling, renamed into place when complete */
+    if (stat(o->dst, &st) == 0 && (!S_ISDIR(st.st_mode) || rmdir(o->dst) < 0)) {
+        snprintf(err, errlen, "%s exists and is not an empty directory", o->dst);
+        goto done;
+    }
+    size_t tn = strlen(o->dst) + 32;
+    if (!(tmpdir = malloc(tn))) {
+        snprintf(err, errlen, "no memory");
+        goto done;
+    }
+    snprintf(tmpdir, tn, "%s.quantd-XXXXXX", o->dst);
+    if (!mkdtemp(tmpdir)) {
+        snprintf(err, errlen, "%s: cannot create a directory beside it: %s", o->dst, strerror(errno));
+        free(tmpdir), tmpdir = NULL;
+        *status = QD_EIO;
+        goto done;
+    }
+    chmod(tmpdir, 0755); /* mkdtemp's 0700 is for the name race, not the result */
+    cJSON *meta = cJSON_CreateObject();
+    cJSON_AddStringToObject(meta, "format", "pt");
+    cJSON *wm = index ? cJSON_CreateObject() : NULL;
+    uint64_t total = 0;
+    for (int k = 0; k < nshards; k++) {
+        char *path = join(tmpdir, sh[k].out_name);
+        int r = path ? write_shard(o, &sh[k], path, meta, buf, s, &done_tensors, count, in_total, status, err, errlen) : -1;
+        free(path);
+        if (r) {
+            cJSON_Delete(meta), cJSON_Delete(wm);
+            goto fail_dir;
+        }
+    }
+    cJSON_Delete(meta);
+    if (wm) { /* the index, its weight_map sorted by name as transformers writes it */
+        int n = 0;
+        for (int k = 0; k < nshards; k++)
+            n += sh[k].n;
+        struct out_tensor **all = malloc((size_t)(n ? n : 1) * sizeof *all);
+        n = 0;
+        for (int k = 0; all && k < nshards; k++)
+            for (int i = 0; i < sh[k].n; i++) {
+                all[n++] = &sh[k].t[i];
+                total += sh[k].t[i].bytes;
+            }
+        qsort(all, (size_t)n, sizeof *all, cmp_out_name);
+        for (int i = 0; all && i < n; i++)
+            for (int k = 0; k < nshards; k++)
+                if (all[i] >= sh[k].t && all[i] < sh[k].t + sh[k].n)
+                    cJSON_AddStringToObject(wm, all[i]->name, sh[k].out_name);
+        free(all);
+        cJSON *ix = cJSON_CreateObject(), *md = cJSON_AddObjectToObject(ix, "metadata");
+        cJSON_AddNumberToObject(md, "total_size", (double)total);
+        cJSON_AddItemToObject(ix, "weight_map", wm);
+        char *text = cJSON_Print(ix), *p = join(tmpdir, "model.safetensors.index.json");
+        int r = text && p ? write_text(p, text, err, errlen) : -1;
+        free(text), free(p);
+        cJSON_Delete(ix);
+        if (r)
+            goto fail_dir;
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(config, "quantization_config");
+    cJSON_AddItemToObject(config, "quantization_config", qc);
+    qc = NULL;
+    char *ctext = cJSON_Print(config), *cpath = join(tmpdir, "config.json");
+    int r = ctext && cpath ? write_text(cpath, ctext, err, errlen) : -1;
+    free(ctext), free(cpath);
+    if (r)
+        goto fail_dir;
+    DIR *d = opendir(o->src);
+    struct dirent *e;
+    while (d && (e = readdir(d))) { /* tokenizer, generation config, ... */
+        char *from = join(o->src, e->d_name), *to = join(tmpdir, e->d_name);
+        struct stat fs;
+        int copy = from && to && e->d_name[0] != '.' && !is_weights_file(e->d_name) && stat(from, &fs) == 0 &&
+                   S_ISREG(fs.st_mode);
+        r = copy ? copy_file(from, to, err, errlen) : 0;
+        free(from), free(to);
+        if (r) {
+            closedir(d);
+            goto fail_dir;
+        }
+    }
+    if (d)
+        closedir(d);
+    if (rename(tmpdir, o->dst) < 0) {
+        snprintf(err, errlen, "%s: rename: %s", o->dst, strerror(errno));
+        goto fail_dir;
+    }
+    rc = 0;
+    goto done;
+fail_dir:
+    if (*status == QD_EINVAL)
+        *status = QD_EIO;
+    remove_tree(tmpdir);
+done:
+    if (rc == 0)
+        *status = QD_OK;
+    s->seconds = now_s() - t0;
+    free(tmpdir);
+    free(buf);
+    for (int k = 0; sh && k < nshards; k++) {
+        for (int i = 0; i < sh[k].n; i++)
+            free(sh[k].t[i].name);
+        free(sh[k].t);
+        qd_st_free(&sh[k].st);
+        qd_unmap_file(&sh[k].m);
+        free(sh[k].in_path);
+        free(sh[k].out_name);
+    }
+    free(sh);
+    free(names);
+    cJSON_Delete(qc);
+    cJSON_Delete(config);
+    cJSON_Delete(index);
+    qd_name_filter_free(nf);
+    return rc;
+}

@@ -6,6 +6,7 @@
 #   make sanitize   the same tests built with ASan + UBSan
 #   make fuzz       libFuzzer over the request decoders (FUZZ_SECONDS)
 #   make bench      CPU kernel table + service benchmark
+#   make bench-convert  whole-model conversion against reading the files (bench/bench_convert.py)
 #   make run        build and run the service on 0.0.0.0:8080
 #   make demo       quantize a demo tensor with the CLI
 
@@ -51,7 +52,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all deps venv test test-unit test-peers test-service test-deploy test-gpu test-consumers bench-gpu check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all deps venv test test-unit test-peers test-service test-deploy test-gpu test-consumers bench-gpu bench-convert check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 bin/quantd: $(KERNEL_OBJS) $(SERVER_OBJS)
@@ -160,6 +161,14 @@ $(BUILD)/bench/bench_cpu: bench/bench_cpu.c $(KERNEL_OBJS)
 $(BUILD)/bench/bench_service: bench/bench_service.c tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) -lcurl $(TEST_LIBS)
+
+# Whole-model conversion (bench/bench_convert.py): BENCH_CONVERT_SIZE=8b on a GPU machine (16 GB
+# of bf16 in 5 GB shards), 1b here; LLAMA_CPP_BIN adds llama-quantize (make test-consumers builds it).
+BENCH_CONVERT_SIZE ?= 1b
+BENCH_CONVERT_DIR ?= $(BUILD)/bench-convert
+bench-convert: bin/quantd .venv/ok
+	.venv/bin/python bench/bench_convert.py $(BENCH_CONVERT_DIR) --size $(BENCH_CONVERT_SIZE) \
+	  --json $(BUILD)/bench-convert.json
 
 # BENCH_BACKEND=cuda runs the service benchmark on the GPU backend.
 bench: bin/quantd $(BUILD)/bench/bench_cpu $(BUILD)/bench/bench_service

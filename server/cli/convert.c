@@ -53,6 +53,21 @@ static void on_tensor(void *ctx, const struct qd_convert_event *ev)
     printf("}\n");
 }
 
+/* This process's peak resident set (VmHWM: per address space, so a forked parent's pages do
+ * not count, unlike getrusage's ru_maxrss); 0 where /proc is missing. */
+static uint64_t peak_rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    uint64_t kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %" SCNu64 " kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kb * 1024;
+}
+
 int qd_cli_convert(int argc, char **argv)
 {
     struct qd_convert_opts o;
@@ -149,8 +164,8 @@ int qd_cli_convert(int argc, char **argv)
     double bpw = s.params_total ? s.bytes_out * 8.0 / (double)s.params_total : 0;
     printf("{\"summary\":{\"in\":\"%s\",\"out\":\"%s\",\"fmt\":\"%s\",\"backend\":\"%s\",\"quantized\":%d,"
            "\"copied\":%d,\"cast_f16\":%d,\"bytes_in\":%" PRIu64 ",\"bytes_out\":%" PRIu64 ",\"bits_per_weight\":%.3f,"
-           "\"seconds\":%.3f,\"gb_per_s\":%.3f}}\n",
+           "\"seconds\":%.3f,\"gb_per_s\":%.3f,\"peak_rss_bytes\":%" PRIu64 "}}\n",
            o.src, o.dst, o.f->name, name, s.quantized, s.copied, s.cast, s.bytes_in, s.bytes_out, bpw, s.seconds,
-           s.seconds > 0 ? s.bytes_in / s.seconds / 1e9 : 0.0);
+           s.seconds > 0 ? s.bytes_in / s.seconds / 1e9 : 0.0, peak_rss_bytes());
     return 0;
 }

@@ -26,6 +26,7 @@ def main():
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=0, help="pad the vocabulary to N tokens")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
@@ -33,7 +34,10 @@ def main():
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
     types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)
     scores = [0.0, 0.0, 0.0] + [0.0] * 256 + [-float(i) for i in range(len(pieces))]
+    while len(tokens) < a.vocab:
+        tokens.append(f"tok{len(tokens)}"), types.append(1), scores.append(-float(len(tokens)))
     vocab, h, hd = len(tokens), a.hidden, a.hidden // a.heads
+    base = rng.standard_normal(1 << 24).astype(np.float32)
 
     w = gguf.GGUFWriter(a.out, "llama")
     w.add_name("quantd tiny llama")
@@ -59,7 +63,10 @@ def main():
     w.add_add_bos_token(True)
 
     def weight(name, rows, cols, scale=0.05):
-        x = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        if rows * cols <= base.size:
+            x = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        else:  # big models (benchmarks): a rotated copy of one random block, fast to make
+            x = np.resize(np.roll(base, int(rng.integers(base.size))), rows * cols).reshape(rows, cols) * scale
         if a.dtype == "f32":
             w.add_tensor(name, x)
         elif a.dtype == "f16":

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""make bench-convert: whole-model conversion against merely reading the files.
+
+usage: bench_convert.py WORKDIR [--size 8b|1b|tiny] [--only hf|gguf] [--json OUT]
+
+hf:   a Llama-shaped bf16 checkpoint of random weights in 5 GB shards (transformers builds it,
+      on the GPU when there is one); times `cat` of its shards into /dev/null (page cache warm),
+      `quantd convert --fmt nf4` on each backend, and, where bitsandbytes and a GPU are there,
+      transformers' from_pretrained(BitsAndBytesConfig nf4, double quant) + save_pretrained.
+gguf: the same shapes as a BF16 GGUF (written with the gguf package); times `cat`, `quantd
+      convert --fmt q4_0` and `q8_0`, and `llama-quantize --pure` (LLAMA_CPP_BIN) on all cores.
+Every figure is the median of REPEAT runs (default 3) after one warm-up, with the process's own
+peak RSS (wait4)."""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUANTD = os.environ.get("QUANTD", os.path.join(ROOT, "bin", "quantd"))
+SIZES = {  # hidden, ffn, layers, heads, kv heads, vocab
+    "8b": (4096, 14336, 32, 32, 8, 128256),
+    "1b": (2048, 5632, 22, 32, 4, 32000),
+    "tiny": (256, 768, 3, 4, 2, 320),
+}
+
+
+def run(cmd, env=None):
+    """Wall seconds and peak RSS (bytes) of one process."""
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    out = p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t
+    last = out.decode(errors="replace").strip().splitlines()[-1:] or [""]
+    if last[0].startswith('{"summary"'):
+        return wall, json.loads(last[0])["summary"]["peak_rss_bytes"]
+    err = p.stderr.read().decode(errors="replace")
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"{' '.join(map(str, cmd))} failed: {err[-2000:]}")
+    # ru_maxrss also counts the pre-exec copy of this (forked) process; quantd reports its own
+    return wall, usage.ru_maxrss * 1024
+
+
+def timed(name, cmd, repeat, cleanup=None, env=None):
+    run(cmd, env)  # warm-up: page cache, the CUDA context's first start
+    walls, rss = [], 0
+    for _ in range(repeat):
+        if cleanup:
+            cleanup()
+        w, r = run(cmd, env)
+        walls.append(w)
+        rss = max(rss, r)
+    return {"case": name, "seconds": statistics.median(walls), "min": min(walls), "max": max(walls),
+            "peak_rss_bytes": rss}
+
+
+def make_hf(d, size):
+    if os.path.exists(os.path.join(d, "config.json")):
+        return
+    h, ffn, layers, heads, kv, vocab = SIZES[size]
+    code = f"""
+import torch, transformers
+cfg = transformers.LlamaConfig(hidden_size={h}, intermediate_size={ffn}, num_hidden_layers={layers},
+    num_attention_heads={heads}, num_key_value_heads={kv}, vocab_size={vocab}, tie_word_embeddings=False)
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+torch.set_default_dtype(torch.bfloat16)
+with torch.device(dev):
+    m = transformers.LlamaForCausalLM(cfg)
+m.save_pretrained({d!r}, max_shard_size="5GB")
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def make_gguf(path, size):
+    if os.path.exists(path):
+        return
+    h, ffn, layers, heads, kv, vocab = SIZES[size]
+    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "checkpoint", "tiny_gguf.py"), path, "bf16",
+                    "--hidden", str(h), "--ffn", str(ffn), "--layers", str(layers), "--heads", str(heads),
+                    "--kv-heads", str(kv), "--vocab", str(vocab)], check=True)
+
+
+def gb(b):
+    return b / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("work")
+    ap.add_argument("--size", default="8b", choices=sorted(SIZES))
+    ap.add_argument("--only", choices=["hf", "gguf"])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    rows = []
+    backends = ["cpu"]
+    try:
+        import torch
+        if torch.cuda.is_available():
+            backends.append("cuda")
+    except ImportError:
+        torch = None
+    if a.only != "gguf":
+        src = os.path.join(a.work, f"hf-{a.size}")
+        make_hf(src, a.size)
+        shards = sorted(os.path.join(src, f) for f in os.listdir(src) if f.endswith(".safetensors"))
+        size = sum(os.path.getsize(f) for f in shards)
+        rows.append(dict(timed("hf: cat shards > /dev/null", ["sh", "-c", "cat \"$@\" > /dev/null", "cat", *shards],
+                               a.repeat), bytes=size))
+        out = os.path.join(a.work, "hf-nf4")
+        for b in backends:
+            rows.append(dict(timed(f"hf: quantd convert nf4 ({b})",
+                                   [QUANTD, "convert", "--in", src, "--out", out, "--fmt", "nf4", "--backend", b],
+                                   a.repeat, cleanup=lambda: shutil.rmtree(out, ignore_errors=True)), bytes=size))
+            shutil.rmtree(out, ignore_errors=True)
+        if "cuda" in backends:
+            try:
+                import bitsandbytes  # noqa: F401
+                code = f"""
+import torch, transformers
+cfg = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+    bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)
+m = transformers.AutoModelForCausalLM.from_pretrained({src!r}, quantization_config=cfg, device_map="cuda",
+    dtype=torch.bfloat16)
+m.save_pretrained({out!r})
+"""
+                rows.append(dict(timed("hf: transformers from_pretrained(nf4) + save_pretrained",
+                                       [sys.executable, "-c", code], a.repeat,
+                                       cleanup=lambda: shutil.rmtree(out, ignore_errors=True)), bytes=size))
+                shutil.rmtree(out, ignore_errors=True)
+            except ImportError:
+                pass
+    if a.only != "hf":
+        src = os.path.join(a.work, f"{a.size}-bf16.gguf")
+        make_gguf(src, a.size)
+        size = os.path.getsize(src)
+        rows.append(dict(timed("gguf: cat > /dev/null", ["sh", "-c", f"cat '{src}' > /dev/null"], a.repeat), bytes=size))
+        out = os.path.join(a.work, "out.gguf")
+        for fmt in ("q4_0", "q8_0"):
+            for b in backends:
+                rows.append(dict(timed(f"gguf: quantd convert {fmt} ({b})",
+                                       [QUANTD, "convert", "--in", src, "--out", out, "--fmt", fmt, "--backend", b],
+                                       a.repeat), bytes=size))
+            lq = os.path.join(os.environ.get("LLAMA_CPP_BIN", ""), "llama-quantize")
+            if os.path.exists(lq):
+                rows.append(dict(timed(f"gguf: llama-quantize --pure {fmt.upper()} ({os.cpu_count()} threads)",
+                                       [lq, "--pure", src, out, fmt.upper(), str(os.cpu_count())], a.repeat),
+                                 bytes=size))
+        if os.path.exists(out):
+            os.unlink(out)
+    print(f"\n{a.size}-shaped model, median of {a.repeat} (after a warm-up), {os.cpu_count()} cores")
+    print("| case | input GB | seconds (min-max) | GB/s of input | peak RSS GB |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['case']} | {gb(r['bytes']):.2f} | {r['seconds']:.2f} ({r['min']:.2f}-{r['max']:.2f}) | "
+              f"{gb(r['bytes']) / r['seconds']:.2f} | {gb(r['peak_rss_bytes']):.2f} |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"size": a.size, "cores": os.cpu_count(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

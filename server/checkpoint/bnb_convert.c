@@ -243,7 +243,7 @@ static cJSON *quantization_config(const struct qd_convert_opts *o, const char *c
     cJSON_AddBoolToObject(q, "llm_int8_enable_fp32_cpu_offload", 0);
     cJSON_AddBoolToObject(q, "llm_int8_has_fp16_weight", 0);
     cJSON_AddNullToObject(q, "llm_int8_skip_modules");
-    cJSON_AddNumberToObject(q, "llm_int8_threshold", 6.0);
+    cJSON_AddRawToObject(q, "llm_int8_threshold", "6.0"); /* transformers checks for a float: not 6 */
     cJSON_AddBoolToObject(q, "load_in_4bit", 1);
     cJSON_AddBoolToObject(q, "load_in_8bit", 0);
     cJSON_AddStringToObject(q, "quant_method", "bitsandbytes");

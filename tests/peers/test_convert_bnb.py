@@ -52,6 +52,7 @@ def test_layout_and_packed_weights(tmp_path, fmt, dtype, shards, tied):
     q = cfg.pop("quantization_config")
     assert cfg == json.load(open(os.path.join(src, "config.json")))
     assert q["quant_method"] == "bitsandbytes" and q["load_in_4bit"] and q["bnb_4bit_quant_type"] == fmt
+    assert isinstance(q["llm_int8_threshold"], float)  # BitsAndBytesConfig.post_init raises on an int
     assert q["bnb_4bit_use_double_quant"] and q["bnb_4bit_compute_dtype"] == {"bf16": "bfloat16", "f16": "float16",
                                                                               "f32": "float32"}[dtype]
     for fn in ("generation_config.json", "tokenizer_config.json"):

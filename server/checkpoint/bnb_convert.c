@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "checkpoint/convert.h"
+#include "checkpoint/pipeline.h"
 #include "checkpoint/safetensors.h"
 
 #define QSTATE_OFFSET_WIDTH 24 /* the longest Python repr of a float */
@@ -177,7 +178,7 @@ static char *suffixed(const char *name, const char *suffix)
 
 /* The plan of one shard: its output tensors, from its header alone. */
 static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const struct qd_name_filter *nf,
-                      uint64_t *buf_cap, char *err, size_t errlen)
+                      char *err, size_t errlen)
 {
     int cap = 0;
     for (int i = 0; i < sh->st.n; i++) {
@@ -215,8 +216,6 @@ static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const s
                 goto nomem;
         }
         sh->t[sh->n - nc].qbytes = qbytes;
-        if (qbytes > *buf_cap)
-            *buf_cap = qbytes;
         char js[512], sfx[64];
         snprintf(sfx, sizeof sfx, ".quant_state.bitsandbytes__%s", o->f->name);
         struct out_tensor q = {.name = suffixed(t->name, sfx), .dtype = "U8", .ndim = 1,
@@ -250,18 +249,93 @@ static cJSON *quantization_config(const struct qd_convert_opts *o, const char *c
     return q;
 }
 
-/* Writes one shard front to back: header, then each tensor (quantized weights through the
- * worker), dropping the source pages behind. */
+/* The pipeline's view of one shard (pipeline.h): item i + 1 is source tensor src[i]. */
+struct shard_job {
+    const struct qd_convert_opts *o;
+    struct shard *sh;
+    const struct out_tensor **src; /* per item: the first output tensor of that source tensor */
+    struct qd_convert_summary *s;
+    int *index, count;
+    uint64_t in_total;
+    double last, nmse;
+};
+
+/* A quantized weight: its components back to back, then its quant_state JSON, padded. */
+static enum qd_status process_weight(void *ctx, int item, const void *in, void *out, char *err, size_t errlen)
+{
+    struct shard_job *j = ctx;
+    const struct out_tensor *t = j->src[item];
+    const struct qd_st_entry *e = t->src;
+    struct qd_params p;
+    enum qd_dtype dt = !strcmp(e->dtype, "F32") ? QD_F32 : !strcmp(e->dtype, "F16") ? QD_F16 : QD_BF16;
+    enum qd_status st = qd_convert_quantize(j->o, in, dt, e->shape[0], e->shape[1], out, (int64_t)t->qbytes, &j->nmse,
+                                            &p, err, errlen);
+    if (st != QD_OK) {
+        char msg[600];
+        snprintf(msg, sizeof msg, "tensor '%s': %s", e->name, err);
+        snprintf(err, errlen, "%s", msg);
+        return st;
+    }
+    const struct out_tensor *js = t;
+    while (!strstr(js->name, ".quant_state."))
+        js++;
+    char text[512];
+    int n = quant_state_json(text, sizeof text, j->o, e, &p, 0);
+    if ((uint64_t)n > js->bytes) {
+        snprintf(err, errlen, "internal: quant_state of %s longer than planned", e->name);
+        return QD_EINVAL;
+    }
+    memcpy((char *)out + t->qbytes, text, (size_t)n);
+    memset((char *)out + t->qbytes + n, ' ', js->bytes - (uint64_t)n);
+    return QD_OK;
+}
+
+static void weight_handed(void *ctx, int item)
+{
+    struct shard_job *j = ctx;
+    if (item == 0)
+        return;
+    const struct out_tensor *t = j->src[item];
+    const struct qd_st_entry *e = t->src;
+    struct qd_convert_summary *s = j->s;
+    uint64_t bytes = e->end - e->begin;
+    s->bytes_in += bytes;
+    if (t->quantize) {
+        s->quantized++;
+        s->params_quantized += (uint64_t)(e->shape[0] * e->shape[1]);
+    } else
+        s->copied++;
+    (*j->index)++;
+    double now = now_s();
+    if (j->o->progress) {
+        struct qd_convert_event ev = {.index = *j->index, .count = j->count, .name = e->name,
+                                      .action = t->quantize ? QD_CONVERT_QUANTIZE : QD_CONVERT_COPY, .fmt = j->o->f->name,
+                                      .ndim = e->ndim, .ms = (now - j->last) * 1e3, .has_nmse = j->o->report_error && t->quantize,
+                                      .nmse = j->nmse, .in_done = s->bytes_in, .in_total = j->in_total};
+        for (int d = 0; d < e->ndim && d < 4; d++)
+            ev.shape[d] = e->shape[d];
+        j->o->progress(j->o->progress_ctx, &ev);
+    }
+    j->last = now;
+}
+
+/* Writes one shard front to back through the pipeline. */
 static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const char *path, const cJSON *metadata,
-                       uint8_t *buf, struct qd_convert_summary *s, int *index, int count, uint64_t in_total,
-                       enum qd_status *status, char *err, size_t errlen)
+                       struct qd_convert_summary *s, int *index, int count, uint64_t in_total, enum qd_status *status,
+                       char *err, size_t errlen)
 {
     struct qd_st_out *h = calloc((size_t)(sh->n ? sh->n : 1), sizeof *h);
-    if (!h) {
+    struct qd_pipe_item *items = calloc((size_t)sh->st.n + 1, sizeof *items);
+    const struct out_tensor **src = calloc((size_t)sh->st.n + 1, sizeof *src);
+    uint8_t *header = NULL;
+    int rc = -1, fd = -1;
+    struct qd_outfile out = {.fd = -1};
+    if (!h || !items || !src) {
         *status = QD_ENOMEM;
         snprintf(err, errlen, "no memory");
-        return -1;
+        goto done;
     }
+    int ni = 1;
     for (int i = 0; i < sh->n; i++) {
         const struct out_tensor *t = &sh->t[i];
         h[i] = (struct qd_st_out){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .bytes = t->bytes};
@@ -270,93 +344,57 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
             memcpy(h[i].shape, t->src->shape, sizeof h[i].shape);
         } else
             memcpy(h[i].shape, t->shape, sizeof t->shape);
+        if (t->quantize || (!strstr(t->name, ".quant_state.") && !strcmp(t->name, t->src->name))) {
+            uint64_t json = 0;
+            for (int k = i + 1; t->quantize && k < sh->n; k++)
+                if (strstr(sh->t[k].name, ".quant_state.")) {
+                    json = sh->t[k].bytes;
+                    break;
+                }
+            src[ni] = t;
+            items[ni++] = (struct qd_pipe_item){.kind = t->quantize ? QD_PIPE_PROCESS : QD_PIPE_COPY,
+                                                .src_offset = (uint64_t)(t->src->data - sh->m.data),
+                                                .src_bytes = t->src->end - t->src->begin,
+                                                .out_bytes = t->quantize ? t->qbytes + json : t->bytes};
+        }
     }
     size_t hlen;
-    uint8_t *header = qd_st_header(h, sh->n, metadata, &hlen);
-    free(h);
-    struct qd_outfile out;
-    if (!header || qd_outfile_open(&out, path, err, errlen)) {
-        if (!header)
-            snprintf(err, errlen, "no memory");
-        free(header);
-        *status = header ? QD_EIO : QD_ENOMEM;
-        return -1;
+    if (!(header = qd_st_header(h, sh->n, metadata, &hlen))) {
+        *status = QD_ENOMEM;
+        snprintf(err, errlen, "no memory");
+        goto done;
     }
-    int bad = qd_outfile_write(&out, header, hlen, err, errlen);
-    free(header);
-    for (int i = 0; !bad && i < sh->n; i++) {
-        const struct out_tensor *t = &sh->t[i];
-        if (o->cancel && *o->cancel) {
-            snprintf(err, errlen, "convert: cancelled at tensor %s", t->src->name);
-            *status = QD_ECANCELED;
-            bad = 1;
-            break;
-        }
-        double t1 = now_s(), nmse = 0;
-        uint64_t src_bytes = t->src->end - t->src->begin;
-        if (!t->quantize && !strstr(t->name, ".quant_state.") && t->bytes == src_bytes && !strcmp(t->name, t->src->name)) {
-            bad = qd_outfile_write(&out, t->src->data, t->bytes, err, errlen);
-            s->copied++;
-        } else if (t->quantize) {
-            struct qd_params p;
-            enum qd_dtype dt = !strcmp(t->src->dtype, "F32") ? QD_F32 : !strcmp(t->src->dtype, "F16") ? QD_F16 : QD_BF16;
-            enum qd_status st = qd_convert_quantize(o, t->src->data, dt, t->src->shape[0], t->src->shape[1], buf,
-                                                    (int64_t)t->qbytes, &nmse, &p, err, errlen);
-            if (st != QD_OK) {
-                char msg[600];
-                snprintf(msg, sizeof msg, "tensor '%s': %s", t->src->name, err);
-                snprintf(err, errlen, "%s", msg);
-                *status = st;
-                bad = 1;
-                break;
-            }
-            bad = qd_outfile_write(&out, buf, t->qbytes, err, errlen);
-            /* the components' tensors are written: skip to the quant_state JSON */
-            while (!bad && !strstr(sh->t[i + 1].name, ".quant_state."))
-                i++;
-            char js[512];
-            int n = quant_state_json(js, sizeof js, o, t->src, &p, 0);
-            uint64_t want = sh->t[i + 1].bytes;
-            if ((uint64_t)n > want) {
-                snprintf(err, errlen, "internal: quant_state of %s longer than planned", t->src->name);
-                bad = 1;
-                break;
-            }
-            memset(js + n, ' ', want - (uint64_t)n);
-            bad = bad || qd_outfile_write(&out, js, want, err, errlen);
-            i++;
-            s->quantized++;
-            s->params_quantized += (uint64_t)(t->src->shape[0] * t->src->shape[1]);
-        }
-        if (bad)
-            break;
-        qd_mapped_done(&sh->m, t->src->data, src_bytes);
-        s->bytes_in += src_bytes;
-        (*index)++;
-        if (o->progress) {
-            struct qd_convert_event ev = {.index = *index, .count = count, .name = t->src->name,
-                                          .action = t->quantize ? QD_CONVERT_QUANTIZE : QD_CONVERT_COPY, .fmt = o->f->name,
-                                          .ndim = t->src->ndim, .ms = (now_s() - t1) * 1e3,
-                                          .has_nmse = o->report_error && t->quantize, .nmse = nmse,
-                                          .in_done = s->bytes_in, .in_total = in_total};
-            for (int d = 0; d < t->src->ndim && d < 4; d++)
-                ev.shape[d] = t->src->shape[d];
-            ev.out_done = s->bytes_out + out.written;
-            o->progress(o->progress_ctx, &ev);
-        }
+    items[0] = (struct qd_pipe_item){.kind = QD_PIPE_BYTES, .bytes = header, .out_bytes = hlen};
+    if ((fd = open(sh->in_path, O_RDONLY | O_CLOEXEC)) < 0 || qd_outfile_open(&out, path, err, errlen)) {
+        if (fd < 0)
+            snprintf(err, errlen, "%s: %s", sh->in_path, strerror(errno));
+        *status = QD_EIO;
+        goto done;
     }
-    if (bad) {
-        if (*status == QD_EINVAL)
-            *status = QD_EIO;
+    struct shard_job job = {.o = o, .sh = sh, .src = src, .s = s, .index = index, .count = count, .in_total = in_total,
+                            .last = now_s()};
+    struct qd_pipe pipe = {.src_fd = fd, .out = &out, .items = items, .n = ni, .process = process_weight,
+                           .handed = weight_handed, .ctx = &job, .backend = o->backend, .cancel = o->cancel};
+    if (qd_pipe_run(&pipe, status, err, errlen)) {
         qd_outfile_abort(&out);
-        return -1;
+        goto done;
     }
     s->bytes_out += out.written;
     if (qd_outfile_commit(&out, err, errlen)) {
         *status = QD_EIO;
-        return -1;
+        goto done;
     }
-    return 0;
+    rc = 0;
+done:
+    if (fd >= 0)
+        close(fd);
+    if (rc && out.fd >= 0)
+        qd_outfile_abort(&out);
+    free(header);
+    free(src);
+    free(items);
+    free(h);
+    return rc;
 }
 
 static int copy_file(const char *from, const char *to, char *err, size_t errlen)
@@ -437,7 +475,6 @@ int qd_convert_bnb(const struct qd_convert_opts *o, struct qd_convert_summary *s
     struct qd_name_filter *nf = qd_name_filter_new(o->skip, o->only, err, errlen);
     cJSON *config = NULL, *index = NULL, *qc = NULL;
     char *tmpdir = NULL, **names = NULL;
-    uint8_t *buf = NULL;
     if (!nf)
         goto done;
     /* the shards: from the index, or the one file */
@@ -496,7 +533,7 @@ int qd_convert_bnb(const struct qd_convert_opts *o, struct qd_convert_summary *s
         *status = QD_ENOMEM;
         goto done;
     }
-    uint64_t buf_cap = 0, in_total = 0;
+    uint64_t in_total = 0;
     int count = 0;
     const char *compute_dtype = NULL;
     for (int k = 0; k < nshards; k++) {
@@ -511,7 +548,7 @@ int qd_convert_bnb(const struct qd_convert_opts *o, struct qd_convert_summary *s
             goto done;
         }
         if (qd_st_parse(sh[k].m.data, sh[k].m.size, sh[k].in_path, &sh[k].st, err, errlen) ||
-            plan_shard(o, &sh[k], nf, &buf_cap, err, errlen))
+            plan_shard(o, &sh[k], nf, err, errlen))
             goto done;
         for (int i = 0; i < sh[k].st.n; i++) {
             in_total += sh[k].st.t[i].end - sh[k].st.t[i].begin;
@@ -523,8 +560,8 @@ int qd_convert_bnb(const struct qd_convert_opts *o, struct qd_convert_summary *s
                 compute_dtype = torch_dtype(sh[k].t[i].src->dtype);
     }
     qc = quantization_config(o, compute_dtype ? compute_dtype : "float32");
-    if (!(buf = malloc(buf_cap ? buf_cap : 1)) || !qc) {
-        snprintf(err, errlen, "no memory for a %" PRIu64 "-byte weight", buf_cap);
+    if (!qc) {
+        snprintf(err, errlen, "no memory");
         *status = QD_ENOMEM;
         goto done;
     }
@@ -535,7 +572,7 @@ int qd_convert_bnb(const struct qd_convert_opts *o, struct qd_convert_summary *s
         cJSON_AddStringToObject(meta, "format", "pt");
         cJSON_AddStringToObject(meta, "quantization_config", qtext ? qtext : "{}");
         free(qtext);
-        rc = write_shard(o, &sh[0], o->dst, meta, buf, s, &done_tensors, count, in_total, status, err, errlen);
+        rc = write_shard(o, &sh[0], o->dst, meta, s, &done_tensors, count, in_total, status, err, errlen);
         cJSON_Delete(meta);
         goto done;
     }
@@ -563,7 +600,7 @@ int qd_convert_bnb(const struct qd_convert_opts *o, struct qd_convert_summary *s
     uint64_t total = 0;
     for (int k = 0; k < nshards; k++) {
         char *path = join(tmpdir, sh[k].out_name);
-        int r = path ? write_shard(o, &sh[k], path, meta, buf, s, &done_tensors, count, in_total, status, err, errlen) : -1;
+        int r = path ? write_shard(o, &sh[k], path, meta, s, &done_tensors, count, in_total, status, err, errlen) : -1;
         free(path);
         if (r) {
             cJSON_Delete(meta), cJSON_Delete(wm);
@@ -637,7 +674,6 @@ done:
         *status = QD_OK;
     s->seconds = now_s() - t0;
     free(tmpdir);
-    free(buf);
     for (int k = 0; sh && k < nshards; k++) {
         for (int i = 0; i < sh[k].n; i++)
             free(sh[k].t[i].name);

@@ -53,18 +53,6 @@ void qd_unmap_file(struct qd_mapped *m)
     memset(m, 0, sizeof *m);
 }
 
-void qd_mapped_done(const struct qd_mapped *m, const void *p, size_t n)
-{
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p, b = a + n;
-    uintptr_t lo = (uintptr_t)m->data, hi = lo + m->size;
-    a = a & ~(page - 1); /* whole pages: a neighbour's first bytes are read again if needed */
-    b = (b + page - 1) & ~(page - 1);
-    a = a < lo ? lo : a;
-    b = b > hi ? (hi + page - 1) & ~(page - 1) : b;
-    if (b > a)
-        madvise((void *)a, b - a, MADV_DONTNEED);
-}
-
 int qd_outfile_open(struct qd_outfile *f, const char *path, char *err, size_t errlen)
 {
     memset(f, 0, sizeof *f);

@@ -57,16 +57,14 @@ int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, en
 
 /* ---- for targets ------------------------------------------------------------------------------ */
 
-/* A read-only mapping of a whole file. */
+/* A read-only mapping of a whole file (for headers: tensor data goes through the pipeline). */
 struct qd_mapped {
     const uint8_t *data;
     size_t size;
 };
 int qd_map_file(const char *path, struct qd_mapped *m, char *err, size_t errlen);
 void qd_unmap_file(struct qd_mapped *m);
-/* Drops the mapping's pages over [p, p + n) once read (they stay in the page cache): peak RSS
- * then follows the tensors in flight, not the model. */
-void qd_mapped_done(const struct qd_mapped *m, const void *p, size_t n);
+
 
 /* An output file being written under a temporary name in its destination's directory. */
 struct qd_outfile {

@@ -8,16 +8,20 @@
  * - every input key/value in order, general.quantization_version (2) and general.file_type
  *   re-set (removed and appended, as gguf_set_val does), split.* removed;
  * - data aligned to 32 (GGUF_DEFAULT_ALIGNMENT), each tensor zero-padded to it. */
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../../kernels/fp.h"
 #include "checkpoint/convert.h"
 #include "checkpoint/gguf.h"
+#include "checkpoint/pipeline.h"
 
 /* tensor_allows_quantization: names containing any of these stay as they are. */
 static const char *const keep_if_contains[] = {
@@ -115,6 +119,82 @@ static int same_file(const char *a, const char *b)
     return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
+/* The pipeline's view of a conversion (pipeline.h): item i + 1 is plan[i]. */
+struct job {
+    const struct qd_convert_opts *o;
+    const struct plan *plan;
+    struct qd_convert_summary *s;
+    double t0, last, nmse;
+    uint64_t in_total;
+    int count;
+};
+
+static enum qd_status process_tensor(void *ctx, int item, const void *in, void *out, char *err, size_t errlen)
+{
+    struct job *j = ctx;
+    const struct plan *p = &j->plan[item - 1];
+    const struct qd_ggml_type *src_type = qd_ggml_type(p->src->type), *ty = qd_ggml_type(p->out.type);
+    int64_t rows = (int64_t)(p->src->bytes / (uint64_t)src_type->block_bytes * (uint64_t)src_type->block_elems) /
+                   p->src->ne[0];
+    if (p->action == QD_CONVERT_QUANTIZE) {
+        enum qd_status st = qd_convert_quantize(j->o, in, float_dtype(p->src->type), rows, p->src->ne[0], out,
+                                                (int64_t)p->out.bytes, &j->nmse, NULL, err, errlen);
+        if (st != QD_OK) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "tensor '%s': %s", p->src->name, err);
+            snprintf(err, errlen, "%s", msg);
+            return st;
+        }
+        int fields = p->out.type == QD_GGML_Q4_1 || p->out.type == QD_GGML_Q5_1 ? 2 : 1;
+        if (first_nonfinite_f16(out, p->out.bytes / (uint64_t)ty->block_bytes, ty->block_bytes, fields)) {
+            snprintf(err, errlen, "tensor '%s': a block scale overflows f16 (llama-quantize stops there too: "
+                     "\"quantized data validation failed\")", p->src->name);
+            return QD_ENONFINITE;
+        }
+        return QD_OK;
+    }
+    uint64_t count = p->out.bytes / 2; /* QD_CONVERT_CAST_F16 */
+    uint16_t *h = out;
+    for (uint64_t k = 0; k < count; k++)
+        h[k] = qd_f32_to_f16(p->src->type == QD_GGML_F32 ? ((const float *)in)[k]
+                                                          : qd_bf16_to_f32(((const uint16_t *)in)[k]));
+    if (first_nonfinite_f16(out, count, 2, 1)) {
+        snprintf(err, errlen, "tensor '%s': a value is not finite in f16 (llama-quantize stops there too)",
+                 p->src->name);
+        return QD_ENONFINITE;
+    }
+    return QD_OK;
+}
+
+static void tensor_handed(void *ctx, int item)
+{
+    struct job *j = ctx;
+    if (item == 0)
+        return;
+    const struct plan *p = &j->plan[item - 1];
+    struct qd_convert_summary *s = j->s;
+    s->bytes_in += p->src->bytes;
+    if (p->action == QD_CONVERT_QUANTIZE) {
+        s->quantized++;
+        s->params_quantized += p->src->bytes / (uint64_t)qd_ggml_type(p->src->type)->block_bytes *
+                               (uint64_t)qd_ggml_type(p->src->type)->block_elems;
+    } else
+        p->action == QD_CONVERT_CAST_F16 ? s->cast++ : s->copied++;
+    double now = now_ms();
+    if (j->o->progress) {
+        struct qd_convert_event ev = {.index = item, .count = j->count, .name = p->src->name, .action = p->action,
+                                      .fmt = j->o->f->name, .ms = now - (j->last ? j->last : j->t0),
+                                      .has_nmse = j->o->report_error && p->action == QD_CONVERT_QUANTIZE,
+                                      .nmse = j->nmse, .in_done = s->bytes_in, .in_total = j->in_total};
+        uint32_t nd = qd_gguf_n_dims(p->src->ne);
+        ev.ndim = (int)nd;
+        for (uint32_t d = 0; d < nd; d++) /* outermost first, as torch and safetensors list them */
+            ev.shape[d] = p->src->ne[nd - 1 - d];
+        j->o->progress(j->o->progress_ctx, &ev);
+    }
+    j->last = now;
+}
+
 int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
                     char *err, size_t errlen)
 {
@@ -145,9 +225,10 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
     const struct qd_gguf_tensor **order = calloc((size_t)(n ? n : 1), sizeof *order);
     const struct qd_gguf_kv **kv = calloc((size_t)(g.n_kv ? g.n_kv : 1), sizeof *kv);
     struct qd_name_filter *nf = qd_name_filter_new(o->skip, o->only, err, errlen);
-    uint8_t *meta = NULL, *buf = NULL;
-    uint64_t buf_cap = 0;
+    uint8_t *meta = NULL;
     struct qd_outfile out = {.fd = -1};
+    struct qd_pipe_item *items = NULL;
+    int src_fd = -1;
     if (!plan || !order || !kv || !nf) {
         if (nf)
             snprintf(err, errlen, "no memory for %d tensors", n);
@@ -180,8 +261,6 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         p->action = target == QD_GGML_F16 ? QD_CONVERT_CAST_F16 : QD_CONVERT_QUANTIZE;
         p->out.type = target;
         p->out.bytes = qd_ggml_nbytes(target, p->out.ne);
-        if (p->out.bytes > buf_cap)
-            buf_cap = p->out.bytes;
     }
     int nkv = 0;
     static const char *const dropped[] = {"general.quantization_version", "general.file_type", "split.no",
@@ -203,9 +282,8 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         meta = qd_gguf_write_meta(kv, nkv, extra, 2, infos, n, QD_GGUF_DEFAULT_ALIGNMENT, &meta_len);
         free(infos);
     }
-    buf = buf_cap ? malloc(buf_cap) : NULL;
-    if (!meta || (buf_cap && !buf)) {
-        snprintf(err, errlen, "no memory for the output header or a %" PRIu64 "-byte tensor", buf_cap);
+    if (!meta) {
+        snprintf(err, errlen, "no memory for the output header");
         *status = QD_ENOMEM;
         goto done;
     }
@@ -213,94 +291,43 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         *status = QD_EIO;
         goto done;
     }
-    if (qd_outfile_write(&out, meta, meta_len, err, errlen))
-        goto io;
-    uint64_t in_total = 0;
-    for (int i = 0; i < n; i++)
-        in_total += plan[i].src->bytes;
-    s->bytes_in = 0;
-    for (int i = 0; i < n; i++) {
-        if (o->cancel && *o->cancel) {
-            snprintf(err, errlen, "convert: cancelled at tensor %d of %d", i + 1, n);
-            *status = QD_ECANCELED;
-            goto fail;
-        }
-        struct plan *p = &plan[i];
-        double t1 = now_ms(), nmse = 0;
-        const void *data = p->src->data;
-        int64_t rows = (int64_t)(p->src->bytes / (uint64_t)qd_ggml_type(p->src->type)->block_bytes *
-                                 (uint64_t)qd_ggml_type(p->src->type)->block_elems) / p->src->ne[0];
-        if (p->action == QD_CONVERT_QUANTIZE) {
-            enum qd_status st = qd_convert_quantize(o, p->src->data, float_dtype(p->src->type), rows, p->src->ne[0],
-                                                    buf, (int64_t)p->out.bytes, &nmse, NULL, err, errlen);
-            if (st != QD_OK) {
-                char msg[512];
-                snprintf(msg, sizeof msg, "tensor '%s': %s", p->src->name, err);
-                snprintf(err, errlen, "%s", msg);
-                *status = st;
-                goto fail;
-            }
-            const struct qd_ggml_type *ty = qd_ggml_type(p->out.type);
-            int fields = p->out.type == QD_GGML_Q4_1 || p->out.type == QD_GGML_Q5_1 ? 2 : 1;
-            if (first_nonfinite_f16(buf, p->out.bytes / (uint64_t)ty->block_bytes, ty->block_bytes, fields)) {
-                snprintf(err, errlen, "tensor '%s': a block scale overflows f16 (llama-quantize stops there too: "
-                         "\"quantized data validation failed\")", p->src->name);
-                *status = QD_ENONFINITE;
-                goto fail;
-            }
-            data = buf;
-            s->quantized++;
-            s->params_quantized += (uint64_t)rows * (uint64_t)p->src->ne[0];
-        } else if (p->action == QD_CONVERT_CAST_F16) {
-            uint64_t count = p->out.bytes / 2;
-            uint16_t *h = (uint16_t *)buf;
-            for (uint64_t k = 0; k < count; k++) {
-                float v = p->src->type == QD_GGML_F32 ? ((const float *)p->src->data)[k]
-                                                      : qd_bf16_to_f32(((const uint16_t *)p->src->data)[k]);
-                h[k] = qd_f32_to_f16(v);
-            }
-            if (first_nonfinite_f16(buf, count, 2, 1)) {
-                snprintf(err, errlen, "tensor '%s': a value is not finite in f16 (llama-quantize stops there too)",
-                         p->src->name);
-                *status = QD_ENONFINITE;
-                goto fail;
-            }
-            data = buf;
-            s->cast++;
-        } else
-            s->copied++;
-        if (qd_outfile_write(&out, data, p->out.bytes, err, errlen) ||
-            qd_outfile_pad(&out, QD_GGUF_DEFAULT_ALIGNMENT, err, errlen))
-            goto io;
-        s->bytes_in += p->src->bytes;
-        qd_mapped_done(&in, p->src->data, p->src->bytes);
-        if (o->progress) {
-            struct qd_convert_event ev = {.index = i + 1, .count = n, .name = p->src->name, .action = p->action,
-                                          .fmt = f->name, .ms = now_ms() - t1,
-                                          .has_nmse = o->report_error && p->action == QD_CONVERT_QUANTIZE,
-                                          .nmse = nmse, .in_done = s->bytes_in, .in_total = in_total,
-                                          .out_done = out.written};
-            uint32_t nd = qd_gguf_n_dims(p->src->ne);
-            ev.ndim = (int)nd;
-            for (uint32_t d = 0; d < nd; d++) /* outermost first, as torch and safetensors list them */
-                ev.shape[d] = p->src->ne[nd - 1 - d];
-            o->progress(o->progress_ctx, &ev);
-        }
+    /* the items: the header, then each tensor padded to the alignment */
+    items = calloc((size_t)n + 1, sizeof *items);
+    src_fd = open(o->src, O_RDONLY | O_CLOEXEC);
+    if (!items || src_fd < 0) {
+        snprintf(err, errlen, "%s: %s", o->src, items ? strerror(errno) : "no memory");
+        *status = items ? QD_EIO : QD_ENOMEM;
+        goto fail;
     }
+    items[0] = (struct qd_pipe_item){.kind = QD_PIPE_BYTES, .bytes = meta, .out_bytes = meta_len};
+    struct job job = {.o = o, .plan = plan, .s = s, .t0 = now_ms(), .count = n};
+    for (int i = 0; i < n; i++) {
+        job.in_total += plan[i].src->bytes;
+        items[i + 1] = (struct qd_pipe_item){.kind = plan[i].action == QD_CONVERT_COPY ? QD_PIPE_COPY : QD_PIPE_PROCESS,
+                                             .src_offset = (uint64_t)(plan[i].src->data - in.data),
+                                             .src_bytes = plan[i].src->bytes, .out_bytes = plan[i].out.bytes,
+                                             .pad_to = QD_GGUF_DEFAULT_ALIGNMENT};
+    }
+    struct qd_pipe pipe = {.src_fd = src_fd, .out = &out, .items = items, .n = n + 1, .process = process_tensor,
+                           .handed = tensor_handed, .ctx = &job, .backend = o->backend, .cancel = o->cancel};
+    if (qd_pipe_run(&pipe, status, err, errlen))
+        goto fail;
     s->bytes_out = out.written;
-    if (qd_outfile_commit(&out, err, errlen))
-        goto io;
+    if (qd_outfile_commit(&out, err, errlen)) {
+        *status = QD_EIO;
+        goto fail;
+    }
     rc = 0;
     *status = QD_OK;
     goto done;
-io:
-    *status = QD_EIO;
 fail:
     qd_outfile_abort(&out);
 done:
+    if (src_fd >= 0)
+        close(src_fd);
+    free(items);
     s->seconds = (now_ms() - t0) / 1e3;
     qd_name_filter_free(nf);
-    free(buf);
     free(meta);
     free(kv);
     free(order);

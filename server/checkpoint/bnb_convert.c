@@ -374,7 +374,8 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
     struct shard_job job = {.o = o, .sh = sh, .src = src, .s = s, .index = index, .count = count, .in_total = in_total,
                             .last = now_s()};
     struct qd_pipe pipe = {.src_fd = fd, .out = &out, .items = items, .n = ni, .process = process_weight,
-                           .handed = weight_handed, .ctx = &job, .backend = o->backend, .cancel = o->cancel};
+                           .handed = weight_handed, .ctx = &job, .backend = o->backend, .cancel = o->cancel,
+                           .stats = &s->stages};
     if (qd_pipe_run(&pipe, status, err, errlen)) {
         qd_outfile_abort(&out);
         goto done;

@@ -41,11 +41,17 @@ struct qd_convert_opts {
     const volatile int *cancel; /* nonzero: stop, remove the partial output */
 };
 
+/* Each pipeline stage's busy time (the stages overlap, so they add up to more than the wall). */
+struct qd_stage_seconds {
+    double read_s, process_s, write_s;
+};
+
 struct qd_convert_summary {
     int quantized, copied, cast;
     uint64_t bytes_in, bytes_out;
     uint64_t params_quantized, params_total;
     double seconds;
+    struct qd_stage_seconds stages;
 };
 
 /* Converts o->src into o->dst for o->f; which container and layout follow from the input and

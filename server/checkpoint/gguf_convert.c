@@ -309,7 +309,8 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
                                              .pad_to = QD_GGUF_DEFAULT_ALIGNMENT};
     }
     struct qd_pipe pipe = {.src_fd = src_fd, .out = &out, .items = items, .n = n + 1, .process = process_tensor,
-                           .handed = tensor_handed, .ctx = &job, .backend = o->backend, .cancel = o->cancel};
+                           .handed = tensor_handed, .ctx = &job, .backend = o->backend, .cancel = o->cancel,
+                           .stats = &s->stages};
     if (qd_pipe_run(&pipe, status, err, errlen))
         goto fail;
     s->bytes_out = out.written;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define IN_SLOTS 3
@@ -26,7 +27,15 @@ struct run {
     size_t errlen;
     void *in[IN_SLOTS], *out[OUT_SLOTS];
     int *ordinal;                       /* item -> its k among PROCESS items, or -1 */
+    double read_s, process_s, write_s;  /* busy time per stage (each written by its own thread) */
 };
+
+static double seconds(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
 
 static void fail(struct run *r, enum qd_status s, const char *msg)
 {
@@ -82,7 +91,10 @@ static void *reader(void *arg)
             continue;
         if (wait_for(r, &r->processed_k, k - IN_SLOTS)) /* its slot is free */
             return NULL;
-        if (read_fully(p->src_fd, r->in[k % IN_SLOTS], p->items[i].src_bytes, p->items[i].src_offset)) {
+        double t0 = seconds();
+        int bad = read_fully(p->src_fd, r->in[k % IN_SLOTS], p->items[i].src_bytes, p->items[i].src_offset);
+        r->read_s += seconds() - t0;
+        if (bad) {
             char msg[128];
             snprintf(msg, sizeof msg, "reading the input at byte %llu: %s",
                      (unsigned long long)p->items[i].src_offset, errno ? strerror(errno) : "it ended early");
@@ -134,6 +146,7 @@ static void *writer(void *arg)
             return NULL;
         const struct qd_pipe_item *it = &p->items[i];
         int bad = 0;
+        double t0 = seconds();
         if (it->kind == QD_PIPE_BYTES)
             bad = qd_outfile_write(p->out, it->bytes, it->out_bytes, err, sizeof err);
         else if (it->kind == QD_PIPE_COPY) {
@@ -144,6 +157,7 @@ static void *writer(void *arg)
             bad = qd_outfile_write(p->out, r->out[r->ordinal[i] % OUT_SLOTS], it->out_bytes, err, sizeof err);
         if (!bad && it->pad_to)
             bad = qd_outfile_pad(p->out, it->pad_to, err, sizeof err);
+        r->write_s += seconds() - t0;
         if (bad) {
             fail(r, QD_EIO, err);
             return NULL;
@@ -202,7 +216,9 @@ int qd_pipe_run(const struct qd_pipe *p, enum qd_status *status, char *err, size
             if (wait_for(&r, &r.read_k, k) || wait_for(&r, &r.written_k, k - OUT_SLOTS))
                 break;
             char msg[1024];
+            double t0 = seconds();
             enum qd_status s = p->process(p->ctx, i, r.in[k % IN_SLOTS], r.out[k % OUT_SLOTS], msg, sizeof msg);
+            r.process_s += seconds() - t0;
             if (s != QD_OK) {
                 fail(&r, s, msg);
                 break;
@@ -220,6 +236,11 @@ join:
         pthread_join(wt, NULL);
     pthread_cond_destroy(&r.moved);
     pthread_mutex_destroy(&r.lock);
+    if (p->stats) {
+        p->stats->read_s += r.read_s;
+        p->stats->process_s += r.process_s;
+        p->stats->write_s += r.write_s;
+    }
 done:
     for (int s = 0; s < IN_SLOTS; s++)
         if (r.in[s])

@@ -38,6 +38,7 @@ struct qd_pipe {
     void *ctx;
     struct qd_backend *backend; /* its host_alloc, when it has one, for the buffers */
     const volatile int *cancel;
+    struct qd_stage_seconds *stats; /* optional: each stage's busy seconds are added here */
 };
 
 /* Runs the items; 0, or -1 with *status and err. The output file stays open (commit or abort

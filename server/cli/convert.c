@@ -164,8 +164,10 @@ int qd_cli_convert(int argc, char **argv)
     double bpw = s.params_total ? s.bytes_out * 8.0 / (double)s.params_total : 0;
     printf("{\"summary\":{\"in\":\"%s\",\"out\":\"%s\",\"fmt\":\"%s\",\"backend\":\"%s\",\"quantized\":%d,"
            "\"copied\":%d,\"cast_f16\":%d,\"bytes_in\":%" PRIu64 ",\"bytes_out\":%" PRIu64 ",\"bits_per_weight\":%.3f,"
-           "\"seconds\":%.3f,\"gb_per_s\":%.3f,\"peak_rss_bytes\":%" PRIu64 "}}\n",
+           "\"seconds\":%.3f,\"gb_per_s\":%.3f,\"read_s\":%.3f,\"quantize_s\":%.3f,\"write_s\":%.3f,"
+           "\"peak_rss_bytes\":%" PRIu64 "}}\n",
            o.src, o.dst, o.f->name, name, s.quantized, s.copied, s.cast, s.bytes_in, s.bytes_out, bpw, s.seconds,
-           s.seconds > 0 ? s.bytes_in / s.seconds / 1e9 : 0.0, peak_rss_bytes());
+           s.seconds > 0 ? s.bytes_in / s.seconds / 1e9 : 0.0, s.stages.read_s, s.stages.process_s, s.stages.write_s,
+           peak_rss_bytes());
     return 0;
 }

@@ -321,8 +321,8 @@ static void weight_handed(void *ctx, int item)
 
 /* Writes one shard front to back through the pipeline. */
 static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const char *path, const cJSON *metadata,
-                       struct qd_convert_summary *s, int *index, int count, uint64_t in_total, enum qd_status *status,
-                       char *err, size_t errlen)
+                       struct qd_pipe_pool *pool, struct qd_convert_summary *s, int *index, int count, uint64_t in_total,
+                       enum qd_status *status, char *err, size_t errlen)
 {
     struct qd_st_out *h = calloc((size_t)(sh->n ? sh->n : 1), sizeof *h);
     struct qd_pipe_item *items = calloc((size_t)sh->st.n + 1, sizeof *items);
@@ -374,7 +374,7 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
     struct shard_job job = {.o = o, .sh = sh, .src = src, .s = s, .index = index, .count = count, .in_total = in_total,
                             .last = now_s()};
     struct qd_pipe pipe = {.src_fd = fd, .out = &out, .items = items, .n = ni, .process = process_weight,
-                           .handed = weight_handed, .ctx = &job, .backend = o->backend, .cancel = o->cancel,
+                           .handed = weight_handed, .ctx = &job, .pool = pool, .cancel = o->cancel,
                            .stats = &s->stages};
     if (qd_pipe_run(&pipe, status, err, errlen)) {
         qd_outfile_abort(&out);
@@ -476,6 +476,7 @@ int qd_convert_bnb(const struct qd_convert_opts *o, struct qd_convert_summary *s
     struct qd_name_filter *nf = qd_name_filter_new(o->skip, o->only, err, errlen);
     cJSON *config = NULL, *index = NULL, *qc = NULL;
     char *tmpdir = NULL, **names = NULL;
+    struct qd_pipe_pool *pool = NULL;
     if (!nf)
         goto done;
     /* the shards: from the index, or the one file */
@@ -560,9 +561,21 @@ int qd_convert_bnb(const struct qd_convert_opts *o, struct qd_convert_summary *s
             if (sh[k].t[i].quantize)
                 compute_dtype = torch_dtype(sh[k].t[i].src->dtype);
     }
+    uint64_t in_cap = 0, out_cap = 0; /* the pipeline's buffers, for the largest weight of any shard */
+    for (int k = 0; k < nshards; k++)
+        for (int i = 0; i < sh[k].n; i++)
+            if (sh[k].t[i].quantize) {
+                const struct out_tensor *t = &sh[k].t[i], *js = t;
+                while (!strstr(js->name, ".quant_state."))
+                    js++;
+                in_cap = t->src->end - t->src->begin > in_cap ? t->src->end - t->src->begin : in_cap;
+                out_cap = t->qbytes + js->bytes > out_cap ? t->qbytes + js->bytes : out_cap;
+            }
     qc = quantization_config(o, compute_dtype ? compute_dtype : "float32");
-    if (!qc) {
-        snprintf(err, errlen, "no memory");
+    pool = qd_pipe_pool_new(o->backend, in_cap, out_cap);
+    if (!qc || !pool) {
+        snprintf(err, errlen, "no memory for the pipeline's buffers (%" PRIu64 " + %" PRIu64 " bytes each)", in_cap,
+                 out_cap);
         *status = QD_ENOMEM;
         goto done;
     }
@@ -573,7 +586,7 @@ int qd_convert_bnb(const struct qd_convert_opts *o, struct qd_convert_summary *s
         cJSON_AddStringToObject(meta, "format", "pt");
         cJSON_AddStringToObject(meta, "quantization_config", qtext ? qtext : "{}");
         free(qtext);
-        rc = write_shard(o, &sh[0], o->dst, meta, s, &done_tensors, count, in_total, status, err, errlen);
+        rc = write_shard(o, &sh[0], o->dst, meta, pool, s, &done_tensors, count, in_total, status, err, errlen);
         cJSON_Delete(meta);
         goto done;
     }
@@ -601,7 +614,7 @@ int qd_convert_bnb(const struct qd_convert_opts *o, struct qd_convert_summary *s
     uint64_t total = 0;
     for (int k = 0; k < nshards; k++) {
         char *path = join(tmpdir, sh[k].out_name);
-        int r = path ? write_shard(o, &sh[k], path, meta, s, &done_tensors, count, in_total, status, err, errlen) : -1;
+        int r = path ? write_shard(o, &sh[k], path, meta, pool, s, &done_tensors, count, in_total, status, err, errlen) : -1;
         free(path);
         if (r) {
             cJSON_Delete(meta), cJSON_Delete(wm);
@@ -675,6 +688,7 @@ done:
         *status = QD_OK;
     s->seconds = now_s() - t0;
     free(tmpdir);
+    qd_pipe_pool_free(pool);
     for (int k = 0; sh && k < nshards; k++) {
         for (int i = 0; i < sh[k].n; i++)
             free(sh[k].t[i].name);

@@ -228,6 +228,7 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
     uint8_t *meta = NULL;
     struct qd_outfile out = {.fd = -1};
     struct qd_pipe_item *items = NULL;
+    struct qd_pipe_pool *pool = NULL;
     int src_fd = -1;
     if (!plan || !order || !kv || !nf) {
         if (nf)
@@ -308,8 +309,20 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
                                              .src_bytes = plan[i].src->bytes, .out_bytes = plan[i].out.bytes,
                                              .pad_to = QD_GGUF_DEFAULT_ALIGNMENT};
     }
+    uint64_t in_cap = 0, out_cap = 0;
+    for (int i = 1; i <= n; i++)
+        if (items[i].kind == QD_PIPE_PROCESS) {
+            in_cap = items[i].src_bytes > in_cap ? items[i].src_bytes : in_cap;
+            out_cap = items[i].out_bytes > out_cap ? items[i].out_bytes : out_cap;
+        }
+    if (!(pool = qd_pipe_pool_new(o->backend, in_cap, out_cap))) {
+        snprintf(err, errlen, "no memory for the pipeline's buffers (%" PRIu64 " + %" PRIu64 " bytes each)", in_cap,
+                 out_cap);
+        *status = QD_ENOMEM;
+        goto fail;
+    }
     struct qd_pipe pipe = {.src_fd = src_fd, .out = &out, .items = items, .n = n + 1, .process = process_tensor,
-                           .handed = tensor_handed, .ctx = &job, .backend = o->backend, .cancel = o->cancel,
+                           .handed = tensor_handed, .ctx = &job, .pool = pool, .cancel = o->cancel,
                            .stats = &s->stages};
     if (qd_pipe_run(&pipe, status, err, errlen))
         goto fail;
@@ -326,6 +339,7 @@ fail:
 done:
     if (src_fd >= 0)
         close(src_fd);
+    qd_pipe_pool_free(pool);
     free(items);
     s->seconds = (now_ms() - t0) / 1e3;
     qd_name_filter_free(nf);

@@ -1,9 +1,10 @@
-/* The conversion pipeline: one output file written front to back from a list of items, in
- * three stages that overlap. A reader thread reads each item's source range into a host buffer
- * (pinned when the backend offers it, so the GPU copies from it directly), the calling thread
- * turns it into the item's output (quantizes it through the worker), and a writer thread writes
- * the outputs in order. Items copied unchanged go from file to file in the kernel
- * (copy_file_range). Memory: a few buffers of the largest processed item, whatever the model. */
+/* The conversion pipeline: one output file written from a list of items whose sizes, and so
+ * whose places in the file, are known before anything runs. Three stages overlap: reader
+ * threads read the items' source ranges into host buffers (pinned when the backend offers them,
+ * so the GPU copies from them directly), the calling thread turns each into its output
+ * (quantizes it through the worker) in order, and writer threads write outputs at their
+ * offsets. Items copied unchanged go from file to file in the kernel (copy_file_range). Memory:
+ * a few buffers of the largest processed item (struct qd_pipe_pool), whatever the model. */
 #ifndef QD_PIPELINE_H
 #define QD_PIPELINE_H
 
@@ -25,18 +26,23 @@ struct qd_pipe_item {
     uint32_t pad_to;  /* zeros after the item up to this alignment (0: none) */
 };
 
+/* Host buffers for one conversion (all its files): allocated once, reused. */
+struct qd_pipe_pool;
+struct qd_pipe_pool *qd_pipe_pool_new(struct qd_backend *backend, uint64_t in_cap, uint64_t out_cap);
+void qd_pipe_pool_free(struct qd_pipe_pool *pool);
+
 struct qd_pipe {
     int src_fd;
-    struct qd_outfile *out;
+    struct qd_outfile *out; /* written at offsets from 0; out->written is the file size after */
     const struct qd_pipe_item *items;
     int n;
     /* PROCESS: fills out (items[i].out_bytes) from in (items[i].src_bytes); a status and err
      * on failure. Runs on the calling thread, in item order. */
     enum qd_status (*process)(void *ctx, int i, const void *in, void *out, char *err, size_t errlen);
-    /* After item i is handed to the writer (progress), on the calling thread. */
+    /* After item i is handed to the writers (progress), on the calling thread. */
     void (*handed)(void *ctx, int i);
     void *ctx;
-    struct qd_backend *backend; /* its host_alloc, when it has one, for the buffers */
+    struct qd_pipe_pool *pool;
     const volatile int *cancel;
     struct qd_stage_seconds *stats; /* optional: each stage's busy seconds are added here */
 };

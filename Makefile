@@ -140,7 +140,8 @@ test-unit-san: $(TEST_BINS) .venv/ok $(BUILD)/tests/libqdfp.so
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
 	QUANTD=$(abspath bin/quantd-san) QUANTD_SANITIZED=1 .venv/bin/python -m pytest -q tests/peers
 
-# libFuzzer over the request decoders (query, JSON, base64, safetensors); FUZZ_SECONDS each.
+# libFuzzer over the request decoders (query, JSON, base64, safetensors) and the checkpoint
+# readers; FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 20
 FUZZ_SRCS := tests/server/fuzz_decode.c server/http/decode.c server/http/base64.c server/http/safetensors.c \
              server/http/reply.c server/http/encode.c server/queue/hostmem.c $(wildcard kernels/*.c kernels/cpu/*.c)
@@ -148,10 +149,18 @@ $(BUILD)/fuzz/fuzz_decode: $(FUZZ_SRCS)
 	@mkdir -p $(dir $@)
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_SRCS) -lcjson -lm -pthread
-fuzz: $(BUILD)/fuzz/fuzz_decode
-	@mkdir -p $(BUILD)/fuzz/corpus
+# The checkpoint readers (GGUF, safetensors): one target, both parsers.
+FUZZ_READERS_SRCS := tests/checkpoint/fuzz_readers.c server/checkpoint/gguf.c server/checkpoint/safetensors.c
+$(BUILD)/fuzz/fuzz_readers: $(FUZZ_READERS_SRCS) server/checkpoint/gguf.h server/checkpoint/safetensors.h
+	@mkdir -p $(dir $@)
+	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_READERS_SRCS) -lcjson -lm -pthread
+fuzz: $(BUILD)/fuzz/fuzz_decode $(BUILD)/fuzz/fuzz_readers
+	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/corpus_readers
 	$(BUILD)/fuzz/fuzz_decode -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=1024 \
 	  $(BUILD)/fuzz/corpus tests/server/fuzz_seeds
+	$(BUILD)/fuzz/fuzz_readers -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=1024 \
+	  $(BUILD)/fuzz/corpus_readers tests/checkpoint/fuzz_seeds
 
 # ---- benchmarks -----------------------------------------------------------------------------
 $(BUILD)/bench/bench_cpu: bench/bench_cpu.c $(KERNEL_OBJS)

@@ -25,6 +25,7 @@ enum qd_status {
     QD_EIO,        /* file or stream error */
     QD_ENOTFOUND,
     QD_ECANCELED,  /* stopped on request (a cancelled conversion) */
+    QD_EFORBIDDEN, /* a path outside what the service may touch (--data-dir) */
 };
 
 const char *qd_strerror(enum qd_status s);

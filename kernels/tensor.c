@@ -11,7 +11,8 @@ const char *qd_strerror(enum qd_status s)
 {
     static const char *const names[] = {"ok", "invalid argument", "unsupported shape",
                                         "non-finite input", "out of memory", "busy",
-                                        "device error", "i/o error", "not found", "cancelled"};
+                                        "device error", "i/o error", "not found", "cancelled",
+                                        "forbidden"};
     return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "unknown error";
 }
 

@@ -29,8 +29,10 @@ int qd_req_from_query(struct qd_req *q, const struct qd_kv *kv, int n, int allow
                 q->op = QD_OP_QUANTIZE;
             else if (!strcmp(v, "dequantize"))
                 q->op = QD_OP_DEQUANTIZE;
+            else if (!strcmp(v, "convert"))
+                q->op = QD_OP_CONVERT;
             else {
-                qd_reply_error(err, 400, "bad_op", "op must be quantize or dequantize (got '%.64s')", v);
+                qd_reply_error(err, 400, "bad_op", "op must be quantize, dequantize or convert (got '%.64s')", v);
                 return -1;
             }
         }
@@ -96,7 +98,7 @@ int qd_body_kind(const struct qd_req *q, const char *ct, const char *body, size_
     int untyped = !ct || !*ct || media_is(ct, "application/x-www-form-urlencoded");
     if (ct && media_is(ct, "application/json"))
         return QD_BODY_JSON;
-    if (ct && media_is(ct, "application/octet-stream"))
+    if (ct && media_is(ct, "application/octet-stream") && q->op != QD_OP_CONVERT)
         return q->op == QD_OP_QUANTIZE ? QD_BODY_RAW : QD_BODY_SAFETENSORS;
     if (!untyped)
         return -1;
@@ -104,6 +106,8 @@ int qd_body_kind(const struct qd_req *q, const char *ct, const char *body, size_
      * shape; otherwise JSON, or safetensors when the body opens with one's header */
     if (q->op == QD_OP_QUANTIZE)
         return q->has_shape ? QD_BODY_RAW : QD_BODY_JSON;
+    if (q->op == QD_OP_CONVERT) /* a JSON request naming files, never a tensor */
+        return QD_BODY_JSON;
     if (len >= 9 && body[8] == '{') {
         uint64_t h = 0;
         for (int i = 7; i >= 0; i--)

@@ -22,6 +22,7 @@
 #include "http/encode.h"
 #include "queue/hostmem.h"
 #include "queue/jobs.h"
+#include "checkpoint/convert_job.h"
 #include "service/metrics.h"
 
 #define QD_VERSION "0.1.0"
@@ -275,12 +276,24 @@ static void first_call(struct MHD_Connection *mc, struct conn *c, const char *ur
 static void job_json_reply(struct qd_reply *r, int status, struct qd_job *j)
 {
     static const char *const states[] = {"queued", "running", "done", "cancelled"};
+    static const char *const ops[] = {"quantize", "dequantize", "convert"};
     int st = atomic_load(&j->state);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", j->id);
-    cJSON_AddStringToObject(o, "op", j->req.op == QD_OP_QUANTIZE ? "quantize" : "dequantize");
-    if (j->req.f)
-        cJSON_AddStringToObject(o, "fmt", j->req.f->name);
+    cJSON_AddStringToObject(o, "op", ops[j->req.op]);
+    if (j->req.f || j->convert)
+        cJSON_AddStringToObject(o, "fmt", j->convert ? j->convert->f->name : j->req.f->name);
+    if (j->convert) { /* tensors and bytes done, the rate so far and what it leaves */
+        cJSON *p = cJSON_AddObjectToObject(o, "progress");
+        double done = (double)atomic_load(&j->bytes_done), total = (double)atomic_load(&j->bytes_total);
+        double secs = j->started_us > 0 ? ((st == QD_JOB_DONE ? j->done_us : qd_now_us()) - j->started_us) / 1e6 : 0;
+        cJSON_AddNumberToObject(p, "tensors_done", atomic_load(&j->tensors_done));
+        cJSON_AddNumberToObject(p, "tensors_total", atomic_load(&j->tensors_total));
+        cJSON_AddNumberToObject(p, "bytes_done", done);
+        cJSON_AddNumberToObject(p, "bytes_total", total);
+        cJSON_AddNumberToObject(p, "bytes_per_s", secs > 0 ? done / secs : 0);
+        cJSON_AddNumberToObject(p, "eta_s", secs > 0 && done > 0 && st != QD_JOB_DONE ? (total - done) / (done / secs) : 0);
+    }
     cJSON_AddStringToObject(o, "status", states[st]);
     cJSON_AddNumberToObject(o, "created", j->created_unix);
     char loc[96];
@@ -318,11 +331,17 @@ static enum MHD_Result start_work(struct MHD_Connection *mc, struct conn *c)
 {
     const char *ct = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
     int kind = qd_body_kind(&c->req, ct, c->body, c->len);
+    struct qd_convert_request *conv = NULL;
+    if (c->req.op == QD_OP_CONVERT && /* checked whole before it is accepted */
+        !(conv = qd_convert_request_parse(S.config->data_dir, &c->req, c->body, c->len, &c->reply)))
+        return send_reply(mc, c, &c->reply, 1);
     struct qd_job *j = qd_job_new();
     if (!j) {
+        qd_convert_request_free(conv);
         qd_reply_error(&c->reply, 503, "out_of_memory", "no memory for a job");
         return send_reply(mc, c, &c->reply, 1);
     }
+    j->convert = conv;
     j->req = c->req;
     j->kind = (enum qd_body_kind)kind;
     j->body = c->body;

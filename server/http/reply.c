@@ -62,6 +62,7 @@ int qd_status_http(enum qd_status s)
     case QD_ENOMEM: case QD_EBUSY: case QD_EDEVICE: return 503;
     case QD_ENOTFOUND: return 404;
     case QD_ECANCELED: return 409;
+    case QD_EFORBIDDEN: return 403;
     case QD_EIO: return 500;
     }
     return 500;
@@ -79,6 +80,7 @@ const char *qd_status_code(enum qd_status s)
     case QD_EDEVICE: return "device_error";
     case QD_ENOTFOUND: return "not_found";
     case QD_ECANCELED: return "cancelled";
+    case QD_EFORBIDDEN: return "forbidden";
     case QD_EIO: return "internal";
     }
     return "internal";

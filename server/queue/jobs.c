@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "checkpoint/convert_job.h"
 #include "http/encode.h"
 #include "queue/hostmem.h"
 #include "service/metrics.h"
@@ -35,6 +36,7 @@ void qd_job_unref(struct qd_job *j)
     if (j && atomic_fetch_sub(&j->refs, 1) == 1) {
         qd_hostmem_put(j->body);
         qd_reply_free(&j->reply);
+        qd_convert_request_free(j->convert);
         free(j);
     }
 }
@@ -67,6 +69,13 @@ static struct {
 static void job_execute(struct worker *wk, struct qd_job *j)
 {
     double start = qd_now_us();
+    if (j->req.op == QD_OP_CONVERT) { /* a whole model, files in and out (checkpoint/) */
+        snprintf(j->backend, sizeof j->backend, "%s", wk->name);
+        qd_convert_job_run(j, q.backend, wk->ctx);
+        j->timing.queue_us = start - j->enqueued_us;
+        j->timing.total_us = qd_now_us() - j->received_us;
+        return;
+    }
     struct qd_work w;
     memset(&w, 0, sizeof w);
     snprintf(w.backend, sizeof w.backend, "%s", wk->name);
@@ -323,7 +332,9 @@ int qd_jobs_remove(const char *id)
     for (struct qd_job **l = &q.stored; *l; l = &(*l)->store_next)
         if (!strcmp((*l)->id, id)) {
             int expected = QD_JOB_QUEUED;
-            /* a queued job is skipped by the worker; a running one finishes unseen */
+            /* a queued job is skipped by the worker; a running one finishes unseen, but a
+             * running conversion stops at its next tensor and removes its partial output */
+            (*l)->cancel = 1;
             atomic_compare_exchange_strong(&(*l)->state, &expected, QD_JOB_CANCELLED);
             store_unlink(l);
             rc = 0;

@@ -11,6 +11,8 @@
 #include "http/decode.h"
 #include "http/reply.h"
 
+struct qd_convert_request;
+
 enum qd_job_state { QD_JOB_QUEUED, QD_JOB_RUNNING, QD_JOB_DONE, QD_JOB_CANCELLED };
 
 struct qd_job {
@@ -34,6 +36,12 @@ struct qd_job {
     double created_unix, done_us;
     size_t store_bytes;        /* bytes of reply counted in the store's total */
     struct qd_job *store_next;
+    /* conversions (req.op == QD_OP_CONVERT) */
+    struct qd_convert_request *convert;
+    volatile int cancel;                   /* DELETE of a running conversion */
+    atomic_int tensors_done, tensors_total;
+    atomic_ullong bytes_done, bytes_total;
+    double started_us;
 };
 
 struct qd_job *qd_job_new(void);

@@ -9,7 +9,7 @@
 
 #include "../../kernels/quantize.h"
 
-enum qd_op { QD_OP_QUANTIZE, QD_OP_DEQUANTIZE };
+enum qd_op { QD_OP_QUANTIZE, QD_OP_DEQUANTIZE, QD_OP_CONVERT /* /jobs only: a whole model */ };
 
 #define QD_REQ_MAX_PARAMS 16
 

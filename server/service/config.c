@@ -29,6 +29,7 @@ static const struct option options[] = {
     {"--max-jobs", "QUANTD_MAX_JOBS", "4096", "async jobs known at once", INT, F(max_jobs), 1, 1 << 24},
     {"--drain-timeout", "QUANTD_DRAIN_TIMEOUT", "300", "seconds SIGTERM waits for accepted jobs", INT, F(drain_timeout_s), 0, 1 << 24},
     {"--cpu-threads", "QUANTD_CPU_THREADS", "0", "threads of one CPU job (0: every core)", INT, F(cpu_threads), 0, 1024},
+    {"--data-dir", "QUANTD_DATA_DIR", "", "the directory /jobs?op=convert reads and writes models in (unset: conversions off)", TEXT, F(data_dir), 0, 0},
     {"--pinned-bytes", "QUANTD_PINNED_BYTES", "2147483648", "page-locked host memory for bodies and results (CUDA backend)", SIZE, F(pinned_bytes), 0, 1LL << 42},
 };
 #define NOPTIONS (int)(sizeof options / sizeof options[0])

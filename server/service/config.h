@@ -21,6 +21,7 @@ struct qd_serve_config {
     int max_jobs;
     int drain_timeout_s;
     int cpu_threads;         /* 0: every core */
+    char data_dir[1024];     /* "": no conversions (/jobs?op=convert) */
 };
 
 /* Defaults, then the environment, then argv. Returns 0, 1 after printing --help, or -1 with err. */

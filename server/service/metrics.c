@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static const char *const route_names[QD_ROUTE_COUNT] = {
     "quantize", "dequantize", "jobs", "formats", "healthz", "readyz", "metrics", "other"};
@@ -11,7 +12,7 @@ static const char *const route_names[QD_ROUTE_COUNT] = {
 const char *qd_route_name(enum qd_route r) { return route_names[r]; }
 
 /* Status codes the service answers with; anything else counts as the last entry. */
-static const int codes[] = {200, 202, 204, 400, 401, 404, 405, 409, 413, 415, 422, 500, 503, 507, 0};
+static const int codes[] = {200, 202, 204, 400, 401, 403, 404, 405, 409, 413, 415, 422, 500, 503, 507, 0};
 #define NCODES (int)(sizeof codes / sizeof codes[0])
 #define MAX_FMTS 32 /* > qd_format_count; slot MAX_FMTS is "no format" */
 
@@ -31,6 +32,9 @@ static atomic_ulong requests[QD_ROUTE_COUNT][MAX_FMTS + 1][NCODES];
 static atomic_ulong bytes_in_total, bytes_out_total;
 static struct histogram request_hist[QD_ROUTE_COUNT];
 static struct histogram kernel_hist[MAX_FMTS + 1];
+
+static const char *const convert_outcomes[] = {"ok", "failed", "cancelled"};
+static atomic_ulong conversions[MAX_FMTS + 1][3], convert_bytes, convert_tensors;
 
 static int fmt_slot(const struct qd_format *f)
 {
@@ -80,6 +84,16 @@ static void render_hist(FILE *o, const char *name, const char *label, const char
     fprintf(o, "%s_count{%s=\"%s\"} %lu\n", name, label, value, atomic_load(&h->count));
 }
 
+void qd_metrics_convert(const struct qd_format *f, const char *outcome, unsigned long long bytes, int tensors)
+{
+    int o = 0;
+    while (o < 2 && strcmp(convert_outcomes[o], outcome))
+        o++;
+    atomic_fetch_add(&conversions[fmt_slot(f)][o], 1);
+    atomic_fetch_add(&convert_bytes, bytes);
+    atomic_fetch_add(&convert_tensors, (unsigned long)tensors);
+}
+
 char *qd_metrics_render(const struct qd_metrics_gauges *g, size_t *len)
 {
     char *buf = NULL;
@@ -111,6 +125,18 @@ char *qd_metrics_render(const struct qd_metrics_gauges *g, size_t *len)
         if (atomic_load(&kernel_hist[f].count))
             render_hist(o, "quantd_kernel_duration_seconds", "fmt", qd_formats[f].name, &kernel_hist[f],
                         kernel_buckets, NKER_B);
+    fputs("# HELP quantd_conversions_total Model conversions (/jobs?op=convert) finished, by format and outcome.\n"
+          "# TYPE quantd_conversions_total counter\n", o);
+    for (int f = 0; f < MAX_FMTS && f < qd_format_count; f++)
+        for (int k = 0; k < 3; k++)
+            if (atomic_load(&conversions[f][k]))
+                fprintf(o, "quantd_conversions_total{fmt=\"%s\",outcome=\"%s\"} %lu\n", qd_formats[f].name,
+                        convert_outcomes[k], atomic_load(&conversions[f][k]));
+    fprintf(o, "# HELP quantd_convert_bytes_total Model bytes read by conversions.\n"
+               "# TYPE quantd_convert_bytes_total counter\nquantd_convert_bytes_total %lu\n"
+               "# HELP quantd_convert_tensors_total Tensors written by conversions.\n"
+               "# TYPE quantd_convert_tensors_total counter\nquantd_convert_tensors_total %lu\n",
+            atomic_load(&convert_bytes), atomic_load(&convert_tensors));
     fprintf(o, "# HELP quantd_received_bytes_total Request body bytes received.\n"
                "# TYPE quantd_received_bytes_total counter\nquantd_received_bytes_total %lu\n"
                "# HELP quantd_sent_bytes_total Response body bytes sent.\n"

@@ -87,12 +87,18 @@ venv: .venv/ok
 
 # ---- tests ----------------------------------------------------------------------------------
 TEST_SRCS := $(wildcard tests/kernels/test_*.c)
-TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+# the checkpoint engine's unit tests link the service objects (backends, containers)
+CKPT_TEST_SRCS := $(wildcard tests/checkpoint/test_*.c)
+TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%) $(CKPT_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 TEST_LIBS := -lcmocka
 
 $(BUILD)/tests/%: tests/%.c $(KERNEL_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS)
+
+$(BUILD)/tests/checkpoint/test_%: tests/checkpoint/test_%.c $(SERVICE_OBJS) $(KERNEL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS)
 
 test-unit: $(TEST_BINS)
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done

@@ -72,7 +72,8 @@ def validate(doc, where):
         pytest.fail(f"{where}: {doc['kind']}/{doc['metadata']['name']}: {e.message} at {list(e.path)}")
 
 
-KUSTOMIZATIONS = [DEPLOY / "base", DEPLOY / "monitoring", DEPLOY / "overlays" / "multi-gpu-node"]
+KUSTOMIZATIONS = [DEPLOY / "base", DEPLOY / "monitoring", DEPLOY / "overlays" / "multi-gpu-node",
+                  DEPLOY / "convert-job"]
 
 
 def test_dockerfile_passes_hadolint():
@@ -190,3 +191,17 @@ def test_probes_ports_and_metrics_are_served(daemon):
     for rule in rules["rules"]:
         series = re.match(r"([a-z_:][a-z0-9_:]*)", rule["seriesQuery"].strip("'\"")).group(1)
         assert series in exported, f"prometheus-adapter reads {series}, not exported"
+
+
+def test_convert_job_runs_a_real_convert_command():
+    job = next(d for d in render(DEPLOY / "convert-job") if d["kind"] == "Job")
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"][-1] == "convert"
+    help_text = subprocess.run([QUANTD, "convert", "--help"], capture_output=True, text=True, check=True).stdout
+    for flag in [a for a in c["args"] if a.startswith("--")]:
+        assert flag in help_text, f"{flag} is not a flag of quantd convert"
+    claims = {v["persistentVolumeClaim"]["claimName"] for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert claims == {d["metadata"]["name"] for d in base_docs("PersistentVolumeClaim")}
+    dep = base_docs("Deployment")[0]["spec"]["template"]["spec"]
+    mount = dep["containers"][0]["volumeMounts"][0]["mountPath"]
+    assert base_docs("ConfigMap")[0]["data"]["QUANTD_DATA_DIR"] == mount

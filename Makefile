@@ -150,6 +150,7 @@ test-unit-san: $(TEST_BINS) .venv/ok $(BUILD)/tests/libqdfp.so
 # readers; FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 20
 FUZZ_SRCS := tests/server/fuzz_decode.c server/http/decode.c server/http/base64.c server/http/safetensors.c \
+             server/checkpoint/safetensors.c \
              server/http/reply.c server/http/encode.c server/queue/hostmem.c $(wildcard kernels/*.c kernels/cpu/*.c)
 $(BUILD)/fuzz/fuzz_decode: $(FUZZ_SRCS)
 	@mkdir -p $(dir $@)

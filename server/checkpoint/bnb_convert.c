@@ -158,23 +158,17 @@ static int add(struct shard *sh, int *cap, struct out_tensor t)
     return t.name ? 0 : -1;
 }
 
-static char *join(const char *a, const char *b)
+/* a, sep and b in a new string (a path, or a tensor name and its suffix) */
+static char *concat(const char *a, const char *sep, const char *b)
 {
-    size_t n = strlen(a) + strlen(b) + 2;
+    size_t n = strlen(a) + strlen(sep) + strlen(b) + 1;
     char *s = malloc(n);
     if (s)
-        snprintf(s, n, "%s/%s", a, b);
+        snprintf(s, n, "%s%s%s", a, sep, b);
     return s;
 }
 
-static char *suffixed(const char *name, const char *suffix)
-{
-    size_t n = strlen(name) + strlen(suffix) + 1;
-    char *s = malloc(n);
-    if (s)
-        snprintf(s, n, "%s%s", name, suffix);
-    return s;
-}
+static char *join(const char *dir, const char *name) { return concat(dir, "/", name); }
 
 /* The plan of one shard: its output tensors, from its header alone. */
 static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const struct qd_name_filter *nf,
@@ -208,7 +202,7 @@ static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const s
             const char *suffix = !strcmp(comps[k].name, "data") ? "" : comps[k].name;
             char sfx[64];
             snprintf(sfx, sizeof sfx, "%s%s", *suffix ? "." : "", suffix);
-            struct out_tensor c = {.name = suffixed(t->name, sfx), .dtype = comps[k].dtype == QD_U8 ? "U8" : "F32",
+            struct out_tensor c = {.name = concat(t->name, "", sfx), .dtype = comps[k].dtype == QD_U8 ? "U8" : "F32",
                                    .ndim = k == 0 ? 2 : 1, .shape = {comps[k].shape[0], 1}, .bytes = (uint64_t)comps[k].bytes,
                                    .src = t, .quantize = k == 0};
             qbytes += c.bytes;
@@ -218,7 +212,7 @@ static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const s
         sh->t[sh->n - nc].qbytes = qbytes;
         char js[512], sfx[64];
         snprintf(sfx, sizeof sfx, ".quant_state.bitsandbytes__%s", o->f->name);
-        struct out_tensor q = {.name = suffixed(t->name, sfx), .dtype = "U8", .ndim = 1,
+        struct out_tensor q = {.name = concat(t->name, "", sfx), .dtype = "U8", .ndim = 1,
                                .shape = {quant_state_json(js, sizeof js, o, t, &p, 1), 1}, .src = t};
         q.bytes = (uint64_t)q.shape[0];
         if (add(sh, &cap, q))

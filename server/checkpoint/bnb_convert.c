@@ -566,6 +566,7 @@ int qd_convert_bnb(const struct qd_convert_opts *o, struct qd_convert_summary *s
                 out_cap = t->qbytes + js->bytes > out_cap ? t->qbytes + js->bytes : out_cap;
             }
     qc = quantization_config(o, compute_dtype ? compute_dtype : "float32");
+    s->layout_config = qc ? cJSON_PrintUnformatted(qc) : NULL;
     pool = qd_pipe_pool_new(o->backend, in_cap, out_cap);
     if (!qc || !pool) {
         snprintf(err, errlen, "no memory for the pipeline's buffers (%" PRIu64 " + %" PRIu64 " bytes each)", in_cap,

@@ -52,6 +52,8 @@ struct qd_convert_summary {
     uint64_t params_quantized, params_total;
     double seconds;
     struct qd_stage_seconds stages;
+    char *layout_config; /* the runtime's config as JSON text (transformers' quantization_config),
+                            or NULL; the caller frees it */
 };
 
 /* Converts o->src into o->dst for o->f; which container and layout follow from the input and

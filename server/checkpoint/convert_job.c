@@ -3,12 +3,14 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "checkpoint/convert.h"
 #include "service/metrics.h"
@@ -160,6 +162,12 @@ void qd_convert_request_free(struct qd_convert_request *r)
 {
     if (!r)
         return;
+    if (r->spooled) { /* POST /convert's temporary files (the answer holds dst open) */
+        if (r->src)
+            unlink(r->src);
+        if (r->dst)
+            unlink(r->dst);
+    }
     free(r->src);
     free(r->dst);
     free(r->skip);
@@ -190,9 +198,11 @@ void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
         qd_metrics_convert(r->f, st == QD_ECANCELED ? "cancelled" : "failed", s.bytes_in,
                            s.quantized + s.copied + s.cast);
         qd_reply_error(&j->reply, qd_status_http(st), qd_status_code(st), "%s", err);
+        free(s.layout_config);
         return;
     }
     qd_metrics_convert(r->f, "ok", s.bytes_in, s.quantized + s.copied + s.cast);
+    char *config = s.layout_config;
     cJSON *sum = cJSON_CreateObject();
     cJSON_AddStringToObject(sum, "fmt", r->f->name);
     cJSON_AddNumberToObject(sum, "quantized", s.quantized);
@@ -202,5 +212,28 @@ void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
     cJSON_AddNumberToObject(sum, "bytes_out", (double)s.bytes_out);
     cJSON_AddNumberToObject(sum, "seconds", s.seconds);
     cJSON_AddStringToObject(sum, "backend", j->backend);
-    qd_reply_json(&j->reply, 200, sum);
+    if (!r->spooled) {
+        free(config);
+        qd_reply_json(&j->reply, 200, sum);
+        return;
+    }
+    /* POST /convert: the converted file is the answer, sent from its descriptor */
+    int fd = open(r->dst, O_RDONLY | O_CLOEXEC);
+    struct stat st_out;
+    if (fd < 0 || fstat(fd, &st_out) < 0) {
+        if (fd >= 0)
+            close(fd);
+        free(config);
+        cJSON_Delete(sum);
+        qd_reply_error(&j->reply, 500, "internal", "the converted file cannot be opened: %s", strerror(errno));
+        return;
+    }
+    j->reply.status = 200;
+    j->reply.content_type = "application/octet-stream";
+    j->reply.has_file = 1;
+    j->reply.file_fd = fd;
+    j->reply.file_len = (unsigned long long)st_out.st_size;
+    j->reply.summary_header = cJSON_PrintUnformatted(sum);
+    j->reply.config_header = config;
+    cJSON_Delete(sum);
 }

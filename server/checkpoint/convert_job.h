@@ -10,10 +10,11 @@
 #include "queue/jobs.h"
 
 struct qd_convert_request {
-    char *src, *dst; /* real paths inside the data directory */
+    char *src, *dst; /* real paths inside the data directory, or POST /convert's spool files */
     const struct qd_format *f;
     struct qd_params params;
     char *skip, *only;
+    int spooled;     /* POST /convert: src and dst are temporary; the answer is dst's bytes */
 };
 
 /* The JSON body {"source", "destination", "fmt", "params", "skip", "only"} (fmt and params may

@@ -155,6 +155,7 @@ int qd_cli_convert(int argc, char **argv)
     int rc = qd_convert(&o, &s, &st, err, sizeof err);
     b.worker_close(o.worker);
     b.close(&b);
+    free(s.layout_config);
     if (rc) {
         if (pr.tty)
             fputc('\n', stderr);

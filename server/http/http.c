@@ -23,6 +23,7 @@
 #include "queue/hostmem.h"
 #include "queue/jobs.h"
 #include "checkpoint/convert_job.h"
+#include "http/convert_route.h"
 #include "service/metrics.h"
 
 #define QD_VERSION "0.1.0"
@@ -50,6 +51,7 @@ struct conn {
     struct qd_req req;
     struct qd_reply reply;    /* an answer decided before or instead of a job */
     struct qd_job *job;       /* the synchronous job this request waits on */
+    struct qd_convert_upload *upload; /* POST /convert: the body, spooled to a file */
     int suspended, job_done;
 };
 
@@ -58,13 +60,21 @@ struct conn {
 static enum MHD_Result send_reply(struct MHD_Connection *mc, struct conn *c, struct qd_reply *r,
                                   int take)
 {
-    /* a taken body may be a pooled (pinned) buffer: libmicrohttpd gives it back through the pool */
-    struct MHD_Response *resp = take ? MHD_create_response_from_buffer_with_free_callback(r->len, r->body, qd_hostmem_put)
-                                     : MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_COPY);
+    /* a taken body may be a pooled (pinned) buffer: libmicrohttpd gives it back through the pool;
+     * a file answer (a converted model) is sent from its descriptor, never read into memory */
+    struct MHD_Response *resp = r->has_file ? MHD_create_response_from_fd64(r->file_len, r->file_fd)
+                                : take ? MHD_create_response_from_buffer_with_free_callback(r->len, r->body, qd_hostmem_put)
+                                       : MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_COPY);
     if (!resp)
         return MHD_NO;
-    if (take)
+    if (r->has_file)
+        r->has_file = 0; /* libmicrohttpd closes it */
+    else if (take)
         r->body = NULL; /* libmicrohttpd frees it */
+    if (r->summary_header)
+        MHD_add_response_header(resp, "X-Quantd-Summary", r->summary_header);
+    if (r->config_header)
+        MHD_add_response_header(resp, "X-Quantd-Quantization-Config", r->config_header);
     if (r->content_type)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->content_type);
     if (r->location[0])
@@ -83,7 +93,7 @@ static enum MHD_Result send_reply(struct MHD_Connection *mc, struct conn *c, str
     if (atomic_load(&S.draining))
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     c->status = r->status;
-    c->bytes_out = r->len;
+    c->bytes_out = r->len ? r->len : (size_t)r->file_len;
     enum MHD_Result ok = MHD_queue_response(mc, (unsigned)r->status, resp);
     MHD_destroy_response(resp);
     return ok;
@@ -108,6 +118,7 @@ static const struct route routes[] = {
     {"/quantize", QD_ROUTE_QUANTIZE, "POST", 0},
     {"/dequantize", QD_ROUTE_DEQUANTIZE, "POST", 0},
     {"/jobs", QD_ROUTE_JOBS, "POST", 0},
+    {"/convert", QD_ROUTE_CONVERT, "POST", 0},
     {"/formats", QD_ROUTE_FORMATS, "GET HEAD", 0},
     {"/healthz", QD_ROUTE_HEALTHZ, "GET HEAD", 1},
     {"/readyz", QD_ROUTE_READYZ, "GET HEAD", 1},
@@ -185,6 +196,17 @@ static void precheck_post(struct MHD_Connection *mc, struct conn *c)
     MHD_get_connection_values(mc, MHD_GET_ARGUMENT_KIND, collect_arg, &q);
     if (q.overflow) {
         qd_reply_error(&c->reply, 400, "bad_request", "more than 64 query arguments");
+        return;
+    }
+    if (c->route == QD_ROUTE_CONVERT) { /* a model file: checked now, spooled as it comes */
+        const char *ct = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+        const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        const char *tmp = getenv("TMPDIR");
+        c->req.op = QD_OP_CONVERT;
+        c->upload = qd_convert_upload_begin(q.kv, q.n, ct, cl ? strtoll(cl, NULL, 10) : -1,
+                                            S.config->data_dir[0] ? S.config->data_dir : tmp && *tmp ? tmp : "/tmp",
+                                            S.config->max_convert_bytes, &c->reply);
+        c->req.f = c->upload ? qd_convert_upload_format(c->upload) : NULL;
         return;
     }
     c->req.op = c->route == QD_ROUTE_DEQUANTIZE ? QD_OP_DEQUANTIZE : QD_OP_QUANTIZE;
@@ -332,8 +354,13 @@ static enum MHD_Result start_work(struct MHD_Connection *mc, struct conn *c)
     const char *ct = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
     int kind = qd_body_kind(&c->req, ct, c->body, c->len);
     struct qd_convert_request *conv = NULL;
-    if (c->req.op == QD_OP_CONVERT && /* checked whole before it is accepted */
-        !(conv = qd_convert_request_parse(S.config->data_dir, &c->req, c->body, c->len, &c->reply)))
+    if (c->route == QD_ROUTE_CONVERT) { /* the spooled model; the answer is the converted file */
+        conv = qd_convert_upload_finish(c->upload, &c->reply);
+        c->upload = NULL;
+        if (!conv)
+            return send_reply(mc, c, &c->reply, 1);
+    } else if (c->req.op == QD_OP_CONVERT && /* checked whole before it is accepted */
+               !(conv = qd_convert_request_parse(S.config->data_dir, &c->req, c->body, c->len, &c->reply)))
         return send_reply(mc, c, &c->reply, 1);
     struct qd_job *j = qd_job_new();
     if (!j) {
@@ -446,6 +473,7 @@ static enum MHD_Result last_call(struct MHD_Connection *mc, struct conn *c, cons
     switch (c->route) {
     case QD_ROUTE_QUANTIZE:
     case QD_ROUTE_DEQUANTIZE:
+    case QD_ROUTE_CONVERT:
         return start_work(mc, c);
     case QD_ROUTE_JOBS:
         if (c->job_id[0])
@@ -499,6 +527,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         *upload_size = 0;
         if (c->reply.status || c->discard)
             return MHD_YES; /* already answered or too large: drop the rest */
+        if (c->upload) { /* POST /convert: to the spool file, not memory */
+            if (qd_convert_upload_write(c->upload, upload, n, &c->reply)) {
+                qd_convert_upload_abort(c->upload);
+                c->upload = NULL;
+                c->discard = 1;
+            }
+            return MHD_YES;
+        }
         if (c->len + n > (size_t)S.config->max_body_bytes) {
             qd_hostmem_put(c->body);
             c->body = NULL;
@@ -562,6 +598,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
             c->job ? c->job->backend : "", c->job ? "\"" : "");
     qd_hostmem_put(c->body);
     qd_reply_free(&c->reply);
+    qd_convert_upload_abort(c->upload); /* a /convert that ended before its job */
     if (c->job)
         qd_job_unref(c->job);
     pthread_mutex_destroy(&c->lock);

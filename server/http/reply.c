@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "queue/hostmem.h"
@@ -16,6 +17,12 @@ void qd_reply_free(struct qd_reply *r)
     qd_hostmem_put(r->body);
     r->body = NULL;
     r->len = 0;
+    if (r->has_file)
+        close(r->file_fd);
+    r->has_file = 0;
+    free(r->summary_header);
+    free(r->config_header);
+    r->summary_header = r->config_header = NULL;
 }
 
 void qd_reply_take(struct qd_reply *r, int status, const char *content_type, char *body, size_t len)

@@ -20,6 +20,12 @@ struct qd_reply {
     const char *allow;        /* Allow header for 405, static */
     char shape_header[160];   /* X-Quantd-Shape for raw tensor bodies, "" for none */
     char dtype_header[16];    /* X-Quantd-Dtype likewise */
+    /* an answer streamed from a file instead of body (POST /convert): descriptor and size;
+     * libmicrohttpd closes it */
+    int has_file, file_fd;
+    unsigned long long file_len;
+    char *summary_header;     /* X-Quantd-Summary (owned), NULL for none */
+    char *config_header;      /* X-Quantd-Quantization-Config (owned), NULL for none */
 };
 
 /* Sets an error answer; code is a short machine-readable name ("unknown_format"). */

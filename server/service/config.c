@@ -30,6 +30,7 @@ static const struct option options[] = {
     {"--drain-timeout", "QUANTD_DRAIN_TIMEOUT", "300", "seconds SIGTERM waits for accepted jobs", INT, F(drain_timeout_s), 0, 1 << 24},
     {"--cpu-threads", "QUANTD_CPU_THREADS", "0", "threads of one CPU job (0: every core)", INT, F(cpu_threads), 0, 1024},
     {"--data-dir", "QUANTD_DATA_DIR", "", "the directory /jobs?op=convert reads and writes models in (unset: conversions off)", TEXT, F(data_dir), 0, 0},
+    {"--max-convert-bytes", "QUANTD_MAX_CONVERT_BYTES", "1099511627776", "largest model body of POST /convert (413 beyond; spooled to --data-dir or TMPDIR, not held in memory)", SIZE, F(max_convert_bytes), 1, 1LL << 50},
     {"--pinned-bytes", "QUANTD_PINNED_BYTES", "2147483648", "page-locked host memory for bodies and results (CUDA backend)", SIZE, F(pinned_bytes), 0, 1LL << 42},
 };
 #define NOPTIONS (int)(sizeof options / sizeof options[0])

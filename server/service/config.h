@@ -22,6 +22,7 @@ struct qd_serve_config {
     int drain_timeout_s;
     int cpu_threads;         /* 0: every core */
     char data_dir[1024];     /* "": no conversions (/jobs?op=convert) */
+    long long max_convert_bytes; /* POST /convert's model body */
 };
 
 /* Defaults, then the environment, then argv. Returns 0, 1 after printing --help, or -1 with err. */

@@ -7,7 +7,7 @@
 #include <string.h>
 
 static const char *const route_names[QD_ROUTE_COUNT] = {
-    "quantize", "dequantize", "jobs", "formats", "healthz", "readyz", "metrics", "other"};
+    "quantize", "dequantize", "jobs", "formats", "healthz", "readyz", "metrics", "convert", "other"};
 
 const char *qd_route_name(enum qd_route r) { return route_names[r]; }
 

@@ -71,6 +71,7 @@ static void run(const char *seed, const char *out_name, const char *fmt, int can
     struct qd_convert_summary s;
     enum qd_status st;
     int rc = qd_convert(&o, &s, &st, err, sizeof err);
+    free(s.layout_config);
     if (cancel_at < 100) {
         assert_int_equal(rc, -1);
         assert_int_equal(st, QD_ECANCELED);

@@ -38,9 +38,9 @@ static int setup(void **state)
     mkdir(p, 0755);
     snprintf(p, sizeof p, "%s/escape", dir);
     assert_int_equal(symlink("/etc", p), 0);
-    const char *flags[] = {"--data-dir", dir, NULL};
+    const char *flags[] = {"--data-dir", dir, NULL}, *small[] = {"--max-convert-bytes", "500", NULL};
     server_start(&srv, flags);
-    server_start(&plain, NULL);
+    server_start(&plain, small);
     return 0;
 }
 
@@ -53,10 +53,12 @@ static int teardown(void **state)
     return system(cmd);
 }
 
+static const char *const raw_h[] = {"Content-Type: application/octet-stream", NULL};
+
 static void expect_error(const struct server *s, long status, const char *code, const char *path, const char *body)
 {
-    struct http r;
-    http_do(s, "POST", path, json_h, body, strlen(body), &r);
+    struct http r; /* /jobs takes a JSON request, /convert a model file */
+    http_do(s, "POST", path, strncmp(path, "/convert", 8) ? json_h : raw_h, body, strlen(body), &r);
     if (r.status != status)
         fail_msg("%s %s: got %ld, want %ld: %s", path, body, r.status, status, r.body);
     cJSON *j = cJSON_ParseWithLength(r.body, r.len);
@@ -165,7 +167,6 @@ static void convert_refusals_come_before_the_job(void **state)
     expect_error(&srv, 400, "bad_json", p, "");
     expect_error(&plain, 403, "forbidden", p, "{\"source\": \"model.gguf\", \"destination\": \"o.gguf\", \"fmt\": \"q8_0\"}");
     struct http r;
-    const char *raw_h[] = {"Content-Type: application/octet-stream", NULL};
     http_do(&srv, "POST", p, raw_h, "x", 1, &r);
     assert_int_equal(r.status, 415);
     http_free(&r);
@@ -174,11 +175,54 @@ static void convert_refusals_come_before_the_job(void **state)
     assert_int_equal(access(o, F_OK), -1); /* nothing was written */
 }
 
+/* POST /convert: the model in the body, the converted file as the answer (spooled, not held) */
+static void convert_route_answers_the_converted_file(void **state)
+{
+    size_t n, m;
+    void *model = read_file("tests/checkpoint/fuzz_seeds/small.gguf", &n);
+    assert_non_null(model);
+    struct http r;
+    http_do(&srv, "POST", "/convert?fmt=q8_0", raw_h, model, n, &r);
+    if (r.status != 200)
+        fail_msg("POST /convert: %ld %s", r.status, r.body);
+    assert_string_equal(r.content_type, "application/octet-stream");
+    char ref[320], src[320], cmd[1000];
+    snprintf(ref, sizeof ref, "%s/route-ref.gguf", dir);
+    snprintf(src, sizeof src, "%s/model.gguf", dir);
+    snprintf(cmd, sizeof cmd, "%s convert --in %s --out %s --fmt q8_0 > /dev/null", quantd_bin(), src, ref);
+    assert_int_equal(system(cmd), 0);
+    void *want = read_file(ref, &m);
+    assert_int_equal(r.len, m);
+    assert_memory_equal(r.body, want, m);
+    free(want);
+    unlink(ref);
+    http_free(&r);
+    expect_error(&srv, 400, "missing_format", "/convert", "GGUF");
+    expect_error(&srv, 400, "unknown_format", "/convert?fmt=nope", "GGUF");
+    expect_error(&srv, 400, "unknown_param", "/convert?fmt=q8_0&blocksize=64", "GGUF");
+    http_do(&srv, "POST", "/convert?fmt=q4_0", raw_h, "not a model", 11, &r);
+    assert_int_equal(r.status, 400); /* the engine's error, named */
+    assert_non_null(strstr(r.body, "gguf"));
+    http_free(&r);
+    http_do(&srv, "POST", "/convert?fmt=q4_0", json_h, "{}", 2, &r);
+    assert_int_equal(r.status, 415);
+    http_free(&r);
+    http_do(&plain, "POST", "/convert?fmt=q8_0", raw_h, model, n, &r);
+    assert_int_equal(r.status, 413); /* --max-convert-bytes */
+    http_free(&r);
+    free(model);
+    /* nothing spooled is left: the data directory holds what the tests put there */
+    char ls[400];
+    snprintf(ls, sizeof ls, "ls -A %s | grep -q quantd", dir);
+    assert_int_not_equal(system(ls), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(convert_job_writes_what_the_cli_writes),
         cmocka_unit_test(convert_refusals_come_before_the_job),
+        cmocka_unit_test(convert_route_answers_the_converted_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -9,8 +9,9 @@ hf:   a Llama-shaped bf16 checkpoint of random weights in 5 GB shards (transform
       transformers' from_pretrained(BitsAndBytesConfig nf4, double quant) + save_pretrained.
 gguf: the same shapes as a BF16 GGUF (written with the gguf package); times `cat`, `quantd
       convert --fmt q4_0` and `q8_0`, and `llama-quantize --pure` (LLAMA_CPP_BIN) on all cores.
-Every figure is the median of REPEAT runs (default 3) after one warm-up, with the process's own
-peak RSS (wait4)."""
+Every figure is the median of REPEAT runs (default 3) after one warm-up, each run after a sync
+(no dirty pages left by the one before), with the process's peak RSS (quantd's own VmHWM;
+wait4's for the others)."""
 import argparse
 import json
 import os
@@ -52,6 +53,9 @@ def timed(name, cmd, repeat, cleanup=None, env=None):
     for _ in range(repeat):
         if cleanup:
             cleanup()
+        # every run starts with no dirty pages: else one run pays the writeback of the last
+        # one's output (quantd fsyncs its output before the rename; llama-quantize does not)
+        os.sync()
         w, r = run(cmd, env)
         walls.append(w)
         rss = max(rss, r)

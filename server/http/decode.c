@@ -442,6 +442,36 @@ int qd_work_decode(struct qd_work *w, const struct qd_req *q, enum qd_body_kind 
                                    : decode_dequantize(w, kind, body, len, err);
 }
 
+int qd_work_precheck(const struct qd_req *q, enum qd_body_kind kind, const char *body, size_t len,
+                     const struct qd_format **fmt, struct qd_reply *err)
+{
+    *fmt = q->f;
+    if (kind == QD_BODY_RAW)
+        return 0; /* its length was checked against dtype x shape before the body */
+    const cJSON *named = NULL;
+    cJSON *j = NULL;
+    if (kind == QD_BODY_JSON) {
+        if (!cJSON_IsObject(j = cJSON_ParseWithLength(body ? body : "", len))) {
+            cJSON_Delete(j);
+            qd_reply_error(err, 400, "bad_json", "the body is not a JSON object");
+            return -1;
+        }
+        named = cJSON_GetObjectItemCaseSensitive(j, "fmt");
+    } else {
+        struct qd_st_tensor t[QD_ST_MAX_TENSORS];
+        char msg[ERRLEN];
+        if (qd_safetensors_parse((const unsigned char *)body, len, t, QD_ST_MAX_TENSORS, &j, msg, sizeof msg) < 0) {
+            qd_reply_error(err, 400, "bad_safetensors", "%s", msg);
+            return -1;
+        }
+        named = cJSON_GetObjectItemCaseSensitive(j, "fmt");
+    }
+    if (!*fmt && cJSON_GetStringValue(named))
+        *fmt = qd_format_find(cJSON_GetStringValue(named));
+    cJSON_Delete(j);
+    return 0;
+}
+
 void qd_work_free(struct qd_work *w)
 {
     free(w->in_owned);

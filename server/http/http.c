@@ -52,6 +52,7 @@ struct conn {
     struct qd_reply reply;    /* an answer decided before or instead of a job */
     struct qd_job *job;       /* the synchronous job this request waits on */
     struct qd_convert_upload *upload; /* POST /convert: the body, spooled to a file */
+    const struct qd_format *label_f;  /* the format for metrics and logs when the body names it */
     int suspended, job_done;
 };
 
@@ -264,8 +265,22 @@ static unsigned http_threads(const struct qd_serve_config *cfg)
     return n > 4 ? (unsigned)n : 4u;
 }
 
+static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    *(size_t *)cls += strlen(key) + (value ? strlen(value) : 0) + 4; /* ": " and CRLF */
+    return MHD_YES;
+}
+
 static void first_call(struct MHD_Connection *mc, struct conn *c, const char *url, const char *method)
 {
+    size_t header_bytes = strlen(url) + strlen(method) + 12;
+    MHD_get_connection_values(mc, MHD_HEADER_KIND, add_header_bytes, &header_bytes);
+    if (header_bytes > (size_t)S.config->max_header_bytes) { /* before routing: any path */
+        c->route = QD_ROUTE_OTHER;
+        qd_reply_error(&c->reply, 431, "headers_too_large", "the request line and headers take %zu bytes, over the "
+                       "limit of %d (--max-header-bytes)", header_bytes, S.config->max_header_bytes);
+        return;
+    }
     int sub = 0;
     const struct route *r = route_find(url, c->job_id, sizeof c->job_id, &sub);
     c->job_result = sub;
@@ -361,6 +376,9 @@ static enum MHD_Result start_work(struct MHD_Connection *mc, struct conn *c)
             return send_reply(mc, c, &c->reply, 1);
     } else if (c->req.op == QD_OP_CONVERT && /* checked whole before it is accepted */
                !(conv = qd_convert_request_parse(S.config->data_dir, &c->req, c->body, c->len, &c->reply)))
+        return send_reply(mc, c, &c->reply, 1);
+    if (c->route == QD_ROUTE_JOBS && !conv && /* checked before it is accepted, as sync calls are */
+        qd_work_precheck(&c->req, (enum qd_body_kind)kind, c->body, c->len, &c->label_f, &c->reply))
         return send_reply(mc, c, &c->reply, 1);
     struct qd_job *j = qd_job_new();
     if (!j) {
@@ -573,7 +591,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     if (!c)
         return;
     double seconds = (qd_now_us() - c->start_us) / 1e6;
-    const struct qd_format *f = c->req.f;
+    const struct qd_format *f = c->req.f ? c->req.f : c->label_f ? c->label_f : c->job ? c->job->fmt : NULL;
     int status = c->status ? c->status : 499; /* 499: client went away before an answer */
     if (c->route != QD_ROUTE_OTHER || c->status)
         qd_metrics_request(c->route, f, status, seconds, c->bytes_in, c->bytes_out);
@@ -642,7 +660,7 @@ int qd_http_start(const struct qd_serve_config *cfg, struct qd_backend *b, char 
                                 MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                                 MHD_OPTION_THREAD_POOL_SIZE, http_threads(cfg),
                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
-                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->conn_timeout_s,
                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
                                 /* a larger per-connection pool lets each recv take 256 KiB of
                                  * a large body instead of 32 KiB (fewer calls per request) */

@@ -82,6 +82,7 @@ static void job_execute(struct worker *wk, struct qd_job *j)
     snprintf(j->backend, sizeof j->backend, "%s", wk->name);
     if (qd_work_decode(&w, &j->req, j->kind, j->body, j->body_len, &j->reply) == 0) {
         char err[1024] = "";
+        j->fmt = w.f;
         enum qd_status s = q.backend->run(wk->ctx, &w, err, sizeof err);
         if (s != QD_OK)
             qd_reply_error(&j->reply, qd_status_http(s), qd_status_code(s), "%s", err);

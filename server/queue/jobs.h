@@ -19,6 +19,7 @@ struct qd_job {
     atomic_int refs;
     atomic_int state;          /* enum qd_job_state */
     struct qd_req req;
+    const struct qd_format *fmt; /* the format run (dequantize names it in the body) */
     enum qd_body_kind kind;
     char *body;                /* malloc'd request body, freed once the job ran */
     size_t body_len;

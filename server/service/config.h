@@ -23,6 +23,8 @@ struct qd_serve_config {
     int cpu_threads;         /* 0: every core */
     char data_dir[1024];     /* "": no conversions (/jobs?op=convert) */
     long long max_convert_bytes; /* POST /convert's model body */
+    int conn_timeout_s;      /* a connection idle this long is closed */
+    int max_header_bytes;    /* request line and headers together (431 beyond) */
 };
 
 /* Defaults, then the environment, then argv. Returns 0, 1 after printing --help, or -1 with err. */

@@ -12,7 +12,7 @@ static const char *const route_names[QD_ROUTE_COUNT] = {
 const char *qd_route_name(enum qd_route r) { return route_names[r]; }
 
 /* Status codes the service answers with; anything else counts as the last entry. */
-static const int codes[] = {200, 202, 204, 400, 401, 403, 404, 405, 409, 413, 415, 422, 500, 503, 507, 0};
+static const int codes[] = {200, 202, 204, 400, 401, 403, 404, 405, 409, 413, 415, 422, 431, 500, 503, 507, 0};
 #define NCODES (int)(sizeof codes / sizeof codes[0])
 #define MAX_FMTS 32 /* > qd_format_count; slot MAX_FMTS is "no format" */
 

@@ -9,6 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -157,9 +163,87 @@ static void status_413_body_limit(void **state)
     assert_int_equal(server_stop(&s), 0);
 }
 
+/* A JSON body that is not a JSON object (one NUL byte) is refused before an async job is
+ * accepted, as the synchronous routes refuse it. */
+static void status_400_before_an_async_job_is_accepted(void **state)
+{
+    expect(400, "bad_json", "POST", "/jobs?op=quantize&fmt=q8_0", json_h, "\0", 1);
+    expect(400, "bad_json", "POST", "/jobs?op=dequantize", json_h, "[1]", 3);
+    expect(400, "bad_safetensors", "POST", "/jobs?op=dequantize",
+           (const char *const[]){"Content-Type: application/octet-stream", NULL}, "\x10\0\0\0\0\0\0\0{}", 10);
+}
+
+static void status_431_oversized_headers(void **state)
+{
+    static char big[20000];
+    memset(big, 'a', sizeof big - 1);
+    memcpy(big, "X-Filler: ", 10);
+    expect(431, "headers_too_large", "GET", "/healthz", (const char *const[]){big, NULL}, NULL, 0);
+    expect(431, "headers_too_large", "POST", "/quantize?fmt=q8_0&dtype=f32&shape=32",
+           (const char *const[]){big, NULL}, "", 0);
+}
+
+/* A client that sends its headers and 3 of its 128 body bytes, then nothing: the connection is
+ * closed after --conn-timeout, with no answer. */
+static void slow_client_is_cut_off_after_the_connection_timeout(void **state)
+{
+    struct server s;
+    const char *flags[] = {"--conn-timeout", "2", NULL};
+    server_start(&s, flags);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    const char *req = "POST /quantize?fmt=q8_0&dtype=f32&shape=32 HTTP/1.1\r\nHost: x\r\n"
+                      "Content-Type: application/octet-stream\r\nContent-Length: 128\r\n\r\nabc";
+    assert_int_equal(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+    struct timeval tv = {.tv_sec = 20};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    char buf[256];
+    ssize_t n = read(fd, buf, sizeof buf); /* EOF (or a reset) when the server lets go */
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double waited = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    close(fd);
+    assert_true(n <= 0);
+    assert_true(waited >= 1.5 && waited < 10);
+    /* the service goes on serving */
+    struct http r;
+    http_do(&s, "GET", "/healthz", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    http_free(&r);
+    assert_int_equal(server_stop(&s), 0);
+}
+
+/* /metrics labels a dequantize with the format its body names. */
+static void metrics_label_dequantize_with_the_body_format(void **state)
+{
+    float x[64];
+    for (int i = 0; i < 64; i++)
+        x[i] = (float)i / 9 - 3;
+    struct http q, d, m;
+    http_do(&srv, "POST", "/quantize?fmt=q5_1&dtype=f32&shape=64", NULL, x, sizeof x, &q);
+    assert_int_equal(q.status, 200);
+    http_do(&srv, "POST", "/dequantize?dtype=f32", json_h, q.body, q.len, &d);
+    assert_int_equal(d.status, 200);
+    http_do(&srv, "POST", "/jobs?op=dequantize", json_h, q.body, q.len, &d);
+    assert_int_equal(d.status, 202);
+    http_do(&srv, "GET", "/metrics", NULL, NULL, 0, &m);
+    assert_non_null(strstr(m.body, "quantd_requests_total{op=\"dequantize\",fmt=\"q5_1\",code=\"200\"}"));
+    assert_non_null(strstr(m.body, "quantd_requests_total{op=\"jobs\",fmt=\"q5_1\",code=\"202\"}"));
+    http_free(&q);
+    http_free(&d);
+    http_free(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(status_400_before_an_async_job_is_accepted),
+        cmocka_unit_test(status_431_oversized_headers),
+        cmocka_unit_test(slow_client_is_cut_off_after_the_connection_timeout),
+        cmocka_unit_test(metrics_label_dequantize_with_the_body_format),
         cmocka_unit_test(status_400_bad_requests),
         cmocka_unit_test(status_404_405_415),
         cmocka_unit_test(status_422_nonfinite_and_shape),

@@ -227,6 +227,7 @@ static void metrics_label_dequantize_with_the_body_format(void **state)
     assert_int_equal(q.status, 200);
     http_do(&srv, "POST", "/dequantize?dtype=f32", json_h, q.body, q.len, &d);
     assert_int_equal(d.status, 200);
+    http_free(&d);
     http_do(&srv, "POST", "/jobs?op=dequantize", json_h, q.body, q.len, &d);
     assert_int_equal(d.status, 202);
     http_do(&srv, "GET", "/metrics", NULL, NULL, 0, &m);

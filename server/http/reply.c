@@ -47,6 +47,29 @@ void qd_reply_json(struct qd_reply *r, int status, cJSON *obj)
     qd_reply_take(r, status, "application/json", text, text ? strlen(text) : 0);
 }
 
+/* Messages quote what the client sent (a query key, a file name) and the answer must stay valid
+ * UTF-8 JSON: a byte that does not start a well-formed UTF-8 sequence becomes '?'. */
+static void valid_utf8(char *s)
+{
+    unsigned char *p = (unsigned char *)s;
+    while (*p) {
+        int n = *p < 0x80 ? 1 : (*p & 0xe0) == 0xc0 && *p >= 0xc2 ? 2 : (*p & 0xf0) == 0xe0 ? 3
+              : (*p & 0xf8) == 0xf0 && *p <= 0xf4 ? 4 : 0;
+        for (int k = 1; k < n; k++)
+            if ((p[k] & 0xc0) != 0x80)
+                n = 0;
+        if (n == 3 && ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] >= 0xa0)))
+            n = 0; /* overlong, or a UTF-16 surrogate */
+        if (n == 4 && ((p[0] == 0xf0 && p[1] < 0x90) || (p[0] == 0xf4 && p[1] >= 0x90)))
+            n = 0;
+        if (n == 0) {
+            *p++ = '?';
+            continue;
+        }
+        p += n;
+    }
+}
+
 void qd_reply_error(struct qd_reply *r, int status, const char *code, const char *fmt, ...)
 {
     char msg[1024];
@@ -54,6 +77,7 @@ void qd_reply_error(struct qd_reply *r, int status, const char *code, const char
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    valid_utf8(msg); /* (a cut at the buffer's end can split a sequence too) */
     cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
     cJSON_AddStringToObject(e, "code", code);
     cJSON_AddStringToObject(e, "message", msg);

@@ -63,6 +63,13 @@ def test_format_enum_is_the_registry():
     assert SPEC["components"]["schemas"]["Format"]["enum"] == names
 
 
+def test_component_names_are_the_registry():
+    quantd = os.environ.get("QUANTD", str(ROOT / "bin" / "quantd"))
+    out = json.loads(subprocess.check_output([quantd, "formats"]))
+    names = {c["name"] for f in out["formats"] for c in f["components"]}
+    assert set(SPEC["components"]["schemas"]["ComponentName"]["enum"]) == names
+
+
 def test_recorded_answers_match_the_spec():
     answers = recorded()
     assert len(answers) > 100

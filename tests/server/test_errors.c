@@ -173,6 +173,19 @@ static void status_400_before_an_async_job_is_accepted(void **state)
            (const char *const[]){"Content-Type: application/octet-stream", NULL}, "\x10\0\0\0\0\0\0\0{}", 10);
 }
 
+/* Error messages quote what the client sent; the answer stays valid UTF-8 JSON even when that
+ * was not (schemathesis' ST110 found a query key of broken UTF-8 echoed byte for byte). */
+static void error_messages_stay_valid_utf8(void **state)
+{
+    struct http r;
+    http_do(&srv, "POST", "/quantize?fmt=q8_0&dtype=f32&shape=32&%F2%9C%B7%C3=1", NULL, "", 0, &r);
+    assert_int_equal(r.status, 400);
+    for (size_t i = 0; i < r.len; i++)
+        assert_true((unsigned char)r.body[i] < 0x80); /* the broken bytes became '?' */
+    assert_non_null(strstr(r.body, "unknown_param"));
+    http_free(&r);
+}
+
 static void status_431_oversized_headers(void **state)
 {
     static char big[20000];
@@ -243,6 +256,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(status_400_before_an_async_job_is_accepted),
         cmocka_unit_test(status_431_oversized_headers),
+        cmocka_unit_test(error_messages_stay_valid_utf8),
         cmocka_unit_test(slow_client_is_cut_off_after_the_connection_timeout),
         cmocka_unit_test(metrics_label_dequantize_with_the_body_format),
         cmocka_unit_test(status_400_bad_requests),

@@ -52,7 +52,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all deps venv test test-unit test-peers test-service test-deploy test-gpu test-consumers bench-gpu bench-convert check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all deps venv test test-unit test-peers test-service test-deploy test-gpu test-consumers test-api-fuzz fuzz-api bench-gpu bench-convert check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 bin/quantd: $(KERNEL_OBJS) $(SERVER_OBJS)
@@ -127,7 +127,15 @@ test-service: $(SERVICE_QUANTD) $(SERVICE_TEST_BINS) .venv/ok
 test-deploy: bin/quantd .venv/ok
 	QUANTD=$(abspath bin/quantd) .venv/bin/python -m pytest -q tests/deploy
 
-test: all test-unit test-service test-peers test-deploy
+# schemathesis over api/openapi.yaml against a real quantd serve (tests/api/fuzz_api.sh): all
+# phases, every check, a fixed seed and a random one (printed); fuzz-api is the long run.
+API_FUZZ_EXAMPLES ?= 30
+test-api-fuzz: bin/quantd .venv/ok
+	QUANTD=$(abspath bin/quantd) tests/api/fuzz_api.sh $(API_FUZZ_EXAMPLES) 1 random
+fuzz-api: bin/quantd .venv/ok
+	QUANTD=$(abspath bin/quantd) tests/api/fuzz_api.sh $(or $(FUZZ_API_EXAMPLES),1500) $(or $(SEED),random)
+
+test: all test-unit test-service test-peers test-deploy test-api-fuzz
 
 # ASan + UBSan: a separate build tree, the same tests.
 sanitize:

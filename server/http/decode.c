@@ -448,28 +448,15 @@ int qd_work_precheck(const struct qd_req *q, enum qd_body_kind kind, const char 
     *fmt = q->f;
     if (kind == QD_BODY_RAW)
         return 0; /* its length was checked against dtype x shape before the body */
-    const cJSON *named = NULL;
-    cJSON *j = NULL;
-    if (kind == QD_BODY_JSON) {
-        if (!cJSON_IsObject(j = cJSON_ParseWithLength(body ? body : "", len))) {
-            cJSON_Delete(j);
-            qd_reply_error(err, 400, "bad_json", "the body is not a JSON object");
-            return -1;
-        }
-        named = cJSON_GetObjectItemCaseSensitive(j, "fmt");
-    } else {
-        struct qd_st_tensor t[QD_ST_MAX_TENSORS];
-        char msg[ERRLEN];
-        if (qd_safetensors_parse((const unsigned char *)body, len, t, QD_ST_MAX_TENSORS, &j, msg, sizeof msg) < 0) {
-            qd_reply_error(err, 400, "bad_safetensors", "%s", msg);
-            return -1;
-        }
-        named = cJSON_GetObjectItemCaseSensitive(j, "fmt");
-    }
-    if (!*fmt && cJSON_GetStringValue(named))
-        *fmt = qd_format_find(cJSON_GetStringValue(named));
-    cJSON_Delete(j);
-    return 0;
+    /* the worker's own decode, thrown away: the body is only read (decoded data goes to new
+     * buffers, safetensors components point into it) */
+    struct qd_work w;
+    memset(&w, 0, sizeof w);
+    int rc = qd_work_decode(&w, q, kind, (char *)body, len, err);
+    if (rc == 0)
+        *fmt = w.f;
+    qd_work_free(&w);
+    return rc;
 }
 
 void qd_work_free(struct qd_work *w)

@@ -29,9 +29,9 @@ int qd_body_kind(const struct qd_req *q, const char *content_type, const char *b
 
 /* Decodes a whole request: q from the query, body of the given kind. Fills w (which then owns
  * any buffers it allocated; the body must outlive w when raw). Returns 0 or -1 with err. */
-/* A cheap check of a body before an asynchronous job is accepted (the full decode runs on the
- * worker): a JSON body must parse to an object, a safetensors body must have a valid header.
- * Sets *fmt to the format the body names (for metrics), if any. 0, or -1 with the answer. */
+/* The body of an asynchronous job checked before it is accepted, by the decode the worker will
+ * run (raw bodies were checked on their length already). Sets *fmt to the format run (for
+ * metrics). 0, or -1 with the answer. */
 int qd_work_precheck(const struct qd_req *q, enum qd_body_kind kind, const char *body, size_t len,
                      const struct qd_format **fmt, struct qd_reply *err);
 int qd_work_decode(struct qd_work *w, const struct qd_req *q, enum qd_body_kind kind, char *body,

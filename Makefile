@@ -52,7 +52,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all deps venv test test-unit test-peers test-service test-deploy test-gpu test-consumers test-api-fuzz fuzz-api bench-gpu bench-convert check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all deps venv test test-unit test-peers test-service test-deploy test-gpu test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-convert check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 bin/quantd: $(KERNEL_OBJS) $(SERVER_OBJS)
@@ -170,12 +170,17 @@ $(BUILD)/fuzz/fuzz_readers: $(FUZZ_READERS_SRCS) server/checkpoint/gguf.h server
 	@mkdir -p $(dir $@)
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_READERS_SRCS) -lcjson -lm -pthread
+FUZZ_LIMIT ?= -max_total_time=$(FUZZ_SECONDS)
 fuzz: $(BUILD)/fuzz/fuzz_decode $(BUILD)/fuzz/fuzz_readers
 	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/corpus_readers
-	$(BUILD)/fuzz/fuzz_decode -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=1024 \
+	$(BUILD)/fuzz/fuzz_decode $(FUZZ_LIMIT) -max_len=4096 -rss_limit_mb=1024 -dict=tests/server/fuzz.dict \
 	  $(BUILD)/fuzz/corpus tests/server/fuzz_seeds
-	$(BUILD)/fuzz/fuzz_readers -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -rss_limit_mb=1024 \
+	$(BUILD)/fuzz/fuzz_readers $(FUZZ_LIMIT) -max_len=4096 -rss_limit_mb=1024 -dict=tests/checkpoint/fuzz.dict \
 	  $(BUILD)/fuzz/corpus_readers tests/checkpoint/fuzz_seeds
+
+# Every target for FUZZ_RUNS executions (ASan + UBSan, as make fuzz builds them).
+fuzz-long:
+	$(MAKE) fuzz FUZZ_LIMIT=-runs=$(or $(FUZZ_RUNS),10000000)
 
 # ---- benchmarks -----------------------------------------------------------------------------
 $(BUILD)/bench/bench_cpu: bench/bench_cpu.c $(KERNEL_OBJS)

@@ -173,6 +173,28 @@ static void status_400_before_an_async_job_is_accepted(void **state)
            (const char *const[]){"Content-Type: application/octet-stream", NULL}, "\x10\0\0\0\0\0\0\0{}", 10);
 }
 
+/* The request limits docs/security.md lists, each refused with its JSON error. */
+static void request_limits_are_enforced(void **state)
+{
+    char path[2048] = "/quantize?fmt=q8_0&dtype=f32&shape=32";
+    for (int i = 0; i < 70; i++) /* 73 query arguments: over 64 */
+        snprintf(path + strlen(path), sizeof path - strlen(path), "&x%d=1", i);
+    expect(400, "bad_request", "POST", path, NULL, "", 0);
+    expect(400, "bad_shape", "POST", "/quantize?fmt=q8_0&dtype=f32&shape=1,1,1,1,1,1,1,1,32", NULL, "", 0);
+    expect(400, "bad_shape", "POST", "/quantize?fmt=q8_0&dtype=f32&shape=4294967296,4294967296,4294967296", NULL,
+           "", 0);
+    strcpy(path, "/jobs?op=quantize&fmt=nvfp4&dtype=f32&shape=32"); /* 17 format parameters: over 16 */
+    for (int i = 0; i < 17; i++)
+        snprintf(path + strlen(path), sizeof path - strlen(path), "&scale_layout=linear");
+    expect(400, "bad_param", "POST", path, NULL, "", 0);
+    static char deep[6000]; /* JSON nested 2,000 deep: over cJSON's limit of 1,000 */
+    size_t n = 0;
+    n += (size_t)sprintf(deep, "{\"dtype\":\"f32\",\"shape\":[32],\"data\":");
+    for (int i = 0; i < 2000; i++)
+        deep[n++] = '[';
+    expect(400, "bad_json", "POST", "/quantize?fmt=q8_0", json_h, deep, n);
+}
+
 /* Error messages quote what the client sent; the answer stays valid UTF-8 JSON even when that
  * was not (schemathesis' ST110 found a query key of broken UTF-8 echoed byte for byte). */
 static void error_messages_stay_valid_utf8(void **state)
@@ -257,6 +279,7 @@ int main(void)
         cmocka_unit_test(status_400_before_an_async_job_is_accepted),
         cmocka_unit_test(status_431_oversized_headers),
         cmocka_unit_test(error_messages_stay_valid_utf8),
+        cmocka_unit_test(request_limits_are_enforced),
         cmocka_unit_test(slow_client_is_cut_off_after_the_connection_timeout),
         cmocka_unit_test(metrics_label_dequantize_with_the_body_format),
         cmocka_unit_test(status_400_bad_requests),

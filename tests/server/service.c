@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -53,6 +54,9 @@ void server_start(struct server *s, const char *const *flags)
     fflush(NULL);
     s->pid = fork();
     if (s->pid == 0) {
+        /* a test that fails before server_stop must not leave its server holding the output
+         * pipe of `make` open (a hang in CI): the server dies with the test */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         /* the server's log goes to a file, keeping the test output readable */
         const char *log = getenv("QUANTD_TEST_LOG");
         if (!freopen(log ? log : "/dev/null", "a", stderr))

@@ -273,6 +273,69 @@ static void metrics_label_dequantize_with_the_body_format(void **state)
     http_free(&m);
 }
 
+/* Polls an async job until its result is no longer 409 (still running); returns that answer. */
+static void job_result(const struct server *s, const char *location, struct http *r)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/result", location);
+    for (int i = 0; i < 2000; i++) {
+        http_do(s, "GET", path, NULL, NULL, 0, r);
+        if (r->status != 409)
+            return;
+        http_free(r);
+        usleep(5000);
+    }
+    fail_msg("%s: still running after 10 s", path);
+}
+
+/* The job store's limits: a result over --result-max-bytes becomes 507 result_too_large (its
+ * synchronous twin still answers), and --max-jobs jobs known at once refuse the next with 503
+ * queue_full until one is deleted or outlives --result-ttl. */
+static void async_store_limits(void **state)
+{
+    struct server s;
+    const char *flags[] = {"--result-max-bytes", "4000", "--max-jobs", "2", "--result-ttl", "2", NULL};
+    server_start(&s, flags);
+    size_t n = 4096;
+    float *x = random_f32(n);
+    struct http big, small, r;
+    http_do(&s, "POST", "/jobs?op=quantize&fmt=q8_0&dtype=f32&shape=4096", NULL, x, n * 4, &big);
+    assert_int_equal(big.status, 202);
+    job_result(&s, big.location, &r);
+    if (r.status != 507 || !strstr(r.body, "\"result_too_large\""))
+        fail_msg("4,096 q8_0 values over a 4,000-byte store: got %ld %s", r.status, r.body);
+    http_free(&r);
+    http_do(&s, "POST", "/quantize?fmt=q8_0&dtype=f32&shape=4096", NULL, x, n * 4, &r);
+    assert_int_equal(r.status, 200);
+    http_free(&r);
+    http_do(&s, "POST", "/jobs?op=quantize&fmt=q8_0&dtype=f32&shape=32", NULL, x, 32 * 4, &small);
+    assert_int_equal(small.status, 202);
+    job_result(&s, small.location, &r);
+    assert_int_equal(r.status, 200);
+    http_free(&r);
+    /* two jobs known: the third is refused */
+    expect_on(&s, 503, "queue_full", "POST", "/jobs?op=quantize&fmt=q8_0&dtype=f32&shape=32", NULL, x, 32 * 4);
+    http_do(&s, "DELETE", big.location, NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 204);
+    http_free(&r);
+    struct http third;
+    http_do(&s, "POST", "/jobs?op=quantize&fmt=q8_0&dtype=f32&shape=32", NULL, x, 32 * 4, &third);
+    assert_int_equal(third.status, 202);
+    job_result(&s, third.location, &r);
+    assert_int_equal(r.status, 200);
+    http_free(&r);
+    /* past --result-ttl a finished job is forgotten */
+    usleep(2300 * 1000);
+    http_do(&s, "GET", small.location, NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 404);
+    http_free(&r);
+    http_free(&third);
+    http_free(&big);
+    http_free(&small);
+    free(x);
+    assert_int_equal(server_stop(&s), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -287,6 +350,7 @@ int main(void)
         cmocka_unit_test(status_422_nonfinite_and_shape),
         cmocka_unit_test(status_401_with_a_token),
         cmocka_unit_test(status_413_body_limit),
+        cmocka_unit_test(async_store_limits),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

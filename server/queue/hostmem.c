@@ -1,4 +1,4 @@
-/* The body pool: a small table of large buffers, each free or lent; a request takes the smallest
+/* The body pool: a small table of large buffers, each free or in use; a request takes the smallest
  * free one that fits, or a new one while the pool is under its byte cap, or falls back to
  * malloc (so the pool bounds pinned memory, not the service). */
 #include "queue/hostmem.h"
@@ -12,7 +12,7 @@
 static struct slot {
     void *p;
     size_t cap;
-    int lent;
+    int in_use;
 } slots[SLOTS];
 static size_t held, limit;
 static void *(*pool_alloc)(size_t);
@@ -44,7 +44,7 @@ void *qd_hostmem_get(size_t n)
         struct slot *s = &slots[i];
         if (!s->p && !empty)
             empty = s;
-        else if (s->p && !s->lent && s->cap >= n && (!best || s->cap < best->cap))
+        else if (s->p && !s->in_use && s->cap >= n && (!best || s->cap < best->cap))
             best = s;
     }
     if (!best && empty && held + n <= limit) {
@@ -60,7 +60,7 @@ void *qd_hostmem_get(size_t n)
         }
     }
     if (best)
-        best->lent = 1;
+        best->in_use = 1;
     pthread_mutex_unlock(&lock);
     return best ? best->p : malloc(n);
 }
@@ -76,7 +76,7 @@ void qd_hostmem_put(void *p)
     pthread_mutex_lock(&lock);
     struct slot *s = slot_of(p);
     if (s)
-        s->lent = 0;
+        s->in_use = 0;
     pthread_mutex_unlock(&lock);
     if (!s)
         free(p);
@@ -103,7 +103,7 @@ void qd_hostmem_shutdown(void)
 {
     pthread_mutex_lock(&lock);
     for (int i = 0; i < SLOTS; i++)
-        if (slots[i].p && !slots[i].lent) {
+        if (slots[i].p && !slots[i].in_use) {
             pool_release(slots[i].p);
             held -= slots[i].cap;
             slots[i] = (struct slot){0};

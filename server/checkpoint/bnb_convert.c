@@ -24,7 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "checkpoint/convert.h"
@@ -32,13 +31,6 @@
 #include "checkpoint/safetensors.h"
 
 #define QSTATE_OFFSET_WIDTH 24 /* the longest Python repr of a float */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* Python's repr of a float: the shortest digits that read back to it, fixed notation for
  * decimal exponents in [-4, 16), else d.ddde+XX. */
@@ -300,7 +292,7 @@ static void weight_handed(void *ctx, int item)
     } else
         s->copied++;
     (*j->index)++;
-    double now = now_s();
+    double now = qd_pipe_clock_s();
     if (j->o->progress) {
         struct qd_convert_event ev = {.index = *j->index, .count = j->count, .name = e->name,
                                       .action = t->quantize ? QD_CONVERT_QUANTIZE : QD_CONVERT_COPY, .fmt = j->o->f->name,
@@ -366,7 +358,7 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
         goto done;
     }
     struct shard_job job = {.o = o, .sh = sh, .src = src, .s = s, .index = index, .count = count, .in_total = in_total,
-                            .last = now_s()};
+                            .last = qd_pipe_clock_s()};
     struct qd_pipe pipe = {.src_fd = fd, .out = &out, .items = items, .n = ni, .process = process_weight,
                            .handed = weight_handed, .ctx = &job, .pool = pool, .cancel = o->cancel,
                            .stats = &s->stages};
@@ -458,7 +450,7 @@ static int cmp_out_name(const void *a, const void *b)
 int qd_convert_bnb(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
                    char *err, size_t errlen)
 {
-    double t0 = now_s();
+    double t0 = qd_pipe_clock_s();
     struct stat st;
     if (stat(o->src, &st) < 0) {
         snprintf(err, errlen, "%s: %s", o->src, strerror(errno));
@@ -681,7 +673,7 @@ fail_dir:
 done:
     if (rc == 0)
         *status = QD_OK;
-    s->seconds = now_s() - t0;
+    s->seconds = qd_pipe_clock_s() - t0;
     free(tmpdir);
     qd_pipe_pool_free(pool);
     for (int k = 0; sh && k < nshards; k++) {

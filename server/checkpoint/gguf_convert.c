@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "../../kernels/fp.h"
@@ -106,13 +105,6 @@ struct plan {
     enum qd_convert_action action;
 };
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static int same_file(const char *a, const char *b)
 {
     struct stat x, y;
@@ -180,10 +172,10 @@ static void tensor_handed(void *ctx, int item)
                                (uint64_t)qd_ggml_type(p->src->type)->block_elems;
     } else
         p->action == QD_CONVERT_CAST_F16 ? s->cast++ : s->copied++;
-    double now = now_ms();
+    double now = qd_pipe_clock_s();
     if (j->o->progress) {
         struct qd_convert_event ev = {.index = item, .count = j->count, .name = p->src->name, .action = p->action,
-                                      .fmt = j->o->f->name, .ms = now - (j->last ? j->last : j->t0),
+                                      .fmt = j->o->f->name, .ms = (now - (j->last ? j->last : j->t0)) * 1e3,
                                       .has_nmse = j->o->report_error && p->action == QD_CONVERT_QUANTIZE,
                                       .nmse = j->nmse, .in_done = s->bytes_in, .in_total = j->in_total};
         uint32_t nd = qd_gguf_n_dims(p->src->ne);
@@ -198,7 +190,7 @@ static void tensor_handed(void *ctx, int item)
 int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
                     char *err, size_t errlen)
 {
-    double t0 = now_ms();
+    double t0 = qd_pipe_clock_s();
     const struct qd_format *f = o->f;
     if (!f->gguf_file_type) {
         snprintf(err, errlen, "convert: %s has no llama.cpp file type (llama-quantize does not write it); "
@@ -301,7 +293,7 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         goto fail;
     }
     items[0] = (struct qd_pipe_item){.kind = QD_PIPE_BYTES, .bytes = meta, .out_bytes = meta_len};
-    struct job job = {.o = o, .plan = plan, .s = s, .t0 = now_ms(), .count = n};
+    struct job job = {.o = o, .plan = plan, .s = s, .t0 = qd_pipe_clock_s(), .count = n};
     for (int i = 0; i < n; i++) {
         job.in_total += plan[i].src->bytes;
         items[i + 1] = (struct qd_pipe_item){.kind = plan[i].action == QD_CONVERT_COPY ? QD_PIPE_COPY : QD_PIPE_PROCESS,
@@ -341,7 +333,7 @@ done:
         close(src_fd);
     qd_pipe_pool_free(pool);
     free(items);
-    s->seconds = (now_ms() - t0) / 1e3;
+    s->seconds = qd_pipe_clock_s() - t0;
     qd_name_filter_free(nf);
     free(meta);
     free(kv);

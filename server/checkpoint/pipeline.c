@@ -85,7 +85,7 @@ struct run {
     double read_s, process_s, write_s; /* busy time per stage, summed over its threads */
 };
 
-static double seconds(void)
+double qd_pipe_clock_s(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -164,9 +164,9 @@ static void *reader(void *arg)
         if (stop)
             return NULL;
         const struct qd_pipe_item *it = &p->items[r->item_of[k]];
-        double t0 = seconds();
+        double t0 = qd_pipe_clock_s();
         int bad = read_fully(p->src_fd, p->pool->in[k % p->pool->in_slots], it->src_bytes, it->src_offset);
-        double t1 = seconds();
+        double t1 = qd_pipe_clock_s();
         if (bad) {
             char msg[160];
             snprintf(msg, sizeof msg, "reading the input at byte %llu: %s", (unsigned long long)it->src_offset,
@@ -225,7 +225,7 @@ static void *writer(void *arg)
         const struct qd_pipe_item *it = &p->items[i];
         int k = r->ordinal[i], bad;
         uint64_t at = r->offset[i];
-        double t0 = seconds();
+        double t0 = qd_pipe_clock_s();
         if (it->kind == QD_PIPE_BYTES)
             bad = write_fully(p->out->fd, it->bytes, it->out_bytes, at);
         else if (it->kind == QD_PIPE_COPY)
@@ -238,7 +238,7 @@ static void *writer(void *arg)
             bad = write_fully(p->out->fd, zeros, step, end);
             end += step, pad -= step;
         }
-        double t1 = seconds();
+        double t1 = qd_pipe_clock_s();
         if (bad) {
             char msg[300];
             snprintf(msg, sizeof msg, "writing %s at byte %llu: %s", p->out->path, (unsigned long long)at,
@@ -319,10 +319,10 @@ int qd_pipe_run(const struct qd_pipe *p, enum qd_status *status, char *err, size
             if (stop)
                 break;
             char msg[1024];
-            double t0 = seconds();
+            double t0 = qd_pipe_clock_s();
             enum qd_status s = p->process(p->ctx, i, p->pool->in[k % p->pool->in_slots], p->pool->out[k % p->pool->out_slots], msg,
                                           sizeof msg);
-            r.process_s += seconds() - t0;
+            r.process_s += qd_pipe_clock_s() - t0;
             if (s != QD_OK) {
                 fail(&r, s, msg);
                 break;

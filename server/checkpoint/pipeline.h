@@ -51,4 +51,7 @@ struct qd_pipe {
  * it after). */
 int qd_pipe_run(const struct qd_pipe *p, enum qd_status *status, char *err, size_t errlen);
 
+/* A monotonic clock in seconds: the converters' and the pipeline's timings. */
+double qd_pipe_clock_s(void);
+
 #endif

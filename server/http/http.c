@@ -35,7 +35,8 @@ static struct {
     atomic_int ready, draining, inflight;
     char *formats_json;
     int port;
-} S;
+    MHD_socket quiesced; /* the listening socket after the drain began, until the stop */
+} S = {.quiesced = MHD_INVALID_SOCKET};
 
 struct conn {
     pthread_mutex_t lock;     /* orders suspend (HTTP thread) before resume (worker) */
@@ -654,7 +655,11 @@ int qd_http_start(const struct qd_serve_config *cfg, struct qd_backend *b, char 
         snprintf(err, errlen, "--listen %s: %s", cfg->listen, gai_strerror(gai));
         return -1;
     }
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+    /* poll(), not epoll: with epoll and a thread pool, MHD_quiesce_daemon (the SIGTERM drain)
+     * races the pool's threads over removing the listening socket from their epoll sets, and
+     * the loser aborts the process (MHD_PANIC on ENOENT); with poll() a quiesced socket is
+     * simply no longer polled. At most 4096 connections, poll() costs nothing measurable. */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     S.daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL,
                                 MHD_OPTION_SOCK_ADDR, ai->ai_addr,
@@ -684,9 +689,9 @@ void qd_http_set_ready(int ready) { atomic_store(&S.ready, ready); }
 int qd_http_drain(int timeout_s)
 {
     atomic_store(&S.draining, 1);
-    MHD_socket fd = MHD_quiesce_daemon(S.daemon);
-    if (fd != MHD_INVALID_SOCKET)
-        close(fd);
+    /* the listening socket is ours from here, but libmicrohttpd's threads may still look at it
+     * until MHD_stop_daemon: it is closed after that (qd_http_stop) */
+    S.quiesced = MHD_quiesce_daemon(S.daemon);
     double deadline = qd_now_us() + timeout_s * 1e6;
     struct qd_jobs_stats js;
     for (;;) {
@@ -704,6 +709,9 @@ void qd_http_stop(void)
     if (S.daemon)
         MHD_stop_daemon(S.daemon);
     S.daemon = NULL;
+    if (S.quiesced != MHD_INVALID_SOCKET)
+        close(S.quiesced);
+    S.quiesced = MHD_INVALID_SOCKET;
     free(S.formats_json);
     S.formats_json = NULL;
 }

@@ -51,6 +51,16 @@ void server_start(struct server *s, const char *const *flags)
     for (int i = 0; flags && flags[i] && n < 30; i++)
         argv[n++] = flags[i];
     argv[n] = NULL;
+    const char *log = getenv("QUANTD_TEST_LOG");
+    if (log)
+        snprintf(s->log, sizeof s->log, "%s", log);
+    else {
+        snprintf(s->log, sizeof s->log, "/tmp/quantd-test-XXXXXX");
+        int fd = mkstemp(s->log);
+        if (fd < 0)
+            fail_msg("cannot create a server log file");
+        close(fd);
+    }
     fflush(NULL);
     s->pid = fork();
     if (s->pid == 0) {
@@ -58,8 +68,7 @@ void server_start(struct server *s, const char *const *flags)
          * pipe of `make` open (a hang in CI): the server dies with the test */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         /* the server's log goes to a file, keeping the test output readable */
-        const char *log = getenv("QUANTD_TEST_LOG");
-        if (!freopen(log ? log : "/dev/null", "a", stderr))
+        if (!freopen(s->log, "a", stderr))
             _exit(126);
         execv(argv[0], (char *const *)argv);
         _exit(127);
@@ -83,9 +92,24 @@ int server_stop(struct server *s)
 {
     int status = -1;
     kill(s->pid, SIGTERM);
-    if (waitpid(s->pid, &status, 0) != s->pid)
-        return -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    int rc = waitpid(s->pid, &status, 0) != s->pid ? -1
+           : WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (rc) { /* the last lines of its log say why (a sanitizer report, a panic) */
+        FILE *f = fopen(s->log, "rb");
+        if (f) {
+            static char tail[8192];
+            fseek(f, 0, SEEK_END);
+            long size = ftell(f);
+            fseek(f, size > (long)sizeof tail - 1 ? size - (long)sizeof tail + 1 : 0, SEEK_SET);
+            size_t got = fread(tail, 1, sizeof tail - 1, f);
+            tail[got] = 0;
+            fclose(f);
+            fprintf(stderr, "# quantd serve exited with %d; the end of its log:\n%s\n", rc, tail);
+        }
+    }
+    if (!getenv("QUANTD_TEST_LOG"))
+        unlink(s->log);
+    return rc;
 }
 
 size_t http_sink(char *data, size_t size, size_t nmemb, void *arg)

@@ -11,12 +11,14 @@ struct server {
     pid_t pid;
     int port;
     char base[64]; /* http://127.0.0.1:PORT */
+    char log[64];  /* the server's stderr ($QUANTD_TEST_LOG, else a temporary file) */
 };
 
 /* Starts bin/quantd serve (path from $QUANTD) with extra flags (NULL-terminated); waits until
  * /healthz answers. Aborts the test on failure. */
 void server_start(struct server *s, const char *const *flags);
-/* SIGTERM, wait, return the exit status (0 expected: drained and, under ASan, no leak). */
+/* SIGTERM, wait, return the exit status (0 expected: drained and, under ASan, no leak); on
+ * any other status the end of the server's log is printed, so that CI shows why. */
 int server_stop(struct server *s);
 
 struct http {

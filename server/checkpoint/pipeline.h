@@ -30,6 +30,10 @@ struct qd_pipe_item {
 struct qd_pipe_pool;
 struct qd_pipe_pool *qd_pipe_pool_new(struct qd_backend *backend, uint64_t in_cap, uint64_t out_cap);
 void qd_pipe_pool_free(struct qd_pipe_pool *pool);
+/* Turns off what a pool would use where it can: reading the input through a mapping (pools
+ * without pinned buffers) and writing the output with O_DIRECT. Tests run every mode; 0, or
+ * -1 when the input buffers cannot be had. */
+int qd_pipe_pool_modes(struct qd_pipe_pool *pool, int mapped_input, int direct_output);
 
 struct qd_pipe {
     int src_fd;
@@ -37,7 +41,8 @@ struct qd_pipe {
     const struct qd_pipe_item *items;
     int n;
     /* PROCESS: fills out (items[i].out_bytes) from in (items[i].src_bytes); a status and err
-     * on failure. Runs on the calling thread, in item order. */
+     * on failure. Runs on the calling thread, in item order. in may be the page cache of
+     * the source itself (read-only); out has no particular alignment. */
     enum qd_status (*process)(void *ctx, int i, const void *in, void *out, char *err, size_t errlen);
     /* After item i is handed to the writers (progress), on the calling thread. */
     void (*handed)(void *ctx, int i);

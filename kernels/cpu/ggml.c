@@ -39,11 +39,13 @@ static void ggml_quantize_span(void *c, int tid, const float *x, int64_t first, 
     uint8_t *out = k->data + first / QD_GGML_QK * k->block_bytes;
     if (vector_type(k->type)) {
         int64_t b = 0;
-        if (k->type != QD_Q4_0) /* q8: eight blocks at a time where all eight are plain */
-            for (; b + 8 <= n / QD_GGML_QK; b += 8)
-                if (!qd_ggml_q8_avx2_x8(k->type, x + b * QD_GGML_QK, out + b * k->block_bytes))
-                    for (int e = 0; e < 8; e++)
-                        quantize_one(k, x, out, first, b + e);
+        for (; b + 8 <= n / QD_GGML_QK; b += 8) { /* eight blocks at a time where all eight are plain */
+            const float *xb = x + b * QD_GGML_QK;
+            uint8_t *o = out + b * k->block_bytes;
+            if (!(k->type == QD_Q4_0 ? qd_ggml_q4_0_avx2_x8(xb, o) : qd_ggml_q8_avx2_x8(k->type, xb, o)))
+                for (int e = 0; e < 8; e++)
+                    quantize_one(k, x, out, first, b + e);
+        }
         for (; b < n / QD_GGML_QK; b++)
             quantize_one(k, x, out, first, b);
         return;

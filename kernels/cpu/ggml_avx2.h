@@ -180,10 +180,69 @@ static inline __attribute__((always_inline)) int qd_ggml_q4_0_avx2(const float *
     return 1;
 }
 
+/* Eight q4_0 blocks at once: the same bytes as eight qd_ggml_q4_0_avx2 calls, the two
+ * divisions per block done once per eight in vector form (IEEE, like the scalar ones).
+ * Returns 0, writing nothing, when a block needs the per-block path. */
+static inline __attribute__((always_inline)) int qd_ggml_q4_0_avx2_x8(const float *x, uint8_t *blk)
+{
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+    __m256i m[8];
+    for (int b = 0; b < 8; b++) {
+        const __m256i *xb = (const __m256i *)(x + 32 * b);
+        __m256i a0 = _mm256_and_si256(_mm256_loadu_si256(xb), abs_mask);
+        __m256i a1 = _mm256_and_si256(_mm256_loadu_si256(xb + 1), abs_mask);
+        __m256i a2 = _mm256_and_si256(_mm256_loadu_si256(xb + 2), abs_mask);
+        __m256i a3 = _mm256_and_si256(_mm256_loadu_si256(xb + 3), abs_mask);
+        m[b] = _mm256_max_epu32(_mm256_max_epu32(a0, a1), _mm256_max_epu32(a2, a3));
+    }
+    __m256i amax = reduce8(m, 0);
+    if (_mm256_movemask_epi8(_mm256_cmpgt_epi32(amax, _mm256_set1_epi32(0x7f7fffff))))
+        return 0;
+    uint32_t ab[8];
+    float maxv[8];
+    _mm256_storeu_si256((__m256i *)ab, amax);
+    for (int b = 0; b < 8; b++) { /* the signed value of the first element reaching amax */
+        const __m256i am = _mm256_set1_epi32((int)ab[b]);
+        uint32_t hit = 0;
+        for (int k = 0; k < 4; k++)
+            hit |= (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(
+                       _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + 32 * b + 8 * k)), abs_mask), am)))
+                   << (8 * k);
+        maxv[b] = ab[b] ? x[32 * b + __builtin_ctz(hit)] : 0.0f;
+    }
+    const __m256 d = _mm256_div_ps(_mm256_loadu_ps(maxv), _mm256_set1_ps(-8.0f));
+    const __m256 nz = _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_OQ);
+    const __m256 inv = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), d), nz);
+    const __m256i inf = _mm256_set1_epi32(0x7f800000);
+    if (_mm256_movemask_epi8(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(inv), inf), inf)))
+        return 0;
+    float invs[8];
+    uint16_t dh[8];
+    _mm256_storeu_ps(invs, inv);
+    _mm_storeu_si128((__m128i *)dh, _mm256_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT));
+    const __m256 bias = _mm256_set1_ps(8.5f);
+    const __m256i cap = _mm256_set1_epi32(15);
+    for (int b = 0; b < 8; b++) {
+        const __m256 id = _mm256_broadcast_ss(&invs[b]);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++)
+            q[k] = _mm256_min_epi32(
+                _mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 32 * b + 8 * k), id), bias)), cap);
+        __m256i lo = _mm256_or_si256(q[0], _mm256_slli_epi32(q[2], 4));
+        __m256i hi = _mm256_or_si256(q[1], _mm256_slli_epi32(q[3], 4));
+        __m256i w = _mm256_packus_epi16(_mm256_packus_epi32(lo, hi), _mm256_setzero_si256());
+        w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm_storeu_si128((__m128i *)(blk + 18 * b + 2), _mm256_castsi256_si128(w));
+        memcpy(blk + 18 * b, &dh[b], 2);
+    }
+    return 1;
+}
+
 #else /* no AVX2: the callers take the scalar code */
 #define QD_GGML_AVX2 0
 static inline int qd_ggml_q8_avx2(int type, const float *x, uint8_t *blk) { (void)type, (void)x, (void)blk; return 0; }
 static inline int qd_ggml_q4_0_avx2(const float *x, uint8_t *blk) { (void)x, (void)blk; return 0; }
 static inline int qd_ggml_q8_avx2_x8(int type, const float *x, uint8_t *blk) { (void)type, (void)x, (void)blk; return 0; }
+static inline int qd_ggml_q4_0_avx2_x8(const float *x, uint8_t *blk) { (void)x, (void)blk; return 0; }
 #endif
 #endif

@@ -26,7 +26,7 @@ int qd_cpu_threads(void)
 /* Below this many elements a second thread costs more than it saves. */
 #define QD_MIN_PER_THREAD (1 << 15)
 /* Elements converted per step: 64 KiB of f32, comfortably in L2. */
-#define QD_CHUNK_ELEMS (1 << 14)
+#define QD_CHUNK_ELEMS (1 << 11)
 
 int qd_cpu_threads_for(int64_t n)
 {

@@ -1,8 +1,10 @@
 /* The conversion pipeline of pipeline.h. The k-th PROCESS item reads into input slot
  * k % in_slots (free once item k - in_slots is processed) and is processed into output slot
  * k % out_slots (free once item k - out_slots is written). Readers take PROCESS items round
- * robin; writers take the next handed item, whatever its kind, and write it at its offset. All
- * the bookkeeping is under one lock: a conversion has hundreds of items, not millions.
+ * robin; writers write each item at its offset: the next processed item first (that frees its
+ * slot), else the next item that needs no processing (a header, a copied tensor: these overlap
+ * the quantizing instead of trailing it). All the bookkeeping is under one lock: a conversion
+ * has hundreds of items, not millions.
  *
  * Two ways around copies, each used where it works:
  * - mapped input (pools without pinned buffers, i.e. the CPU backend): the kernels read the
@@ -116,7 +118,8 @@ struct run {
     const struct qd_pipe *p;
     pthread_mutex_t lock;
     pthread_cond_t moved;
-    int processed, handed, next_write; /* PROCESS items processed; items handed; next to take */
+    int processed;                    /* PROCESS items processed */
+    int next_pw, next_free;           /* the next PROCESS ordinal to write; the next other item */
     char *read_done, *written;        /* per PROCESS ordinal */
     int *ordinal;                     /* item -> its ordinal among PROCESS items, or -1 */
     int *item_of;                     /* ordinal -> item */
@@ -168,7 +171,6 @@ static int out_slot_free(struct run *r, int k)
 {
     return k < r->p->pool->out_slots || r->written[k - r->p->pool->out_slots];
 }
-static int was_handed(struct run *r, int i) { return r->handed > i; }
 
 static int read_fully(int fd, void *buf, uint64_t n, uint64_t off)
 {
@@ -399,11 +401,25 @@ static void *writer(void *arg)
     static const uint8_t zeros[4096];
     uint8_t *scratch = NULL;
     for (;;) {
+        int i = -1;
         pthread_mutex_lock(&r->lock);
-        int i = r->next_write < p->n ? r->next_write++ : -1;
-        int stop = i < 0 || wait_until(r, was_handed, i);
+        while (!r->failed) {
+            if (r->next_pw < r->processed) {
+                i = r->item_of[r->next_pw++];
+                break;
+            }
+            while (r->next_free < p->n && p->items[r->next_free].kind == QD_PIPE_PROCESS)
+                r->next_free++;
+            if (r->next_free < p->n) {
+                i = r->next_free++;
+                break;
+            }
+            if (r->next_pw >= r->nproc) /* all written or being written */
+                break;
+            pthread_cond_wait(&r->moved, &r->lock);
+        }
         pthread_mutex_unlock(&r->lock);
-        if (stop)
+        if (i < 0)
             break;
         const struct qd_pipe_item *it = &p->items[i];
         int k = r->ordinal[i], bad;
@@ -551,7 +567,6 @@ int qd_pipe_run(const struct qd_pipe *p, enum qd_status *status, char *err, size
         }
         pthread_mutex_lock(&r.lock);
         r.processed += k >= 0;
-        r.handed = i + 1;
         pthread_cond_broadcast(&r.moved);
         pthread_mutex_unlock(&r.lock);
         if (p->handed)

@@ -105,7 +105,7 @@ static void avx2_equals_scalar_on_special_blocks(void **state)
         }
 }
 
-/* Eight blocks at a time (qd_ggml_q8_avx2_x8): each group of eight mixes kinds of block
+/* Eight blocks at a time (qd_ggml_q8_avx2_x8, qd_ggml_q4_0_avx2_x8): each group of eight mixes kinds of block
  * (random at any scale, ties, zeros, signed zeros, tiny, huge, non-finite); the group gives
  * the scalar bytes of each of its blocks, or is declined exactly when one of its blocks would
  * be declined on its own. */
@@ -132,17 +132,18 @@ static void avx2_eight_blocks_equal_scalar_on_mixed_groups(void **state)
             if (kind == 5 && rnd() % 8 == 0)
                 xb[rnd() % QD_GGML_QK] = (rnd() & 1) ? NAN : -INFINITY;
         }
-        for (int t = QD_Q8_0; t <= QD_Q8_1; t++) {
-            const int bytes = qd_ggml_block_bytes(t);
+        const int types[] = {QD_Q8_0, QD_Q8_1, QD_Q4_0};
+        for (int ti = 0; ti < 3; ti++) {
+            const int t = types[ti], bytes = qd_ggml_block_bytes(t);
             uint8_t want[8 * 36], got[8 * 36];
             int each = 1;
             for (int b = 0; b < 8; b++) {
                 uint8_t tmp[36];
-                each &= qd_ggml_q8_avx2(t, x + b * QD_GGML_QK, tmp);
+                each &= t == QD_Q4_0 ? qd_ggml_q4_0_avx2(x + b * QD_GGML_QK, tmp) : qd_ggml_q8_avx2(t, x + b * QD_GGML_QK, tmp);
                 qd_ggml_quantize_block(t, x + b * QD_GGML_QK, want + b * bytes);
             }
             memset(got, 0x5a, sizeof got);
-            int took = qd_ggml_q8_avx2_x8(t, x, got);
+            int took = t == QD_Q4_0 ? qd_ggml_q4_0_avx2_x8(x, got) : qd_ggml_q8_avx2_x8(t, x, got);
             assert_int_equal(took, each);
             if (took)
                 assert_memory_equal(got, want, (size_t)(8 * bytes));

@@ -8,8 +8,9 @@
  *
  * Two ways around copies, each used where it works:
  * - mapped input (pools without pinned buffers, i.e. the CPU backend): the kernels read the
- *   source's page cache through a mapping; the "readers" only fault the pages in ahead
- *   (MADV_POPULATE_READ) and the processed range is unmapped after (RSS stays bounded).
+ *   source's page cache through a mapping, faulting the pages in on all their threads (a
+ *   reader faulting them in ahead took a core from them: slower on 2 cores); no reader
+ *   threads; the processed range is unmapped after, so RSS stays bounded.
  * - direct output (O_DIRECT): whole 4 KiB blocks go from the output slots to the device, with
  *   no copy into the page cache and nothing left to write back at the fsync. A PROCESS item is
  *   placed in its slot at its file offset modulo 4 KiB, so slot and file line up; the blocks an
@@ -30,9 +31,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22 /* Linux 5.14 */
-#endif
 
 /* One thread reads the page cache at ~6 GB/s and writes at ~3: a big host gets several of each;
  * a small one (2 cores, also running the CPU kernels) one of each. */
@@ -200,20 +198,8 @@ static int write_fully(int fd, const void *buf, uint64_t n, uint64_t off)
     return 0;
 }
 
-/* The pages of the mapped range [off, off + n): faulted in ahead of use, or let go after it
- * (the page cache keeps them; only this process's mapping of them goes). */
-static void map_populate(const struct run *r, uint64_t off, uint64_t n)
-{
-    long page = sysconf(_SC_PAGESIZE);
-    uint64_t lo = off - off % (uint64_t)page;
-    if (!n || madvise((void *)(r->map + lo), off + n - lo, MADV_POPULATE_READ) == 0)
-        return;
-    volatile uint8_t sink = 0; /* before Linux 5.14: one read per page */
-    for (uint64_t q = off; q < off + n; q += (uint64_t)page)
-        sink += r->map[q];
-    (void)sink;
-}
-
+/* Lets the mapped range [off, off + n) go (the page cache keeps it; only this process's
+ * mapping of it goes). */
 static void map_release(const struct run *r, uint64_t off, uint64_t n)
 {
     long page = sysconf(_SC_PAGESIZE);
@@ -242,11 +228,7 @@ static void *reader(void *arg)
             return NULL;
         const struct qd_pipe_item *it = &p->items[r->item_of[k]];
         double t0 = qd_pipe_clock_s();
-        int bad = 0;
-        if (r->map)
-            map_populate(r, it->src_offset, it->src_bytes);
-        else
-            bad = read_fully(p->src_fd, p->pool->in[k % p->pool->in_slots], it->src_bytes, it->src_offset);
+        int bad = read_fully(p->src_fd, p->pool->in[k % p->pool->in_slots], it->src_bytes, it->src_offset);
         double t1 = qd_pipe_clock_s();
         if (bad) {
             char msg[160];
@@ -524,15 +506,18 @@ int qd_pipe_run(const struct qd_pipe *p, enum qd_status *status, char *err, size
     direct_open(&r, at);
     pthread_mutex_init(&r.lock, NULL);
     pthread_cond_init(&r.moved, NULL);
-    for (; nr < p->pool->readers; nr++) {
+    if (r.map) /* nothing to read ahead: the input is there */
+        memset(r.read_done, 1, n1);
+    int readers = r.map ? 0 : p->pool->readers;
+    for (; nr < readers; nr++) {
         ra[nr] = (struct reader_arg){&r, nr};
         if (pthread_create(&rt[nr], NULL, reader, &ra[nr]))
             break;
     }
-    for (; nr == p->pool->readers && nw < p->pool->writers; nw++)
+    for (; nr == readers && nw < p->pool->writers; nw++)
         if (pthread_create(&wt[nw], NULL, writer, &r))
             break;
-    if (nr < p->pool->readers || nw < p->pool->writers) {
+    if (nr < readers || nw < p->pool->writers) {
         fail(&r, QD_ENOMEM, "cannot start the pipeline's threads");
         goto join;
     }

@@ -104,3 +104,84 @@ def test_every_documented_operation_was_exercised():
         for method in ops:
             if method in ("get", "post", "delete", "put"):
                 assert (path, method) in seen, f"{method.upper()} {path} never exercised by the service tests"
+
+
+def operations():
+    for path, ops in SPEC["paths"].items():
+        for method, op in ops.items():
+            if method in ("get", "post", "delete", "put"):
+                yield path, method, op
+
+
+def test_every_answer_has_examples_that_fit_its_schema():
+    """Each status of each operation shows what the daemon sends: an example per JSON or text
+    body, valid against the body's schema (error examples name a code the Error schema has)."""
+    for path, method, op in operations():
+        for status, resp in op["responses"].items():
+            for media, content in resolve(resp).get("content", {}).items():
+                if media == "application/octet-stream":
+                    continue
+                examples = content.get("examples", {})
+                assert examples, f"{method.upper()} {path} {status} {media}: no example"
+                for name, ex in examples.items():
+                    if media == "application/json":
+                        try:
+                            check_schema(ex["value"], content["schema"])
+                        except jsonschema.ValidationError as e:
+                            pytest.fail(f"{method.upper()} {path} {status} example {name}: {e.message}")
+                    if content["schema"] == {"$ref": "#/components/schemas/Error"}:
+                        assert ex["value"]["error"]["code"] == name, f"{path} {status} example {name}"
+
+
+def test_request_examples_fit_their_schemas():
+    for path, method, op in operations():
+        for media, content in op.get("requestBody", {}).get("content", {}).items():
+            for name, ex in content.get("examples", {}).items():
+                check_schema(ex["value"], content["schema"])
+
+
+def test_quantize_examples_are_the_daemons_bytes():
+    """The /quantize and /dequantize examples are what quantd answers to the request example."""
+    quantd = os.environ.get("QUANTD", str(ROOT / "bin" / "quantd"))
+    import base64
+    import socket
+    import time
+    import urllib.request
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([quantd, "serve", "--listen", f"127.0.0.1:{port}", "--backend", "cpu"],
+                            stderr=subprocess.DEVNULL)
+    try:
+        def post(route, body):
+            for _ in range(200):
+                try:
+                    r = urllib.request.Request(f"http://127.0.0.1:{port}{route}", data=json.dumps(body).encode(),
+                                               headers={"Content-Type": "application/json"})
+                    with urllib.request.urlopen(r) as f:
+                        return json.load(f)
+                except urllib.error.URLError as e:
+                    if isinstance(e, urllib.error.HTTPError):
+                        raise
+                    time.sleep(0.02)
+            raise AssertionError("quantd serve did not answer")
+        q = SPEC["paths"]["/quantize"]["post"]
+        req = q["requestBody"]["content"]["application/json"]["examples"]["q8_0"]["value"]
+        want = q["responses"]["200"]["content"]["application/json"]["examples"]["q8_0"]["value"]
+        got = post("/quantize", req)
+        for k in ("fmt", "dtype", "shape", "params", "tensors", "backend"):
+            assert got[k] == want[k], k
+        d = SPEC["paths"]["/dequantize"]["post"]
+        dreq = d["requestBody"]["content"]["application/json"]["examples"]["q8_0"]["value"]
+        assert dreq["tensors"] == want["tensors"]
+        dwant = d["responses"]["200"]["content"]["application/json"]["examples"]["q8_0"]["value"]
+        dgot = post("/dequantize", dreq)
+        assert dgot["data"] == dwant["data"] and dgot["shape"] == dwant["shape"]
+        # the round trip of this block is close to its input
+        import struct
+        x = struct.unpack("<32f", base64.b64decode(req["data"]))
+        y = struct.unpack("<32f", base64.b64decode(dgot["data"]))
+        assert max(abs(a - b) for a, b in zip(x, y)) < 0.04
+    finally:
+        proc.terminate()
+        proc.wait()

@@ -5,6 +5,7 @@
 
 #include "../mx.h"
 #include "cpu.h"
+#include "nvfp4_avx2.h"
 
 /* torchao per_tensor_amax_to_scale: amax / (F8E4M3_MAX * F4_E2M1_MAX) */
 #define NVFP4_SCALE_DIVISOR 2688.0f
@@ -30,8 +31,10 @@ static void nvfp4_quantize_span(void *c, int tid, const float *x, int64_t first,
     (void)tid;
     for (int64_t b = 0; b < n / QD_NVFP4_BLOCK; b++) {
         int64_t block = first / QD_NVFP4_BLOCK + b;
-        k->scales[scale_index(k, block)] =
-            qd_nvfp4_quantize_block(k->pts, x + b * QD_NVFP4_BLOCK, k->data + block * 8);
+        uint8_t s;
+        if (!qd_nvfp4_avx2(k->pts, x + b * QD_NVFP4_BLOCK, k->data + block * 8, &s)) /* NaN/Inf */
+            s = qd_nvfp4_quantize_block(k->pts, x + b * QD_NVFP4_BLOCK, k->data + block * 8);
+        k->scales[scale_index(k, block)] = s;
     }
 }
 

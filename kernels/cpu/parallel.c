@@ -10,6 +10,10 @@
 #include "../fp.h"
 #include "cpu.h"
 
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
 static int cpu_threads;
 
 void qd_cpu_set_threads(int n) { cpu_threads = n < 1 ? 1 : n > QD_CPU_MAX_THREADS ? QD_CPU_MAX_THREADS : n; }
@@ -24,7 +28,7 @@ int qd_cpu_threads(void)
 }
 
 /* Below this many elements a second thread costs more than it saves. */
-#define QD_MIN_PER_THREAD (1 << 15)
+#define QD_MIN_PER_THREAD (1 << 17)
 /* Elements converted per step: 64 KiB of f32, comfortably in L2. */
 #define QD_CHUNK_ELEMS (1 << 11)
 
@@ -306,17 +310,53 @@ int64_t qd_cpu_find_nonfinite(const struct qd_tensor *in)
     return -1;
 }
 
+/* The scalar reduction, the definition: a NaN never wins a comparison, so it is skipped. */
+static void minmax_scalar(const float *x, int64_t n, float *a, float *lo, float *hi)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i], m = qd_absf(v);
+        *a = m > *a ? m : *a;
+        *lo = v < *lo ? v : *lo;
+        *hi = v > *hi ? v : *hi;
+    }
+}
+
 static void scan_minmax(void *c, int tid, const float *x, int64_t first, int64_t n)
 {
     struct scan_ctx *s = c;
     (void)first;
     float a = s->amax[tid], lo = s->min[tid], hi = s->max[tid];
-    for (int64_t i = 0; i < n; i++) {
-        float v = x[i], m = qd_absf(v);
-        a = m > a ? m : a;
-        lo = v < lo ? v : lo;
-        hi = v > hi ? v : hi;
+#ifdef __AVX2__
+    /* max_ps(v, acc) is "v > acc ? v : acc" lane by lane, the scalar comparison itself, so NaN
+     * is skipped alike; max and min do not depend on the order, except for the sign of a zero
+     * minimum or maximum, which the scalar loop then decides */
+    __m256 va = _mm256_set1_ps(a), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        va = _mm256_max_ps(_mm256_and_ps(v, abs_mask), va);
+        vlo = _mm256_min_ps(v, vlo);
+        vhi = _mm256_max_ps(v, vhi);
     }
+    float la[8], ll[8], lh[8];
+    _mm256_storeu_ps(la, va), _mm256_storeu_ps(ll, vlo), _mm256_storeu_ps(lh, vhi);
+    float na = a, nlo = lo, nhi = hi;
+    for (int k = 0; k < 8; k++) {
+        na = la[k] > na ? la[k] : na;
+        nlo = ll[k] < nlo ? ll[k] : nlo;
+        nhi = lh[k] > nhi ? lh[k] : nhi;
+    }
+    minmax_scalar(x + i, n - i, &na, &nlo, &nhi);
+    if (nlo == 0.0f || nhi == 0.0f) { /* a zero whose sign the order decides */
+        float sa = a;
+        minmax_scalar(x, n, &sa, &lo, &hi);
+    } else
+        lo = nlo, hi = nhi;
+    a = na;
+#else
+    minmax_scalar(x, n, &a, &lo, &hi);
+#endif
     s->amax[tid] = a;
     s->min[tid] = lo;
     s->max[tid] = hi;

@@ -410,6 +410,8 @@ static enum MHD_Result start_work(struct MHD_Connection *mc, struct conn *c)
     j->conn = c;
     j->conn_handle = mc;
     c->job = j;
+    if (qd_jobs_run_here(j))
+        return answer_job(mc, c);
     pthread_mutex_lock(&c->lock);
     if (qd_jobs_submit(j) != QD_OK) {
         pthread_mutex_unlock(&c->lock);
@@ -608,13 +610,24 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
              ? (size_t)snprintf(path + k, sizeof path - k, "\\u%04x", (unsigned char)*p)
              : (path[k] = *p, 1);
     path[k] = 0;
+    /* a synchronous job's phases: receiving the body, waiting in the queue, running (decode,
+     * kernel, encode), and sending the answer (resuming the connection included) */
+    char phases[200] = "";
+    const struct qd_job *j = c->job;
+    if (j && j->done_us > 0)
+        snprintf(phases, sizeof phases,
+                 ",\"backend\":\"%s\",\"phases_ms\":{\"recv\":%.3f,\"queue\":%.3f,\"run\":%.3f,\"send\":%.3f}",
+                 j->backend, (j->received_us - c->start_us) / 1e3, j->timing.queue_us / 1e3,
+                 (j->done_us - j->received_us - j->timing.queue_us) / 1e3,
+                 (qd_now_us() - j->done_us) / 1e3);
+    else if (j)
+        snprintf(phases, sizeof phases, ",\"backend\":\"%s\"", j->backend);
     fprintf(stderr,
             "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"method\":\"%s\",\"path\":\"%s\","
-            "\"status\":%d,\"fmt\":\"%s\",\"bytes_in\":%zu,\"bytes_out\":%zu,\"ms\":%.3f%s%s%s}\n",
+            "\"status\":%d,\"fmt\":\"%s\",\"bytes_in\":%zu,\"bytes_out\":%zu,\"ms\":%.3f%s}\n",
             tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
             ts.tv_nsec / 1000000, c->method, path, status, f ? f->name : "", c->bytes_in,
-            c->bytes_out, seconds * 1e3, c->job ? ",\"backend\":\"" : "",
-            c->job ? c->job->backend : "", c->job ? "\"" : "");
+            c->bytes_out, seconds * 1e3, phases);
     qd_hostmem_put(c->body);
     qd_reply_free(&c->reply);
     qd_convert_upload_abort(c->upload); /* a /convert that ended before its job */

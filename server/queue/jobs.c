@@ -50,7 +50,8 @@ struct worker {
 
 static struct {
     pthread_mutex_t lock;
-    pthread_cond_t nonempty;
+    pthread_cond_t nonempty; /* a job was queued, or stop: wakes a worker */
+    pthread_cond_t idle;     /* a job finished: wakes qd_jobs_drain (not the idle workers) */
     struct qd_job **ring;
     int head, count, capacity, running, draining, stopping;
     struct worker *workers;
@@ -62,7 +63,7 @@ static struct {
     struct qd_job *stored;
     int nstored;
     size_t stored_bytes;
-} q = {.lock = PTHREAD_MUTEX_INITIALIZER, .nonempty = PTHREAD_COND_INITIALIZER,
+} q = {.lock = PTHREAD_MUTEX_INITIALIZER, .nonempty = PTHREAD_COND_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER,
        .store_lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Decode, run and encode one job on worker wk; the answer (or error) lands in j->reply. */
@@ -130,7 +131,7 @@ static void *worker_main(void *arg)
          * as running and as answered */
         pthread_mutex_lock(&q.lock);
         q.running--;
-        pthread_cond_broadcast(&q.nonempty); /* wakes qd_jobs_drain */
+        pthread_cond_broadcast(&q.idle);
         pthread_mutex_unlock(&q.lock);
         if (atomic_load(&j->state) == QD_JOB_DONE && j->on_done)
             j->on_done(j);
@@ -164,6 +165,34 @@ int qd_jobs_start(const struct qd_jobs_config *c, struct qd_backend *b, char *er
     return q.nworkers ? 0 : -1;
 }
 
+/* Bodies up to this run on the HTTP thread when a worker is idle: at most a millisecond or two
+ * of kernel time, so the other connections that thread serves (probes included) barely wait. */
+#define QD_RUN_HERE_MAX_BYTES (512u << 10)
+
+int qd_jobs_run_here(struct qd_job *j)
+{
+    if (!q.nworkers || strcmp(q.backend->kind, "cpu") || j->body_len > QD_RUN_HERE_MAX_BYTES ||
+        (j->req.op != QD_OP_QUANTIZE && j->req.op != QD_OP_DEQUANTIZE))
+        return 0;
+    pthread_mutex_lock(&q.lock);
+    int idle = !q.draining && !q.count && q.running < q.nworkers;
+    if (idle)
+        q.running++;
+    pthread_mutex_unlock(&q.lock);
+    if (!idle)
+        return 0;
+    j->enqueued_us = qd_now_us();
+    atomic_store(&j->state, QD_JOB_RUNNING);
+    job_execute(&q.workers[0], j); /* the CPU backend's workers share one stateless context */
+    j->done_us = qd_now_us();
+    atomic_store(&j->state, QD_JOB_DONE);
+    pthread_mutex_lock(&q.lock);
+    q.running--;
+    pthread_cond_broadcast(&q.idle);
+    pthread_mutex_unlock(&q.lock);
+    return 1;
+}
+
 const char *qd_jobs_backend_name(void) { return q.nworkers ? q.workers[0].name : "none"; }
 
 enum qd_status qd_jobs_submit(struct qd_job *j)
@@ -188,7 +217,7 @@ void qd_jobs_drain(void)
     pthread_mutex_lock(&q.lock);
     q.draining = 1;
     while (q.count || q.running)
-        pthread_cond_wait(&q.nonempty, &q.lock);
+        pthread_cond_wait(&q.idle, &q.lock);
     pthread_mutex_unlock(&q.lock);
 }
 

@@ -60,6 +60,11 @@ struct qd_jobs_config {
 int qd_jobs_start(const struct qd_jobs_config *c, struct qd_backend *b, char *err, size_t errlen);
 /* Enqueues j (takes a reference): QD_EBUSY when the queue is full or draining. */
 enum qd_status qd_jobs_submit(struct qd_job *j);
+/* Runs a small synchronous job on the calling (HTTP) thread when a worker would take it at
+ * once anyway: CPU backend, nothing queued, a worker idle. It counts as a running job (the
+ * workers' limit, drain and stats see it). 1 when run (j->reply holds the answer), else 0:
+ * submit it. Saves the handoff to a worker and back, most of a small request's latency. */
+int qd_jobs_run_here(struct qd_job *j);
 /* Stops taking jobs, lets the workers finish every queued one, joins them. */
 void qd_jobs_drain(void);
 void qd_jobs_stop(void);

@@ -1,0 +1,86 @@
+/* AVX2 form of the NVFP4 block quantizer (kernels/mx.h qd_nvfp4_quantize_block): the scale
+ * byte computed by the same scalar code, the 16 E2M1 codes by qd_f32_to_floatx's integer
+ * arithmetic eight lanes at a time, so the bytes are the same. A block holding NaN/Inf goes
+ * to the scalar code. */
+#ifndef QD_CPU_NVFP4_AVX2_H
+#define QD_CPU_NVFP4_AVX2_H
+
+#include "../mx.h"
+
+#ifdef __AVX2__
+#include <immintrin.h>
+
+#define QD_NVFP4_AVX2 1
+
+/* E2M1 codes of eight finite values, as qd_f32_to_floatx(v, 2, 1) gives them. */
+static inline __attribute__((always_inline)) __m256i e2m1_codes(__m256 v)
+{
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+    __m256i u = _mm256_castps_si256(v);
+    __m256i sign = _mm256_andnot_si256(abs_mask, u);
+    __m256i n = _mm256_and_si256(u, abs_mask);
+    __m256 a = _mm256_castsi256_ps(n);
+    /* subnormal (a < 1): adding 2^22, whose ulp is 0.5, rounds to the step (RNE) */
+    const __m256i denorm_mask = _mm256_set1_epi32(149 << 23);
+    __m256i d = _mm256_castps_si256(_mm256_add_ps(a, _mm256_castsi256_ps(denorm_mask)));
+    __m256i denormal = _mm256_and_si256(_mm256_sub_epi32(d, denorm_mask), _mm256_set1_epi32(0xff));
+    /* normal: rebias the exponent, round the one mantissa bit to nearest even */
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(n, 22), _mm256_set1_epi32(1));
+    __m256i t = _mm256_add_epi32(n, _mm256_set1_epi32((int)((uint32_t)(1 - 127) << 23) + ((1 << 21) - 1)));
+    __m256i normal = _mm256_and_si256(_mm256_srli_epi32(_mm256_add_epi32(t, odd), 22), _mm256_set1_epi32(0xff));
+    __m256i small = _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(1.0f), _CMP_LT_OQ));
+    __m256i big = _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(6.0f), _CMP_GE_OQ));
+    __m256i code = _mm256_blendv_epi8(normal, denormal, small);
+    code = _mm256_blendv_epi8(code, _mm256_set1_epi32(7), big);
+    return _mm256_or_si256(code, _mm256_srli_epi32(sign, 28));
+}
+
+/* One block of 16; 0 (writing nothing) when it holds NaN/Inf. */
+static inline __attribute__((always_inline)) int qd_nvfp4_avx2(float per_tensor_scale, const float *x, uint8_t *out,
+                                                               uint8_t *sbyte)
+{
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+    __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+    __m256i m = _mm256_max_epu32(_mm256_and_si256(_mm256_castps_si256(v0), abs_mask),
+                                 _mm256_and_si256(_mm256_castps_si256(v1), abs_mask));
+    __m128i h = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xb1));
+    uint32_t bits = (uint32_t)_mm_cvtsi128_si32(h);
+    if (bits >= 0x7f800000u)
+        return 0;
+    /* the scalar code's scale, step for step */
+    float block_scale = qd_bits_f32(bits) / 6.0f, r;
+    if (per_tensor_scale > 0.0f) {
+        *sbyte = qd_f32_to_e4m3(qd_clamp(block_scale / per_tensor_scale, QD_E4M3_TINY, 448.0f));
+        r = (1.0f / per_tensor_scale) / qd_e4m3_to_f32(*sbyte);
+    } else {
+        *sbyte = qd_f32_to_e4m3(qd_clamp(block_scale, QD_E4M3_TINY, 448.0f));
+        r = 1.0f / qd_e4m3_to_f32(*sbyte);
+    }
+    const __m256 rv = _mm256_set1_ps(r), lo = _mm256_set1_ps(-6.0f), hi = _mm256_set1_ps(6.0f);
+    /* x * r may overflow to Inf (a huge r): the clamp makes it 6, as qd_clamp does */
+    __m256i c0 = e2m1_codes(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v0, rv), lo), hi));
+    __m256i c1 = e2m1_codes(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v1, rv), lo), hi));
+    /* byte j = code 2j | code 2j+1 << 4: pair up within each 64-bit lane, then pack */
+    __m256i p0 = _mm256_or_si256(c0, _mm256_slli_epi64(_mm256_srli_epi64(c0, 32), 4));
+    __m256i p1 = _mm256_or_si256(c1, _mm256_slli_epi64(_mm256_srli_epi64(c1, 32), 4));
+    /* the pair bytes sit in dwords 0, 2, 4, 6 of each */
+    const __m256i pick = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    __m256i q0 = _mm256_permutevar8x32_epi32(p0, pick), q1 = _mm256_permutevar8x32_epi32(p1, pick);
+    __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(q0), _mm256_castsi256_si128(q1));
+    w = _mm_packus_epi16(w, w);
+    _mm_storel_epi64((__m128i *)out, w);
+    return 1;
+}
+
+#else
+#define QD_NVFP4_AVX2 0
+static inline int qd_nvfp4_avx2(float pts, const float *x, uint8_t *out, uint8_t *sbyte)
+{
+    (void)pts, (void)x, (void)out, (void)sbyte;
+    return 0;
+}
+#endif
+
+#endif

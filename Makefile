@@ -7,6 +7,7 @@
 #   make fuzz       libFuzzer over the request decoders (FUZZ_SECONDS)
 #   make bench      CPU kernel table + service benchmark
 #   make bench-convert  whole-model conversion against reading the files (bench/bench_convert.py)
+#   make bench-latency  p50/p90/p99 at fixed request rates with hey (bench/bench_latency.py)
 #   make run        build and run the service on 0.0.0.0:8080
 #   make demo       quantize a demo tensor with the CLI
 
@@ -52,7 +53,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all deps venv test test-unit test-peers test-service test-deploy test-gpu test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-convert check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all deps venv test test-unit test-peers test-service test-deploy test-gpu test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-convert bench-latency check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 bin/quantd: $(KERNEL_OBJS) $(SERVER_OBJS)
@@ -198,6 +199,16 @@ BENCH_CONVERT_DIR ?= $(BUILD)/bench-convert
 bench-convert: bin/quantd .venv/ok
 	.venv/bin/python bench/bench_convert.py $(BENCH_CONVERT_DIR) --size $(BENCH_CONVERT_SIZE) \
 	  --json $(BUILD)/bench-convert.json
+
+# Latency at fixed rates with hey (bench/bench_latency.py): Debian's hey package, unpacked into
+# build/tools when hey is not installed (no root needed). BENCH_BACKEND=cuda on a GPU machine.
+HEY_BIN := $(or $(shell command -v hey 2>/dev/null),$(BUILD)/tools/usr/bin/hey)
+$(BUILD)/tools/usr/bin/hey:
+	@mkdir -p $(BUILD)/tools
+	cd $(BUILD)/tools && apt-get download hey && dpkg -x hey_*.deb . && rm -f hey_*.deb
+bench-latency: bin/quantd $(HEY_BIN)
+	HEY=$(abspath $(HEY_BIN)) $(PYTHON) bench/bench_latency.py $(BUILD)/bench-latency.json --backend $(or $(BENCH_BACKEND),cpu)
+	$(PYTHON) bench/plot_latency.py $(BUILD)/bench-latency.svg $(BUILD)/bench-latency.json
 
 # BENCH_BACKEND=cuda runs the service benchmark on the GPU backend.
 bench: bin/quantd $(BUILD)/bench/bench_cpu $(BUILD)/bench/bench_service

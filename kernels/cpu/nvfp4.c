@@ -25,17 +25,33 @@ static int64_t scale_index(const struct nvfp4_ctx *k, int64_t block)
     return qd_swizzle_offset(block / k->scale_cols, block % k->scale_cols, k->scale_cols);
 }
 
+/* One block: the vector code, or the scalar one for a block holding NaN/Inf. */
+static void quantize_one(const struct nvfp4_ctx *k, const float *x, int64_t block)
+{
+    uint8_t s;
+    if (!qd_nvfp4_avx2(k->pts, x, k->data + block * 8, &s))
+        s = qd_nvfp4_quantize_block(k->pts, x, k->data + block * 8);
+    k->scales[scale_index(k, block)] = s;
+}
+
 static void nvfp4_quantize_span(void *c, int tid, const float *x, int64_t first, int64_t n)
 {
     struct nvfp4_ctx *k = c;
     (void)tid;
-    for (int64_t b = 0; b < n / QD_NVFP4_BLOCK; b++) {
-        int64_t block = first / QD_NVFP4_BLOCK + b;
-        uint8_t s;
-        if (!qd_nvfp4_avx2(k->pts, x + b * QD_NVFP4_BLOCK, k->data + block * 8, &s)) /* NaN/Inf */
-            s = qd_nvfp4_quantize_block(k->pts, x + b * QD_NVFP4_BLOCK, k->data + block * 8);
-        k->scales[scale_index(k, block)] = s;
+    const float inv_pts = k->pts > 0.0f ? 1.0f / k->pts : 1.0f;
+    const int64_t nb = n / QD_NVFP4_BLOCK, first_block = first / QD_NVFP4_BLOCK;
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) { /* eight blocks at a time where all eight are finite */
+        uint8_t s[8];
+        if (qd_nvfp4_avx2_x8(k->pts, inv_pts, x + b * QD_NVFP4_BLOCK, k->data + (first_block + b) * 8, s))
+            for (int e = 0; e < 8; e++)
+                k->scales[scale_index(k, first_block + b + e)] = s[e];
+        else
+            for (int e = 0; e < 8; e++)
+                quantize_one(k, x + (b + e) * QD_NVFP4_BLOCK, first_block + b + e);
     }
+    for (; b < nb; b++)
+        quantize_one(k, x + b * QD_NVFP4_BLOCK, first_block + b);
 }
 
 static void nvfp4_dequantize_span(void *c, int tid, float *y, int64_t first, int64_t n)

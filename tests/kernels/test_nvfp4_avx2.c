@@ -3,7 +3,7 @@
  * grid lies there; below, everything rounds to a signed zero, checked on random values), and
  * whole blocks, single- and two-level, on random data at every scale, on blocks built to land
  * on rounding ties, zeros, signed zeros, subnormals and values near FLT_MAX; blocks with
- * NaN/Inf are declined (the scalar code takes them). */
+ * NaN/Inf are declined (the scalar code takes them); the same for eight blocks at once. */
 #include <stdio.h>
 
 #include "../../kernels/cpu/nvfp4_avx2.h"
@@ -99,7 +99,56 @@ static void blocks_equal_scalar(void **state)
     }
     assert_true(taken > 390000);
 }
+/* Eight blocks at once: each group mixes kinds of block; it gives each block's scalar bytes,
+ * or is declined exactly when one of its blocks holds NaN/Inf. */
+static void eight_blocks_equal_scalar(void **state)
+{
+    (void)state;
+    test_seed();
+    float x[128];
+    static const float grid[] = {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f, 6.0f};
+    long groups_taken = 0, groups_declined = 0;
+    for (int it = 0; it < 60000; it++) {
+        float pts = (rnd() & 1) ? 0.0f : ldexpf(1.0f + (float)(rnd() % 1000) / 1000.0f, (int)(rnd() % 60) - 40);
+        int bad = 0;
+        for (int b = 0; b < 8; b++) {
+            int kind = (int)(rnd() % 8);
+            float scale = ldexpf(1.0f, (int)(rnd() % 280) - 150);
+            for (int j = 0; j < 16; j++) {
+                float u = (float)test_uniform() * 2.0f - 1.0f;
+                x[16 * b + j] = kind == 0   ? 0.0f
+                                : kind == 1 ? -0.0f
+                                : kind == 2 ? (rnd() & 1 ? -1.0f : 1.0f) * grid[rnd() % 15]
+                                : kind == 3 ? u * 1e-40f
+                                : kind == 4 ? u * 3.0e38f
+                                            : u * scale;
+            }
+            if (kind == 5 && rnd() % 16 == 0)
+                x[16 * b + rnd() % 16] = (rnd() & 1) ? NAN : -INFINITY, bad = 1;
+        }
+        for (int j = 0; j < 128; j++) /* scales up to 2^129 overflow too */
+            bad |= !isfinite(x[j]);
+        uint8_t want[64], got[64], ws[8], gs[8];
+        for (int b = 0; b < 8; b++)
+            ws[b] = qd_nvfp4_quantize_block(pts, x + 16 * b, want + 8 * b);
+        memset(got, 0x5a, sizeof got);
+        int took = qd_nvfp4_avx2_x8(pts, pts > 0.0f ? 1.0f / pts : 1.0f, x, got, gs);
+        if (took != !bad) {
+            for (int j = 0; j < 128; j++)
+                fprintf(stderr, "%a%c", x[j], j % 16 == 15 ? '\n' : ' ');
+            fail_msg("group declined: %d, has NaN/Inf: %d", !took, bad);
+        }
+        if (took) {
+            assert_memory_equal(gs, ws, 8);
+            assert_memory_equal(got, want, 64);
+        }
+        groups_taken += took;
+        groups_declined += !took;
+    }
+    assert_true(groups_taken > 1000 && groups_declined > 1000);
+}
 #else
+static void eight_blocks_equal_scalar(void **state) { skip(); }
 static void e2m1_rounding_equals_scalar_on_every_float_of_the_grid(void **state) { skip(); }
 static void blocks_equal_scalar(void **state) { skip(); }
 #endif
@@ -109,6 +158,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(e2m1_rounding_equals_scalar_on_every_float_of_the_grid),
         cmocka_unit_test(blocks_equal_scalar),
+        cmocka_unit_test(eight_blocks_equal_scalar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 #   make bench      CPU kernel table + service benchmark
 #   make bench-convert  whole-model conversion against reading the files (bench/bench_convert.py)
 #   make bench-latency  p50/p90/p99 at fixed request rates with hey (bench/bench_latency.py)
+#   make soak       10 minutes at twice the CPU backend's capacity, hostile clients (tests/soak)
 #   make run        build and run the service on 0.0.0.0:8080
 #   make demo       quantize a demo tensor with the CLI
 
@@ -53,7 +54,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all deps venv test test-unit test-peers test-service test-deploy test-gpu test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-convert bench-latency check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all deps venv test test-unit test-peers test-service test-deploy test-gpu test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-convert bench-latency soak check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 bin/quantd: $(KERNEL_OBJS) $(SERVER_OBJS)
@@ -199,6 +200,11 @@ BENCH_CONVERT_DIR ?= $(BUILD)/bench-convert
 bench-convert: bin/quantd .venv/ok
 	.venv/bin/python bench/bench_convert.py $(BENCH_CONVERT_DIR) --size $(BENCH_CONVERT_SIZE) \
 	  --json $(BUILD)/bench-convert.json
+
+# Soak and overload (tests/soak/soak.py): twice the CPU backend's capacity, async jobs followed
+# to their end, clients that walk away or trickle, /healthz probed; SOAK_SECONDS (600).
+soak: bin/quantd
+	$(PYTHON) tests/soak/soak.py --seconds $(or $(SOAK_SECONDS),600) --json $(BUILD)/soak.json
 
 # Latency at fixed rates with hey (bench/bench_latency.py): Debian's hey package, unpacked into
 # build/tools when hey is not installed (no root needed). BENCH_BACKEND=cuda on a GPU machine.

@@ -329,7 +329,7 @@ static void scan_minmax(void *c, int tid, const float *x, int64_t first, int64_t
 #ifdef __AVX2__
     /* max_ps(v, acc) is "v > acc ? v : acc" lane by lane, the scalar comparison itself, so NaN
      * is skipped alike; max and min do not depend on the order, except for the sign of a zero
-     * minimum or maximum, which the scalar loop then decides */
+     * minimum or maximum (qd_cpu_minmax settles that) */
     __m256 va = _mm256_set1_ps(a), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     int64_t i = 0;
@@ -348,18 +348,33 @@ static void scan_minmax(void *c, int tid, const float *x, int64_t first, int64_t
         nhi = lh[k] > nhi ? lh[k] : nhi;
     }
     minmax_scalar(x + i, n - i, &na, &nlo, &nhi);
-    if (nlo == 0.0f || nhi == 0.0f) { /* a zero whose sign the order decides */
-        float sa = a;
-        minmax_scalar(x, n, &sa, &lo, &hi);
-    } else
-        lo = nlo, hi = nhi;
-    a = na;
+    a = na, lo = nlo, hi = nhi;
 #else
     minmax_scalar(x, n, &a, &lo, &hi);
 #endif
     s->amax[tid] = a;
     s->min[tid] = lo;
     s->max[tid] = hi;
+}
+
+static float first_zero(const struct qd_tensor *in)
+{
+    int64_t n = qd_tensor_numel(in);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t sign, rest;
+        if (in->dtype == QD_F32) {
+            uint32_t u;
+            memcpy(&u, (const char *)in->data + i * 4, 4);
+            sign = u >> 31, rest = u & 0x7fffffffu;
+        } else {
+            uint16_t h;
+            memcpy(&h, (const char *)in->data + i * 2, 2);
+            sign = h >> 15, rest = h & 0x7fffu;
+        }
+        if (!rest)
+            return sign ? -0.0f : 0.0f;
+    }
+    return 0.0f;
 }
 
 void qd_cpu_minmax(const struct qd_tensor *in, float *amax, float *min, float *max)
@@ -377,6 +392,13 @@ void qd_cpu_minmax(const struct qd_tensor *in, float *amax, float *min, float *m
         lo = s.min[i] < lo ? s.min[i] : lo;
         hi = s.max[i] > hi ? s.max[i] : hi;
     }
+    /* a zero minimum (maximum) is the first zero of a tensor with nothing below (above) it:
+     * the sequential loop keeps the first zero it meets, so its sign is that zero's, whatever
+     * order the lanes and the threads took */
+    if (lo == 0.0f)
+        lo = first_zero(in);
+    if (hi == 0.0f)
+        hi = first_zero(in);
     *amax = a;
     *min = lo;
     *max = hi;

@@ -24,15 +24,21 @@
 #include "queue/jobs.h"
 #include "checkpoint/convert_job.h"
 #include "http/convert_route.h"
+#include "http/watchdog.h"
 #include "service/metrics.h"
 
 #define QD_VERSION "0.1.0"
+
+/* A request body must average at least this once --conn-timeout seconds have passed (a body
+ * trickled a byte at a time is never idle long enough for the idle timeout). */
+#define QD_MIN_BODY_RATE 8192.0 /* bytes per second */
 
 static struct {
     struct MHD_Daemon *daemon;
     const struct qd_serve_config *config;
     struct qd_backend *backend;
     atomic_int ready, draining, inflight;
+    atomic_long slow_bodies; /* connections closed for a body slower than QD_MIN_BODY_RATE */
     char *formats_json;
     int port;
     MHD_socket quiesced; /* the listening socket after the drain began, until the stop */
@@ -472,7 +478,8 @@ static enum MHD_Result metrics_get(struct MHD_Connection *mc, struct conn *c)
     struct qd_metrics_gauges g = {
         .queue_depth = js.depth, .queue_capacity = js.capacity, .jobs_running = js.running,
         .workers = js.workers, .jobs_stored = js.stored, .jobs_stored_bytes = (double)js.stored_bytes,
-        .inflight_requests = atomic_load(&S.inflight), .backend = qd_jobs_backend_name(),
+        .inflight_requests = atomic_load(&S.inflight), .slow_clients_cut = qd_watch_cut_total() + atomic_load(&S.slow_bodies),
+        .backend = qd_jobs_backend_name(),
         .backend_info = S.backend->info, .version = QD_VERSION, .devices = bs.devices,
         .healthy = bs.healthy, .ready = ready_now(&why), .draining = atomic_load(&S.draining),
         .device_memory_used_bytes = bs.memory_used_bytes};
@@ -539,12 +546,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         snprintf(c->path, sizeof c->path, "%s", url);
         *con_cls = c;
         atomic_fetch_add(&S.inflight, 1);
+        qd_watch_request(mc, 1);
         first_call(mc, c, url, method);
         return MHD_YES;
     }
     if (*upload_size) {
         size_t n = *upload_size;
         c->bytes_in += n;
+        /* a body trickled in (a stalled one meets the idle timeout instead) */
+        double elapsed = (qd_now_us() - c->start_us) / 1e6;
+        if (elapsed > S.config->conn_timeout_s && (double)c->bytes_in < QD_MIN_BODY_RATE * elapsed) {
+            atomic_fetch_add(&S.slow_bodies, 1);
+            fprintf(stderr, "{\"msg\":\"a connection trickling its body was cut\",\"bytes\":%zu,\"after_s\":%.1f}\n",
+                    c->bytes_in, elapsed);
+            return MHD_NO;
+        }
         *upload_size = 0;
         if (c->reply.status || c->discard)
             return MHD_YES; /* already answered or too large: drop the rest */
@@ -591,6 +607,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
                          enum MHD_RequestTerminationCode why)
 {
     struct conn *c = *con_cls;
+    qd_watch_request(mc, 0);
     if (!c)
         return;
     double seconds = (qd_now_us() - c->start_us) / 1e6;
@@ -678,6 +695,7 @@ int qd_http_start(const struct qd_serve_config *cfg, struct qd_backend *b, char 
                                 MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                                 MHD_OPTION_THREAD_POOL_SIZE, http_threads(cfg),
                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+                                MHD_OPTION_NOTIFY_CONNECTION, qd_watch_notify, NULL,
                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->conn_timeout_s,
                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
                                 /* a larger per-connection pool lets each recv take 256 KiB of
@@ -692,6 +710,12 @@ int qd_http_start(const struct qd_serve_config *cfg, struct qd_backend *b, char 
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(S.daemon, MHD_DAEMON_INFO_BIND_PORT);
     S.port = info ? info->port : atoi(port);
+    if (qd_watch_start(cfg->conn_timeout_s)) {
+        snprintf(err, errlen, "cannot start the slow-client watchdog");
+        MHD_stop_daemon(S.daemon);
+        S.daemon = NULL;
+        return -1;
+    }
     return 0;
 }
 
@@ -722,6 +746,7 @@ void qd_http_stop(void)
     if (S.daemon)
         MHD_stop_daemon(S.daemon);
     S.daemon = NULL;
+    qd_watch_stop();
     if (S.quiesced != MHD_INVALID_SOCKET)
         close(S.quiesced);
     S.quiesced = MHD_INVALID_SOCKET;

@@ -155,9 +155,11 @@ char *qd_metrics_render(const struct qd_metrics_gauges *g, size_t *len)
                "# HELP quantd_jobs_stored_bytes Bytes of finished asynchronous results held.\n"
                "# TYPE quantd_jobs_stored_bytes gauge\nquantd_jobs_stored_bytes %.0f\n"
                "# HELP quantd_inflight_requests HTTP requests being received, queued or answered.\n"
-               "# TYPE quantd_inflight_requests gauge\nquantd_inflight_requests %d\n",
+               "# TYPE quantd_inflight_requests gauge\nquantd_inflight_requests %d\n"
+               "# HELP quantd_slow_clients_cut_total Connections closed for trickling their headers or body.\n"
+               "# TYPE quantd_slow_clients_cut_total counter\nquantd_slow_clients_cut_total %ld\n",
             g->queue_depth, g->queue_capacity, g->jobs_running, g->workers, g->jobs_stored,
-            g->jobs_stored_bytes, g->inflight_requests);
+            g->jobs_stored_bytes, g->inflight_requests, g->slow_clients_cut);
     fprintf(o, "# HELP quantd_backend_info The backend serving requests.\n"
                "# TYPE quantd_backend_info gauge\n"
                "quantd_backend_info{backend=\"%s\",device=\"%s\",version=\"%s\"} 1\n"

@@ -27,6 +27,7 @@ struct qd_metrics_gauges {
     int queue_depth, queue_capacity, jobs_running, workers, jobs_stored;
     double jobs_stored_bytes;
     int inflight_requests;
+    long slow_clients_cut;
     const char *backend, *backend_info, *version;
     int devices, healthy, ready, draining;
     double device_memory_used_bytes;

@@ -1,6 +1,7 @@
 /* Every error status the service documents, each produced by a request that earns it, each
  * with the JSON error body {"error": {"code", "message"}}. */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -251,6 +252,89 @@ static void slow_client_is_cut_off_after_the_connection_timeout(void **state)
     assert_int_equal(server_stop(&s), 0);
 }
 
+/* Sends text a byte every 200 ms until the server closes the connection; the seconds that took
+ * (or 60 when it never did). */
+static double trickle_until_cut(const struct server *s, const char *text)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double waited = 60;
+    for (size_t i = 0;; i = (i + 1) % strlen(text)) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double now = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+        char buf[256];
+        ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
+            send(fd, text + i, 1, MSG_NOSIGNAL) < 0) { /* closed: EOF, a reset or EPIPE */
+            waited = now;
+            break;
+        }
+        if (now > 30)
+            break;
+        usleep(200 * 1000);
+    }
+    close(fd);
+    return waited;
+}
+
+/* A client trickling its headers (never idle for --conn-timeout) is cut once the headers are
+ * --conn-timeout + 1 s late; one trickling its body once it averages under 8 KiB/s past
+ * --conn-timeout; both are counted in /metrics, and the service goes on serving. */
+static void trickling_clients_are_cut_off(void **state)
+{
+    struct server s;
+    const char *flags[] = {"--conn-timeout", "1", NULL};
+    server_start(&s, flags);
+    double headers = trickle_until_cut(&s, "POST /quantize?fmt=q8_0&dtype=f32&shape=32 HTTP/1.1\r\nX-Slow: "
+                                           "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    if (!(headers >= 1.5 && headers < 6))
+        fail_msg("trickled headers: cut after %.1f s (expected 2-3 s)", headers);
+    char body_req[512];
+    snprintf(body_req, sizeof body_req, "POST /quantize?fmt=q8_0&dtype=f32&shape=32 HTTP/1.1\r\nHost: x\r\n"
+             "Content-Type: application/octet-stream\r\nContent-Length: 128\r\n\r\n");
+    int fd = socket(AF_INET, SOCK_STREAM, 0); /* the headers at once, then the body a byte at a time */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(send(fd, body_req, strlen(body_req), 0), (ssize_t)strlen(body_req));
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double body = 60;
+    for (int i = 0; i < 150; i++) {
+        char buf[256];
+        ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) || send(fd, "x", 1, MSG_NOSIGNAL) < 0) {
+            body = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+            break;
+        }
+        usleep(200 * 1000);
+    }
+    close(fd);
+    if (!(body >= 1.0 && body < 5))
+        fail_msg("trickled body: cut after %.1f s (expected 1-2 s)", body);
+    struct http r;
+    http_do(&s, "GET", "/metrics", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "quantd_slow_clients_cut_total 2\n"));
+    http_free(&r);
+    /* ordinary requests, a moment apart, still go through */
+    float x[32];
+    for (int i = 0; i < 32; i++)
+        x[i] = (float)i / 7 - 2;
+    for (int i = 0; i < 3; i++) {
+        http_do(&s, "POST", "/quantize?fmt=q8_0&dtype=f32&shape=32", NULL, x, sizeof x, &r);
+        assert_int_equal(r.status, 200);
+        http_free(&r);
+        usleep(600 * 1000);
+    }
+    assert_int_equal(server_stop(&s), 0);
+}
+
 /* /metrics labels a dequantize with the format its body names. */
 static void metrics_label_dequantize_with_the_body_format(void **state)
 {
@@ -344,6 +428,7 @@ int main(void)
         cmocka_unit_test(error_messages_stay_valid_utf8),
         cmocka_unit_test(request_limits_are_enforced),
         cmocka_unit_test(slow_client_is_cut_off_after_the_connection_timeout),
+        cmocka_unit_test(trickling_clients_are_cut_off),
         cmocka_unit_test(metrics_label_dequantize_with_the_body_format),
         cmocka_unit_test(status_400_bad_requests),
         cmocka_unit_test(status_404_405_415),

@@ -75,25 +75,38 @@ def safetensors(data, dtype, shape):
 
 
 class Mix:
-    """Request bodies built once (the format goes in the query): (query, content type, body)."""
+    """Requests built once: (route, query, content type, body). /quantize takes raw and JSON
+    bodies (the format goes in the query); /dequantize takes the safetensors answers quantd
+    gave for each format at the start."""
 
-    def __init__(self, seed):
+    def __init__(self, seed, port):
         rng = random.Random(seed)
-        self.bodies = []
+        self.bodies, self.packed = [], []
         for shape in SHAPES:
             for dtype in ("f32", "f16", "bf16"):
                 data = tensor(shape, dtype, rng)
-                q = f"dtype={dtype}&shape={shape[0]},{shape[1]}"
-                self.bodies.append((q, "application/octet-stream", data))
+                self.bodies.append((f"dtype={dtype}&shape={shape[0]},{shape[1]}", "application/octet-stream", data))
                 self.bodies.append(("", "application/json", json.dumps(
                     {"dtype": dtype, "shape": list(shape), "data": base64.b64encode(data).decode()}).encode()))
-                self.bodies.append(("", "application/octet-stream", safetensors(data, dtype, shape)))
+        for fmt in FORMATS:
+            for q, ct, body in self.bodies[:6]:  # 128x128 and 256x256, raw
+                if ct != "application/octet-stream":
+                    continue
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                status, _, st = request(c, "POST", f"/quantize?fmt={fmt}&{q}", body,
+                                        {"Content-Type": ct, "Accept": "application/octet-stream"})
+                c.close()
+                if status != 200:
+                    raise SystemExit(f"preparing /dequantize bodies: {fmt} {q} -> {status}")
+                self.packed.append(st)
         self.rng = rng
 
     def pick(self):
+        if self.rng.random() < 0.2:
+            return "/dequantize", "", "application/octet-stream", self.packed[self.rng.randrange(len(self.packed))]
         q, ct, body = self.bodies[self.rng.randrange(len(self.bodies))]
         fmt = FORMATS[self.rng.randrange(len(FORMATS))]
-        return (f"fmt={fmt}&{q}" if q else f"fmt={fmt}"), ct, body
+        return "/quantize", (f"fmt={fmt}&{q}" if q else f"fmt={fmt}"), ct, body
 
 
 def request(conn, method, path, body=None, headers=None):
@@ -103,11 +116,11 @@ def request(conn, method, path, body=None, headers=None):
 
 
 def sync_call(port, mix, stats, rng):
-    q, ct, body = mix.pick()
+    route, q, ct, body = mix.pick()
     accept = rng.choice(["application/json", "application/octet-stream"])
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
-        status, retry, data = request(conn, "POST", "/quantize?" + q, body,
+        status, retry, data = request(conn, "POST", route + ("?" + q if q else ""), body,
                                       {"Content-Type": ct, "Accept": accept})
         stats.count(f"sync {status}")
         if status == 503 and not retry:
@@ -115,7 +128,7 @@ def sync_call(port, mix, stats, rng):
         elif status == 200 and accept == "application/json" and not data.startswith(b"{"):
             stats.fail("a JSON answer that is not JSON")
         elif status not in (200, 503):
-            stats.fail(f"sync {q[:60]} -> {status} {data[:200]!r}")
+            stats.fail(f"sync {route}?{q[:60]} -> {status} {data[:200]!r}")
     except Exception as e:  # noqa: BLE001 - any transport failure is a finding
         stats.fail(f"sync transport: {e!r}")
     finally:
@@ -123,10 +136,10 @@ def sync_call(port, mix, stats, rng):
 
 
 def async_call(port, mix, stats, rng):
-    q, ct, body = mix.pick()
+    route, q, ct, body = mix.pick()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
-        status, retry, data = request(conn, "POST", "/jobs?op=quantize&" + q, body,
+        status, retry, data = request(conn, "POST", f"/jobs?op={route[1:]}" + ("&" + q if q else ""), body,
                                       {"Content-Type": ct})
         stats.count(f"async submit {status}")
         if status == 503:
@@ -170,8 +183,8 @@ def async_call(port, mix, stats, rng):
 
 
 def walk_away(port, mix, stats, rng):
-    q, ct, body = mix.pick()
-    head = (f"POST /quantize?{q} HTTP/1.1\r\nHost: x\r\nContent-Type: {ct}\r\n"
+    route, q, ct, body = mix.pick()
+    head = (f"POST {route}?{q} HTTP/1.1\r\nHost: x\r\nContent-Type: {ct}\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
@@ -252,7 +265,7 @@ def main():
     time.sleep(0.3)
     before = proc_stat(server.pid)
     print(f"# quantd pid {server.pid} port {port}; at rest: {before}", flush=True)
-    mix = Mix(1)
+    mix = Mix(1, port)
     stats = Stats()
 
     # capacity: closed loop, as many clients as cores x 2, 15 s

@@ -256,6 +256,10 @@ static void precheck_post(struct MHD_Connection *mc, struct conn *c)
         if (qd_format_layout(r->f, &p, &t, comps, err, sizeof err) < 0)
             qd_reply_error(&c->reply, 422, "unsupported_shape", "%s", err);
     }
+    /* overload: refused before the body is held (it is read and dropped), so that clients
+     * beyond the queue cost no memory */
+    if (!c->reply.status && qd_jobs_full())
+        busy_reply(&c->reply, "the job queue is full");
     if (length > 0 && !c->reply.status && !(c->body = qd_hostmem_get((size_t)length)))
         qd_reply_error(&c->reply, 503, "out_of_memory", "no memory for a %lld-byte body", length);
     else if (length > 0)

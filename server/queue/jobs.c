@@ -4,6 +4,8 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -105,6 +107,10 @@ static void store_finished(struct qd_job *j);
 static void *worker_main(void *arg)
 {
     struct worker *wk = arg;
+    /* below the HTTP threads: when the cores are saturated, receiving requests, answering them
+     * and the probes go first, the kernels take what is left (Linux: per thread; the kernels'
+     * own threads inherit it). Failing leaves the default. */
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 5);
     for (;;) {
         pthread_mutex_lock(&q.lock);
         while (!q.count && !q.stopping)
@@ -210,6 +216,14 @@ enum qd_status qd_jobs_submit(struct qd_job *j)
     pthread_cond_signal(&q.nonempty);
     pthread_mutex_unlock(&q.lock);
     return QD_OK;
+}
+
+int qd_jobs_full(void)
+{
+    pthread_mutex_lock(&q.lock);
+    int full = q.draining || q.count >= q.capacity;
+    pthread_mutex_unlock(&q.lock);
+    return full;
 }
 
 void qd_jobs_drain(void)

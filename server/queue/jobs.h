@@ -65,6 +65,8 @@ enum qd_status qd_jobs_submit(struct qd_job *j);
  * workers' limit, drain and stats see it). 1 when run (j->reply holds the answer), else 0:
  * submit it. Saves the handoff to a worker and back, most of a small request's latency. */
 int qd_jobs_run_here(struct qd_job *j);
+/* Whether the queue is full now (a new job would get QD_EBUSY). */
+int qd_jobs_full(void);
 /* Stops taking jobs, lets the workers finish every queued one, joins them. */
 void qd_jobs_drain(void);
 void qd_jobs_stop(void);

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <regex.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,6 +203,8 @@ enum qd_status qd_convert_quantize(const struct qd_convert_opts *o, const void *
 {
     struct qd_work w;
     memset(&w, 0, sizeof w);
+    if (errlen)
+        err[0] = 0;
     w.req.op = QD_OP_QUANTIZE;
     w.req.report_error = o->report_error;
     w.f = o->f;
@@ -212,21 +215,49 @@ enum qd_status qd_convert_quantize(const struct qd_convert_opts *o, const void *
         snprintf(err, errlen, "bad shape %lld x %lld", (long long)rows, (long long)cols);
         return QD_ESHAPE;
     }
-    w.in.data = (void *)src;
+    /* kernels load and store whole elements: a file may place a tensor, and a layout a
+     * component, at any byte, so a misaligned one goes through an aligned copy */
+    size_t in_size = qd_dtype_size(dtype);
+    void *in_copy = NULL;
+    if ((uintptr_t)src % in_size) {
+        size_t n = (size_t)(rows * cols) * in_size;
+        if (!(in_copy = malloc(n ? n : 1)))
+            return QD_ENOMEM;
+        memcpy(in_copy, src, n);
+    }
+    w.in.data = in_copy ? in_copy : (void *)src;
     w.nc = qd_format_layout(o->f, &w.p, &w.in, w.comps, err, errlen);
-    if (w.nc < 0)
+    if (w.nc < 0) {
+        free(in_copy);
         return QD_ESHAPE;
+    }
     int64_t at = 0;
+    void *dest[QD_MAX_COMPONENTS] = {0};
+    enum qd_status s = QD_OK;
     for (int i = 0; i < w.nc; i++) {
-        w.comp[i] = (char *)out + at;
+        dest[i] = (char *)out + at;
+        w.comp[i] = dest[i];
+        if ((uintptr_t)dest[i] % qd_dtype_size(w.comps[i].dtype) &&
+            !(w.comp[i] = malloc(w.comps[i].bytes ? (size_t)w.comps[i].bytes : 1)))
+            s = QD_ENOMEM;
         at += w.comps[i].bytes;
     }
-    if (at != out_bytes) {
+    if (s == QD_OK && at != out_bytes) {
         snprintf(err, errlen, "internal: %s components take %lld bytes, the plan %lld", o->f->name, (long long)at,
                  (long long)out_bytes);
-        return QD_EINVAL;
+        s = QD_EINVAL;
     }
-    enum qd_status s = o->backend->run(o->worker, &w, err, errlen);
+    if (s == QD_OK)
+        s = o->backend->run(o->worker, &w, err, errlen);
+    for (int i = 0; i < w.nc; i++)
+        if (w.comp[i] && w.comp[i] != dest[i]) {
+            if (s == QD_OK)
+                memcpy(dest[i], w.comp[i], (size_t)w.comps[i].bytes);
+            free(w.comp[i]);
+        }
+    free(in_copy);
+    if (s == QD_ENOMEM && !err[0])
+        snprintf(err, errlen, "out of memory");
     if (s == QD_OK && w.has_report && nmse)
         *nmse = w.report.nmse;
     if (resolved)

@@ -1,6 +1,8 @@
 /* server/checkpoint/convert.c and pipeline.c: a conversion cancelled midway (from its progress
  * callback, as DELETE /jobs/{id} does from another thread) stops with QD_ECANCELED and leaves
- * no output and no temporary file; one that completes leaves exactly its output. */
+ * no output and no temporary file; one that completes leaves exactly its output. A tensor or a
+ * component at any byte offset converts to the same bytes (under make sanitize, without a
+ * misaligned load or store). */
 #include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -98,11 +100,61 @@ static void cancelled_safetensors_conversion_leaves_nothing(void **state)
     run("small.safetensors", "out.safetensors", "nf4", 1000);
 }
 
+/* A file may put a tensor, and a layout a component, at any byte: the bytes must not depend on
+ * where (nf4 with double quant: packed codes, then f32 and uint8 scale components; q8_0: blocks) */
+static void misaligned_tensors_give_the_same_bytes(void **state)
+{
+    const char *fmts[] = {"nf4", "fp4", "q8_0", "awq", "nvfp4"};
+    enum { ROWS = 256, COLS = 128 };
+    static uint16_t src[ROWS * COLS];
+    uint32_t seed = 12345;
+    for (int i = 0; i < ROWS * COLS; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        src[i] = (uint16_t)(0x3800 + (seed >> 20) % 0x0c00) | (seed & 0x80000000u ? 0x8000 : 0); /* finite f16 */
+    }
+    for (size_t fi = 0; fi < sizeof fmts / sizeof *fmts; fi++) {
+        const struct qd_format *f = qd_format_find(fmts[fi]);
+        assert_non_null(f);
+        struct qd_convert_opts o = {.f = f, .backend = &cpu, .worker = worker};
+        qd_params_default(f, &o.params);
+        struct qd_tensor t = {.dtype = QD_F16};
+        int64_t shape[2] = {ROWS, COLS};
+        assert_int_equal(qd_tensor_set_shape(&t, 2, shape), QD_OK);
+        struct qd_component comps[QD_MAX_COMPONENTS];
+        char err[512];
+        struct qd_params p = o.params;
+        int nc = qd_format_layout(f, &p, &t, comps, err, sizeof err);
+        if (nc <= 0)
+            fail_msg("%s: %s", fmts[fi], err);
+        int64_t bytes = 0;
+        for (int i = 0; i < nc; i++)
+            bytes += comps[i].bytes;
+        size_t cap = ((size_t)bytes + 127) / 64 * 64;
+        uint8_t *want = aligned_alloc(64, cap), *got = aligned_alloc(64, cap);
+        uint8_t *in = aligned_alloc(64, (sizeof src + 127) / 64 * 64);
+        assert_true(want && got && in);
+        memcpy(in, src, sizeof src);
+        if (qd_convert_quantize(&o, in, QD_F16, ROWS, COLS, want, bytes, NULL, NULL, err, sizeof err) != QD_OK)
+            fail_msg("%s: %s", fmts[fi], err);
+        for (int shift = 1; shift < 8; shift++) {
+            memcpy(in + shift, src, sizeof src);
+            memset(got, 0xa5, (size_t)bytes + 64);
+            if (qd_convert_quantize(&o, in + shift, QD_F16, ROWS, COLS, got + shift, bytes, NULL, NULL, err,
+                                    sizeof err) != QD_OK)
+                fail_msg("%s at +%d: %s", fmts[fi], shift, err);
+            if (memcmp(want, got + shift, (size_t)bytes))
+                fail_msg("%s: the bytes differ when placed at +%d", fmts[fi], shift);
+        }
+        free(want), free(got), free(in);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(cancelled_gguf_conversion_leaves_nothing),
         cmocka_unit_test(cancelled_safetensors_conversion_leaves_nothing),
+        cmocka_unit_test(misaligned_tensors_give_the_same_bytes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

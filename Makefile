@@ -54,7 +54,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all deps venv test test-unit test-peers test-service test-deploy test-gpu test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-convert bench-latency soak check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all deps venv test test-unit test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-convert bench-latency soak check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 bin/quantd: $(KERNEL_OBJS) $(SERVER_OBJS)
@@ -247,6 +247,21 @@ test-gpu: check-cuda bin/quantd $(GPU_TEST_BIN) $(SERVICE_TEST_BINS) .venv/ok
 	QUANTD_POISON=1 $(GPU_TEST_BIN)
 	QUANTD_POISON=1 QUANTD_GPU_SMALL=1 $(COMPUTE_SANITIZER) --tool memcheck --leak-check full --error-exitcode 1 $(GPU_TEST_BIN)
 	$(MAKE) test-service QUANTD_TEST_BACKEND=cuda
+
+# Fault injection: the daemon with QD_FAULTS (QUANTD_FAULT=KIND:N, server/queue/backend_cuda.c)
+# and tests/gpu/test_faults.c, which runs it with each fault (a GPU machine).
+FAULT_OBJS := $(filter-out $(BUILD)/server/queue/backend_cuda.o,$(SERVER_OBJS)) $(BUILD)/faults/backend_cuda.o
+$(BUILD)/faults/backend_cuda.o: server/queue/backend_cuda.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DQD_FAULTS -c -o $@ $<
+bin/quantd-faults: $(KERNEL_OBJS) $(FAULT_OBJS)
+	@mkdir -p bin
+	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
+$(BUILD)/tests/gpu/test_faults: tests/gpu/test_faults.c tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) -lcurl $(TEST_LIBS)
+test-faults: check-cuda bin/quantd-faults $(BUILD)/tests/gpu/test_faults
+	QUANTD=$(abspath bin/quantd-faults) $(BUILD)/tests/gpu/test_faults
 
 bench-gpu: check-cuda bin/quantd $(BUILD)/bench/bench_gpu $(BUILD)/bench/bench_service
 	$(BUILD)/bench/bench_gpu

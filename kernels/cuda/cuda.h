@@ -49,6 +49,11 @@ const char *qd_cuda_last_error(void);
  * one; the lowest in *first_bad. -1 on a CUDA failure. */
 long long qd_cuda_conversion_mismatches(int elem, uint32_t *first_bad);
 
+/* Fault injection (kernels/cuda/fault.cu): a launch the runtime refuses (not sticky), and a
+ * kernel that traps (sticky: the device is lost to this process). Return the cudaError_t. */
+int qd_cuda_fault_launch(void);
+int qd_cuda_fault_trap(void);
+
 #define QD_CUDA_FAMILY(fam)                                                                     \
     enum qd_status qd_cuda_##fam##_quantize(const struct qd_format *, const struct qd_tensor *, \
                                             struct qd_params *, void *const *);                 \

@@ -486,6 +486,7 @@ static enum MHD_Result metrics_get(struct MHD_Connection *mc, struct conn *c)
         .backend = qd_jobs_backend_name(),
         .backend_info = S.backend->info, .version = QD_VERSION, .devices = bs.devices,
         .healthy = bs.healthy, .ready = ready_now(&why), .draining = atomic_load(&S.draining),
+        .device_healthy = bs.device_healthy, .device_name = bs.device_name,
         .device_memory_used_bytes = bs.memory_used_bytes};
     size_t len;
     char *text = qd_metrics_render(&g, &len);

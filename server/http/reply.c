@@ -82,6 +82,8 @@ void qd_reply_error(struct qd_reply *r, int status, const char *code, const char
     cJSON_AddStringToObject(e, "code", code);
     cJSON_AddStringToObject(e, "message", msg);
     qd_reply_json(r, status, o);
+    if (status == 503) /* every 503 is worth a retry: a full queue, memory, a lost device */
+        r->retry_after_s = 1;
 }
 
 int qd_status_http(enum qd_status s)

@@ -8,9 +8,13 @@
 
 #include "queue/work.h"
 
+#define QD_MAX_DEVICES 16
+
 struct qd_backend_stats {
-    int healthy;             /* 0 after a sticky device error */
-    int devices;             /* GPUs in use (0 for CPU) */
+    int healthy;             /* 0 once no device is left (every one hit a sticky error) */
+    int devices;             /* GPU slots in use (0 for CPU) */
+    int device_healthy[QD_MAX_DEVICES]; /* per slot */
+    char device_name[QD_MAX_DEVICES][16]; /* "cuda:N" per slot */
     double memory_used_bytes; /* device memory quantd holds (buffer pools), 0 for CPU */
 };
 
@@ -26,6 +30,9 @@ struct qd_backend {
     /* Runs decoded work: quantize (and the error report when asked) or dequantize. Fills the
      * h2d/kernel/d2h fields of w->t. */
     enum qd_status (*run)(void *worker, struct qd_work *w, char *err, size_t errlen);
+    /* 0 once the worker's device is lost (a sticky error): the queue stops giving it jobs while
+     * another worker can take them. NULL: always usable. */
+    int (*worker_usable)(void *worker);
     void (*stats)(struct qd_backend *b, struct qd_backend_stats *s);
     void (*close)(struct qd_backend *b);
     /* Host memory the backend copies from fastest (pinned, for CUDA), for request bodies; NULL

@@ -13,15 +13,61 @@
 #include "../../kernels/cuda/cuda.h"
 #include "queue/backend.h"
 
-#define MAX_DEVICES 16
 #define ALIGN(n) (((n) + 255) & ~(size_t)255)
 
 struct cuda_state {
-    int ndev, devices[MAX_DEVICES];
+    int ndev, devices[QD_MAX_DEVICES]; /* slots: --devices may name a GPU twice */
     atomic_llong memory_used;
-    atomic_int healthy;
+    atomic_int healthy[QD_MAX_DEVICES]; /* per slot: 0 once its device hit a sticky error */
     int poison; /* QUANTD_POISON=1: device outputs filled with 0xA5 before each job (tests) */
 };
+
+#ifdef QD_FAULTS
+/* Fault injection, only in the test build (make bin/quantd-faults): QUANTD_FAULT=KIND:N makes
+ * the N-th event of KIND fail, with the error the CUDA runtime really returns:
+ *   device-alloc  the N-th device buffer allocation asks for 1 PiB (cudaErrorMemoryAllocation)
+ *   pinned-alloc  the N-th pinned host allocation (staging or request bodies) asks for 1 PiB
+ *   launch        the N-th job starts with a launch the runtime refuses (not sticky)
+ *   sticky        the N-th job starts with a kernel that traps: the GPU is lost to the process
+ *   sticky-slot   as sticky, but only that job's slot is marked lost and no kernel traps: with
+ *                 --devices 0,0 one GPU stands in for two, to show the other slot serving on */
+enum fault { F_NONE, F_DEVICE_ALLOC, F_PINNED_ALLOC, F_LAUNCH, F_STICKY, F_STICKY_SLOT };
+static struct {
+    enum fault kind;
+    long at;
+    atomic_long seen[F_STICKY_SLOT + 1];
+} faults;
+
+static void faults_init(void)
+{
+    static const char *names[] = {"", "device-alloc", "pinned-alloc", "launch", "sticky", "sticky-slot"};
+    const char *v = getenv("QUANTD_FAULT");
+    if (!v || !*v)
+        return;
+    for (int k = 1; k <= F_STICKY_SLOT; k++) {
+        size_t n = strlen(names[k]);
+        if (!strncmp(v, names[k], n) && v[n] == ':') {
+            faults.kind = (enum fault)k;
+            faults.at = atol(v + n + 1);
+            fprintf(stderr, "quantd: fault injection: %s at event %ld\n", names[k], faults.at);
+            return;
+        }
+    }
+    fprintf(stderr, "quantd: QUANTD_FAULT=%s not understood (KIND:N)\n", v);
+}
+
+/* Whether this event of kind k is the one to fail. */
+static int fault_now(enum fault k)
+{
+    if (faults.kind != k || atomic_fetch_add(&faults.seen[k], 1) + 1 != faults.at)
+        return 0;
+    fprintf(stderr, "quantd: injected fault fires: %s\n", getenv("QUANTD_FAULT"));
+    return 1;
+}
+#define FAULT(k) fault_now(k)
+#else
+#define FAULT(k) 0
+#endif
 
 struct buffer {
     void *p;
@@ -30,7 +76,7 @@ struct buffer {
 
 struct cuda_worker {
     struct cuda_state *st;
-    int device;
+    int slot, device;
     struct qd_cuda_ctx ctx;
     cudaEvent_t ev[4];
     struct buffer d_in, d_out, h_in, h_out;
@@ -58,7 +104,8 @@ static enum qd_status ensure(struct cuda_worker *wk, struct buffer *b, size_t ne
         b->p = NULL;
         b->cap = 0;
     }
-    cudaError_t e = device ? cudaMalloc(&b->p, cap) : cudaMallocHost(&b->p, cap);
+    size_t ask = (device ? FAULT(F_DEVICE_ALLOC) : FAULT(F_PINNED_ALLOC)) ? (size_t)1 << 50 : cap;
+    cudaError_t e = device ? cudaMalloc(&b->p, ask) : cudaMallocHost(&b->p, ask);
     if (e != cudaSuccess) {
         cudaGetLastError(); /* allocation failures are not sticky */
         b->p = NULL;
@@ -79,12 +126,21 @@ static double elapsed_us(cudaEvent_t a, cudaEvent_t b)
     return ms * 1e3;
 }
 
-/* After a device failure: a sticky error (the context is lost) marks the backend unhealthy. */
+/* Marks every slot on this worker's GPU lost: the process's context there is gone. */
+static void mark_lost(struct cuda_worker *wk)
+{
+    for (int i = 0; i < wk->st->ndev; i++)
+        if (wk->st->devices[i] == wk->device && atomic_exchange(&wk->st->healthy[i], 0))
+            fprintf(stderr, "quantd: cuda:%d (slot %d) hit a sticky error; it takes no more jobs\n", wk->device, i);
+}
+
+/* After a device failure: an error that survives a synchronize and a reset of the last error
+ * is sticky (the context is lost), and the device is taken out of service. */
 static void check_sticky(struct cuda_worker *wk)
 {
     if (cudaStreamSynchronize((cudaStream_t)wk->ctx.stream) != cudaSuccess &&
         cudaGetLastError() != cudaSuccess && cudaDeviceSynchronize() != cudaSuccess)
-        atomic_store(&wk->st->healthy, 0);
+        mark_lost(wk);
 }
 
 /* Whether host memory p is page-locked (cudaHostAlloc'd): copies from and to it run at full
@@ -202,12 +258,33 @@ static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *e
 static enum qd_status cuda_run(void *worker, struct qd_work *w, char *err, size_t errlen)
 {
     struct cuda_worker *wk = worker;
-    if (!atomic_load(&wk->st->healthy)) {
-        snprintf(err, errlen, "the GPU hit a sticky error earlier; this replica needs a restart");
+    if (!atomic_load(&wk->st->healthy[wk->slot])) {
+        snprintf(err, errlen, "cuda:%d was lost to a sticky error earlier; retry (healthy devices, if any, "
+                 "serve on) or restart this replica", wk->device);
         return QD_EDEVICE;
     }
     cudaSetDevice(wk->device);
     qd_cuda_ctx_set(&wk->ctx);
+#ifdef QD_FAULTS
+    if (FAULT(F_LAUNCH)) {
+        int e = qd_cuda_fault_launch();
+        snprintf(err, errlen, "cuda:%d: kernel launch: %s (injected)", wk->device, cudaGetErrorString((cudaError_t)e));
+        check_sticky(wk);
+        return QD_EDEVICE;
+    }
+    if (FAULT(F_STICKY)) {
+        int e = qd_cuda_fault_trap();
+        snprintf(err, errlen, "cuda:%d: %s (injected)", wk->device, cudaGetErrorString((cudaError_t)e));
+        check_sticky(wk);
+        return QD_EDEVICE;
+    }
+    if (FAULT(F_STICKY_SLOT)) {
+        atomic_store(&wk->st->healthy[wk->slot], 0);
+        fprintf(stderr, "quantd: slot %d marked lost (injected)\n", wk->slot);
+        snprintf(err, errlen, "cuda:%d (slot %d): device lost (injected)", wk->device, wk->slot);
+        return QD_EDEVICE;
+    }
+#endif
     enum qd_status st = run_job(wk, w, err, errlen);
     if (st == QD_OK && w->req.op == QD_OP_QUANTIZE && w->req.report_error)
         st = qd_backend_report(w, err, errlen);
@@ -222,7 +299,8 @@ static void *cuda_worker_open(struct qd_backend *b, int index, char *name, size_
     if (!wk)
         return NULL;
     wk->st = st;
-    wk->device = st->devices[index % st->ndev];
+    wk->slot = index % st->ndev;
+    wk->device = st->devices[wk->slot];
     snprintf(name, namelen, "cuda:%d", wk->device);
     cudaError_t e = cudaSetDevice(wk->device);
     if (e == cudaSuccess && qd_cuda_ctx_init(&wk->ctx) != QD_OK)
@@ -252,10 +330,21 @@ static void cuda_worker_close(void *worker)
     free(wk);
 }
 
+static int cuda_worker_usable(void *worker)
+{
+    struct cuda_worker *wk = worker;
+    return atomic_load(&wk->st->healthy[wk->slot]);
+}
+
 static void cuda_stats(struct qd_backend *b, struct qd_backend_stats *s)
 {
     struct cuda_state *st = b->state;
-    s->healthy = atomic_load(&st->healthy);
+    s->healthy = 0;
+    for (int i = 0; i < st->ndev; i++) {
+        s->device_healthy[i] = atomic_load(&st->healthy[i]);
+        snprintf(s->device_name[i], sizeof s->device_name[i], "cuda:%d", st->devices[i]);
+        s->healthy |= s->device_healthy[i];
+    }
     s->devices = st->ndev;
     s->memory_used_bytes = (double)atomic_load(&st->memory_used);
 }
@@ -270,7 +359,13 @@ static void cuda_close(struct qd_backend *b)
 static void *cuda_host_alloc(size_t n)
 {
     void *p = NULL;
-    return cudaHostAlloc(&p, n, cudaHostAllocPortable) == cudaSuccess ? p : NULL;
+    if (FAULT(F_PINNED_ALLOC))
+        n = (size_t)1 << 50;
+    if (cudaHostAlloc(&p, n, cudaHostAllocPortable) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
 }
 
 static void cuda_host_free(void *p) { cudaFreeHost(p); }
@@ -289,7 +384,7 @@ int qd_backend_cuda_open(struct qd_backend *b, const char *devices, char *err, s
         return -1;
     }
     if (devices && *devices) {
-        for (const char *p = devices; *p && st->ndev < MAX_DEVICES;) {
+        for (const char *p = devices; *p && st->ndev < QD_MAX_DEVICES;) {
             char *end;
             long d = strtol(p, &end, 10);
             if (end == p || d < 0 || d >= count) {
@@ -301,7 +396,7 @@ int qd_backend_cuda_open(struct qd_backend *b, const char *devices, char *err, s
             p = *end == ',' ? end + 1 : end;
         }
     } else
-        for (int d = 0; d < count && d < MAX_DEVICES; d++)
+        for (int d = 0; d < count && d < QD_MAX_DEVICES; d++)
             st->devices[st->ndev++] = d;
     struct cudaDeviceProp prop;
     if ((e = cudaGetDeviceProperties(&prop, st->devices[0])) != cudaSuccess || cudaSetDevice(st->devices[0]) != cudaSuccess ||
@@ -310,7 +405,11 @@ int qd_backend_cuda_open(struct qd_backend *b, const char *devices, char *err, s
         free(st);
         return -1;
     }
-    atomic_init(&st->healthy, 1);
+    for (int i = 0; i < st->ndev; i++)
+        atomic_init(&st->healthy[i], 1);
+#ifdef QD_FAULTS
+    faults_init();
+#endif
     st->poison = getenv("QUANTD_POISON") && !strcmp(getenv("QUANTD_POISON"), "1");
     memset(b, 0, sizeof *b);
     b->kind = "cuda";
@@ -323,6 +422,7 @@ int qd_backend_cuda_open(struct qd_backend *b, const char *devices, char *err, s
     b->worker_open = cuda_worker_open;
     b->worker_close = cuda_worker_close;
     b->run = cuda_run;
+    b->worker_usable = cuda_worker_usable;
     b->stats = cuda_stats;
     b->close = cuda_close;
     b->host_alloc = cuda_host_alloc;

@@ -57,7 +57,7 @@ static struct {
     struct qd_job **ring;
     int head, count, capacity, running, draining, stopping;
     struct worker *workers;
-    int nworkers;
+    int nworkers, usable; /* usable: workers not retired for a lost device */
     struct qd_backend *backend;
     struct qd_jobs_config config;
     /* async store */
@@ -119,6 +119,15 @@ static void *worker_main(void *arg)
             pthread_mutex_unlock(&q.lock);
             return NULL;
         }
+        /* a worker whose device is lost leaves the jobs to the others; the last one stays and
+         * answers each job with the device's error, so that none waits forever */
+        if (q.backend->worker_usable && !q.backend->worker_usable(wk->ctx) && q.usable > 1) {
+            q.usable--;
+            fprintf(stderr, "quantd: worker %s retires (its device is lost); %d left\n", wk->name, q.usable);
+            pthread_cond_signal(&q.nonempty); /* the job it was woken for goes to another */
+            pthread_mutex_unlock(&q.lock);
+            return NULL;
+        }
         struct qd_job *j = q.ring[q.head];
         q.head = (q.head + 1) % q.capacity;
         q.count--;
@@ -166,7 +175,10 @@ int qd_jobs_start(const struct qd_jobs_config *c, struct qd_backend *b, char *er
             break;
         }
         wk->started = 1;
+        pthread_mutex_lock(&q.lock); /* the workers read usable under the lock */
         q.nworkers++;
+        q.usable++;
+        pthread_mutex_unlock(&q.lock);
     }
     return q.nworkers ? 0 : -1;
 }

@@ -165,16 +165,21 @@ char *qd_metrics_render(const struct qd_metrics_gauges *g, size_t *len)
                "quantd_backend_info{backend=\"%s\",device=\"%s\",version=\"%s\"} 1\n"
                "# HELP quantd_devices GPUs in use (0 on the CPU backend).\n"
                "# TYPE quantd_devices gauge\nquantd_devices %d\n"
-               "# HELP quantd_device_healthy 1 unless a device hit a sticky error.\n"
-               "# TYPE quantd_device_healthy gauge\nquantd_device_healthy %d\n"
                "# HELP quantd_device_memory_used_bytes Device memory held by quantd's buffer pools.\n"
                "# TYPE quantd_device_memory_used_bytes gauge\nquantd_device_memory_used_bytes %.0f\n"
                "# HELP quantd_ready 1 when /readyz answers 200.\n"
                "# TYPE quantd_ready gauge\nquantd_ready %d\n"
                "# HELP quantd_draining 1 after SIGTERM, while accepted jobs finish.\n"
                "# TYPE quantd_draining gauge\nquantd_draining %d\n",
-            g->backend, g->backend_info, g->version, g->devices, g->healthy,
+            g->backend, g->backend_info, g->version, g->devices,
             g->device_memory_used_bytes, g->ready, g->draining);
+    fprintf(o, "# HELP quantd_device_healthy 1 unless the device (a GPU slot, or the CPU) hit a sticky error.\n"
+               "# TYPE quantd_device_healthy gauge\n");
+    if (!g->devices)
+        fprintf(o, "quantd_device_healthy{device=\"cpu\",slot=\"0\"} %d\n", g->healthy);
+    for (int i = 0; i < g->devices; i++)
+        fprintf(o, "quantd_device_healthy{device=\"%s\",slot=\"%d\"} %d\n", g->device_name[i], i,
+                g->device_healthy[i]);
     fclose(o);
     return buf;
 }

@@ -30,6 +30,8 @@ struct qd_metrics_gauges {
     long slow_clients_cut;
     const char *backend, *backend_info, *version;
     int devices, healthy, ready, draining;
+    const int *device_healthy;          /* per GPU slot (devices of them) */
+    const char (*device_name)[16];
     double device_memory_used_bytes;
 };
 

@@ -196,9 +196,10 @@ static void device_allocation_failure_is_a_clean_503(void **state)
     assert_int_equal(server_stop(&s), 0);
 }
 
-/* Pinned memory holds request bodies (a failure there falls back to pageable memory) and the
- * workers' staging (a failure there fails the job): the first few pinned allocations each fail
- * in turn; every answer is the CPU's bytes or a clean 503, and at least one is the 503. */
+/* Pinned memory holds bodies of 1 MiB and more (a failure there falls back to pageable memory)
+ * and each worker's staging for the rest (a failure there fails the job: this test's 256 KiB
+ * requests): the first few pinned allocations fail in turn; every answer is the CPU's bytes or
+ * a clean 503, at least one is the 503, and the requests after it are served. */
 static void pinned_allocation_failure_is_a_clean_503_or_a_fallback(void **state)
 {
     int errors = 0;

@@ -35,6 +35,17 @@ static inline __attribute__((always_inline)) __m256i e2m1_codes(__m256 v)
     return _mm256_or_si256(code, _mm256_srli_epi32(sign, 28));
 }
 
+/* The codes of x * r clamped to [-6, 6], as qd_clamp then qd_f32_to_floatx give them. A
+ * finite x can still make a NaN (0 * an infinite r, when a subnormal per-tensor scale makes
+ * 1 / pts / scale overflow): qd_clamp lets it through and qd_f32_to_floatx reads every NaN as
+ * the same one, so a NaN lane takes nan_code. */
+static inline __attribute__((always_inline)) __m256i e2m1_scaled_codes(__m256 v, __m256 rv, __m256i nan_code)
+{
+    __m256 p = _mm256_mul_ps(v, rv);
+    __m256i c = e2m1_codes(_mm256_min_ps(_mm256_max_ps(p, _mm256_set1_ps(-6.0f)), _mm256_set1_ps(6.0f)));
+    return _mm256_blendv_epi8(c, nan_code, _mm256_castps_si256(_mm256_cmp_ps(p, p, _CMP_UNORD_Q)));
+}
+
 /* One block of 16; 0 (writing nothing) when it holds NaN/Inf. */
 static inline __attribute__((always_inline)) int qd_nvfp4_avx2(float per_tensor_scale, const float *x, uint8_t *out,
                                                                uint8_t *sbyte)
@@ -58,10 +69,10 @@ static inline __attribute__((always_inline)) int qd_nvfp4_avx2(float per_tensor_
         *sbyte = qd_f32_to_e4m3(qd_clamp(block_scale, QD_E4M3_TINY, 448.0f));
         r = 1.0f / qd_e4m3_to_f32(*sbyte);
     }
-    const __m256 rv = _mm256_set1_ps(r), lo = _mm256_set1_ps(-6.0f), hi = _mm256_set1_ps(6.0f);
+    const __m256 rv = _mm256_set1_ps(r);
+    const __m256i nan_code = _mm256_set1_epi32(qd_f32_to_floatx(qd_bits_f32(0x7fc00000u), 2, 1));
     /* x * r may overflow to Inf (a huge r): the clamp makes it 6, as qd_clamp does */
-    __m256i c0 = e2m1_codes(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v0, rv), lo), hi));
-    __m256i c1 = e2m1_codes(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v1, rv), lo), hi));
+    __m256i c0 = e2m1_scaled_codes(v0, rv, nan_code), c1 = e2m1_scaled_codes(v1, rv, nan_code);
     /* byte j = code 2j | code 2j+1 << 4: pair up within each 64-bit lane, then pack */
     __m256i p0 = _mm256_or_si256(c0, _mm256_slli_epi64(_mm256_srli_epi64(c0, 32), 4));
     __m256i p1 = _mm256_or_si256(c1, _mm256_slli_epi64(_mm256_srli_epi64(c1, 32), 4));
@@ -117,12 +128,12 @@ static inline __attribute__((always_inline)) int qd_nvfp4_avx2_x8(float per_tens
     uint32_t cs[8];
     _mm256_storeu_ps(rs, rv8);
     _mm256_storeu_si256((__m256i *)cs, code);
-    const __m256 lo = _mm256_set1_ps(-6.0f), hi = _mm256_set1_ps(6.0f);
+    const __m256i nan_code = _mm256_set1_epi32(qd_f32_to_floatx(qd_bits_f32(0x7fc00000u), 2, 1));
     const __m256i pick = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
     for (int b = 0; b < 8; b++) {
         const __m256 rv = _mm256_broadcast_ss(&rs[b]);
-        __m256i c0 = e2m1_codes(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * b), rv), lo), hi));
-        __m256i c1 = e2m1_codes(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 16 * b + 8), rv), lo), hi));
+        __m256i c0 = e2m1_scaled_codes(_mm256_loadu_ps(x + 16 * b), rv, nan_code);
+        __m256i c1 = e2m1_scaled_codes(_mm256_loadu_ps(x + 16 * b + 8), rv, nan_code);
         __m256i p0 = _mm256_or_si256(c0, _mm256_slli_epi64(_mm256_srli_epi64(c0, 32), 4));
         __m256i p1 = _mm256_or_si256(c1, _mm256_slli_epi64(_mm256_srli_epi64(c1, 32), 4));
         __m256i q0 = _mm256_permutevar8x32_epi32(p0, pick), q1 = _mm256_permutevar8x32_epi32(p1, pick);

@@ -68,6 +68,20 @@ static void check_block(float pts, const float *x)
     }
 }
 
+/* None, an ordinary per-tensor scale, or an extreme one: a subnormal pts (a global_scale near
+ * FLT_MAX) makes 1 / pts / scale overflow, so zeros times it are NaN; a huge pts flushes the
+ * block scales to the smallest E4M3. */
+static float any_pts(void)
+{
+    switch (rnd() % 8) {
+    case 0: case 1: case 2: case 3: return 0.0f;
+    case 4: return 1.0f / 3e38f;
+    case 5: return ldexpf(1.0f + (float)(rnd() % 1000) / 1000.0f, -127 - (int)(rnd() % 22));
+    case 6: return ldexpf(1.0f + (float)(rnd() % 1000) / 1000.0f, 100 + (int)(rnd() % 27));
+    default: return ldexpf(1.0f + (float)(rnd() % 1000) / 1000.0f, (int)(rnd() % 60) - 40);
+    }
+}
+
 static void blocks_equal_scalar(void **state)
 {
     (void)state;
@@ -77,7 +91,7 @@ static void blocks_equal_scalar(void **state)
     for (int it = 0; it < 400000; it++) {
         int kind = (int)(rnd() % 8);
         float scale = ldexpf(1.0f, (int)(rnd() % 280) - 150);
-        float pts = (rnd() & 1) ? 0.0f : ldexpf(1.0f + (float)(rnd() % 1000) / 1000.0f, (int)(rnd() % 60) - 40);
+        float pts = any_pts();
         for (int j = 0; j < 16; j++) {
             float u = (float)test_uniform() * 2.0f - 1.0f;
             x[j] = kind == 0   ? 0.0f
@@ -109,7 +123,7 @@ static void eight_blocks_equal_scalar(void **state)
     static const float grid[] = {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f, 6.0f};
     long groups_taken = 0, groups_declined = 0;
     for (int it = 0; it < 60000; it++) {
-        float pts = (rnd() & 1) ? 0.0f : ldexpf(1.0f + (float)(rnd() % 1000) / 1000.0f, (int)(rnd() % 60) - 40);
+        float pts = any_pts();
         int bad = 0;
         for (int b = 0; b < 8; b++) {
             int kind = (int)(rnd() % 8);
@@ -150,6 +164,20 @@ static void eight_blocks_equal_scalar(void **state)
 #else
 static void eight_blocks_equal_scalar(void **state) { skip(); }
 static void e2m1_rounding_equals_scalar_on_every_float_of_the_grid(void **state) { skip(); }
+/* None, an ordinary per-tensor scale, or an extreme one: a subnormal pts (a global_scale near
+ * FLT_MAX) makes 1 / pts / scale overflow, so zeros times it are NaN; a huge pts flushes the
+ * block scales to the smallest E4M3. */
+static float any_pts(void)
+{
+    switch (rnd() % 8) {
+    case 0: case 1: case 2: case 3: return 0.0f;
+    case 4: return 1.0f / 3e38f;
+    case 5: return ldexpf(1.0f + (float)(rnd() % 1000) / 1000.0f, -127 - (int)(rnd() % 22));
+    case 6: return ldexpf(1.0f + (float)(rnd() % 1000) / 1000.0f, 100 + (int)(rnd() % 27));
+    default: return ldexpf(1.0f + (float)(rnd() % 1000) / 1000.0f, (int)(rnd() % 60) - 40);
+    }
+}
+
 static void blocks_equal_scalar(void **state) { skip(); }
 #endif
 

@@ -10,6 +10,7 @@
 #include "bnb4.h"
 #include "cpu/cpu.h"
 #include "ggml.h"
+#include "kquants.h"
 #include "mx.h"
 
 #ifdef QD_WITH_CUDA
@@ -108,6 +109,16 @@ static int layout_ggml(const struct qd_format *f, const struct qd_params *p, int
     return 1;
 }
 
+static int layout_kquant(const struct qd_format *f, const struct qd_params *p, int64_t rows,
+                         int64_t cols, struct qd_component *c, char *err, size_t len)
+{
+    (void)p;
+    if (!cols_multiple(f, cols, QD_QK_K, err, len))
+        return -1;
+    comp(&c[0], "data", QD_U8, 2, rows, cols / QD_QK_K * f->block_bytes);
+    return 1;
+}
+
 static int layout_awq(const struct qd_format *f, const struct qd_params *p, int64_t rows,
                       int64_t cols, struct qd_component *c, char *err, size_t len)
 {
@@ -176,6 +187,7 @@ static int layout_int8(const struct qd_format *f, const struct qd_params *p, int
 
 static const char *const bnb4_params[] = {"blocksize", "double_quant", "offset", "allow_nonfinite", NULL};
 static const char *const ggml_params[] = {"allow_nonfinite", NULL};
+static const char *const kquant_params[] = {NULL};
 static const char *const awq_params[] = {"group_size", "allow_nonfinite", NULL};
 static const char *const mx_params[] = {"scale_rounding", "scale_layout", "allow_nonfinite", NULL};
 static const char *const mx6_params[] = {"scale_rounding", "scale_layout", "fp6_packing",
@@ -193,6 +205,13 @@ static const char *const int8_params[] = {"granularity", "allow_nonfinite", NULL
      .block_axis = "last", .bits_per_weight = bytes * 8.0 / 32, .code = cd,                    \
      .gguf_type = gguf, .gguf_file_type = ftype, .params = ggml_params, .layout = layout_ggml,  \
      .backend = BACKENDS(ggml)}
+/* no GPU kernels yet: the CUDA backend runs these with the CPU code (backend_cuda.c) */
+#define KQUANT(nm, cd, bytes, gguf, ftype, dc)                                                  \
+    {.name = nm, .family = "kquant", .doc = dc, .block_elems = QD_QK_K, .block_bytes = bytes,  \
+     .block_axis = "last", .bits_per_weight = bytes * 8.0 / QD_QK_K, .code = cd,               \
+     .gguf_type = gguf, .gguf_file_type = ftype, .params = kquant_params,                      \
+     .layout = layout_kquant,                                                                  \
+     .backend = {[QD_BACKEND_CPU] = {qd_cpu_kquant_quantize, qd_cpu_kquant_dequantize}}}
 #define MX(nm, cd, bits, prm, dc)                                                               \
     {.name = nm, .family = "mx", .doc = dc, .block_elems = 32, .block_axis = "last",           \
      .bits_per_weight = bits + 8.0 / 32, .code = cd, .params = prm, .layout = layout_mx,       \
@@ -207,6 +226,12 @@ const struct qd_format qd_formats[] = {
     GGML("q5_1", QD_Q5_1, 24, 7, 9, "ggml block_q5_1: f16 d, f16 m, 32 x 5-bit"),
     GGML("q8_0", QD_Q8_0, 34, 8, 7, "ggml block_q8_0: f16 d, 32 x int8"),
     GGML("q8_1", QD_Q8_1, 36, 9, 0, "ggml block_q8_1: f16 d, f16 s = d*sum(q), 32 x int8"),
+    /* llama_ftype of the mix whose default type this is (llama-quantize --pure Q4_K writes 15) */
+    KQUANT("q2_K", QD_Q2_K, 84, 10, 10, "ggml block_q2_K: 256 elements, 16 x (4-bit scale, 4-bit min), 2-bit codes"),
+    KQUANT("q3_K", QD_Q3_K, 110, 11, 12, "ggml block_q3_K: 256 elements, 16 x 6-bit scales, 3-bit codes"),
+    KQUANT("q4_K", QD_Q4_K, 144, 12, 15, "ggml block_q4_K: 256 elements, 8 x (6-bit scale, 6-bit min), 4-bit codes"),
+    KQUANT("q5_K", QD_Q5_K, 176, 13, 17, "ggml block_q5_K: 256 elements, 8 x (6-bit scale, 6-bit min), 5-bit codes"),
+    KQUANT("q6_K", QD_Q6_K, 210, 14, 18, "ggml block_q6_K: 256 elements, 16 x int8 scales, 6-bit codes"),
     {.name = "awq", .family = "awq", .doc = "AutoAWQ WQLinear_GEMM int4, input W [K, N]",
      .block_elems = 128, .block_axis = "rows", .bits_per_weight = 4.0 + 20.0 / 128,
      .params = awq_params, .layout = layout_awq, .backend = BACKENDS(awq)},

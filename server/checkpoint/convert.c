@@ -270,7 +270,7 @@ int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, en
 {
     memset(s, 0, sizeof *s);
     *status = QD_EINVAL;
-    if (!strcmp(o->f->family, "ggml"))
+    if (!strcmp(o->f->family, "ggml") || !strcmp(o->f->family, "kquant"))
         return qd_convert_gguf(o, s, status, err, errlen);
     if (!strcmp(o->f->family, "bnb4"))
         return qd_convert_bnb(o, s, status, err, errlen);

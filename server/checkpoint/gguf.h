@@ -16,7 +16,8 @@
 /* ggml tensor types that GGUF files carry (ggml.h enum ggml_type). */
 enum {
     QD_GGML_F32 = 0, QD_GGML_F16 = 1, QD_GGML_Q4_0 = 2, QD_GGML_Q4_1 = 3, QD_GGML_Q5_0 = 6,
-    QD_GGML_Q5_1 = 7, QD_GGML_Q8_0 = 8, QD_GGML_Q8_1 = 9, QD_GGML_BF16 = 30, QD_GGML_TYPE_COUNT = 43
+    QD_GGML_Q5_1 = 7, QD_GGML_Q8_0 = 8, QD_GGML_Q8_1 = 9, QD_GGML_Q2_K = 10, QD_GGML_Q3_K = 11,
+    QD_GGML_Q4_K = 12, QD_GGML_Q5_K = 13, QD_GGML_Q6_K = 14, QD_GGML_BF16 = 30, QD_GGML_TYPE_COUNT = 43
 };
 
 /* A ggml type's name and block geometry; NULL for ids that are not (or no longer) types. */

@@ -4,7 +4,8 @@
  * - which tensors are quantized: tensor_allows_quantization (2-D+, name ends in "weight", not
  *   a norm, and the exclusions below), narrowed by --skip/--only; output.weight is quantized
  *   (quantize_output_tensor defaults to true);
- * - a row length that is not a multiple of 32 falls back to F16 (tensor_type_fallback);
+ * - a row length the type's block does not divide falls back as tensor_type_fallback says: the
+ *   K-quants (256-blocks) to a 32-block type, then to F16 where 32 does not divide it either;
  * - every input key/value in order, general.quantization_version (2) and general.file_type
  *   re-set (removed and appended, as gguf_set_val does), split.* removed;
  * - data aligned to 32 (GGUF_DEFAULT_ALIGNMENT), each tensor zero-padded to it. */
@@ -87,22 +88,47 @@ static enum qd_dtype float_dtype(uint32_t type)
 
 /* ggml_validate_row_data: llama-quantize refuses a quantized row whose block scale (and min)
  * is not finite; F16 output is checked value by value. */
-static int first_nonfinite_f16(const uint8_t *p, uint64_t n_blocks, int block_bytes, int fields)
+static int first_nonfinite_f16(const uint8_t *p, uint64_t n_blocks, int block_bytes, int at, int fields)
 {
     for (uint64_t b = 0; b < n_blocks; b++)
         for (int k = 0; k < fields; k++) {
             uint16_t h;
-            memcpy(&h, p + b * (uint64_t)block_bytes + 2 * k, 2);
+            memcpy(&h, p + b * (uint64_t)block_bytes + at + 2 * k, 2);
             if ((h & 0x7c00) == 0x7c00)
                 return 1;
         }
     return 0;
 }
 
+/* Where a block type keeps its f16 scale (d, and dmin: fields 2), as ggml's structs lay them out. */
+static void f16_fields(uint32_t type, int *at, int *fields)
+{
+    *at = type == QD_GGML_Q2_K ? 80 : type == QD_GGML_Q3_K ? 108 : type == QD_GGML_Q6_K ? 208 : 0;
+    *fields = type == QD_GGML_Q4_1 || type == QD_GGML_Q5_1 || type == QD_GGML_Q2_K || type == QD_GGML_Q4_K ||
+                      type == QD_GGML_Q5_K ? 2 : 1;
+}
+
+/* tensor_type_fallback: the format a row of ncols takes when f's block does not divide it
+ * (the K-quants name a 32-block type), or NULL for F16 (no block divides it). */
+static const struct qd_format *fallback_format(const struct qd_format *f, int64_t ncols)
+{
+    static const char *const to[][2] = {{"q2_K", "q4_0"}, {"q3_K", "q4_0"}, {"q4_K", "q5_0"},
+                                        {"q5_K", "q5_1"}, {"q6_K", "q8_0"}};
+    if (ncols % f->block_elems == 0)
+        return f;
+    for (size_t i = 0; i < sizeof to / sizeof *to; i++)
+        if (!strcmp(f->name, to[i][0])) {
+            const struct qd_format *g = qd_format_find(to[i][1]);
+            return ncols % g->block_elems == 0 ? g : NULL;
+        }
+    return NULL;
+}
+
 struct plan {
     const struct qd_gguf_tensor *src;
     struct qd_gguf_tensor out;
     enum qd_convert_action action;
+    const struct qd_format *f; /* QD_CONVERT_QUANTIZE: the format (the target's, or its fallback) */
 };
 
 static int same_file(const char *a, const char *b)
@@ -129,7 +155,12 @@ static enum qd_status process_tensor(void *ctx, int item, const void *in, void *
     int64_t rows = (int64_t)(p->src->bytes / (uint64_t)src_type->block_bytes * (uint64_t)src_type->block_elems) /
                    p->src->ne[0];
     if (p->action == QD_CONVERT_QUANTIZE) {
-        enum qd_status st = qd_convert_quantize(j->o, in, float_dtype(p->src->type), rows, p->src->ne[0], out,
+        struct qd_convert_opts o = *j->o;
+        if (p->f != o.f) { /* a fallback type: its own default parameters */
+            o.f = p->f;
+            qd_params_default(p->f, &o.params);
+        }
+        enum qd_status st = qd_convert_quantize(&o, in, float_dtype(p->src->type), rows, p->src->ne[0], out,
                                                 (int64_t)p->out.bytes, &j->nmse, NULL, err, errlen);
         if (st != QD_OK) {
             char msg[512];
@@ -137,8 +168,9 @@ static enum qd_status process_tensor(void *ctx, int item, const void *in, void *
             snprintf(err, errlen, "%s", msg);
             return st;
         }
-        int fields = p->out.type == QD_GGML_Q4_1 || p->out.type == QD_GGML_Q5_1 ? 2 : 1;
-        if (first_nonfinite_f16(out, p->out.bytes / (uint64_t)ty->block_bytes, ty->block_bytes, fields)) {
+        int at, fields;
+        f16_fields(p->out.type, &at, &fields);
+        if (first_nonfinite_f16(out, p->out.bytes / (uint64_t)ty->block_bytes, ty->block_bytes, at, fields)) {
             snprintf(err, errlen, "tensor '%s': a block scale overflows f16 (llama-quantize stops there too: "
                      "\"quantized data validation failed\")", p->src->name);
             return QD_ENONFINITE;
@@ -150,7 +182,7 @@ static enum qd_status process_tensor(void *ctx, int item, const void *in, void *
     for (uint64_t k = 0; k < count; k++)
         h[k] = qd_f32_to_f16(p->src->type == QD_GGML_F32 ? ((const float *)in)[k]
                                                           : qd_bf16_to_f32(((const uint16_t *)in)[k]));
-    if (first_nonfinite_f16(out, count, 2, 1)) {
+    if (first_nonfinite_f16(out, count, 2, 0, 1)) {
         snprintf(err, errlen, "tensor '%s': a value is not finite in f16 (llama-quantize stops there too)",
                  p->src->name);
         return QD_ENONFINITE;
@@ -194,7 +226,7 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
     const struct qd_format *f = o->f;
     if (!f->gguf_file_type) {
         snprintf(err, errlen, "convert: %s has no llama.cpp file type (llama-quantize does not write it); "
-                 "use q4_0, q4_1, q5_0, q5_1 or q8_0", f->name);
+                 "use q4_0, q4_1, q5_0, q5_1, q8_0 or a K-quant (q2_K ... q6_K)", f->name);
         return -1;
     }
     if (same_file(o->src, o->dst)) {
@@ -241,8 +273,8 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
                            (uint64_t)qd_ggml_type(p->src->type)->block_elems;
         if (!allows_quantization(p->src, arch) || !qd_name_filter_keeps(nf, p->src->name))
             continue;
-        /* tensor_type_fallback: a 32-block type with a row it cannot split is F16 */
-        uint32_t target = p->src->ne[0] % 32 ? QD_GGML_F16 : (uint32_t)f->gguf_type;
+        p->f = fallback_format(f, p->src->ne[0]);
+        uint32_t target = p->f ? (uint32_t)p->f->gguf_type : QD_GGML_F16;
         if (target == p->src->type)
             continue;
         if (!is_float(p->src->type)) {

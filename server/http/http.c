@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -613,6 +614,14 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
 {
     struct conn *c = *con_cls;
     qd_watch_request(mc, 0);
+    /* cut for its timeout (an answer nobody reads, a stalled body): close with a reset, so that
+     * the kernel drops an unsent answer now rather than probing a zero window for minutes */
+    if (why == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        struct linger now = {.l_onoff = 1, .l_linger = 0};
+        if (ci)
+            setsockopt(ci->connect_fd, SOL_SOCKET, SO_LINGER, &now, sizeof now);
+    }
     if (!c)
         return;
     double seconds = (qd_now_us() - c->start_us) / 1e6;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../../kernels/cuda/cuda.h"
 #include "queue/backend.h"
@@ -285,8 +286,21 @@ static enum qd_status cuda_run(void *worker, struct qd_work *w, char *err, size_
         return QD_EDEVICE;
     }
 #endif
-    enum qd_status st = run_job(wk, w, err, errlen);
-    if (st == QD_OK && w->req.op == QD_OP_QUANTIZE && w->req.report_error)
+    enum qd_status st;
+    int quant = w->req.op == QD_OP_QUANTIZE;
+    const struct qd_backend_fns *gpu = &w->f->backend[QD_BACKEND_CUDA];
+    if (quant ? !gpu->quantize : !gpu->dequantize) {
+        /* a format without GPU kernels yet (the K-quants) runs the CPU code: the same bytes */
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        st = quant ? qd_quantize(QD_BACKEND_CPU, w->f, &w->in, &w->p, w->comp, err, errlen)
+                   : qd_dequantize(QD_BACKEND_CPU, w->f, (const void *const *)w->comp, &w->p, &w->out, err, errlen);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        w->t.kernel_us = (double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) / 1e3;
+        snprintf(w->backend, sizeof w->backend, "cpu");
+    } else
+        st = run_job(wk, w, err, errlen);
+    if (st == QD_OK && quant && w->req.report_error)
         st = qd_backend_report(w, err, errlen);
     return st;
 }

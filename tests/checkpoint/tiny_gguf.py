@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """A tiny random Llama as llama.cpp loads it, written with the `gguf` package's own writer:
-usage: tiny_gguf.py OUT.gguf [f32|f16|bf16] [--ffn N] [--layers N] [--hidden N] [--seed N]
+usage: tiny_gguf.py OUT.gguf [f32|f16|bf16] [--ffn N] [--layers N] [--hidden N] [--seed N] [--cases]
 
 The vocabulary is SentencePiece-style with byte fallback (<unk>, <s>, </s>, the 256 byte tokens
 and a few pieces), so llama.cpp can tokenize any prompt. Norms are F32 (as convert_hf_to_gguf
 writes them); the other weights take the dtype asked for. An --ffn that is not a multiple of 32
-makes ffn_down's rows unsplittable into 32-blocks (llama-quantize's F16 fallback)."""
+makes ffn_down's rows unsplittable into 32-blocks (llama-quantize's F16 fallback).
+
+--cases: weights from an integer generator (the same floats on every machine and numpy version,
+so quantized bytes recorded once stay comparable) with a hard case in every 8th row: zeros, a
+constant, one outlier, huge, tiny, a ramp, heavy tails, plain."""
 import argparse
 
 import numpy as np
@@ -28,6 +32,7 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=0, help="pad the vocabulary to N tokens")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cases", action="store_true")
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
     pieces = ["▁the", "▁a", "▁of", "▁and", "▁to", "▁in", "▁is", "▁quant", "ize", "▁model"]
@@ -62,8 +67,43 @@ def main():
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
 
+    state = [a.seed * 2654435761 % 2**64 or 1]
+
+    def exact(rows, cols, scale):
+        """Sums of integers times powers of two: exact in f32, so no library rounding enters."""
+        n = rows * cols
+        idx = np.arange(n, dtype=np.uint64) + np.uint64(state[0])
+        state[0] = (state[0] + n * 0x9E3779B97F4A7C15) % 2**64
+        acc = np.zeros(n, dtype=np.int64)
+        for k in range(4):  # four hashed 16-bit draws: roughly normal
+            h = (idx * np.uint64(0x9E3779B97F4A7C15 + 2 * k + 1)) ^ (idx >> np.uint64(29))
+            h = (h * np.uint64(0xBF58476D1CE4E5B9)) >> np.uint64(40)
+            acc += (h & np.uint64(0xFFFF)).astype(np.int64) - 32768
+        x = acc.astype(np.float32) * np.float32(2.0 ** -17)  # about N(0, 0.5)
+        heavy = ((idx * np.uint64(0x94D049BB133111EB)) >> np.uint64(58)).astype(np.int64)  # 0..63
+        x = np.where(heavy == 0, x * np.float32(64.0), x)  # 1 in 64: a tail value
+        x = (x * np.float32(scale)).reshape(rows, cols)
+        for r in range(rows):
+            kind = r % 8
+            if kind == 0:
+                x[r] = 0.0
+            elif kind == 1:
+                x[r] = np.float32(0.75 * scale)
+            elif kind == 2:
+                x[r] = 0.0
+                x[r, (r * 37) % cols] = np.float32(96.0)
+            elif kind == 3:
+                x[r] *= np.float32(2.0 ** 13)  # large, still finite in f16
+            elif kind == 4:
+                x[r] *= np.float32(2.0 ** -14)  # tiny: f16 subnormals and zeros
+            elif kind == 5:
+                x[r] = (np.arange(cols, dtype=np.float32) * 2 - cols) * np.float32(2.0 ** -8)
+        return x
+
     def weight(name, rows, cols, scale=0.05):
-        if rows * cols <= base.size:
+        if a.cases:
+            x = exact(rows, cols, scale)
+        elif rows * cols <= base.size:
             x = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
         else:  # big models (benchmarks): a rotated copy of one random block, fast to make
             x = np.resize(np.roll(base, int(rng.integers(base.size))), rows * cols).reshape(rows, cols) * scale

@@ -252,6 +252,53 @@ static void slow_client_is_cut_off_after_the_connection_timeout(void **state)
     assert_int_equal(server_stop(&s), 0);
 }
 
+/* A client that asks for a large answer and never reads it: the server lets go after the
+ * connection timeout with a reset, so the answer left in the kernel's buffers is dropped at
+ * once (a plain close would leave it probing the client's zero window for minutes). */
+static void unread_answer_is_dropped_with_a_reset(void **state)
+{
+    struct server s;
+    const char *flags[] = {"--conn-timeout", "2", NULL};
+    server_start(&s, flags);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    size_t n = 2048 * 2048; /* 16 MiB of f32 in, 5.9 MB of JSON out: more than the socket buffers hold */
+    float *x = random_f32(n);
+    char head[256];
+    int hl = snprintf(head, sizeof head, "POST /quantize?fmt=q8_0&dtype=f32&shape=2048,2048 HTTP/1.1\r\nHost: x\r\n"
+                      "Content-Type: application/octet-stream\r\nContent-Length: %zu\r\n\r\n", n * 4);
+    assert_int_equal(write(fd, head, (size_t)hl), hl);
+    for (size_t off = 0; off < n * 4;) {
+        ssize_t w = write(fd, (char *)x + off, n * 4 - off);
+        assert_true(w > 0);
+        off += (size_t)w;
+    }
+    free(x);
+    sleep(6); /* the answer stalls in the buffers; the server times out after 2 s */
+    struct timeval tv = {.tv_sec = 20};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    char buf[65536];
+    ssize_t r;
+    size_t got = 0;
+    while ((r = read(fd, buf, sizeof buf)) > 0)
+        got += (size_t)r;
+    int e = errno;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double waited = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    close(fd);
+    printf("# unread answer: %zu bytes read after the timeout, then %s after %.2f s\n", got,
+           r == 0 ? "EOF" : strerror(e), waited);
+    assert_true(r < 0 && e == ECONNRESET);
+    assert_true(waited < 2);
+    assert_int_equal(server_stop(&s), 0);
+}
+
 /* Sends text a byte every 200 ms until the server closes the connection; the seconds that took
  * (or 60 when it never did). */
 static double trickle_until_cut(const struct server *s, const char *text)
@@ -428,6 +475,7 @@ int main(void)
         cmocka_unit_test(error_messages_stay_valid_utf8),
         cmocka_unit_test(request_limits_are_enforced),
         cmocka_unit_test(slow_client_is_cut_off_after_the_connection_timeout),
+        cmocka_unit_test(unread_answer_is_dropped_with_a_reset),
         cmocka_unit_test(trickling_clients_are_cut_off),
         cmocka_unit_test(metrics_label_dequantize_with_the_body_format),
         cmocka_unit_test(status_400_bad_requests),

@@ -427,7 +427,9 @@ def main():
                              "max": max(health) if health else None},
               "rss_mb": {"at_rest": before["rss_mb"], "max": max(rss) if rss else None,
                          "second_quarter_median": flat[0] if flat else None,
-                         "last_quarter_median": flat[1] if flat else None},
+                         "last_quarter_median": flat[1] if flat else None,
+                         # one sample in ten, to see whether it levels off
+                         "series": [round(v, 1) for v in rss[::10]]},
               "fds": [before["fds"], after["fds"]], "threads": [before["threads"], after["threads"]],
               "slow_clients": {k: [round(t, 2) for kk, t in slow_times if kk == k] for k in
                                ("trickled headers", "trickled body", "stalled body", "unread answer")},

@@ -1,7 +1,8 @@
 """quantd convert against llama.cpp itself (make test-consumers builds llama-quantize and
 llama-completion from the llama.cpp sources vendored in the llama-cpp-python sdist and points
 LLAMA_CPP_BIN at them): for tiny Llama GGUFs in F32, F16 and BF16 (one with an FFN width that
-is not a multiple of 32), `quantd convert --fmt T` equals `llama-quantize --pure <in> <out> T`
+is not a multiple of 32, and for the K-quants one whose FFN width is 288: 32-block fallbacks),
+`quantd convert --fmt T` equals `llama-quantize --pure <in> <out> T`
 byte for byte (so llama.cpp computes the same logits from both), and llama.cpp loads and runs
 quantd's file. (Its console output is not compared: llama-completion's stdout of a greedy run on
 this random model varies between runs of the same file, even on one thread.)"""
@@ -25,7 +26,7 @@ def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("models")
     out = {}
     for dt in ("f32", "f16", "bf16"):
-        for kind, extra in (("plain", []), ("odd", ["--ffn", "100"])):
+        for kind, extra in (("plain", []), ("odd", ["--ffn", "100"]), ("odd256", ["--ffn", "288"])):
             p = d / f"{kind}_{dt}.gguf"
             subprocess.run([sys.executable, TINY, str(p), dt, *extra], check=True)
             out[(kind, dt)] = p
@@ -40,16 +41,19 @@ def complete(model):
     return p.stdout
 
 
-@pytest.mark.parametrize("kind", ["plain", "odd"])
-@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+LEGACY, KQUANTS = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"], ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+CASES = [(k, d, q) for d in ("f32", "f16", "bf16") for q in LEGACY + KQUANTS
+         for k in (["plain", "odd"] + (["odd256"] if q in KQUANTS else []))]  # 288: only K rows fall back
+
+
+@pytest.mark.parametrize("kind,dtype,qtype", CASES)
 def test_convert_equals_llama_quantize_pure(models, tmp_path, kind, dtype, qtype):
     src = models[(kind, dtype)]
     ref, ours = tmp_path / "ref.gguf", tmp_path / "ours.gguf"
     p = subprocess.run([os.path.join(BIN, "llama-quantize"), "--pure", str(src), str(ref), qtype, "2"],
                        capture_output=True)
     assert p.returncode == 0, p.stderr[-2000:]
-    run_quantd("convert", "--in", src, "--out", ours, "--fmt", qtype.lower())
+    run_quantd("convert", "--in", src, "--out", ours, "--fmt", qtype.lower().replace("_k", "_K"))
     a, b = ref.read_bytes(), ours.read_bytes()
     first = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
     assert a == b, f"sizes {len(a)}/{len(b)}, first differing byte {first}"

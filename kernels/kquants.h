@@ -444,7 +444,7 @@ QD_HD void qd_kq_quantize_q2(const float *QD_RESTRICT x, uint8_t *QD_RESTRICT bl
     if (max_min > 0.0f) {
         float iscale = 15.0f / max_min;
         for (int j = 0; j < 16; j++)
-            sc[j] |= (uint8_t)(qd_kq_round(iscale * mins[j]) << 4);
+            sc[j] |= (uint8_t)((unsigned)qd_kq_round(iscale * mins[j]) << 4);
         qd_put_f16(blk + 82, max_min / 15.0f);
     } else
         qd_put_f16(blk + 82, 0.0f);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "checkpoint/gguf.h"
+#include "checkpoint/gguf_recipe.h"
 
 int qd_map_file(const char *path, struct qd_mapped *m, char *err, size_t errlen)
 {
@@ -270,6 +271,18 @@ int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, en
 {
     memset(s, 0, sizeof *s);
     *status = QD_EINVAL;
+    if (o->recipe) { /* a llama-quantize mix: GGUF out, its default type as the format */
+        const struct qd_gguf_recipe *r = qd_gguf_recipe_find(o->recipe);
+        if (!r) {
+            snprintf(err, errlen, "convert: unknown recipe '%.40s' (quantd writes %s)", o->recipe,
+                     qd_gguf_recipe_names());
+            return -1;
+        }
+        struct qd_convert_opts mix = *o;
+        mix.f = qd_format_find(r->fmt);
+        qd_params_default(mix.f, &mix.params);
+        return qd_convert_gguf(&mix, s, status, err, errlen);
+    }
     if (!strcmp(o->f->family, "ggml") || !strcmp(o->f->family, "kquant"))
         return qd_convert_gguf(o, s, status, err, errlen);
     if (!strcmp(o->f->family, "bnb4"))

@@ -1,5 +1,6 @@
 /* Conversion jobs (convert_job.h). */
 #include "checkpoint/convert_job.h"
+#include "checkpoint/gguf_recipe.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -108,7 +109,7 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
     }
     const cJSON *it;
     cJSON_ArrayForEach(it, o) {
-        static const char *const keys[] = {"source", "destination", "fmt", "params", "skip", "only", NULL};
+        static const char *const keys[] = {"source", "destination", "fmt", "recipe", "params", "skip", "only", NULL};
         int known = 0;
         for (const char *const *k = keys; *k; k++)
             known |= !strcmp(it->string, *k);
@@ -118,6 +119,20 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
         }
     }
     const char *fmt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "fmt"));
+    const cJSON *recipe = cJSON_GetObjectItemCaseSensitive(o, "recipe");
+    if (recipe) { /* a llama-quantize mix: its default type is the format */
+        const struct qd_gguf_recipe *mix = qd_gguf_recipe_find(cJSON_GetStringValue(recipe));
+        if (!mix) {
+            qd_reply_error(err, 400, "unknown_recipe", "unknown recipe (quantd writes %s)", qd_gguf_recipe_names());
+            goto bad;
+        }
+        if (fmt || q->f) {
+            qd_reply_error(err, 400, "bad_request", "give fmt or recipe, not both (a recipe chooses each tensor's format)");
+            goto bad;
+        }
+        r->recipe = strdup(mix->name);
+        fmt = mix->fmt;
+    }
     r->f = q->f ? q->f : fmt ? qd_format_find(fmt) : NULL;
     if (!r->f) {
         qd_reply_error(err, 400, "unknown_format", "fmt %s%.64s%s (GET /formats lists them)", fmt ? "'" : "is missing",
@@ -172,6 +187,7 @@ void qd_convert_request_free(struct qd_convert_request *r)
     free(r->dst);
     free(r->skip);
     free(r->only);
+    free(r->recipe);
     free(r);
 }
 
@@ -188,7 +204,8 @@ void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
 {
     const struct qd_convert_request *r = j->convert;
     struct qd_convert_opts o = {.src = r->src, .dst = r->dst, .f = r->f, .params = r->params, .skip = r->skip,
-                                .only = r->only, .backend = b, .worker = worker, .progress = on_tensor,
+                                .only = r->only, .recipe = r->recipe, .backend = b, .worker = worker,
+                                .progress = on_tensor,
                                 .progress_ctx = j, .cancel = &j->cancel};
     struct qd_convert_summary s;
     enum qd_status st;

@@ -14,11 +14,12 @@ struct qd_convert_request {
     const struct qd_format *f;
     struct qd_params params;
     char *skip, *only;
+    char *recipe;    /* a llama-quantize mix name (GGUF), f then its default type */
     int spooled;     /* POST /convert: src and dst are temporary; the answer is dst's bytes */
 };
 
-/* The JSON body {"source", "destination", "fmt", "params", "skip", "only"} (fmt and params may
- * be in the query instead). Paths are relative to data_dir: absolute ones, "..", and symlinks
+/* The JSON body {"source", "destination", "fmt" or "recipe", "params", "skip", "only"} (fmt and
+ * params may be in the query instead). Paths are relative to data_dir: absolute ones, "..", and symlinks
  * that lead outside are refused (403), a missing source or destination directory is 404, the
  * rest 400. NULL with the error in err. */
 struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const struct qd_req *q, const char *body,

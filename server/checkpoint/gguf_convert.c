@@ -21,6 +21,7 @@
 #include "../../kernels/fp.h"
 #include "checkpoint/convert.h"
 #include "checkpoint/gguf.h"
+#include "checkpoint/gguf_recipe.h"
 #include "checkpoint/pipeline.h"
 
 /* tensor_allows_quantization: names containing any of these stay as they are. */
@@ -224,6 +225,8 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
 {
     double t0 = qd_pipe_clock_s();
     const struct qd_format *f = o->f;
+    const struct qd_gguf_recipe *recipe = o->recipe ? qd_gguf_recipe_find(o->recipe) : NULL;
+    const uint32_t file_type = recipe ? (uint32_t)recipe->ftype : (uint32_t)f->gguf_file_type;
     if (!f->gguf_file_type) {
         snprintf(err, errlen, "convert: %s has no llama.cpp file type (llama-quantize does not write it); "
                  "use q4_0, q4_1, q5_0, q5_1, q8_0 or a K-quant (q2_K ... q6_K)", f->name);
@@ -264,6 +267,9 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
     for (int i = 0; i < n; i++)
         order[i] = &g.tensors[i];
     qsort(order, (size_t)n, sizeof *order, cmp_loader_order);
+    struct qd_recipe_state rs;
+    if (recipe)
+        qd_recipe_init(&rs, recipe, &g);
     for (int i = 0; i < n; i++) {
         struct plan *p = &plan[i];
         p->src = order[i];
@@ -271,9 +277,13 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         p->action = QD_CONVERT_COPY;
         s->params_total += p->src->bytes / (uint64_t)qd_ggml_type(p->src->type)->block_bytes *
                            (uint64_t)qd_ggml_type(p->src->type)->block_elems;
-        if (!allows_quantization(p->src, arch) || !qd_name_filter_keeps(nf, p->src->name))
+        if (!allows_quantization(p->src, arch))
             continue;
-        p->f = fallback_format(f, p->src->ne[0]);
+        /* the mix's counters advance over every tensor it types, kept or not by --skip/--only */
+        const struct qd_format *want = recipe ? qd_recipe_format(&rs, p->src) : f;
+        if (!qd_name_filter_keeps(nf, p->src->name))
+            continue;
+        p->f = fallback_format(want, p->src->ne[0]);
         uint32_t target = p->f ? (uint32_t)p->f->gguf_type : QD_GGML_F16;
         if (target == p->src->type)
             continue;
@@ -298,7 +308,7 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
             kv[nkv++] = &g.kv[i];
     }
     const struct qd_gguf_u32_kv extra[] = {{"general.quantization_version", 2},
-                                           {"general.file_type", (uint32_t)f->gguf_file_type}};
+                                           {"general.file_type", file_type}};
     struct qd_gguf_tensor *infos = malloc((size_t)(n ? n : 1) * sizeof *infos);
     size_t meta_len = 0;
     if (infos) {

@@ -9,14 +9,19 @@
 #include <unistd.h>
 
 #include "checkpoint/convert.h"
+#include "checkpoint/gguf_recipe.h"
 #include "cli/cli.h"
 
 static const char *const usage_text =
-    "usage: quantd convert --in SRC --out DST --fmt FMT [--param k=v ...] [--skip RE] [--only RE]\n"
-    "                      [--backend auto|cpu|cuda] [--devices LIST] [--report-error]\n"
-    "  GGUF in (F32/F16/BF16 weights), --fmt q4_0|q4_1|q5_0|q5_1|q8_0: the GGUF llama-quantize\n"
-    "  --pure writes. --skip/--only: POSIX extended regexes narrowing which of the tensors the\n"
-    "  runtime would quantize are quantized. --report-error adds each tensor's NMSE.\n";
+    "usage: quantd convert --in SRC --out DST (--fmt FMT | --recipe MIX) [--param k=v ...]\n"
+    "                      [--skip RE] [--only RE] [--backend auto|cpu|cuda] [--devices LIST]\n"
+    "                      [--report-error]\n"
+    "  GGUF in (F32/F16/BF16 weights), --fmt q4_0|q4_1|q5_0|q5_1|q8_0|q2_K..q6_K: the GGUF\n"
+    "  llama-quantize --pure writes; --recipe Q4_K_M (or another of llama-quantize's mixes): the\n"
+    "  GGUF llama-quantize writes for that type, each tensor's type chosen by its rules.\n"
+    "  Hugging Face model in, --fmt nf4|fp4: transformers + bitsandbytes. --skip/--only: POSIX\n"
+    "  extended regexes narrowing which of the tensors the runtime would quantize are quantized.\n"
+    "  --report-error adds each tensor's NMSE.\n";
 
 struct progress {
     int tty;
@@ -72,7 +77,7 @@ int qd_cli_convert(int argc, char **argv)
 {
     struct qd_convert_opts o;
     memset(&o, 0, sizeof o);
-    const char *fmt = NULL, *backend_name = "auto", *devices = NULL, *params[64];
+    const char *fmt = NULL, *recipe = NULL, *backend_name = "auto", *devices = NULL, *params[64];
     int nparams = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -92,6 +97,7 @@ int qd_cli_convert(int argc, char **argv)
         if (!strcmp(a, "--in")) o.src = v;
         else if (!strcmp(a, "--out")) o.dst = v;
         else if (!strcmp(a, "--fmt")) fmt = v;
+        else if (!strcmp(a, "--recipe")) recipe = v;
         else if (!strcmp(a, "--skip")) o.skip = v;
         else if (!strcmp(a, "--only")) o.only = v;
         else if (!strcmp(a, "--backend")) backend_name = v;
@@ -102,11 +108,20 @@ int qd_cli_convert(int argc, char **argv)
             return 2;
         }
     }
-    if (!o.src || !o.dst || !fmt) {
-        fprintf(stderr, "quantd convert: --in, --out and --fmt are required\n%s", usage_text);
+    if (!o.src || !o.dst || !fmt == !recipe) {
+        fprintf(stderr, "quantd convert: --in, --out and one of --fmt or --recipe are required\n%s", usage_text);
         return 2;
     }
     char err[1024];
+    if (recipe) {
+        const struct qd_gguf_recipe *r = qd_gguf_recipe_find(recipe);
+        if (!r) {
+            fprintf(stderr, "quantd convert: unknown recipe '%s' (quantd writes %s)\n", recipe, qd_gguf_recipe_names());
+            return 2;
+        }
+        o.recipe = recipe;
+        fmt = r->fmt;
+    }
     if (!(o.f = qd_format_find(fmt))) {
         fprintf(stderr, "quantd convert: unknown format '%s' (quantd formats lists them)\n", fmt);
         return 2;

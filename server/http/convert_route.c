@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "checkpoint/convert.h"
+#include "checkpoint/gguf_recipe.h"
 
 struct qd_convert_upload {
     int fd;
@@ -64,20 +65,38 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
     u->req = r;
     u->limit = (unsigned long long)limit;
     r->spooled = 1;
-    for (int i = 0; i < n; i++)
-        if (!strcmp(kv[i].key, "fmt") && !(r->f = qd_format_find(kv[i].value ? kv[i].value : ""))) {
-            qd_reply_error(err, 400, "unknown_format", "unknown format '%.64s' (GET /formats lists them)", kv[i].value);
+    for (int i = 0; i < n; i++) {
+        const char *v = kv[i].value ? kv[i].value : "";
+        if (!strcmp(kv[i].key, "fmt") && !(r->f = qd_format_find(v))) {
+            qd_reply_error(err, 400, "unknown_format", "unknown format '%.64s' (GET /formats lists them)", v);
             goto bad;
         }
+        if (!strcmp(kv[i].key, "recipe")) {
+            const struct qd_gguf_recipe *mix = qd_gguf_recipe_find(v);
+            if (!mix) {
+                qd_reply_error(err, 400, "unknown_recipe", "unknown recipe '%.40s' (quantd writes %s)", v,
+                               qd_gguf_recipe_names());
+                goto bad;
+            }
+            free(r->recipe);
+            r->recipe = strdup(mix->name);
+        }
+    }
+    if (r->recipe && r->f) {
+        qd_reply_error(err, 400, "bad_request", "give fmt or recipe, not both (a recipe chooses each tensor's format)");
+        goto bad;
+    }
+    if (r->recipe)
+        r->f = qd_format_find(qd_gguf_recipe_find(r->recipe)->fmt);
     if (!r->f) {
-        qd_reply_error(err, 400, "missing_format", "fmt is required (GET /formats lists them)");
+        qd_reply_error(err, 400, "missing_format", "fmt (or recipe) is required (GET /formats lists them)");
         goto bad;
     }
     qd_params_default(r->f, &r->params);
     char msg[512];
     for (int i = 0; i < n; i++) {
         const char *k = kv[i].key, *v = kv[i].value ? kv[i].value : "";
-        if (!strcmp(k, "fmt"))
+        if (!strcmp(k, "fmt") || !strcmp(k, "recipe"))
             continue;
         if (!strcmp(k, "skip") || !strcmp(k, "only")) {
             char **slot = !strcmp(k, "skip") ? &r->skip : &r->only;

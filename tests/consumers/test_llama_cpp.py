@@ -4,7 +4,8 @@ LLAMA_CPP_BIN at them): for tiny Llama GGUFs in F32, F16 and BF16 (one with an F
 is not a multiple of 32, and for the K-quants one whose FFN width is 288: 32-block fallbacks),
 `quantd convert --fmt T` equals `llama-quantize --pure <in> <out> T`
 byte for byte (so llama.cpp computes the same logits from both), and llama.cpp loads and runs
-quantd's file. (Its console output is not compared: llama-completion's stdout of a greedy run on
+quantd's file; and `quantd convert --recipe MIX` equals `llama-quantize <in> <out> MIX` (its
+type mixes, no --pure). (Its console output is not compared: llama-completion's stdout of a greedy run on
 this random model varies between runs of the same file, even on one thread.)"""
 import os
 import subprocess
@@ -30,6 +31,11 @@ def models(tmp_path_factory):
             p = d / f"{kind}_{dt}.gguf"
             subprocess.run([sys.executable, TINY, str(p), dt, *extra], check=True)
             out[(kind, dt)] = p
+    # for the mixes: more layers and a GQA ratio of 4, where their rules differ by layer and ratio
+    p = d / "deep_bf16.gguf"
+    subprocess.run([sys.executable, TINY, str(p), "bf16", "--layers", "16", "--heads", "8", "--kv-heads", "2"],
+                   check=True)
+    out[("deep", "bf16")] = p
     return out
 
 
@@ -58,4 +64,24 @@ def test_convert_equals_llama_quantize_pure(models, tmp_path, kind, dtype, qtype
     first = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
     assert a == b, f"sizes {len(a)}/{len(b)}, first differing byte {first}"
     if kind == "plain" and dtype == "bf16":  # llama.cpp loads and runs it (same bytes: same logits)
+        assert complete(ours).startswith("▁the▁quantize▁model".encode())
+
+
+MIXES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S",
+         "Q5_K_M", "Q6_K"]
+
+
+@pytest.mark.parametrize("kind,dtype", [("plain", "f16"), ("odd", "f32"), ("deep", "bf16")])
+@pytest.mark.parametrize("mix", MIXES)
+def test_recipe_equals_llama_quantize(models, tmp_path, kind, dtype, mix):
+    """--recipe MIX against llama-quantize MIX (no --pure): its per-tensor type rules"""
+    src = models[(kind, dtype)]
+    ref, ours = tmp_path / "ref.gguf", tmp_path / "ours.gguf"
+    p = subprocess.run([os.path.join(BIN, "llama-quantize"), str(src), str(ref), mix, "2"], capture_output=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    run_quantd("convert", "--in", src, "--out", ours, "--recipe", mix)
+    a, b = ref.read_bytes(), ours.read_bytes()
+    first = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), None)
+    assert a == b, f"sizes {len(a)}/{len(b)}, first differing byte {first}"
+    if kind == "deep" and mix == "Q4_K_M":
         assert complete(ours).startswith("▁the▁quantize▁model".encode())

@@ -124,6 +124,19 @@ static void convert_job_writes_what_the_cli_writes(void **state)
     assert_int_equal(a, b);
     assert_memory_equal(x, y, a);
     free(x), free(y);
+    /* a llama-quantize mix as a job: the CLI's file */
+    assert_int_equal(convert("/jobs?op=convert", "{\"source\": \"model.gguf\", \"destination\": \"sub/mix.gguf\", "
+                             "\"recipe\": \"Q5_K_M\"}", id, sizeof id),
+                     200);
+    snprintf(out, sizeof out, "%s/sub/mix.gguf", dir);
+    snprintf(cmd, sizeof cmd, "%s convert --in %s --out %s --recipe Q5_K_M > /dev/null", quantd_bin(), src, ref);
+    assert_int_equal(system(cmd), 0);
+    x = read_file(out, &a), y = read_file(ref, &b);
+    assert_non_null(x);
+    assert_non_null(y);
+    assert_int_equal(a, b);
+    assert_memory_equal(x, y, a);
+    free(x), free(y);
     /* fmt from the query; a conversion that fails inside the job (q8_1 has no llama.cpp file
      * type) is reported in its result, and DELETE forgets the job */
     assert_int_equal(convert("/jobs?op=convert&fmt=q8_1", "{\"source\": \"model.gguf\", \"destination\": \"q.gguf\"}",
@@ -163,6 +176,9 @@ static void convert_refusals_come_before_the_job(void **state)
     expect_error(&srv, 400, "bad_request", p, "{\"source\": \"model.gguf\", \"destination\": \"o.gguf\", \"fmt\": \"q8_0\", "
                                               "\"skip\": \"(\"}");
     expect_error(&srv, 400, "bad_request", p, "{\"src\": \"model.gguf\"}");
+    expect_error(&srv, 400, "unknown_recipe", p, "{\"source\": \"model.gguf\", \"destination\": \"o.gguf\", \"recipe\": \"Q9\"}");
+    expect_error(&srv, 400, "bad_request", p,
+                 "{\"source\": \"model.gguf\", \"destination\": \"o.gguf\", \"recipe\": \"Q6_K\", \"fmt\": \"q6_K\"}");
     expect_error(&srv, 400, "bad_json", p, "[1, 2]");
     expect_error(&srv, 400, "bad_json", p, "");
     expect_error(&plain, 403, "forbidden", p, "{\"source\": \"model.gguf\", \"destination\": \"o.gguf\", \"fmt\": \"q8_0\"}");
@@ -198,6 +214,20 @@ static void convert_route_answers_the_converted_file(void **state)
     unlink(ref);
     http_free(&r);
     expect_error(&srv, 400, "missing_format", "/convert", "GGUF");
+    /* a llama-quantize mix instead of one format: the CLI's file again */
+    http_do(&srv, "POST", "/convert?recipe=Q4_K_M", raw_h, model, n, &r);
+    if (r.status != 200)
+        fail_msg("POST /convert?recipe: %ld %s", r.status, r.body);
+    snprintf(cmd, sizeof cmd, "%s convert --in %s --out %s --recipe Q4_K_M > /dev/null", quantd_bin(), src, ref);
+    assert_int_equal(system(cmd), 0);
+    want = read_file(ref, &m);
+    assert_int_equal(r.len, m);
+    assert_memory_equal(r.body, want, m);
+    free(want);
+    unlink(ref);
+    http_free(&r);
+    expect_error(&srv, 400, "unknown_recipe", "/convert?recipe=Q9_K", "GGUF");
+    expect_error(&srv, 400, "bad_request", "/convert?recipe=Q4_K_M&fmt=q4_0", "GGUF");
     expect_error(&srv, 400, "unknown_format", "/convert?fmt=nope", "GGUF");
     expect_error(&srv, 400, "unknown_param", "/convert?fmt=q8_0&blocksize=64", "GGUF");
     http_do(&srv, "POST", "/convert?fmt=q4_0", raw_h, "not a model", 11, &r);

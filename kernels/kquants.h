@@ -229,12 +229,11 @@ QD_HD void qd_kq_scale_min(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
  * rms(x) + |x|; scales and minimums to 6 bits against the block's largest, f16 d and dmin;
  * then every code again from the stored scales. blk: d, dmin, scales[12], (q5_K: qh[32]),
  * qs[128]. */
-QD_HD void qd_kq_quantize_q45(int five, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
+/* The sub-block search of q4_K/q5_K: scales, minimums (-min) and codes per sub-block of 32. */
+QD_HD void qd_kq_search_q45(int five, const float *QD_RESTRICT x, float *scales, float *mins, uint8_t *L)
 {
-    const int nmax = five ? 31 : 15;
-    uint8_t L[QD_QK_K], Laux[32];
-    float weights[32], mins[8], scales[8];
-    float max_scale = 0.0f, max_min = 0.0f;
+    uint8_t Laux[32];
+    float weights[32];
     for (int j = 0; j < 8; j++) {
         float sum_x2 = 0.0f;
         for (int l = 0; l < 32; l++)
@@ -242,8 +241,18 @@ QD_HD void qd_kq_quantize_q45(int five, const float *QD_RESTRICT x, uint8_t *QD_
         float av_x = sqrtf(sum_x2 / 32.0f);
         for (int l = 0; l < 32; l++)
             weights[l] = av_x + qd_absf(x[32 * j + l]);
-        scales[j] = qd_kq_make_qkx2(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, five ? -0.5f : -1.0f,
-                                    0.1f, five ? 15 : 20, 0);
+        scales[j] = qd_kq_make_qkx2(32, five ? 31 : 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux,
+                                    five ? -0.5f : -1.0f, 0.1f, five ? 15 : 20, 0);
+    }
+}
+
+/* The rest of a q4_K/q5_K block from the search's results (L is updated in place). */
+QD_HD void qd_kq_finish_q45(int five, const float *QD_RESTRICT x, const float *scales, const float *mins, uint8_t *L,
+                            uint8_t *QD_RESTRICT blk)
+{
+    const int nmax = five ? 31 : 15;
+    float max_scale = 0.0f, max_min = 0.0f;
+    for (int j = 0; j < 8; j++) {
         if (scales[j] > max_scale)
             max_scale = scales[j];
         if (mins[j] > max_min)
@@ -296,6 +305,14 @@ QD_HD void qd_kq_quantize_q45(int five, const float *QD_RESTRICT x, uint8_t *QD_
         }
         q += 32;
     }
+}
+
+QD_HD void qd_kq_quantize_q45(int five, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
+{
+    uint8_t L[QD_QK_K];
+    float scales[8], mins[8];
+    qd_kq_search_q45(five, x, scales, mins, L);
+    qd_kq_finish_q45(five, x, scales, mins, L, blk);
 }
 
 /* q6_K: sixteen sub-blocks of 16, symmetric 6-bit codes (make_qx_quants); int8 scales against

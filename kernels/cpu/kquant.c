@@ -4,6 +4,7 @@
  * blocks. */
 #include "../kquants.h"
 #include "cpu.h"
+#include "kquant_avx2.h"
 
 struct kquant_ctx {
     int type, block_bytes;
@@ -16,8 +17,18 @@ static void kquant_quantize_span(void *c, int tid, const float *x, int64_t first
     struct kquant_ctx *k = c;
     (void)tid;
     uint8_t *out = k->data + first / QD_QK_K * k->block_bytes;
-    for (int64_t b = 0; b < n / QD_QK_K; b++)
-        qd_kquant_quantize_block(k->type, x + b * QD_QK_K, out + b * k->block_bytes);
+    const int q45 = k->type == QD_Q4_K || k->type == QD_Q5_K, five = k->type == QD_Q5_K;
+    for (int64_t b = 0; b < n / QD_QK_K; b++) {
+        const float *xb = x + b * QD_QK_K;
+        uint8_t *o = out + b * k->block_bytes;
+        if (QD_KQUANT_AVX2 && q45) { /* the eight sub-block searches side by side, same bits */
+            uint8_t L[QD_QK_K];
+            float scales[8], mins[8];
+            qd_kq_search_q45_avx2(xb, five ? 31 : 15, five ? -0.5f : -1.0f, five ? 15 : 20, scales, mins, L);
+            qd_kq_finish_q45(five, xb, scales, mins, L, o);
+        } else
+            qd_kquant_quantize_block(k->type, xb, o);
+    }
 }
 
 static void kquant_dequantize_span(void *c, int tid, float *y, int64_t first, int64_t n)

@@ -1,0 +1,121 @@
+/* AVX2 form of the q4_K / q5_K sub-block search (kernels/kquants.h qd_kq_make_qkx2 with the
+ * rms(x) + |x| weights): the eight sub-blocks of a super-block run in the eight lanes, each
+ * lane doing exactly the scalar code's operations in the scalar code's order (sums over the
+ * elements stay sequential within a lane, branches become per-lane selects), so the scales,
+ * minimums and codes are the same bits. */
+#ifndef QD_CPU_KQUANT_AVX2_H
+#define QD_CPU_KQUANT_AVX2_H
+
+#include "../kquants.h"
+
+#ifdef __AVX2__
+#include <immintrin.h>
+
+#define QD_KQUANT_AVX2 1
+
+/* qd_kq_round, eight lanes */
+static inline __attribute__((always_inline)) __m256i kq_round8(__m256 v)
+{
+    __m256i i = _mm256_castps_si256(_mm256_add_ps(v, _mm256_set1_ps(12582912.0f)));
+    return _mm256_sub_epi32(_mm256_and_si256(i, _mm256_set1_epi32(0x007fffff)), _mm256_set1_epi32(0x00400000));
+}
+
+static inline __attribute__((always_inline)) __m256i kq_clamp8(__m256i v, int hi)
+{
+    return _mm256_min_epi32(_mm256_max_epi32(v, _mm256_setzero_si256()), _mm256_set1_epi32(hi));
+}
+
+/* Eight sub-blocks of 32 (a super-block): scales[j], mins[j] (the_min) and codes L[32 * j + i]
+ * as qd_kq_quantize_q45's first loop gives them (nmax 15 or 31, rmin, nstep). */
+static inline void qd_kq_search_q45_avx2(const float *x, int nmax, float rmin, int nstep, float *scales,
+                                         float *mins, uint8_t *L)
+{
+    __m256 xt[32], w[32];
+    for (int i = 0; i < 32; i++) /* lane j holds element i of sub-block j */
+        xt[i] = _mm256_set_ps(x[224 + i], x[192 + i], x[160 + i], x[128 + i], x[96 + i], x[64 + i], x[32 + i], x[i]);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 sum_x2 = _mm256_setzero_ps();
+    for (int i = 0; i < 32; i++)
+        sum_x2 = _mm256_add_ps(sum_x2, _mm256_mul_ps(xt[i], xt[i]));
+    __m256 av_x = _mm256_sqrt_ps(_mm256_div_ps(sum_x2, _mm256_set1_ps(32.0f)));
+    for (int i = 0; i < 32; i++)
+        w[i] = _mm256_add_ps(av_x, _mm256_and_ps(xt[i], absmask));
+    __m256 min = xt[0], max = xt[0], sum_w = w[0], sum_x = _mm256_mul_ps(w[0], xt[0]);
+    for (int i = 1; i < 32; i++) {
+        min = _mm256_min_ps(xt[i], min); /* x < min ? x : min */
+        max = _mm256_max_ps(xt[i], max); /* x > max ? x : max */
+        sum_w = _mm256_add_ps(sum_w, w[i]);
+        sum_x = _mm256_add_ps(sum_x, _mm256_mul_ps(w[i], xt[i]));
+    }
+    const __m256 zero = _mm256_setzero_ps(), fnmax = _mm256_set1_ps((float)nmax);
+    min = _mm256_blendv_ps(min, zero, _mm256_cmp_ps(min, zero, _CMP_GT_OQ));
+    const __m256 flat = _mm256_cmp_ps(max, min, _CMP_EQ_OQ); /* max == min: codes 0, scale 0 */
+    __m256 iscale = _mm256_div_ps(fnmax, _mm256_sub_ps(max, min));
+    __m256 scale = _mm256_div_ps(_mm256_set1_ps(1.0f), iscale);
+    __m256i Lv[32], La[32];
+    __m256 best = zero;
+    for (int i = 0; i < 32; i++) {
+        Lv[i] = kq_clamp8(kq_round8(_mm256_mul_ps(iscale, _mm256_sub_ps(xt[i], min))), nmax);
+        __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(scale, _mm256_cvtepi32_ps(Lv[i])), min), xt[i]);
+        best = _mm256_add_ps(best, _mm256_mul_ps(w[i], _mm256_mul_ps(diff, diff)));
+    }
+    for (int is = 0; is <= nstep; is++) {
+        /* min is the best one so far (the scalar code moves it as it goes) */
+        iscale = _mm256_div_ps(_mm256_set1_ps(rmin + 0.1f * (float)is + (float)nmax), _mm256_sub_ps(max, min));
+        __m256 sum_l = zero, sum_l2 = zero, sum_xl = zero;
+        for (int i = 0; i < 32; i++) {
+            La[i] = kq_clamp8(kq_round8(_mm256_mul_ps(iscale, _mm256_sub_ps(xt[i], min))), nmax);
+            __m256 l = _mm256_cvtepi32_ps(La[i]), wl = _mm256_mul_ps(w[i], l);
+            sum_l = _mm256_add_ps(sum_l, wl);
+            sum_l2 = _mm256_add_ps(sum_l2, _mm256_mul_ps(wl, l));
+            sum_xl = _mm256_add_ps(sum_xl, _mm256_mul_ps(wl, xt[i]));
+        }
+        __m256 D = _mm256_sub_ps(_mm256_mul_ps(sum_w, sum_l2), _mm256_mul_ps(sum_l, sum_l));
+        __m256 ok = _mm256_cmp_ps(D, zero, _CMP_GT_OQ);
+        if (!_mm256_movemask_ps(ok))
+            continue;
+        __m256 this_scale = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sum_w, sum_xl), _mm256_mul_ps(sum_x, sum_l)), D);
+        __m256 this_min = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sum_l2, sum_x), _mm256_mul_ps(sum_l, sum_xl)), D);
+        __m256 pos = _mm256_cmp_ps(this_min, zero, _CMP_GT_OQ);
+        this_min = _mm256_blendv_ps(this_min, zero, pos);
+        this_scale = _mm256_blendv_ps(this_scale, _mm256_div_ps(sum_xl, sum_l2), pos);
+        __m256 cur = zero;
+        for (int i = 0; i < 32; i++) {
+            __m256 diff = _mm256_sub_ps(
+                _mm256_add_ps(_mm256_mul_ps(this_scale, _mm256_cvtepi32_ps(La[i])), this_min), xt[i]);
+            cur = _mm256_add_ps(cur, _mm256_mul_ps(w[i], _mm256_mul_ps(diff, diff)));
+        }
+        __m256 take = _mm256_and_ps(ok, _mm256_cmp_ps(cur, best, _CMP_LT_OQ));
+        if (!_mm256_movemask_ps(take))
+            continue;
+        __m256i takei = _mm256_castps_si256(take);
+        for (int i = 0; i < 32; i++)
+            Lv[i] = _mm256_blendv_epi8(Lv[i], La[i], takei);
+        best = _mm256_blendv_ps(best, cur, take);
+        scale = _mm256_blendv_ps(scale, this_scale, take);
+        min = _mm256_blendv_ps(min, this_min, take);
+    }
+    scale = _mm256_blendv_ps(scale, zero, flat);
+    __m256i flati = _mm256_castps_si256(flat);
+    /* -min, as C's negation: the sign bit flipped (0 - min would make -0.0 of +0.0 wrongly) */
+    __m256 the_min = _mm256_xor_ps(min, _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u)));
+    _mm256_storeu_ps(scales, scale);
+    _mm256_storeu_ps(mins, the_min);
+    int32_t lanes[8];
+    for (int i = 0; i < 32; i++) {
+        _mm256_storeu_si256((__m256i *)lanes, _mm256_andnot_si256(flati, Lv[i]));
+        for (int j = 0; j < 8; j++)
+            L[32 * j + i] = (uint8_t)lanes[j];
+    }
+}
+
+#else
+#define QD_KQUANT_AVX2 0
+static inline void qd_kq_search_q45_avx2(const float *x, int nmax, float rmin, int nstep, float *scales,
+                                         float *mins, uint8_t *L)
+{
+    (void)x, (void)nmax, (void)rmin, (void)nstep, (void)scales, (void)mins, (void)L;
+}
+#endif
+
+#endif

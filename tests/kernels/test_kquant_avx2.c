@@ -1,0 +1,70 @@
+/* The AVX2 q4_K/q5_K sub-block search (kernels/cpu/kquant_avx2.h) gives the scalar search's
+ * scales, minimums and codes bit for bit (kernels/kquants.h qd_kq_search_q45), on super-blocks
+ * whose eight sub-blocks mix kinds: random at every scale, all zero, signed zeros, constant
+ * (positive: the minimum clamps to 0; negative: max == min), one outlier, one-signed, ramps,
+ * values on the code grid, subnormals and values near FLT_MAX. */
+#include <math.h>
+#include <stdio.h>
+
+#include "../../kernels/cpu/kquant_avx2.h"
+#include "helpers.h"
+
+#if QD_KQUANT_AVX2
+static uint32_t rnd(void) { return (uint32_t)(test_uniform() * 4294967296.0); }
+
+static void fill_sub_block(float *x, int kind)
+{
+    float scale = ldexpf(1.0f, (int)(rnd() % 200) - 100), c = (float)(test_uniform() * 4.0 - 2.0) * scale;
+    for (int i = 0; i < 32; i++) {
+        float u = (float)test_normal();
+        x[i] = kind == 0   ? 0.0f
+               : kind == 1 ? (rnd() & 1 ? -0.0f : 0.0f)
+               : kind == 2 ? c
+               : kind == 3 ? (i == (int)(rnd() % 32) ? 1000.0f * scale : 0.001f * u * scale)
+               : kind == 4 ? fabsf(u) * scale
+               : kind == 5 ? (float)(i - 16) * scale
+               : kind == 6 ? (float)((int)(rnd() % 31) - 15) * 0.25f
+               : kind == 7 ? u * 1e-42f
+               : kind == 8 ? u * 1e37f
+                           : u * scale;
+    }
+}
+
+static void searches_equal_scalar(void **state)
+{
+    (void)state;
+    test_seed();
+    float x[QD_QK_K];
+    long blocks = 0;
+    for (int it = 0; it < 40000; it++) {
+        for (int j = 0; j < 8; j++)
+            fill_sub_block(x + 32 * j, (int)(rnd() % 10));
+        for (int five = 0; five < 2; five++) {
+            float ws[8], wm[8], gs[8], gm[8];
+            uint8_t wl[QD_QK_K], gl[QD_QK_K];
+            qd_kq_search_q45(five, x, ws, wm, wl);
+            qd_kq_search_q45_avx2(x, five ? 31 : 15, five ? -0.5f : -1.0f, five ? 15 : 20, gs, gm, gl);
+            for (int j = 0; j < 8; j++)
+                if (qd_f32_bits(ws[j]) != qd_f32_bits(gs[j]) || qd_f32_bits(wm[j]) != qd_f32_bits(gm[j]) ||
+                    memcmp(wl + 32 * j, gl + 32 * j, 32)) {
+                    for (int i = 0; i < 32; i++)
+                        fprintf(stderr, "%a%c", x[32 * j + i], i % 8 == 7 ? '\n' : ' ');
+                    fail_msg("q%d_K sub-block %d: scale %a / %a, min %a / %a (scalar / AVX2)", five ? 5 : 4, j,
+                             ws[j], gs[j], wm[j], gm[j]);
+                }
+            blocks++;
+        }
+    }
+    assert_int_equal(blocks, 80000);
+}
+#else
+static void searches_equal_scalar(void **state) { (void)state; }
+#endif
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(searches_equal_scalar),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -318,14 +318,23 @@ QD_HD void qd_kq_quantize_q45(int five, const float *QD_RESTRICT x, uint8_t *QD_
 /* q6_K: sixteen sub-blocks of 16, symmetric 6-bit codes (make_qx_quants); int8 scales against
  * the largest, f16 d; then every code from the stored scales. blk: ql[128], qh[64],
  * scales[16] (int8), d. */
+QD_HD void qd_kq_finish_q6(const float *QD_RESTRICT x, const float *scales, int8_t *L, uint8_t *QD_RESTRICT blk);
+
 QD_HD void qd_kq_quantize_q6(const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
 {
     int8_t L[QD_QK_K];
     float scales[16];
+    for (int ib = 0; ib < 16; ib++)
+        scales[ib] = qd_kq_make_qx(16, 32, x + 16 * ib, L + 16 * ib);
+    qd_kq_finish_q6(x, scales, L, blk);
+}
+
+/* The rest of a q6_K block from the sixteen searches (L updated in place). */
+QD_HD void qd_kq_finish_q6(const float *QD_RESTRICT x, const float *scales, int8_t *L, uint8_t *QD_RESTRICT blk)
+{
     float max_scale = 0.0f, max_abs_scale = 0.0f;
     for (int ib = 0; ib < 16; ib++) {
-        const float scale = qd_kq_make_qx(16, 32, x + 16 * ib, L + 16 * ib);
-        scales[ib] = scale;
+        const float scale = scales[ib];
         const float abs_scale = qd_absf(scale);
         if (abs_scale > max_abs_scale) {
             max_abs_scale = abs_scale;

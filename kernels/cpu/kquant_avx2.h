@@ -109,8 +109,75 @@ static inline void qd_kq_search_q45_avx2(const float *x, int nmax, float rmin, i
     }
 }
 
+/* Eight sub-blocks of 16 (x holds sub-block j at x + 16 * j): scales[j] and codes
+ * L[16 * j + i] as qd_kq_make_qx(16, 32, ...) gives them (q6_K's search). */
+static inline void qd_kq_search_q6_avx2(const float *x, float *scales, int8_t *L)
+{
+    __m256 xt[16];
+    for (int i = 0; i < 16; i++)
+        xt[i] = _mm256_set_ps(x[112 + i], x[96 + i], x[80 + i], x[64 + i], x[48 + i], x[32 + i], x[16 + i], x[i]);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), zero = _mm256_setzero_ps();
+    __m256 max = zero, amax = zero;
+    for (int i = 0; i < 16; i++) { /* the first value of largest magnitude (strict >) */
+        __m256 ax = _mm256_and_ps(xt[i], absmask), more = _mm256_cmp_ps(ax, amax, _CMP_GT_OQ);
+        amax = _mm256_blendv_ps(amax, ax, more);
+        max = _mm256_blendv_ps(max, xt[i], more);
+    }
+    const __m256 zeroed = _mm256_cmp_ps(amax, _mm256_set1_ps(QD_KQ_EPS), _CMP_LT_OQ);
+    const __m256i lo = _mm256_set1_epi32(-32), hi = _mm256_set1_epi32(31), off = _mm256_set1_epi32(32);
+    __m256i Lv[16];
+    __m256 iscale = _mm256_div_ps(_mm256_set1_ps(-32.0f), max);
+    __m256 sumlx = zero, suml2 = zero;
+    for (int i = 0; i < 16; i++) {
+        __m256i l = _mm256_min_epi32(_mm256_max_epi32(kq_round8(_mm256_mul_ps(iscale, xt[i])), lo), hi);
+        Lv[i] = _mm256_add_epi32(l, off);
+        __m256 fl = _mm256_cvtepi32_ps(l), w = _mm256_mul_ps(xt[i], xt[i]);
+        sumlx = _mm256_add_ps(sumlx, _mm256_mul_ps(_mm256_mul_ps(w, xt[i]), fl));
+        suml2 = _mm256_add_ps(suml2, _mm256_mul_ps(_mm256_mul_ps(w, fl), fl));
+    }
+    __m256 scale = _mm256_blendv_ps(_mm256_div_ps(sumlx, suml2), zero, _mm256_cmp_ps(suml2, zero, _CMP_EQ_OQ));
+    __m256 best = _mm256_mul_ps(scale, sumlx);
+    for (int is = -9; is <= 9; is++) {
+        if (is == 0)
+            continue;
+        iscale = _mm256_div_ps(_mm256_set1_ps(-(32.0f + 0.1f * (float)is)), max);
+        __m256i La[16];
+        sumlx = suml2 = zero;
+        for (int i = 0; i < 16; i++) {
+            __m256i l = _mm256_min_epi32(_mm256_max_epi32(kq_round8(_mm256_mul_ps(iscale, xt[i])), lo), hi);
+            La[i] = l;
+            __m256 fl = _mm256_cvtepi32_ps(l), w = _mm256_mul_ps(xt[i], xt[i]);
+            sumlx = _mm256_add_ps(sumlx, _mm256_mul_ps(_mm256_mul_ps(w, xt[i]), fl));
+            suml2 = _mm256_add_ps(suml2, _mm256_mul_ps(_mm256_mul_ps(w, fl), fl));
+        }
+        __m256 take = _mm256_and_ps(_mm256_cmp_ps(suml2, zero, _CMP_GT_OQ),
+                                    _mm256_cmp_ps(_mm256_mul_ps(sumlx, sumlx), _mm256_mul_ps(best, suml2), _CMP_GT_OQ));
+        if (!_mm256_movemask_ps(take))
+            continue;
+        __m256i takei = _mm256_castps_si256(take);
+        for (int i = 0; i < 16; i++)
+            Lv[i] = _mm256_blendv_epi8(Lv[i], _mm256_add_epi32(La[i], off), takei);
+        __m256 ns = _mm256_div_ps(sumlx, suml2);
+        scale = _mm256_blendv_ps(scale, ns, take);
+        best = _mm256_blendv_ps(best, _mm256_mul_ps(ns, sumlx), take);
+    }
+    scale = _mm256_blendv_ps(scale, zero, zeroed);
+    _mm256_storeu_ps(scales, scale);
+    __m256i zi = _mm256_castps_si256(zeroed);
+    int32_t lanes[8];
+    for (int i = 0; i < 16; i++) {
+        _mm256_storeu_si256((__m256i *)lanes, _mm256_andnot_si256(zi, Lv[i]));
+        for (int j = 0; j < 8; j++)
+            L[16 * j + i] = (int8_t)lanes[j];
+    }
+}
+
 #else
 #define QD_KQUANT_AVX2 0
+static inline void qd_kq_search_q6_avx2(const float *x, float *scales, int8_t *L)
+{
+    (void)x, (void)scales, (void)L;
+}
 static inline void qd_kq_search_q45_avx2(const float *x, int nmax, float rmin, int nstep, float *scales,
                                          float *mins, uint8_t *L)
 {

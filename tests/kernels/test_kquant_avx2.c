@@ -1,5 +1,5 @@
-/* The AVX2 q4_K/q5_K sub-block search (kernels/cpu/kquant_avx2.h) gives the scalar search's
- * scales, minimums and codes bit for bit (kernels/kquants.h qd_kq_search_q45), on super-blocks
+/* The AVX2 q4_K/q5_K and q6_K sub-block searches (kernels/cpu/kquant_avx2.h) give the scalar
+ * searches' scales, minimums and codes bit for bit (kernels/kquants.h), on super-blocks
  * whose eight sub-blocks mix kinds: random at every scale, all zero, signed zeros, constant
  * (positive: the minimum clamps to 0; negative: max == min), one outlier, one-signed, ramps,
  * values on the code grid, subnormals and values near FLT_MAX. */
@@ -57,14 +57,42 @@ static void searches_equal_scalar(void **state)
     }
     assert_int_equal(blocks, 80000);
 }
+
+/* q6_K's symmetric search (qd_kq_make_qx), eight sub-blocks of 16 at a time */
+static void q6_searches_equal_scalar(void **state)
+{
+    (void)state;
+    test_seed();
+    float x[128];
+    for (int it = 0; it < 60000; it++) {
+        for (int j = 0; j < 8; j++) {
+            float sub[32];
+            fill_sub_block(sub, (int)(rnd() % 10));
+            memcpy(x + 16 * j, sub + (rnd() % 2) * 16, 16 * sizeof(float));
+        }
+        float ws[8], gs[8];
+        int8_t wl[128], gl[128];
+        for (int j = 0; j < 8; j++)
+            ws[j] = qd_kq_make_qx(16, 32, x + 16 * j, wl + 16 * j);
+        qd_kq_search_q6_avx2(x, gs, gl);
+        for (int j = 0; j < 8; j++)
+            if (qd_f32_bits(ws[j]) != qd_f32_bits(gs[j]) || memcmp(wl + 16 * j, gl + 16 * j, 16)) {
+                for (int i = 0; i < 16; i++)
+                    fprintf(stderr, "%a%c", x[16 * j + i], i % 8 == 7 ? '\n' : ' ');
+                fail_msg("q6_K sub-block %d: scale %a / %a (scalar / AVX2)", j, ws[j], gs[j]);
+            }
+    }
+}
 #else
 static void searches_equal_scalar(void **state) { (void)state; }
+static void q6_searches_equal_scalar(void **state) { (void)state; }
 #endif
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(searches_equal_scalar),
+        cmocka_unit_test(q6_searches_equal_scalar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

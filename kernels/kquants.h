@@ -442,15 +442,27 @@ QD_HD void qd_kq_quantize_q3(const float *QD_RESTRICT x, uint8_t *QD_RESTRICT bl
 /* q2_K: sixteen sub-blocks of 16, affine 2-bit codes weighted by |x| with the absolute error
  * (make_qkx2_quants), 4-bit scales and minimums, f16 d and dmin. blk: scales[16], qs[64], d,
  * dmin. */
+QD_HD void qd_kq_finish_q2(const float *QD_RESTRICT x, const float *scales, const float *mins, uint8_t *L,
+                           uint8_t *QD_RESTRICT blk);
+
 QD_HD void qd_kq_quantize_q2(const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
 {
     uint8_t L[QD_QK_K], Laux[16];
     float weights[16], mins[16], scales[16];
-    float max_scale = 0.0f, max_min = 0.0f;
     for (int j = 0; j < 16; j++) {
         for (int l = 0; l < 16; l++)
             weights[l] = qd_absf(x[16 * j + l]);
         scales[j] = qd_kq_make_qkx2(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15, 1);
+    }
+    qd_kq_finish_q2(x, scales, mins, L, blk);
+}
+
+/* The rest of a q2_K block from the sixteen searches (L updated in place). */
+QD_HD void qd_kq_finish_q2(const float *QD_RESTRICT x, const float *scales, const float *mins, uint8_t *L,
+                           uint8_t *QD_RESTRICT blk)
+{
+    float max_scale = 0.0f, max_min = 0.0f;
+    for (int j = 0; j < 16; j++) {
         if (scales[j] > max_scale)
             max_scale = scales[j];
         if (mins[j] > max_min)

@@ -26,6 +26,12 @@ static void kquant_quantize_span(void *c, int tid, const float *x, int64_t first
             float scales[8], mins[8];
             qd_kq_search_q45_avx2(xb, five ? 31 : 15, five ? -0.5f : -1.0f, five ? 15 : 20, scales, mins, L);
             qd_kq_finish_q45(five, xb, scales, mins, L, o);
+        } else if (QD_KQUANT_AVX2 && k->type == QD_Q2_K) { /* sixteen searches, eight at a time */
+            uint8_t L[QD_QK_K];
+            float scales[16], mins[16];
+            qd_kq_search_q2_avx2(xb, scales, mins, L);
+            qd_kq_search_q2_avx2(xb + 128, scales + 8, mins + 8, L + 128);
+            qd_kq_finish_q2(xb, scales, mins, L, o);
         } else if (QD_KQUANT_AVX2 && k->type == QD_Q6_K) { /* sixteen searches, eight at a time */
             int8_t L[QD_QK_K];
             float scales[16];

@@ -25,45 +25,37 @@ static inline __attribute__((always_inline)) __m256i kq_clamp8(__m256i v, int hi
     return _mm256_min_epi32(_mm256_max_epi32(v, _mm256_setzero_si256()), _mm256_set1_epi32(hi));
 }
 
-/* Eight sub-blocks of 32 (a super-block): scales[j], mins[j] (the_min) and codes L[32 * j + i]
- * as qd_kq_quantize_q45's first loop gives them (nmax 15 or 31, rmin, nstep). */
-static inline void qd_kq_search_q45_avx2(const float *x, int nmax, float rmin, int nstep, float *scales,
-                                         float *mins, uint8_t *L)
+/* qd_kq_make_qkx2 in eight lanes: lane j fits the n values xt[0..n)[j] with weights w[..][j];
+ * scales, mins (the_min) and codes per lane. */
+static inline __attribute__((always_inline)) void kq_make_qkx2_8(const __m256 *xt, const __m256 *w, int n, int nmax,
+                                                                 float rmin, int nstep, int use_mad, float *scales,
+                                                                 float *mins, __m256i *Lv)
 {
-    __m256 xt[32], w[32];
-    for (int i = 0; i < 32; i++) /* lane j holds element i of sub-block j */
-        xt[i] = _mm256_set_ps(x[224 + i], x[192 + i], x[160 + i], x[128 + i], x[96 + i], x[64 + i], x[32 + i], x[i]);
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 sum_x2 = _mm256_setzero_ps();
-    for (int i = 0; i < 32; i++)
-        sum_x2 = _mm256_add_ps(sum_x2, _mm256_mul_ps(xt[i], xt[i]));
-    __m256 av_x = _mm256_sqrt_ps(_mm256_div_ps(sum_x2, _mm256_set1_ps(32.0f)));
-    for (int i = 0; i < 32; i++)
-        w[i] = _mm256_add_ps(av_x, _mm256_and_ps(xt[i], absmask));
+    const __m256 zero = _mm256_setzero_ps(), absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 min = xt[0], max = xt[0], sum_w = w[0], sum_x = _mm256_mul_ps(w[0], xt[0]);
-    for (int i = 1; i < 32; i++) {
+    for (int i = 1; i < n; i++) {
         min = _mm256_min_ps(xt[i], min); /* x < min ? x : min */
         max = _mm256_max_ps(xt[i], max); /* x > max ? x : max */
         sum_w = _mm256_add_ps(sum_w, w[i]);
         sum_x = _mm256_add_ps(sum_x, _mm256_mul_ps(w[i], xt[i]));
     }
-    const __m256 zero = _mm256_setzero_ps(), fnmax = _mm256_set1_ps((float)nmax);
     min = _mm256_blendv_ps(min, zero, _mm256_cmp_ps(min, zero, _CMP_GT_OQ));
     const __m256 flat = _mm256_cmp_ps(max, min, _CMP_EQ_OQ); /* max == min: codes 0, scale 0 */
-    __m256 iscale = _mm256_div_ps(fnmax, _mm256_sub_ps(max, min));
+    __m256 iscale = _mm256_div_ps(_mm256_set1_ps((float)nmax), _mm256_sub_ps(max, min));
     __m256 scale = _mm256_div_ps(_mm256_set1_ps(1.0f), iscale);
-    __m256i Lv[32], La[32];
+    __m256i La[32];
     __m256 best = zero;
-    for (int i = 0; i < 32; i++) {
+    for (int i = 0; i < n; i++) {
         Lv[i] = kq_clamp8(kq_round8(_mm256_mul_ps(iscale, _mm256_sub_ps(xt[i], min))), nmax);
         __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(scale, _mm256_cvtepi32_ps(Lv[i])), min), xt[i]);
-        best = _mm256_add_ps(best, _mm256_mul_ps(w[i], _mm256_mul_ps(diff, diff)));
+        diff = use_mad ? _mm256_and_ps(diff, absmask) : _mm256_mul_ps(diff, diff);
+        best = _mm256_add_ps(best, _mm256_mul_ps(w[i], diff));
     }
     for (int is = 0; is <= nstep; is++) {
         /* min is the best one so far (the scalar code moves it as it goes) */
         iscale = _mm256_div_ps(_mm256_set1_ps(rmin + 0.1f * (float)is + (float)nmax), _mm256_sub_ps(max, min));
         __m256 sum_l = zero, sum_l2 = zero, sum_xl = zero;
-        for (int i = 0; i < 32; i++) {
+        for (int i = 0; i < n; i++) {
             La[i] = kq_clamp8(kq_round8(_mm256_mul_ps(iscale, _mm256_sub_ps(xt[i], min))), nmax);
             __m256 l = _mm256_cvtepi32_ps(La[i]), wl = _mm256_mul_ps(w[i], l);
             sum_l = _mm256_add_ps(sum_l, wl);
@@ -80,33 +72,74 @@ static inline void qd_kq_search_q45_avx2(const float *x, int nmax, float rmin, i
         this_min = _mm256_blendv_ps(this_min, zero, pos);
         this_scale = _mm256_blendv_ps(this_scale, _mm256_div_ps(sum_xl, sum_l2), pos);
         __m256 cur = zero;
-        for (int i = 0; i < 32; i++) {
+        for (int i = 0; i < n; i++) {
             __m256 diff = _mm256_sub_ps(
                 _mm256_add_ps(_mm256_mul_ps(this_scale, _mm256_cvtepi32_ps(La[i])), this_min), xt[i]);
-            cur = _mm256_add_ps(cur, _mm256_mul_ps(w[i], _mm256_mul_ps(diff, diff)));
+            diff = use_mad ? _mm256_and_ps(diff, absmask) : _mm256_mul_ps(diff, diff);
+            cur = _mm256_add_ps(cur, _mm256_mul_ps(w[i], diff));
         }
         __m256 take = _mm256_and_ps(ok, _mm256_cmp_ps(cur, best, _CMP_LT_OQ));
         if (!_mm256_movemask_ps(take))
             continue;
         __m256i takei = _mm256_castps_si256(take);
-        for (int i = 0; i < 32; i++)
+        for (int i = 0; i < n; i++)
             Lv[i] = _mm256_blendv_epi8(Lv[i], La[i], takei);
         best = _mm256_blendv_ps(best, cur, take);
         scale = _mm256_blendv_ps(scale, this_scale, take);
         min = _mm256_blendv_ps(min, this_min, take);
     }
-    scale = _mm256_blendv_ps(scale, zero, flat);
     __m256i flati = _mm256_castps_si256(flat);
+    for (int i = 0; i < n; i++)
+        Lv[i] = _mm256_andnot_si256(flati, Lv[i]);
+    _mm256_storeu_ps(scales, _mm256_blendv_ps(scale, zero, flat));
     /* -min, as C's negation: the sign bit flipped (0 - min would make -0.0 of +0.0 wrongly) */
-    __m256 the_min = _mm256_xor_ps(min, _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u)));
-    _mm256_storeu_ps(scales, scale);
-    _mm256_storeu_ps(mins, the_min);
+    _mm256_storeu_ps(mins, _mm256_xor_ps(min, _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u))));
+}
+
+/* Lane j of the n vectors to bytes L[stride * j + i]. */
+static inline void kq_store_codes(const __m256i *Lv, int n, int stride, uint8_t *L)
+{
     int32_t lanes[8];
-    for (int i = 0; i < 32; i++) {
-        _mm256_storeu_si256((__m256i *)lanes, _mm256_andnot_si256(flati, Lv[i]));
+    for (int i = 0; i < n; i++) {
+        _mm256_storeu_si256((__m256i *)lanes, Lv[i]);
         for (int j = 0; j < 8; j++)
-            L[32 * j + i] = (uint8_t)lanes[j];
+            L[stride * j + i] = (uint8_t)lanes[j];
     }
+}
+
+/* Eight sub-blocks of 32 (a super-block): scales[j], mins[j] (the_min) and codes L[32 * j + i]
+ * as qd_kq_search_q45 gives them (nmax 15 or 31, rmin, nstep). */
+static inline void qd_kq_search_q45_avx2(const float *x, int nmax, float rmin, int nstep, float *scales,
+                                         float *mins, uint8_t *L)
+{
+    __m256 xt[32], w[32];
+    __m256i Lv[32];
+    for (int i = 0; i < 32; i++) /* lane j holds element i of sub-block j */
+        xt[i] = _mm256_set_ps(x[224 + i], x[192 + i], x[160 + i], x[128 + i], x[96 + i], x[64 + i], x[32 + i], x[i]);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 sum_x2 = _mm256_setzero_ps();
+    for (int i = 0; i < 32; i++)
+        sum_x2 = _mm256_add_ps(sum_x2, _mm256_mul_ps(xt[i], xt[i]));
+    __m256 av_x = _mm256_sqrt_ps(_mm256_div_ps(sum_x2, _mm256_set1_ps(32.0f)));
+    for (int i = 0; i < 32; i++)
+        w[i] = _mm256_add_ps(av_x, _mm256_and_ps(xt[i], absmask));
+    kq_make_qkx2_8(xt, w, 32, nmax, rmin, nstep, 0, scales, mins, Lv);
+    kq_store_codes(Lv, 32, 32, L);
+}
+
+/* Eight sub-blocks of 16 (x holds sub-block j at x + 16 * j): q2_K's search (|x| weights, the
+ * absolute error): scales[j], mins[j] and codes L[16 * j + i]. */
+static inline void qd_kq_search_q2_avx2(const float *x, float *scales, float *mins, uint8_t *L)
+{
+    __m256 xt[16], w[16];
+    __m256i Lv[16];
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int i = 0; i < 16; i++) {
+        xt[i] = _mm256_set_ps(x[112 + i], x[96 + i], x[80 + i], x[64 + i], x[48 + i], x[32 + i], x[16 + i], x[i]);
+        w[i] = _mm256_and_ps(xt[i], absmask);
+    }
+    kq_make_qkx2_8(xt, w, 16, 3, -0.5f, 15, 1, scales, mins, Lv);
+    kq_store_codes(Lv, 16, 16, L);
 }
 
 /* Eight sub-blocks of 16 (x holds sub-block j at x + 16 * j): scales[j] and codes
@@ -174,6 +207,10 @@ static inline void qd_kq_search_q6_avx2(const float *x, float *scales, int8_t *L
 
 #else
 #define QD_KQUANT_AVX2 0
+static inline void qd_kq_search_q2_avx2(const float *x, float *scales, float *mins, uint8_t *L)
+{
+    (void)x, (void)scales, (void)mins, (void)L;
+}
 static inline void qd_kq_search_q6_avx2(const float *x, float *scales, int8_t *L)
 {
     (void)x, (void)scales, (void)L;

@@ -1,4 +1,4 @@
-/* The AVX2 q4_K/q5_K and q6_K sub-block searches (kernels/cpu/kquant_avx2.h) give the scalar
+/* The AVX2 q2_K, q4_K/q5_K and q6_K sub-block searches (kernels/cpu/kquant_avx2.h) give the scalar
  * searches' scales, minimums and codes bit for bit (kernels/kquants.h), on super-blocks
  * whose eight sub-blocks mix kinds: random at every scale, all zero, signed zeros, constant
  * (positive: the minimum clamps to 0; negative: max == min), one outlier, one-signed, ramps,
@@ -58,6 +58,36 @@ static void searches_equal_scalar(void **state)
     assert_int_equal(blocks, 80000);
 }
 
+/* q2_K's search (make_qkx2 on 16 values, |x| weights, absolute error), eight at a time */
+static void q2_searches_equal_scalar(void **state)
+{
+    (void)state;
+    test_seed();
+    float x[128];
+    for (int it = 0; it < 60000; it++) {
+        for (int j = 0; j < 8; j++) {
+            float sub[32];
+            fill_sub_block(sub, (int)(rnd() % 10));
+            memcpy(x + 16 * j, sub + (rnd() % 2) * 16, 16 * sizeof(float));
+        }
+        float ws[8], wm[8], gs[8], gm[8], weights[16];
+        uint8_t wl[128], gl[128], aux[16];
+        for (int j = 0; j < 8; j++) {
+            for (int i = 0; i < 16; i++)
+                weights[i] = qd_absf(x[16 * j + i]);
+            ws[j] = qd_kq_make_qkx2(16, 3, x + 16 * j, weights, wl + 16 * j, &wm[j], aux, -0.5f, 0.1f, 15, 1);
+        }
+        qd_kq_search_q2_avx2(x, gs, gm, gl);
+        for (int j = 0; j < 8; j++)
+            if (qd_f32_bits(ws[j]) != qd_f32_bits(gs[j]) || qd_f32_bits(wm[j]) != qd_f32_bits(gm[j]) ||
+                memcmp(wl + 16 * j, gl + 16 * j, 16)) {
+                for (int i = 0; i < 16; i++)
+                    fprintf(stderr, "%a%c", x[16 * j + i], i % 8 == 7 ? '\n' : ' ');
+                fail_msg("q2_K sub-block %d: scale %a / %a, min %a / %a (scalar / AVX2)", j, ws[j], gs[j], wm[j], gm[j]);
+            }
+    }
+}
+
 /* q6_K's symmetric search (qd_kq_make_qx), eight sub-blocks of 16 at a time */
 static void q6_searches_equal_scalar(void **state)
 {
@@ -86,6 +116,7 @@ static void q6_searches_equal_scalar(void **state)
 #else
 static void searches_equal_scalar(void **state) { (void)state; }
 static void q6_searches_equal_scalar(void **state) { (void)state; }
+static void q2_searches_equal_scalar(void **state) { (void)state; }
 #endif
 
 int main(void)
@@ -93,6 +124,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(searches_equal_scalar),
         cmocka_unit_test(q6_searches_equal_scalar),
+        cmocka_unit_test(q2_searches_equal_scalar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -379,13 +379,22 @@ QD_HD void qd_kq_finish_q6(const float *QD_RESTRICT x, const float *scales, int8
 
 /* q3_K: sixteen sub-blocks of 16, 3-bit symmetric codes (make_q3_quants), 6-bit scales
  * against the largest, f16 d. blk: hmask[32], qs[64], scales[12], d. */
+QD_HD void qd_kq_finish_q3(const float *QD_RESTRICT x, const float *scales, int8_t *L, uint8_t *QD_RESTRICT blk);
+
 QD_HD void qd_kq_quantize_q3(const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
 {
     int8_t L[QD_QK_K];
     float scales[16];
+    for (int j = 0; j < 16; j++)
+        scales[j] = qd_kq_make_q3(16, 4, x + 16 * j, L + 16 * j);
+    qd_kq_finish_q3(x, scales, L, blk);
+}
+
+/* The rest of a q3_K block from the sixteen searches (L updated in place). */
+QD_HD void qd_kq_finish_q3(const float *QD_RESTRICT x, const float *scales, int8_t *L, uint8_t *QD_RESTRICT blk)
+{
     float max_scale = 0.0f, amax = 0.0f;
     for (int j = 0; j < 16; j++) {
-        scales[j] = qd_kq_make_q3(16, 4, x + 16 * j, L + 16 * j);
         float scale = qd_absf(scales[j]);
         if (scale > amax) {
             amax = scale;

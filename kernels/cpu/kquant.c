@@ -1,7 +1,7 @@
 /* llama.cpp K-quants on the CPU: rows of cols % 256 == 0, super-blocks of 256 along the
- * flattened tensor (one never crosses a row), each written as ggml's block struct. The search
- * per sub-block is scalar (the reference's float order is the contract); the threads share the
- * blocks. */
+ * flattened tensor (one never crosses a row), each written as ggml's block struct. The
+ * sub-block searches of a super-block run side by side in AVX2 lanes (kquant_avx2.h: each lane
+ * the reference's float operations in order, so the same bits); the threads share the blocks. */
 #include "../kquants.h"
 #include "cpu.h"
 #include "kquant_avx2.h"
@@ -32,6 +32,12 @@ static void kquant_quantize_span(void *c, int tid, const float *x, int64_t first
             qd_kq_search_q2_avx2(xb, scales, mins, L);
             qd_kq_search_q2_avx2(xb + 128, scales + 8, mins + 8, L + 128);
             qd_kq_finish_q2(xb, scales, mins, L, o);
+        } else if (QD_KQUANT_AVX2 && k->type == QD_Q3_K) {
+            int8_t L[QD_QK_K];
+            float scales[16];
+            qd_kq_search_q3_avx2(xb, scales, L);
+            qd_kq_search_q3_avx2(xb + 128, scales + 8, L + 128);
+            qd_kq_finish_q3(xb, scales, L, o);
         } else if (QD_KQUANT_AVX2 && k->type == QD_Q6_K) { /* sixteen searches, eight at a time */
             int8_t L[QD_QK_K];
             float scales[16];

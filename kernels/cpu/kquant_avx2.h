@@ -205,8 +205,78 @@ static inline void qd_kq_search_q6_avx2(const float *x, float *scales, int8_t *L
     }
 }
 
+/* Eight sub-blocks of 16 (x holds sub-block j at x + 16 * j): q3_K's search (qd_kq_make_q3,
+ * nmax 4): scales[j] and codes L[16 * j + i] (code + 4). A lane whose pass changed nothing would
+ * change nothing in the next pass either (the same state, the same tests), so the passes run
+ * until no lane changes, at most five, with no lane masked. */
+static inline void qd_kq_search_q3_avx2(const float *x, float *scales, int8_t *L)
+{
+    __m256 xt[16], w[16];
+    __m256i Lv[16];
+    for (int i = 0; i < 16; i++) {
+        xt[i] = _mm256_set_ps(x[112 + i], x[96 + i], x[80 + i], x[64 + i], x[48 + i], x[32 + i], x[16 + i], x[i]);
+        w[i] = _mm256_mul_ps(xt[i], xt[i]);
+    }
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), zero = _mm256_setzero_ps();
+    __m256 max = zero, amax = zero;
+    for (int i = 0; i < 16; i++) {
+        __m256 ax = _mm256_and_ps(xt[i], absmask), more = _mm256_cmp_ps(ax, amax, _CMP_GT_OQ);
+        amax = _mm256_blendv_ps(amax, ax, more);
+        max = _mm256_blendv_ps(max, xt[i], more);
+    }
+    const __m256 zeroed = _mm256_cmp_ps(amax, _mm256_set1_ps(QD_KQ_EPS), _CMP_LT_OQ);
+    const __m256i lo = _mm256_set1_epi32(-4), hi = _mm256_set1_epi32(3);
+    __m256 iscale = _mm256_div_ps(_mm256_set1_ps(-4.0f), max);
+    __m256 sumlx = zero, suml2 = zero;
+    for (int i = 0; i < 16; i++) {
+        Lv[i] = _mm256_min_epi32(_mm256_max_epi32(kq_round8(_mm256_mul_ps(iscale, xt[i])), lo), hi);
+        __m256 fl = _mm256_cvtepi32_ps(Lv[i]);
+        sumlx = _mm256_add_ps(sumlx, _mm256_mul_ps(_mm256_mul_ps(w[i], xt[i]), fl));
+        suml2 = _mm256_add_ps(suml2, _mm256_mul_ps(_mm256_mul_ps(w[i], fl), fl));
+    }
+    for (int itry = 0; itry < 5; itry++) {
+        __m256 changed = zero;
+        for (int i = 0; i < 16; i++) {
+            __m256 fl = _mm256_cvtepi32_ps(Lv[i]), wx = _mm256_mul_ps(w[i], xt[i]);
+            __m256 slx = _mm256_sub_ps(sumlx, _mm256_mul_ps(wx, fl));
+            __m256 pos = _mm256_cmp_ps(slx, zero, _CMP_GT_OQ);
+            if (!_mm256_movemask_ps(pos))
+                continue;
+            __m256 sl2 = _mm256_sub_ps(suml2, _mm256_mul_ps(_mm256_mul_ps(w[i], fl), fl));
+            __m256i nl = _mm256_min_epi32(
+                _mm256_max_epi32(kq_round8(_mm256_div_ps(_mm256_mul_ps(xt[i], sl2), slx)), lo), hi);
+            __m256 differs = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(nl, Lv[i])), pos);
+            __m256 fn = _mm256_cvtepi32_ps(nl);
+            slx = _mm256_add_ps(slx, _mm256_mul_ps(wx, fn));
+            sl2 = _mm256_add_ps(sl2, _mm256_mul_ps(_mm256_mul_ps(w[i], fn), fn));
+            __m256 better = _mm256_cmp_ps(_mm256_mul_ps(_mm256_mul_ps(slx, slx), suml2),
+                                          _mm256_mul_ps(_mm256_mul_ps(sumlx, sumlx), sl2), _CMP_GT_OQ);
+            __m256 take = _mm256_and_ps(_mm256_and_ps(differs, _mm256_cmp_ps(sl2, zero, _CMP_GT_OQ)), better);
+            Lv[i] = _mm256_blendv_epi8(Lv[i], nl, _mm256_castps_si256(take));
+            sumlx = _mm256_blendv_ps(sumlx, slx, take);
+            suml2 = _mm256_blendv_ps(suml2, sl2, take);
+            changed = _mm256_or_ps(changed, take);
+        }
+        if (!_mm256_movemask_ps(_mm256_andnot_ps(zeroed, changed)))
+            break;
+    }
+    __m256 scale = _mm256_blendv_ps(zero, _mm256_div_ps(sumlx, suml2), _mm256_cmp_ps(suml2, zero, _CMP_GT_OQ));
+    _mm256_storeu_ps(scales, _mm256_blendv_ps(scale, zero, zeroed));
+    __m256i zi = _mm256_castps_si256(zeroed), four = _mm256_set1_epi32(4);
+    int32_t lanes[8];
+    for (int i = 0; i < 16; i++) {
+        _mm256_storeu_si256((__m256i *)lanes, _mm256_andnot_si256(zi, _mm256_add_epi32(Lv[i], four)));
+        for (int j = 0; j < 8; j++)
+            L[16 * j + i] = (int8_t)lanes[j];
+    }
+}
+
 #else
 #define QD_KQUANT_AVX2 0
+static inline void qd_kq_search_q3_avx2(const float *x, float *scales, int8_t *L)
+{
+    (void)x, (void)scales, (void)L;
+}
 static inline void qd_kq_search_q2_avx2(const float *x, float *scales, float *mins, uint8_t *L)
 {
     (void)x, (void)scales, (void)mins, (void)L;

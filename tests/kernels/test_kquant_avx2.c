@@ -1,4 +1,4 @@
-/* The AVX2 q2_K, q4_K/q5_K and q6_K sub-block searches (kernels/cpu/kquant_avx2.h) give the scalar
+/* The AVX2 sub-block searches of every K-quant (kernels/cpu/kquant_avx2.h) give the scalar
  * searches' scales, minimums and codes bit for bit (kernels/kquants.h), on super-blocks
  * whose eight sub-blocks mix kinds: random at every scale, all zero, signed zeros, constant
  * (positive: the minimum clamps to 0; negative: max == min), one outlier, one-signed, ramps,
@@ -88,6 +88,32 @@ static void q2_searches_equal_scalar(void **state)
     }
 }
 
+/* q3_K's search (make_q3_quants: symmetric codes, then passes moving single codes) */
+static void q3_searches_equal_scalar(void **state)
+{
+    (void)state;
+    test_seed();
+    float x[128];
+    for (int it = 0; it < 60000; it++) {
+        for (int j = 0; j < 8; j++) {
+            float sub[32];
+            fill_sub_block(sub, (int)(rnd() % 10));
+            memcpy(x + 16 * j, sub + (rnd() % 2) * 16, 16 * sizeof(float));
+        }
+        float ws[8], gs[8];
+        int8_t wl[128], gl[128];
+        for (int j = 0; j < 8; j++)
+            ws[j] = qd_kq_make_q3(16, 4, x + 16 * j, wl + 16 * j);
+        qd_kq_search_q3_avx2(x, gs, gl);
+        for (int j = 0; j < 8; j++)
+            if (qd_f32_bits(ws[j]) != qd_f32_bits(gs[j]) || memcmp(wl + 16 * j, gl + 16 * j, 16)) {
+                for (int i = 0; i < 16; i++)
+                    fprintf(stderr, "%a%c", x[16 * j + i], i % 8 == 7 ? '\n' : ' ');
+                fail_msg("q3_K sub-block %d: scale %a / %a (scalar / AVX2)", j, ws[j], gs[j]);
+            }
+    }
+}
+
 /* q6_K's symmetric search (qd_kq_make_qx), eight sub-blocks of 16 at a time */
 static void q6_searches_equal_scalar(void **state)
 {
@@ -117,6 +143,7 @@ static void q6_searches_equal_scalar(void **state)
 static void searches_equal_scalar(void **state) { (void)state; }
 static void q6_searches_equal_scalar(void **state) { (void)state; }
 static void q2_searches_equal_scalar(void **state) { (void)state; }
+static void q3_searches_equal_scalar(void **state) { (void)state; }
 #endif
 
 int main(void)
@@ -125,6 +152,7 @@ int main(void)
         cmocka_unit_test(searches_equal_scalar),
         cmocka_unit_test(q6_searches_equal_scalar),
         cmocka_unit_test(q2_searches_equal_scalar),
+        cmocka_unit_test(q3_searches_equal_scalar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -431,17 +431,11 @@ QD_HD void qd_kq_finish_q3(const float *QD_RESTRICT x, const float *scales, int8
     }
     for (int i = 0; i < 32; i++)
         hmask[i] = 0;
-    int m = 0;
-    uint8_t hm = 1;
+    /* code j's high bit goes to bit j / 32 of byte j % 32 (ggml walks m and hm; branch-free here) */
     for (int j = 0; j < QD_QK_K; j++) {
-        if (L[j] > 3) {
-            hmask[m] |= hm;
-            L[j] = (int8_t)(L[j] - 4);
-        }
-        if (++m == QD_QK_K / 8) {
-            m = 0;
-            hm = (uint8_t)(hm << 1);
-        }
+        int high = L[j] > 3;
+        hmask[j % 32] |= (uint8_t)(high << (j / 32));
+        L[j] = (int8_t)(L[j] - 4 * high);
     }
     for (int j = 0; j < QD_QK_K; j += 128)
         for (int l = 0; l < 32; l++)

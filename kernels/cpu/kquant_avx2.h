@@ -239,9 +239,7 @@ static inline void qd_kq_search_q3_avx2(const float *x, float *scales, int8_t *L
         for (int i = 0; i < 16; i++) {
             __m256 fl = _mm256_cvtepi32_ps(Lv[i]), wx = _mm256_mul_ps(w[i], xt[i]);
             __m256 slx = _mm256_sub_ps(sumlx, _mm256_mul_ps(wx, fl));
-            __m256 pos = _mm256_cmp_ps(slx, zero, _CMP_GT_OQ);
-            if (!_mm256_movemask_ps(pos))
-                continue;
+            __m256 pos = _mm256_cmp_ps(slx, zero, _CMP_GT_OQ); /* (no early exit: it mispredicts) */
             __m256 sl2 = _mm256_sub_ps(suml2, _mm256_mul_ps(_mm256_mul_ps(w[i], fl), fl));
             __m256i nl = _mm256_min_epi32(
                 _mm256_max_epi32(kq_round8(_mm256_div_ps(_mm256_mul_ps(xt[i], sl2), slx)), lo), hi);

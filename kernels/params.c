@@ -133,7 +133,12 @@ int qd_format_layout(const struct qd_format *f, const struct qd_params *p,
         snprintf(err, len, "awq needs a 2-D weight [K, N] (got %d dimensions)", in->ndim);
         return -1;
     }
-    return f->layout(f, p, in->rows, in->cols, comps, err, len);
+    int n = f->layout(f, p, in->rows, in->cols, comps, err, len);
+    if (n > 1 && !strcmp(f->family, "ctint")) { /* compressed-tensors keeps the scale in the weight's dtype */
+        comps[1].dtype = in->dtype;
+        comps[1].bytes = comps[1].shape[0] * comps[1].shape[1] * (int64_t)qd_dtype_size(in->dtype);
+    }
+    return n;
 }
 
 static cJSON *param_json(const struct qd_format *f, const struct qd_param_desc *d)
@@ -183,7 +188,7 @@ char *qd_registry_json(void)
         cJSON *ps = cJSON_AddArrayToObject(o, "params");
         for (const char *const *n = f->params; *n; n++)
             cJSON_AddItemToArray(ps, param_json(f, qd_param_find(*n)));
-        /* components as laid out for an example [256, 256] input at default params */
+        /* components as laid out for an example [256, 256] f32 input at default params */
         struct qd_params p;
         struct qd_component c[QD_MAX_COMPONENTS];
         char err[128];

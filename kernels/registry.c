@@ -39,7 +39,9 @@ const struct qd_param_desc qd_param_descs[] = {
     {"offset", QD_PARAM_FLOAT, OFF(offset), OFF(has_offset), NULL, 0, 0, 0, NULL,
      "double quant: mean of absmax subtracted before quantizing it; computed when absent"},
     {"group_size", QD_PARAM_INT, OFF(group_size), 0, "128", 1, 1 << 30, 0, NULL,
-     "rows of K sharing one scale and zero per column"},
+     "elements sharing one scale (and zero): rows of K per column (awq), columns per row (w4a16)"},
+    {"symmetric", QD_PARAM_BOOL, OFF(symmetric), 0, "true", 0, 0, 0, NULL,
+     "w4a16: scale = max|x| / 7.5 and no zero point (false: (max - min) / 15 and a zero point)"},
     {"global_scale", QD_PARAM_FLOAT, OFF(global_scale), OFF(has_global_scale), NULL, 0, 0, 0,
      NULL, "encode scale 448*6/amax (TensorRT-LLM convention); computed when absent"},
     {"per_tensor_scale", QD_PARAM_FLOAT, OFF(per_tensor_scale), OFF(has_per_tensor_scale), NULL,
@@ -119,6 +121,25 @@ static int layout_kquant(const struct qd_format *f, const struct qd_params *p, i
     return 1;
 }
 
+/* compressed-tensors pack-quantized int4, weight [out, in]; weight_scale takes the weight's dtype
+ * (qd_format_layout sets it: F32 here stands for it) */
+static int layout_ctint(const struct qd_format *f, const struct qd_params *p, int64_t rows,
+                        int64_t cols, struct qd_component *c, char *err, size_t len)
+{
+    if (p->group_size % 8 != 0) {
+        snprintf(err, len, "w4a16 needs group_size to be a multiple of 8 (got %d)", p->group_size);
+        return -1;
+    }
+    if (!cols_multiple(f, cols, p->group_size, err, len))
+        return -1;
+    comp(&c[0], "weight_packed", QD_I32, 2, rows, cols / 8);
+    comp(&c[1], "weight_scale", QD_F32, 2, rows, cols / p->group_size);
+    if (p->symmetric)
+        return 2;
+    comp(&c[2], "weight_zero_point", QD_I32, 2, (rows + 7) / 8, cols / p->group_size);
+    return 3;
+}
+
 static int layout_awq(const struct qd_format *f, const struct qd_params *p, int64_t rows,
                       int64_t cols, struct qd_component *c, char *err, size_t len)
 {
@@ -188,6 +209,7 @@ static int layout_int8(const struct qd_format *f, const struct qd_params *p, int
 static const char *const bnb4_params[] = {"blocksize", "double_quant", "offset", "allow_nonfinite", NULL};
 static const char *const ggml_params[] = {"allow_nonfinite", NULL};
 static const char *const kquant_params[] = {NULL};
+static const char *const ctint_params[] = {"group_size", "symmetric", NULL};
 static const char *const awq_params[] = {"group_size", "allow_nonfinite", NULL};
 static const char *const mx_params[] = {"scale_rounding", "scale_layout", "allow_nonfinite", NULL};
 static const char *const mx6_params[] = {"scale_rounding", "scale_layout", "fp6_packing",
@@ -235,6 +257,10 @@ const struct qd_format qd_formats[] = {
     {.name = "awq", .family = "awq", .doc = "AutoAWQ WQLinear_GEMM int4, input W [K, N]",
      .block_elems = 128, .block_axis = "rows", .bits_per_weight = 4.0 + 20.0 / 128,
      .params = awq_params, .layout = layout_awq, .backend = BACKENDS(awq)},
+    {.name = "w4a16", .family = "ctint", .doc = "compressed-tensors pack-quantized int4 weights, [out, in], "
+     "groups along in (llm-compressor W4A16 / W4A16_ASYM)", .block_elems = 128, .block_axis = "last",
+     .bits_per_weight = 4.0 + 16.0 / 128, .params = ctint_params, .layout = layout_ctint,
+     .backend = {[QD_BACKEND_CPU] = {qd_cpu_ctint_quantize, qd_cpu_ctint_dequantize}}},
     {.name = "nvfp4", .family = "nvfp4", .doc = "NVFP4: E2M1, 16-element blocks, E4M3 scales, "
      "f32 per-tensor scale (torchao nvfp4_quantize)", .block_elems = 16, .block_axis = "last",
      .bits_per_weight = 4.5, .params = nvfp4_params, .layout = layout_nvfp4,

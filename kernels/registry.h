@@ -66,7 +66,8 @@ struct qd_params {
     int double_quant;     /* bnb */
     int has_offset;       /* bnb: offset given or computed */
     float offset;
-    int group_size;       /* awq */
+    int group_size;       /* awq, w4a16 */
+    int symmetric;        /* w4a16: no zero point */
     int has_global_scale; /* nvfp4: given or computed */
     float global_scale;   /* encode scale, TensorRT-LLM convention: 448*6/amax = 1/per_tensor_scale */
     int has_per_tensor_scale;

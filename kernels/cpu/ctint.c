@@ -1,0 +1,116 @@
+/* compressed-tensors int4 (kernels/ctint.h) on the CPU: groups of group_size along each row of
+ * a [out, in] weight; the threads share the groups (spans never split one: in % group_size == 0).
+ * weight_packed: eight codes + 8 per int32, the first in the low bits; weight_scale: one per
+ * group, in the weight's dtype; weight_zero_point (asymmetric): + 8, eight rows per int32 word
+ * (packed along the output dimension), written after the spans. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../ctint.h"
+#include "cpu.h"
+
+struct ctint_ctx {
+    int64_t cols, gs;
+    int sym, dt;
+    uint32_t *packed;
+    uint8_t *scales;  /* in the dtype */
+    int8_t *zp;       /* [rows, groups], asymmetric */
+    const uint32_t *cpacked;
+    const uint8_t *cscales;
+    const uint32_t *czp;
+};
+
+static int dtype_code(enum qd_dtype d) { return d == QD_BF16 ? 2 : d == QD_F16 ? 1 : 0; }
+
+static void put_scale(uint8_t *s, int64_t i, float v, int dt)
+{
+    if (dt == 0)
+        memcpy(s + 4 * i, &v, 4);
+    else {
+        uint16_t h = dt == 2 ? qd_f32_to_bf16(v) : qd_f32_to_f16(v);
+        memcpy(s + 2 * i, &h, 2);
+    }
+}
+
+static float get_scale(const uint8_t *s, int64_t i, int dt)
+{
+    if (dt == 0) {
+        float v;
+        memcpy(&v, s + 4 * i, 4);
+        return v;
+    }
+    uint16_t h;
+    memcpy(&h, s + 2 * i, 2);
+    return dt == 2 ? qd_bf16_to_f32(h) : qd_f16_to_f32(h);
+}
+
+static void ctint_quantize_span(void *c, int tid, const float *x, int64_t first, int64_t n)
+{
+    struct ctint_ctx *k = c;
+    (void)tid;
+    for (int64_t at = 0; at < n; at += k->gs) {
+        int64_t g = (first + at) / k->gs; /* the group's index in [rows, groups] order */
+        int zp;
+        float scale = qd_ct_int4_qparams(x + at, (int)k->gs, k->sym, k->dt, &zp);
+        put_scale(k->scales, g, scale, k->dt);
+        if (!k->sym)
+            k->zp[g] = (int8_t)zp;
+        uint32_t *w = k->packed + (first + at) / 8;
+        for (int64_t j = 0; j < k->gs; j += 8) {
+            uint32_t word = 0;
+            for (int i = 0; i < 8; i++)
+                word |= (uint32_t)((qd_ct_int4_code(x[at + j + i], scale, zp, k->dt) + 8) & 15) << (4 * i);
+            w[j / 8] = word;
+        }
+    }
+}
+
+static void ctint_dequantize_span(void *c, int tid, float *y, int64_t first, int64_t n)
+{
+    struct ctint_ctx *k = c;
+    (void)tid;
+    int64_t groups = k->cols / k->gs;
+    for (int64_t at = 0; at < n; at++) {
+        int64_t e = first + at, r = e / k->cols, g = e / k->gs;
+        int code = (int)((k->cpacked[e / 8] >> (4 * (e % 8))) & 15) - 8;
+        int zp = k->sym ? 0 : (int)((k->czp[(r / 8) * groups + g % groups] >> (4 * (r % 8))) & 15) - 8;
+        y[at] = qd_ct_int4_value(code, zp, get_scale(k->cscales, g, k->dt), k->dt);
+    }
+}
+
+enum qd_status qd_cpu_ctint_quantize(const struct qd_format *f, const struct qd_tensor *in,
+                                     struct qd_params *p, void *const *out)
+{
+    (void)f;
+    struct ctint_ctx k = {.cols = in->cols, .gs = p->group_size, .sym = p->symmetric, .dt = dtype_code(in->dtype),
+                          .packed = out[0], .scales = out[1]};
+    int64_t groups = in->cols / k.gs;
+    if (!k.sym && !(k.zp = malloc((size_t)(in->rows * groups))))
+        return QD_ENOMEM;
+    if (qd_cpu_spans(in, k.gs, ctint_quantize_span, &k) < 0) {
+        free(k.zp);
+        return QD_ENOMEM;
+    }
+    if (!k.sym) { /* pack_to_int32(zero_point, 4, packed_dim=0): rows 8r..8r+7 of a group per word */
+        uint32_t *z = out[2];
+        int64_t words = (in->rows + 7) / 8;
+        for (int64_t w = 0; w < words; w++)
+            for (int64_t g = 0; g < groups; g++) {
+                uint32_t word = 0;
+                for (int i = 0; i < 8 && w * 8 + i < in->rows; i++)
+                    word |= (uint32_t)((k.zp[(w * 8 + i) * groups + g] + 8) & 15) << (4 * i);
+                z[w * groups + g] = word;
+            }
+        free(k.zp);
+    }
+    return QD_OK;
+}
+
+enum qd_status qd_cpu_ctint_dequantize(const struct qd_format *f, const void *const *in,
+                                       const struct qd_params *p, struct qd_tensor *out)
+{
+    (void)f;
+    struct ctint_ctx k = {.cols = out->cols, .gs = p->group_size, .sym = p->symmetric, .dt = dtype_code(out->dtype),
+                          .cpacked = in[0], .cscales = in[1], .czp = p->symmetric ? NULL : in[2]};
+    return qd_cpu_out_spans(out, 1, ctint_dequantize_span, &k) < 0 ? QD_ENOMEM : QD_OK;
+}

@@ -1,0 +1,77 @@
+/* compressed-tensors int4 weight quantization (llm-compressor's W4A16 and W4A16_ASYM schemes,
+ * format pack-quantized), one group at a time, for every backend. The contract is
+ * compressed-tensors' calculate_qparams and _quantize as llm-compressor runs them on the weight
+ * in its own dtype: every torch op on a bf16 (f16) tensor computes in f32 and rounds to bf16
+ * (f16), so quantd rounds after each op the same way (qd_ct_round); f32 weights round nowhere.
+ * docs/formats.md has the whole flow. */
+#ifndef QD_CTINT_H
+#define QD_CTINT_H
+
+#include "fp.h"
+
+/* v rounded to the weight's dtype (0 f32, 1 f16, 2 bf16), as a torch op's result is. */
+QD_HD float qd_ct_round(float v, int dt)
+{
+    return dt == 2 ? qd_bf16_to_f32(qd_f32_to_bf16(v)) : dt == 1 ? qd_f16_to_f32(qd_f32_to_f16(v)) : v;
+}
+
+/* torch.finfo(dtype).eps: the scale that replaces 0 */
+QD_HD float qd_ct_eps(int dt) { return dt == 2 ? 0.0078125f : dt == 1 ? 0.0009765625f : 1.1920928955078125e-07f; }
+
+/* torch.round: to nearest, ties to even (values here are small) */
+QD_HD float qd_ct_rint(float v)
+{
+    float t = __builtin_truncf(v), d = v - t; /* exact */
+    float a = d < 0.0f ? -d : d;
+    float step = v < 0.0f ? -1.0f : 1.0f;
+    if (a > 0.5f || (a == 0.5f && ((int64_t)t & 1)))
+        return t + step;
+    return t;
+}
+
+/* One group of n values (a row's group_size columns): its scale (in the dtype) and, when
+ * asymmetric, its zero point (-8..7); *zp is 0 when symmetric. */
+QD_HD float qd_ct_int4_qparams(const float *x, int n, int sym, int dt, int *zp)
+{
+    float mn = x[0], mx = x[0];
+    for (int i = 1; i < n; i++) {
+        mn = x[i] < mn ? x[i] : mn;
+        mx = x[i] > mx ? x[i] : mx;
+    }
+    mn = mn < 0.0f ? mn : 0.0f; /* 0 must be representable */
+    mx = mx > 0.0f ? mx : 0.0f;
+    float scale;
+    *zp = 0;
+    if (sym) {
+        float amax = -mn > mx ? -mn : mx;
+        scale = qd_ct_round(amax / 7.5f, dt); /* bit range 15 / 2 */
+    } else
+        scale = qd_ct_round(qd_ct_round(mx - mn, dt) / 15.0f, dt);
+    if (!sym) { /* before the zero scale is replaced: 0 / 0 is NaN there, and NaN becomes 0 */
+        float z = qd_ct_round(-8.0f - qd_ct_round(mn / scale, dt), dt);
+        if (z != z) /* torch.clamp keeps NaN; its cast to int8 gives 0 */
+            *zp = 0;
+        else {
+            z = z < -8.0f ? -8.0f : (z > 7.0f ? 7.0f : z);
+            *zp = (int)qd_ct_rint(z);
+        }
+    }
+    if (scale == 0.0f) /* calculate_qparams' guard against division by zero */
+        scale = qd_ct_eps(dt);
+    return scale;
+}
+
+/* The code (-8..7) of x: x / scale in the dtype, plus the zero point, clamped, rounded. */
+QD_HD int qd_ct_int4_code(float x, float scale, int zp, int dt)
+{
+    float q = qd_ct_round(x / scale, dt);
+    if (zp)
+        q = qd_ct_round(q + (float)zp, dt);
+    q = q < -8.0f ? -8.0f : (q > 7.0f ? 7.0f : q);
+    return (int)qd_ct_rint(q);
+}
+
+/* _dequantize: (code - zero point) * scale, in the dtype. */
+QD_HD float qd_ct_int4_value(int code, int zp, float scale, int dt) { return qd_ct_round((float)(code - zp) * scale, dt); }
+
+#endif

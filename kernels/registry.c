@@ -28,6 +28,7 @@ static const char *const layouts[] = {"linear", "swizzled", NULL};
 static const char *const roundings[] = {"floor", "rceil", NULL};
 static const char *const granularities[] = {"tensor", "row", NULL};
 static const char *const fp6_packings[] = {"packed", "unpacked", NULL};
+static const char *const scale_dtypes[] = {"auto", "f32", "f16", "bf16", NULL};
 
 #define OFF(field) offsetof(struct qd_params, field)
 
@@ -42,6 +43,9 @@ const struct qd_param_desc qd_param_descs[] = {
      "elements sharing one scale (and zero): rows of K per column (awq), columns per row (w4a16)"},
     {"symmetric", QD_PARAM_BOOL, OFF(symmetric), 0, "true", 0, 0, 0, NULL,
      "w4a16: scale = max|x| / 7.5 and no zero point (false: (max - min) / 15 and a zero point)"},
+    {"scale_dtype", QD_PARAM_ENUM, OFF(scale_dtype), 0, "auto", 0, 0, 0, scale_dtypes,
+     "w4a16: the scales' dtype, the weight's (auto resolves to it when quantizing; dequantizing "
+     "reads it, whatever the output dtype)"},
     {"global_scale", QD_PARAM_FLOAT, OFF(global_scale), OFF(has_global_scale), NULL, 0, 0, 0,
      NULL, "encode scale 448*6/amax (TensorRT-LLM convention); computed when absent"},
     {"per_tensor_scale", QD_PARAM_FLOAT, OFF(per_tensor_scale), OFF(has_per_tensor_scale), NULL,
@@ -209,7 +213,7 @@ static int layout_int8(const struct qd_format *f, const struct qd_params *p, int
 static const char *const bnb4_params[] = {"blocksize", "double_quant", "offset", "allow_nonfinite", NULL};
 static const char *const ggml_params[] = {"allow_nonfinite", NULL};
 static const char *const kquant_params[] = {NULL};
-static const char *const ctint_params[] = {"group_size", "symmetric", NULL};
+static const char *const ctint_params[] = {"group_size", "symmetric", "scale_dtype", NULL};
 static const char *const awq_params[] = {"group_size", "allow_nonfinite", NULL};
 static const char *const mx_params[] = {"scale_rounding", "scale_layout", "allow_nonfinite", NULL};
 static const char *const mx6_params[] = {"scale_rounding", "scale_layout", "fp6_packing",

@@ -60,6 +60,8 @@ enum qd_scale_layout { QD_LAYOUT_LINEAR, QD_LAYOUT_SWIZZLED };
 enum qd_scale_rounding { QD_ROUND_FLOOR, QD_ROUND_RCEIL };
 enum qd_granularity { QD_GRAN_TENSOR, QD_GRAN_ROW };
 enum qd_fp6_packing { QD_FP6_PACKED, QD_FP6_UNPACKED };
+/* w4a16: the dtype its scales (and arithmetic) take; AUTO resolves to the weight's at quantize */
+enum qd_scale_dtype { QD_SCALE_AUTO, QD_SCALE_F32, QD_SCALE_F16, QD_SCALE_BF16 };
 
 struct qd_params {
     int blocksize;        /* bnb */
@@ -68,6 +70,7 @@ struct qd_params {
     float offset;
     int group_size;       /* awq, w4a16 */
     int symmetric;        /* w4a16: no zero point */
+    int scale_dtype;      /* w4a16: enum qd_scale_dtype */
     int has_global_scale; /* nvfp4: given or computed */
     float global_scale;   /* encode scale, TensorRT-LLM convention: 448*6/amax = 1/per_tensor_scale */
     int has_per_tensor_scale;

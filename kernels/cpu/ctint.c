@@ -22,6 +22,9 @@ struct ctint_ctx {
 
 static int dtype_code(enum qd_dtype d) { return d == QD_BF16 ? 2 : d == QD_F16 ? 1 : 0; }
 
+/* the arithmetic's dtype code (ctint.h) for a resolved scale_dtype */
+static int scale_code(int scale_dtype) { return scale_dtype == QD_SCALE_BF16 ? 2 : scale_dtype == QD_SCALE_F16 ? 1 : 0; }
+
 static void put_scale(uint8_t *s, int64_t i, float v, int dt)
 {
     if (dt == 0)
@@ -82,6 +85,10 @@ enum qd_status qd_cpu_ctint_quantize(const struct qd_format *f, const struct qd_
                                      struct qd_params *p, void *const *out)
 {
     (void)f;
+    static const int resolved[] = {[QD_F32] = QD_SCALE_F32, [QD_F16] = QD_SCALE_F16, [QD_BF16] = QD_SCALE_BF16};
+    if (p->scale_dtype != QD_SCALE_AUTO && p->scale_dtype != resolved[in->dtype])
+        return QD_EINVAL; /* compressed-tensors computes in, and keeps, the weight's dtype */
+    p->scale_dtype = resolved[in->dtype]; /* recorded with the result, read back to dequantize */
     struct ctint_ctx k = {.cols = in->cols, .gs = p->group_size, .sym = p->symmetric, .dt = dtype_code(in->dtype),
                           .packed = out[0], .scales = out[1]};
     int64_t groups = in->cols / k.gs;
@@ -110,7 +117,8 @@ enum qd_status qd_cpu_ctint_dequantize(const struct qd_format *f, const void *co
                                        const struct qd_params *p, struct qd_tensor *out)
 {
     (void)f;
-    struct ctint_ctx k = {.cols = out->cols, .gs = p->group_size, .sym = p->symmetric, .dt = dtype_code(out->dtype),
+    int dt = p->scale_dtype == QD_SCALE_AUTO ? dtype_code(out->dtype) : scale_code(p->scale_dtype);
+    struct ctint_ctx k = {.cols = out->cols, .gs = p->group_size, .sym = p->symmetric, .dt = dt,
                           .cpacked = in[0], .cscales = in[1], .czp = p->symmetric ? NULL : in[2]};
     return qd_cpu_out_spans(out, 1, ctint_dequantize_span, &k) < 0 ? QD_ENOMEM : QD_OK;
 }

@@ -2,6 +2,8 @@
 response) against api/openapi.yaml: every status must be documented for its path and method,
 every JSON body must match its schema, and every documented operation must have been exercised."""
 import json
+import struct
+import tempfile
 import os
 import pathlib
 import re
@@ -67,6 +69,15 @@ def test_component_names_are_the_registry():
     quantd = os.environ.get("QUANTD", str(ROOT / "bin" / "quantd"))
     out = json.loads(subprocess.check_output([quantd, "formats"]))
     names = {c["name"] for f in out["formats"] for c in f["components"]}
+    # components that only non-default parameters lay out: w4a16's zero point (symmetric=false)
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "w.f32")
+        with open(src, "wb") as f:
+            f.write(struct.pack("<1024f", *[(i % 37) / 37.0 - 0.5 for i in range(1024)]))
+        subprocess.run([quantd, "quantize", "--fmt", "w4a16", "--dtype", "f32", "--shape", "8,128", "--in", src,
+                        "--out", os.path.join(d, "o"), "--param", "symmetric=false"], check=True)
+        with open(os.path.join(d, "o", "meta.json")) as f:
+            names |= set(json.load(f)["components"])
     assert set(SPEC["components"]["schemas"]["ComponentName"]["enum"]) == names
 
 

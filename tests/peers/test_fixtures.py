@@ -98,6 +98,17 @@ def test_autoawq_bytes(case, tmp_path):
     check_components(d, meta, out)
 
 
+@pytest.mark.parametrize("case", cases("ct"))
+def test_compressed_tensors_bytes(case, tmp_path):
+    """llm-compressor's own W4A16 / W4A16_ASYM oneshot, as compressed-tensors saves it"""
+    d, meta, x = load("ct", case)
+    out, _ = quantize(x, meta["fmt"], meta["dtype"], meta["shape"], meta["params"], str(tmp_path))
+    check_components(d, meta, out)
+    back = tmp_path / "back.bin"  # and it dequantizes (in the weight's dtype) to what the codes mean
+    run_quantd("dequantize", "--in", out, "--dtype", meta["dtype"], "--out", back)
+    assert back.stat().st_size == len(x)
+
+
 def test_every_family_has_fixtures():
-    for fam in ("bnb", "mx", "nvfp4", "awq"):
+    for fam in ("bnb", "mx", "nvfp4", "awq", "ct"):
         assert cases(fam), f"no fixtures for {fam}"

@@ -218,7 +218,8 @@ bench-latency: bin/quantd $(HEY_BIN)
 
 # BENCH_BACKEND=cuda runs the service benchmark on the GPU backend.
 bench: bin/quantd $(BUILD)/bench/bench_cpu $(BUILD)/bench/bench_service
-	$(BUILD)/bench/bench_cpu
+	BENCH_JSON=$(BUILD)/bench-cpu.json $(BUILD)/bench/bench_cpu
+	$(PYTHON) bench/plot_cpu.py $(BUILD)/bench-cpu.svg $(BUILD)/bench-cpu.json
 	QUANTD=$(abspath bin/quantd) QUANTD_TEST_BACKEND=$(or $(BENCH_BACKEND),cpu) $(BUILD)/bench/bench_service $(BENCH_SECONDS) $(BENCH_CLIENTS)
 
 # The service on the embedded default: 0.0.0.0:8080, CUDA when a GPU is usable, else the CPU.

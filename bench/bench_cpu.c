@@ -96,6 +96,12 @@ int main(int argc, char **argv)
     printf("memcpy of the f32 input (%lld MiB): %.2f GB/s\n\n", (long long)(n * 4 >> 20), memcpy_gbs);
     printf("%-12s %6s %12s %12s %14s %8s\n", "format", "input", "quant GB/s", "% memcpy",
            "dequant GB/s", "(out f32)");
+    /* BENCH_JSON=FILE: the same figures for bench/plot_cpu.py */
+    FILE *js = getenv("BENCH_JSON") ? fopen(getenv("BENCH_JSON"), "w") : NULL;
+    if (js)
+        fprintf(js, "{\"rows_cols\": [%lld, %lld], \"threads\": %d, \"reps\": %d, \"memcpy_gbs\": %.3f, \"rows\": [",
+                (long long)rows, (long long)cols, threads, REPS, memcpy_gbs);
+    int first_row = 1;
     for (int i = 0; i < qd_format_count; i++) {
         const struct qd_format *f = &qd_formats[i];
         for (int d = 0; d < 2; d++) {
@@ -133,9 +139,17 @@ int main(int argc, char **argv)
             double dq = n * 4 / median(t, REPS) / 1e9;
             printf("%-12s %6s %12.2f %11.0f%% %14.2f\n", f->name, qd_dtype_name(in.dtype), q,
                    100 * q / memcpy_gbs, dq);
+            if (js)
+                fprintf(js, "%s\n {\"fmt\": \"%s\", \"input\": \"%s\", \"quant_gbs\": %.3f, \"dequant_gbs\": %.3f}",
+                        first_row ? "" : ",", f->name, qd_dtype_name(in.dtype), q, dq);
+            first_row = 0;
             for (int k = 0; k < nc; k++)
                 free(bufs[k]);
         }
+    }
+    if (js) {
+        fprintf(js, "\n]}\n");
+        fclose(js);
     }
     const char *lib = getenv("GGML_CPU_LIB");
     if (lib) {

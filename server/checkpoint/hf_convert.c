@@ -1,6 +1,13 @@
-/* A Hugging Face safetensors model in -> the transformers + bitsandbytes 4-bit checkpoint
- * (nf4/fp4) out: what `from_pretrained(..., BitsAndBytesConfig(load_in_4bit=True, ...))` then
- * `save_pretrained` writes (transformers 5.17, bitsandbytes 0.50), shard for shard.
+/* A Hugging Face safetensors model in -> a quantized Hugging Face checkpoint out, shard for
+ * shard, in one of two layouts (chosen by the format's family):
+ * - bitsandbytes (nf4/fp4): what `from_pretrained(..., BitsAndBytesConfig(load_in_4bit=True,
+ *   ...))` then `save_pretrained` writes (transformers 5.17, bitsandbytes 0.50), below;
+ * - compressed-tensors (w4a16): what llm-compressor 0.14.0.1's data-free `oneshot` with a
+ *   QuantizationModifier (targets Linear, ignore lm_head) then `save_pretrained(save_compressed=True)`
+ *   writes: per Linear weight <m>.weight_packed, .weight_scale, (.weight_zero_point,)
+ *   .weight_shape (int64 [out, in]) instead of <m>.weight, and config.json's
+ *   quantization_config as compressed-tensors 0.19.0 serializes it.
+ * The bitsandbytes layout:
  * - Quantized: every Linear weight but the output head, named by transformers' rule
  *   (replace_with_bnb_linear, get_keys_to_not_convert): 2-D float "<m>.weight" tensors whose
  *   module is not an embedding ("embed" in its last name, wte, wpe) nor the head (lm_head).
@@ -126,6 +133,8 @@ struct out_tensor {
     uint64_t bytes;
     const struct qd_st_entry *src;
     int quantize;      /* 1: the first of a quantized weight's tensors (the rest follow it) */
+    int trailer;       /* 1: the tensor after a weight's components (bnb's quant_state JSON,
+                          compressed-tensors' weight_shape), written with them */
     uint64_t qbytes;   /* that weight's components, back to back */
 };
 
@@ -162,6 +171,34 @@ static char *concat(const char *a, const char *sep, const char *b)
 
 static char *join(const char *dir, const char *name) { return concat(dir, "/", name); }
 
+static int compressed_tensors(const struct qd_convert_opts *o) { return !strcmp(o->f->family, "ctint"); }
+
+static enum qd_dtype st_to_dtype(const char *st)
+{
+    return !strcmp(st, "F32") ? QD_F32 : !strcmp(st, "F16") ? QD_F16 : QD_BF16;
+}
+
+static const char *dtype_to_st(enum qd_dtype d)
+{
+    switch (d) {
+    case QD_U8: return "U8";
+    case QD_I32: return "I32";
+    case QD_F16: return "F16";
+    case QD_BF16: return "BF16";
+    default: return "F32";
+    }
+}
+
+/* <m>.weight -> <m><suffix> (compressed-tensors' names replace the weight) */
+static char *module_name(const char *weight, const char *suffix)
+{
+    size_t n = strlen(weight) - strlen("weight");
+    char *s = malloc(n + strlen(suffix) + 1);
+    if (s)
+        snprintf(s, n + strlen(suffix) + 1, "%.*s%s", (int)n, weight, suffix);
+    return s;
+}
+
 /* The plan of one shard: its output tensors, from its header alone. */
 static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const struct qd_name_filter *nf,
                       char *err, size_t errlen)
@@ -180,7 +217,7 @@ static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const s
                 goto nomem;
             continue;
         }
-        struct qd_tensor in = {.dtype = QD_F32};
+        struct qd_tensor in = {.dtype = st_to_dtype(t->dtype)};
         struct qd_component comps[QD_MAX_COMPONENTS];
         int64_t shape[2] = {t->shape[0], t->shape[1]};
         qd_tensor_set_shape(&in, 2, shape);
@@ -188,24 +225,33 @@ static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const s
         int nc = qd_format_layout(o->f, &p, &in, comps, err, errlen);
         if (nc < 0)
             return -1;
-        /* bitsandbytes' names for quantd's components, in quantd's order */
+        /* the layout's names for quantd's components, in quantd's order */
+        const int ct = compressed_tensors(o);
         uint64_t qbytes = 0;
         for (int k = 0; k < nc; k++) {
             const char *suffix = !strcmp(comps[k].name, "data") ? "" : comps[k].name;
             char sfx[64];
             snprintf(sfx, sizeof sfx, "%s%s", *suffix ? "." : "", suffix);
-            struct out_tensor c = {.name = concat(t->name, "", sfx), .dtype = comps[k].dtype == QD_U8 ? "U8" : "F32",
-                                   .ndim = k == 0 ? 2 : 1, .shape = {comps[k].shape[0], 1}, .bytes = (uint64_t)comps[k].bytes,
-                                   .src = t, .quantize = k == 0};
+            struct out_tensor c = {.name = ct ? module_name(t->name, comps[k].name) : concat(t->name, "", sfx),
+                                   .dtype = dtype_to_st(comps[k].dtype), .ndim = ct || k == 0 ? 2 : 1,
+                                   .shape = {comps[k].shape[0], ct ? comps[k].shape[1] : 1},
+                                   .bytes = (uint64_t)comps[k].bytes, .src = t, .quantize = k == 0};
             qbytes += c.bytes;
             if (add(sh, &cap, c))
                 goto nomem;
         }
         sh->t[sh->n - nc].qbytes = qbytes;
+        if (ct) { /* weight_shape: the original [out, in] as int64 */
+            struct out_tensor w = {.name = module_name(t->name, "weight_shape"), .dtype = "I64", .ndim = 1,
+                                   .shape = {2, 1}, .bytes = 16, .src = t, .trailer = 1};
+            if (add(sh, &cap, w))
+                goto nomem;
+            continue;
+        }
         char js[512], sfx[64];
         snprintf(sfx, sizeof sfx, ".quant_state.bitsandbytes__%s", o->f->name);
         struct out_tensor q = {.name = concat(t->name, "", sfx), .dtype = "U8", .ndim = 1,
-                               .shape = {quant_state_json(js, sizeof js, o, t, &p, 1), 1}, .src = t};
+                               .shape = {quant_state_json(js, sizeof js, o, t, &p, 1), 1}, .src = t, .trailer = 1};
         q.bytes = (uint64_t)q.shape[0];
         if (add(sh, &cap, q))
             goto nomem;
@@ -216,8 +262,48 @@ nomem:
     return -1;
 }
 
+/* compressed-tensors' quantization_config for llm-compressor's W4A16 / W4A16_ASYM, as it
+ * serializes it (keys sorted as json.dumps(sort_keys=True) writes them) */
+static cJSON *ct_quantization_config(const struct qd_convert_opts *o)
+{
+    cJSON *q = cJSON_CreateObject(), *groups = cJSON_AddObjectToObject(q, "config_groups");
+    cJSON *g = cJSON_AddObjectToObject(groups, "group_0");
+    cJSON_AddStringToObject(g, "format", "pack-quantized");
+    cJSON_AddNullToObject(g, "input_activations");
+    cJSON_AddNullToObject(g, "output_activations");
+    cJSON_AddItemToObject(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
+    cJSON *w = cJSON_AddObjectToObject(g, "weights");
+    cJSON_AddNullToObject(w, "actorder");
+    cJSON_AddNullToObject(w, "block_structure");
+    cJSON_AddBoolToObject(w, "dynamic", 0);
+    cJSON_AddNumberToObject(w, "group_size", o->params.group_size);
+    cJSON_AddNumberToObject(w, "num_bits", 4);
+    cJSON_AddStringToObject(w, "observer", "memoryless_minmax");
+    cJSON_AddObjectToObject(w, "observer_kwargs");
+    cJSON_AddNullToObject(w, "scale_dtype");
+    cJSON_AddStringToObject(w, "strategy", "group");
+    cJSON_AddBoolToObject(w, "symmetric", o->params.symmetric);
+    cJSON_AddStringToObject(w, "type", "int");
+    if (o->params.symmetric)
+        cJSON_AddNullToObject(w, "zp_dtype");
+    else
+        cJSON_AddStringToObject(w, "zp_dtype", "torch.int8");
+    cJSON_AddStringToObject(q, "format", "pack-quantized");
+    cJSON_AddNullToObject(q, "global_compression_ratio");
+    cJSON_AddItemToObject(q, "ignore", cJSON_CreateStringArray((const char *[]){"lm_head"}, 1));
+    cJSON_AddNullToObject(q, "kv_cache_scheme");
+    cJSON_AddStringToObject(q, "quant_method", "compressed-tensors");
+    cJSON_AddStringToObject(q, "quantization_status", "compressed");
+    cJSON_AddObjectToObject(q, "sparsity_config");
+    cJSON_AddObjectToObject(q, "transform_config");
+    cJSON_AddStringToObject(q, "version", "0.19.0"); /* the compressed-tensors whose layout this is */
+    return q;
+}
+
 static cJSON *quantization_config(const struct qd_convert_opts *o, const char *compute_dtype)
 {
+    if (compressed_tensors(o))
+        return ct_quantization_config(o);
     cJSON *q = cJSON_CreateObject(); /* the keys as transformers writes them (sorted) */
     cJSON_AddBoolToObject(q, "_load_in_4bit", 1);
     cJSON_AddBoolToObject(q, "_load_in_8bit", 0);
@@ -253,7 +339,7 @@ static enum qd_status process_weight(void *ctx, int item, const void *in, void *
     const struct out_tensor *t = j->src[item];
     const struct qd_st_entry *e = t->src;
     struct qd_params p;
-    enum qd_dtype dt = !strcmp(e->dtype, "F32") ? QD_F32 : !strcmp(e->dtype, "F16") ? QD_F16 : QD_BF16;
+    enum qd_dtype dt = st_to_dtype(e->dtype);
     enum qd_status st = qd_convert_quantize(j->o, in, dt, e->shape[0], e->shape[1], out, (int64_t)t->qbytes, &j->nmse,
                                             &p, err, errlen);
     if (st != QD_OK) {
@@ -263,8 +349,13 @@ static enum qd_status process_weight(void *ctx, int item, const void *in, void *
         return st;
     }
     const struct out_tensor *js = t;
-    while (!strstr(js->name, ".quant_state."))
+    while (!js->trailer)
         js++;
+    if (compressed_tensors(j->o)) { /* weight_shape */
+        int64_t shape[2] = {e->shape[0], e->shape[1]};
+        memcpy((char *)out + t->qbytes, shape, sizeof shape);
+        return QD_OK;
+    }
     char text[512];
     int n = quant_state_json(text, sizeof text, j->o, e, &p, 0);
     if ((uint64_t)n > js->bytes) {
@@ -330,10 +421,10 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
             memcpy(h[i].shape, t->src->shape, sizeof h[i].shape);
         } else
             memcpy(h[i].shape, t->shape, sizeof t->shape);
-        if (t->quantize || (!strstr(t->name, ".quant_state.") && !strcmp(t->name, t->src->name))) {
+        if (t->quantize || (!t->trailer && !strcmp(t->name, t->src->name))) {
             uint64_t json = 0;
             for (int k = i + 1; t->quantize && k < sh->n; k++)
-                if (strstr(sh->t[k].name, ".quant_state.")) {
+                if (sh->t[k].trailer) {
                     json = sh->t[k].bytes;
                     break;
                 }
@@ -447,7 +538,7 @@ static int cmp_out_name(const void *a, const void *b)
     return strcmp((*(const struct out_tensor *const *)a)->name, (*(const struct out_tensor *const *)b)->name);
 }
 
-int qd_convert_bnb(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
+int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
                    char *err, size_t errlen)
 {
     double t0 = qd_pipe_clock_s();
@@ -552,7 +643,7 @@ int qd_convert_bnb(const struct qd_convert_opts *o, struct qd_convert_summary *s
         for (int i = 0; i < sh[k].n; i++)
             if (sh[k].t[i].quantize) {
                 const struct out_tensor *t = &sh[k].t[i], *js = t;
-                while (!strstr(js->name, ".quant_state."))
+                while (!js->trailer)
                     js++;
                 in_cap = t->src->end - t->src->begin > in_cap ? t->src->end - t->src->begin : in_cap;
                 out_cap = t->qbytes + js->bytes > out_cap ? t->qbytes + js->bytes : out_cap;

@@ -1,0 +1,77 @@
+"""quantd convert --fmt w4a16, a Hugging Face safetensors model -> the compressed-tensors
+pack-quantized checkpoint llm-compressor writes (vLLM, SGLang and transformers load it). The
+expected tensors and quantization_config come from llm-compressor's own oneshot + save_compressed
+on the same tiny_hf.py models (tests/fixtures/make_ct_convert_fixtures.py): every tensor must have
+the same name, dtype, shape and bytes, and the config the same quantization_config."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import ml_dtypes  # noqa: F401 (numpy learns bfloat16)
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from conftest import FIXTURES, ROOT, run_quantd
+
+TINY = os.path.join(ROOT, "tests", "checkpoint", "tiny_hf.py")
+FIX = json.load(open(os.path.join(FIXTURES, "ct_convert.json")))["cases"]
+TORCH_NAME = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "int32": "int32",
+              "int8": "int8", "int64": "int64"}
+
+
+def load_all(d):
+    out = {}
+    for fn in sorted(os.listdir(d)):
+        if fn.endswith(".safetensors"):
+            with safe_open(os.path.join(d, fn), "numpy") as f:
+                for k in f.keys():
+                    out[k] = f.get_tensor(k)
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(FIX))
+def test_equals_llm_compressor(tmp_path, case):
+    fx = FIX[case]
+    src = tmp_path / "hf"
+    subprocess.run([sys.executable, TINY, str(src), *fx["tiny_hf"]], check=True)
+    dst = tmp_path / "q"
+    args = ["convert", "--in", src, "--out", dst, "--fmt", "w4a16"]
+    if fx["scheme"].endswith("_ASYM"):
+        args += ["--param", "symmetric=false"]
+    run_quantd(*args)
+    ours = load_all(dst)
+    assert sorted(ours) == sorted(fx["tensors"])
+    for name, want in fx["tensors"].items():
+        t = ours[name]
+        assert TORCH_NAME[str(t.dtype)] == want["dtype"], name
+        assert list(t.shape) == want["shape"], name
+        assert hashlib.sha256(np.ascontiguousarray(t).tobytes()).hexdigest() == want["sha256"], name
+    cfg = json.load(open(dst / "config.json"))
+    assert cfg.pop("quantization_config") == fx["quantization_config"]
+    assert cfg == json.load(open(src / "config.json"))
+    for fn in ("generation_config.json", "tokenizer_config.json"):
+        assert (dst / fn).read_text() == (src / fn).read_text()
+
+
+def test_a_changed_weight_changes_the_bytes(tmp_path):
+    """The fixture check can fail: the largest weight of one group doubled moves its scale."""
+    from safetensors.numpy import save_file
+    fx = FIX["w4a16_bf16"]
+    src = tmp_path / "hf"
+    subprocess.run([sys.executable, TINY, str(src), *fx["tiny_hf"]], check=True)
+    st = os.path.join(src, "model.safetensors")
+    with safe_open(st, "numpy") as f:
+        t = {k: f.get_tensor(k) for k in f.keys()}
+    w = t["model.layers.0.self_attn.q_proj.weight"]
+    i = int(np.argmax(np.abs(w.astype(np.float32))))
+    w = w.copy()
+    w.flat[i] *= 2
+    t["model.layers.0.self_attn.q_proj.weight"] = w
+    save_file(t, st, metadata={"format": "pt"})
+    run_quantd("convert", "--in", src, "--out", tmp_path / "q", "--fmt", "w4a16")
+    ours = load_all(tmp_path / "q")
+    scale = "model.layers.0.self_attn.q_proj.weight_scale"
+    assert hashlib.sha256(ours[scale].tobytes()).hexdigest() != fx["tensors"][scale]["sha256"]

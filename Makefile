@@ -284,9 +284,19 @@ $(LLAMA_CPP_DIR)/build/bin/llama-quantize:
 	  -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null
 	cmake --build $(LLAMA_CPP_DIR)/build -j$$(nproc) --target llama-quantize llama-completion >/dev/null
 
-test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize
+# The torch runtimes (transformers, llm-compressor, bitsandbytes where built) run from their own
+# venv; CONSUMERS_PY picks another interpreter (a machine whose Python already has them).
+CONSUMERS_PY ?= .venv-torch/bin/python
+.venv-torch/ok: tests/requirements-torch.txt
+	$(PYTHON) -m venv --system-site-packages .venv-torch
+	.venv-torch/bin/pip install -q -r tests/requirements-torch.txt
+	touch $@
+
+test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(if $(filter .venv-torch/bin/python,$(CONSUMERS_PY)),.venv-torch/ok)
 	LLAMA_CPP_BIN=$(abspath $(LLAMA_CPP_DIR)/build/bin) QUANTD=$(abspath bin/quantd) \
-	  .venv/bin/python -m pytest -q tests/consumers
+	  .venv/bin/python -m pytest -q tests/consumers/test_llama_cpp.py
+	QUANTD=$(abspath bin/quantd) $(CONSUMERS_PY) -m pytest -q -p no:cacheprovider \
+	  tests/consumers/test_compressed_tensors.py tests/consumers/test_transformers_bnb.py
 
 check-cuda:
 	@test "$(WITH_CUDA)" = 1 || { echo "no nvcc: the CUDA backend is not built"; exit 1; }

@@ -5,14 +5,19 @@ usage: bench_convert.py WORKDIR [--size 8b|1b|tiny] [--only hf|gguf] [--json OUT
 
 hf:   a Llama-shaped bf16 checkpoint of random weights in 5 GB shards (transformers builds it,
       on the GPU when there is one); times `cat` of its shards into /dev/null (page cache warm),
-      `quantd convert --fmt nf4` on each backend, and, where bitsandbytes and a GPU are there,
+      `quantd convert --fmt nf4` (transformers + bitsandbytes) and `--fmt w4a16`
+      (compressed-tensors) on each backend, and, where bitsandbytes and a GPU are there,
       transformers' from_pretrained(BitsAndBytesConfig nf4, double quant) + save_pretrained.
 gguf: the same shapes as a BF16 GGUF (written with the gguf package); times `cat`, `quantd
-      convert --fmt q4_0` and `q8_0`, and `llama-quantize --pure` (LLAMA_CPP_BIN) on all cores.
-Every figure is the median of REPEAT runs (default 3) after one warm-up, each run after a sync
+      convert --fmt q4_0`, `--fmt q8_0` and `--recipe Q4_K_M`, and llama-quantize (LLAMA_CPP_BIN)
+      on all cores for the same three (`--pure Q4_0`, `--pure Q8_0`, `Q4_K_M`).
+--targets picks some of nf4 w4a16 transformers q4_0 q8_0 Q4_K_M (default all).
+Every figure is the median of REPEAT runs (default 3) after one warm-up (llama-quantize: none,
+the runs before it have warmed the page cache; LQ_REPEAT sets its run count), each run after a sync
 (no dirty pages left by the one before), with the process's peak RSS (quantd's own VmHWM;
 wait4's for the others)."""
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -47,8 +52,9 @@ def run(cmd, env=None):
     return wall, usage.ru_maxrss * 1024
 
 
-def timed(name, cmd, repeat, cleanup=None, env=None):
-    run(cmd, env)  # warm-up: page cache, the CUDA context's first start
+def timed(name, cmd, repeat, cleanup=None, env=None, warm_up=True):
+    if warm_up:
+        run(cmd, env)  # warm-up: page cache, the CUDA context's first start
     walls, rss = [], 0
     for _ in range(repeat):
         if cleanup:
@@ -100,16 +106,18 @@ def main():
     ap.add_argument("--only", choices=["hf", "gguf"])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json")
+    ap.add_argument("--targets", default="nf4,w4a16,transformers,q4_0,q8_0,Q4_K_M")
+    ap.add_argument("--backends", default="cpu,cuda", help="quantd backends to time (cuda only with a GPU)")
     a = ap.parse_args()
+    targets = a.targets.split(",")
     os.makedirs(a.work, exist_ok=True)
     rows = []
-    backends = ["cpu"]
-    try:
-        import torch
-        if torch.cuda.is_available():
-            backends.append("cuda")
-    except ImportError:
-        torch = None
+    backends = [b for b in a.backends.split(",") if b == "cpu"]
+    # asked in a child: torch loaded here would count in every child's peak RSS (fork copies it)
+    gpu = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                         capture_output=True, text=True).stdout.strip() == "True"
+    if gpu and "cuda" in a.backends.split(","):
+        backends.append("cuda")
     if a.only != "gguf":
         src = os.path.join(a.work, f"hf-{a.size}")
         make_hf(src, a.size)
@@ -117,15 +125,15 @@ def main():
         size = sum(os.path.getsize(f) for f in shards)
         rows.append(dict(timed("hf: cat shards > /dev/null", ["sh", "-c", "cat \"$@\" > /dev/null", "cat", *shards],
                                a.repeat), bytes=size))
-        out = os.path.join(a.work, "hf-nf4")
-        for b in backends:
-            rows.append(dict(timed(f"hf: quantd convert nf4 ({b})",
-                                   [QUANTD, "convert", "--in", src, "--out", out, "--fmt", "nf4", "--backend", b],
-                                   a.repeat, cleanup=lambda: shutil.rmtree(out, ignore_errors=True)), bytes=size))
-            shutil.rmtree(out, ignore_errors=True)
-        if "cuda" in backends:
-            try:
-                import bitsandbytes  # noqa: F401
+        out = os.path.join(a.work, "hf-out")
+        for fmt in (t for t in ("nf4", "w4a16") if t in targets):
+            for b in backends:
+                rows.append(dict(timed(f"hf: quantd convert {fmt} ({b})",
+                                       [QUANTD, "convert", "--in", src, "--out", out, "--fmt", fmt, "--backend", b],
+                                       a.repeat, cleanup=lambda: shutil.rmtree(out, ignore_errors=True)), bytes=size))
+                shutil.rmtree(out, ignore_errors=True)
+        if "cuda" in backends and "transformers" in targets:
+            if importlib.util.find_spec("bitsandbytes"):
                 code = f"""
 import torch, transformers
 cfg = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
@@ -138,24 +146,25 @@ m.save_pretrained({out!r})
                                        [sys.executable, "-c", code], a.repeat,
                                        cleanup=lambda: shutil.rmtree(out, ignore_errors=True)), bytes=size))
                 shutil.rmtree(out, ignore_errors=True)
-            except ImportError:
-                pass
     if a.only != "hf":
         src = os.path.join(a.work, f"{a.size}-bf16.gguf")
         make_gguf(src, a.size)
         size = os.path.getsize(src)
         rows.append(dict(timed("gguf: cat > /dev/null", ["sh", "-c", f"cat '{src}' > /dev/null"], a.repeat), bytes=size))
         out = os.path.join(a.work, "out.gguf")
-        for fmt in ("q4_0", "q8_0"):
+        for t in (t for t in ("q4_0", "q8_0", "Q4_K_M") if t in targets):
+            pure = t.islower()  # a format: --fmt / --pure; a mix: --recipe / llama-quantize's rules
             for b in backends:
-                rows.append(dict(timed(f"gguf: quantd convert {fmt} ({b})",
-                                       [QUANTD, "convert", "--in", src, "--out", out, "--fmt", fmt, "--backend", b],
-                                       a.repeat), bytes=size))
+                rows.append(dict(timed(f"gguf: quantd convert {'--fmt' if pure else '--recipe'} {t} ({b})",
+                                       [QUANTD, "convert", "--in", src, "--out", out, "--fmt" if pure else "--recipe",
+                                        t, "--backend", b], a.repeat), bytes=size))
             lq = os.path.join(os.environ.get("LLAMA_CPP_BIN", ""), "llama-quantize")
             if os.path.exists(lq):
-                rows.append(dict(timed(f"gguf: llama-quantize --pure {fmt.upper()} ({os.cpu_count()} threads)",
-                                       [lq, "--pure", src, out, fmt.upper(), str(os.cpu_count())], a.repeat),
-                                 bytes=size))
+                lq_args = ["--pure"] if pure else []
+                rows.append(dict(timed(f"gguf: llama-quantize {' '.join(lq_args + [t.upper()])} "
+                                       f"({os.cpu_count()} threads)",
+                                       [lq, *lq_args, src, out, t.upper(), str(os.cpu_count())],
+                                       int(os.environ.get("LQ_REPEAT", a.repeat)), warm_up=False), bytes=size))
         if os.path.exists(out):
             os.unlink(out)
     print(f"\n{a.size}-shaped model, median of {a.repeat} (after a warm-up), {os.cpu_count()} cores")

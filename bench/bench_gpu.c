@@ -103,7 +103,9 @@ int main(int argc, char **argv)
     } variants[] = {
         {"nf4", NULL, NULL, "bs64 dq", 1}, {"fp4", NULL, NULL, "bs64 dq", 1}, {"q4_0", NULL, NULL, "", 1},
         {"q4_1", NULL, NULL, "", 1}, {"q5_0", NULL, NULL, "", 1}, {"q5_1", NULL, NULL, "", 1},
-        {"q8_0", NULL, NULL, "", 1}, {"q8_1", NULL, NULL, "", 1}, {"awq", NULL, NULL, "g128", 1},
+        {"q8_0", NULL, NULL, "", 1}, {"q8_1", NULL, NULL, "", 1}, {"q2_K", NULL, NULL, "", 1},
+        {"q3_K", NULL, NULL, "", 1}, {"q4_K", NULL, NULL, "", 1}, {"q5_K", NULL, NULL, "", 1},
+        {"q6_K", NULL, NULL, "", 1}, {"awq", NULL, NULL, "g128", 1},
         {"nvfp4", NULL, NULL, "swizzled, amax pass", 2}, {"nvfp4", "global_scale", "500", "global_scale given", 1},
         {"nvfp4", "scale_layout", "linear", "linear, amax pass", 2}, {"mxfp4", NULL, NULL, "", 1},
         {"mxfp6_e2m3", NULL, NULL, "", 1}, {"mxfp6_e3m2", NULL, NULL, "", 1}, {"mxfp8_e4m3", NULL, NULL, "", 1},

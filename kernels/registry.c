@@ -231,13 +231,11 @@ static const char *const int8_params[] = {"granularity", "allow_nonfinite", NULL
      .block_axis = "last", .bits_per_weight = bytes * 8.0 / 32, .code = cd,                    \
      .gguf_type = gguf, .gguf_file_type = ftype, .params = ggml_params, .layout = layout_ggml,  \
      .backend = BACKENDS(ggml)}
-/* no GPU kernels yet: the CUDA backend runs these with the CPU code (backend_cuda.c) */
 #define KQUANT(nm, cd, bytes, gguf, ftype, dc)                                                  \
     {.name = nm, .family = "kquant", .doc = dc, .block_elems = QD_QK_K, .block_bytes = bytes,  \
      .block_axis = "last", .bits_per_weight = bytes * 8.0 / QD_QK_K, .code = cd,               \
      .gguf_type = gguf, .gguf_file_type = ftype, .params = kquant_params,                      \
-     .layout = layout_kquant,                                                                  \
-     .backend = {[QD_BACKEND_CPU] = {qd_cpu_kquant_quantize, qd_cpu_kquant_dequantize}}}
+     .layout = layout_kquant, .backend = BACKENDS(kquant)}
 #define MX(nm, cd, bits, prm, dc)                                                               \
     {.name = nm, .family = "mx", .doc = dc, .block_elems = 32, .block_axis = "last",           \
      .bits_per_weight = bits + 8.0 / 32, .code = cd, .params = prm, .layout = layout_mx,       \

@@ -65,6 +65,7 @@ QD_CUDA_FAMILY(awq)
 QD_CUDA_FAMILY(mx)
 QD_CUDA_FAMILY(nvfp4)
 QD_CUDA_FAMILY(int8)
+QD_CUDA_FAMILY(kquant)
 #undef QD_CUDA_FAMILY
 
 #ifdef __cplusplus

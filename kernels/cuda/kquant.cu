@@ -1,0 +1,183 @@
+/* llama.cpp K-quants (q2_K q3_K q4_K q5_K q6_K) on the GPU, with the CPU's block code
+ * (kernels/kquants.h, built without FMA contraction like the rest of the CUDA sources).
+ *
+ * Quantize: the expensive part of a super-block is the search for each sub-block's scale (and
+ * minimum), and the sub-blocks are independent, so a CTA of 128 threads takes 128 sub-blocks
+ * (16 super-blocks of q4_K/q5_K, 8 of the others), one search per thread over the elements
+ * staged in shared memory. What is left per super-block (quantizing the sub-block scales
+ * against the largest, the f16 header, the codes again from the stored scales, the packing)
+ * runs on one thread per super-block, the CPU's own finishing function, into shared memory;
+ * the whole CTA writes the packed blocks out.
+ *
+ * Dequantize: element by element (each thread 8 consecutive elements of one super-block), the
+ * same products as dequantize_row_<type> in the same order. */
+#include "../kquants.h"
+#include "tile.cuh"
+
+#define KQ_THREADS 128
+
+template <int TYPE> struct kq {
+    static constexpr int NS = (TYPE == QD_Q4_K || TYPE == QD_Q5_K) ? 8 : 16; /* sub-blocks */
+    static constexpr int S = QD_QK_K / NS;                                    /* their size */
+    static constexpr int SB = KQ_THREADS / NS;                                /* super-blocks per CTA */
+    static constexpr int BYTES = TYPE == QD_Q2_K ? 84 : TYPE == QD_Q3_K ? 110 : TYPE == QD_Q4_K ? 144
+                                 : TYPE == QD_Q5_K ? 176 : 210;
+};
+
+/* Sub-block j's search over x[0, S), as qd_kq_search_q45 / qd_kq_quantize_q2 / _q3 / _q6 run it
+ * for that j: its scale, its minimum (the affine types) and codes into L. */
+template <int TYPE> __device__ __forceinline__ void kq_search(const float *x, uint8_t *L, float *scale, float *min)
+{
+    if (TYPE == QD_Q4_K || TYPE == QD_Q5_K) {
+        constexpr int five = TYPE == QD_Q5_K;
+        uint8_t Laux[32];
+        float weights[32];
+        float sum_x2 = 0.0f;
+        for (int l = 0; l < 32; l++)
+            sum_x2 += x[l] * x[l];
+        float av_x = sqrtf(sum_x2 / 32.0f);
+        for (int l = 0; l < 32; l++)
+            weights[l] = av_x + qd_absf(x[l]);
+        *scale = qd_kq_make_qkx2(32, five ? 31 : 15, x, weights, L, min, Laux, five ? -0.5f : -1.0f, 0.1f,
+                                 five ? 15 : 20, 0);
+    } else if (TYPE == QD_Q2_K) {
+        uint8_t Laux[16];
+        float weights[16];
+        for (int l = 0; l < 16; l++)
+            weights[l] = qd_absf(x[l]);
+        *scale = qd_kq_make_qkx2(16, 3, x, weights, L, min, Laux, -0.5f, 0.1f, 15, 1);
+    } else if (TYPE == QD_Q3_K)
+        *scale = qd_kq_make_q3(16, 4, x, (int8_t *)L);
+    else
+        *scale = qd_kq_make_qx(16, 32, x, (int8_t *)L);
+}
+
+template <int DT, int TYPE>
+__global__ void __launch_bounds__(KQ_THREADS) kquant_quantize_kernel(const void *x, int64_t nblocks, uint8_t *out,
+                                                                   unsigned long long *bad)
+{
+    using K = kq<TYPE>;
+    __shared__ float xs[K::SB * QD_QK_K];
+    __shared__ uint8_t L[K::SB * QD_QK_K];
+    __shared__ float scales[KQ_THREADS], mins[KQ_THREADS];
+    __shared__ __align__(16) uint8_t staged[K::SB * K::BYTES];
+    const int t = threadIdx.x, sb = t / K::NS;
+    const int64_t first = blockIdx.x * (int64_t)K::SB;
+    const int nvalid = nblocks - first < K::SB ? (int)(nblocks - first) : K::SB;
+
+    if (sb < nvalid) {
+        float v[K::S];
+        const int64_t e0 = first * QD_QK_K + (int64_t)t * K::S;
+        if (qd_load_block_top<DT, K::S>(x, e0, v) >= 0x7f800000u)
+            qd_note_first_nonfinite<K::S>(bad, v, e0);
+#pragma unroll
+        for (int l = 0; l < K::S; l++)
+            xs[t * K::S + l] = v[l];
+        kq_search<TYPE>(xs + t * K::S, L + t * K::S, &scales[t], &mins[t]);
+    }
+    __syncthreads();
+    if (t < nvalid) {
+        const int o = t * QD_QK_K;
+        uint8_t *blk = staged + t * K::BYTES;
+        if (TYPE == QD_Q4_K || TYPE == QD_Q5_K)
+            qd_kq_finish_q45(TYPE == QD_Q5_K, xs + o, scales + t * K::NS, mins + t * K::NS, L + o, blk);
+        else if (TYPE == QD_Q2_K)
+            qd_kq_finish_q2(xs + o, scales + t * K::NS, mins + t * K::NS, L + o, blk);
+        else if (TYPE == QD_Q3_K)
+            qd_kq_finish_q3(xs + o, scales + t * K::NS, (int8_t *)L + o, blk);
+        else
+            qd_kq_finish_q6(xs + o, scales + t * K::NS, (int8_t *)L + o, blk);
+    }
+    __syncthreads();
+    cta_copy(out + first * K::BYTES, staged, nvalid * K::BYTES);
+}
+
+/* Element i (0..255) of a super-block, as dequantize_row_<type> computes it. */
+template <int TYPE> __device__ __forceinline__ float kq_element(const uint8_t *blk, int i)
+{
+    const int n = i / 128, r = i % 128, j = r / 32, half = (r % 32) / 16, l16 = r % 16;
+    if (TYPE == QD_Q4_K || TYPE == QD_Q5_K) {
+        const int c = i / 64, hi = (i % 64) >= 32, l = i % 32, is = 2 * c + hi;
+        uint8_t s, m;
+        qd_kq_scale_min(is, blk + 4, &s, &m);
+        const float d1 = qd_get_f16(blk) * (float)s, m1 = qd_get_f16(blk + 2) * (float)m;
+        const uint8_t qb = blk[(TYPE == QD_Q5_K ? 48 : 16) + 32 * c + l];
+        int q = hi ? qb >> 4 : qb & 0xF;
+        if (TYPE == QD_Q5_K && (blk[16 + l] >> is & 1))
+            q += 16;
+        return d1 * (float)q - m1;
+    }
+    if (TYPE == QD_Q6_K) {
+        const int l = r % 32, is = l / 16;
+        const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+        const int8_t *sc = (const int8_t *)blk + 192 + 8 * n;
+        const int lo = (j & 1) ? ql[l + 32] : ql[l];
+        const int q = ((j & 2 ? lo >> 4 : lo & 0xF) | (((qh[l] >> (2 * j)) & 3) << 4)) - 32;
+        return qd_get_f16(blk + 208) * (float)sc[is + 2 * j] * (float)q;
+    }
+    const int is = 8 * n + 2 * j + half, lq = l16 + 16 * half;
+    if (TYPE == QD_Q3_K) {
+        const uint8_t *s = blk + 96;
+        const int lo = is < 8 ? s[is] & 0xF : s[is - 8] >> 4;
+        const int hs = (s[8 + is % 4] >> (2 * (is / 4))) & 3;
+        const float dl = qd_get_f16(blk + 108) * (float)(int8_t)((lo | hs << 4) - 32);
+        const uint8_t qb = blk[32 + 32 * n + lq], hm = blk[lq];
+        return dl * (float)((int8_t)((qb >> (2 * j)) & 3) - ((hm & (1 << (4 * n + j))) ? 0 : 4));
+    }
+    const uint8_t sc = blk[is];
+    const float dl = qd_get_f16(blk + 80) * (float)(sc & 0xF), ml = qd_get_f16(blk + 82) * (float)(sc >> 4);
+    return dl * (float)((blk[16 + 32 * n + lq] >> (2 * j)) & 3) - ml;
+}
+
+/* Each thread: 8 consecutive elements of one super-block, stored with one 16-byte (bf16/f16)
+ * or two 16-byte (f32) accesses. */
+template <int DT, int TYPE> __global__ void kquant_dequantize_kernel(const uint8_t *in, int64_t nblocks, void *y)
+{
+    const int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (g >= nblocks * (QD_QK_K / 8))
+        return;
+    const int64_t b = g / (QD_QK_K / 8);
+    const int i0 = (int)(g % (QD_QK_K / 8)) * 8;
+    const uint8_t *blk = in + b * kq<TYPE>::BYTES;
+    float v[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        v[k] = kq_element<TYPE>(blk, i0 + k);
+    qd_store_block<DT, 8>(y, b * QD_QK_K + i0, v);
+}
+
+#define KQUANT_TYPE_SWITCH(t, TYPE, ...)                                                        \
+    switch (t) {                                                                                \
+    case QD_Q2_K: { constexpr int TYPE = QD_Q2_K; __VA_ARGS__; } break;                         \
+    case QD_Q3_K: { constexpr int TYPE = QD_Q3_K; __VA_ARGS__; } break;                         \
+    case QD_Q4_K: { constexpr int TYPE = QD_Q4_K; __VA_ARGS__; } break;                         \
+    case QD_Q5_K: { constexpr int TYPE = QD_Q5_K; __VA_ARGS__; } break;                         \
+    default: { constexpr int TYPE = QD_Q6_K; __VA_ARGS__; } break;                              \
+    }
+
+extern "C" enum qd_status qd_cuda_kquant_quantize(const struct qd_format *f, const struct qd_tensor *in,
+                                                  struct qd_params *p, void *const *out)
+{
+    int64_t nblocks = qd_tensor_numel(in) / QD_QK_K;
+    unsigned long long *bad;
+    enum qd_status s = qd_cuda_bad_begin(!p->allow_nonfinite, &bad);
+    if (s != QD_OK)
+        return s;
+    QD_DTYPE_SWITCH(in->dtype, DT, KQUANT_TYPE_SWITCH(f->code, TYPE,
+                    kquant_quantize_kernel<DT, TYPE><<<qd_grid(nblocks, kq<TYPE>::SB), KQ_THREADS, 0, qd_stream()>>>(
+                        in->data, nblocks, (uint8_t *)out[0], bad)));
+    CUDA_LAUNCHED();
+    return qd_cuda_bad_end(bad);
+}
+
+extern "C" enum qd_status qd_cuda_kquant_dequantize(const struct qd_format *f, const void *const *in,
+                                                    const struct qd_params *p, struct qd_tensor *out)
+{
+    (void)p;
+    int64_t nblocks = qd_tensor_numel(out) / QD_QK_K;
+    QD_DTYPE_SWITCH(out->dtype, DT, KQUANT_TYPE_SWITCH(f->code, TYPE,
+                    kquant_dequantize_kernel<DT, TYPE><<<qd_grid(nblocks * (QD_QK_K / 8), 256), 256, 0, qd_stream()>>>(
+                        (const uint8_t *)in[0], nblocks, out->data)));
+    CUDA_LAUNCHED();
+    return QD_OK;
+}

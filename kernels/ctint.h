@@ -29,15 +29,10 @@ QD_HD float qd_ct_rint(float v)
     return t;
 }
 
-/* One group of n values (a row's group_size columns): its scale (in the dtype) and, when
- * asymmetric, its zero point (-8..7); *zp is 0 when symmetric. */
-QD_HD float qd_ct_int4_qparams(const float *x, int n, int sym, int dt, int *zp)
+/* A group's scale (in the dtype) and, when asymmetric, its zero point (-8..7) from its
+ * minimum and maximum (finite: non-finite input is refused); *zp is 0 when symmetric. */
+QD_HD float qd_ct_int4_qparams_mm(float mn, float mx, int sym, int dt, int *zp)
 {
-    float mn = x[0], mx = x[0];
-    for (int i = 1; i < n; i++) {
-        mn = x[i] < mn ? x[i] : mn;
-        mx = x[i] > mx ? x[i] : mx;
-    }
     mn = mn < 0.0f ? mn : 0.0f; /* 0 must be representable */
     mx = mx > 0.0f ? mx : 0.0f;
     float scale;
@@ -59,6 +54,17 @@ QD_HD float qd_ct_int4_qparams(const float *x, int n, int sym, int dt, int *zp)
     if (scale == 0.0f) /* calculate_qparams' guard against division by zero */
         scale = qd_ct_eps(dt);
     return scale;
+}
+
+/* The same for one group of n values (a row's group_size columns). */
+QD_HD float qd_ct_int4_qparams(const float *x, int n, int sym, int dt, int *zp)
+{
+    float mn = x[0], mx = x[0];
+    for (int i = 1; i < n; i++) {
+        mn = x[i] < mn ? x[i] : mn;
+        mx = x[i] > mx ? x[i] : mx;
+    }
+    return qd_ct_int4_qparams_mm(mn, mx, sym, dt, zp);
 }
 
 /* The code (-8..7) of x: x / scale in the dtype, plus the zero point, clamped, rounded. */

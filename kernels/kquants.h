@@ -28,9 +28,16 @@ QD_HD int qd_kquant_block_bytes(int type)
 }
 
 /* Round to nearest, ties to even, by adding 1.5 * 2^23 and reading the low mantissa bits
- * (ggml's nearest_int): exact for |v| < 2^22; beyond, the same bits as ggml, not a rounding. */
+ * (ggml's nearest_int): exact for |v| < 2^22; beyond, the same bits as ggml, not a rounding.
+ * A NaN reaches it from finite input too (a sub-block of subnormals makes the inverse scale
+ * Inf, and Inf * 0 is NaN): on x86, where ggml runs, that NaN is the default one (payload 0),
+ * which reads as 0; a GPU's NaN is 0x7fffffff, which would read as 2^22 - 1. */
 QD_HD int qd_kq_round(float v)
 {
+#ifdef __CUDA_ARCH__
+    if (v != v)
+        return 0;
+#endif
     int32_t i = (int32_t)qd_f32_bits(v + 12582912.0f);
     return (i & 0x007fffff) - 0x00400000;
 }
@@ -246,11 +253,13 @@ QD_HD void qd_kq_search_q45(int five, const float *QD_RESTRICT x, float *scales,
     }
 }
 
-/* The rest of a q4_K/q5_K block from the search's results (L is updated in place). */
-QD_HD void qd_kq_finish_q45(int five, const float *QD_RESTRICT x, const float *scales, const float *mins, uint8_t *L,
-                            uint8_t *QD_RESTRICT blk)
+/* The rest of a block from the searches' results is done in three steps, which the GPU spreads
+ * over its threads: the header (sub-block scales quantized against the largest, f16 d/dmin),
+ * each sub-block's codes again from the stored header (L updated in place), the packing. */
+
+/* q4_K/q5_K header: the eight 6-bit scales and minimums (12 bytes), f16 d and dmin. */
+QD_HD void qd_kq_header_q45(const float *scales, const float *mins, uint8_t *QD_RESTRICT blk)
 {
-    const int nmax = five ? 31 : 15;
     float max_scale = 0.0f, max_min = 0.0f;
     for (int j = 0; j < 8; j++) {
         if (scales[j] > max_scale)
@@ -277,17 +286,25 @@ QD_HD void qd_kq_finish_q45(int five, const float *QD_RESTRICT x, const float *s
     }
     qd_put_f16(blk, max_scale / 63.0f);
     qd_put_f16(blk + 2, max_min / 63.0f);
-    const float d_all = qd_get_f16(blk), dmin_all = qd_get_f16(blk + 2);
-    for (int j = 0; j < 8; j++) {
-        uint8_t s, m;
-        qd_kq_scale_min(j, sc, &s, &m);
-        const float d = d_all * (float)s;
-        if (d == 0.0f)
-            continue;
-        const float dm = dmin_all * (float)m;
-        for (int i = 0; i < 32; i++)
-            L[32 * j + i] = (uint8_t)qd_kq_clampi(qd_kq_round((x[32 * j + i] + dm) / d), 0, nmax);
-    }
+}
+
+/* Sub-block j's 32 codes from the stored scale and minimum (kept from the search where the
+ * stored scale is 0). */
+QD_HD void qd_kq_codes_q45(int five, int j, const float *QD_RESTRICT x, const uint8_t *QD_RESTRICT blk, uint8_t *L)
+{
+    uint8_t s, m;
+    qd_kq_scale_min(j, blk + 4, &s, &m);
+    const float d = qd_get_f16(blk) * (float)s;
+    if (d == 0.0f)
+        return;
+    const float dm = qd_get_f16(blk + 2) * (float)m;
+    for (int i = 0; i < 32; i++)
+        L[32 * j + i] = (uint8_t)qd_kq_clampi(qd_kq_round((x[32 * j + i] + dm) / d), 0, five ? 31 : 15);
+}
+
+/* qs[128] (two sub-blocks per 32 bytes, low nibble first) and, for q5_K, qh[32]. */
+QD_HD void qd_kq_pack_q45(int five, const uint8_t *L, uint8_t *QD_RESTRICT blk)
+{
     uint8_t *qh = blk + 16, *q = blk + (five ? 48 : 16);
     if (five)
         for (int j = 0; j < 32; j++)
@@ -307,6 +324,15 @@ QD_HD void qd_kq_finish_q45(int five, const float *QD_RESTRICT x, const float *s
     }
 }
 
+QD_HD void qd_kq_finish_q45(int five, const float *QD_RESTRICT x, const float *scales, const float *mins, uint8_t *L,
+                            uint8_t *QD_RESTRICT blk)
+{
+    qd_kq_header_q45(scales, mins, blk);
+    for (int j = 0; j < 8; j++)
+        qd_kq_codes_q45(five, j, x, blk, L);
+    qd_kq_pack_q45(five, L, blk);
+}
+
 QD_HD void qd_kq_quantize_q45(int five, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
 {
     uint8_t L[QD_QK_K];
@@ -318,19 +344,9 @@ QD_HD void qd_kq_quantize_q45(int five, const float *QD_RESTRICT x, uint8_t *QD_
 /* q6_K: sixteen sub-blocks of 16, symmetric 6-bit codes (make_qx_quants); int8 scales against
  * the largest, f16 d; then every code from the stored scales. blk: ql[128], qh[64],
  * scales[16] (int8), d. */
-QD_HD void qd_kq_finish_q6(const float *QD_RESTRICT x, const float *scales, int8_t *L, uint8_t *QD_RESTRICT blk);
 
-QD_HD void qd_kq_quantize_q6(const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
-{
-    int8_t L[QD_QK_K];
-    float scales[16];
-    for (int ib = 0; ib < 16; ib++)
-        scales[ib] = qd_kq_make_qx(16, 32, x + 16 * ib, L + 16 * ib);
-    qd_kq_finish_q6(x, scales, L, blk);
-}
-
-/* The rest of a q6_K block from the sixteen searches (L updated in place). */
-QD_HD void qd_kq_finish_q6(const float *QD_RESTRICT x, const float *scales, int8_t *L, uint8_t *QD_RESTRICT blk)
+/* The header; returns 1 when the block is all zero and complete (no codes, no packing). */
+QD_HD int qd_kq_header_q6(const float *scales, uint8_t *QD_RESTRICT blk)
 {
     float max_scale = 0.0f, max_abs_scale = 0.0f;
     for (int ib = 0; ib < 16; ib++) {
@@ -345,7 +361,7 @@ QD_HD void qd_kq_finish_q6(const float *QD_RESTRICT x, const float *scales, int8
         for (int i = 0; i < 210; i++)
             blk[i] = 0;
         qd_put_f16(blk + 208, 0.0f);
-        return;
+        return 1;
     }
     int8_t *sc = (int8_t *)blk + 192;
     float iscale = -128.0f / max_scale;
@@ -354,14 +370,20 @@ QD_HD void qd_kq_finish_q6(const float *QD_RESTRICT x, const float *scales, int8
         int v = qd_kq_round(iscale * scales[ib]);
         sc[ib] = (int8_t)(v < 127 ? v : 127);
     }
-    const float d_all = qd_get_f16(blk + 208);
-    for (int j = 0; j < 16; j++) {
-        float d = d_all * (float)sc[j];
-        if (d == 0.0f)
-            continue;
-        for (int i = 0; i < 16; i++)
-            L[16 * j + i] = (int8_t)(qd_kq_clampi(qd_kq_round(x[16 * j + i] / d), -32, 31) + 32);
-    }
+    return 0;
+}
+
+QD_HD void qd_kq_codes_q6(int j, const float *QD_RESTRICT x, const uint8_t *QD_RESTRICT blk, int8_t *L)
+{
+    float d = qd_get_f16(blk + 208) * (float)((const int8_t *)blk)[192 + j];
+    if (d == 0.0f)
+        return;
+    for (int i = 0; i < 16; i++)
+        L[16 * j + i] = (int8_t)(qd_kq_clampi(qd_kq_round(x[16 * j + i] / d), -32, 31) + 32);
+}
+
+QD_HD void qd_kq_pack_q6(const int8_t *L, uint8_t *QD_RESTRICT blk)
+{
     uint8_t *ql = blk, *qh = blk + 128;
     for (int j = 0; j < QD_QK_K; j += 128) {
         for (int l = 0; l < 32; l++) {
@@ -377,21 +399,27 @@ QD_HD void qd_kq_finish_q6(const float *QD_RESTRICT x, const float *scales, int8
     }
 }
 
-/* q3_K: sixteen sub-blocks of 16, 3-bit symmetric codes (make_q3_quants), 6-bit scales
- * against the largest, f16 d. blk: hmask[32], qs[64], scales[12], d. */
-QD_HD void qd_kq_finish_q3(const float *QD_RESTRICT x, const float *scales, int8_t *L, uint8_t *QD_RESTRICT blk);
+QD_HD void qd_kq_finish_q6(const float *QD_RESTRICT x, const float *scales, int8_t *L, uint8_t *QD_RESTRICT blk)
+{
+    if (qd_kq_header_q6(scales, blk))
+        return;
+    for (int j = 0; j < 16; j++)
+        qd_kq_codes_q6(j, x, blk, L);
+    qd_kq_pack_q6(L, blk);
+}
 
-QD_HD void qd_kq_quantize_q3(const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
+QD_HD void qd_kq_quantize_q6(const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
 {
     int8_t L[QD_QK_K];
     float scales[16];
-    for (int j = 0; j < 16; j++)
-        scales[j] = qd_kq_make_q3(16, 4, x + 16 * j, L + 16 * j);
-    qd_kq_finish_q3(x, scales, L, blk);
+    for (int ib = 0; ib < 16; ib++)
+        scales[ib] = qd_kq_make_qx(16, 32, x + 16 * ib, L + 16 * ib);
+    qd_kq_finish_q6(x, scales, L, blk);
 }
 
-/* The rest of a q3_K block from the sixteen searches (L updated in place). */
-QD_HD void qd_kq_finish_q3(const float *QD_RESTRICT x, const float *scales, int8_t *L, uint8_t *QD_RESTRICT blk)
+/* q3_K: sixteen sub-blocks of 16, 3-bit symmetric codes (make_q3_quants), 6-bit scales
+ * against the largest, f16 d. blk: hmask[32], qs[64], scales[12], d. */
+QD_HD void qd_kq_header_q3(const float *scales, uint8_t *QD_RESTRICT blk)
 {
     float max_scale = 0.0f, amax = 0.0f;
     for (int j = 0; j < 16; j++) {
@@ -401,7 +429,7 @@ QD_HD void qd_kq_finish_q3(const float *QD_RESTRICT x, const float *scales, int8
             max_scale = scales[j];
         }
     }
-    uint8_t *hmask = blk, *qs = blk + 32, *sc = blk + 96;
+    uint8_t *sc = blk + 96;
     for (int i = 0; i < 12; i++)
         sc[i] = 0;
     if (max_scale != 0.0f) {
@@ -419,19 +447,27 @@ QD_HD void qd_kq_finish_q3(const float *QD_RESTRICT x, const float *scales, int8
         qd_put_f16(blk + 108, 1.0f / iscale);
     } else
         qd_put_f16(blk + 108, 0.0f);
-    const float d_all = qd_get_f16(blk + 108);
-    for (int j = 0; j < 16; j++) {
-        int8_t s = (int8_t)(j < 8 ? sc[j] & 0xF : sc[j - 8] >> 4);
-        s = (int8_t)((s | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32);
-        float d = d_all * (float)s;
-        if (d == 0.0f)
-            continue;
-        for (int i = 0; i < 16; i++)
-            L[16 * j + i] = (int8_t)(qd_kq_clampi(qd_kq_round(x[16 * j + i] / d), -4, 3) + 4);
-    }
+}
+
+QD_HD void qd_kq_codes_q3(int j, const float *QD_RESTRICT x, const uint8_t *QD_RESTRICT blk, int8_t *L)
+{
+    const uint8_t *sc = blk + 96;
+    int8_t s = (int8_t)(j < 8 ? sc[j] & 0xF : sc[j - 8] >> 4);
+    s = (int8_t)((s | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32);
+    float d = qd_get_f16(blk + 108) * (float)s;
+    if (d == 0.0f)
+        return;
+    for (int i = 0; i < 16; i++)
+        L[16 * j + i] = (int8_t)(qd_kq_clampi(qd_kq_round(x[16 * j + i] / d), -4, 3) + 4);
+}
+
+/* hmask[32] (code j's high bit at bit j / 32 of byte j % 32; ggml walks m and hm, branch-free
+ * here) and qs[64]; L is changed in place. */
+QD_HD void qd_kq_pack_q3(int8_t *L, uint8_t *QD_RESTRICT blk)
+{
+    uint8_t *hmask = blk, *qs = blk + 32;
     for (int i = 0; i < 32; i++)
         hmask[i] = 0;
-    /* code j's high bit goes to bit j / 32 of byte j % 32 (ggml walks m and hm; branch-free here) */
     for (int j = 0; j < QD_QK_K; j++) {
         int high = L[j] > 3;
         hmask[j % 32] |= (uint8_t)(high << (j / 32));
@@ -442,27 +478,27 @@ QD_HD void qd_kq_finish_q3(const float *QD_RESTRICT x, const float *scales, int8
             qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
 }
 
+QD_HD void qd_kq_finish_q3(const float *QD_RESTRICT x, const float *scales, int8_t *L, uint8_t *QD_RESTRICT blk)
+{
+    qd_kq_header_q3(scales, blk);
+    for (int j = 0; j < 16; j++)
+        qd_kq_codes_q3(j, x, blk, L);
+    qd_kq_pack_q3(L, blk);
+}
+
+QD_HD void qd_kq_quantize_q3(const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
+{
+    int8_t L[QD_QK_K];
+    float scales[16];
+    for (int j = 0; j < 16; j++)
+        scales[j] = qd_kq_make_q3(16, 4, x + 16 * j, L + 16 * j);
+    qd_kq_finish_q3(x, scales, L, blk);
+}
+
 /* q2_K: sixteen sub-blocks of 16, affine 2-bit codes weighted by |x| with the absolute error
  * (make_qkx2_quants), 4-bit scales and minimums, f16 d and dmin. blk: scales[16], qs[64], d,
  * dmin. */
-QD_HD void qd_kq_finish_q2(const float *QD_RESTRICT x, const float *scales, const float *mins, uint8_t *L,
-                           uint8_t *QD_RESTRICT blk);
-
-QD_HD void qd_kq_quantize_q2(const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
-{
-    uint8_t L[QD_QK_K], Laux[16];
-    float weights[16], mins[16], scales[16];
-    for (int j = 0; j < 16; j++) {
-        for (int l = 0; l < 16; l++)
-            weights[l] = qd_absf(x[16 * j + l]);
-        scales[j] = qd_kq_make_qkx2(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15, 1);
-    }
-    qd_kq_finish_q2(x, scales, mins, L, blk);
-}
-
-/* The rest of a q2_K block from the sixteen searches (L updated in place). */
-QD_HD void qd_kq_finish_q2(const float *QD_RESTRICT x, const float *scales, const float *mins, uint8_t *L,
-                           uint8_t *QD_RESTRICT blk)
+QD_HD void qd_kq_header_q2(const float *scales, const float *mins, uint8_t *QD_RESTRICT blk)
 {
     float max_scale = 0.0f, max_min = 0.0f;
     for (int j = 0; j < 16; j++) {
@@ -471,7 +507,7 @@ QD_HD void qd_kq_finish_q2(const float *QD_RESTRICT x, const float *scales, cons
         if (mins[j] > max_min)
             max_min = mins[j];
     }
-    uint8_t *sc = blk, *qs = blk + 16;
+    uint8_t *sc = blk;
     if (max_scale > 0.0f) {
         float iscale = 15.0f / max_scale;
         for (int j = 0; j < 16; j++)
@@ -489,18 +525,45 @@ QD_HD void qd_kq_finish_q2(const float *QD_RESTRICT x, const float *scales, cons
         qd_put_f16(blk + 82, max_min / 15.0f);
     } else
         qd_put_f16(blk + 82, 0.0f);
-    const float d_all = qd_get_f16(blk + 80), dmin_all = qd_get_f16(blk + 82);
-    for (int j = 0; j < 16; j++) {
-        const float d = d_all * (float)(sc[j] & 0xF);
-        if (d == 0.0f)
-            continue;
-        const float dm = dmin_all * (float)(sc[j] >> 4);
-        for (int i = 0; i < 16; i++)
-            L[16 * j + i] = (uint8_t)qd_kq_clampi(qd_kq_round((x[16 * j + i] + dm) / d), 0, 3);
-    }
+}
+
+QD_HD void qd_kq_codes_q2(int j, const float *QD_RESTRICT x, const uint8_t *QD_RESTRICT blk, uint8_t *L)
+{
+    const float d = qd_get_f16(blk + 80) * (float)(blk[j] & 0xF);
+    if (d == 0.0f)
+        return;
+    const float dm = qd_get_f16(blk + 82) * (float)(blk[j] >> 4);
+    for (int i = 0; i < 16; i++)
+        L[16 * j + i] = (uint8_t)qd_kq_clampi(qd_kq_round((x[16 * j + i] + dm) / d), 0, 3);
+}
+
+QD_HD void qd_kq_pack_q2(const uint8_t *L, uint8_t *QD_RESTRICT blk)
+{
+    uint8_t *qs = blk + 16;
     for (int j = 0; j < QD_QK_K; j += 128)
         for (int l = 0; l < 32; l++)
             qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+}
+
+QD_HD void qd_kq_finish_q2(const float *QD_RESTRICT x, const float *scales, const float *mins, uint8_t *L,
+                           uint8_t *QD_RESTRICT blk)
+{
+    qd_kq_header_q2(scales, mins, blk);
+    for (int j = 0; j < 16; j++)
+        qd_kq_codes_q2(j, x, blk, L);
+    qd_kq_pack_q2(L, blk);
+}
+
+QD_HD void qd_kq_quantize_q2(const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
+{
+    uint8_t L[QD_QK_K], Laux[16];
+    float weights[16], mins[16], scales[16];
+    for (int j = 0; j < 16; j++) {
+        for (int l = 0; l < 16; l++)
+            weights[l] = qd_absf(x[16 * j + l]);
+        scales[j] = qd_kq_make_qkx2(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15, 1);
+    }
+    qd_kq_finish_q2(x, scales, mins, L, blk);
 }
 
 QD_HD void qd_kquant_quantize_block(int type, const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)

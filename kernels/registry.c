@@ -262,7 +262,7 @@ const struct qd_format qd_formats[] = {
     {.name = "w4a16", .family = "ctint", .doc = "compressed-tensors pack-quantized int4 weights, [out, in], "
      "groups along in (llm-compressor W4A16 / W4A16_ASYM)", .block_elems = 128, .block_axis = "last",
      .bits_per_weight = 4.0 + 16.0 / 128, .params = ctint_params, .layout = layout_ctint,
-     .backend = {[QD_BACKEND_CPU] = {qd_cpu_ctint_quantize, qd_cpu_ctint_dequantize}}},
+     .backend = BACKENDS(ctint)},
     {.name = "nvfp4", .family = "nvfp4", .doc = "NVFP4: E2M1, 16-element blocks, E4M3 scales, "
      "f32 per-tensor scale (torchao nvfp4_quantize)", .block_elems = 16, .block_axis = "last",
      .bits_per_weight = 4.5, .params = nvfp4_params, .layout = layout_nvfp4,

@@ -66,6 +66,7 @@ QD_CUDA_FAMILY(mx)
 QD_CUDA_FAMILY(nvfp4)
 QD_CUDA_FAMILY(int8)
 QD_CUDA_FAMILY(kquant)
+QD_CUDA_FAMILY(ctint)
 #undef QD_CUDA_FAMILY
 
 #ifdef __cplusplus

@@ -4,12 +4,13 @@
  * Quantize: the expensive part of a super-block is the search for each sub-block's scale (and
  * minimum), and the sub-blocks are independent, so a CTA of 128 threads takes 128 sub-blocks
  * (16 super-blocks of q4_K/q5_K, 8 of the others), one search per thread over the elements
- * staged in shared memory. What is left per super-block (quantizing the sub-block scales
- * against the largest, the f16 header, the codes again from the stored scales, the packing)
- * runs on one thread per super-block, the CPU's own finishing function, into shared memory;
- * the whole CTA writes the packed blocks out.
+ * staged in shared memory. What is left (quantizing the sub-block scales against the largest
+ * into the header, the codes again from the stored scales, the packing) runs in the CPU's own
+ * three steps: the header on one thread per super-block, the codes again on one thread per
+ * sub-block, the packing on one thread per super-block, into shared memory; the whole CTA
+ * writes the packed blocks out.
  *
- * Dequantize: element by element (each thread 8 consecutive elements of one super-block), the
+ * Dequantize: each thread 8 consecutive elements of one super-block (one sub-block scale), the
  * same products as dequantize_row_<type> in the same order. */
 #include "../kquants.h"
 #include "tile.cuh"
@@ -76,57 +77,101 @@ __global__ void __launch_bounds__(KQ_THREADS) kquant_quantize_kernel(const void 
         kq_search<TYPE>(xs + t * K::S, L + t * K::S, &scales[t], &mins[t]);
     }
     __syncthreads();
+    /* the header of each super-block (its thread), then every sub-block's codes (its thread),
+     * then the packing (the super-block's thread), as qd_kq_finish_<type> runs them */
+    __shared__ int complete[K::SB]; /* q6_K: an all-zero block is done after its header */
     if (t < nvalid) {
-        const int o = t * QD_QK_K;
         uint8_t *blk = staged + t * K::BYTES;
+        const float *sc = scales + t * K::NS, *mn = mins + t * K::NS;
+        complete[t] = 0;
         if (TYPE == QD_Q4_K || TYPE == QD_Q5_K)
-            qd_kq_finish_q45(TYPE == QD_Q5_K, xs + o, scales + t * K::NS, mins + t * K::NS, L + o, blk);
+            qd_kq_header_q45(sc, mn, blk);
         else if (TYPE == QD_Q2_K)
-            qd_kq_finish_q2(xs + o, scales + t * K::NS, mins + t * K::NS, L + o, blk);
+            qd_kq_header_q2(sc, mn, blk);
         else if (TYPE == QD_Q3_K)
-            qd_kq_finish_q3(xs + o, scales + t * K::NS, (int8_t *)L + o, blk);
+            qd_kq_header_q3(sc, blk);
         else
-            qd_kq_finish_q6(xs + o, scales + t * K::NS, (int8_t *)L + o, blk);
+            complete[t] = qd_kq_header_q6(sc, blk);
+    }
+    __syncthreads();
+    if (sb < nvalid && !complete[sb]) {
+        const int j = t % K::NS, o = sb * QD_QK_K;
+        const uint8_t *blk = staged + sb * K::BYTES;
+        if (TYPE == QD_Q4_K || TYPE == QD_Q5_K)
+            qd_kq_codes_q45(TYPE == QD_Q5_K, j, xs + o, blk, L + o);
+        else if (TYPE == QD_Q2_K)
+            qd_kq_codes_q2(j, xs + o, blk, L + o);
+        else if (TYPE == QD_Q3_K)
+            qd_kq_codes_q3(j, xs + o, blk, (int8_t *)L + o);
+        else
+            qd_kq_codes_q6(j, xs + o, blk, (int8_t *)L + o);
+    }
+    __syncthreads();
+    if (t < nvalid && !complete[t]) {
+        uint8_t *blk = staged + t * K::BYTES;
+        const int o = t * QD_QK_K;
+        if (TYPE == QD_Q4_K || TYPE == QD_Q5_K)
+            qd_kq_pack_q45(TYPE == QD_Q5_K, L + o, blk);
+        else if (TYPE == QD_Q2_K)
+            qd_kq_pack_q2(L + o, blk);
+        else if (TYPE == QD_Q3_K)
+            qd_kq_pack_q3((int8_t *)L + o, blk);
+        else
+            qd_kq_pack_q6((int8_t *)L + o, blk);
     }
     __syncthreads();
     cta_copy(out + first * K::BYTES, staged, nvalid * K::BYTES);
 }
 
-/* Element i (0..255) of a super-block, as dequantize_row_<type> computes it. */
-template <int TYPE> __device__ __forceinline__ float kq_element(const uint8_t *blk, int i)
+/* Elements i0..i0+7 (i0 a multiple of 8: one sub-block, one scale) of a super-block, as
+ * dequantize_row_<type> computes them: the same products in the same order. */
+template <int TYPE> __device__ __forceinline__ void kq_eight(const uint8_t *blk, int i0, float *v)
 {
-    const int n = i / 128, r = i % 128, j = r / 32, half = (r % 32) / 16, l16 = r % 16;
+    const int n = i0 / 128, r = i0 % 128, j = r / 32, half = (r % 32) / 16, l0 = r % 16;
     if (TYPE == QD_Q4_K || TYPE == QD_Q5_K) {
-        const int c = i / 64, hi = (i % 64) >= 32, l = i % 32, is = 2 * c + hi;
+        const int c = i0 / 64, hi = (i0 % 64) >= 32, l = i0 % 32, is = 2 * c + hi;
         uint8_t s, m;
         qd_kq_scale_min(is, blk + 4, &s, &m);
         const float d1 = qd_get_f16(blk) * (float)s, m1 = qd_get_f16(blk + 2) * (float)m;
-        const uint8_t qb = blk[(TYPE == QD_Q5_K ? 48 : 16) + 32 * c + l];
-        int q = hi ? qb >> 4 : qb & 0xF;
-        if (TYPE == QD_Q5_K && (blk[16 + l] >> is & 1))
-            q += 16;
-        return d1 * (float)q - m1;
+        const uint8_t *q = blk + (TYPE == QD_Q5_K ? 48 : 16) + 32 * c + l;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            int code = hi ? q[k] >> 4 : q[k] & 0xF;
+            if (TYPE == QD_Q5_K && (blk[16 + l + k] >> is & 1))
+                code += 16;
+            v[k] = d1 * (float)code - m1;
+        }
+        return;
     }
     if (TYPE == QD_Q6_K) {
         const int l = r % 32, is = l / 16;
-        const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
-        const int8_t *sc = (const int8_t *)blk + 192 + 8 * n;
-        const int lo = (j & 1) ? ql[l + 32] : ql[l];
-        const int q = ((j & 2 ? lo >> 4 : lo & 0xF) | (((qh[l] >> (2 * j)) & 3) << 4)) - 32;
-        return qd_get_f16(blk + 208) * (float)sc[is + 2 * j] * (float)q;
+        const uint8_t *ql = blk + 64 * n + (j & 1) * 32 + l, *qh = blk + 128 + 32 * n + l;
+        const float ds = qd_get_f16(blk + 208) * (float)((const int8_t *)blk)[192 + 8 * n + is + 2 * j];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int q = ((j & 2 ? ql[k] >> 4 : ql[k] & 0xF) | (((qh[k] >> (2 * j)) & 3) << 4)) - 32;
+            v[k] = ds * (float)q;
+        }
+        return;
     }
-    const int is = 8 * n + 2 * j + half, lq = l16 + 16 * half;
+    const int is = 8 * n + 2 * j + half, lq = l0 + 16 * half;
     if (TYPE == QD_Q3_K) {
         const uint8_t *s = blk + 96;
         const int lo = is < 8 ? s[is] & 0xF : s[is - 8] >> 4;
         const int hs = (s[8 + is % 4] >> (2 * (is / 4))) & 3;
         const float dl = qd_get_f16(blk + 108) * (float)(int8_t)((lo | hs << 4) - 32);
-        const uint8_t qb = blk[32 + 32 * n + lq], hm = blk[lq];
-        return dl * (float)((int8_t)((qb >> (2 * j)) & 3) - ((hm & (1 << (4 * n + j))) ? 0 : 4));
+        const uint8_t *q = blk + 32 + 32 * n + lq, *hm = blk + lq, m = (uint8_t)(1 << (4 * n + j));
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[k] = dl * (float)((int8_t)((q[k] >> (2 * j)) & 3) - ((hm[k] & m) ? 0 : 4));
+        return;
     }
     const uint8_t sc = blk[is];
     const float dl = qd_get_f16(blk + 80) * (float)(sc & 0xF), ml = qd_get_f16(blk + 82) * (float)(sc >> 4);
-    return dl * (float)((blk[16 + 32 * n + lq] >> (2 * j)) & 3) - ml;
+    const uint8_t *q = blk + 16 + 32 * n + lq;
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        v[k] = dl * (float)((q[k] >> (2 * j)) & 3) - ml;
 }
 
 /* Each thread: 8 consecutive elements of one super-block, stored with one 16-byte (bf16/f16)
@@ -138,11 +183,8 @@ template <int DT, int TYPE> __global__ void kquant_dequantize_kernel(const uint8
         return;
     const int64_t b = g / (QD_QK_K / 8);
     const int i0 = (int)(g % (QD_QK_K / 8)) * 8;
-    const uint8_t *blk = in + b * kq<TYPE>::BYTES;
     float v[8];
-#pragma unroll
-    for (int k = 0; k < 8; k++)
-        v[k] = kq_element<TYPE>(blk, i0 + k);
+    kq_eight<TYPE>(in + b * kq<TYPE>::BYTES, i0, v);
     qd_store_block<DT, 8>(y, b * QD_QK_K + i0, v);
 }
 

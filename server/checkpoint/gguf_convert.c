@@ -139,22 +139,56 @@ static int same_file(const char *a, const char *b)
 }
 
 /* The pipeline's view of a conversion (pipeline.h): item i + 1 is plan[i]. */
+/* A pipeline item after the header: whole rows of one tensor. A large processed tensor is cut
+ * into pieces of at most piece_bytes of input (its rows are independent in every GGML type), so
+ * the pipeline's buffers (pinned on a GPU, several of them) are sized by the pieces, not by the
+ * largest tensor (an 8B model's 1 GB embedding and head: 8 GB of pinned buffers took seconds
+ * to allocate). */
+#define PIECE_BYTES (128u << 20)
+struct piece {
+    int plan;           /* the tensor */
+    int64_t row0, rows; /* its rows in this piece */
+    int last;           /* the tensor's last piece: progress and counts happen here */
+};
+
 struct job {
     const struct qd_convert_opts *o;
     const struct plan *plan;
+    const struct piece *pieces; /* per item; [0] is the header's */
     struct qd_convert_summary *s;
     double t0, last, nmse;
     uint64_t in_total;
     int count;
 };
 
+static int64_t tensor_rows(const struct plan *p)
+{
+    const struct qd_ggml_type *t = qd_ggml_type(p->src->type);
+    if (p->src->ne[0] <= 0)
+        return 0;
+    return (int64_t)(p->src->bytes / (uint64_t)t->block_bytes * (uint64_t)t->block_elems) / p->src->ne[0];
+}
+
+/* Rows per piece: all of a copied tensor (or of any, with --report-error: its error is one
+ * figure per tensor), else as many whole rows as the piece size holds (at least one). */
+static int64_t rows_per_piece(const struct plan *p, const struct qd_convert_opts *o)
+{
+    const int64_t rows = tensor_rows(p);
+    if (p->action == QD_CONVERT_COPY || o->report_error || rows <= 1)
+        return rows > 1 ? rows : 1;
+    const uint64_t row_in = p->src->bytes / (uint64_t)rows, cap = o->piece_bytes ? o->piece_bytes : PIECE_BYTES;
+    return cap / row_in > 0 ? (int64_t)(cap / row_in) : 1;
+}
+
 static enum qd_status process_tensor(void *ctx, int item, const void *in, void *out, char *err, size_t errlen)
 {
     struct job *j = ctx;
-    const struct plan *p = &j->plan[item - 1];
-    const struct qd_ggml_type *src_type = qd_ggml_type(p->src->type), *ty = qd_ggml_type(p->out.type);
-    int64_t rows = (int64_t)(p->src->bytes / (uint64_t)src_type->block_bytes * (uint64_t)src_type->block_elems) /
-                   p->src->ne[0];
+    const struct piece *pc = &j->pieces[item];
+    const struct plan *p = &j->plan[pc->plan];
+    const struct qd_ggml_type *ty = qd_ggml_type(p->out.type);
+    const int64_t rows = pc->rows;
+    const int64_t all = tensor_rows(p);
+    const uint64_t out_bytes = all ? p->out.bytes / (uint64_t)all * (uint64_t)rows : 0;
     if (p->action == QD_CONVERT_QUANTIZE) {
         struct qd_convert_opts o = *j->o;
         if (p->f != o.f) { /* a fallback type: its own default parameters */
@@ -162,7 +196,7 @@ static enum qd_status process_tensor(void *ctx, int item, const void *in, void *
             qd_params_default(p->f, &o.params);
         }
         enum qd_status st = qd_convert_quantize(&o, in, float_dtype(p->src->type), rows, p->src->ne[0], out,
-                                                (int64_t)p->out.bytes, &j->nmse, NULL, err, errlen);
+                                                (int64_t)out_bytes, &j->nmse, NULL, err, errlen);
         if (st != QD_OK) {
             char msg[512];
             snprintf(msg, sizeof msg, "tensor '%s': %s", p->src->name, err);
@@ -171,14 +205,14 @@ static enum qd_status process_tensor(void *ctx, int item, const void *in, void *
         }
         int at, fields;
         f16_fields(p->out.type, &at, &fields);
-        if (first_nonfinite_f16(out, p->out.bytes / (uint64_t)ty->block_bytes, ty->block_bytes, at, fields)) {
+        if (first_nonfinite_f16(out, out_bytes / (uint64_t)ty->block_bytes, ty->block_bytes, at, fields)) {
             snprintf(err, errlen, "tensor '%s': a block scale overflows f16 (llama-quantize stops there too: "
                      "\"quantized data validation failed\")", p->src->name);
             return QD_ENONFINITE;
         }
         return QD_OK;
     }
-    uint64_t count = p->out.bytes / 2; /* QD_CONVERT_CAST_F16 */
+    uint64_t count = out_bytes / 2; /* QD_CONVERT_CAST_F16 */
     uint16_t *h = out;
     for (uint64_t k = 0; k < count; k++)
         h[k] = qd_f32_to_f16(p->src->type == QD_GGML_F32 ? ((const float *)in)[k]
@@ -194,9 +228,9 @@ static enum qd_status process_tensor(void *ctx, int item, const void *in, void *
 static void tensor_handed(void *ctx, int item)
 {
     struct job *j = ctx;
-    if (item == 0)
+    if (item == 0 || !j->pieces[item].last)
         return;
-    const struct plan *p = &j->plan[item - 1];
+    const struct plan *p = &j->plan[j->pieces[item].plan];
     struct qd_convert_summary *s = j->s;
     s->bytes_in += p->src->bytes;
     if (p->action == QD_CONVERT_QUANTIZE) {
@@ -207,7 +241,7 @@ static void tensor_handed(void *ctx, int item)
         p->action == QD_CONVERT_CAST_F16 ? s->cast++ : s->copied++;
     double now = qd_pipe_clock_s();
     if (j->o->progress) {
-        struct qd_convert_event ev = {.index = item, .count = j->count, .name = p->src->name, .action = p->action,
+        struct qd_convert_event ev = {.index = j->pieces[item].plan + 1, .count = j->count, .name = p->src->name, .action = p->action,
                                       .fmt = j->o->f->name, .ms = (now - (j->last ? j->last : j->t0)) * 1e3,
                                       .has_nmse = j->o->report_error && p->action == QD_CONVERT_QUANTIZE,
                                       .nmse = j->nmse, .in_done = s->bytes_in, .in_total = j->in_total};
@@ -255,6 +289,7 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
     uint8_t *meta = NULL;
     struct qd_outfile out = {.fd = -1};
     struct qd_pipe_item *items = NULL;
+    struct piece *pieces = NULL;
     struct qd_pipe_pool *pool = NULL;
     int src_fd = -1;
     if (!plan || !order || !kv || !nf) {
@@ -326,25 +361,43 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         *status = QD_EIO;
         goto done;
     }
-    /* the items: the header, then each tensor padded to the alignment */
-    items = calloc((size_t)n + 1, sizeof *items);
+    /* the items: the header, then each tensor (in pieces of whole rows when it is processed and
+     * large; not with --report-error, whose error is one figure per tensor) padded to the
+     * alignment */
+    int nitems = 1;
+    for (int i = 0; i < n; i++) {
+        const int64_t per = rows_per_piece(&plan[i], o);
+        const int64_t rows = tensor_rows(&plan[i]);
+        nitems += rows ? (int)((rows + per - 1) / per) : 1;
+    }
+    items = calloc((size_t)nitems, sizeof *items);
+    pieces = calloc((size_t)nitems, sizeof *pieces);
     src_fd = open(o->src, O_RDONLY | O_CLOEXEC);
-    if (!items || src_fd < 0) {
-        snprintf(err, errlen, "%s: %s", o->src, items ? strerror(errno) : "no memory");
-        *status = items ? QD_EIO : QD_ENOMEM;
+    if (!items || !pieces || src_fd < 0) {
+        snprintf(err, errlen, "%s: %s", o->src, items && pieces ? strerror(errno) : "no memory");
+        *status = items && pieces ? QD_EIO : QD_ENOMEM;
         goto fail;
     }
     items[0] = (struct qd_pipe_item){.kind = QD_PIPE_BYTES, .bytes = meta, .out_bytes = meta_len};
-    struct job job = {.o = o, .plan = plan, .s = s, .t0 = qd_pipe_clock_s(), .count = n};
+    struct job job = {.o = o, .plan = plan, .pieces = pieces, .s = s, .t0 = qd_pipe_clock_s(), .count = n};
+    int k = 1;
     for (int i = 0; i < n; i++) {
         job.in_total += plan[i].src->bytes;
-        items[i + 1] = (struct qd_pipe_item){.kind = plan[i].action == QD_CONVERT_COPY ? QD_PIPE_COPY : QD_PIPE_PROCESS,
-                                             .src_offset = (uint64_t)(plan[i].src->data - in.data),
-                                             .src_bytes = plan[i].src->bytes, .out_bytes = plan[i].out.bytes,
-                                             .pad_to = QD_GGUF_DEFAULT_ALIGNMENT};
+        const int64_t rows = tensor_rows(&plan[i]), per = rows_per_piece(&plan[i], o);
+        const uint64_t row_in = rows ? plan[i].src->bytes / (uint64_t)rows : 0;
+        const uint64_t row_out = rows ? plan[i].out.bytes / (uint64_t)rows : 0;
+        for (int64_t r = 0; r < rows || (rows == 0 && r == 0); r += per, k++) { /* an empty tensor: one item */
+            const int64_t nr = rows - r < per ? rows - r : per;
+            const int last = r + nr == rows;
+            pieces[k] = (struct piece){.plan = i, .row0 = r, .rows = nr, .last = last};
+            items[k] = (struct qd_pipe_item){.kind = plan[i].action == QD_CONVERT_COPY ? QD_PIPE_COPY : QD_PIPE_PROCESS,
+                                             .src_offset = (uint64_t)(plan[i].src->data - in.data) + (uint64_t)r * row_in,
+                                             .src_bytes = (uint64_t)nr * row_in, .out_bytes = (uint64_t)nr * row_out,
+                                             .pad_to = last ? QD_GGUF_DEFAULT_ALIGNMENT : 0};
+        }
     }
     uint64_t in_cap = 0, out_cap = 0;
-    for (int i = 1; i <= n; i++)
+    for (int i = 1; i < nitems; i++)
         if (items[i].kind == QD_PIPE_PROCESS) {
             in_cap = items[i].src_bytes > in_cap ? items[i].src_bytes : in_cap;
             out_cap = items[i].out_bytes > out_cap ? items[i].out_bytes : out_cap;
@@ -355,7 +408,7 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         *status = QD_ENOMEM;
         goto fail;
     }
-    struct qd_pipe pipe = {.src_fd = src_fd, .out = &out, .items = items, .n = n + 1, .process = process_tensor,
+    struct qd_pipe pipe = {.src_fd = src_fd, .out = &out, .items = items, .n = nitems, .process = process_tensor,
                            .handed = tensor_handed, .ctx = &job, .pool = pool, .cancel = o->cancel,
                            .stats = &s->stages};
     if (qd_pipe_run(&pipe, status, err, errlen))
@@ -375,6 +428,7 @@ done:
         close(src_fd);
     qd_pipe_pool_free(pool);
     free(items);
+    free(pieces);
     s->seconds = qd_pipe_clock_s() - t0;
     qd_name_filter_free(nf);
     free(meta);

@@ -290,7 +290,8 @@ static enum qd_status cuda_run(void *worker, struct qd_work *w, char *err, size_
     int quant = w->req.op == QD_OP_QUANTIZE;
     const struct qd_backend_fns *gpu = &w->f->backend[QD_BACKEND_CUDA];
     if (quant ? !gpu->quantize : !gpu->dequantize) {
-        /* a format without GPU kernels yet (the K-quants) runs the CPU code: the same bytes */
+        /* a format registered without GPU kernels (every format has them today) runs the CPU
+         * code: the same bytes */
         struct timespec a, b;
         clock_gettime(CLOCK_MONOTONIC, &a);
         st = quant ? qd_quantize(QD_BACKEND_CPU, w->f, &w->in, &w->p, w->comp, err, errlen)

@@ -100,6 +100,56 @@ static void cancelled_safetensors_conversion_leaves_nothing(void **state)
     run("small.safetensors", "out.safetensors", "nf4", 1000);
 }
 
+static int events;
+static void count_event(void *ctx, const struct qd_convert_event *ev) { events++; }
+
+static long slurp(const char *path, char *buf, long cap)
+{
+    FILE *f = fopen(path, "rb");
+    long n = f ? (long)fread(buf, 1, (size_t)cap, f) : -1;
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* A GGUF tensor cut into pieces of rows (every piece one row here) gives the same file, the
+ * same counts and one progress event per tensor, as the tensor in one piece. */
+static void gguf_pieces_give_the_same_file(void **state)
+{
+    char dir[] = "/tmp/quantd-pieces-XXXXXX", in[64], out[2][64], err[512], cmd[256];
+    static char a[1 << 16], b[1 << 16];
+    assert_non_null(mkdtemp(dir));
+    snprintf(in, sizeof in, "%s/in", dir);
+    snprintf(cmd, sizeof cmd, "cp tests/checkpoint/fuzz_seeds/small.gguf %s", in);
+    assert_int_equal(system(cmd), 0);
+    const char *fmts[] = {"q8_0", "q4_1"};
+    for (size_t fi = 0; fi < sizeof fmts / sizeof *fmts; fi++) {
+        struct qd_convert_summary s[2];
+        for (int k = 0; k < 2; k++) {
+            snprintf(out[k], sizeof out[k], "%s/out%d.gguf", dir, k);
+            struct qd_convert_opts o = {.src = in, .dst = out[k], .f = qd_format_find(fmts[fi]), .backend = &cpu,
+                                        .worker = worker, .progress = count_event, .piece_bytes = k ? 1 : 0};
+            qd_params_default(o.f, &o.params);
+            enum qd_status st;
+            events = 0;
+            if (qd_convert(&o, &s[k], &st, err, sizeof err))
+                fail_msg("%s: %s", fmts[fi], err);
+            free(s[k].layout_config);
+            assert_int_equal(events, 2); /* t.weight (2 rows: 2 pieces), n.weight */
+        }
+        long na = slurp(out[0], a, sizeof a), nb = slurp(out[1], b, sizeof b);
+        assert_true(na > 0 && na == nb);
+        assert_memory_equal(a, b, (size_t)na);
+        assert_int_equal(s[0].quantized, 1);
+        assert_int_equal(s[1].quantized, 1);
+        assert_int_equal(s[0].copied, s[1].copied);
+        assert_true(s[0].bytes_in == s[1].bytes_in && s[0].bytes_out == s[1].bytes_out);
+        unlink(out[0]), unlink(out[1]);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* A file may put a tensor, and a layout a component, at any byte: the bytes must not depend on
  * where (nf4 with double quant: packed codes, then f32 and uint8 scale components; q8_0: blocks) */
 static void misaligned_tensors_give_the_same_bytes(void **state)
@@ -155,6 +205,7 @@ int main(void)
         cmocka_unit_test(cancelled_gguf_conversion_leaves_nothing),
         cmocka_unit_test(cancelled_safetensors_conversion_leaves_nothing),
         cmocka_unit_test(misaligned_tensors_give_the_same_bytes),
+        cmocka_unit_test(gguf_pieces_give_the_same_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

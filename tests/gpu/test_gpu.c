@@ -139,8 +139,14 @@ static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct s
     wc.req.op = QD_OP_QUANTIZE;
     wc.f = f;
     qd_params_default(f, &wc.p);
-    if (nonfinite == 2) /* NaN/Inf allowed: the kernels' non-finite block paths */
+    if (nonfinite == 2) { /* NaN/Inf allowed: the kernels' non-finite block paths */
+        int offered = 0;  /* (a format without the parameter, the K-quants, always refuses) */
+        for (const char *const *q = f->params; *q; q++)
+            offered |= !strcmp(*q, "allow_nonfinite");
+        if (!offered)
+            return;
         wc.p.allow_nonfinite = 1;
+    }
     int64_t dims[2] = {sh->rows, sh->cols};
     wc.in.dtype = dt;
     qd_tensor_set_shape(&wc.in, sh->rows == 1 ? 1 : 2, sh->rows == 1 ? dims + 1 : dims);
@@ -302,6 +308,7 @@ static void gpu_params_variants(void **state)
                                  {"nf4", "double_quant", "false"}, {"fp4", "blocksize", "4096"},
                                  {"nf4", "offset", "0.25"}, {"awq", "group_size", "64"},
                                  {"awq", "group_size", "32"}, {"awq", "group_size", "256"},
+                                 {"w4a16", "symmetric", "false"}, {"w4a16", "group_size", "32"},
                                  {"nf4", "blocksize", "32"}, {"fp4", "blocksize", "512"},
                                  /* scale 1: bf16 block maxima land on e4m3 ties of amax / 6 (the
                                   * kernel's division path); 2e-38: 1 / (6 pts) is subnormal (the

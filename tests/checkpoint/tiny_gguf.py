@@ -100,7 +100,15 @@ def main():
                 x[r] = (np.arange(cols, dtype=np.float32) * 2 - cols) * np.float32(2.0 ** -8)
         return x
 
+    base16 = {}  # scale -> bf16(base * scale): the big bf16 tensors are rotations of it, no per-element math
+
     def weight(name, rows, cols, scale=0.05):
+        if not a.cases and rows * cols > base.size and a.dtype == "bf16":
+            if scale not in base16:
+                base16[scale] = bf16(base * np.float32(scale))
+            x = np.resize(np.roll(base16[scale], int(rng.integers(base.size))), rows * cols).reshape(rows, cols)
+            w.add_tensor(name, x, raw_shape=x.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
+            return
         if a.cases:
             x = exact(rows, cols, scale)
         elif rows * cols <= base.size:

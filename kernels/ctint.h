@@ -1,5 +1,5 @@
-/* compressed-tensors int4 weight quantization (llm-compressor's W4A16 and W4A16_ASYM schemes,
- * format pack-quantized), one group at a time, for every backend. The contract is
+/* compressed-tensors integer weight quantization (llm-compressor's W4A16, W4A16_ASYM and W8A16
+ * schemes, format pack-quantized), one group at a time, for every backend. The contract is
  * compressed-tensors' calculate_qparams and _quantize as llm-compressor runs them on the weight
  * in its own dtype: every torch op on a bf16 (f16) tensor computes in f32 and rounds to bf16
  * (f16), so quantd rounds after each op the same way (qd_ct_round); f32 weights round nowhere.
@@ -29,25 +29,32 @@ QD_HD float qd_ct_rint(float v)
     return t;
 }
 
-/* A group's scale (in the dtype) and, when asymmetric, its zero point (-8..7) from its
+/* The codes of a bits-wide integer (4: W4A16, 8: W8A16): [qmin, qmax] = [-2^(bits-1),
+ * 2^(bits-1) - 1]; calculate_qparams divides by the bit range 2^bits - 1 (asymmetric) or by
+ * half of it (symmetric: 7.5, 127.5; exact in f32). */
+QD_HD int qd_ct_qmin(int bits) { return -(1 << (bits - 1)); }
+QD_HD int qd_ct_qmax(int bits) { return (1 << (bits - 1)) - 1; }
+
+/* A group's scale (in the dtype) and, when asymmetric, its zero point (qmin..qmax) from its
  * minimum and maximum (finite: non-finite input is refused); *zp is 0 when symmetric. */
-QD_HD float qd_ct_int4_qparams_mm(float mn, float mx, int sym, int dt, int *zp)
+QD_HD float qd_ct_int_qparams_mm(float mn, float mx, int bits, int sym, int dt, int *zp)
 {
+    const float range = (float)((1 << bits) - 1), lo = (float)qd_ct_qmin(bits), hi = (float)qd_ct_qmax(bits);
     mn = mn < 0.0f ? mn : 0.0f; /* 0 must be representable */
     mx = mx > 0.0f ? mx : 0.0f;
     float scale;
     *zp = 0;
     if (sym) {
         float amax = -mn > mx ? -mn : mx;
-        scale = qd_ct_round(amax / 7.5f, dt); /* bit range 15 / 2 */
+        scale = qd_ct_round(amax / (range / 2.0f), dt);
     } else
-        scale = qd_ct_round(qd_ct_round(mx - mn, dt) / 15.0f, dt);
+        scale = qd_ct_round(qd_ct_round(mx - mn, dt) / range, dt);
     if (!sym) { /* before the zero scale is replaced: 0 / 0 is NaN there, and NaN becomes 0 */
-        float z = qd_ct_round(-8.0f - qd_ct_round(mn / scale, dt), dt);
+        float z = qd_ct_round(lo - qd_ct_round(mn / scale, dt), dt);
         if (z != z) /* torch.clamp keeps NaN; its cast to int8 gives 0 */
             *zp = 0;
         else {
-            z = z < -8.0f ? -8.0f : (z > 7.0f ? 7.0f : z);
+            z = z < lo ? lo : (z > hi ? hi : z);
             *zp = (int)qd_ct_rint(z);
         }
     }
@@ -57,27 +64,28 @@ QD_HD float qd_ct_int4_qparams_mm(float mn, float mx, int sym, int dt, int *zp)
 }
 
 /* The same for one group of n values (a row's group_size columns). */
-QD_HD float qd_ct_int4_qparams(const float *x, int n, int sym, int dt, int *zp)
+QD_HD float qd_ct_int_qparams(const float *x, int n, int bits, int sym, int dt, int *zp)
 {
     float mn = x[0], mx = x[0];
     for (int i = 1; i < n; i++) {
         mn = x[i] < mn ? x[i] : mn;
         mx = x[i] > mx ? x[i] : mx;
     }
-    return qd_ct_int4_qparams_mm(mn, mx, sym, dt, zp);
+    return qd_ct_int_qparams_mm(mn, mx, bits, sym, dt, zp);
 }
 
-/* The code (-8..7) of x: x / scale in the dtype, plus the zero point, clamped, rounded. */
-QD_HD int qd_ct_int4_code(float x, float scale, int zp, int dt)
+/* The code (qmin..qmax) of x: x / scale in the dtype, plus the zero point, clamped, rounded. */
+QD_HD int qd_ct_int_code(float x, float scale, int zp, int bits, int dt)
 {
+    const float lo = (float)qd_ct_qmin(bits), hi = (float)qd_ct_qmax(bits);
     float q = qd_ct_round(x / scale, dt);
     if (zp)
         q = qd_ct_round(q + (float)zp, dt);
-    q = q < -8.0f ? -8.0f : (q > 7.0f ? 7.0f : q);
+    q = q < lo ? lo : (q > hi ? hi : q);
     return (int)qd_ct_rint(q);
 }
 
 /* _dequantize: (code - zero point) * scale, in the dtype. */
-QD_HD float qd_ct_int4_value(int code, int zp, float scale, int dt) { return qd_ct_round((float)(code - zp) * scale, dt); }
+QD_HD float qd_ct_int_value(int code, int zp, float scale, int dt) { return qd_ct_round((float)(code - zp) * scale, dt); }
 
 #endif

@@ -40,11 +40,12 @@ const struct qd_param_desc qd_param_descs[] = {
     {"offset", QD_PARAM_FLOAT, OFF(offset), OFF(has_offset), NULL, 0, 0, 0, NULL,
      "double quant: mean of absmax subtracted before quantizing it; computed when absent"},
     {"group_size", QD_PARAM_INT, OFF(group_size), 0, "128", 1, 1 << 30, 0, NULL,
-     "elements sharing one scale (and zero): rows of K per column (awq), columns per row (w4a16)"},
+     "elements sharing one scale (and zero): rows of K per column (awq), columns per row (w4a16, w8a16)"},
     {"symmetric", QD_PARAM_BOOL, OFF(symmetric), 0, "true", 0, 0, 0, NULL,
-     "w4a16: scale = max|x| / 7.5 and no zero point (false: (max - min) / 15 and a zero point)"},
+     "w4a16/w8a16: scale = max|x| / 7.5 (127.5) and no zero point (false: (max - min) / 15 (255) "
+     "and a zero point)"},
     {"scale_dtype", QD_PARAM_ENUM, OFF(scale_dtype), 0, "auto", 0, 0, 0, scale_dtypes,
-     "w4a16: the scales' dtype, the weight's (auto resolves to it when quantizing; dequantizing "
+     "w4a16/w8a16: the scales' dtype, the weight's (auto resolves to it when quantizing; dequantizing "
      "reads it, whatever the output dtype)"},
     {"global_scale", QD_PARAM_FLOAT, OFF(global_scale), OFF(has_global_scale), NULL, 0, 0, 0,
      NULL, "encode scale 448*6/amax (TensorRT-LLM convention); computed when absent"},
@@ -125,22 +126,24 @@ static int layout_kquant(const struct qd_format *f, const struct qd_params *p, i
     return 1;
 }
 
-/* compressed-tensors pack-quantized int4, weight [out, in]; weight_scale takes the weight's dtype
- * (qd_format_layout sets it: F32 here stands for it) */
+/* compressed-tensors pack-quantized integers (the format's code: 4 or 8 bits), weight [out, in],
+ * 32 / bits codes per int32; weight_scale takes the weight's dtype (qd_format_layout sets it:
+ * F32 here stands for it) */
 static int layout_ctint(const struct qd_format *f, const struct qd_params *p, int64_t rows,
                         int64_t cols, struct qd_component *c, char *err, size_t len)
 {
+    const int per = 32 / f->code;
     if (p->group_size % 8 != 0) {
-        snprintf(err, len, "w4a16 needs group_size to be a multiple of 8 (got %d)", p->group_size);
+        snprintf(err, len, "%s needs group_size to be a multiple of 8 (got %d)", f->name, p->group_size);
         return -1;
     }
     if (!cols_multiple(f, cols, p->group_size, err, len))
         return -1;
-    comp(&c[0], "weight_packed", QD_I32, 2, rows, cols / 8);
+    comp(&c[0], "weight_packed", QD_I32, 2, rows, cols / per);
     comp(&c[1], "weight_scale", QD_F32, 2, rows, cols / p->group_size);
     if (p->symmetric)
         return 2;
-    comp(&c[2], "weight_zero_point", QD_I32, 2, (rows + 7) / 8, cols / p->group_size);
+    comp(&c[2], "weight_zero_point", QD_I32, 2, (rows + per - 1) / per, cols / p->group_size);
     return 3;
 }
 
@@ -261,7 +264,11 @@ const struct qd_format qd_formats[] = {
      .params = awq_params, .layout = layout_awq, .backend = BACKENDS(awq)},
     {.name = "w4a16", .family = "ctint", .doc = "compressed-tensors pack-quantized int4 weights, [out, in], "
      "groups along in (llm-compressor W4A16 / W4A16_ASYM)", .block_elems = 128, .block_axis = "last",
-     .bits_per_weight = 4.0 + 16.0 / 128, .params = ctint_params, .layout = layout_ctint,
+     .bits_per_weight = 4.0 + 16.0 / 128, .code = 4, .params = ctint_params, .layout = layout_ctint,
+     .backend = BACKENDS(ctint)},
+    {.name = "w8a16", .family = "ctint", .doc = "compressed-tensors pack-quantized int8 weights, [out, in], "
+     "groups along in (llm-compressor W8A16)", .block_elems = 128, .block_axis = "last",
+     .bits_per_weight = 8.0 + 16.0 / 128, .code = 8, .params = ctint_params, .layout = layout_ctint,
      .backend = BACKENDS(ctint)},
     {.name = "nvfp4", .family = "nvfp4", .doc = "NVFP4: E2M1, 16-element blocks, E4M3 scales, "
      "f32 per-tensor scale (torchao nvfp4_quantize)", .block_elems = 16, .block_axis = "last",

@@ -288,7 +288,7 @@ int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, en
     if (!strcmp(o->f->family, "bnb4") || !strcmp(o->f->family, "ctint"))
         return qd_convert_hf(o, s, status, err, errlen);
     snprintf(err, errlen, "convert: no checkpoint layout for format %s yet (GGML block formats and K-quants: GGUF "
-             "in, GGUF out; nf4/fp4: a Hugging Face safetensors model in, transformers + bitsandbytes out; w4a16: "
+             "in, GGUF out; nf4/fp4: a Hugging Face safetensors model in, transformers + bitsandbytes out; w4a16/w8a16: "
              "compressed-tensors out)", o->f->name);
     return -1;
 }

@@ -277,7 +277,7 @@ static cJSON *ct_quantization_config(const struct qd_convert_opts *o)
     cJSON_AddNullToObject(w, "block_structure");
     cJSON_AddBoolToObject(w, "dynamic", 0);
     cJSON_AddNumberToObject(w, "group_size", o->params.group_size);
-    cJSON_AddNumberToObject(w, "num_bits", 4);
+    cJSON_AddNumberToObject(w, "num_bits", o->f->code); /* 4 or 8: the format's bits */
     cJSON_AddStringToObject(w, "observer", "memoryless_minmax");
     cJSON_AddObjectToObject(w, "observer_kwargs");
     cJSON_AddNullToObject(w, "scale_dtype");

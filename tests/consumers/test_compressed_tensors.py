@@ -1,7 +1,7 @@
-"""quantd convert --fmt w4a16 against llm-compressor and transformers themselves (any machine with
+"""quantd convert --fmt w4a16 / w8a16 against llm-compressor and transformers themselves (any machine with
 torch, transformers, llmcompressor and compressed-tensors; CPU is enough): a tiny random Llama
 quantized by llm-compressor's own data-free oneshot (QuantizationModifier, targets Linear,
-ignore lm_head, scheme W4A16 or W4A16_ASYM) and saved with save_compressed, against quantd's
+ignore lm_head, scheme W4A16, W4A16_ASYM or W8A16) and saved with save_compressed, against quantd's
 directory from the same weights. Every tensor must be identical and the quantization_config
 equal; transformers loads both directories (compressed-tensors decompression) to identical
 weights and identical logits on a fixed input."""
@@ -37,7 +37,7 @@ def same(a, b):
                                                                       if b.dtype != torch.int64 else b)
 
 
-@pytest.mark.parametrize("scheme", ["W4A16", "W4A16_ASYM"])
+@pytest.mark.parametrize("scheme", ["W4A16", "W4A16_ASYM", "W8A16"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_transformers_loads_quantd_like_llm_compressor(tmp_path, scheme, dtype):
     from llmcompressor import oneshot
@@ -51,7 +51,7 @@ def test_transformers_loads_quantd_like_llm_compressor(tmp_path, scheme, dtype):
     m = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
     oneshot(model=m, recipe=QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"]))
     m.save_pretrained(ref, save_compressed=True)
-    args = [QUANTD, "convert", "--in", src, "--out", ours, "--fmt", "w4a16"]
+    args = [QUANTD, "convert", "--in", src, "--out", ours, "--fmt", "w8a16" if scheme == "W8A16" else "w4a16"]
     if scheme.endswith("_ASYM"):
         args += ["--param", "symmetric=false"]
     subprocess.run(list(map(str, args)), check=True, capture_output=True)

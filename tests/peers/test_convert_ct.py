@@ -1,4 +1,4 @@
-"""quantd convert --fmt w4a16, a Hugging Face safetensors model -> the compressed-tensors
+"""quantd convert --fmt w4a16 / w8a16, a Hugging Face safetensors model -> the compressed-tensors
 pack-quantized checkpoint llm-compressor writes (vLLM, SGLang and transformers load it). The
 expected tensors and quantization_config come from llm-compressor's own oneshot + save_compressed
 on the same tiny_hf.py models (tests/fixtures/make_ct_convert_fixtures.py): every tensor must have
@@ -38,7 +38,7 @@ def test_equals_llm_compressor(tmp_path, case):
     src = tmp_path / "hf"
     subprocess.run([sys.executable, TINY, str(src), *fx["tiny_hf"]], check=True)
     dst = tmp_path / "q"
-    args = ["convert", "--in", src, "--out", dst, "--fmt", "w4a16"]
+    args = ["convert", "--in", src, "--out", dst, "--fmt", "w8a16" if fx["scheme"].startswith("W8") else "w4a16"]
     if fx["scheme"].endswith("_ASYM"):
         args += ["--param", "symmetric=false"]
     run_quantd(*args)

@@ -1,7 +1,8 @@
 /* compressed-tensors integers (w4a16, w8a16: kernels/ctint.h) on the GPU, the CPU's group
  * arithmetic. Quantize: one thread per (row, group); the threads of the 32 / BITS rows that share
  * a zero-point word (packed along the output dimension) are consecutive lanes of a warp, so the
- * asymmetric zero points are gathered with shuffles, no second pass. Dequantize: one thread per
+ * asymmetric zero points are gathered with shuffles, no second pass (group_size 128, the
+ * schemes' own, has a faster kernel below). Dequantize: one thread per
  * 8 elements of one group (one packed word of int4, two of int8). */
 #include "../ctint.h"
 #include "common.cuh"
@@ -99,6 +100,67 @@ __global__ void ctint_dequantize_kernel(const uint32_t *packed, const void *scal
     qd_store_block<DT, 8>(y, e0, v);
 }
 
+/* group_size 128 (the schemes' own): a warp per (row, group), 4 elements per lane, loaded
+ * coalesced in one pass; the group's min and max by shuffles; a CTA of 8 warps takes 8 rows of
+ * one group, so the zero-point words of those rows are put together in shared memory. */
+#define CT_WARPS 8
+template <int DT, int BITS>
+__global__ void __launch_bounds__(32 * CT_WARPS)
+    ctint_quantize_g128_kernel(const void *x, int64_t rows, int64_t cols, int sym, uint32_t *packed, void *scales,
+                               uint32_t *zps, unsigned long long *bad)
+{
+    constexpr int PER = 32 / BITS, OFF = 1 << (BITS - 1);
+    constexpr uint32_t MASK = (1u << BITS) - 1;
+    __shared__ uint32_t zrow[CT_WARPS];
+    const int64_t groups = cols / 128, g = blockIdx.x % groups, rb = blockIdx.x / groups;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t r = rb * CT_WARPS + warp;
+    const int dt = DT == QD_BF16 ? 2 : DT == QD_F16 ? 1 : 0;
+    uint32_t zr = 0; /* lane 0: this row's zero point in its word */
+    if (r < rows) { /* whole warps in or out: the shuffles below see all 32 lanes */
+        const int64_t first = r * cols + g * 128 + 4 * lane;
+        float v[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            v[k] = qd_load<DT>(x, first + k);
+        qd_note_first_nonfinite<4>(bad, v, first);
+        float mn = fminf(fminf(v[0], v[1]), fminf(v[2], v[3])), mx = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) {
+            mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, m));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, m));
+        }
+        int zp;
+        const float scale = qd_ct_int_qparams_mm(mn, mx, BITS, sym, dt, &zp);
+        uint32_t bits = 0; /* this lane's four codes, BITS each */
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            bits |= ((uint32_t)(qd_ct_int_code(v[k], scale, zp, BITS, dt) + OFF) & MASK) << (BITS * k);
+        if (BITS == 4) { /* a word is two lanes' codes */
+            const uint32_t hi = __shfl_down_sync(0xffffffffu, bits, 1);
+            if (lane % 2 == 0)
+                packed[first / 8] = bits | hi << 16;
+        } else
+            packed[first / 4] = bits;
+        if (lane == 0) {
+            ct_put_scale(scales, r * groups + g, scale, dt);
+            zr = ((uint32_t)(zp + OFF) & MASK) << (BITS * (r % PER));
+        }
+    }
+    if (lane == 0)
+        zrow[warp] = zr;
+    __syncthreads();
+    if (!sym && threadIdx.x < CT_WARPS / PER) { /* the zero-point words of these rows */
+        const int64_t w = rb * (CT_WARPS / PER) + threadIdx.x;
+        if (w * PER < rows) {
+            uint32_t word = 0;
+            for (int k = 0; k < PER; k++)
+                word |= zrow[threadIdx.x * PER + k];
+            zps[w * groups + g] = word;
+        }
+    }
+}
+
 #define CT_BITS_SWITCH(bits, BITS, ...)                                                         \
     if (bits == 8) {                                                                            \
         constexpr int BITS = 8;                                                                 \
@@ -121,6 +183,13 @@ extern "C" enum qd_status qd_cuda_ctint_quantize(const struct qd_format *f, cons
         return s;
     const int per = 32 / f->code;
     const int64_t groups = in->cols / p->group_size, threads = (in->rows + per - 1) / per * groups * per;
+    if (p->group_size == 128) {
+        const int64_t ctas = (in->rows + CT_WARPS - 1) / CT_WARPS * groups;
+        QD_DTYPE_SWITCH(in->dtype, DT, CT_BITS_SWITCH(f->code, BITS,
+                        ctint_quantize_g128_kernel<DT, BITS><<<qd_grid(ctas, 1), 32 * CT_WARPS, 0, qd_stream()>>>(
+                            in->data, in->rows, in->cols, p->symmetric, (uint32_t *)out[0], out[1],
+                            p->symmetric ? NULL : (uint32_t *)out[2], bad)));
+    } else
     QD_DTYPE_SWITCH(in->dtype, DT, CT_BITS_SWITCH(f->code, BITS,
                     ctint_quantize_kernel<DT, BITS><<<qd_grid(threads, CT_THREADS), CT_THREADS, 0, qd_stream()>>>(
                         in->data, in->rows, in->cols, p->group_size, p->symmetric, (uint32_t *)out[0], out[1],

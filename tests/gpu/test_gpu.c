@@ -309,6 +309,7 @@ static void gpu_params_variants(void **state)
                                  {"nf4", "offset", "0.25"}, {"awq", "group_size", "64"},
                                  {"awq", "group_size", "32"}, {"awq", "group_size", "256"},
                                  {"w4a16", "symmetric", "false"}, {"w4a16", "group_size", "32"},
+                                 {"w8a16", "symmetric", "false"},
                                  {"nf4", "blocksize", "32"}, {"fp4", "blocksize", "512"},
                                  /* scale 1: bf16 block maxima land on e4m3 ties of amax / 6 (the
                                   * kernel's division path); 2e-38: 1 / (6 pts) is subnormal (the

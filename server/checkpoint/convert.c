@@ -285,10 +285,10 @@ int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, en
     }
     if (!strcmp(o->f->family, "ggml") || !strcmp(o->f->family, "kquant"))
         return qd_convert_gguf(o, s, status, err, errlen);
-    if (!strcmp(o->f->family, "bnb4") || !strcmp(o->f->family, "ctint"))
+    if (!strcmp(o->f->family, "bnb4") || !strcmp(o->f->family, "ctint") || !strcmp(o->f->family, "awq"))
         return qd_convert_hf(o, s, status, err, errlen);
     snprintf(err, errlen, "convert: no checkpoint layout for format %s yet (GGML block formats and K-quants: GGUF "
              "in, GGUF out; nf4/fp4: a Hugging Face safetensors model in, transformers + bitsandbytes out; w4a16/w8a16: "
-             "compressed-tensors out)", o->f->name);
+             "compressed-tensors out; awq: AutoAWQ GEMM out)", o->f->name);
     return -1;
 }

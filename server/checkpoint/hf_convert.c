@@ -33,6 +33,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../../kernels/fp.h"
 #include "checkpoint/convert.h"
 #include "checkpoint/pipeline.h"
 #include "checkpoint/safetensors.h"
@@ -135,6 +136,7 @@ struct out_tensor {
     int quantize;      /* 1: the first of a quantized weight's tensors (the rest follow it) */
     int trailer;       /* 1: the tensor after a weight's components (bnb's quant_state JSON,
                           compressed-tensors' weight_shape), written with them */
+    int cast;          /* 1: a float tensor not quantized, cast to f16 (AutoAWQ's half model) */
     uint64_t qbytes;   /* that weight's components, back to back */
 };
 
@@ -172,6 +174,16 @@ static char *concat(const char *a, const char *sep, const char *b)
 static char *join(const char *dir, const char *name) { return concat(dir, "/", name); }
 
 static int compressed_tensors(const struct qd_convert_opts *o) { return !strcmp(o->f->family, "ctint"); }
+static int autoawq(const struct qd_convert_opts *o) { return !strcmp(o->f->family, "awq"); }
+
+/* The bytes of the trailer after a quantized weight's components (0: none, AutoAWQ). */
+static uint64_t trailer_bytes(const struct out_tensor *t, const struct out_tensor *end)
+{
+    for (const struct out_tensor *k = t + 1; k < end && !k[0].quantize; k++)
+        if (k->trailer)
+            return k->bytes;
+    return 0;
+}
 
 static enum qd_dtype st_to_dtype(const char *st)
 {
@@ -209,6 +221,11 @@ static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const s
         if (!quantized_module(t) || !qd_name_filter_keeps(nf, t->name)) {
             struct out_tensor c = {.name = strdup(t->name), .dtype = t->dtype, .ndim = t->ndim, .bytes = t->end - t->begin,
                                    .src = t};
+            if (autoawq(o) && (!strcmp(t->dtype, "F32") || !strcmp(t->dtype, "BF16"))) { /* AutoAWQ saves fp16 */
+                c.cast = 1;
+                c.dtype = "F16";
+                c.bytes = (t->end - t->begin) * 16 / (uint64_t)t->elem_bits;
+            }
             if (t->ndim > 2) { /* copied tensors keep their shape: only 2 dims fit the plan */
                 c.ndim = -1;
             } else
@@ -219,14 +236,15 @@ static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const s
         }
         struct qd_tensor in = {.dtype = st_to_dtype(t->dtype)};
         struct qd_component comps[QD_MAX_COMPONENTS];
-        int64_t shape[2] = {t->shape[0], t->shape[1]};
+        /* AutoAWQ quantizes W [in, out]: the Linear's [out, in] weight transposed */
+        int64_t shape[2] = {t->shape[autoawq(o)], t->shape[!autoawq(o)]};
         qd_tensor_set_shape(&in, 2, shape);
         struct qd_params p = o->params;
         int nc = qd_format_layout(o->f, &p, &in, comps, err, errlen);
         if (nc < 0)
             return -1;
         /* the layout's names for quantd's components, in quantd's order */
-        const int ct = compressed_tensors(o);
+        const int ct = compressed_tensors(o) || autoawq(o); /* components named after the module */
         uint64_t qbytes = 0;
         for (int k = 0; k < nc; k++) {
             const char *suffix = !strcmp(comps[k].name, "data") ? "" : comps[k].name;
@@ -241,6 +259,8 @@ static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const s
                 goto nomem;
         }
         sh->t[sh->n - nc].qbytes = qbytes;
+        if (autoawq(o))
+            continue;
         if (ct) { /* weight_shape: the original [out, in] as int64 */
             struct out_tensor w = {.name = module_name(t->name, "weight_shape"), .dtype = "I64", .ndim = 1,
                                    .shape = {2, 1}, .bytes = 16, .src = t, .trailer = 1};
@@ -304,6 +324,16 @@ static cJSON *quantization_config(const struct qd_convert_opts *o, const char *c
 {
     if (compressed_tensors(o))
         return ct_quantization_config(o);
+    if (autoawq(o)) { /* AwqConfig.to_transformers_dict(), in its order */
+        cJSON *q = cJSON_CreateObject();
+        cJSON_AddStringToObject(q, "quant_method", "awq");
+        cJSON_AddBoolToObject(q, "zero_point", 1);
+        cJSON_AddNumberToObject(q, "group_size", o->params.group_size);
+        cJSON_AddNumberToObject(q, "bits", 4);
+        cJSON_AddStringToObject(q, "version", "gemm");
+        cJSON_AddNullToObject(q, "modules_to_not_convert");
+        return q;
+    }
     cJSON *q = cJSON_CreateObject(); /* the keys as transformers writes them (sorted) */
     cJSON_AddBoolToObject(q, "_load_in_4bit", 1);
     cJSON_AddBoolToObject(q, "_load_in_8bit", 0);
@@ -340,14 +370,40 @@ static enum qd_status process_weight(void *ctx, int item, const void *in, void *
     const struct qd_st_entry *e = t->src;
     struct qd_params p;
     enum qd_dtype dt = st_to_dtype(e->dtype);
-    enum qd_status st = qd_convert_quantize(j->o, in, dt, e->shape[0], e->shape[1], out, (int64_t)t->qbytes, &j->nmse,
-                                            &p, err, errlen);
+    if (t->cast) { /* torch's .half(): round to nearest even, Inf beyond f16 */
+        uint64_t n = t->bytes / 2;
+        uint16_t *h = out;
+        for (uint64_t k = 0; k < n; k++)
+            h[k] = qd_f32_to_f16(dt == QD_F32 ? ((const float *)in)[k] : qd_bf16_to_f32(((const uint16_t *)in)[k]));
+        return QD_OK;
+    }
+    void *tr = NULL;
+    if (autoawq(j->o)) { /* W [in, out] = weight^T, the layout AutoAWQ's from_linear packs */
+        const int64_t rows = e->shape[0], cols = e->shape[1];
+        const size_t es = dt == QD_F32 ? 4 : 2;
+        if (!(tr = malloc((size_t)(rows * cols) * es))) {
+            snprintf(err, errlen, "tensor '%s': no memory to transpose it", e->name);
+            return QD_ENOMEM;
+        }
+        for (int64_t r0 = 0; r0 < rows; r0 += 32) /* in tiles, for the caches */
+            for (int64_t c0 = 0; c0 < cols; c0 += 32)
+                for (int64_t r = r0; r < rows && r < r0 + 32; r++)
+                    for (int64_t c = c0; c < cols && c < c0 + 32; c++)
+                        memcpy((char *)tr + (size_t)(c * rows + r) * es, (const char *)in + (size_t)(r * cols + c) * es,
+                               es);
+        in = tr;
+    }
+    enum qd_status st = qd_convert_quantize(j->o, in, dt, e->shape[autoawq(j->o)], e->shape[!autoawq(j->o)], out,
+                                            (int64_t)t->qbytes, &j->nmse, &p, err, errlen);
+    free(tr);
     if (st != QD_OK) {
         char msg[600];
         snprintf(msg, sizeof msg, "tensor '%s': %s", e->name, err);
         snprintf(err, errlen, "%s", msg);
         return st;
     }
+    if (autoawq(j->o))
+        return QD_OK;
     const struct out_tensor *js = t;
     while (!js->trailer)
         js++;
@@ -380,7 +436,9 @@ static void weight_handed(void *ctx, int item)
     if (t->quantize) {
         s->quantized++;
         s->params_quantized += (uint64_t)(e->shape[0] * e->shape[1]);
-    } else
+    } else if (t->cast)
+        s->cast++;
+    else
         s->copied++;
     (*j->index)++;
     double now = qd_pipe_clock_s();
@@ -422,14 +480,9 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
         } else
             memcpy(h[i].shape, t->shape, sizeof t->shape);
         if (t->quantize || (!t->trailer && !strcmp(t->name, t->src->name))) {
-            uint64_t json = 0;
-            for (int k = i + 1; t->quantize && k < sh->n; k++)
-                if (sh->t[k].trailer) {
-                    json = sh->t[k].bytes;
-                    break;
-                }
+            uint64_t json = t->quantize ? trailer_bytes(t, sh->t + sh->n) : 0;
             src[ni] = t;
-            items[ni++] = (struct qd_pipe_item){.kind = t->quantize ? QD_PIPE_PROCESS : QD_PIPE_COPY,
+            items[ni++] = (struct qd_pipe_item){.kind = t->quantize || t->cast ? QD_PIPE_PROCESS : QD_PIPE_COPY,
                                                 .src_offset = (uint64_t)(t->src->data - sh->m.data),
                                                 .src_bytes = t->src->end - t->src->begin,
                                                 .out_bytes = t->quantize ? t->qbytes + json : t->bytes};
@@ -641,12 +694,11 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
     uint64_t in_cap = 0, out_cap = 0; /* the pipeline's buffers, for the largest weight of any shard */
     for (int k = 0; k < nshards; k++)
         for (int i = 0; i < sh[k].n; i++)
-            if (sh[k].t[i].quantize) {
-                const struct out_tensor *t = &sh[k].t[i], *js = t;
-                while (!js->trailer)
-                    js++;
+            if (sh[k].t[i].quantize || sh[k].t[i].cast) {
+                const struct out_tensor *t = &sh[k].t[i];
+                const uint64_t ob = t->quantize ? t->qbytes + trailer_bytes(t, sh[k].t + sh[k].n) : t->bytes;
                 in_cap = t->src->end - t->src->begin > in_cap ? t->src->end - t->src->begin : in_cap;
-                out_cap = t->qbytes + js->bytes > out_cap ? t->qbytes + js->bytes : out_cap;
+                out_cap = ob > out_cap ? ob : out_cap;
             }
     qc = quantization_config(o, compute_dtype ? compute_dtype : "float32");
     s->layout_config = qc ? cJSON_PrintUnformatted(qc) : NULL;
@@ -729,6 +781,10 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
     }
     cJSON_DeleteItemFromObjectCaseSensitive(config, "quantization_config");
     cJSON_AddItemToObject(config, "quantization_config", qc);
+    if (autoawq(o)) /* AutoAWQ's model is float16 when it saves: its config says so */
+        for (const char *const *key = (const char *const[]){"torch_dtype", "dtype", NULL}; *key; key++)
+            if (cJSON_GetObjectItemCaseSensitive(config, *key))
+                cJSON_ReplaceItemInObjectCaseSensitive(config, *key, cJSON_CreateString("float16"));
     qc = NULL;
     char *ctext = cJSON_Print(config), *cpath = join(tmpdir, "config.json");
     int r = ctext && cpath ? write_text(cpath, ctext, err, errlen) : -1;

@@ -1,0 +1,52 @@
+"""quantd convert --fmt awq, a Hugging Face safetensors model -> the AutoAWQ GEMM checkpoint
+(qweight, qzeros, scales per decoder Linear; every other float tensor in float16, as AutoAWQ's
+half model saves it). The expected tensors come from AutoAWQ 0.2.9's own _apply_quant on every
+decoder Linear of the same tiny_hf.py models (tests/fixtures/make_awq_convert_fixtures.py): the
+same names, dtypes, shapes and bytes, and the quantization_config AwqConfig writes."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import ml_dtypes  # noqa: F401 (numpy learns bfloat16)
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from conftest import FIXTURES, ROOT, run_quantd
+
+TINY = os.path.join(ROOT, "tests", "checkpoint", "tiny_hf.py")
+FIX = json.load(open(os.path.join(FIXTURES, "awq_convert.json")))["cases"]
+
+
+def load_all(d):
+    out = {}
+    for fn in sorted(os.listdir(d)):
+        if fn.endswith(".safetensors"):
+            with safe_open(os.path.join(d, fn), "numpy") as f:
+                for k in f.keys():
+                    out[k] = f.get_tensor(k)
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(FIX))
+def test_equals_autoawq(tmp_path, case):
+    fx = FIX[case]
+    src = tmp_path / "hf"
+    subprocess.run([sys.executable, TINY, str(src), *fx["tiny_hf"]], check=True)
+    dst = tmp_path / "q"
+    run_quantd("convert", "--in", src, "--out", dst, "--fmt", "awq")
+    ours = load_all(dst)
+    assert sorted(ours) == sorted(fx["tensors"])
+    for name, want in fx["tensors"].items():
+        t = ours[name]
+        assert str(t.dtype) == want["dtype"], name
+        assert list(t.shape) == want["shape"], name
+        assert hashlib.sha256(np.ascontiguousarray(t).tobytes()).hexdigest() == want["sha256"], name
+    cfg = json.load(open(dst / "config.json"))
+    assert cfg.pop("quantization_config") == fx["quantization_config"]
+    assert cfg.pop("torch_dtype") == "float16"
+    src_cfg = json.load(open(src / "config.json"))
+    src_cfg.pop("torch_dtype")
+    assert cfg == src_cfg

@@ -1,5 +1,8 @@
 /* A Hugging Face safetensors model in -> a quantized Hugging Face checkpoint out, shard for
- * shard, in one of two layouts (chosen by the format's family):
+ * shard, in one of three layouts (chosen by the format's family):
+ * - AutoAWQ GEMM (awq): what AutoAWQ 0.2.9's quantize (without its activation-aware search) and
+ *   save_quantized write: per Linear <m>.qweight, .qzeros, .scales from the weight transposed
+ *   to [in, out]; other float tensors cast to f16 (its model is half); AwqConfig's config;
  * - bitsandbytes (nf4/fp4): what `from_pretrained(..., BitsAndBytesConfig(load_in_4bit=True,
  *   ...))` then `save_pretrained` writes (transformers 5.17, bitsandbytes 0.50), below;
  * - compressed-tensors (w4a16): what llm-compressor 0.14.0.1's data-free `oneshot` with a

@@ -65,8 +65,10 @@ def timed(name, cmd, repeat, cleanup=None, env=None, warm_up=True):
         w, r = run(cmd, env)
         walls.append(w)
         rss = max(rss, r)
-    return {"case": name, "seconds": statistics.median(walls), "min": min(walls), "max": max(walls),
-            "peak_rss_bytes": rss}
+    row = {"case": name, "seconds": statistics.median(walls), "min": min(walls), "max": max(walls),
+           "peak_rss_bytes": rss}
+    print(f"# {name}: {row['seconds']:.2f} s (runs {', '.join(f'{w:.2f}' for w in walls)})", flush=True)
+    return row
 
 
 def make_hf(d, size):

@@ -30,6 +30,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -354,11 +355,18 @@ static cJSON *quantization_config(const struct qd_convert_opts *o, const char *c
     return q;
 }
 
-/* The pipeline's view of one shard (pipeline.h): item i + 1 is source tensor src[i]. */
+/* A tensor cast to f16 goes through the pipeline in pieces of at most this many source bytes,
+ * so the pipeline's (pinned) buffers do not grow to an 8B model's 1 GB embedding. */
+#define CAST_PIECE (64u << 20)
+
+/* The pipeline's view of one shard (pipeline.h): item i (> 0) is (a piece of) src[i]. */
 struct shard_job {
     const struct qd_convert_opts *o;
     struct shard *sh;
     const struct out_tensor **src; /* per item: the first output tensor of that source tensor */
+    const struct qd_pipe_item *items;
+    const char *last_piece;        /* per item: the last piece of its tensor */
+    void *scratch;                 /* awq: the transposed weight (the largest one fits) */
     struct qd_convert_summary *s;
     int *index, count;
     uint64_t in_total;
@@ -366,6 +374,50 @@ struct shard_job {
 };
 
 /* A quantized weight: its components back to back, then its quant_state JSON, padded. */
+/* out[c][r] = in[r][c] for a rows x cols matrix of es-byte elements, on all cores, in tiles. */
+struct transpose_part {
+    const char *in;
+    char *out;
+    int64_t rows, cols, c0, c1;
+    size_t es;
+};
+
+static void *transpose_part(void *arg)
+{
+    const struct transpose_part *t = arg;
+    for (int64_t r0 = 0; r0 < t->rows; r0 += 64)
+        for (int64_t c0 = t->c0; c0 < t->c1; c0 += 64)
+            for (int64_t r = r0; r < t->rows && r < r0 + 64; r++)
+                for (int64_t c = c0; c < t->c1 && c < c0 + 64; c++) {
+                    if (t->es == 2)
+                        memcpy(t->out + (size_t)(c * t->rows + r) * 2, t->in + (size_t)(r * t->cols + c) * 2, 2);
+                    else
+                        memcpy(t->out + (size_t)(c * t->rows + r) * 4, t->in + (size_t)(r * t->cols + c) * 4, 4);
+                }
+    return NULL;
+}
+
+static void transpose(const void *in, void *out, int64_t rows, int64_t cols, size_t es)
+{
+    enum { MAX_PARTS = 32 };
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = cores < 1 ? 1 : cores > MAX_PARTS ? MAX_PARTS : (int)cores;
+    struct transpose_part parts[MAX_PARTS];
+    pthread_t th[MAX_PARTS];
+    int started[MAX_PARTS] = {0};
+    for (int k = 0; k < n; k++) {
+        parts[k] = (struct transpose_part){.in = in, .out = out, .rows = rows, .cols = cols, .es = es,
+                                           .c0 = cols * k / n, .c1 = cols * (k + 1) / n};
+        started[k] = k > 0 && pthread_create(&th[k], NULL, transpose_part, &parts[k]) == 0;
+        if (k > 0 && !started[k])
+            transpose_part(&parts[k]); /* no thread: this one does it */
+    }
+    transpose_part(&parts[0]);
+    for (int k = 1; k < n; k++)
+        if (started[k])
+            pthread_join(th[k], NULL);
+}
+
 static enum qd_status process_weight(void *ctx, int item, const void *in, void *out, char *err, size_t errlen)
 {
     struct shard_job *j = ctx;
@@ -374,31 +426,18 @@ static enum qd_status process_weight(void *ctx, int item, const void *in, void *
     struct qd_params p;
     enum qd_dtype dt = st_to_dtype(e->dtype);
     if (t->cast) { /* torch's .half(): round to nearest even, Inf beyond f16 */
-        uint64_t n = t->bytes / 2;
+        uint64_t n = j->items[item].out_bytes / 2;
         uint16_t *h = out;
         for (uint64_t k = 0; k < n; k++)
             h[k] = qd_f32_to_f16(dt == QD_F32 ? ((const float *)in)[k] : qd_bf16_to_f32(((const uint16_t *)in)[k]));
         return QD_OK;
     }
-    void *tr = NULL;
     if (autoawq(j->o)) { /* W [in, out] = weight^T, the layout AutoAWQ's from_linear packs */
-        const int64_t rows = e->shape[0], cols = e->shape[1];
-        const size_t es = dt == QD_F32 ? 4 : 2;
-        if (!(tr = malloc((size_t)(rows * cols) * es))) {
-            snprintf(err, errlen, "tensor '%s': no memory to transpose it", e->name);
-            return QD_ENOMEM;
-        }
-        for (int64_t r0 = 0; r0 < rows; r0 += 32) /* in tiles, for the caches */
-            for (int64_t c0 = 0; c0 < cols; c0 += 32)
-                for (int64_t r = r0; r < rows && r < r0 + 32; r++)
-                    for (int64_t c = c0; c < cols && c < c0 + 32; c++)
-                        memcpy((char *)tr + (size_t)(c * rows + r) * es, (const char *)in + (size_t)(r * cols + c) * es,
-                               es);
-        in = tr;
+        transpose(in, j->scratch, e->shape[0], e->shape[1], dt == QD_F32 ? 4 : 2);
+        in = j->scratch;
     }
     enum qd_status st = qd_convert_quantize(j->o, in, dt, e->shape[autoawq(j->o)], e->shape[!autoawq(j->o)], out,
                                             (int64_t)t->qbytes, &j->nmse, &p, err, errlen);
-    free(tr);
     if (st != QD_OK) {
         char msg[600];
         snprintf(msg, sizeof msg, "tensor '%s': %s", e->name, err);
@@ -429,7 +468,7 @@ static enum qd_status process_weight(void *ctx, int item, const void *in, void *
 static void weight_handed(void *ctx, int item)
 {
     struct shard_job *j = ctx;
-    if (item == 0)
+    if (item == 0 || !j->last_piece[item])
         return;
     const struct out_tensor *t = j->src[item];
     const struct qd_st_entry *e = t->src;
@@ -459,16 +498,21 @@ static void weight_handed(void *ctx, int item)
 
 /* Writes one shard front to back through the pipeline. */
 static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const char *path, const cJSON *metadata,
-                       struct qd_pipe_pool *pool, struct qd_convert_summary *s, int *index, int count, uint64_t in_total,
-                       enum qd_status *status, char *err, size_t errlen)
+                       struct qd_pipe_pool *pool, void *scratch, struct qd_convert_summary *s, int *index, int count,
+                       uint64_t in_total, enum qd_status *status, char *err, size_t errlen)
 {
+    size_t nitems = (size_t)sh->st.n + 1;
+    for (int i = 0; i < sh->n; i++)
+        if (sh->t[i].cast)
+            nitems += (sh->t[i].src->end - sh->t[i].src->begin) / CAST_PIECE + 1;
     struct qd_st_out *h = calloc((size_t)(sh->n ? sh->n : 1), sizeof *h);
-    struct qd_pipe_item *items = calloc((size_t)sh->st.n + 1, sizeof *items);
-    const struct out_tensor **src = calloc((size_t)sh->st.n + 1, sizeof *src);
+    struct qd_pipe_item *items = calloc(nitems, sizeof *items);
+    const struct out_tensor **src = calloc(nitems, sizeof *src);
+    char *last = calloc(nitems, 1);
     uint8_t *header = NULL;
     int rc = -1, fd = -1;
     struct qd_outfile out = {.fd = -1};
-    if (!h || !items || !src) {
+    if (!h || !items || !src || !last) {
         *status = QD_ENOMEM;
         snprintf(err, errlen, "no memory");
         goto done;
@@ -484,10 +528,24 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
             memcpy(h[i].shape, t->shape, sizeof t->shape);
         if (t->quantize || (!t->trailer && !strcmp(t->name, t->src->name))) {
             uint64_t json = t->quantize ? trailer_bytes(t, sh->t + sh->n) : 0;
+            const uint64_t base = (uint64_t)(t->src->data - sh->m.data), bytes = t->src->end - t->src->begin;
+            if (t->cast) { /* elementwise: in pieces */
+                const uint64_t es = (uint64_t)t->src->elem_bits / 8;
+                for (uint64_t off = 0; off < bytes || off == 0; off += CAST_PIECE) {
+                    const uint64_t nb = bytes - off < CAST_PIECE ? bytes - off : CAST_PIECE;
+                    src[ni] = t;
+                    last[ni] = off + nb == bytes;
+                    items[ni++] = (struct qd_pipe_item){.kind = QD_PIPE_PROCESS, .src_offset = base + off,
+                                                        .src_bytes = nb, .out_bytes = nb / es * 2};
+                    if (nb == 0)
+                        break;
+                }
+                continue;
+            }
             src[ni] = t;
-            items[ni++] = (struct qd_pipe_item){.kind = t->quantize || t->cast ? QD_PIPE_PROCESS : QD_PIPE_COPY,
-                                                .src_offset = (uint64_t)(t->src->data - sh->m.data),
-                                                .src_bytes = t->src->end - t->src->begin,
+            last[ni] = 1;
+            items[ni++] = (struct qd_pipe_item){.kind = t->quantize ? QD_PIPE_PROCESS : QD_PIPE_COPY,
+                                                .src_offset = base, .src_bytes = bytes,
                                                 .out_bytes = t->quantize ? t->qbytes + json : t->bytes};
         }
     }
@@ -504,7 +562,8 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
         *status = QD_EIO;
         goto done;
     }
-    struct shard_job job = {.o = o, .sh = sh, .src = src, .s = s, .index = index, .count = count, .in_total = in_total,
+    struct shard_job job = {.o = o, .sh = sh, .src = src, .items = items, .last_piece = last, .scratch = scratch, .s = s,
+                            .index = index, .count = count, .in_total = in_total,
                             .last = qd_pipe_clock_s()};
     struct qd_pipe pipe = {.src_fd = fd, .out = &out, .items = items, .n = ni, .process = process_weight,
                            .handed = weight_handed, .ctx = &job, .pool = pool, .cancel = o->cancel,
@@ -527,6 +586,7 @@ done:
     free(header);
     free(src);
     free(items);
+    free(last);
     free(h);
     return rc;
 }
@@ -610,6 +670,7 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
     cJSON *config = NULL, *index = NULL, *qc = NULL;
     char *tmpdir = NULL, **names = NULL;
     struct qd_pipe_pool *pool = NULL;
+    void *scratch = NULL; /* awq: the transposed weight */
     if (!nf)
         goto done;
     /* the shards: from the index, or the one file */
@@ -694,19 +755,27 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
             if (sh[k].t[i].quantize)
                 compute_dtype = torch_dtype(sh[k].t[i].src->dtype);
     }
-    uint64_t in_cap = 0, out_cap = 0; /* the pipeline's buffers, for the largest weight of any shard */
+    uint64_t in_cap = 0, out_cap = 0, scratch_cap = 0; /* the pipeline's buffers, for the largest weight */
     for (int k = 0; k < nshards; k++)
         for (int i = 0; i < sh[k].n; i++)
             if (sh[k].t[i].quantize || sh[k].t[i].cast) {
                 const struct out_tensor *t = &sh[k].t[i];
-                const uint64_t ob = t->quantize ? t->qbytes + trailer_bytes(t, sh[k].t + sh[k].n) : t->bytes;
-                in_cap = t->src->end - t->src->begin > in_cap ? t->src->end - t->src->begin : in_cap;
+                uint64_t ib = t->src->end - t->src->begin;
+                if (t->cast && ib > CAST_PIECE)
+                    ib = CAST_PIECE;
+                const uint64_t ob = t->quantize ? t->qbytes + trailer_bytes(t, sh[k].t + sh[k].n)
+                                                : ib / ((uint64_t)t->src->elem_bits / 8) * 2;
+                in_cap = ib > in_cap ? ib : in_cap;
                 out_cap = ob > out_cap ? ob : out_cap;
+                if (t->quantize)
+                    scratch_cap = ib > scratch_cap ? ib : scratch_cap;
             }
     qc = quantization_config(o, compute_dtype ? compute_dtype : "float32");
     s->layout_config = qc ? cJSON_PrintUnformatted(qc) : NULL;
     pool = qd_pipe_pool_new(o->backend, in_cap, out_cap);
-    if (!qc || !pool) {
+    if (autoawq(o) && scratch_cap) /* pinned where the backend has it: the GPU reads it directly */
+        scratch = o->backend && o->backend->host_alloc ? o->backend->host_alloc(scratch_cap) : malloc(scratch_cap);
+    if (!qc || !pool || (autoawq(o) && scratch_cap && !scratch)) {
         snprintf(err, errlen, "no memory for the pipeline's buffers (%" PRIu64 " + %" PRIu64 " bytes each)", in_cap,
                  out_cap);
         *status = QD_ENOMEM;
@@ -719,7 +788,7 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
         cJSON_AddStringToObject(meta, "format", "pt");
         cJSON_AddStringToObject(meta, "quantization_config", qtext ? qtext : "{}");
         free(qtext);
-        rc = write_shard(o, &sh[0], o->dst, meta, pool, s, &done_tensors, count, in_total, status, err, errlen);
+        rc = write_shard(o, &sh[0], o->dst, meta, pool, scratch, s, &done_tensors, count, in_total, status, err, errlen);
         cJSON_Delete(meta);
         goto done;
     }
@@ -747,7 +816,7 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
     uint64_t total = 0;
     for (int k = 0; k < nshards; k++) {
         char *path = join(tmpdir, sh[k].out_name);
-        int r = path ? write_shard(o, &sh[k], path, meta, pool, s, &done_tensors, count, in_total, status, err, errlen) : -1;
+        int r = path ? write_shard(o, &sh[k], path, meta, pool, scratch, s, &done_tensors, count, in_total, status, err, errlen) : -1;
         free(path);
         if (r) {
             cJSON_Delete(meta), cJSON_Delete(wm);
@@ -826,6 +895,8 @@ done:
     s->seconds = qd_pipe_clock_s() - t0;
     free(tmpdir);
     qd_pipe_pool_free(pool);
+    if (scratch)
+        o->backend && o->backend->host_alloc && o->backend->host_free ? o->backend->host_free(scratch) : free(scratch);
     for (int k = 0; sh && k < nshards; k++) {
         for (int i = 0; i < sh[k].n; i++)
             free(sh[k].t[i].name);

@@ -50,3 +50,17 @@ def test_equals_autoawq(tmp_path, case):
     src_cfg = json.load(open(src / "config.json"))
     src_cfg.pop("torch_dtype")
     assert cfg == src_cfg
+
+
+def test_large_cast_tensor_in_pieces(tmp_path):
+    """A tensor cast to f16 larger than a pipeline piece (64 MiB: a 140000 x 256 bf16 embedding)
+    is cast whole and right: equal to numpy's round-to-nearest-even cast of the source."""
+    src = tmp_path / "hf"
+    subprocess.run([sys.executable, TINY, str(src), "bf16", "--vocab", "140000", "--layers", "1"], check=True)
+    run_quantd("convert", "--in", src, "--out", tmp_path / "q", "--fmt", "awq")
+    with safe_open(os.path.join(src, "model.safetensors"), "numpy") as f:
+        emb = f.get_tensor("model.embed_tokens.weight")
+    assert emb.nbytes > 64 << 20
+    ours = load_all(tmp_path / "q")["model.embed_tokens.weight"]
+    assert ours.dtype == np.float16 and ours.shape == emb.shape
+    assert np.array_equal(ours.view(np.uint16), emb.astype(np.float32).astype(np.float16).view(np.uint16))

@@ -16,19 +16,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("compressed_tensors")
 llmcompressor = pytest.importorskip("llmcompressor")
 
-from safetensors import safe_open  # noqa: E402
 
-QUANTD = os.environ.get("QUANTD", os.path.join(os.path.dirname(__file__), "..", "..", "bin", "quantd"))
-
-
-def tensors(d):
-    out = {}
-    for fn in os.listdir(d):
-        if fn.endswith(".safetensors"):
-            with safe_open(os.path.join(d, fn), "pt") as f:
-                for k in f.keys():
-                    out[k] = f.get_tensor(k)
-    return out
+from conftest import QUANTD, torch_tensors  # noqa: E402
 
 
 def same(a, b):
@@ -56,7 +45,7 @@ def test_transformers_loads_quantd_like_llm_compressor(tmp_path, scheme, dtype):
         args += ["--param", "symmetric=false"]
     subprocess.run(list(map(str, args)), check=True, capture_output=True)
 
-    a, b = tensors(ref), tensors(ours)
+    a, b = torch_tensors(ref), torch_tensors(ours)
     assert sorted(a) == sorted(b)
     assert [k for k in a if not same(a[k], b[k])] == []
     qa = json.load(open(ref / "config.json"))["quantization_config"]

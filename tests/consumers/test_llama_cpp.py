@@ -13,7 +13,6 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "peers"))
 from conftest import QUANTD, run_quantd  # noqa: E402
 
 BIN = os.environ.get("LLAMA_CPP_BIN", "")

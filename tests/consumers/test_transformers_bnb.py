@@ -19,20 +19,9 @@ pytest.importorskip("bitsandbytes")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from safetensors import safe_open  # noqa: E402
 
-QUANTD = os.environ.get("QUANTD", os.path.join(os.path.dirname(__file__), "..", "..", "bin", "quantd"))
+from conftest import QUANTD, torch_tensors  # noqa: E402
 TINY = os.path.join(os.path.dirname(__file__), "..", "checkpoint", "tiny_hf.py")
-
-
-def tensors(d):
-    out = {}
-    for fn in os.listdir(d):
-        if fn.endswith(".safetensors"):
-            with safe_open(os.path.join(d, fn), "pt") as f:
-                for k in f.keys():
-                    out[k] = f.get_tensor(k)
-    return out
 
 
 @pytest.mark.parametrize("fmt", ["nf4", "fp4"])
@@ -49,7 +38,7 @@ def test_transformers_loads_quantd_and_weights_match(tmp_path, fmt, backend):
     ours = tmp_path / "ours"
     subprocess.run([QUANTD, "convert", "--in", str(src), "--out", str(ours), "--fmt", fmt, "--backend", backend],
                    check=True, stdout=subprocess.DEVNULL)
-    a, b = tensors(ref), tensors(ours)
+    a, b = torch_tensors(ref), torch_tensors(ours)
     assert set(a) == set(b)
     modules = [k[:-len(".weight")] for k in a if k.endswith(".weight") and k + ".absmax" in a]
     offset_differs = 0

@@ -62,3 +62,28 @@ def call_array(fn, x, out_dtype):
     out = np.empty(x.shape, dtype=out_dtype)
     fn(x.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(x.size))
     return out
+
+
+def load_safetensors_dir(d):
+    """Every tensor of the .safetensors files of a directory, by name (numpy arrays)."""
+    import ml_dtypes  # noqa: F401 (numpy learns bfloat16)
+    from safetensors import safe_open
+    out = {}
+    for fn in sorted(os.listdir(d)):
+        if fn.endswith(".safetensors"):
+            with safe_open(os.path.join(d, fn), "numpy") as f:
+                for k in f.keys():
+                    out[k] = f.get_tensor(k)
+    return out
+
+
+def assert_tensors_as_recorded(ours, want):
+    """ours (name -> array) has exactly the recorded tensors: names, dtypes, shapes and the
+    sha256 of the bytes (a fixture made by the peer: tests/fixtures/make_*_convert_fixtures.py)."""
+    import hashlib
+    assert sorted(ours) == sorted(want)
+    for name, w in want.items():
+        t = ours[name]
+        assert str(t.dtype) == w["dtype"], name
+        assert list(t.shape) == w["shape"], name
+        assert hashlib.sha256(np.ascontiguousarray(t).tobytes()).hexdigest() == w["sha256"], name

@@ -3,7 +3,6 @@
 half model saves it). The expected tensors come from AutoAWQ 0.2.9's own _apply_quant on every
 decoder Linear of the same tiny_hf.py models (tests/fixtures/make_awq_convert_fixtures.py): the
 same names, dtypes, shapes and bytes, and the quantization_config AwqConfig writes."""
-import hashlib
 import json
 import os
 import subprocess
@@ -14,20 +13,11 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from conftest import FIXTURES, ROOT, run_quantd
+from conftest import FIXTURES, ROOT, assert_tensors_as_recorded, load_safetensors_dir, run_quantd
 
 TINY = os.path.join(ROOT, "tests", "checkpoint", "tiny_hf.py")
 FIX = json.load(open(os.path.join(FIXTURES, "awq_convert.json")))["cases"]
 
-
-def load_all(d):
-    out = {}
-    for fn in sorted(os.listdir(d)):
-        if fn.endswith(".safetensors"):
-            with safe_open(os.path.join(d, fn), "numpy") as f:
-                for k in f.keys():
-                    out[k] = f.get_tensor(k)
-    return out
 
 
 @pytest.mark.parametrize("case", sorted(FIX))
@@ -37,13 +27,7 @@ def test_equals_autoawq(tmp_path, case):
     subprocess.run([sys.executable, TINY, str(src), *fx["tiny_hf"]], check=True)
     dst = tmp_path / "q"
     run_quantd("convert", "--in", src, "--out", dst, "--fmt", "awq")
-    ours = load_all(dst)
-    assert sorted(ours) == sorted(fx["tensors"])
-    for name, want in fx["tensors"].items():
-        t = ours[name]
-        assert str(t.dtype) == want["dtype"], name
-        assert list(t.shape) == want["shape"], name
-        assert hashlib.sha256(np.ascontiguousarray(t).tobytes()).hexdigest() == want["sha256"], name
+    assert_tensors_as_recorded(load_safetensors_dir(dst), fx["tensors"])
     cfg = json.load(open(dst / "config.json"))
     assert cfg.pop("quantization_config") == fx["quantization_config"]
     assert cfg.pop("torch_dtype") == "float16"
@@ -61,6 +45,6 @@ def test_large_cast_tensor_in_pieces(tmp_path):
     with safe_open(os.path.join(src, "model.safetensors"), "numpy") as f:
         emb = f.get_tensor("model.embed_tokens.weight")
     assert emb.nbytes > 64 << 20
-    ours = load_all(tmp_path / "q")["model.embed_tokens.weight"]
+    ours = load_safetensors_dir(tmp_path / "q")["model.embed_tokens.weight"]
     assert ours.dtype == np.float16 and ours.shape == emb.shape
     assert np.array_equal(ours.view(np.uint16), emb.astype(np.float32).astype(np.float16).view(np.uint16))

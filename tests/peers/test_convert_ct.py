@@ -9,27 +9,14 @@ import os
 import subprocess
 import sys
 
-import ml_dtypes  # noqa: F401 (numpy learns bfloat16)
 import numpy as np
 import pytest
 from safetensors import safe_open
 
-from conftest import FIXTURES, ROOT, run_quantd
+from conftest import FIXTURES, ROOT, assert_tensors_as_recorded, load_safetensors_dir, run_quantd
 
 TINY = os.path.join(ROOT, "tests", "checkpoint", "tiny_hf.py")
 FIX = json.load(open(os.path.join(FIXTURES, "ct_convert.json")))["cases"]
-TORCH_NAME = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "int32": "int32",
-              "int8": "int8", "int64": "int64"}
-
-
-def load_all(d):
-    out = {}
-    for fn in sorted(os.listdir(d)):
-        if fn.endswith(".safetensors"):
-            with safe_open(os.path.join(d, fn), "numpy") as f:
-                for k in f.keys():
-                    out[k] = f.get_tensor(k)
-    return out
 
 
 @pytest.mark.parametrize("case", sorted(FIX))
@@ -42,13 +29,7 @@ def test_equals_llm_compressor(tmp_path, case):
     if fx["scheme"].endswith("_ASYM"):
         args += ["--param", "symmetric=false"]
     run_quantd(*args)
-    ours = load_all(dst)
-    assert sorted(ours) == sorted(fx["tensors"])
-    for name, want in fx["tensors"].items():
-        t = ours[name]
-        assert TORCH_NAME[str(t.dtype)] == want["dtype"], name
-        assert list(t.shape) == want["shape"], name
-        assert hashlib.sha256(np.ascontiguousarray(t).tobytes()).hexdigest() == want["sha256"], name
+    assert_tensors_as_recorded(load_safetensors_dir(dst), fx["tensors"])
     cfg = json.load(open(dst / "config.json"))
     assert cfg.pop("quantization_config") == fx["quantization_config"]
     assert cfg == json.load(open(src / "config.json"))
@@ -72,6 +53,6 @@ def test_a_changed_weight_changes_the_bytes(tmp_path):
     t["model.layers.0.self_attn.q_proj.weight"] = w
     save_file(t, st, metadata={"format": "pt"})
     run_quantd("convert", "--in", src, "--out", tmp_path / "q", "--fmt", "w4a16")
-    ours = load_all(tmp_path / "q")
+    ours = load_safetensors_dir(tmp_path / "q")
     scale = "model.layers.0.self_attn.q_proj.weight_scale"
     assert hashlib.sha256(ours[scale].tobytes()).hexdigest() != fx["tensors"][scale]["sha256"]

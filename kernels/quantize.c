@@ -12,6 +12,7 @@
 #include "cuda/cuda.h"
 #endif
 #include "awq.h"
+#include "ctfp.h"
 #include "fp.h"
 
 static const char *device_error(void)
@@ -32,6 +33,12 @@ static enum qd_status nonfinite_error(int64_t bad, char *err, size_t len)
                  "largest scale (4368) a zero or code of 15 gives inf (an assert, or inf cast "
                  "to int); set allow_nonfinite=true to quantize it anyway (docs/formats.md)",
                  bad & ~QD_BAD_AWQ_F16_RANGE);
+    else if (bad & QD_BAD_MX_SCALE_RANGE)
+        snprintf(err, len, "mxfp4 scale_rounding=even: the block starting at input element %" PRId64
+                 " has a max |x| whose power-of-two rounding overflows the weight's dtype (f16: 57344 "
+                 "and up): compressed-tensors would store an infinite scale; set allow_nonfinite=true to "
+                 "quantize it anyway (scale byte 255, codes 0; docs/formats.md)",
+                 bad & ~QD_BAD_MX_SCALE_RANGE);
     else
         snprintf(err, len, "input element %" PRId64 " is not finite (NaN or Inf); set "
                  "allow_nonfinite=true to quantize it anyway", bad);

@@ -25,7 +25,8 @@
 /* ---- parameters ----------------------------------------------------------------------------- */
 
 static const char *const layouts[] = {"linear", "swizzled", NULL};
-static const char *const roundings[] = {"floor", "rceil", NULL};
+static const char *const roundings[] = {"floor", "rceil", "even", NULL};
+static const char *const flows[] = {"torchao", "compressed_tensors", NULL};
 static const char *const granularities[] = {"tensor", "row", NULL};
 static const char *const fp6_packings[] = {"packed", "unpacked", NULL};
 static const char *const scale_dtypes[] = {"auto", "f32", "f16", "bf16", NULL};
@@ -53,10 +54,14 @@ const struct qd_param_desc qd_param_descs[] = {
      0, 0, 0, NULL, "decode scale amax/(448*6) (torchao convention); wins over global_scale"},
     {"two_level", QD_PARAM_BOOL, OFF(two_level), 0, "true", 0, 0, 0, NULL,
      "use a per-tensor scale (false: torchao's single-level E4M3 scales)"},
+    {"flow", QD_PARAM_ENUM, OFF(flow), 0, "torchao", 0, 0, 0, flows,
+     "whose arithmetic: torchao's nvfp4_quantize, or compressed_tensors (llm-compressor NVFP4A16: "
+     "global scale 2688/amax in the weight's dtype, scales and codes as its compressor computes them)"},
     {"scale_layout", QD_PARAM_ENUM, OFF(scale_layout), 0, "linear", 0, 0, 0, layouts,
      "linear [rows, cols/block] or the swizzled 128x4 tensor-core tiling"},
     {"scale_rounding", QD_PARAM_ENUM, OFF(scale_rounding), 0, "floor", 0, 0, 0, roundings,
-     "E8M0 scale rule: floor (OCP v1.0) or rceil (NVIDIA cvt.rp.ue8m0)"},
+     "E8M0 scale rule: floor (OCP v1.0), rceil (NVIDIA cvt.rp.ue8m0) or even (mxfp4 only: "
+     "compressed-tensors' MXFP4A16, the amax rounded to a power of two up from mantissa 1.75 in the weight's dtype)"},
     {"granularity", QD_PARAM_ENUM, OFF(granularity), 0, "tensor", 0, 0, 0, granularities,
      "one scale for the tensor or one per row"},
     {"fp6_packing", QD_PARAM_ENUM, OFF(fp6_packing), 0, "packed", 0, 0, 0, fp6_packings,
@@ -181,6 +186,11 @@ static int layout_mx(const struct qd_format *f, const struct qd_params *p, int64
 {
     if (!cols_multiple(f, cols, QD_MX_BLOCK, err, len))
         return -1;
+    if (p->scale_rounding == QD_ROUND_EVEN && f->code != QD_E2M1) {
+        snprintf(err, len, "scale_rounding=even is compressed-tensors' MXFP4 rule: %s takes floor or rceil",
+                 f->name);
+        return -1;
+    }
     int bytes = qd_mx_block_data_bytes(f->code, p->fp6_packing == QD_FP6_UNPACKED);
     comp(&c[0], "data", QD_U8, 2, rows, cols / QD_MX_BLOCK * bytes);
     scale_comp(&c[1], p, rows, cols / QD_MX_BLOCK);
@@ -192,6 +202,16 @@ static int layout_nvfp4(const struct qd_format *f, const struct qd_params *p, in
 {
     if (!cols_multiple(f, cols, QD_NVFP4_BLOCK, err, len))
         return -1;
+    if (p->flow == QD_FLOW_COMPRESSED_TENSORS && (!p->two_level || p->has_per_tensor_scale)) {
+        snprintf(err, len, "flow=compressed_tensors always has a global scale (global_scale, the encode "
+                 "scale 2688/amax); per_tensor_scale and two_level=false are torchao's");
+        return -1;
+    }
+    if (p->flow == QD_FLOW_COMPRESSED_TENSORS && p->has_global_scale &&
+        !(p->global_scale > 0.0f && p->global_scale <= 3.40282347e38f)) {
+        snprintf(err, len, "global_scale must be a positive finite number");
+        return -1;
+    }
     comp(&c[0], "data", QD_U8, 2, rows, cols / 2);
     scale_comp(&c[1], p, rows, cols / QD_NVFP4_BLOCK);
     comp(&c[2], "global_scale", QD_F32, 1, 1, 0);
@@ -222,7 +242,7 @@ static const char *const mx_params[] = {"scale_rounding", "scale_layout", "allow
 static const char *const mx6_params[] = {"scale_rounding", "scale_layout", "fp6_packing",
                                          "allow_nonfinite", NULL};
 static const char *const nvfp4_params[] = {"global_scale", "per_tensor_scale", "two_level",
-                                           "scale_layout", "allow_nonfinite", NULL};
+                                           "scale_layout", "flow", "allow_nonfinite", NULL};
 static const char *const int8_params[] = {"granularity", "allow_nonfinite", NULL};
 
 #define BNB4(nm, cd, dc)                                                                        \

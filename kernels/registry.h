@@ -57,7 +57,10 @@ enum qd_status qd_shape_parse(const char *text, int *ndim, int64_t *shape, char 
 /* All parameters of all formats, resolved. A format lists the ones it accepts in its entry;
  * the rest keep their defaults and are ignored. */
 enum qd_scale_layout { QD_LAYOUT_LINEAR, QD_LAYOUT_SWIZZLED };
-enum qd_scale_rounding { QD_ROUND_FLOOR, QD_ROUND_RCEIL };
+enum qd_scale_rounding { QD_ROUND_FLOOR, QD_ROUND_RCEIL, QD_ROUND_EVEN };
+/* nvfp4: whose arithmetic (torchao's nvfp4_quantize, or llm-compressor's NVFP4A16 observer and
+ * compressed-tensors' compressor: kernels/ctfp.h) */
+enum qd_nvfp4_flow { QD_FLOW_TORCHAO, QD_FLOW_COMPRESSED_TENSORS };
 enum qd_granularity { QD_GRAN_TENSOR, QD_GRAN_ROW };
 enum qd_fp6_packing { QD_FP6_PACKED, QD_FP6_UNPACKED };
 /* w4a16: the dtype its scales (and arithmetic) take; AUTO resolves to the weight's at quantize */
@@ -76,6 +79,7 @@ struct qd_params {
     int has_per_tensor_scale;
     float per_tensor_scale; /* torchao's decode scale: amax/(448*6) */
     int two_level;          /* nvfp4 */
+    int flow;               /* nvfp4: enum qd_nvfp4_flow */
     int scale_layout;       /* enum qd_scale_layout */
     int scale_rounding;     /* enum qd_scale_rounding */
     int granularity;        /* enum qd_granularity */

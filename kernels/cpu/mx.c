@@ -3,11 +3,13 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "../ctfp.h"
 #include "../mx.h"
 #include "cpu.h"
 
 struct mx_ctx {
     int elem, rceil, unpacked, swizzled, data_bytes;
+    int even, dt; /* scale_rounding=even (compressed-tensors, mxfp4): the input's dtype matters */
     int64_t scale_cols; /* cols / 32 */
     uint8_t *data, *scales;
     const uint8_t *cdata, *cscales;
@@ -26,6 +28,14 @@ static void mx_quantize_span(void *c, int tid, const float *x, int64_t first, in
     (void)tid;
     for (int64_t b = 0; b < n / QD_MX_BLOCK; b++) {
         int64_t block = first / QD_MX_BLOCK + b;
+        if (k->even) {
+            int overflow;
+            k->scales[scale_index(k, block)] =
+                qd_ct_mx_block(k->dt, x + b * QD_MX_BLOCK, k->data + block * k->data_bytes, &overflow);
+            if (overflow) /* noted unless NaN/Inf are allowed */
+                qd_cpu_note_nonfinite(QD_BAD_MX_SCALE_RANGE | (first + b * QD_MX_BLOCK));
+            continue;
+        }
         k->scales[scale_index(k, block)] = qd_mx_quantize_block(
             k->elem, k->rceil, k->unpacked, x + b * QD_MX_BLOCK, k->data + block * k->data_bytes);
     }
@@ -71,6 +81,7 @@ static void mx_setup(struct mx_ctx *k, const struct qd_format *f, const struct q
 {
     k->elem = f->code;
     k->rceil = p->scale_rounding == QD_ROUND_RCEIL;
+    k->even = p->scale_rounding == QD_ROUND_EVEN;
     k->unpacked = p->fp6_packing == QD_FP6_UNPACKED;
     k->swizzled = p->scale_layout == QD_LAYOUT_SWIZZLED;
     k->data_bytes = qd_mx_block_data_bytes(k->elem, k->unpacked);
@@ -80,7 +91,7 @@ static void mx_setup(struct mx_ctx *k, const struct qd_format *f, const struct q
 enum qd_status qd_cpu_mx_quantize(const struct qd_format *f, const struct qd_tensor *in,
                                   struct qd_params *p, void *const *out)
 {
-    struct mx_ctx k = {.data = out[0], .scales = out[1]};
+    struct mx_ctx k = {.data = out[0], .scales = out[1], .dt = in->dtype};
     mx_setup(&k, f, p, in->cols);
     if (k.swizzled) /* padding of the 128x4 tiles is zero */
         memset(k.scales, 0, (size_t)qd_swizzle_bytes(in->rows, k.scale_cols));

@@ -3,7 +3,10 @@
  * 128x4 tensor-core tiling (zero padding cleared first, as on the CPU). Packed blocks and
  * dequantized elements move through shared memory per CTA (tile.cuh); the element encoders
  * are those of convert.cuh (Hopper's fp8 cvt where it gives the same bits). Blocks holding
- * NaN/Inf (allowed by the caller) take the reference block code of mx.h. */
+ * NaN/Inf (allowed by the caller) take the reference block code of mx.h. compressed-tensors'
+ * arithmetic (mxfp4 scale_rounding=even, nvfp4 flow=compressed_tensors) runs the block code of
+ * ctfp.h, shared with the CPU. */
+#include "../ctfp.h"
 #include "../mx.h"
 #include "convert.cuh"
 #include "tile.cuh"
@@ -12,6 +15,7 @@
 
 struct mx_geom {
     int elem, rceil, unpacked, swizzled, data_bytes;
+    int even; /* scale_rounding=even: compressed-tensors' MXFP4 (kernels/ctfp.h), by the input's dtype */
     int64_t scale_cols;
 };
 
@@ -94,7 +98,19 @@ __global__ void __launch_bounds__(MX_THREADS) mx_quantize_kernel(struct mx_geom 
         uint32_t w[8];
         uint8_t scale;
         int n;
-        if (top >= 0x7f800000u) {
+        if (ELEM == QD_E2M1 && g.even) { /* the shared block code, exactly the CPU's */
+            if (top >= 0x7f800000u)
+                qd_note_first_nonfinite<QD_MX_BLOCK>(bad, v, b * QD_MX_BLOCK);
+            uint8_t packed[16];
+            int overflow;
+            scale = qd_ct_mx_block(DT, v, packed, &overflow);
+            if (overflow && bad)
+                atomicMin(bad, (unsigned long long)(QD_BAD_MX_SCALE_RANGE | (b * QD_MX_BLOCK)));
+            n = 4;
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                w[k] = packed[4 * k] | packed[4 * k + 1] << 8 | packed[4 * k + 2] << 16 | (uint32_t)packed[4 * k + 3] << 24;
+        } else if (top >= 0x7f800000u) {
             /* NaN/Inf (allowed): the reference block code, exactly the CPU's */
             qd_note_first_nonfinite<QD_MX_BLOCK>(bad, v, b * QD_MX_BLOCK);
             uint8_t packed[32];
@@ -189,6 +205,7 @@ static struct mx_geom mx_setup(const struct qd_format *f, const struct qd_params
     struct mx_geom g;
     g.elem = f->code;
     g.rceil = p->scale_rounding == QD_ROUND_RCEIL;
+    g.even = p->scale_rounding == QD_ROUND_EVEN;
     g.unpacked = p->fp6_packing == QD_FP6_UNPACKED;
     g.swizzled = p->scale_layout == QD_LAYOUT_SWIZZLED;
     g.data_bytes = qd_mx_block_data_bytes(g.elem, g.unpacked);
@@ -364,6 +381,84 @@ __global__ void __launch_bounds__(MX_THREADS) nvfp4_dequantize_kernel(float pts,
                                    nvalid);
 }
 
+/* flow=compressed_tensors: thread per block, kernels/ctfp.h's block code (its IEEE divisions
+ * as they are), scales linear or swizzled. */
+template <int DT>
+__global__ void __launch_bounds__(MX_THREADS) nvfp4_ct_quantize_kernel(float gs, int swizzled, int64_t scale_cols,
+                                                                       const void *x, int64_t nblocks, uint8_t *data,
+                                                                       uint8_t *scales, unsigned long long *bad)
+{
+    int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (b >= nblocks)
+        return;
+    float v[QD_NVFP4_BLOCK];
+    uint32_t top = qd_load_block_top<DT, QD_NVFP4_BLOCK>(x, b * QD_NVFP4_BLOCK, v);
+    if (top >= 0x7f800000u)
+        qd_note_first_nonfinite<QD_NVFP4_BLOCK>(bad, v, b * QD_NVFP4_BLOCK);
+    uint8_t packed[8];
+    scales[scale_pos(b, scale_cols, swizzled)] = qd_ct_nvfp4_block(gs, DT, v, packed);
+    uint32_t w0 = 0, w1 = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        w0 |= (uint32_t)packed[i] << (8 * i), w1 |= (uint32_t)packed[4 + i] << (8 * i);
+    ((uint2 *)data)[b] = make_uint2(w0, w1);
+}
+
+template <int DT>
+__global__ void __launch_bounds__(MX_THREADS) nvfp4_ct_dequantize_kernel(float gs, int swizzled, int64_t scale_cols,
+                                                                         const uint8_t *data, const uint8_t *scales,
+                                                                         int64_t nblocks, void *y)
+{
+    __shared__ uint4 tile[MX_THREADS * qd_tile<DT, QD_NVFP4_BLOCK>::CH];
+    int64_t first = blockIdx.x * (int64_t)MX_THREADS, b = first + threadIdx.x;
+    int nvalid = nblocks - first < MX_THREADS ? (int)(nblocks - first) : MX_THREADS;
+    if (b < nblocks) {
+        float v[QD_NVFP4_BLOCK];
+        qd_ct_nvfp4_dequantize_block(gs, scales[scale_pos(b, scale_cols, swizzled)], data + b * 8, v);
+        tile_put<DT, QD_NVFP4_BLOCK>(tile, v);
+    }
+    __syncthreads();
+    tile_store<DT, QD_NVFP4_BLOCK>(tile, (uint8_t *)y + first * QD_NVFP4_BLOCK * qd_tile<DT, QD_NVFP4_BLOCK>::esize,
+                                   nvalid);
+}
+
+/* The global scale a stored component holds, read back (dequantizing without the parameter). */
+static enum qd_status stored_global_scale(const void *dev, float *gs)
+{
+    struct qd_scratch *h = qd_scratch_host();
+    CUDA_CHECK(cudaMemcpyAsync(h->partial, dev, sizeof(float), cudaMemcpyDeviceToHost, qd_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(qd_stream()));
+    *gs = h->partial[0];
+    return QD_OK;
+}
+
+static enum qd_status nvfp4_ct_quantize(const struct qd_tensor *in, struct qd_params *p, void *const *out,
+                                        unsigned long long *bad)
+{
+    enum qd_status s;
+    if (!p->has_global_scale) { /* the tensor's amax first (and the non-finite check) */
+        float amax;
+        if ((s = qd_cuda_amax(in, bad, &amax)) != QD_OK || (s = qd_cuda_bad_end(bad)) != QD_OK)
+            return s;
+        bad = NULL; /* checked */
+        p->global_scale = qd_ct_nvfp4_global_scale(amax, in->dtype);
+        p->has_global_scale = 1;
+    }
+    int swizzled = p->scale_layout == QD_LAYOUT_SWIZZLED;
+    int64_t scale_cols = in->cols / QD_NVFP4_BLOCK, nblocks = qd_tensor_numel(in) / QD_NVFP4_BLOCK;
+    if (swizzled && swizzle_padded(in->rows, scale_cols))
+        CUDA_CHECK(cudaMemsetAsync(out[1], 0, (size_t)qd_swizzle_bytes(in->rows, scale_cols), qd_stream()));
+    struct qd_scratch *h = qd_scratch_host();
+    h->partial[0] = p->global_scale; /* staged in pinned memory: the copy runs in stream order */
+    CUDA_CHECK(cudaMemcpyAsync(out[2], h->partial, sizeof(float), cudaMemcpyHostToDevice, qd_stream()));
+    QD_DTYPE_SWITCH(in->dtype, DT,
+                    nvfp4_ct_quantize_kernel<DT><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
+                        p->global_scale, swizzled, scale_cols, in->data, nblocks, (uint8_t *)out[0],
+                        (uint8_t *)out[1], bad));
+    CUDA_LAUNCHED();
+    return qd_cuda_bad_end(bad);
+}
+
 extern "C" enum qd_status qd_cuda_nvfp4_quantize(const struct qd_format *f, const struct qd_tensor *in,
                                                  struct qd_params *p, void *const *out)
 {
@@ -371,6 +466,8 @@ extern "C" enum qd_status qd_cuda_nvfp4_quantize(const struct qd_format *f, cons
     enum qd_status s = qd_cuda_bad_begin(!p->allow_nonfinite, &bad);
     if (s != QD_OK)
         return s;
+    if (p->flow == QD_FLOW_COMPRESSED_TENSORS)
+        return nvfp4_ct_quantize(in, p, out, bad);
     if (p->two_level && !p->has_per_tensor_scale) {
         if (p->has_global_scale)
             p->per_tensor_scale = 1.0f / p->global_scale;
@@ -420,18 +517,29 @@ extern "C" enum qd_status qd_cuda_nvfp4_dequantize(const struct qd_format *f, co
                                                    const struct qd_params *p, struct qd_tensor *out)
 {
     float pts = 0.0f;
-    if (p->two_level) {
-        if (p->has_per_tensor_scale)
-            pts = p->per_tensor_scale;
-        else { /* 1 / the stored global scale, read back */
-            struct qd_scratch *h = qd_scratch_host();
-            CUDA_CHECK(cudaMemcpyAsync(h->partial, in[2], sizeof(float), cudaMemcpyDeviceToHost, qd_stream()));
-            CUDA_CHECK(cudaStreamSynchronize(qd_stream()));
-            pts = 1.0f / h->partial[0];
-        }
-    }
     int swizzled = p->scale_layout == QD_LAYOUT_SWIZZLED;
     int64_t scale_cols = out->cols / QD_NVFP4_BLOCK, nblocks = qd_tensor_numel(out) / QD_NVFP4_BLOCK;
+    if (p->flow == QD_FLOW_COMPRESSED_TENSORS) {
+        float gs = p->global_scale;
+        enum qd_status s;
+        if (!p->has_global_scale && (s = stored_global_scale(in[2], &gs)) != QD_OK)
+            return s;
+        QD_DTYPE_SWITCH(out->dtype, DT,
+                        nvfp4_ct_dequantize_kernel<DT><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
+                            gs, swizzled, scale_cols, (const uint8_t *)in[0], (const uint8_t *)in[1], nblocks,
+                            out->data));
+        CUDA_LAUNCHED();
+        return QD_OK;
+    }
+    if (p->two_level) {
+        pts = p->per_tensor_scale;
+        enum qd_status s;
+        if (!p->has_per_tensor_scale) { /* 1 / the stored global scale */
+            if ((s = stored_global_scale(in[2], &pts)) != QD_OK)
+                return s;
+            pts = 1.0f / pts;
+        }
+    }
     QD_DTYPE_SWITCH(out->dtype, DT,
                     nvfp4_dequantize_kernel<DT><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
                         pts, swizzled, scale_cols, (const uint8_t *)in[0], (const uint8_t *)in[1], nblocks,

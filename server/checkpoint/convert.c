@@ -287,8 +287,21 @@ int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, en
         return qd_convert_gguf(o, s, status, err, errlen);
     if (!strcmp(o->f->family, "bnb4") || !strcmp(o->f->family, "ctint") || !strcmp(o->f->family, "awq"))
         return qd_convert_hf(o, s, status, err, errlen);
+    if (!strcmp(o->f->name, "nvfp4") || !strcmp(o->f->name, "mxfp4")) {
+        /* compressed-tensors' layouts fix the arithmetic: llm-compressor's NVFP4A16 / MXFP4A16,
+         * linear scales, each module's global scale computed from its fused group */
+        struct qd_convert_opts ct = *o;
+        ct.params.scale_layout = QD_LAYOUT_LINEAR;
+        if (!strcmp(o->f->name, "nvfp4")) {
+            ct.params.flow = QD_FLOW_COMPRESSED_TENSORS;
+            ct.params.two_level = 1;
+            ct.params.has_global_scale = ct.params.has_per_tensor_scale = 0;
+        } else
+            ct.params.scale_rounding = QD_ROUND_EVEN;
+        return qd_convert_hf(&ct, s, status, err, errlen);
+    }
     snprintf(err, errlen, "convert: no checkpoint layout for format %s yet (GGML block formats and K-quants: GGUF "
              "in, GGUF out; nf4/fp4: a Hugging Face safetensors model in, transformers + bitsandbytes out; w4a16/w8a16: "
-             "compressed-tensors out; awq: AutoAWQ GEMM out)", o->f->name);
+             "compressed-tensors out; nvfp4/mxfp4: compressed-tensors NVFP4A16/MXFP4A16 out; awq: AutoAWQ GEMM out)", o->f->name);
     return -1;
 }

@@ -37,6 +37,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../../kernels/cpu/cpu.h"
+#include "../../kernels/ctfp.h"
 #include "../../kernels/fp.h"
 #include "checkpoint/convert.h"
 #include "checkpoint/pipeline.h"
@@ -141,6 +143,10 @@ struct out_tensor {
     int trailer;       /* 1: the tensor after a weight's components (bnb's quant_state JSON,
                           compressed-tensors' weight_shape), written with them */
     int cast;          /* 1: a float tensor not quantized, cast to f16 (AutoAWQ's half model) */
+    int has_gs;        /* nvfp4: the global scale its fused group (q/k/v, gate/up) shares */
+    float gs;
+    int has_amax;      /* nvfp4: a fused group member's largest |x|, read before the pass */
+    float amax;
     uint64_t qbytes;   /* that weight's components, back to back */
 };
 
@@ -177,7 +183,9 @@ static char *concat(const char *a, const char *sep, const char *b)
 
 static char *join(const char *dir, const char *name) { return concat(dir, "/", name); }
 
-static int compressed_tensors(const struct qd_convert_opts *o) { return !strcmp(o->f->family, "ctint"); }
+/* compressed-tensors' 4-bit float layouts (nvfp4-pack-quantized, mxfp4-pack-quantized) */
+static int ct_float(const struct qd_convert_opts *o) { return !strcmp(o->f->name, "nvfp4") || !strcmp(o->f->name, "mxfp4"); }
+static int compressed_tensors(const struct qd_convert_opts *o) { return !strcmp(o->f->family, "ctint") || ct_float(o); }
 static int autoawq(const struct qd_convert_opts *o) { return !strcmp(o->f->family, "awq"); }
 
 /* The bytes of the trailer after a quantized weight's components (0: none, AutoAWQ). */
@@ -203,6 +211,13 @@ static const char *dtype_to_st(enum qd_dtype d)
     case QD_BF16: return "BF16";
     default: return "F32";
     }
+}
+
+/* compressed-tensors' name for a component of quantd's nvfp4 / mxfp4 layout */
+static const char *ct_component(const char *quantd_name)
+{
+    return !strcmp(quantd_name, "data") ? "weight_packed" : !strcmp(quantd_name, "scales") ? "weight_scale"
+         : !strcmp(quantd_name, "global_scale") ? "weight_global_scale" : quantd_name;
 }
 
 /* <m>.weight -> <m><suffix> (compressed-tensors' names replace the weight) */
@@ -254,16 +269,19 @@ static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const s
             const char *suffix = !strcmp(comps[k].name, "data") ? "" : comps[k].name;
             char sfx[64];
             snprintf(sfx, sizeof sfx, "%s%s", *suffix ? "." : "", suffix);
-            struct out_tensor c = {.name = ct ? module_name(t->name, comps[k].name) : concat(t->name, "", sfx),
-                                   .dtype = dtype_to_st(comps[k].dtype), .ndim = ct || k == 0 ? 2 : 1,
+            struct out_tensor c = {.name = ct ? module_name(t->name, ct_component(comps[k].name)) : concat(t->name, "", sfx),
+                                   .dtype = dtype_to_st(comps[k].dtype),
+                                   .ndim = ct_float(o) ? comps[k].ndim : ct || k == 0 ? 2 : 1,
                                    .shape = {comps[k].shape[0], ct ? comps[k].shape[1] : 1},
                                    .bytes = (uint64_t)comps[k].bytes, .src = t, .quantize = k == 0};
+            if (!strcmp(o->f->name, "nvfp4") && !strcmp(comps[k].name, "scales"))
+                c.dtype = "F8_E4M3"; /* the e4m3 bytes, as torch.float8_e4m3fn saves them */
             qbytes += c.bytes;
             if (add(sh, &cap, c))
                 goto nomem;
         }
         sh->t[sh->n - nc].qbytes = qbytes;
-        if (autoawq(o))
+        if (autoawq(o) || ct_float(o))
             continue;
         if (ct) { /* weight_shape: the original [out, in] as int64 */
             struct out_tensor w = {.name = module_name(t->name, "weight_shape"), .dtype = "I64", .ndim = 1,
@@ -286,13 +304,92 @@ nomem:
     return -1;
 }
 
-/* compressed-tensors' quantization_config for llm-compressor's W4A16 / W4A16_ASYM, as it
- * serializes it (keys sorted as json.dumps(sort_keys=True) writes them) */
+/* llm-compressor's FUSED_LAYER_NAMES: Linear layers vLLM runs as one GEMM, which share one
+ * NVFP4 global scale (observers/helpers.py, fuse_weight_observers). */
+static const char *const fused_groups[][4] = {
+    {"gate_proj", "up_proj"}, {"q_proj", "k_proj", "v_proj"}, {"q_a_proj", "kv_a_proj_with_mqa"}, {"w1", "w3"}};
+
+/* The quantized weight "<parent><member>.weight" anywhere in the model, or NULL. */
+static struct out_tensor *find_weight(struct shard *sh, int nshards, const char *parent, size_t plen,
+                                      const char *member)
+{
+    size_t mlen = strlen(member);
+    for (int k = 0; k < nshards; k++)
+        for (int i = 0; i < sh[k].n; i++) {
+            const char *n = sh[k].t[i].quantize ? sh[k].t[i].src->name : NULL;
+            if (n && !strncmp(n, parent, plen) && !strncmp(n + plen, member, mlen) && !strcmp(n + plen + mlen, ".weight"))
+                return &sh[k].t[i];
+        }
+    return NULL;
+}
+
+/* max |x| of a weight, on all cores (through an aligned copy where the file misaligns it) */
+static float weight_amax(const struct qd_st_entry *e)
+{
+    struct qd_tensor x = {.dtype = st_to_dtype(e->dtype)};
+    int64_t shape[2] = {e->shape[0], e->shape[1]};
+    qd_tensor_set_shape(&x, 2, shape);
+    size_t n = e->end - e->begin;
+    void *copy = (uintptr_t)e->data % qd_dtype_size(x.dtype) ? malloc(n) : NULL;
+    if (copy)
+        memcpy(copy, e->data, n);
+    x.data = copy ? copy : (void *)e->data;
+    float amax = NAN, lo, hi;
+    if (copy || !((uintptr_t)e->data % qd_dtype_size(x.dtype)))
+        qd_cpu_minmax(&x, &amax, &lo, &hi);
+    free(copy);
+    return amax;
+}
+
+/* nvfp4: the global scale of every quantized weight in a fused group, generate_gparam of the
+ * group's largest |x| (in the weight's dtype), when all of the group's names are quantized
+ * beside it, as fuse_weight_observers requires; the others compute their own. One read of the
+ * group members before the pass. */
+static void nvfp4_global_scales(struct shard *sh, int nshards)
+{
+    for (int k = 0; k < nshards; k++)
+        for (int i = 0; i < sh[k].n; i++) {
+            struct out_tensor *t = &sh[k].t[i];
+            if (!t->quantize)
+                continue;
+            const char *name = t->src->name, *end = name + strlen(name) - strlen(".weight"), *last = end;
+            while (last > name && last[-1] != '.')
+                last--;
+            for (size_t g = 0; g < sizeof fused_groups / sizeof fused_groups[0]; g++) {
+                int member = 0;
+                for (int m = 0; m < 4 && fused_groups[g][m]; m++)
+                    member |= (size_t)(end - last) == strlen(fused_groups[g][m]) &&
+                              !strncmp(last, fused_groups[g][m], (size_t)(end - last));
+                if (!member)
+                    continue;
+                float amax = 0.0f;
+                int all = 1;
+                for (int m = 0; all && m < 4 && fused_groups[g][m]; m++) {
+                    struct out_tensor *w = find_weight(sh, nshards, name, (size_t)(last - name), fused_groups[g][m]);
+                    if (!w) {
+                        all = 0;
+                        break;
+                    }
+                    if (!w->has_amax)
+                        w->amax = weight_amax(w->src), w->has_amax = 1;
+                    amax = w->amax > amax || w->amax != w->amax ? w->amax : amax;
+                }
+                if (all)
+                    t->gs = qd_ct_nvfp4_global_scale(amax, st_to_dtype(t->src->dtype)), t->has_gs = 1;
+                break;
+            }
+        }
+}
+
+/* compressed-tensors' quantization_config for llm-compressor's W4A16 / W4A16_ASYM / W8A16 /
+ * NVFP4A16 / MXFP4A16, as it serializes it (keys sorted as json.dumps(sort_keys=True) writes them) */
 static cJSON *ct_quantization_config(const struct qd_convert_opts *o)
 {
+    const int nv = !strcmp(o->f->name, "nvfp4"), fp = ct_float(o);
+    const char *format = nv ? "nvfp4-pack-quantized" : fp ? "mxfp4-pack-quantized" : "pack-quantized";
     cJSON *q = cJSON_CreateObject(), *groups = cJSON_AddObjectToObject(q, "config_groups");
     cJSON *g = cJSON_AddObjectToObject(groups, "group_0");
-    cJSON_AddStringToObject(g, "format", "pack-quantized");
+    cJSON_AddStringToObject(g, "format", format);
     cJSON_AddNullToObject(g, "input_activations");
     cJSON_AddNullToObject(g, "output_activations");
     cJSON_AddItemToObject(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
@@ -300,19 +397,22 @@ static cJSON *ct_quantization_config(const struct qd_convert_opts *o)
     cJSON_AddNullToObject(w, "actorder");
     cJSON_AddNullToObject(w, "block_structure");
     cJSON_AddBoolToObject(w, "dynamic", 0);
-    cJSON_AddNumberToObject(w, "group_size", o->params.group_size);
-    cJSON_AddNumberToObject(w, "num_bits", o->f->code); /* 4 or 8: the format's bits */
+    cJSON_AddNumberToObject(w, "group_size", fp ? o->f->block_elems : o->params.group_size);
+    cJSON_AddNumberToObject(w, "num_bits", fp ? 4 : o->f->code); /* ctint: 4 or 8, the format's bits */
     cJSON_AddStringToObject(w, "observer", "memoryless_minmax");
     cJSON_AddObjectToObject(w, "observer_kwargs");
-    cJSON_AddNullToObject(w, "scale_dtype");
-    cJSON_AddStringToObject(w, "strategy", "group");
-    cJSON_AddBoolToObject(w, "symmetric", o->params.symmetric);
-    cJSON_AddStringToObject(w, "type", "int");
-    if (o->params.symmetric)
+    if (fp)
+        cJSON_AddStringToObject(w, "scale_dtype", nv ? "torch.float8_e4m3fn" : "torch.uint8");
+    else
+        cJSON_AddNullToObject(w, "scale_dtype");
+    cJSON_AddStringToObject(w, "strategy", nv ? "tensor_group" : "group");
+    cJSON_AddBoolToObject(w, "symmetric", fp || o->params.symmetric);
+    cJSON_AddStringToObject(w, "type", fp ? "float" : "int");
+    if (fp || o->params.symmetric)
         cJSON_AddNullToObject(w, "zp_dtype");
     else
         cJSON_AddStringToObject(w, "zp_dtype", "torch.int8");
-    cJSON_AddStringToObject(q, "format", "pack-quantized");
+    cJSON_AddStringToObject(q, "format", format);
     cJSON_AddNullToObject(q, "global_compression_ratio");
     cJSON_AddItemToObject(q, "ignore", cJSON_CreateStringArray((const char *[]){"lm_head"}, 1));
     cJSON_AddNullToObject(q, "kv_cache_scheme");
@@ -436,7 +536,12 @@ static enum qd_status process_weight(void *ctx, int item, const void *in, void *
         transpose(in, j->scratch, e->shape[0], e->shape[1], dt == QD_F32 ? 4 : 2);
         in = j->scratch;
     }
-    enum qd_status st = qd_convert_quantize(j->o, in, dt, e->shape[autoawq(j->o)], e->shape[!autoawq(j->o)], out,
+    struct qd_convert_opts ot = *j->o; /* nvfp4: the module's (fused) global scale */
+    if (t->has_gs) {
+        ot.params.global_scale = t->gs;
+        ot.params.has_global_scale = 1;
+    }
+    enum qd_status st = qd_convert_quantize(&ot, in, dt, e->shape[autoawq(j->o)], e->shape[!autoawq(j->o)], out,
                                             (int64_t)t->qbytes, &j->nmse, &p, err, errlen);
     if (st != QD_OK) {
         char msg[600];
@@ -444,7 +549,7 @@ static enum qd_status process_weight(void *ctx, int item, const void *in, void *
         snprintf(err, errlen, "%s", msg);
         return st;
     }
-    if (autoawq(j->o))
+    if (autoawq(j->o) || ct_float(j->o))
         return QD_OK;
     const struct out_tensor *js = t;
     while (!js->trailer)
@@ -755,6 +860,8 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
             if (sh[k].t[i].quantize)
                 compute_dtype = torch_dtype(sh[k].t[i].src->dtype);
     }
+    if (!strcmp(o->f->name, "nvfp4"))
+        nvfp4_global_scales(sh, nshards);
     uint64_t in_cap = 0, out_cap = 0, scratch_cap = 0; /* the pipeline's buffers, for the largest weight */
     for (int k = 0; k < nshards; k++)
         for (int i = 0; i < sh[k].n; i++)

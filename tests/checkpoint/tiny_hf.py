@@ -2,7 +2,8 @@
 """A tiny random Llama as a Hugging Face directory, written with the `safetensors` package's own
 writer: config.json, tokenizer_config.json, generation_config.json and the weights, in one
 model.safetensors or in shards with model.safetensors.index.json (as save_pretrained lays them).
-usage: tiny_hf.py OUTDIR [f32|f16|bf16] [--shards N] [--tied] [--hidden N] [--ffn N] [--layers N]"""
+usage: tiny_hf.py OUTDIR [f32|f16|bf16] [--shards N] [--tied] [--hidden N] [--ffn N] [--layers N]
+       [--linear-std S]"""
 import argparse
 import json
 import os
@@ -26,14 +27,15 @@ def main():
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=320)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--linear-std", type=float, default=0.05, help="std of the Linear weights")
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
     h, heads, kv = a.hidden, 4, 2
     hd = h // heads
     t = {}
 
-    def w(name, *shape, scale=0.05):
-        t[name] = (rng.standard_normal(shape) * scale).astype(np.float32).astype(DT[a.dtype])
+    def w(name, *shape, scale=None):
+        t[name] = (rng.standard_normal(shape) * (a.linear_std if scale is None else scale)).astype(np.float32).astype(DT[a.dtype])
 
     w("model.embed_tokens.weight", a.vocab, h, scale=0.5)
     for i in range(a.layers):

@@ -66,8 +66,10 @@ def call_array(fn, x, out_dtype):
 
 def load_safetensors_dir(d):
     """Every tensor of the .safetensors files of a directory, by name (numpy arrays)."""
-    import ml_dtypes  # noqa: F401 (numpy learns bfloat16)
+    import ml_dtypes  # numpy learns bfloat16
     from safetensors import safe_open
+    if not hasattr(np, "float8_e4m3fn"):  # safetensors' numpy loader looks F8_E4M3 up there
+        np.float8_e4m3fn = ml_dtypes.float8_e4m3fn
     out = {}
     for fn in sorted(os.listdir(d)):
         if fn.endswith(".safetensors"):

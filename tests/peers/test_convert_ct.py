@@ -1,5 +1,6 @@
-"""quantd convert --fmt w4a16 / w8a16, a Hugging Face safetensors model -> the compressed-tensors
-pack-quantized checkpoint llm-compressor writes (vLLM, SGLang and transformers load it). The
+"""quantd convert --fmt w4a16 / w8a16 / nvfp4 / mxfp4, a Hugging Face safetensors model -> the
+compressed-tensors checkpoint llm-compressor writes (pack-quantized, nvfp4-pack-quantized,
+mxfp4-pack-quantized) (vLLM, SGLang and transformers load it). The
 expected tensors and quantization_config come from llm-compressor's own oneshot + save_compressed
 on the same tiny_hf.py models (tests/fixtures/make_ct_convert_fixtures.py): every tensor must have
 the same name, dtype, shape and bytes, and the config the same quantization_config."""
@@ -17,6 +18,7 @@ from conftest import FIXTURES, ROOT, assert_tensors_as_recorded, load_safetensor
 
 TINY = os.path.join(ROOT, "tests", "checkpoint", "tiny_hf.py")
 FIX = json.load(open(os.path.join(FIXTURES, "ct_convert.json")))["cases"]
+FMT = {"W4A16": "w4a16", "W4A16_ASYM": "w4a16", "W8A16": "w8a16", "NVFP4A16": "nvfp4", "MXFP4A16": "mxfp4"}
 
 
 @pytest.mark.parametrize("case", sorted(FIX))
@@ -25,7 +27,7 @@ def test_equals_llm_compressor(tmp_path, case):
     src = tmp_path / "hf"
     subprocess.run([sys.executable, TINY, str(src), *fx["tiny_hf"]], check=True)
     dst = tmp_path / "q"
-    args = ["convert", "--in", src, "--out", dst, "--fmt", "w8a16" if fx["scheme"].startswith("W8") else "w4a16"]
+    args = ["convert", "--in", src, "--out", dst, "--fmt", FMT[fx["scheme"]]]
     if fx["scheme"].endswith("_ASYM"):
         args += ["--param", "symmetric=false"]
     run_quantd(*args)

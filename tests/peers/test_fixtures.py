@@ -100,13 +100,17 @@ def test_autoawq_bytes(case, tmp_path):
 
 @pytest.mark.parametrize("case", cases("ct"))
 def test_compressed_tensors_bytes(case, tmp_path):
-    """llm-compressor's own W4A16 / W4A16_ASYM oneshot, as compressed-tensors saves it"""
+    """llm-compressor's own W4A16 / W4A16_ASYM / W8A16 / NVFP4A16 / MXFP4A16 oneshot, as
+    compressed-tensors saves it; the FP4 ones also dequantize to what its decompressor gives (bf16)"""
     d, meta, x = load("ct", case)
     out, _ = quantize(x, meta["fmt"], meta["dtype"], meta["shape"], meta["params"], str(tmp_path))
     check_components(d, meta, out)
     back = tmp_path / "back.bin"  # and it dequantizes (in the weight's dtype) to what the codes mean
     run_quantd("dequantize", "--in", out, "--dtype", meta["dtype"], "--out", back)
     assert back.stat().st_size == len(x)
+    if os.path.exists(os.path.join(d, "dequantized.bin")):
+        run_quantd("dequantize", "--in", out, "--dtype", "bf16", "--out", back)
+        assert back.read_bytes() == expect(d, "dequantized"), "dequantize differs from compressed-tensors"
 
 
 def test_every_family_has_fixtures():

@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "../../kernels/cpu/cpu.h"
+#include "../../kernels/ctfp.h"
 #include "helpers.h"
 
 static const enum qd_dtype dtypes[] = {QD_F32, QD_F16, QD_BF16};
@@ -188,6 +189,43 @@ static void bad_params_are_refused_with_what_is_accepted(void **state)
     assert_int_equal(qd_params_set(nv, &p, "global_scale", "nan", err, sizeof err), QD_EINVAL);
 }
 
+/* compressed-tensors' arithmetic: combinations it does not have are refused by name, and an MX
+ * scale that would be infinite in f16 is refused naming its block (or, allowed, stored as 255). */
+static void compressed_tensors_variants_are_checked(void **state)
+{
+    (void)state;
+    float *x = normal_data(4 * 64);
+    struct test_q q;
+    const char *even[] = {"scale_rounding=even", NULL};
+    assert_int_equal(test_quantize(&q, "mxfp8_e4m3", x, 4, 64, QD_BF16, even), QD_ESHAPE);
+    assert_non_null(strstr(q.err, "even is compressed-tensors' MXFP4 rule"));
+    const char *pts[] = {"flow=compressed_tensors", "per_tensor_scale=0.5", NULL};
+    assert_int_equal(test_quantize(&q, "nvfp4", x, 4, 64, QD_BF16, pts), QD_ESHAPE);
+    assert_non_null(strstr(q.err, "torchao's"));
+    const char *single[] = {"flow=compressed_tensors", "two_level=false", NULL};
+    assert_int_equal(test_quantize(&q, "nvfp4", x, 4, 64, QD_BF16, single), QD_ESHAPE);
+    x[32 + 5] = 60000.0f; /* f16: rounds to 2^16, infinite */
+    assert_int_equal(test_quantize(&q, "mxfp4", x, 4, 64, QD_F16, even), QD_ENONFINITE);
+    assert_non_null(strstr(q.err, "block starting at input element 32 "));
+    tq_release(&q);
+    assert_int_equal(test_quantize(&q, "mxfp4", x, 4, 64, QD_BF16, even), QD_OK); /* bf16 holds it */
+    tq_release(&q);
+    const char *allowed[] = {"scale_rounding=even", "scale_layout=linear", "allow_nonfinite=true", NULL};
+    assert_int_equal(test_quantize(&q, "mxfp4", x, 4, 64, QD_F16, allowed), QD_OK);
+    assert_int_equal(((uint8_t *)q.buf[1])[1], 255);
+    tq_release(&q);
+    free(x);
+    /* the scale rules themselves: up from a mantissa of 1.75; f16 subnormal amax; gparam fallback */
+    assert_int_equal(qd_ct_mx_scale(0.4375f, QD_BF16), 127 - 1 - 2);
+    assert_int_equal(qd_ct_mx_scale(0.421875f, QD_BF16), 127 - 2 - 2);
+    assert_int_equal(qd_ct_mx_scale(0.0f, QD_F32), 0);
+    assert_int_equal(qd_ct_mx_scale(0x1p-15f, QD_F16), 127);           /* rounds to 0: scale 1 */
+    assert_int_equal(qd_ct_mx_scale(0.75f * 0x1p-14f, QD_F16), 127 - 14 - 2);
+    assert_int_equal(qd_ct_mx_scale(57344.0f, QD_F16), -1);
+    assert_true(qd_ct_nvfp4_global_scale(0.01f, QD_F16) == 1.0f);       /* 2688 / 0.01 overflows f16 */
+    assert_true(qd_ct_nvfp4_global_scale(0.3f, QD_BF16) == 8960.0f);
+}
+
 static void registry_names_are_unique_and_json_lists_them(void **state)
 {
     (void)state;
@@ -230,6 +268,7 @@ int main(void)
         cmocka_unit_test(nonfinite_rejected_with_its_index_unless_allowed),
         cmocka_unit_test(shapes_the_format_cannot_take_are_named),
         cmocka_unit_test(bad_params_are_refused_with_what_is_accepted),
+        cmocka_unit_test(compressed_tensors_variants_are_checked),
         cmocka_unit_test(registry_names_are_unique_and_json_lists_them),
         cmocka_unit_test(shape_text_is_validated),
     };

@@ -5,13 +5,13 @@ usage: bench_convert.py WORKDIR [--size 8b|1b|tiny] [--only hf|gguf] [--json OUT
 
 hf:   a Llama-shaped bf16 checkpoint of random weights in 5 GB shards (transformers builds it,
       on the GPU when there is one); times `cat` of its shards into /dev/null (page cache warm),
-      `quantd convert --fmt nf4` (transformers + bitsandbytes), `--fmt w4a16` and `w8a16`
-      (compressed-tensors) and `--fmt awq` (AutoAWQ) on each backend, and, where bitsandbytes and a GPU are there,
+      `quantd convert --fmt nf4` (transformers + bitsandbytes), `--fmt w4a16`, `w8a16`, `nvfp4`
+      and `mxfp4` (compressed-tensors) and `--fmt awq` (AutoAWQ) on each backend, and, where bitsandbytes and a GPU are there,
       transformers' from_pretrained(BitsAndBytesConfig nf4, double quant) + save_pretrained.
 gguf: the same shapes as a BF16 GGUF (written with the gguf package); times `cat`, `quantd
       convert --fmt q4_0`, `--fmt q8_0` and `--recipe Q4_K_M`, and llama-quantize (LLAMA_CPP_BIN)
       on all cores for the same three (`--pure Q4_0`, `--pure Q8_0`, `Q4_K_M`).
---targets picks some of nf4 w4a16 w8a16 awq transformers q4_0 q8_0 Q4_K_M (default all).
+--targets picks some of nf4 w4a16 w8a16 nvfp4 mxfp4 awq transformers q4_0 q8_0 Q4_K_M (default all).
 Every figure is the median of REPEAT runs (default 3) after one warm-up (llama-quantize: none,
 the runs before it have warmed the page cache; LQ_REPEAT sets its run count), each run after a sync
 (no dirty pages left by the one before), with the process's peak RSS (quantd's own VmHWM;
@@ -108,7 +108,7 @@ def main():
     ap.add_argument("--only", choices=["hf", "gguf"])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json")
-    ap.add_argument("--targets", default="nf4,w4a16,w8a16,awq,transformers,q4_0,q8_0,Q4_K_M")
+    ap.add_argument("--targets", default="nf4,w4a16,w8a16,nvfp4,mxfp4,awq,transformers,q4_0,q8_0,Q4_K_M")
     ap.add_argument("--backends", default="cpu,cuda", help="quantd backends to time (cuda only with a GPU)")
     a = ap.parse_args()
     targets = a.targets.split(",")
@@ -128,7 +128,7 @@ def main():
         rows.append(dict(timed("hf: cat shards > /dev/null", ["sh", "-c", "cat \"$@\" > /dev/null", "cat", *shards],
                                a.repeat), bytes=size))
         out = os.path.join(a.work, "hf-out")
-        for fmt in (t for t in ("nf4", "w4a16", "w8a16", "awq") if t in targets):
+        for fmt in (t for t in ("nf4", "w4a16", "w8a16", "nvfp4", "mxfp4", "awq") if t in targets):
             for b in backends:
                 rows.append(dict(timed(f"hf: quantd convert {fmt} ({b})",
                                        [QUANTD, "convert", "--in", src, "--out", out, "--fmt", fmt, "--backend", b],

@@ -98,9 +98,25 @@ __global__ void __launch_bounds__(MX_THREADS) mx_quantize_kernel(struct mx_geom 
         uint32_t w[8];
         uint8_t scale;
         int n;
-        if (ELEM == QD_E2M1 && g.even) { /* the shared block code, exactly the CPU's */
-            if (top >= 0x7f800000u)
-                qd_note_first_nonfinite<QD_MX_BLOCK>(bad, v, b * QD_MX_BLOCK);
+        if (ELEM == QD_E2M1 && g.even && top < 0x7f800000u) {
+            /* ctfp.h's qd_ct_mx_block with the e2m1 pairs of convert.cuh: a code whose value
+             * the weight's dtype rounds to zero (or -0.0) loses its sign bit */
+            int sb = qd_ct_mx_scale(qd_bits_f32(top), DT);
+            if (sb < 0 && bad)
+                atomicMin(bad, (unsigned long long)(QD_BAD_MX_SCALE_RANGE | (b * QD_MX_BLOCK)));
+            scale = sb < 0 ? (uint8_t)255 : (uint8_t)sb;
+            float inv = sb < 0 ? 0.0f : qd_e8m0_reciprocal(scale);
+            const float zero_below = DT == QD_BF16 ? 0x1p-134f : DT == QD_F16 ? 0x1p-25f : 0.0f;
+            uint32_t pair[16];
+#pragma unroll
+            for (int k = 0; k < 16; k++) {
+                float a = v[2 * k] * inv, c = v[2 * k + 1] * inv;
+                pair[k] = qd_mx_encode2_finite<ELEM>(a, c) & (fabsf(a) <= zero_below ? 0xff00u : 0xffffu) &
+                          (fabsf(c) <= zero_below ? 0x00ffu : 0xffffu);
+            }
+            n = mx_pack_words<ELEM>(pair, g.unpacked, w);
+        } else if (ELEM == QD_E2M1 && g.even) { /* NaN/Inf (allowed): the shared block code */
+            qd_note_first_nonfinite<QD_MX_BLOCK>(bad, v, b * QD_MX_BLOCK);
             uint8_t packed[16];
             int overflow;
             scale = qd_ct_mx_block(DT, v, packed, &overflow);
@@ -393,15 +409,29 @@ __global__ void __launch_bounds__(MX_THREADS) nvfp4_ct_quantize_kernel(float gs,
         return;
     float v[QD_NVFP4_BLOCK];
     uint32_t top = qd_load_block_top<DT, QD_NVFP4_BLOCK>(x, b * QD_NVFP4_BLOCK, v);
-    if (top >= 0x7f800000u)
+    uint32_t w[2] = {0, 0};
+    uint8_t sb;
+    if (top >= 0x7f800000u) { /* NaN/Inf: noted (or allowed), the shared block code */
         qd_note_first_nonfinite<QD_NVFP4_BLOCK>(bad, v, b * QD_NVFP4_BLOCK);
-    uint8_t packed[8];
-    scales[scale_pos(b, scale_cols, swizzled)] = qd_ct_nvfp4_block(gs, DT, v, packed);
-    uint32_t w0 = 0, w1 = 0;
+        uint8_t packed[8];
+        sb = qd_ct_nvfp4_block(gs, DT, v, packed);
 #pragma unroll
-    for (int i = 0; i < 4; i++)
-        w0 |= (uint32_t)packed[i] << (8 * i), w1 |= (uint32_t)packed[4 + i] << (8 * i);
-    ((uint2 *)data)[b] = make_uint2(w0, w1);
+        for (int i = 0; i < 8; i++)
+            w[i / 4] |= (uint32_t)packed[i] << (8 * (i % 4));
+    } else { /* qd_ct_nvfp4_block with convert.cuh's e2m1 (the same codes for non-NaN values) */
+        float s = gs * qd_ct_round(qd_bits_f32(top) / 6.0f, DT);
+        sb = qd_f32_to_e4m3(qd_clamp(s, -448.0f, 448.0f));
+        if ((sb & 0x7f) == 0)
+            sb = 0x20;
+        float eff = qd_e4m3_to_f32(sb) / gs;
+#pragma unroll
+        for (int j = 0; j < QD_NVFP4_BLOCK; j++) {
+            float q = v[j] / eff;
+            w[j / 8] |= (q == 0.0f ? 0u : qd_e2m1_finite(q)) << (4 * (j % 8));
+        }
+    }
+    scales[scale_pos(b, scale_cols, swizzled)] = sb;
+    ((uint2 *)data)[b] = make_uint2(w[0], w[1]);
 }
 
 template <int DT>

@@ -1,7 +1,7 @@
 """quantd convert --fmt w4a16 / w8a16 against llm-compressor and transformers themselves (any machine with
 torch, transformers, llmcompressor and compressed-tensors; CPU is enough): a tiny random Llama
 quantized by llm-compressor's own data-free oneshot (QuantizationModifier, targets Linear,
-ignore lm_head, scheme W4A16, W4A16_ASYM or W8A16) and saved with save_compressed, against quantd's
+ignore lm_head, scheme W4A16, W4A16_ASYM, W8A16, NVFP4A16 or MXFP4A16) and saved with save_compressed, against quantd's
 directory from the same weights. Every tensor must be identical and the quantization_config
 equal; transformers loads both directories (compressed-tensors decompression) to identical
 weights and identical logits on a fixed input."""
@@ -26,7 +26,10 @@ def same(a, b):
                                                                       if b.dtype != torch.int64 else b)
 
 
-@pytest.mark.parametrize("scheme", ["W4A16", "W4A16_ASYM", "W8A16"])
+FMT = {"W4A16": "w4a16", "W4A16_ASYM": "w4a16", "W8A16": "w8a16", "NVFP4A16": "nvfp4", "MXFP4A16": "mxfp4"}
+
+
+@pytest.mark.parametrize("scheme", sorted(FMT))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_transformers_loads_quantd_like_llm_compressor(tmp_path, scheme, dtype):
     from llmcompressor import oneshot
@@ -40,7 +43,7 @@ def test_transformers_loads_quantd_like_llm_compressor(tmp_path, scheme, dtype):
     m = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
     oneshot(model=m, recipe=QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"]))
     m.save_pretrained(ref, save_compressed=True)
-    args = [QUANTD, "convert", "--in", src, "--out", ours, "--fmt", "w8a16" if scheme == "W8A16" else "w4a16"]
+    args = [QUANTD, "convert", "--in", src, "--out", ours, "--fmt", FMT[scheme]]
     if scheme.endswith("_ASYM"):
         args += ["--param", "symmetric=false"]
     subprocess.run(list(map(str, args)), check=True, capture_output=True)
@@ -61,6 +64,10 @@ def test_transformers_loads_quantd_like_llm_compressor(tmp_path, scheme, dtype):
     w = sb["model.layers.0.self_attn.q_proj.weight"]
     orig = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=dtype).state_dict()
     assert not torch.equal(w, orig["model.layers.0.self_attn.q_proj.weight"])  # really decompressed int4
+    if scheme.endswith("FP4A16") and dtype != torch.bfloat16:
+        # compressed-tensors decompresses FP4 weights to bf16 whatever the model's dtype, which
+        # leaves an f16/f32 model unrunnable as loaded: both get the same cast to run it
+        la, lb = la.to(dtype), lb.to(dtype)
     ids = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         ya, yb = la(ids).logits, lb(ids).logits

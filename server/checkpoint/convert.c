@@ -266,6 +266,11 @@ enum qd_status qd_convert_quantize(const struct qd_convert_opts *o, const void *
     return s;
 }
 
+const struct qd_format *qd_convert_format(const struct qd_format *f)
+{
+    return f && !strcmp(f->name, "int8") ? qd_format_find("w8a16") : f;
+}
+
 int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status, char *err,
                size_t errlen)
 {

@@ -65,6 +65,11 @@ struct qd_convert_summary {
  * the format (GGUF in and a GGML block format: llama.cpp's GGUF). 0, or -1 with a message;
  * *status says which kind of failure (QD_EINVAL bad input/request, QD_ENOMEM, QD_EDEVICE,
  * QD_ECANCELED ...). */
+/* The format a conversion writes for a format name's entry: f itself, but int8, which as a
+ * checkpoint layout names llm-compressor's W8A16 (the w8a16 format, what its preset writes);
+ * NULL stays NULL. */
+const struct qd_format *qd_convert_format(const struct qd_format *f);
+
 int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status, char *err,
                size_t errlen);
 

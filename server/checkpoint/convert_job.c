@@ -133,7 +133,7 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
         r->recipe = strdup(mix->name);
         fmt = mix->fmt;
     }
-    r->f = q->f ? q->f : fmt ? qd_format_find(fmt) : NULL;
+    r->f = qd_convert_format(q->f ? q->f : fmt ? qd_format_find(fmt) : NULL);
     if (!r->f) {
         qd_reply_error(err, 400, "unknown_format", "fmt %s%.64s%s (GET /formats lists them)", fmt ? "'" : "is missing",
                        fmt ? fmt : "", fmt ? "' is unknown" : "");

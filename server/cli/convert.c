@@ -122,7 +122,7 @@ int qd_cli_convert(int argc, char **argv)
         o.recipe = recipe;
         fmt = r->fmt;
     }
-    if (!(o.f = qd_format_find(fmt))) {
+    if (!(o.f = qd_convert_format(qd_format_find(fmt)))) {
         fprintf(stderr, "quantd convert: unknown format '%s' (quantd formats lists them)\n", fmt);
         return 2;
     }

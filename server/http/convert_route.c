@@ -67,7 +67,7 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
     r->spooled = 1;
     for (int i = 0; i < n; i++) {
         const char *v = kv[i].value ? kv[i].value : "";
-        if (!strcmp(kv[i].key, "fmt") && !(r->f = qd_format_find(v))) {
+        if (!strcmp(kv[i].key, "fmt") && !(r->f = qd_convert_format(qd_format_find(v)))) {
             qd_reply_error(err, 400, "unknown_format", "unknown format '%.64s' (GET /formats lists them)", v);
             goto bad;
         }

@@ -58,3 +58,13 @@ def test_a_changed_weight_changes_the_bytes(tmp_path):
     ours = load_safetensors_dir(tmp_path / "q")
     scale = "model.layers.0.self_attn.q_proj.weight_scale"
     assert hashlib.sha256(ours[scale].tobytes()).hexdigest() != fx["tensors"][scale]["sha256"]
+
+
+def test_int8_names_the_w8a16_layout(tmp_path):
+    """--fmt int8, as a checkpoint layout, is llm-compressor's W8A16 (what its preset writes)."""
+    fx = FIX["w8a16_f16"]
+    src = tmp_path / "hf"
+    subprocess.run([sys.executable, TINY, str(src), *fx["tiny_hf"]], check=True)
+    run_quantd("convert", "--in", src, "--out", tmp_path / "q", "--fmt", "int8")
+    assert_tensors_as_recorded(load_safetensors_dir(tmp_path / "q"), fx["tensors"])
+    assert json.load(open(tmp_path / "q" / "config.json"))["quantization_config"] == fx["quantization_config"]

@@ -270,7 +270,7 @@ static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const s
             const char *suffix = !strcmp(comps[k].name, "data") ? "" : comps[k].name;
             char sfx[64];
             snprintf(sfx, sizeof sfx, "%s%s", *suffix ? "." : "", suffix);
-            struct out_tensor c = {.name = ct ? module_name(t->name, ct_component(comps[k].name)) : concat(t->name, "", sfx),
+            struct out_tensor c = {.name = ct ? module_name(t->name, ct_float(o) ? ct_component(comps[k].name) : comps[k].name) : concat(t->name, "", sfx),
                                    .dtype = dtype_to_st(comps[k].dtype),
                                    .ndim = ct_float(o) ? comps[k].ndim : ct || k == 0 ? 2 : 1,
                                    .shape = {comps[k].shape[0], ct ? comps[k].shape[1] : 1},

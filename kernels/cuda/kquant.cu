@@ -123,34 +123,57 @@ __global__ void __launch_bounds__(KQ_THREADS) kquant_quantize_kernel(const void 
     cta_copy(out + first * K::BYTES, staged, nvalid * K::BYTES);
 }
 
+/* 8 bytes from p, which is aligned to A (8, 4 or 2: what the type's block size allows), in as
+ * few loads as that allows: one 64-bit word, low byte first. */
+template <int A> __device__ __forceinline__ uint64_t kq_load8(const uint8_t *p)
+{
+    if (A == 8)
+        return *(const uint64_t *)p;
+    if (A == 4)
+        return ((const uint32_t *)p)[0] | (uint64_t)((const uint32_t *)p)[1] << 32;
+    const uint16_t *h = (const uint16_t *)p;
+    return h[0] | (uint64_t)h[1] << 16 | (uint64_t)h[2] << 32 | (uint64_t)h[3] << 48;
+}
+
+/* (float)c for |c| < 2^22 without the int-to-float unit (a quarter of the FP32 rate): c added
+ * to the mantissa of 1.5 * 2^23, then that taken away; both steps exact. */
+__device__ __forceinline__ float kq_i2f(int c) { return __int_as_float(0x4B400000 + c) - 12582912.0f; }
+
+/* Alignment of every super-block (and so of the 8-byte groups read) of a type. */
+template <int TYPE> struct kq_align {
+    enum { A = (kq<TYPE>::BYTES % 8 == 0) ? 8 : (kq<TYPE>::BYTES % 4 == 0) ? 4 : 2 };
+};
+
 /* Elements i0..i0+7 (i0 a multiple of 8: one sub-block, one scale) of a super-block, as
  * dequantize_row_<type> computes them: the same products in the same order. */
 template <int TYPE> __device__ __forceinline__ void kq_eight(const uint8_t *blk, int i0, float *v)
 {
+    constexpr int A = kq_align<TYPE>::A;
     const int n = i0 / 128, r = i0 % 128, j = r / 32, half = (r % 32) / 16, l0 = r % 16;
     if (TYPE == QD_Q4_K || TYPE == QD_Q5_K) {
         const int c = i0 / 64, hi = (i0 % 64) >= 32, l = i0 % 32, is = 2 * c + hi;
         uint8_t s, m;
         qd_kq_scale_min(is, blk + 4, &s, &m);
         const float d1 = qd_get_f16(blk) * (float)s, m1 = qd_get_f16(blk + 2) * (float)m;
-        const uint8_t *q = blk + (TYPE == QD_Q5_K ? 48 : 16) + 32 * c + l;
+        const uint64_t q = kq_load8<A>(blk + (TYPE == QD_Q5_K ? 48 : 16) + 32 * c + l);
+        const uint64_t qh = TYPE == QD_Q5_K ? kq_load8<A>(blk + 16 + l) : 0;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            int code = hi ? q[k] >> 4 : q[k] & 0xF;
-            if (TYPE == QD_Q5_K && (blk[16 + l + k] >> is & 1))
-                code += 16;
-            v[k] = d1 * (float)code - m1;
+            int code = (int)(q >> (8 * k + 4 * hi)) & 0xF;
+            if (TYPE == QD_Q5_K)
+                code += (int)(qh >> (8 * k + is) & 1) << 4;
+            v[k] = d1 * kq_i2f(code) - m1;
         }
         return;
     }
     if (TYPE == QD_Q6_K) {
         const int l = r % 32, is = l / 16;
-        const uint8_t *ql = blk + 64 * n + (j & 1) * 32 + l, *qh = blk + 128 + 32 * n + l;
+        const uint64_t ql = kq_load8<A>(blk + 64 * n + (j & 1) * 32 + l), qh = kq_load8<A>(blk + 128 + 32 * n + l);
         const float ds = qd_get_f16(blk + 208) * (float)((const int8_t *)blk)[192 + 8 * n + is + 2 * j];
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            const int q = ((j & 2 ? ql[k] >> 4 : ql[k] & 0xF) | (((qh[k] >> (2 * j)) & 3) << 4)) - 32;
-            v[k] = ds * (float)q;
+            const int q = (((int)(ql >> (8 * k + (j & 2 ? 4 : 0))) & 0xF) | (((int)(qh >> (8 * k + 2 * j)) & 3) << 4)) - 32;
+            v[k] = ds * kq_i2f(q);
         }
         return;
     }
@@ -160,18 +183,19 @@ template <int TYPE> __device__ __forceinline__ void kq_eight(const uint8_t *blk,
         const int lo = is < 8 ? s[is] & 0xF : s[is - 8] >> 4;
         const int hs = (s[8 + is % 4] >> (2 * (is / 4))) & 3;
         const float dl = qd_get_f16(blk + 108) * (float)(int8_t)((lo | hs << 4) - 32);
-        const uint8_t *q = blk + 32 + 32 * n + lq, *hm = blk + lq, m = (uint8_t)(1 << (4 * n + j));
+        const uint64_t q = kq_load8<A>(blk + 32 + 32 * n + lq), hm = kq_load8<A>(blk + lq);
+        const int m = 4 * n + j;
 #pragma unroll
         for (int k = 0; k < 8; k++)
-            v[k] = dl * (float)((int8_t)((q[k] >> (2 * j)) & 3) - ((hm[k] & m) ? 0 : 4));
+            v[k] = dl * kq_i2f(((int)(q >> (8 * k + 2 * j)) & 3) - ((hm >> (8 * k + m) & 1) ? 0 : 4));
         return;
     }
     const uint8_t sc = blk[is];
     const float dl = qd_get_f16(blk + 80) * (float)(sc & 0xF), ml = qd_get_f16(blk + 82) * (float)(sc >> 4);
-    const uint8_t *q = blk + 16 + 32 * n + lq;
+    const uint64_t q = kq_load8<A>(blk + 16 + 32 * n + lq);
 #pragma unroll
     for (int k = 0; k < 8; k++)
-        v[k] = dl * (float)((q[k] >> (2 * j)) & 3) - ml;
+        v[k] = dl * kq_i2f((int)(q >> (8 * k + 2 * j)) & 3) - ml;
 }
 
 /* Each thread: 8 consecutive elements of one super-block, stored with one 16-byte (bf16/f16)

@@ -135,9 +135,20 @@ template <int A> __device__ __forceinline__ uint64_t kq_load8(const uint8_t *p)
     return h[0] | (uint64_t)h[1] << 16 | (uint64_t)h[2] << 32 | (uint64_t)h[3] << 48;
 }
 
-/* (float)c for |c| < 2^22 without the int-to-float unit (a quarter of the FP32 rate): c added
- * to the mantissa of 1.5 * 2^23, then that taken away; both steps exact. */
-__device__ __forceinline__ float kq_i2f(int c) { return __int_as_float(0x4B400000 + c) - 12582912.0f; }
+/* The 8 byte-sized codes of a word (low byte first) as floats less `bias`, without the
+ * int-to-float unit (a quarter of the FP32 rate): each byte put into the mantissa of 1.5 * 2^23
+ * by one byte permute, then 1.5 * 2^23 + bias taken away (exact).
+ * The codes are made four at a time in 32-bit lanes (SWAR) by the callers. */
+__device__ __forceinline__ void kq_bytes_f(uint64_t codes, int bias, float *v)
+{
+    const float off = 12582912.0f + (float)bias;
+    const uint32_t lo = (uint32_t)codes, hi = (uint32_t)(codes >> 32);
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        v[k] = __int_as_float(__byte_perm(k < 4 ? lo : hi, 0x4B400000u, 0x7640u | (k % 4))) - off;
+}
+
+#define KQ_BYTES(b) (0x0101010101010101ull * (b))
 
 /* Alignment of every super-block (and so of the 8-byte groups read) of a type. */
 template <int TYPE> struct kq_align {
@@ -155,26 +166,23 @@ template <int TYPE> __device__ __forceinline__ void kq_eight(const uint8_t *blk,
         uint8_t s, m;
         qd_kq_scale_min(is, blk + 4, &s, &m);
         const float d1 = qd_get_f16(blk) * (float)s, m1 = qd_get_f16(blk + 2) * (float)m;
-        const uint64_t q = kq_load8<A>(blk + (TYPE == QD_Q5_K ? 48 : 16) + 32 * c + l);
-        const uint64_t qh = TYPE == QD_Q5_K ? kq_load8<A>(blk + 16 + l) : 0;
+        uint64_t code = kq_load8<A>(blk + (TYPE == QD_Q5_K ? 48 : 16) + 32 * c + l) >> (4 * hi) & KQ_BYTES(0xF);
+        if (TYPE == QD_Q5_K)
+            code |= (kq_load8<A>(blk + 16 + l) >> is & KQ_BYTES(1)) << 4;
+        kq_bytes_f(code, 0, v);
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            int code = (int)(q >> (8 * k + 4 * hi)) & 0xF;
-            if (TYPE == QD_Q5_K)
-                code += (int)(qh >> (8 * k + is) & 1) << 4;
-            v[k] = d1 * kq_i2f(code) - m1;
-        }
+        for (int k = 0; k < 8; k++)
+            v[k] = d1 * v[k] - m1;
         return;
     }
     if (TYPE == QD_Q6_K) {
         const int l = r % 32, is = l / 16;
         const uint64_t ql = kq_load8<A>(blk + 64 * n + (j & 1) * 32 + l), qh = kq_load8<A>(blk + 128 + 32 * n + l);
         const float ds = qd_get_f16(blk + 208) * (float)((const int8_t *)blk)[192 + 8 * n + is + 2 * j];
+        kq_bytes_f((ql >> (j & 2 ? 4 : 0) & KQ_BYTES(0xF)) | (qh >> (2 * j) & KQ_BYTES(3)) << 4, 32, v);
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const int q = (((int)(ql >> (8 * k + (j & 2 ? 4 : 0))) & 0xF) | (((int)(qh >> (8 * k + 2 * j)) & 3) << 4)) - 32;
-            v[k] = ds * kq_i2f(q);
-        }
+        for (int k = 0; k < 8; k++)
+            v[k] = ds * v[k];
         return;
     }
     const int is = 8 * n + 2 * j + half, lq = l0 + 16 * half;
@@ -183,19 +191,20 @@ template <int TYPE> __device__ __forceinline__ void kq_eight(const uint8_t *blk,
         const int lo = is < 8 ? s[is] & 0xF : s[is - 8] >> 4;
         const int hs = (s[8 + is % 4] >> (2 * (is / 4))) & 3;
         const float dl = qd_get_f16(blk + 108) * (float)(int8_t)((lo | hs << 4) - 32);
-        const uint64_t q = kq_load8<A>(blk + 32 + 32 * n + lq), hm = kq_load8<A>(blk + lq);
-        const int m = 4 * n + j;
+        /* code - (high bit clear ? 4 : 0) = (code | high bit << 2) - 4 */
+        const uint64_t q = kq_load8<A>(blk + 32 + 32 * n + lq) >> (2 * j) & KQ_BYTES(3);
+        kq_bytes_f(q | (kq_load8<A>(blk + lq) >> (4 * n + j) & KQ_BYTES(1)) << 2, 4, v);
 #pragma unroll
         for (int k = 0; k < 8; k++)
-            v[k] = dl * kq_i2f(((int)(q >> (8 * k + 2 * j)) & 3) - ((hm >> (8 * k + m) & 1) ? 0 : 4));
+            v[k] = dl * v[k];
         return;
     }
     const uint8_t sc = blk[is];
     const float dl = qd_get_f16(blk + 80) * (float)(sc & 0xF), ml = qd_get_f16(blk + 82) * (float)(sc >> 4);
-    const uint64_t q = kq_load8<A>(blk + 16 + 32 * n + lq);
+    kq_bytes_f(kq_load8<A>(blk + 16 + 32 * n + lq) >> (2 * j) & KQ_BYTES(3), 0, v);
 #pragma unroll
     for (int k = 0; k < 8; k++)
-        v[k] = dl * kq_i2f((int)(q >> (8 * k + 2 * j)) & 3) - ml;
+        v[k] = dl * v[k] - ml;
 }
 
 /* Each thread: 8 consecutive elements of one super-block, stored with one 16-byte (bf16/f16)

@@ -129,7 +129,8 @@ template <int A> __device__ __forceinline__ uint64_t kq_load8(const uint8_t *p)
 {
     if (A == 8)
         return *(const uint64_t *)p;
-    if (A == 4)
+    /* a warp reads one super-block: the branch on its alignment is the same in every lane */
+    if (A == 4 || ((uintptr_t)p & 3) == 0)
         return ((const uint32_t *)p)[0] | (uint64_t)((const uint32_t *)p)[1] << 32;
     const uint16_t *h = (const uint16_t *)p;
     return h[0] | (uint64_t)h[1] << 16 | (uint64_t)h[2] << 32 | (uint64_t)h[3] << 48;
@@ -188,7 +189,7 @@ template <int TYPE> __device__ __forceinline__ void kq_eight(const uint8_t *blk,
     const int is = 8 * n + 2 * j + half, lq = l0 + 16 * half;
     if (TYPE == QD_Q3_K) {
         const uint8_t *s = blk + 96;
-        const int lo = is < 8 ? s[is] & 0xF : s[is - 8] >> 4;
+        const int lo = s[is & 7] >> (4 * (is >> 3)) & 0xF; /* low nibbles, then high: no branch */
         const int hs = (s[8 + is % 4] >> (2 * (is / 4))) & 3;
         const float dl = qd_get_f16(blk + 108) * (float)(int8_t)((lo | hs << 4) - 32);
         /* code - (high bit clear ? 4 : 0) = (code | high bit << 2) - 4 */

@@ -265,7 +265,8 @@ test-faults: check-cuda bin/quantd-faults $(BUILD)/tests/gpu/test_faults
 	QUANTD=$(abspath bin/quantd-faults) $(BUILD)/tests/gpu/test_faults
 
 bench-gpu: check-cuda bin/quantd $(BUILD)/bench/bench_gpu $(BUILD)/bench/bench_service
-	$(BUILD)/bench/bench_gpu
+	BENCH_JSON=$(BUILD)/bench-gpu.json $(BUILD)/bench/bench_gpu
+	python3 bench/plot_gpu.py $(BUILD)/bench-gpu.svg $(BUILD)/bench-gpu.json
 	@if $(PYTHON) -c "import bitsandbytes" 2>/dev/null; then $(PYTHON) bench/bench_bnb.py; \
 	  else echo "(bitsandbytes is not installed here: no side-by-side table)"; fi
 	python3 bench/loopback.py $(or $(BENCH_CLIENTS),16)

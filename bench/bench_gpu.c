@@ -72,6 +72,10 @@ int main(int argc, char **argv)
     free(h);
 
     printf("# %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    /* BENCH_JSON=FILE: the same figures as JSON, for bench/plot_gpu.py */
+    FILE *js = getenv("BENCH_JSON") ? fopen(getenv("BENCH_JSON"), "w") : NULL;
+    if (js)
+        fprintf(js, "{\"device\": \"%s\", \"sms\": %d, \"copy_gbs\": {", prop.name, prop.multiProcessorCount);
     float ms;
     double copy_gbs[3];
     for (int s = 0; s < 3; s++) {
@@ -82,7 +86,12 @@ int main(int argc, char **argv)
         copy_gbs[s] = 2.0 * bytes / (ms * 1e6);
         printf("# device-to-device copy %lldx%lld bf16: %.3f ms, %.0f GB/s (read + write)\n",
                (long long)sides[s], (long long)sides[s], ms, copy_gbs[s]);
+        if (js)
+            fprintf(js, "%s\"%lld\": %.1f", s && !only_side ? ", " : "", (long long)sides[s], copy_gbs[s]);
     }
+    if (js)
+        fprintf(js, "}, \"rows\": [");
+    int nrows = 0;
     size_t pb = (size_t)64 << 20;
     TIME_MS(ms, cudaMemcpyAsync(d_in, h_pinned, pb, cudaMemcpyHostToDevice, stream));
     double h2d = pb / (ms * 1e6);
@@ -159,7 +168,17 @@ int main(int argc, char **argv)
                    variants[v].label, (long long)sides[s], (long long)sides[s], q_ms, qgbs,
                    100 * qgbs / copy_gbs[s], d_ms, dgbs, 100 * dgbs / copy_gbs[s]);
             fflush(stdout);
+            if (js)
+                fprintf(js, "%s\n {\"fmt\": \"%s\", \"params\": \"%s\", \"side\": %lld, \"quantize_ms\": %.4f, "
+                        "\"quantize_gbs\": %.1f, \"quantize_pct\": %.1f, \"dequantize_ms\": %.4f, "
+                        "\"dequantize_gbs\": %.1f, \"dequantize_pct\": %.1f}",
+                        nrows++ ? "," : "", f->name, variants[v].label, (long long)sides[s], q_ms, qgbs,
+                        100 * qgbs / copy_gbs[s], d_ms, dgbs, 100 * dgbs / copy_gbs[s]);
         }
+    }
+    if (js) {
+        fprintf(js, "\n]}\n");
+        fclose(js);
     }
     return 0;
 }

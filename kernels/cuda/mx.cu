@@ -369,7 +369,8 @@ __global__ void __launch_bounds__(256) nvfp4_quantize_tile_kernel(nvfp4_consts k
     }
 }
 
-template <int DT>
+/* CT: flow=compressed_tensors, whose decompressor multiplies by scale / gs (pts holds gs) */
+template <int DT, bool CT>
 __global__ void __launch_bounds__(MX_THREADS) nvfp4_dequantize_kernel(float pts, int swizzled, int64_t scale_cols,
                                                                       const uint8_t *data, const uint8_t *scales,
                                                                       int64_t nblocks, void *y)
@@ -381,7 +382,11 @@ __global__ void __launch_bounds__(MX_THREADS) nvfp4_dequantize_kernel(float pts,
     __syncthreads();
     int64_t first = blockIdx.x * (int64_t)MX_THREADS, b = first + threadIdx.x;
     int nvalid = nblocks - first < MX_THREADS ? (int)(nblocks - first) : MX_THREADS;
-    if (b < nblocks) { /* qd_nvfp4_dequantize_block, the same operations */
+    if (b < nblocks && CT) {
+        float v[QD_NVFP4_BLOCK];
+        qd_ct_nvfp4_dequantize_block(pts, scales[scale_pos(b, scale_cols, swizzled)], data + b * 8, v);
+        tile_put<DT, QD_NVFP4_BLOCK>(tile, v);
+    } else if (b < nblocks) { /* qd_nvfp4_dequantize_block, the same operations */
         uint2 w = ((const uint2 *)data)[b];
         float s = qd_e4m3_to_f32(scales[scale_pos(b, scale_cols, swizzled)]);
         float v[QD_NVFP4_BLOCK];
@@ -432,24 +437,6 @@ __global__ void __launch_bounds__(MX_THREADS) nvfp4_ct_quantize_kernel(float gs,
     }
     scales[scale_pos(b, scale_cols, swizzled)] = sb;
     ((uint2 *)data)[b] = make_uint2(w[0], w[1]);
-}
-
-template <int DT>
-__global__ void __launch_bounds__(MX_THREADS) nvfp4_ct_dequantize_kernel(float gs, int swizzled, int64_t scale_cols,
-                                                                         const uint8_t *data, const uint8_t *scales,
-                                                                         int64_t nblocks, void *y)
-{
-    __shared__ uint4 tile[MX_THREADS * qd_tile<DT, QD_NVFP4_BLOCK>::CH];
-    int64_t first = blockIdx.x * (int64_t)MX_THREADS, b = first + threadIdx.x;
-    int nvalid = nblocks - first < MX_THREADS ? (int)(nblocks - first) : MX_THREADS;
-    if (b < nblocks) {
-        float v[QD_NVFP4_BLOCK];
-        qd_ct_nvfp4_dequantize_block(gs, scales[scale_pos(b, scale_cols, swizzled)], data + b * 8, v);
-        tile_put<DT, QD_NVFP4_BLOCK>(tile, v);
-    }
-    __syncthreads();
-    tile_store<DT, QD_NVFP4_BLOCK>(tile, (uint8_t *)y + first * QD_NVFP4_BLOCK * qd_tile<DT, QD_NVFP4_BLOCK>::esize,
-                                   nvalid);
 }
 
 /* The global scale a stored component holds, read back (dequantizing without the parameter). */
@@ -555,7 +542,7 @@ extern "C" enum qd_status qd_cuda_nvfp4_dequantize(const struct qd_format *f, co
         if (!p->has_global_scale && (s = stored_global_scale(in[2], &gs)) != QD_OK)
             return s;
         QD_DTYPE_SWITCH(out->dtype, DT,
-                        nvfp4_ct_dequantize_kernel<DT><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
+                        nvfp4_dequantize_kernel<DT, true><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
                             gs, swizzled, scale_cols, (const uint8_t *)in[0], (const uint8_t *)in[1], nblocks,
                             out->data));
         CUDA_LAUNCHED();
@@ -571,7 +558,7 @@ extern "C" enum qd_status qd_cuda_nvfp4_dequantize(const struct qd_format *f, co
         }
     }
     QD_DTYPE_SWITCH(out->dtype, DT,
-                    nvfp4_dequantize_kernel<DT><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
+                    nvfp4_dequantize_kernel<DT, false><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
                         pts, swizzled, scale_cols, (const uint8_t *)in[0], (const uint8_t *)in[1], nblocks,
                         out->data));
     CUDA_LAUNCHED();

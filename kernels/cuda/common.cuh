@@ -367,8 +367,12 @@ __device__ __forceinline__ void qd_grid_release(void)
  * holding NaN/Inf takes qd_cuda_range, which notes the first into flag when given. */
 enum qd_status qd_cuda_amax(const struct qd_tensor *in, unsigned long long *flag, float *amax);
 
-/* amax, min, max of the whole tensor into host floats (one kernel, one sync); also notes the
- * first non-finite element into flag when given. */
+/* amax, min, max of the whole tensor into the device scratch's range (one kernel, no sync: what
+ * comes next in the stream reads them there); also notes the first non-finite element into flag
+ * when given, and ignores NaN. */
+enum qd_status qd_cuda_range_async(const struct qd_tensor *in, unsigned long long *flag);
+
+/* amax, min, max of the whole tensor into host floats (qd_cuda_range_async, then one sync). */
 enum qd_status qd_cuda_range(const struct qd_tensor *in, unsigned long long *flag, float *amax,
                              float *min, float *max);
 

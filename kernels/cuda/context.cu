@@ -228,11 +228,10 @@ enum qd_status qd_cuda_amax(const struct qd_tensor *in, unsigned long long *flag
     return QD_OK;
 }
 
-enum qd_status qd_cuda_range(const struct qd_tensor *in, unsigned long long *flag, float *amax,
-                             float *min, float *max)
+enum qd_status qd_cuda_range_async(const struct qd_tensor *in, unsigned long long *flag)
 {
     int64_t n = qd_tensor_numel(in);
-    struct qd_scratch *d = qd_scratch_dev(), *h = qd_scratch_host();
+    struct qd_scratch *d = qd_scratch_dev();
     CUDA_CHECK(cudaMemsetAsync(&d->blocks_done, 0, sizeof d->blocks_done, qd_stream())); /* the ticket */
     int sms = qd_cuda_sm_count();
     unsigned grid = qd_grid(n, 256);
@@ -240,6 +239,16 @@ enum qd_status qd_cuda_range(const struct qd_tensor *in, unsigned long long *fla
     grid = grid < cap ? grid : cap;
     QD_DTYPE_SWITCH(in->dtype, DT, range_kernel<DT><<<grid, 256, 0, qd_stream()>>>(in->data, n, d, flag));
     CUDA_LAUNCHED();
+    return QD_OK;
+}
+
+enum qd_status qd_cuda_range(const struct qd_tensor *in, unsigned long long *flag, float *amax,
+                             float *min, float *max)
+{
+    struct qd_scratch *d = qd_scratch_dev(), *h = qd_scratch_host();
+    enum qd_status s = qd_cuda_range_async(in, flag);
+    if (s != QD_OK)
+        return s;
     CUDA_CHECK(cudaMemcpyAsync(h->range, d->range, sizeof h->range, cudaMemcpyDeviceToHost, qd_stream()));
     CUDA_CHECK(cudaStreamSynchronize(qd_stream()));
     *amax = h->range[0];

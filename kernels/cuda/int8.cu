@@ -215,6 +215,16 @@ __global__ void int8_dequantize_kernel(int asym, int per_row, int64_t cols, cons
     }
 }
 
+/* The per-tensor scale (and zero point) from the range the device computed, exactly as the CPU
+ * computes them (the same IEEE operations in f32). */
+__global__ void int8_scale_kernel(int asym, const struct qd_scratch *s, float *scale, uint8_t *zp)
+{
+    float sc = asym ? qd_uint8_scale(s->range[1], s->range[2]) : qd_int8_scale(s->range[0]);
+    *scale = sc;
+    if (asym)
+        *zp = qd_uint8_zero_point(s->range[1], sc);
+}
+
 extern "C" enum qd_status qd_cuda_int8_quantize(const struct qd_format *f, const struct qd_tensor *in,
                                                 struct qd_params *p, void *const *out)
 {
@@ -249,22 +259,17 @@ extern "C" enum qd_status qd_cuda_int8_quantize(const struct qd_format *f, const
         CUDA_LAUNCHED();
         return qd_cuda_bad_end(bad);
     }
-    float amax = 0.0f, lo = 0.0f, hi = 0.0f; /* int8 needs only the amax */
-    if ((s = asym ? qd_cuda_range(in, bad, &amax, &lo, &hi) : qd_cuda_amax(in, bad, &amax)) != QD_OK ||
-        (s = qd_cuda_bad_end(bad)) != QD_OK)
+    /* the range, then the scale (and zero point) from it on the device, then the codes: three
+     * kernels in stream order and no host round trip (a small tensor's time was mostly that) */
+    if ((s = qd_cuda_range_async(in, bad)) != QD_OK)
         return s;
-    /* the scale and zero point, computed on the host exactly as the CPU does, staged pinned */
-    struct qd_scratch *h = qd_scratch_host();
-    h->partial[0] = asym ? qd_uint8_scale(lo, hi) : qd_int8_scale(amax);
-    ((uint8_t *)&h->partial[1])[0] = asym ? qd_uint8_zero_point(lo, h->partial[0]) : 0;
-    CUDA_CHECK(cudaMemcpyAsync(out[1], &h->partial[0], sizeof(float), cudaMemcpyHostToDevice, qd_stream()));
-    if (asym)
-        CUDA_CHECK(cudaMemcpyAsync(zp, &h->partial[1], 1, cudaMemcpyHostToDevice, qd_stream()));
+    int8_scale_kernel<<<1, 1, 0, qd_stream()>>>(asym, qd_scratch_dev(), (float *)out[1], zp);
+    CUDA_LAUNCHED();
     QD_DTYPE_SWITCH(in->dtype, DT,
                     int8_codes_kernel<DT><<<qd_grid((n + 7) / 8, 256), 256, 0, qd_stream()>>>(
                         asym, in->data, n, (const float *)out[1], zp, (uint8_t *)out[0]));
     CUDA_LAUNCHED();
-    return QD_OK;
+    return qd_cuda_bad_end(bad);
 }
 
 extern "C" enum qd_status qd_cuda_int8_dequantize(const struct qd_format *f, const void *const *in,

@@ -30,12 +30,14 @@ static inline cudaStream_t qd_stream(void) { return (cudaStream_t)qd_cuda_ctx_ge
 struct qd_scratch {
     unsigned long long bad;       /* first non-finite index, ~0 when none */
     float offset;                 /* bnb4's double-quant offset, computed on the device */
-    float reserved;               /* (bad and offset come back to the host in one copy) */
+    float scale;                  /* nvfp4's per-tensor scale computed on the device (bad, offset and
+                                     it come back to the host in one copy) */
     float range[3];               /* amax, min, max of the whole tensor */
     unsigned int blocks_done;     /* grid-wide reduction ticket */
     float partial[3 * 1024];      /* per-CTA partial ranges */
     unsigned long long bins[256]; /* exact-sum bins of the bnb double-quant offset (bnb4.h) */
     unsigned int amax_bits;       /* qd_cuda_amax's result */
+    float consts[8];              /* per-call constants a kernel computed for the next (nvfp4) */
 };
 
 static inline struct qd_scratch *qd_scratch_dev(void) { return (struct qd_scratch *)qd_cuda_ctx_get()->scratch; }

@@ -57,6 +57,7 @@ enum qd_status qd_cuda_bad_begin(int check, unsigned long long **flag)
     c->bad_index = -1;
     c->pending_bad = 0; /* a call that failed midway leaves nothing for the next one */
     c->pending_offset = 0;
+    c->pending_scale = 0;
     if (!check)
         return QD_OK;
     struct qd_scratch *d = qd_scratch_dev();
@@ -73,13 +74,14 @@ __global__ void publish_kernel(const struct qd_scratch *d, struct qd_scratch *h)
     qd_grid_wait();
     h->bad = *(volatile const unsigned long long *)&d->bad;
     h->offset = *(volatile const float *)&d->offset;
+    h->scale = *(volatile const float *)&d->scale;
     __threadfence_system();
 }
 
 enum qd_status qd_cuda_bad_end(unsigned long long *flag)
 {
     struct qd_cuda_ctx *c = qd_cuda_ctx_get();
-    if (!flag && !c->pending_offset)
+    if (!flag && !c->pending_offset && !c->pending_scale)
         return QD_OK;
     struct qd_scratch *h = qd_scratch_host(), *d = qd_scratch_dev();
     if (c->host_scratch_dev) /* read by qd_cuda_finish once the stream has run */
@@ -94,7 +96,7 @@ enum qd_status qd_cuda_bad_end(unsigned long long *flag)
 enum qd_status qd_cuda_finish(struct qd_params *p)
 {
     struct qd_cuda_ctx *c = qd_cuda_ctx_get();
-    if (!c->pending_bad && !c->pending_offset)
+    if (!c->pending_bad && !c->pending_offset && !c->pending_scale)
         return QD_OK;
     CUDA_CHECK(cudaStreamSynchronize(qd_stream()));
     struct qd_scratch *h = qd_scratch_host();
@@ -103,8 +105,17 @@ enum qd_status qd_cuda_finish(struct qd_params *p)
         p->offset = h->offset;
         p->has_offset = 1;
     }
+    if (c->pending_scale == 1) { /* torchao: the decode scale and its encode reciprocal */
+        p->per_tensor_scale = h->scale;
+        p->global_scale = 1.0f / h->scale;
+        p->has_per_tensor_scale = p->has_global_scale = 1;
+    } else if (c->pending_scale == 2) {
+        p->global_scale = h->scale;
+        p->has_global_scale = 1;
+    }
     c->pending_bad = 0;
     c->pending_offset = 0;
+    c->pending_scale = 0;
     if (bad) {
         c->bad_index = (int64_t)h->bad;
         return QD_ENONFINITE;

@@ -25,6 +25,8 @@ struct qd_cuda_ctx {
     /* what qd_cuda_finish settles for the last quantize (private to context.cu and the kernels) */
     int pending_bad;                   /* the non-finite flag is on its way to host scratch */
     int pending_offset;                /* the nf4/fp4 offset is on its way to host scratch */
+    int pending_scale;                 /* nvfp4's per-tensor scale is (1: torchao's decode scale,
+                                          2: compressed-tensors' global scale) */
     int bins_dirty;                    /* the offset bins may hold a sum (clean: the offset kernel
                                         * zeroes them as it reads them) */
 };

@@ -264,9 +264,6 @@ extern "C" enum qd_status qd_cuda_mx_dequantize(const struct qd_format *f, const
 
 /* ---- NVFP4 ---------------------------------------------------------------------------------- */
 
-/* torchao per_tensor_amax_to_scale: amax / (F8E4M3_MAX * F4_E2M1_MAX), as on the CPU */
-#define NVFP4_SCALE_DIVISOR 2688.0f
-
 /* What every block of a call shares. The scale byte is cvt(clamp((amax / 6) / pts)) with two
  * IEEE divisions; amax * c with c = 1 / (6 pts) is within 4 ulp of that quotient, so the
  * codes of amax * lo and amax * hi (c widened by 2^-21 each way) agree exactly when no rounding
@@ -277,6 +274,46 @@ struct nvfp4_consts {
     float pts, inv_pts, lo, hi;
     int fast; /* lo and hi are normal floats */
 };
+static_assert(sizeof(nvfp4_consts) <= sizeof(((struct qd_scratch *)0)->consts), "scratch holds the constants");
+
+/* The constants of a per-tensor scale, on the host (a given scale) or on the device (one
+ * computed there): the same IEEE operations either way. */
+__host__ __device__ inline nvfp4_consts nvfp4_make_consts(int two_level, float pts)
+{
+    nvfp4_consts k;
+    k.pts = two_level ? pts : 0.0f;
+    k.inv_pts = two_level ? 1.0f / pts : 0.0f;
+    double c = 1.0 / (6.0 * (k.pts > 0.0f ? (double)k.pts : 1.0)); /* 6 pts is exact in double */
+    k.lo = (float)(c * (1.0 - 0x1p-21));
+    k.hi = (float)(c * (1.0 + 0x1p-21));
+    uint32_t el = qd_f32_bits(k.lo) >> 23 & 0xff, eh = qd_f32_bits(k.hi) >> 23 & 0xff;
+    k.fast = el != 0 && el != 0xff && eh != 0 && eh != 0xff; /* both normal */
+    return k;
+}
+
+/* torchao per_tensor_amax_to_scale: amax / (F8E4M3_MAX * F4_E2M1_MAX), as on the CPU */
+#define NVFP4_SCALE_DIVISOR 2688.0f
+
+/* The per-tensor scale from the range the device computed, without a host round trip: torchao's
+ * decode scale and the kernels' constants (ct 0), or compressed-tensors' global scale (ct 1);
+ * the global_scale component written, the scale left where qd_cuda_finish reads it. */
+__global__ void nvfp4_scale_kernel(int ct, int dt, struct qd_scratch *s, float *global_scale)
+{
+    float amax = s->range[0];
+    if (ct) {
+        float g = qd_ct_nvfp4_global_scale(amax, dt);
+        s->scale = g;
+        s->consts[0] = g;
+        *global_scale = g;
+        return;
+    }
+    /* an all-zero tensor would give torchao 0/0 = NaN scales; 1 encodes it as zeros */
+    float pts = amax > 0.0f ? amax / NVFP4_SCALE_DIVISOR : 1.0f;
+    s->scale = pts;
+    *global_scale = 1.0f / pts;
+    nvfp4_consts k = nvfp4_make_consts(1, pts);
+    memcpy(s->consts, &k, sizeof k);
+}
 
 __device__ __forceinline__ void nvfp4_table(const nvfp4_consts &k, float *rt)
 {
@@ -329,10 +366,12 @@ __device__ __forceinline__ uint8_t nvfp4_block(const nvfp4_consts &k, const floa
 
 /* Linear scales: thread per block, in order. */
 template <int DT>
-__global__ void __launch_bounds__(MX_THREADS) nvfp4_quantize_kernel(nvfp4_consts k, const void *x, int64_t nblocks,
+__global__ void __launch_bounds__(MX_THREADS) nvfp4_quantize_kernel(nvfp4_consts kv, const nvfp4_consts *kd,
+                                                                    const void *x, int64_t nblocks,
                                                                     uint8_t *data, uint8_t *scales,
                                                                     unsigned long long *bad)
 {
+    const nvfp4_consts k = kd ? *kd : kv; /* kd: computed on the device by nvfp4_scale_kernel */
     __shared__ float rt[128];
     nvfp4_table(k, rt);
     int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
@@ -349,10 +388,12 @@ __global__ void __launch_bounds__(MX_THREADS) nvfp4_quantize_kernel(nvfp4_consts
  * four threads in a row read 128 contiguous bytes of bf16 input. The tile is written whole by
  * one CTA instead of 4 bytes at a time by 128 CTAs far apart. */
 template <int DT>
-__global__ void __launch_bounds__(256) nvfp4_quantize_tile_kernel(nvfp4_consts k, const void *x, int64_t rows,
+__global__ void __launch_bounds__(256) nvfp4_quantize_tile_kernel(nvfp4_consts kv, const nvfp4_consts *kd,
+                                                                  const void *x, int64_t rows,
                                                                   int64_t scale_cols, uint8_t *data, uint8_t *scales,
                                                                   unsigned long long *bad)
 {
+    const nvfp4_consts k = kd ? *kd : kv;
     __shared__ float rt[128];
     nvfp4_table(k, rt);
     int64_t col_tiles = (scale_cols + 3) / 4, tr = blockIdx.x / col_tiles, tc = blockIdx.x % col_tiles;
@@ -405,10 +446,13 @@ __global__ void __launch_bounds__(MX_THREADS) nvfp4_dequantize_kernel(float pts,
 /* flow=compressed_tensors: thread per block, kernels/ctfp.h's block code (its IEEE divisions
  * as they are), scales linear or swizzled. */
 template <int DT>
-__global__ void __launch_bounds__(MX_THREADS) nvfp4_ct_quantize_kernel(float gs, int swizzled, int64_t scale_cols,
-                                                                       const void *x, int64_t nblocks, uint8_t *data,
+__global__ void __launch_bounds__(MX_THREADS) nvfp4_ct_quantize_kernel(float gs, const float *gsd, int swizzled,
+                                                                       int64_t scale_cols, const void *x,
+                                                                       int64_t nblocks, uint8_t *data,
                                                                        uint8_t *scales, unsigned long long *bad)
 {
+    if (gsd) /* computed on the device by nvfp4_scale_kernel */
+        gs = *gsd;
     int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (b >= nblocks)
         return;
@@ -453,24 +497,26 @@ static enum qd_status nvfp4_ct_quantize(const struct qd_tensor *in, struct qd_pa
                                         unsigned long long *bad)
 {
     enum qd_status s;
-    if (!p->has_global_scale) { /* the tensor's amax first (and the non-finite check) */
-        float amax;
-        if ((s = qd_cuda_amax(in, bad, &amax)) != QD_OK || (s = qd_cuda_bad_end(bad)) != QD_OK)
+    const float *gsd = NULL;
+    struct qd_scratch *d = qd_scratch_dev(), *h = qd_scratch_host();
+    if (!p->has_global_scale) { /* the tensor's range first (and the non-finite check), no round trip */
+        if ((s = qd_cuda_range_async(in, bad)) != QD_OK)
             return s;
-        bad = NULL; /* checked */
-        p->global_scale = qd_ct_nvfp4_global_scale(amax, in->dtype);
-        p->has_global_scale = 1;
+        nvfp4_scale_kernel<<<1, 1, 0, qd_stream()>>>(1, in->dtype, d, (float *)out[2]);
+        CUDA_LAUNCHED();
+        gsd = d->consts;
+        qd_cuda_ctx_get()->pending_scale = 2; /* back beside the flag: qd_cuda_finish sets p's */
+    } else {
+        h->partial[0] = p->global_scale; /* staged in pinned memory: the copy runs in stream order */
+        CUDA_CHECK(cudaMemcpyAsync(out[2], h->partial, sizeof(float), cudaMemcpyHostToDevice, qd_stream()));
     }
     int swizzled = p->scale_layout == QD_LAYOUT_SWIZZLED;
     int64_t scale_cols = in->cols / QD_NVFP4_BLOCK, nblocks = qd_tensor_numel(in) / QD_NVFP4_BLOCK;
     if (swizzled && swizzle_padded(in->rows, scale_cols))
         CUDA_CHECK(cudaMemsetAsync(out[1], 0, (size_t)qd_swizzle_bytes(in->rows, scale_cols), qd_stream()));
-    struct qd_scratch *h = qd_scratch_host();
-    h->partial[0] = p->global_scale; /* staged in pinned memory: the copy runs in stream order */
-    CUDA_CHECK(cudaMemcpyAsync(out[2], h->partial, sizeof(float), cudaMemcpyHostToDevice, qd_stream()));
     QD_DTYPE_SWITCH(in->dtype, DT,
                     nvfp4_ct_quantize_kernel<DT><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
-                        p->global_scale, swizzled, scale_cols, in->data, nblocks, (uint8_t *)out[0],
+                        p->global_scale, gsd, swizzled, scale_cols, in->data, nblocks, (uint8_t *)out[0],
                         (uint8_t *)out[1], bad));
     CUDA_LAUNCHED();
     return qd_cuda_bad_end(bad);
@@ -485,46 +531,43 @@ extern "C" enum qd_status qd_cuda_nvfp4_quantize(const struct qd_format *f, cons
         return s;
     if (p->flow == QD_FLOW_COMPRESSED_TENSORS)
         return nvfp4_ct_quantize(in, p, out, bad);
-    if (p->two_level && !p->has_per_tensor_scale) {
-        if (p->has_global_scale)
+    const nvfp4_consts *kd = NULL;
+    struct qd_scratch *d = qd_scratch_dev(), *h = qd_scratch_host();
+    if (p->two_level && !p->has_per_tensor_scale && !p->has_global_scale) {
+        /* the two-pass case: the tensor's range (and the non-finite check), then the scale and
+         * the constants from it on the device: no host round trip between the passes */
+        if ((s = qd_cuda_range_async(in, bad)) != QD_OK)
+            return s;
+        nvfp4_scale_kernel<<<1, 1, 0, qd_stream()>>>(0, in->dtype, d, (float *)out[2]);
+        CUDA_LAUNCHED();
+        kd = (const nvfp4_consts *)d->consts;
+        qd_cuda_ctx_get()->pending_scale = 1; /* back beside the flag: qd_cuda_finish sets p's */
+    } else {
+        if (p->two_level && !p->has_per_tensor_scale) {
             p->per_tensor_scale = 1.0f / p->global_scale;
-        else { /* the two-pass case: the tensor's amax first (and the non-finite check) */
-            float amax;
-            if ((s = qd_cuda_amax(in, bad, &amax)) != QD_OK || (s = qd_cuda_bad_end(bad)) != QD_OK)
-                return s;
-            bad = NULL; /* checked */
-            p->per_tensor_scale = amax > 0.0f ? amax / NVFP4_SCALE_DIVISOR : 1.0f;
+            p->has_per_tensor_scale = 1;
         }
-        p->has_per_tensor_scale = 1;
-    }
-    if (p->two_level && !p->has_global_scale) {
-        p->global_scale = 1.0f / p->per_tensor_scale;
-        p->has_global_scale = 1;
+        if (p->two_level && !p->has_global_scale) {
+            p->global_scale = 1.0f / p->per_tensor_scale;
+            p->has_global_scale = 1;
+        }
+        h->partial[0] = p->two_level ? p->global_scale : 1.0f; /* staged pinned: the copy runs in stream order */
+        CUDA_CHECK(cudaMemcpyAsync(out[2], h->partial, sizeof(float), cudaMemcpyHostToDevice, qd_stream()));
     }
     int swizzled = p->scale_layout == QD_LAYOUT_SWIZZLED;
     int64_t scale_cols = in->cols / QD_NVFP4_BLOCK, nblocks = qd_tensor_numel(in) / QD_NVFP4_BLOCK;
     if (swizzled && swizzle_padded(in->rows, scale_cols)) /* else the kernel writes every byte */
         CUDA_CHECK(cudaMemsetAsync(out[1], 0, (size_t)qd_swizzle_bytes(in->rows, scale_cols), qd_stream()));
-    float gs = p->two_level ? p->global_scale : 1.0f;
-    struct qd_scratch *h = qd_scratch_host();
-    h->partial[0] = gs; /* staged in pinned memory: the copy runs in stream order */
-    CUDA_CHECK(cudaMemcpyAsync(out[2], h->partial, sizeof(float), cudaMemcpyHostToDevice, qd_stream()));
-    nvfp4_consts k;
-    k.pts = p->two_level ? p->per_tensor_scale : 0.0f;
-    k.inv_pts = p->two_level ? 1.0f / p->per_tensor_scale : 0.0f;
-    double c = 1.0 / (6.0 * (k.pts > 0.0f ? (double)k.pts : 1.0)); /* 6 pts is exact in double */
-    k.lo = (float)(c * (1.0 - 0x1p-21));
-    k.hi = (float)(c * (1.0 + 0x1p-21));
-    k.fast = isnormal(k.lo) && isnormal(k.hi);
+    const nvfp4_consts k = nvfp4_make_consts(p->two_level, kd ? 1.0f : p->per_tensor_scale); /* unused with kd */
     if (swizzled) {
         int64_t tiles = (in->rows + 127) / 128 * ((scale_cols + 3) / 4);
         QD_DTYPE_SWITCH(in->dtype, DT,
                         nvfp4_quantize_tile_kernel<DT><<<qd_grid(tiles, 1), 256, 0, qd_stream()>>>(
-                            k, in->data, in->rows, scale_cols, (uint8_t *)out[0], (uint8_t *)out[1], bad));
+                            k, kd, in->data, in->rows, scale_cols, (uint8_t *)out[0], (uint8_t *)out[1], bad));
     } else {
         QD_DTYPE_SWITCH(in->dtype, DT,
                         nvfp4_quantize_kernel<DT><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
-                            k, in->data, nblocks, (uint8_t *)out[0], (uint8_t *)out[1], bad));
+                            k, kd, in->data, nblocks, (uint8_t *)out[0], (uint8_t *)out[1], bad));
     }
     CUDA_LAUNCHED();
     return qd_cuda_bad_end(bad);

@@ -6,6 +6,8 @@ import html
 import json
 import sys
 
+from svgbars import bar, save
+
 BAR_H, GAP, LEFT, WIDTH = 9, 5, 110, 520
 
 
@@ -32,12 +34,9 @@ def main():
         for k, (inp, color) in enumerate((("f32", "#2b6cb0"), ("bf16", "#90cdf4"))):
             v = by.get((fmt, inp), 0.0)
             w = WIDTH * v / top
-            svg.append(f'<rect x="{LEFT}" y="{y + k * BAR_H}" width="{w:.1f}" height="{BAR_H - 1}" fill="{color}"/>')
-            svg.append(f'<text x="{LEFT + w + 3:.1f}" y="{y + k * BAR_H + 8}" font-size="9">{v:.2f}</text>')
+            bar(svg, LEFT, y + k * BAR_H, w, BAR_H - 1, color, f"{v:.2f}", 9)
         y += 2 * BAR_H + GAP
-    svg.append("</svg>")
-    with open(out, "w") as g:
-        g.write("\n".join(svg) + "\n")
+    save(out, svg)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ import html
 import json
 import sys
 
+from svgbars import bar, save
+
 BAR_H, GAP, LEFT, PANEL, PAD = 7, 6, 200, 300, 40
 COLORS = ("#90cdf4", "#2b6cb0")  # smallest size, largest size
 
@@ -48,13 +50,9 @@ def main():
                 r = by.get((fmt, params, side))
                 v = r[what + "_pct"] if r else 0.0
                 w = PANEL * min(v, top) / top
-                svg.append(f'<rect x="{x0}" y="{y + k * BAR_H}" width="{w:.1f}" height="{BAR_H - 1}" '
-                           f'fill="{COLORS[k]}"/>')
-                svg.append(f'<text x="{x0 + w + 3:.1f}" y="{y + k * BAR_H + 6}" font-size="7">{v:.0f}</text>')
+                bar(svg, x0, y + k * BAR_H, w, BAR_H - 1, COLORS[k], f"{v:.0f}", 7)
             y += 2 * BAR_H + GAP
-    svg.append("</svg>")
-    with open(out, "w") as g:
-        g.write("\n".join(svg) + "\n")
+    save(out, svg)
 
 
 if __name__ == "__main__":

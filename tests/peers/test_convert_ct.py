@@ -68,3 +68,18 @@ def test_int8_names_the_w8a16_layout(tmp_path):
     run_quantd("convert", "--in", src, "--out", tmp_path / "q", "--fmt", "int8")
     assert_tensors_as_recorded(load_safetensors_dir(tmp_path / "q"), fx["tensors"])
     assert json.load(open(tmp_path / "q" / "config.json"))["quantization_config"] == fx["quantization_config"]
+
+
+@pytest.mark.parametrize("case", ["nvfp4_f32", "mxfp4_bf16"])
+def test_single_file_fp4_as_llm_compressor(tmp_path, case):
+    """One .safetensors in, one out: the same tensors, the config in its __metadata__."""
+    fx = FIX[case]
+    src = tmp_path / "hf"
+    subprocess.run([sys.executable, TINY, str(src), *fx["tiny_hf"]], check=True)
+    out = tmp_path / "q.safetensors"
+    run_quantd("convert", "--in", src / "model.safetensors", "--out", out, "--fmt", FMT[fx["scheme"]])
+    (tmp_path / "d").mkdir()
+    os.rename(out, tmp_path / "d" / "model.safetensors")
+    assert_tensors_as_recorded(load_safetensors_dir(tmp_path / "d"), fx["tensors"])
+    with safe_open(str(tmp_path / "d" / "model.safetensors"), "numpy") as f:
+        assert json.loads(f.metadata()["quantization_config"]) == fx["quantization_config"]

@@ -25,6 +25,7 @@ extern "C" enum qd_status qd_cuda_ctx_init(struct qd_cuda_ctx *c)
     c->stream = s;
     CUDA_CHECK(cudaMalloc(&c->scratch, QD_CUDA_SCRATCH_BYTES));
     c->bins_dirty = 1; /* (cleared by the first nf4/fp4 call's memset) */
+    c->bad_dirty = 1;  /* (cleared by the first checked call's memset) */
     CUDA_CHECK(cudaMallocHost(&c->host_scratch, QD_CUDA_SCRATCH_BYTES));
     if (cudaHostGetDevicePointer(&c->host_scratch_dev, c->host_scratch, 0) != cudaSuccess) {
         c->host_scratch_dev = NULL; /* (kernels then leave their results to copies) */
@@ -61,7 +62,9 @@ enum qd_status qd_cuda_bad_begin(int check, unsigned long long **flag)
     if (!check)
         return QD_OK;
     struct qd_scratch *d = qd_scratch_dev();
-    CUDA_CHECK(cudaMemsetAsync(&d->bad, 0xff, sizeof d->bad, qd_stream()));
+    if (c->bad_dirty) /* else the last call's publish kernel left it ~0: one launch less */
+        CUDA_CHECK(cudaMemsetAsync(&d->bad, 0xff, sizeof d->bad, qd_stream()));
+    c->bad_dirty = 1; /* until a publish that resets it is queued */
     *flag = &d->bad;
     return QD_OK;
 }
@@ -69,10 +72,11 @@ enum qd_status qd_cuda_bad_begin(int check, unsigned long long **flag)
 /* The flag and the offset beside it into the host's mapped pinned mirror, once the kernels
  * before are done: a one-thread kernel staged ahead (programmatic dependent launch) costs less
  * than a device-to-host copy after the last kernel. */
-__global__ void publish_kernel(const struct qd_scratch *d, struct qd_scratch *h)
+__global__ void publish_kernel(struct qd_scratch *d, struct qd_scratch *h)
 {
     qd_grid_wait();
     h->bad = *(volatile const unsigned long long *)&d->bad;
+    d->bad = ~0ull; /* clean for the next call, which then needs no memset */
     h->offset = *(volatile const float *)&d->offset;
     h->scale = *(volatile const float *)&d->scale;
     __threadfence_system();
@@ -84,9 +88,10 @@ enum qd_status qd_cuda_bad_end(unsigned long long *flag)
     if (!flag && !c->pending_offset && !c->pending_scale)
         return QD_OK;
     struct qd_scratch *h = qd_scratch_host(), *d = qd_scratch_dev();
-    if (c->host_scratch_dev) /* read by qd_cuda_finish once the stream has run */
-        CUDA_CHECK(qd_launch_dependent(publish_kernel, 1, 1, (const struct qd_scratch *)d,
-                                       (struct qd_scratch *)c->host_scratch_dev));
+    if (c->host_scratch_dev) { /* read by qd_cuda_finish once the stream has run */
+        CUDA_CHECK(qd_launch_dependent(publish_kernel, 1, 1, d, (struct qd_scratch *)c->host_scratch_dev));
+        c->bad_dirty = 0;
+    }
     else /* the flag and the device-computed values beside it (struct qd_scratch) in one copy */
         CUDA_CHECK(cudaMemcpyAsync(&h->bad, &d->bad, offsetof(struct qd_scratch, range), cudaMemcpyDeviceToHost, qd_stream()));
     c->pending_bad = flag != NULL;

@@ -27,6 +27,8 @@ struct qd_cuda_ctx {
     int pending_offset;                /* the nf4/fp4 offset is on its way to host scratch */
     int pending_scale;                 /* nvfp4's per-tensor scale is (1: torchao's decode scale,
                                           2: compressed-tensors' global scale) */
+    int bad_dirty;                     /* the flag may hold a note (clean: ~0, as the publish kernel
+                                          leaves it); a check then sets it first */
     int bins_dirty;                    /* the offset bins may hold a sum (clean: the offset kernel
                                         * zeroes them as it reads them) */
 };

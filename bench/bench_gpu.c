@@ -1,7 +1,9 @@
-/* GPU benchmark: every format's CUDA quantize and dequantize on 4096^2, 8192^2 and 16384^2 bf16
- * tensors already on the device (median of several runs, CUDA events), GB/s counting bytes read
- * + written, and % of the device-to-device copy bandwidth measured in the same run; plus the
- * pinned host<->device copy ceiling the service path is bound by. Needs a GPU: make bench-gpu. */
+/* GPU benchmark: every format's CUDA quantize and dequantize on 1024^2 to 16384^2 bf16 tensors
+ * already on the device (median of several runs, CUDA events), GB/s counting bytes read +
+ * written, and % of the device-to-device copy bandwidth measured in the same run; the pinned
+ * host<->device copy ceiling the service path is bound by, and a whole 4096^2 request on the
+ * device (H2D, kernels, D2H) against its copies alone. BENCH_JSON=FILE: the same as JSON.
+ * Needs a GPU: make bench-gpu. */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,7 +57,8 @@ int main(int argc, char **argv)
     cudaEventCreate(&e1);
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);
-    const int64_t sides[3] = {4096, 8192, 16384};
+    enum { NSIDES = 5 };
+    const int64_t sides[NSIDES] = {1024, 2048, 4096, 8192, 16384};
     size_t max_in = (size_t)16384 * 16384 * 2;
     void *d_in, *d_out, *d_back, *h_pinned;
     if (cudaMalloc(&d_in, max_in) || cudaMalloc(&d_out, max_in) || cudaMalloc(&d_back, max_in) ||
@@ -77,8 +80,8 @@ int main(int argc, char **argv)
     if (js)
         fprintf(js, "{\"device\": \"%s\", \"sms\": %d, \"copy_gbs\": {", prop.name, prop.multiProcessorCount);
     float ms;
-    double copy_gbs[3];
-    for (int s = 0; s < 3; s++) {
+    double copy_gbs[NSIDES];
+    for (int s = 0; s < NSIDES; s++) {
         if (only_side && sides[s] != only_side)
             continue;
         size_t bytes = (size_t)sides[s] * sides[s] * 2;
@@ -90,7 +93,7 @@ int main(int argc, char **argv)
             fprintf(js, "%s\"%lld\": %.1f", s && !only_side ? ", " : "", (long long)sides[s], copy_gbs[s]);
     }
     if (js)
-        fprintf(js, "}, \"rows\": [");
+        fprintf(js, "}, ");
     int nrows = 0;
     size_t pb = (size_t)64 << 20;
     TIME_MS(ms, cudaMemcpyAsync(d_in, h_pinned, pb, cudaMemcpyHostToDevice, stream));
@@ -98,6 +101,54 @@ int main(int argc, char **argv)
     TIME_MS(ms, cudaMemcpyAsync(h_pinned, d_out, pb, cudaMemcpyDeviceToHost, stream));
     printf("# pinned 64 MiB copies: H2D %.1f GB/s, D2H %.1f GB/s\n", h2d, pb / (ms * 1e6));
     /* the H2D above overwrote the input's first 64 MiB with pinned garbage: remake it */
+    h = malloc(pb);
+    for (size_t i = 0; i < pb / 2; i++)
+        h[i] = qd_f32_to_bf16(((float)rand_r(&seed) / RAND_MAX - 0.5f) * 4.0f);
+    cudaMemcpy(d_in, h, pb, cudaMemcpyHostToDevice);
+    free(h);
+
+    /* A request as the service runs it on the device: a 4096^2 bf16 tensor from pinned memory,
+     * H2D, the kernels, the components back (D2H), against those two copies alone. */
+    if (js)
+        fprintf(js, "\"request_4096\": [");
+    for (int r = 0; r < 3 && !only_side; r++) {
+        const char *rf[3] = {"q8_0", "nvfp4", "nf4"};
+        const struct qd_format *f = qd_format_find(rf[r]);
+        if (only && strcmp(only, f->name))
+            continue;
+        struct qd_tensor in = {.data = d_in, .dtype = QD_BF16};
+        int64_t dims[2] = {4096, 4096};
+        qd_tensor_set_shape(&in, 2, dims);
+        size_t in_bytes = (size_t)4096 * 4096 * 2, out_bytes = 0, off = 0;
+        struct qd_params p0, p;
+        char err[512];
+        qd_params_default(f, &p0);
+        struct qd_component comps[QD_MAX_COMPONENTS];
+        int nc = qd_format_layout(f, &p0, &in, comps, err, sizeof err);
+        void *out[QD_MAX_COMPONENTS];
+        for (int i = 0; i < nc; i++) {
+            out[i] = (char *)d_out + off;
+            off += ((size_t)comps[i].bytes + 255) & ~(size_t)255;
+            out_bytes += (size_t)comps[i].bytes;
+        }
+        char *hin = h_pinned, *hout = (char *)h_pinned + in_bytes;
+        float copies_ms, req_ms;
+        enum qd_status st = QD_OK;
+        TIME_MS(copies_ms, cudaMemcpyAsync(d_in, hin, in_bytes, cudaMemcpyHostToDevice, stream);
+                cudaMemcpyAsync(hout, d_out, out_bytes, cudaMemcpyDeviceToHost, stream));
+        TIME_MS_THEN(req_ms, st = st ? st : qd_quantize_finish(QD_BACKEND_CUDA, &p, err, sizeof err),
+                     p = p0; cudaMemcpyAsync(d_in, hin, in_bytes, cudaMemcpyHostToDevice, stream);
+                     st = qd_quantize(QD_BACKEND_CUDA, f, &in, &p, out, err, sizeof err);
+                     cudaMemcpyAsync(hout, d_out, out_bytes, cudaMemcpyDeviceToHost, stream));
+        printf("# request on the device, %s 4096x4096 bf16 from pinned memory: %.3f ms (H2D + D2H alone %.3f ms: "
+               "%.0f %%)%s\n", f->name, req_ms, copies_ms, 100.0 * copies_ms / req_ms, st ? " error" : "");
+        if (js)
+            fprintf(js, "%s{\"fmt\": \"%s\", \"ms\": %.4f, \"copies_ms\": %.4f}", r ? ", " : "", f->name, req_ms,
+                    copies_ms);
+    }
+    if (js)
+        fprintf(js, "], \"rows\": [");
+    /* the request above overwrote the input's first 32 MiB with pinned bytes: remake it */
     h = malloc(pb);
     for (size_t i = 0; i < pb / 2; i++)
         h[i] = qd_f32_to_bf16(((float)rand_r(&seed) / RAND_MAX - 0.5f) * 4.0f);
@@ -127,7 +178,7 @@ int main(int argc, char **argv)
         const struct qd_format *f = qd_format_find(variants[v].fmt);
         if (only && strcmp(only, f->name))
             continue;
-        for (int s = 0; s < 3; s++) {
+        for (int s = 0; s < NSIDES; s++) {
             if (only_side && sides[s] != only_side)
                 continue;
             struct qd_tensor in = {.data = d_in, .dtype = QD_BF16};

@@ -369,9 +369,12 @@ template <int DT>
 __global__ void __launch_bounds__(MX_THREADS) nvfp4_quantize_kernel(nvfp4_consts kv, const nvfp4_consts *kd,
                                                                     const void *x, int64_t nblocks,
                                                                     uint8_t *data, uint8_t *scales,
+                                                                    float *gs_out, float gs,
                                                                     unsigned long long *bad)
 {
     const nvfp4_consts k = kd ? *kd : kv; /* kd: computed on the device by nvfp4_scale_kernel */
+    if (gs_out && blockIdx.x == 0 && threadIdx.x == 0) /* the global_scale component (no copy) */
+        *gs_out = gs;
     __shared__ float rt[128];
     nvfp4_table(k, rt);
     int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
@@ -391,9 +394,12 @@ template <int DT>
 __global__ void __launch_bounds__(256) nvfp4_quantize_tile_kernel(nvfp4_consts kv, const nvfp4_consts *kd,
                                                                   const void *x, int64_t rows,
                                                                   int64_t scale_cols, uint8_t *data, uint8_t *scales,
+                                                                  float *gs_out, float gs,
                                                                   unsigned long long *bad)
 {
     const nvfp4_consts k = kd ? *kd : kv;
+    if (gs_out && blockIdx.x == 0 && threadIdx.x == 0) /* the global_scale component (no copy) */
+        *gs_out = gs;
     __shared__ float rt[128];
     nvfp4_table(k, rt);
     int64_t col_tiles = (scale_cols + 3) / 4, tr = blockIdx.x / col_tiles, tc = blockIdx.x % col_tiles;
@@ -449,10 +455,13 @@ template <int DT>
 __global__ void __launch_bounds__(MX_THREADS) nvfp4_ct_quantize_kernel(float gs, const float *gsd, int swizzled,
                                                                        int64_t scale_cols, const void *x,
                                                                        int64_t nblocks, uint8_t *data,
-                                                                       uint8_t *scales, unsigned long long *bad)
+                                                                       uint8_t *scales, float *gs_out,
+                                                                       unsigned long long *bad)
 {
-    if (gsd) /* computed on the device by nvfp4_scale_kernel */
+    if (gsd) /* computed on the device by nvfp4_scale_kernel (which wrote the component) */
         gs = *gsd;
+    else if (gs_out && blockIdx.x == 0 && threadIdx.x == 0) /* the global_scale component (no copy) */
+        *gs_out = gs;
     int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (b >= nblocks)
         return;
@@ -498,7 +507,7 @@ static enum qd_status nvfp4_ct_quantize(const struct qd_tensor *in, struct qd_pa
 {
     enum qd_status s;
     const float *gsd = NULL;
-    struct qd_scratch *d = qd_scratch_dev(), *h = qd_scratch_host();
+    struct qd_scratch *d = qd_scratch_dev();
     if (!p->has_global_scale) { /* the tensor's range first (and the non-finite check), no round trip */
         if ((s = qd_cuda_range_async(in, bad)) != QD_OK)
             return s;
@@ -506,9 +515,6 @@ static enum qd_status nvfp4_ct_quantize(const struct qd_tensor *in, struct qd_pa
         CUDA_LAUNCHED();
         gsd = d->consts;
         qd_cuda_ctx_get()->pending_scale = 2; /* back beside the flag: qd_cuda_finish sets p's */
-    } else {
-        h->partial[0] = p->global_scale; /* staged in pinned memory: the copy runs in stream order */
-        CUDA_CHECK(cudaMemcpyAsync(out[2], h->partial, sizeof(float), cudaMemcpyHostToDevice, qd_stream()));
     }
     int swizzled = p->scale_layout == QD_LAYOUT_SWIZZLED;
     int64_t scale_cols = in->cols / QD_NVFP4_BLOCK, nblocks = qd_tensor_numel(in) / QD_NVFP4_BLOCK;
@@ -517,7 +523,7 @@ static enum qd_status nvfp4_ct_quantize(const struct qd_tensor *in, struct qd_pa
     QD_DTYPE_SWITCH(in->dtype, DT,
                     nvfp4_ct_quantize_kernel<DT><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
                         p->global_scale, gsd, swizzled, scale_cols, in->data, nblocks, (uint8_t *)out[0],
-                        (uint8_t *)out[1], bad));
+                        (uint8_t *)out[1], (float *)out[2], bad));
     CUDA_LAUNCHED();
     return qd_cuda_bad_end(bad);
 }
@@ -532,7 +538,7 @@ extern "C" enum qd_status qd_cuda_nvfp4_quantize(const struct qd_format *f, cons
     if (p->flow == QD_FLOW_COMPRESSED_TENSORS)
         return nvfp4_ct_quantize(in, p, out, bad);
     const nvfp4_consts *kd = NULL;
-    struct qd_scratch *d = qd_scratch_dev(), *h = qd_scratch_host();
+    struct qd_scratch *d = qd_scratch_dev();
     if (p->two_level && !p->has_per_tensor_scale && !p->has_global_scale) {
         /* the two-pass case: the tensor's range (and the non-finite check), then the scale and
          * the constants from it on the device: no host round trip between the passes */
@@ -551,8 +557,6 @@ extern "C" enum qd_status qd_cuda_nvfp4_quantize(const struct qd_format *f, cons
             p->global_scale = 1.0f / p->per_tensor_scale;
             p->has_global_scale = 1;
         }
-        h->partial[0] = p->two_level ? p->global_scale : 1.0f; /* staged pinned: the copy runs in stream order */
-        CUDA_CHECK(cudaMemcpyAsync(out[2], h->partial, sizeof(float), cudaMemcpyHostToDevice, qd_stream()));
     }
     int swizzled = p->scale_layout == QD_LAYOUT_SWIZZLED;
     int64_t scale_cols = in->cols / QD_NVFP4_BLOCK, nblocks = qd_tensor_numel(in) / QD_NVFP4_BLOCK;
@@ -563,11 +567,13 @@ extern "C" enum qd_status qd_cuda_nvfp4_quantize(const struct qd_format *f, cons
         int64_t tiles = (in->rows + 127) / 128 * ((scale_cols + 3) / 4);
         QD_DTYPE_SWITCH(in->dtype, DT,
                         nvfp4_quantize_tile_kernel<DT><<<qd_grid(tiles, 1), 256, 0, qd_stream()>>>(
-                            k, kd, in->data, in->rows, scale_cols, (uint8_t *)out[0], (uint8_t *)out[1], bad));
+                            k, kd, in->data, in->rows, scale_cols, (uint8_t *)out[0], (uint8_t *)out[1],
+                            kd ? NULL : (float *)out[2], p->two_level ? p->global_scale : 1.0f, bad));
     } else {
         QD_DTYPE_SWITCH(in->dtype, DT,
                         nvfp4_quantize_kernel<DT><<<qd_grid(nblocks, MX_THREADS), MX_THREADS, 0, qd_stream()>>>(
-                            k, kd, in->data, nblocks, (uint8_t *)out[0], (uint8_t *)out[1], bad));
+                            k, kd, in->data, nblocks, (uint8_t *)out[0], (uint8_t *)out[1],
+                            kd ? NULL : (float *)out[2], p->two_level ? p->global_scale : 1.0f, bad));
     }
     CUDA_LAUNCHED();
     return qd_cuda_bad_end(bad);

@@ -38,17 +38,24 @@ QD_HD uint8_t qd_ct_e2m1(float v)
     return v == 0.0f ? (uint8_t)0 : qd_f32_to_floatx(qd_clamp(v, -6.0f, 6.0f), 2, 1);
 }
 
-/* One NVFP4 block of 16 (TENSOR_GROUP strategy) with global scale gs: the E4M3 scale byte and
- * 8 bytes of codes, the first element in the low nibble (pack_fp4_to_uint8).
- * calculate_qparams: amax / 6 in the dtype, times gs in f32, clamped to +-448 and cast to
- * e4m3 (a zero becomes eps 0.125). The compressor: x / (scale / gs), two f32 divisions. */
-QD_HD uint8_t qd_ct_nvfp4_block(float gs, int dt, const float *x, uint8_t *out)
+/* An NVFP4 block's scale byte from its amax (TENSOR_GROUP strategy, global scale gs):
+ * calculate_qparams takes amax / 6 in the dtype, times gs in f32, clamped to +-448 and cast to
+ * e4m3 (a zero becomes eps 0.125); *eff is what the compressor divides by, scale / gs in f32. */
+QD_HD uint8_t qd_ct_nvfp4_scale(float gs, int dt, float amax, float *eff)
 {
-    float s = gs * qd_ct_round(qd_block_amax(x, QD_NVFP4_BLOCK) / 6.0f, dt);
-    uint8_t sb = qd_f32_to_e4m3(qd_clamp(s, -448.0f, 448.0f));
+    uint8_t sb = qd_f32_to_e4m3(qd_clamp(gs * qd_ct_round(amax / 6.0f, dt), -448.0f, 448.0f));
     if ((sb & 0x7f) == 0)
         sb = 0x20; /* 0.125 */
-    float eff = qd_e4m3_to_f32(sb) / gs;
+    *eff = qd_e4m3_to_f32(sb) / gs;
+    return sb;
+}
+
+/* One NVFP4 block of 16: the E4M3 scale byte and 8 bytes of codes x / eff, the first element
+ * in the low nibble (pack_fp4_to_uint8). */
+QD_HD uint8_t qd_ct_nvfp4_block(float gs, int dt, const float *x, uint8_t *out)
+{
+    float eff;
+    uint8_t sb = qd_ct_nvfp4_scale(gs, dt, qd_block_amax(x, QD_NVFP4_BLOCK), &eff);
     for (int j = 0; j < QD_NVFP4_BLOCK / 2; j++)
         out[j] = (uint8_t)(qd_ct_e2m1(x[2 * j] / eff) | qd_ct_e2m1(x[2 * j + 1] / eff) << 4);
     return sb;
@@ -86,14 +93,15 @@ QD_HD int qd_ct_mx_scale(float amax, int dt)
     return b < 0 ? 0 : b;
 }
 
-/* The code of x in a block with scale byte sb: x / 2^(sb - 127) in the dtype (exact but where
- * the dtype's subnormals round it, which can only make it zero: |v| at most half the dtype's
- * smallest subnormal), then qd_ct_e2m1. */
+/* The code of x in a block with scale byte sb (inv = 2^(127 - sb)): x / 2^(sb - 127) in the
+ * dtype is exact but where the dtype's subnormals round it, which can only make it zero (|v| at
+ * most half the dtype's smallest subnormal, qd_ct_zero_below), then qd_ct_e2m1. */
+QD_HD float qd_ct_zero_below(int dt) { return dt == 2 ? 0x1p-134f : dt == 1 ? 0x1p-25f : 0.0f; }
+
 QD_HD uint8_t qd_ct_mx_code(float x, float inv, int dt)
 {
     float v = x * inv;
-    const float zero_below = dt == 2 ? 0x1p-134f : dt == 1 ? 0x1p-25f : 0.0f;
-    return qd_absf(v) <= zero_below ? (uint8_t)0 : qd_ct_e2m1(v);
+    return qd_absf(v) <= qd_ct_zero_below(dt) ? (uint8_t)0 : qd_ct_e2m1(v);
 }
 
 /* One MXFP4 block of 32: its scale byte (255 where qd_ct_mx_scale refuses; *overflow set) and

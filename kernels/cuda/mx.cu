@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(MX_THREADS) mx_quantize_kernel(struct mx_geom 
                 atomicMin(bad, (unsigned long long)(QD_BAD_MX_SCALE_RANGE | (b * QD_MX_BLOCK)));
             scale = sb < 0 ? (uint8_t)255 : (uint8_t)sb;
             float inv = sb < 0 ? 0.0f : qd_e8m0_reciprocal(scale);
-            const float zero_below = DT == QD_BF16 ? 0x1p-134f : DT == QD_F16 ? 0x1p-25f : 0.0f;
+            const float zero_below = qd_ct_zero_below(DT);
             uint32_t pair[16];
 #pragma unroll
             for (int k = 0; k < 16; k++) {
@@ -477,11 +477,8 @@ __global__ void __launch_bounds__(MX_THREADS) nvfp4_ct_quantize_kernel(float gs,
         for (int i = 0; i < 8; i++)
             w[i / 4] |= (uint32_t)packed[i] << (8 * (i % 4));
     } else { /* qd_ct_nvfp4_block with convert.cuh's e2m1 (the same codes for non-NaN values) */
-        float s = gs * qd_ct_round(qd_bits_f32(top) / 6.0f, DT);
-        sb = qd_f32_to_e4m3(qd_clamp(s, -448.0f, 448.0f));
-        if ((sb & 0x7f) == 0)
-            sb = 0x20;
-        float eff = qd_e4m3_to_f32(sb) / gs;
+        float eff;
+        sb = qd_ct_nvfp4_scale(gs, DT, qd_bits_f32(top), &eff);
 #pragma unroll
         for (int j = 0; j < QD_NVFP4_BLOCK; j++) {
             float q = v[j] / eff;

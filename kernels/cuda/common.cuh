@@ -36,7 +36,6 @@ struct qd_scratch {
     unsigned int blocks_done;     /* grid-wide reduction ticket */
     float partial[3 * 1024];      /* per-CTA partial ranges */
     unsigned long long bins[256]; /* exact-sum bins of the bnb double-quant offset (bnb4.h) */
-    unsigned int amax_bits;       /* qd_cuda_amax's result */
     float consts[8];              /* per-call constants a kernel computed for the next (nvfp4) */
 };
 
@@ -365,17 +364,10 @@ __device__ __forceinline__ void qd_grid_release(void)
 #endif
 }
 
-/* max |x| of the whole tensor into a host float (one kernel on raw bits, one sync); a tensor
- * holding NaN/Inf takes qd_cuda_range, which notes the first into flag when given. */
-enum qd_status qd_cuda_amax(const struct qd_tensor *in, unsigned long long *flag, float *amax);
-
 /* amax, min, max of the whole tensor into the device scratch's range (one kernel, no sync: what
  * comes next in the stream reads them there); also notes the first non-finite element into flag
  * when given, and ignores NaN. */
 enum qd_status qd_cuda_range_async(const struct qd_tensor *in, unsigned long long *flag);
 
-/* amax, min, max of the whole tensor into host floats (qd_cuda_range_async, then one sync). */
-enum qd_status qd_cuda_range(const struct qd_tensor *in, unsigned long long *flag, float *amax,
-                             float *min, float *max);
 
 #endif

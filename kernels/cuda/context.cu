@@ -199,51 +199,6 @@ int qd_cuda_sm_count(void)
     return sms > 0 ? sms : 1;
 }
 
-/* max |x| of a grid-stride share as f32 bits (NaN above Inf above finite), 16-byte loads, the
- * halves of 16-bit inputs compared two at a time; one atomicMax per warp. */
-template <int DT>
-__global__ void amax_kernel(const void *x, int64_t n, unsigned int *out)
-{
-    const int per = DT == QD_F32 ? 4 : 8; /* elements per 16 bytes */
-    const int64_t groups = n / per, stride = (int64_t)gridDim.x * blockDim.x;
-    const uint4 *p = (const uint4 *)x;
-    uint32_t m = 0;
-#pragma unroll 4
-    for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < groups; g += stride) {
-        uint4 q = __ldg(p + g);
-        if (DT == QD_F32)
-            m = max(max(max(m, q.x & 0x7fffffffu), max(q.y & 0x7fffffffu, q.z & 0x7fffffffu)), q.w & 0x7fffffffu);
-        else
-            m = __vmaxu2(__vmaxu2(__vmaxu2(m, q.x & 0x7fff7fffu), __vmaxu2(q.y & 0x7fff7fffu, q.z & 0x7fff7fffu)),
-                         q.w & 0x7fff7fffu);
-    }
-    for (int64_t i = per * groups + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride)
-        m = max(m, DT == QD_F32 ? ((const uint32_t *)x)[i] & 0x7fffffffu : ((const uint16_t *)x)[i] & 0x7fffu);
-    uint32_t bits = __reduce_max_sync(0xffffffffu, DT == QD_F32 ? m : qd_half_pair_top<DT>(m));
-    if (threadIdx.x % 32 == 0)
-        atomicMax(out, bits);
-}
-
-enum qd_status qd_cuda_amax(const struct qd_tensor *in, unsigned long long *flag, float *amax)
-{
-    int64_t n = qd_tensor_numel(in);
-    struct qd_scratch *d = qd_scratch_dev(), *h = qd_scratch_host();
-    CUDA_CHECK(cudaMemsetAsync(&d->amax_bits, 0, sizeof d->amax_bits, qd_stream()));
-    int64_t cap = (int64_t)qd_cuda_sm_count() * 8;
-    unsigned grid = qd_grid(n / 8 + 1, 256);
-    grid = grid < cap ? grid : (unsigned)cap;
-    QD_DTYPE_SWITCH(in->dtype, DT, amax_kernel<DT><<<grid, 256, 0, qd_stream()>>>(in->data, n, &d->amax_bits));
-    CUDA_LAUNCHED();
-    CUDA_CHECK(cudaMemcpyAsync(&h->amax_bits, &d->amax_bits, sizeof h->amax_bits, cudaMemcpyDeviceToHost, qd_stream()));
-    CUDA_CHECK(cudaStreamSynchronize(qd_stream()));
-    if (h->amax_bits >= 0x7f800000u) { /* NaN/Inf: the full pass names the first and ignores NaN */
-        float lo, hi;
-        return qd_cuda_range(in, flag, amax, &lo, &hi);
-    }
-    memcpy(amax, &h->amax_bits, sizeof *amax);
-    return QD_OK;
-}
-
 enum qd_status qd_cuda_range_async(const struct qd_tensor *in, unsigned long long *flag)
 {
     int64_t n = qd_tensor_numel(in);
@@ -258,17 +213,3 @@ enum qd_status qd_cuda_range_async(const struct qd_tensor *in, unsigned long lon
     return QD_OK;
 }
 
-enum qd_status qd_cuda_range(const struct qd_tensor *in, unsigned long long *flag, float *amax,
-                             float *min, float *max)
-{
-    struct qd_scratch *d = qd_scratch_dev(), *h = qd_scratch_host();
-    enum qd_status s = qd_cuda_range_async(in, flag);
-    if (s != QD_OK)
-        return s;
-    CUDA_CHECK(cudaMemcpyAsync(h->range, d->range, sizeof h->range, cudaMemcpyDeviceToHost, qd_stream()));
-    CUDA_CHECK(cudaStreamSynchronize(qd_stream()));
-    *amax = h->range[0];
-    *min = h->range[1];
-    *max = h->range[2];
-    return QD_OK;
-}

@@ -324,20 +324,23 @@ static struct out_tensor *find_weight(struct shard *sh, int nshards, const char 
     return NULL;
 }
 
-/* max |x| of a weight, on all cores (through an aligned copy where the file misaligns it) */
-static float weight_amax(const struct qd_st_entry *e)
+/* max |x| of a weight into *amax, on all cores (through an aligned copy where the file
+ * misaligns it); -1 without memory for that copy */
+static int weight_amax(const struct qd_st_entry *e, float *amax)
 {
     struct qd_tensor x = {.dtype = st_to_dtype(e->dtype)};
     int64_t shape[2] = {e->shape[0], e->shape[1]};
     qd_tensor_set_shape(&x, 2, shape);
     size_t n = e->end - e->begin;
-    void *copy = (uintptr_t)e->data % qd_dtype_size(x.dtype) ? malloc(n) : NULL;
+    int misaligned = (uintptr_t)e->data % qd_dtype_size(x.dtype) != 0;
+    void *copy = misaligned ? malloc(n) : NULL;
+    if (misaligned && !copy)
+        return -1;
     if (copy)
         memcpy(copy, e->data, n);
     x.data = copy ? copy : (void *)e->data;
-    float amax = NAN, lo, hi;
-    if (copy || !((uintptr_t)e->data % qd_dtype_size(x.dtype)))
-        qd_cpu_minmax(&x, &amax, &lo, &hi);
+    float lo, hi;
+    qd_cpu_minmax(&x, amax, &lo, &hi);
     free(copy);
     /* this process's mapping of the pages goes (the page cache keeps them): the pre-pass must
      * not leave the fused weights resident, a peak RSS of most of the model */
@@ -345,14 +348,14 @@ static float weight_amax(const struct qd_st_entry *e)
     uintptr_t hi_p = ((uintptr_t)e->data + n + page - 1) / page * page;
     if (n)
         madvise((void *)lo_p, hi_p - lo_p, MADV_DONTNEED);
-    return amax;
+    return 0;
 }
 
 /* nvfp4: the global scale of every quantized weight in a fused group, generate_gparam of the
  * group's largest |x| (in the weight's dtype), when all of the group's names are quantized
  * beside it, as fuse_weight_observers requires; the others compute their own. One read of the
  * group members before the pass. */
-static void nvfp4_global_scales(struct shard *sh, int nshards)
+static int nvfp4_global_scales(struct shard *sh, int nshards)
 {
     for (int k = 0; k < nshards; k++)
         for (int i = 0; i < sh[k].n; i++) {
@@ -377,8 +380,9 @@ static void nvfp4_global_scales(struct shard *sh, int nshards)
                         all = 0;
                         break;
                     }
-                    if (!w->has_amax)
-                        w->amax = weight_amax(w->src), w->has_amax = 1;
+                    if (!w->has_amax && weight_amax(w->src, &w->amax) < 0)
+                        return -1;
+                    w->has_amax = 1;
                     amax = w->amax > amax || w->amax != w->amax ? w->amax : amax;
                 }
                 if (all)
@@ -386,6 +390,7 @@ static void nvfp4_global_scales(struct shard *sh, int nshards)
                 break;
             }
         }
+    return 0;
 }
 
 /* compressed-tensors' quantization_config for llm-compressor's W4A16 / W4A16_ASYM / W8A16 /
@@ -867,8 +872,11 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
             if (sh[k].t[i].quantize)
                 compute_dtype = torch_dtype(sh[k].t[i].src->dtype);
     }
-    if (!strcmp(o->f->name, "nvfp4"))
-        nvfp4_global_scales(sh, nshards);
+    if (!strcmp(o->f->name, "nvfp4") && nvfp4_global_scales(sh, nshards) < 0) {
+        snprintf(err, errlen, "no memory for an aligned copy of a weight (the fused global scales)");
+        *status = QD_ENOMEM;
+        goto done;
+    }
     uint64_t in_cap = 0, out_cap = 0, scratch_cap = 0; /* the pipeline's buffers, for the largest weight */
     for (int k = 0; k < nshards; k++)
         for (int i = 0; i < sh[k].n; i++)

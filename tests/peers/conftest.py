@@ -3,6 +3,7 @@ import ctypes
 import json
 import os
 import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUANTD = os.environ.get("QUANTD", os.path.join(ROOT, "bin", "quantd"))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+TINY_HF = os.path.join(ROOT, "tests", "checkpoint", "tiny_hf.py")
 NP_DTYPE = {"f32": np.float32, "f16": np.float16}
 
 
@@ -77,6 +79,26 @@ def load_safetensors_dir(d):
                 for k in f.keys():
                     out[k] = f.get_tensor(k)
     return out
+
+
+def tiny_hf(path, *args):
+    """tests/checkpoint/tiny_hf.py's model written at path (args: its options after the directory)."""
+    subprocess.run([sys.executable, TINY_HF, str(path), *map(str, args)], check=True)
+    return path
+
+
+def convert_as_recorded(tmp_path, fx, *convert_args, src_file=None):
+    """A recorded case's tiny model (tmp_path/hf) through `quantd convert ... ARGS` into tmp_path/q,
+    every tensor checked against the record; returns (src, dst). src_file: convert that one file of
+    the model into tmp_path/q/model.safetensors instead of the directory."""
+    src, dst = tiny_hf(tmp_path / "hf", *fx["tiny_hf"]), tmp_path / "q"
+    if src_file:
+        os.makedirs(dst)
+        run_quantd("convert", "--in", src / src_file, "--out", dst / "model.safetensors", *convert_args)
+    else:
+        run_quantd("convert", "--in", src, "--out", dst, *convert_args)
+    assert_tensors_as_recorded(load_safetensors_dir(dst), fx["tensors"])
+    return src, dst
 
 
 def assert_tensors_as_recorded(ours, want):

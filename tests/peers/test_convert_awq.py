@@ -5,17 +5,14 @@ decoder Linear of the same tiny_hf.py models (tests/fixtures/make_awq_convert_fi
 same names, dtypes, shapes and bytes, and the quantization_config AwqConfig writes."""
 import json
 import os
-import subprocess
-import sys
 
 import ml_dtypes  # noqa: F401 (numpy learns bfloat16)
 import numpy as np
 import pytest
 from safetensors import safe_open
 
-from conftest import FIXTURES, ROOT, assert_tensors_as_recorded, load_safetensors_dir, run_quantd
+from conftest import FIXTURES, convert_as_recorded, load_safetensors_dir, run_quantd, tiny_hf
 
-TINY = os.path.join(ROOT, "tests", "checkpoint", "tiny_hf.py")
 FIX = json.load(open(os.path.join(FIXTURES, "awq_convert.json")))["cases"]
 
 
@@ -23,11 +20,7 @@ FIX = json.load(open(os.path.join(FIXTURES, "awq_convert.json")))["cases"]
 @pytest.mark.parametrize("case", sorted(FIX))
 def test_equals_autoawq(tmp_path, case):
     fx = FIX[case]
-    src = tmp_path / "hf"
-    subprocess.run([sys.executable, TINY, str(src), *fx["tiny_hf"]], check=True)
-    dst = tmp_path / "q"
-    run_quantd("convert", "--in", src, "--out", dst, "--fmt", "awq")
-    assert_tensors_as_recorded(load_safetensors_dir(dst), fx["tensors"])
+    src, dst = convert_as_recorded(tmp_path, fx, "--fmt", "awq")
     cfg = json.load(open(dst / "config.json"))
     assert cfg.pop("quantization_config") == fx["quantization_config"]
     assert cfg.pop("torch_dtype") == "float16"
@@ -39,8 +32,7 @@ def test_equals_autoawq(tmp_path, case):
 def test_large_cast_tensor_in_pieces(tmp_path):
     """A tensor cast to f16 larger than a pipeline piece (64 MiB: a 140000 x 256 bf16 embedding)
     is cast whole and right: equal to numpy's round-to-nearest-even cast of the source."""
-    src = tmp_path / "hf"
-    subprocess.run([sys.executable, TINY, str(src), "bf16", "--vocab", "140000", "--layers", "1"], check=True)
+    src = tiny_hf(tmp_path / "hf", "bf16", "--vocab", "140000", "--layers", "1")
     run_quantd("convert", "--in", src, "--out", tmp_path / "q", "--fmt", "awq")
     with safe_open(os.path.join(src, "model.safetensors"), "numpy") as f:
         emb = f.get_tensor("model.embed_tokens.weight")

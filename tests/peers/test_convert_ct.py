@@ -7,16 +7,13 @@ the same name, dtype, shape and bytes, and the config the same quantization_conf
 import hashlib
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from safetensors import safe_open
 
-from conftest import FIXTURES, ROOT, assert_tensors_as_recorded, load_safetensors_dir, run_quantd
+from conftest import FIXTURES, convert_as_recorded, load_safetensors_dir, run_quantd, tiny_hf
 
-TINY = os.path.join(ROOT, "tests", "checkpoint", "tiny_hf.py")
 FIX = json.load(open(os.path.join(FIXTURES, "ct_convert.json")))["cases"]
 FMT = {"W4A16": "w4a16", "W4A16_ASYM": "w4a16", "W8A16": "w8a16", "NVFP4A16": "nvfp4", "MXFP4A16": "mxfp4"}
 
@@ -24,14 +21,8 @@ FMT = {"W4A16": "w4a16", "W4A16_ASYM": "w4a16", "W8A16": "w8a16", "NVFP4A16": "n
 @pytest.mark.parametrize("case", sorted(FIX))
 def test_equals_llm_compressor(tmp_path, case):
     fx = FIX[case]
-    src = tmp_path / "hf"
-    subprocess.run([sys.executable, TINY, str(src), *fx["tiny_hf"]], check=True)
-    dst = tmp_path / "q"
-    args = ["convert", "--in", src, "--out", dst, "--fmt", FMT[fx["scheme"]]]
-    if fx["scheme"].endswith("_ASYM"):
-        args += ["--param", "symmetric=false"]
-    run_quantd(*args)
-    assert_tensors_as_recorded(load_safetensors_dir(dst), fx["tensors"])
+    asym = ["--param", "symmetric=false"] if fx["scheme"].endswith("_ASYM") else []
+    src, dst = convert_as_recorded(tmp_path, fx, "--fmt", FMT[fx["scheme"]], *asym)
     cfg = json.load(open(dst / "config.json"))
     assert cfg.pop("quantization_config") == fx["quantization_config"]
     assert cfg == json.load(open(src / "config.json"))
@@ -43,8 +34,7 @@ def test_a_changed_weight_changes_the_bytes(tmp_path):
     """The fixture check can fail: the largest weight of one group doubled moves its scale."""
     from safetensors.numpy import save_file
     fx = FIX["w4a16_bf16"]
-    src = tmp_path / "hf"
-    subprocess.run([sys.executable, TINY, str(src), *fx["tiny_hf"]], check=True)
+    src = tiny_hf(tmp_path / "hf", *fx["tiny_hf"])
     st = os.path.join(src, "model.safetensors")
     with safe_open(st, "numpy") as f:
         t = {k: f.get_tensor(k) for k in f.keys()}
@@ -63,23 +53,14 @@ def test_a_changed_weight_changes_the_bytes(tmp_path):
 def test_int8_names_the_w8a16_layout(tmp_path):
     """--fmt int8, as a checkpoint layout, is llm-compressor's W8A16 (what its preset writes)."""
     fx = FIX["w8a16_f16"]
-    src = tmp_path / "hf"
-    subprocess.run([sys.executable, TINY, str(src), *fx["tiny_hf"]], check=True)
-    run_quantd("convert", "--in", src, "--out", tmp_path / "q", "--fmt", "int8")
-    assert_tensors_as_recorded(load_safetensors_dir(tmp_path / "q"), fx["tensors"])
-    assert json.load(open(tmp_path / "q" / "config.json"))["quantization_config"] == fx["quantization_config"]
+    _, dst = convert_as_recorded(tmp_path, fx, "--fmt", "int8")
+    assert json.load(open(dst / "config.json"))["quantization_config"] == fx["quantization_config"]
 
 
 @pytest.mark.parametrize("case", ["nvfp4_f32", "mxfp4_bf16"])
 def test_single_file_fp4_as_llm_compressor(tmp_path, case):
     """One .safetensors in, one out: the same tensors, the config in its __metadata__."""
     fx = FIX[case]
-    src = tmp_path / "hf"
-    subprocess.run([sys.executable, TINY, str(src), *fx["tiny_hf"]], check=True)
-    out = tmp_path / "q.safetensors"
-    run_quantd("convert", "--in", src / "model.safetensors", "--out", out, "--fmt", FMT[fx["scheme"]])
-    (tmp_path / "d").mkdir()
-    os.rename(out, tmp_path / "d" / "model.safetensors")
-    assert_tensors_as_recorded(load_safetensors_dir(tmp_path / "d"), fx["tensors"])
-    with safe_open(str(tmp_path / "d" / "model.safetensors"), "numpy") as f:
+    _, dst = convert_as_recorded(tmp_path, fx, "--fmt", FMT[fx["scheme"]], src_file="model.safetensors")
+    with safe_open(str(dst / "model.safetensors"), "numpy") as f:
         assert json.loads(f.metadata()["quantization_config"]) == fx["quantization_config"]

@@ -185,7 +185,10 @@ static char *concat(const char *a, const char *sep, const char *b)
 static char *join(const char *dir, const char *name) { return concat(dir, "/", name); }
 
 /* compressed-tensors' 4-bit float layouts (nvfp4-pack-quantized, mxfp4-pack-quantized) */
-static int ct_float(const struct qd_convert_opts *o) { return !strcmp(o->f->name, "nvfp4") || !strcmp(o->f->name, "mxfp4"); }
+static int ct_float(const struct qd_convert_opts *o)
+{
+    return !strcmp(o->f->name, "nvfp4") || !strcmp(o->f->name, "mxfp4");
+}
 static int compressed_tensors(const struct qd_convert_opts *o) { return !strcmp(o->f->family, "ctint") || ct_float(o); }
 static int autoawq(const struct qd_convert_opts *o) { return !strcmp(o->f->family, "awq"); }
 
@@ -270,7 +273,8 @@ static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const s
             const char *suffix = !strcmp(comps[k].name, "data") ? "" : comps[k].name;
             char sfx[64];
             snprintf(sfx, sizeof sfx, "%s%s", *suffix ? "." : "", suffix);
-            struct out_tensor c = {.name = ct ? module_name(t->name, ct_float(o) ? ct_component(comps[k].name) : comps[k].name) : concat(t->name, "", sfx),
+            const char *cname = ct_float(o) ? ct_component(comps[k].name) : comps[k].name;
+            struct out_tensor c = {.name = ct ? module_name(t->name, cname) : concat(t->name, "", sfx),
                                    .dtype = dtype_to_st(comps[k].dtype),
                                    .ndim = ct_float(o) ? comps[k].ndim : ct || k == 0 ? 2 : 1,
                                    .shape = {comps[k].shape[0], ct ? comps[k].shape[1] : 1},
@@ -318,7 +322,8 @@ static struct out_tensor *find_weight(struct shard *sh, int nshards, const char 
     for (int k = 0; k < nshards; k++)
         for (int i = 0; i < sh[k].n; i++) {
             const char *n = sh[k].t[i].quantize ? sh[k].t[i].src->name : NULL;
-            if (n && !strncmp(n, parent, plen) && !strncmp(n + plen, member, mlen) && !strcmp(n + plen + mlen, ".weight"))
+            if (n && !strncmp(n, parent, plen) && !strncmp(n + plen, member, mlen) &&
+                !strcmp(n + plen + mlen, ".weight"))
                 return &sh[k].t[i];
         }
     return NULL;

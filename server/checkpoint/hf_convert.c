@@ -690,15 +690,19 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
     struct qd_pipe pipe = {.src_fd = fd, .out = &out, .items = items, .n = ni, .process = process_weight,
                            .handed = weight_handed, .ctx = &job, .pool = pool, .cancel = o->cancel,
                            .stats = &s->stages};
+    double t0 = qd_pipe_clock_s();
     if (qd_pipe_run(&pipe, status, err, errlen)) {
         qd_outfile_abort(&out);
         goto done;
     }
+    double t1 = qd_pipe_clock_s();
+    qd_pipe_trace("shard", -1, t0, t1, out.written);
     s->bytes_out += out.written;
     if (qd_outfile_commit(&out, err, errlen)) {
         *status = QD_EIO;
         goto done;
     }
+    qd_pipe_trace("commit", -1, t1, qd_pipe_clock_s(), 0);
     rc = 0;
 done:
     if (fd >= 0)

@@ -56,6 +56,10 @@ struct qd_pipe {
  * it after). */
 int qd_pipe_run(const struct qd_pipe *p, enum qd_status *status, char *err, size_t errlen);
 
+/* With QUANTD_PIPE_TRACE set, one stage's span on stderr ("pipe STAGE ITEM T0 T1 BYTES", seconds
+ * from the first span traced): where a conversion's wall time goes. */
+void qd_pipe_trace(const char *stage, int item, double t0, double t1, uint64_t bytes);
+
 /* A monotonic clock in seconds: the converters' and the pipeline's timings. */
 double qd_pipe_clock_s(void);
 

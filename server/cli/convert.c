@@ -10,6 +10,7 @@
 
 #include "checkpoint/convert.h"
 #include "checkpoint/gguf_recipe.h"
+#include "checkpoint/pipeline.h"
 #include "cli/cli.h"
 
 static const char *const usage_text =
@@ -146,6 +147,7 @@ int qd_cli_convert(int argc, char **argv)
         return 2;
     }
     struct qd_backend b;
+    double t_init = qd_pipe_clock_s();
     if (strcmp(backend_name, "cpu") && qd_backend_cuda_open(&b, devices, err, sizeof err) == 0) {
         /* the GPU */
     } else if (!strcmp(backend_name, "cuda")) {
@@ -161,6 +163,7 @@ int qd_cli_convert(int argc, char **argv)
         b.close(&b);
         return 1;
     }
+    qd_pipe_trace("init", -1, t_init, qd_pipe_clock_s(), 0);
     struct progress pr = {.tty = isatty(STDOUT_FILENO)}; /* a terminal: the bar; else JSON lines */
     clock_gettime(CLOCK_MONOTONIC, &pr.start);
     o.progress = on_tensor;
@@ -168,8 +171,10 @@ int qd_cli_convert(int argc, char **argv)
     struct qd_convert_summary s;
     enum qd_status st;
     int rc = qd_convert(&o, &s, &st, err, sizeof err);
+    double t_close = qd_pipe_clock_s();
     b.worker_close(o.worker);
     b.close(&b);
+    qd_pipe_trace("close", -1, t_close, qd_pipe_clock_s(), 0);
     free(s.layout_config);
     if (rc) {
         if (pr.tty)

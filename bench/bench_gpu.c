@@ -161,7 +161,10 @@ int main(int argc, char **argv)
         const char *fmt, *key, *value, *label;
         int passes; /* reads of the input the arithmetic needs */
     } variants[] = {
-        {"nf4", NULL, NULL, "bs64 dq", 1}, {"fp4", NULL, NULL, "bs64 dq", 1}, {"q4_0", NULL, NULL, "", 1},
+        {"nf4", NULL, NULL, "bs64 dq", 1}, {"fp4", NULL, NULL, "bs64 dq", 1},
+        /* where nf4's time goes: the double quant given its offset (no mean over the tensor), and none */
+        {"nf4", "offset", "0.01", "bs64 dq, offset given", 1}, {"nf4", "double_quant", "false", "bs64", 1},
+        {"q4_0", NULL, NULL, "", 1},
         {"q4_1", NULL, NULL, "", 1}, {"q5_0", NULL, NULL, "", 1}, {"q5_1", NULL, NULL, "", 1},
         {"q8_0", NULL, NULL, "", 1}, {"q8_1", NULL, NULL, "", 1}, {"q2_K", NULL, NULL, "", 1},
         {"q3_K", NULL, NULL, "", 1}, {"q4_K", NULL, NULL, "", 1}, {"q5_K", NULL, NULL, "", 1},

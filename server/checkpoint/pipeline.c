@@ -43,13 +43,24 @@
 #define MAX_OUT_SLOTS (MAX_WRITERS + OUT_SPARE)
 #define DIO_ALIGN 4096u         /* O_DIRECT offsets, lengths and addresses */
 #define DIO_CHUNK (8u << 20)    /* bytes staged at a time for in-memory and copied items */
+/* a copied item is written in pieces of this size by whichever writers are idle: one writer
+ * copying a 1 GB embedding or head took 1.0-1.7 s on the H100 machine, the conversion's tail */
+#define COPY_PIECE (64ull << 20)
 
+/* The slots are allocated where first used, by the thread that uses them: pinning host memory
+ * costs ~0.45 s per GB on the H100 machine, and allocating a CUDA pool's 1.1 GB up front held
+ * the first write back by that long (the output's writing is the conversion's longest stage). */
 struct qd_pipe_pool {
     int readers, writers, in_slots, out_slots;
     int mapped, direct; /* input through a mapping; output with O_DIRECT (when the file allows) */
-    void *in[MAX_IN_SLOTS], *out[MAX_OUT_SLOTS];
+    void *in[MAX_IN_SLOTS], *out[MAX_OUT_SLOTS];         /* DIO_ALIGN-aligned, or NULL until used */
+    void *in_raw[MAX_IN_SLOTS], *out_raw[MAX_OUT_SLOTS]; /* as allocated */
     uint64_t in_cap, out_cap;
+    void *(*alloc)(size_t);
     void (*release)(void *);
+    void *(*in_alloc)(size_t); /* alloc, or plain memory where a mapped pool is made to read */
+    void (*in_release)(void *);
+    pthread_mutex_t lock; /* the allocations */
 };
 
 /* QUANTD_CONVERT_READERS / QUANTD_CONVERT_WRITERS: the thread counts, for tuning (1..the maximum). */
@@ -73,8 +84,8 @@ struct qd_pipe_pool *qd_pipe_pool_new(struct qd_backend *backend, uint64_t in_ca
         return NULL;
     /* pinned when the backend has them: the GPU reads and writes them directly */
     int pinned = backend && backend->host_alloc;
-    void *(*alloc)(size_t) = pinned ? backend->host_alloc : aligned_malloc;
-    pool->release = pinned && backend->host_free ? backend->host_free : free;
+    pool->alloc = pool->in_alloc = pinned ? backend->host_alloc : aligned_malloc;
+    pool->release = pool->in_release = pinned && backend->host_free ? backend->host_free : free;
     pool->mapped = !pinned;
     pool->in_cap = in_cap ? in_cap : 1;
     pool->out_cap = (out_cap ? out_cap : 1) + DIO_ALIGN; /* room to place an item at its offset mod 4 KiB */
@@ -86,27 +97,32 @@ struct qd_pipe_pool *qd_pipe_pool_new(struct qd_backend *backend, uint64_t in_ca
      * two spare slots the q4_0 conversion of a 2.2 GB GGUF on 2 cores took 0.45 s (median of 7),
      * with six 0.38 s; the slots are sized by the largest item but mostly hold small ones */
     pool->out_slots = pool->writers + OUT_SPARE;
-    int ok = 1;
-    for (int s = 0; s < pool->in_slots && !pool->mapped; s++)
-        ok &= (pool->in[s] = alloc(pool->in_cap)) != NULL;
     pool->direct = 1;
-    for (int s = 0; s < pool->out_slots; s++) {
-        ok &= (pool->out[s] = alloc(pool->out_cap)) != NULL;
-        pool->direct &= ((uintptr_t)pool->out[s] % DIO_ALIGN) == 0;
-    }
-    if (!ok) {
-        qd_pipe_pool_free(pool);
-        return NULL;
-    }
+    pthread_mutex_init(&pool->lock, NULL);
     return pool;
+}
+
+/* Slot s of the input (out = 0) or output buffers, allocated on first use; NULL without memory. */
+static void *pool_slot(struct qd_pipe_pool *pool, int out, int s)
+{
+    void **slot = out ? &pool->out[s] : &pool->in[s], **raw = out ? &pool->out_raw[s] : &pool->in_raw[s];
+    pthread_mutex_lock(&pool->lock);
+    if (!*slot) {
+        void *(*alloc)(size_t) = out ? pool->alloc : pool->in_alloc;
+        size_t n = (size_t)(out ? pool->out_cap : pool->in_cap) + DIO_ALIGN; /* aligned whatever alloc gives */
+        if ((*raw = alloc(n)))
+            *slot = (void *)(((uintptr_t)*raw + DIO_ALIGN - 1) & ~(uintptr_t)(DIO_ALIGN - 1));
+    }
+    void *p = *slot;
+    pthread_mutex_unlock(&pool->lock);
+    return p;
 }
 
 int qd_pipe_pool_modes(struct qd_pipe_pool *pool, int mapped_input, int direct_output)
 {
-    if (!mapped_input && pool->mapped) { /* the input buffers a mapped pool went without */
-        for (int s = 0; s < pool->in_slots; s++)
-            if (!(pool->in[s] = aligned_malloc(pool->in_cap)))
-                return -1;
+    if (!mapped_input && pool->mapped) { /* the input buffers a mapped pool goes without */
+        pool->in_alloc = aligned_malloc;
+        pool->in_release = free;
         pool->mapped = 0;
     }
     pool->direct &= direct_output != 0;
@@ -118,11 +134,12 @@ void qd_pipe_pool_free(struct qd_pipe_pool *pool)
     if (!pool)
         return;
     for (int s = 0; s < MAX_IN_SLOTS; s++)
-        if (pool->in[s])
-            pool->release(pool->in[s]);
+        if (pool->in_raw[s])
+            pool->in_release(pool->in_raw[s]);
     for (int s = 0; s < MAX_OUT_SLOTS; s++)
-        if (pool->out[s])
-            pool->release(pool->out[s]);
+        if (pool->out_raw[s])
+            pool->release(pool->out_raw[s]);
+    pthread_mutex_destroy(&pool->lock);
     free(pool);
 }
 
@@ -132,6 +149,7 @@ struct run {
     pthread_cond_t moved;
     int processed;                    /* PROCESS items processed */
     int next_pw, next_free;           /* the next PROCESS ordinal to write; the next other item */
+    uint64_t free_done;               /* bytes of item next_free already taken by a writer */
     char *read_done, *written;        /* per PROCESS ordinal */
     int *ordinal;                     /* item -> its ordinal among PROCESS items, or -1 */
     int *item_of;                     /* ordinal -> item */
@@ -256,7 +274,12 @@ static void *reader(void *arg)
             return NULL;
         const struct qd_pipe_item *it = &p->items[r->item_of[k]];
         double t0 = qd_pipe_clock_s();
-        int bad = read_fully(p->src_fd, p->pool->in[k % p->pool->in_slots], it->src_bytes, it->src_offset);
+        void *slot = pool_slot(p->pool, 0, k % p->pool->in_slots);
+        if (!slot) {
+            fail(r, QD_ENOMEM, "no memory for the pipeline's input buffers");
+            return NULL;
+        }
+        int bad = read_fully(p->src_fd, slot, it->src_bytes, it->src_offset);
         double t1 = qd_pipe_clock_s();
         if (bad) {
             char msg[160];
@@ -341,13 +364,15 @@ static int emit(const struct run *r, const uint8_t *base, uint64_t lo, uint64_t 
     return lo < hi ? write_fully(r->dfd, base + (lo - f), hi - lo, lo) : 0;
 }
 
-/* A BYTES or COPY item, staged through scratch in chunks that start on block boundaries. */
-static int emit_staged(const struct run *r, uint8_t *scratch, const struct qd_pipe_item *it, uint64_t at)
+/* Bytes [lo, hi) of a BYTES or COPY item, staged through scratch in chunks that start on block
+ * boundaries (lo is one, or the item's start). */
+static int emit_staged(const struct run *r, uint8_t *scratch, const struct qd_pipe_item *it, uint64_t at, uint64_t lo,
+                       uint64_t hi)
 {
     const struct qd_pipe *p = r->p;
-    for (uint64_t c0 = at, c1; c0 < at + it->out_bytes; c0 = c1) {
+    for (uint64_t c0 = at + lo, c1; c0 < at + hi; c0 = c1) {
         uint64_t f = c0 - c0 % DIO_ALIGN, in = c0 - at;
-        c1 = f + DIO_CHUNK < at + it->out_bytes ? f + DIO_CHUNK : at + it->out_bytes;
+        c1 = f + DIO_CHUNK < at + hi ? f + DIO_CHUNK : at + hi;
         uint8_t *dst = scratch + (c0 - f);
         if (it->kind == QD_PIPE_BYTES)
             memcpy(dst, (const uint8_t *)it->bytes + in, c1 - c0);
@@ -413,16 +438,27 @@ static void *writer(void *arg)
     uint8_t *scratch = NULL;
     for (;;) {
         int i = -1;
+        uint64_t lo = 0, hi = 0; /* the part of item i this writer takes */
         pthread_mutex_lock(&r->lock);
         while (!r->failed) {
             if (r->next_pw < r->processed) {
                 i = r->item_of[r->next_pw++];
+                hi = p->items[i].out_bytes;
                 break;
             }
             while (r->next_free < p->n && p->items[r->next_free].kind == QD_PIPE_PROCESS)
                 r->next_free++;
-            if (r->next_free < p->n) {
-                i = r->next_free++;
+            if (r->next_free < p->n) { /* a big copy goes in pieces, to as many writers as are idle */
+                const struct qd_pipe_item *f = &p->items[r->next_free];
+                uint64_t at = r->offset[r->next_free], end = r->free_done + COPY_PIECE;
+                end = f->kind != QD_PIPE_COPY ? f->out_bytes : end - (at + end) % DIO_ALIGN; /* a block boundary */
+                lo = r->free_done;
+                hi = end < f->out_bytes ? end : f->out_bytes;
+                i = r->next_free;
+                if (hi == f->out_bytes)
+                    r->next_free++, r->free_done = 0;
+                else
+                    r->free_done = hi;
                 break;
             }
             if (r->next_pw >= r->nproc) /* all written or being written */
@@ -440,15 +476,16 @@ static void *writer(void *arg)
         if (r->dfd >= 0 && it->kind == QD_PIPE_PROCESS)
             bad = emit(r, slot, at, at + it->out_bytes);
         else if (r->dfd >= 0) /* padding: zeros already in the edge blocks */
-            bad = (!scratch && !(scratch = aligned_malloc(DIO_CHUNK))) || emit_staged(r, scratch, it, at);
+            bad = (!scratch && !(scratch = aligned_malloc(DIO_CHUNK))) || emit_staged(r, scratch, it, at, lo, hi);
         else {
             if (it->kind == QD_PIPE_BYTES)
-                bad = write_fully(p->out->fd, it->bytes, it->out_bytes, at);
+                bad = write_fully(p->out->fd, (const uint8_t *)it->bytes + lo, hi - lo, at + lo);
             else if (it->kind == QD_PIPE_COPY)
-                bad = copy_range(p, it->src_offset, it->src_bytes, at);
+                bad = copy_range(p, it->src_offset + lo, hi - lo, at + lo);
             else
                 bad = write_fully(p->out->fd, slot + at % DIO_ALIGN, it->out_bytes, at);
-            uint64_t end = at + it->out_bytes, pad = it->pad_to ? (it->pad_to - end % it->pad_to) % it->pad_to : 0;
+            uint64_t end = at + it->out_bytes;
+            uint64_t pad = hi < it->out_bytes || !it->pad_to ? 0 : (it->pad_to - end % it->pad_to) % it->pad_to;
             while (!bad && pad) {
                 uint64_t step = pad < sizeof zeros ? pad : sizeof zeros;
                 bad = write_fully(p->out->fd, zeros, step, end);
@@ -458,12 +495,12 @@ static void *writer(void *arg)
         double t1 = qd_pipe_clock_s();
         if (bad) {
             char msg[300];
-            snprintf(msg, sizeof msg, "writing %s at byte %llu: %s", p->out->path, (unsigned long long)at,
+            snprintf(msg, sizeof msg, "writing %s at byte %llu: %s", p->out->path, (unsigned long long)(at + lo),
                      strerror(errno));
             fail(r, QD_EIO, msg);
             break;
         }
-        qd_pipe_trace("write", i, t0, t1, it->out_bytes);
+        qd_pipe_trace("write", i, t0, t1, hi - lo);
         pthread_mutex_lock(&r->lock);
         r->write_s += t1 - t0;
         if (k >= 0)
@@ -567,8 +604,13 @@ int qd_pipe_run(const struct qd_pipe *p, enum qd_status *status, char *err, size
                 break;
             const struct qd_pipe_item *it = &p->items[i];
             const void *in = r.map ? r.map + it->src_offset : p->pool->in[k % p->pool->in_slots];
+            uint8_t *slot = pool_slot(p->pool, 1, k % p->pool->out_slots);
+            if (!slot) {
+                fail(&r, QD_ENOMEM, "no memory for the pipeline's output buffers");
+                break;
+            }
             /* placed at its file offset modulo a block: slot and file line up for O_DIRECT */
-            void *out = (uint8_t *)p->pool->out[k % p->pool->out_slots] + r.offset[i] % DIO_ALIGN;
+            void *out = slot + r.offset[i] % DIO_ALIGN;
             char msg[1024];
             double t0 = qd_pipe_clock_s();
             enum qd_status s = p->process(p->ctx, i, in, out, msg, sizeof msg);

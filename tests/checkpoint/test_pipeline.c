@@ -3,7 +3,8 @@
  * 4 KiB blocks) give exactly the file that writing the items one after the other gives, in
  * every mode the pipeline has: the input read into buffers or through a mapping, the output
  * written plainly or with O_DIRECT (where the build directory's file system allows it; the
- * test says which it got). A failing item leaves no file. */
+ * test says which it got). A failing item leaves no file. QD_PIPE_SEED=N repeats a random run.
+ */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -67,9 +68,9 @@ static uint64_t pick_size(void)
     }
 }
 
-static void make_model(struct model *m, int n)
+static void make_model(struct model *m, int n, size_t src_size)
 {
-    m->src_size = 24u << 20;
+    m->src_size = src_size;
     m->src = malloc(m->src_size);
     for (size_t j = 0; j < m->src_size; j++)
         m->src[j] = (uint8_t)next();
@@ -90,9 +91,11 @@ static void make_model(struct model *m, int n)
             it->out_bytes = size;
         } else {
             it->src_bytes = size ? size : 1;
+            if (it->kind == QD_PIPE_COPY && it->src_bytes == 13) /* (a copy is as long as its source) */
+                it->src_bytes = 14;
             it->src_offset = next() % (m->src_size - it->src_bytes);
             it->out_bytes = it->kind == QD_PIPE_COPY ? it->src_bytes : 1 + next() % (it->src_bytes * 2);
-            if (it->out_bytes == 13)
+            if (it->out_bytes == 13) /* 13 is the failure case's refused item */
                 it->out_bytes = 14;
         }
     }
@@ -199,9 +202,41 @@ static int direct_here(void)
     return ok;
 }
 
+/* Runs the model in a mode and compares the file with the items written one after the other. */
+static void check_model(struct model *m, int mode, unsigned long long seed)
+{
+    uint64_t esize, gsize = 0;
+    uint8_t *e = expected(m, &esize);
+    char err[512];
+    enum qd_status st;
+    char out[600];
+    snprintf(out, sizeof out, "%s/pipe-out.bin", dir);
+    if (run_model(m, mode & 1, mode >> 1, out, &st, err, sizeof err))
+        fail_msg("seed %llu mode %d: %s", seed, mode, err);
+    uint8_t *g = slurp(out, &gsize);
+    assert_non_null(g);
+    if (gsize != esize || memcmp(g, e, esize)) {
+        uint64_t k = 0, at = 0;
+        while (k < esize && k < gsize && g[k] == e[k])
+            k++;
+        for (int i = 0; i < m->n; i++) { /* the items, to tell which one went wrong */
+            printf("# item %d: kind %d, %llu bytes at %llu, pad_to %u\n", i, (int)m->items[i].kind,
+                   (unsigned long long)m->items[i].out_bytes, (unsigned long long)at, m->items[i].pad_to);
+            at += m->items[i].out_bytes;
+            if (m->items[i].pad_to)
+                at += (m->items[i].pad_to - at % m->items[i].pad_to) % m->items[i].pad_to;
+        }
+        fail_msg("seed %llu mode %d (%d items): %llu bytes, expected %llu; first difference at %llu", seed, mode,
+                 m->n, (unsigned long long)gsize, (unsigned long long)esize, (unsigned long long)k);
+    }
+    unlink(out);
+    free(g);
+    free(e);
+}
+
 static void random_item_lists(void **state)
 {
-    rng = (uint64_t)time(NULL) * 2654435761u | 1;
+    rng = getenv("QD_PIPE_SEED") ? strtoull(getenv("QD_PIPE_SEED"), NULL, 10) : (uint64_t)time(NULL) * 2654435761u | 1;
     uint64_t seeds[6] = {1, 2, 3, 0x9e3779b97f4a7c15u, 42, rng};
     printf("# random seed %llu; O_DIRECT %s in %s\n", (unsigned long long)rng,
            direct_here() ? "works" : "is refused (plain writes tested twice)", dir);
@@ -209,30 +244,26 @@ static void random_item_lists(void **state)
         for (int mode = 0; mode < 4; mode++) {
             rng = seeds[s];
             struct model m;
-            make_model(&m, 2 + (int)(next() % 40));
-            uint64_t esize, gsize = 0;
-            uint8_t *e = expected(&m, &esize);
-            char err[512];
-            enum qd_status st;
-            char out[600];
-            snprintf(out, sizeof out, "%s/pipe-out.bin", dir);
-            if (run_model(&m, mode & 1, mode >> 1, out, &st, err, sizeof err))
-                fail_msg("seed %llu mode %d: %s", (unsigned long long)seeds[s], mode, err);
-            uint8_t *g = slurp(out, &gsize);
-            assert_non_null(g);
-            if (gsize != esize || memcmp(g, e, esize)) {
-                uint64_t k = 0;
-                while (k < esize && k < gsize && g[k] == e[k])
-                    k++;
-                fail_msg("seed %llu mode %d (%d items): %llu bytes, expected %llu; first difference at %llu",
-                         (unsigned long long)seeds[s], mode, m.n, (unsigned long long)gsize,
-                         (unsigned long long)esize, (unsigned long long)k);
-            }
-            unlink(out);
-            free(g);
-            free(e);
+            make_model(&m, 2 + (int)(next() % 40), 24u << 20);
+            check_model(&m, mode, seeds[s]);
             free_model(&m);
         }
+}
+
+/* Copies longer than the pipeline's copy piece (64 MiB) are written by several writers, piece
+ * by piece: the pieces must tile the item exactly, on and off block boundaries. */
+static void big_copies_go_in_pieces(void **state)
+{
+    rng = 11;
+    struct model m;
+    make_model(&m, 5, 200u << 20);
+    m.items[1] = (struct qd_pipe_item){.kind = QD_PIPE_COPY, .src_offset = 12345, .src_bytes = (150u << 20) + 333,
+                                       .out_bytes = (150u << 20) + 333};
+    m.items[3] = (struct qd_pipe_item){.kind = QD_PIPE_COPY, .src_offset = 3, .src_bytes = 64u << 20,
+                                       .out_bytes = 64u << 20, .pad_to = 4096};
+    for (int mode = 0; mode < 4; mode++)
+        check_model(&m, mode, 11);
+    free_model(&m);
 }
 
 static void a_failing_item_leaves_no_file(void **state)
@@ -240,7 +271,7 @@ static void a_failing_item_leaves_no_file(void **state)
     for (int mode = 0; mode < 4; mode++) {
         rng = 7;
         struct model m;
-        make_model(&m, 12);
+        make_model(&m, 12, 24u << 20);
         m.items[9] = (struct qd_pipe_item){.kind = QD_PIPE_PROCESS, .src_offset = 0, .src_bytes = 100, .out_bytes = 13};
         char err[512];
         enum qd_status st;
@@ -269,6 +300,7 @@ int main(int argc, char **argv)
     snprintf(dir, sizeof dir, "%s", dirname(self));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(random_item_lists),
+        cmocka_unit_test(big_copies_go_in_pieces),
         cmocka_unit_test(a_failing_item_leaves_no_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

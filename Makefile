@@ -15,6 +15,7 @@
 CC       ?= cc
 PYTHON   ?= python3
 BUILD    ?= build
+comma := ,
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 
 # x86-64-v3 (AVX2) where the build machine has it; override ARCH_FLAGS for other targets.
@@ -269,8 +270,9 @@ bench-gpu: check-cuda bin/quantd $(BUILD)/bench/bench_gpu $(BUILD)/bench/bench_s
 	python3 bench/plot_gpu.py $(BUILD)/bench-gpu.svg $(BUILD)/bench-gpu.json
 	@if $(PYTHON) -c "import bitsandbytes" 2>/dev/null; then $(PYTHON) bench/bench_bnb.py; \
 	  else echo "(bitsandbytes is not installed here: no side-by-side table)"; fi
-	python3 bench/loopback.py $(or $(BENCH_CLIENTS),16)
-	QUANTD=$(abspath bin/quantd) QUANTD_TEST_BACKEND=cuda QUANTD_BENCH_BIG=1 $(BUILD)/bench/bench_service $(or $(BENCH_SECONDS),3) $(or $(BENCH_CLIENTS),16)
+	QUANTD=$(abspath bin/quantd) QUANTD_TEST_BACKEND=cuda QUANTD_BENCH_BIG=1 BENCH_JSON=$(BUILD)/bench-service.json \
+	  $(BUILD)/bench/bench_service $(or $(BENCH_SECONDS),3) $(or $(BENCH_CLIENTS),1$(comma)4$(comma)16)
+	python3 bench/plot_service.py $(BUILD)/bench-service.svg $(BUILD)/bench-service.json
 
 # ---- consumers: the runtimes themselves load quantd's files (tests/consumers) -----------------
 # llama.cpp's source ships in the llama-cpp-python sdist on PyPI; llama-quantize and

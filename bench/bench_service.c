@@ -1,7 +1,18 @@
 /* Service benchmark: a real `quantd serve` on loopback, N concurrent clients, requests/s and
  * MB/s of input for small and large tensors sent as a raw body, as JSON/base64, and answered
- * as JSON or as safetensors. Usage: bench_service [seconds per case] [clients]. The clients
- * keep their connection and answer buffer across requests (see client()). */
+ * as JSON or as safetensors. Usage: bench_service [seconds per case] [clients, or with
+ * QUANTD_BENCH_BIG a list of counts: 1,4,16]; BENCH_JSON=FILE also writes the rows as JSON.
+ *
+ * Each run first measures the ceiling the service is held to: raw TCP over loopback with the
+ * same number of connections (each sending 4 MiB writes to a reader for the same time), and
+ * each case prints its MB/s as a share of it, and where the requests' time went: the mean of
+ * the server's per-request phases from its access log (receiving the body, the queue, running:
+ * of which the copies to and from the device and the kernel, sending the answer) beside the
+ * mean request time the clients saw. Two kinds of client: lean ones (a kept connection, 2 MiB
+ * upload writes, a reused answer buffer: a program feeding the service) and curl-like ones (a
+ * new connection per request and curl's own defaults: its buffer sizes, Expect: 100-continue). */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,6 +21,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <curl/curl.h>
@@ -24,17 +37,41 @@ struct load {
     const void *body;
     size_t len;
     double until_us;
+    int curl_like;
     long done, failed;
+    double busy_us; /* the requests' time as this client saw it */
 };
 
+static size_t discard(char *data, size_t size, size_t nmemb, void *arg) { return size * nmemb; }
+
+/* One request as `curl --data-binary @FILE -o /dev/null URL` makes it: a fresh handle and
+ * connection, curl's default buffer sizes and its Expect: 100-continue for a large body. */
+static long curl_like_request(const char *url, struct curl_slist *h, const struct load *l)
+{
+    CURL *c = curl_easy_init();
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, l->body);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)l->len);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, discard);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    long status = 0;
+    if (curl_easy_perform(c) == CURLE_OK)
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(c);
+    return status;
+}
+
 /* A lean client, as a program feeding the service would be: one connection kept alive, 2 MiB
- * upload writes, the answer into a reused buffer. An answer counts when it is a non-empty 200. */
+ * upload writes, the answer into a reused buffer. An answer counts when it is a non-empty 200
+ * (a curl-like one: a 200). */
 static void *client(void *arg)
 {
     struct load *l = arg;
     char url[4096];
     snprintf(url, sizeof url, "%s%s", l->s->base, l->path);
-    struct curl_slist *h = curl_slist_append(NULL, "Expect:");
+    struct curl_slist *h = l->curl_like ? NULL : curl_slist_append(NULL, "Expect:");
     for (int i = 0; l->headers && l->headers[i]; i++)
         h = curl_slist_append(h, l->headers[i]);
     CURL *c = curl_easy_init();
@@ -52,9 +89,13 @@ static void *client(void *arg)
     while (qd_now_us() < l->until_us) {
         a.n = 0;
         long status = 0;
-        if (curl_easy_perform(c) == CURLE_OK)
+        double t0 = qd_now_us();
+        if (l->curl_like)
+            status = curl_like_request(url, h, l);
+        else if (curl_easy_perform(c) == CURLE_OK)
             curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-        if (status == 200 && a.n > 0)
+        l->busy_us += qd_now_us() - t0;
+        if (status == 200 && (a.n > 0 || l->curl_like))
             l->done++;
         else
             l->failed++;
@@ -65,63 +106,250 @@ static void *client(void *arg)
     return NULL;
 }
 
+/* ---- the loopback ceiling --------------------------------------------------------------------- */
+
+struct stream {
+    int fd;
+    double until_us;
+    uint64_t bytes;
+};
+
+static void *stream_send(void *arg)
+{
+    struct stream *e = arg;
+    static char buf[4u << 20]; /* (read only: shared by the senders) */
+    while (qd_now_us() < e->until_us)
+        if (send(e->fd, buf, sizeof buf, MSG_NOSIGNAL) <= 0)
+            break;
+    shutdown(e->fd, SHUT_WR);
+    return NULL;
+}
+
+static void *stream_recv(void *arg)
+{
+    struct stream *e = arg;
+    char *buf = malloc(1u << 20);
+    for (ssize_t k; buf && (k = recv(e->fd, buf, 1u << 20, 0)) > 0;)
+        e->bytes += (uint64_t)k;
+    free(buf);
+    return NULL;
+}
+
+/* GB/s that `conns` TCP connections over loopback carry in one direction for `seconds`. */
+static double loopback_gbs(int conns, double seconds)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof a) || listen(lfd, conns) ||
+        getsockname(lfd, (struct sockaddr *)&a, &al))
+        return 0;
+    struct stream tx[64], rx[64];
+    pthread_t tt[64], rt[64];
+    double t0 = qd_now_us();
+    for (int i = 0; i < conns; i++) {
+        tx[i] = (struct stream){socket(AF_INET, SOCK_STREAM, 0), t0 + seconds * 1e6, 0};
+        if (connect(tx[i].fd, (struct sockaddr *)&a, sizeof a))
+            return 0;
+        rx[i] = (struct stream){accept(lfd, NULL, NULL), 0, 0};
+    }
+    t0 = qd_now_us();
+    for (int i = 0; i < conns; i++) {
+        tx[i].until_us = t0 + seconds * 1e6;
+        pthread_create(&rt[i], NULL, stream_recv, &rx[i]);
+        pthread_create(&tt[i], NULL, stream_send, &tx[i]);
+    }
+    uint64_t total = 0;
+    for (int i = 0; i < conns; i++) {
+        pthread_join(tt[i], NULL);
+        pthread_join(rt[i], NULL);
+        total += rx[i].bytes;
+        close(tx[i].fd);
+        close(rx[i].fd);
+    }
+    close(lfd);
+    return (double)total / ((qd_now_us() - t0) / 1e6) / 1e9;
+}
+
+/* ---- the server's phases ---------------------------------------------------------------------- */
+
+enum { RECV, QUEUE, RUN, H2D, KERNEL, D2H, SEND, NPHASES };
+static const char *const phase_keys[NPHASES] = {"\"recv\":", "\"queue\":", "\"run\":", "\"h2d\":",
+                                                "\"kernel\":", "\"d2h\":", "\"send\":"};
+
+static long log_size(const struct server *s)
+{
+    FILE *f = fopen(s->log, "rb");
+    long n = 0;
+    if (f && fseek(f, 0, SEEK_END) == 0)
+        n = ftell(f);
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* The mean of each phase (ms) over the access-log lines the server wrote after byte `from`. */
+static int mean_phases(const struct server *s, long from, double mean[NPHASES])
+{
+    memset(mean, 0, NPHASES * sizeof mean[0]);
+    FILE *f = fopen(s->log, "rb");
+    if (!f || fseek(f, from, SEEK_SET)) {
+        if (f)
+            fclose(f);
+        return 0;
+    }
+    static char line[8192];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *ph = strstr(line, "\"phases_ms\":");
+        if (!ph)
+            continue;
+        n++;
+        for (int k = 0; k < NPHASES; k++) {
+            const char *v = strstr(ph, phase_keys[k]);
+            mean[k] += v ? atof(v + strlen(phase_keys[k])) : 0;
+        }
+    }
+    fclose(f);
+    for (int k = 0; n && k < NPHASES; k++)
+        mean[k] /= n;
+    return n;
+}
+
+/* Busy and total jiffies of all cores so far (/proc/stat), 0 where there is none. */
+static void cpu_jiffies(unsigned long long *busy, unsigned long long *total)
+{
+    unsigned long long v[8] = {0};
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f || fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                     &v[6], &v[7]) != 8)
+        memset(v, 0, sizeof v);
+    if (f)
+        fclose(f);
+    *total = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+    *busy = *total - v[3] - v[4]; /* less idle and iowait */
+}
+
+static double ceiling_gbs; /* the loopback ceiling of this run, same client count */
+static FILE *json;         /* BENCH_JSON: every row, for bench/plot_service.py */
+static int json_rows;
+
 static void run_case(const struct server *s, const char *name, const char *path, const char *const *headers,
-                     const void *body, size_t len, size_t tensor_bytes, double seconds, int clients)
+                     const void *body, size_t len, size_t tensor_bytes, double seconds, int clients, int curl_like)
 {
     struct load l[64];
     pthread_t th[64];
+    long from = log_size(s);
+    unsigned long long b0, j0, b1, j1;
+    cpu_jiffies(&b0, &j0);
     double t0 = qd_now_us();
     for (int i = 0; i < clients; i++) {
-        l[i] = (struct load){s, path, headers, body, len, t0 + seconds * 1e6, 0, 0};
+        l[i] = (struct load){s, path, headers, body, len, t0 + seconds * 1e6, curl_like, 0, 0, 0};
         pthread_create(&th[i], NULL, client, &l[i]);
     }
     long done = 0, failed = 0;
+    double busy = 0;
     for (int i = 0; i < clients; i++) {
         pthread_join(th[i], NULL);
         done += l[i].done;
         failed += l[i].failed;
+        busy += l[i].busy_us;
     }
-    double el = (qd_now_us() - t0) / 1e6;
-    printf("| %-40s | %7d | %9.1f | %9.1f | %6ld |\n", name, clients, done / el,
-           done * (double)tensor_bytes / el / 1e6, failed);
+    double el = (qd_now_us() - t0) / 1e6, mbs = done * (double)len / el / 1e6, ph[NPHASES];
+    cpu_jiffies(&b1, &j1);
+    usleep(100000); /* the last lines of the access log */
+    mean_phases(s, from, ph);
+    printf("| %-58s | %7d | %9.1f | %9.1f | %5.0f %% | %4.0f %% | %6ld | %7.2f | %6.2f | %6.2f | %6.2f | %6.2f | %6.2f | "
+           "%6.2f | %6.2f |\n",
+           name, clients, done / el, done * (double)tensor_bytes / el / 1e6,
+           ceiling_gbs > 0 ? 100 * mbs / 1e3 / ceiling_gbs : 0, j1 > j0 ? 100.0 * (double)(b1 - b0) / (double)(j1 - j0) : 0,
+           failed,
+           done + failed ? busy / 1e3 / (double)(done + failed) : 0, ph[RECV], ph[QUEUE], ph[RUN], ph[H2D], ph[KERNEL],
+           ph[D2H], ph[SEND]);
     fflush(stdout);
+    if (json)
+        fprintf(json,
+                "%s{\"case\":\"%s\",\"clients\":%d,\"curl_like\":%d,\"req_s\":%.2f,\"mb_s_in\":%.1f,"
+                "\"loopback_gb_s\":%.3f,\"cpu_pct\":%.1f,\"failed\":%ld,\"client_ms\":%.3f,\"recv_ms\":%.3f,"
+                "\"queue_ms\":%.3f,\"run_ms\":%.3f,\"h2d_ms\":%.3f,\"kernel_ms\":%.3f,\"d2h_ms\":%.3f,\"send_ms\":%.3f}",
+                json_rows++ ? ",\n" : "", name, clients, curl_like, done / el, done * (double)tensor_bytes / el / 1e6,
+                ceiling_gbs, j1 > j0 ? 100.0 * (double)(b1 - b0) / (double)(j1 - j0) : 0, failed,
+                done + failed ? busy / 1e3 / (double)(done + failed) : 0, ph[RECV], ph[QUEUE], ph[RUN], ph[H2D],
+                ph[KERNEL], ph[D2H], ph[SEND]);
+}
+
+static int big_cases(double seconds, int clients, int last)
+{
+    /* 64 MiB raw bf16 bodies, binary answers: the default workers (N streams) with lean and
+     * curl-like clients, then (at the last client count) one worker, one stream */
+    size_t n = (size_t)4096 * 8192, bytes = n * 2;
+    static uint16_t *h;
+    if (!h) {
+        float *x = random_f32(n);
+        h = malloc(bytes);
+        f32_to_bf16(x, h, n);
+        free(x);
+    }
+    const char *bin_h[] = {"Content-Type: application/octet-stream", "Accept: application/octet-stream", NULL};
+    const char *flag_sets[2][3] = {{NULL}, {"--workers", "1", NULL}};
+    const char *fmts[3] = {"nvfp4", "q8_0", "nf4"};
+    for (int k = 0; k < (last ? 2 : 1); k++) {
+        struct server s;
+        server_start(&s, flag_sets[k][0] ? flag_sets[k] : NULL);
+        for (int curl_like = 0; curl_like < 2 - k; curl_like++)
+            for (int f = 0; f < 3 - k; f++) {
+                char path[128], name[128];
+                snprintf(path, sizeof path, "/quantize?fmt=%s&dtype=bf16&shape=4096,8192", fmts[f]);
+                snprintf(name, sizeof name, "64 MiB bf16 -> safetensors, %s, %s, %s", fmts[f],
+                         k ? "1 stream" : "N streams", curl_like ? "curl-like" : "lean");
+                run_case(&s, name, path, bin_h, h, bytes, bytes, seconds, clients, curl_like);
+            }
+        if (server_stop(&s))
+            return 1;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT); /* before the client threads' handles */
     double seconds = argc > 1 ? atof(argv[1]) : 3;
-    int clients = argc > 2 ? atoi(argv[2]) : 8;
-    if (clients > 64)
-        clients = 64;
-    const char *header = "| case (nvfp4 quantize unless named)       | clients |   req/s   | MB/s in   | failed |\n"
-                         "|------------------------------------------|---------|-----------|-----------|--------|\n";
+    /* clients: a count, or (big cases) a list such as 1,4,16 for the scaling curve */
+    int counts[8], ncounts = 0;
+    for (char *c = argc > 2 ? argv[2] : "8"; *c && ncounts < 8; c += *c == ',') {
+        int v = (int)strtol(c, &c, 10);
+        counts[ncounts++] = v < 1 ? 1 : v > 64 ? 64 : v;
+    }
+    if (getenv("BENCH_JSON") && !(json = fopen(getenv("BENCH_JSON"), "w")))
+        return 1;
+    if (json)
+        fprintf(json, "{\"rows\":[\n");
+    const char *header =
+        "| case (nvfp4 quantize unless named)                         | clients |   req/s   | MB/s in   | % loop |  cpu  | failed | "
+        "client  |  recv  | queue  |  run   |  h2d   | kernel |  d2h   |  send  |\n"
+        "|------------------------------------------------------------|---------|-----------|-----------|--------|-------|--------|"
+        "---------|--------|--------|--------|--------|--------|--------|--------|\n";
+    int big = getenv("QUANTD_BENCH_BIG") != NULL, rc = 0;
+    for (int c = 0; c < (big ? ncounts : 1) && !rc; c++) {
+        ceiling_gbs = loopback_gbs(counts[c], seconds);
+        printf("%s# loopback TCP, %d connections: %.2f GB/s (%% loop: request bodies' bytes against it; cpu: all\n"
+               "# cores' busy share over the case, clients included)\n"
+               "# client ms: a request's mean time as the clients saw it; the rest: the server's mean phases (ms),\n"
+               "# run = h2d + kernel + d2h on the GPU + decoding and encoding on the host\n\n%s",
+               c ? "\n" : "", counts[c], ceiling_gbs, header);
+        if (big)
+            rc = big_cases(seconds, counts[c], c == ncounts - 1);
+    }
+    if (big || rc) {
+        if (json)
+            fprintf(json, "\n]}\n"), fclose(json);
+        return rc;
+    }
+    int clients = counts[0];
     const char *json_h[] = {"Content-Type: application/json", NULL};
     const char *bin_h[] = {"Content-Type: application/octet-stream", "Accept: application/octet-stream", NULL};
-    if (getenv("QUANTD_BENCH_BIG")) {
-        /* 64 MiB raw bf16 bodies, binary answers: 1 worker (one stream) against the default */
-        size_t n = (size_t)4096 * 8192, bytes = n * 2;
-        float *x = random_f32(n);
-        uint16_t *h = malloc(bytes);
-        f32_to_bf16(x, h, n);
-        printf("%s", header);
-        const char *flag_sets[2][3] = {{"--workers", "1", NULL}, {NULL}};
-        const char *names[2] = {"64 MiB bf16 raw -> safetensors, 1 stream", "64 MiB bf16 raw -> safetensors, N streams"};
-        for (int k = 0; k < 2; k++) {
-            struct server s;
-            server_start(&s, flag_sets[k][0] ? flag_sets[k] : NULL);
-            run_case(&s, names[k], "/quantize?fmt=nvfp4&dtype=bf16&shape=4096,8192", bin_h, h, bytes, bytes, seconds, clients);
-            run_case(&s, "  same, q8_0", "/quantize?fmt=q8_0&dtype=bf16&shape=4096,8192", bin_h, h, bytes, bytes, seconds, clients);
-            if (server_stop(&s))
-                return 1;
-        }
-        free(h);
-        free(x);
-        return 0;
-    }
     struct server s;
     server_start(&s, NULL);
-    printf("%s", header);
     struct { const char *label; int rows, cols; } sizes[] = {{"256x256", 256, 256}, {"4096x4096", 4096, 4096}};
     for (int k = 0; k < 2; k++) {
         size_t n = (size_t)sizes[k].rows * sizes[k].cols, bytes = n * 2;
@@ -134,18 +362,22 @@ int main(int argc, char **argv)
         snprintf(json, jlen, "{\"dtype\":\"bf16\",\"shape\":[%d,%d],\"data\":\"%s\"}", sizes[k].rows, sizes[k].cols, b64);
         snprintf(path, sizeof path, "/quantize?fmt=nvfp4&dtype=bf16&shape=%d,%d", sizes[k].rows, sizes[k].cols);
         snprintf(name, sizeof name, "%s bf16 raw -> JSON", sizes[k].label);
-        run_case(&s, name, path, NULL, h, bytes, bytes, seconds, clients);
+        run_case(&s, name, path, NULL, h, bytes, bytes, seconds, clients, 0);
         snprintf(name, sizeof name, "%s bf16 raw -> safetensors", sizes[k].label);
-        run_case(&s, name, path, bin_h, h, bytes, bytes, seconds, clients);
+        run_case(&s, name, path, bin_h, h, bytes, bytes, seconds, clients, 0);
         snprintf(name, sizeof name, "%s bf16 JSON -> JSON", sizes[k].label);
-        run_case(&s, name, "/quantize?fmt=nvfp4", json_h, json, strlen(json), bytes, seconds, clients);
+        run_case(&s, name, "/quantize?fmt=nvfp4", json_h, json, strlen(json), bytes, seconds, clients, 0);
         snprintf(path, sizeof path, "/quantize?fmt=q8_0&dtype=bf16&shape=%d,%d", sizes[k].rows, sizes[k].cols);
         snprintf(name, sizeof name, "%s bf16 raw -> safetensors, q8_0", sizes[k].label);
-        run_case(&s, name, path, bin_h, h, bytes, bytes, seconds, clients);
+        run_case(&s, name, path, bin_h, h, bytes, bytes, seconds, clients, 0);
+        snprintf(name, sizeof name, "%s bf16 raw -> safetensors, q8_0, curl-like", sizes[k].label);
+        run_case(&s, name, path, bin_h, h, bytes, bytes, seconds, clients, 1);
         free(json);
         free(b64);
         free(h);
         free(x);
     }
+    if (json)
+        fprintf(json, "\n]}\n"), fclose(json);
     return server_stop(&s) ? 1 : 0;
 }

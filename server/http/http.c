@@ -643,14 +643,15 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     path[k] = 0;
     /* a synchronous job's phases: receiving the body, waiting in the queue, running (decode,
      * kernel, encode), and sending the answer (resuming the connection included) */
-    char phases[200] = "";
+    char phases[300] = "";
     const struct qd_job *j = c->job;
-    if (j && j->done_us > 0)
+    if (j && j->done_us > 0) /* (and of running, the device's copies and kernel where it has them) */
         snprintf(phases, sizeof phases,
-                 ",\"backend\":\"%s\",\"phases_ms\":{\"recv\":%.3f,\"queue\":%.3f,\"run\":%.3f,\"send\":%.3f}",
+                 ",\"backend\":\"%s\",\"phases_ms\":{\"recv\":%.3f,\"queue\":%.3f,\"run\":%.3f,\"send\":%.3f,"
+                 "\"h2d\":%.3f,\"kernel\":%.3f,\"d2h\":%.3f}",
                  j->backend, (j->received_us - c->start_us) / 1e3, j->timing.queue_us / 1e3,
-                 (j->done_us - j->received_us - j->timing.queue_us) / 1e3,
-                 (qd_now_us() - j->done_us) / 1e3);
+                 (j->done_us - j->received_us - j->timing.queue_us) / 1e3, (qd_now_us() - j->done_us) / 1e3,
+                 j->timing.h2d_us / 1e3, j->timing.kernel_us / 1e3, j->timing.d2h_us / 1e3);
     else if (j)
         snprintf(phases, sizeof phases, ",\"backend\":\"%s\"", j->backend);
     fprintf(stderr,

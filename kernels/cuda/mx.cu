@@ -115,23 +115,21 @@ __global__ void __launch_bounds__(MX_THREADS) mx_quantize_kernel(struct mx_geom 
                           (fabsf(c) <= zero_below ? 0x00ffu : 0xffffu);
             }
             n = mx_pack_words<ELEM>(pair, g.unpacked, w);
-        } else if (ELEM == QD_E2M1 && g.even) { /* NaN/Inf (allowed): the shared block code */
-            qd_note_first_nonfinite<QD_MX_BLOCK>(bad, v, b * QD_MX_BLOCK);
-            uint8_t packed[16];
-            int overflow;
-            scale = qd_ct_mx_block(DT, v, packed, &overflow);
-            if (overflow && bad)
-                atomicMin(bad, (unsigned long long)(QD_BAD_MX_SCALE_RANGE | (b * QD_MX_BLOCK)));
-            n = 4;
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                w[k] = packed[4 * k] | packed[4 * k + 1] << 8 | packed[4 * k + 2] << 16 | (uint32_t)packed[4 * k + 3] << 24;
         } else if (top >= 0x7f800000u) {
-            /* NaN/Inf (allowed): the reference block code, exactly the CPU's */
+            /* NaN/Inf (allowed): the reference block code, exactly the CPU's (compressed-tensors'
+             * for scale_rounding=even, ctfp.h's) */
             qd_note_first_nonfinite<QD_MX_BLOCK>(bad, v, b * QD_MX_BLOCK);
             uint8_t packed[32];
-            scale = qd_mx_quantize_block(ELEM, g.rceil, g.unpacked, v, packed);
-            n = words;
+            if (ELEM == QD_E2M1 && g.even) {
+                int overflow;
+                scale = qd_ct_mx_block(DT, v, packed, &overflow);
+                if (overflow && bad)
+                    atomicMin(bad, (unsigned long long)(QD_BAD_MX_SCALE_RANGE | (b * QD_MX_BLOCK)));
+                n = 4;
+            } else {
+                scale = qd_mx_quantize_block(ELEM, g.rceil, g.unpacked, v, packed);
+                n = words;
+            }
 #pragma unroll /* w stays in registers */
             for (int k = 0; k < 8; k++)
                 w[k] = k < n ? packed[4 * k] | packed[4 * k + 1] << 8 | packed[4 * k + 2] << 16 |

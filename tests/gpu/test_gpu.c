@@ -111,7 +111,7 @@ static const struct shape shapes[] = {{1, 32, 0},     {3, 96, 0},     {7, 160, 0
                                       {128, 256, 0},  {256, 1024, 0}, {384, 4104, 0},  {1000, 4096, 0},
                                       {1024, 8200, 2}, {8192, 8192, 1}};
 
-static int64_t cases, skipped, nonfinite_mismatches, awq_f16_overflows;
+static int64_t cases, skipped, nonfinite_mismatches, awq_f16_overflows, nonfinite_variant_cases;
 
 /* Dequantized outputs: the same bits, or NaN in both (0 * inf from a scale that overflowed to
  * inf is the hardware's NaN: x86 sets the sign, the GPU does not; docs/formats.md). */
@@ -322,14 +322,19 @@ static void gpu_params_variants(void **state)
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         const struct qd_format *f = qd_format_find(variants[v][0]);
         /* per-row int8: rows the kernel keeps in registers (up to 16384 16-bit values, whole
-         * 8-element chunks) and others; the last shape again with NaN/Inf allowed */
+         * 8-element chunks) and others; then, where the format offers allow_nonfinite, the last
+         * shape again with a NaN and an Inf allowed (the variant's non-finite block path) */
         static const struct shape row_shapes[] = {{16, 20480, 0}, {256, 1024, 0}, {7, 4104, 0}, {5, 96, 0},
                                                   {3, 16384, 0}, {2, 100, 0}, {9, 2056, 0}};
-        int row = !strcmp(variants[v][2], "row"), nshapes = row ? 8 : 1;
+        int row = !strcmp(variants[v][2], "row"), nshapes = row ? 7 : 1, offered = 0;
+        for (const char *const *q = f->params; *q; q++)
+            offered |= !strcmp(*q, "allow_nonfinite");
+        nshapes += offered;
         for (int dt = QD_F32; dt <= QD_BF16; dt++)
             for (int si = 0; si < nshapes; si++) {
                 struct shape sh = row ? row_shapes[si < 7 ? si : 6] : (struct shape){256, 1024, 0};
-                int nonfinite = si == 7;
+                int nonfinite = offered && si == nshapes - 1;
+                nonfinite_variant_cases += nonfinite;
                 struct qd_work probe;
                 char err[256];
                 memset(&probe, 0, sizeof probe);
@@ -381,8 +386,9 @@ static void gpu_params_variants(void **state)
             }
     }
     printf("# %lld cases in all, %lld format x shape pairs the layout refuses (skipped), %lld AWQ f16 "
-           "overflows refused alike (then compared allowed)\n", (long long)cases, (long long)skipped,
-           (long long)awq_f16_overflows);
+           "overflows refused alike (then compared allowed), %lld parameter variants' cases with NaN/Inf "
+           "allowed\n", (long long)cases, (long long)skipped, (long long)awq_f16_overflows,
+           (long long)nonfinite_variant_cases);
 }
 
 /* The device element encoders (fp8 cvt, fp6 through fp8, e2m1 per binade), the f16/bf16

@@ -11,7 +11,8 @@ hf:   a Llama-shaped bf16 checkpoint of random weights in 5 GB shards (transform
 gguf: the same shapes as a BF16 GGUF (written with the gguf package); times `cat`, `quantd
       convert --fmt q4_0`, `--fmt q8_0` and `--recipe Q4_K_M`, and llama-quantize (LLAMA_CPP_BIN)
       on all cores for the same three (`--pure Q4_0`, `--pure Q8_0`, `Q4_K_M`).
---targets picks some of nf4 w4a16 w8a16 nvfp4 mxfp4 awq transformers q4_0 q8_0 Q4_K_M (default all).
+--targets picks some of nf4 w4a16 w8a16 nvfp4 mxfp4 awq transformers q4_0 q8_0 Q4_K_M (default all);
+--devices 0,1 passes --devices to the CUDA runs (one run per device list: the scaling over GPUs).
 Every figure is the median of REPEAT runs (default 3) after one warm-up (llama-quantize: none,
 the runs before it have warmed the page cache; LQ_REPEAT sets its run count), each run after a sync
 (no dirty pages left by the one before), with the process's peak RSS (quantd's own VmHWM;
@@ -97,6 +98,14 @@ def make_gguf(path, size):
                     "--kv-heads", str(kv), "--vocab", str(vocab)], check=True)
 
 
+def devices_args(backend, devices):
+    return ["--devices", devices] if backend == "cuda" and devices else []
+
+
+def backend_label(backend, devices):
+    return f"{backend}, devices {devices}" if backend == "cuda" and devices else backend
+
+
 def gb(b):
     return b / 1e9
 
@@ -110,6 +119,7 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--targets", default="nf4,w4a16,w8a16,nvfp4,mxfp4,awq,transformers,q4_0,q8_0,Q4_K_M")
     ap.add_argument("--backends", default="cpu,cuda", help="quantd backends to time (cuda only with a GPU)")
+    ap.add_argument("--devices", help="the CUDA runs' --devices (e.g. 0,1: the scaling over GPUs)")
     a = ap.parse_args()
     targets = a.targets.split(",")
     os.makedirs(a.work, exist_ok=True)
@@ -130,8 +140,9 @@ def main():
         out = os.path.join(a.work, "hf-out")
         for fmt in (t for t in ("nf4", "w4a16", "w8a16", "nvfp4", "mxfp4", "awq") if t in targets):
             for b in backends:
-                rows.append(dict(timed(f"hf: quantd convert {fmt} ({b})",
-                                       [QUANTD, "convert", "--in", src, "--out", out, "--fmt", fmt, "--backend", b],
+                rows.append(dict(timed(f"hf: quantd convert {fmt} ({backend_label(b, a.devices)})",
+                                       [QUANTD, "convert", "--in", src, "--out", out, "--fmt", fmt, "--backend", b,
+                                        *devices_args(b, a.devices)],
                                        a.repeat, cleanup=lambda: shutil.rmtree(out, ignore_errors=True)), bytes=size))
                 shutil.rmtree(out, ignore_errors=True)
         if "cuda" in backends and "transformers" in targets:
@@ -157,9 +168,10 @@ m.save_pretrained({out!r})
         for t in (t for t in ("q4_0", "q8_0", "Q4_K_M") if t in targets):
             pure = t.islower()  # a format: --fmt / --pure; a mix: --recipe / llama-quantize's rules
             for b in backends:
-                rows.append(dict(timed(f"gguf: quantd convert {'--fmt' if pure else '--recipe'} {t} ({b})",
+                rows.append(dict(timed(f"gguf: quantd convert {'--fmt' if pure else '--recipe'} {t} "
+                                       f"({backend_label(b, a.devices)})",
                                        [QUANTD, "convert", "--in", src, "--out", out, "--fmt" if pure else "--recipe",
-                                        t, "--backend", b], a.repeat), bytes=size))
+                                        t, "--backend", b, *devices_args(b, a.devices)], a.repeat), bytes=size))
             lq = os.path.join(os.environ.get("LLAMA_CPP_BIN", ""), "llama-quantize")
             if os.path.exists(lq):
                 lq_args = ["--pure"] if pure else []

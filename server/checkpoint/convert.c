@@ -1,6 +1,7 @@
 /* The conversion engine's shared parts (convert.h): mapped input, atomic output files, name
  * filters, one tensor through a backend worker, and the dispatch to a target. */
 #include "checkpoint/convert.h"
+#include "checkpoint/pipeline.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -264,6 +265,18 @@ enum qd_status qd_convert_quantize(const struct qd_convert_opts *o, const void *
     if (resolved)
         *resolved = w.p;
     return s;
+}
+
+int qd_convert_lanes(const struct qd_convert_opts *o)
+{
+    int n = o->nworkers > QD_PIPE_MAX_LANES ? QD_PIPE_MAX_LANES : o->nworkers;
+    return n > 1 && !o->report_error ? n : 1;
+}
+
+void qd_convert_use_lane(struct qd_convert_opts *o, int lane)
+{
+    if (o->nworkers > 1 && lane < o->nworkers)
+        o->worker = o->workers[lane];
 }
 
 const struct qd_format *qd_convert_format(const struct qd_format *f)

@@ -41,6 +41,11 @@ struct qd_convert_opts {
                                  buffers do not scale with the largest tensor */
     struct qd_backend *backend;
     void *worker;
+    /* Several workers (one per device of --devices): the pipeline quantizes that many tensors
+     * at once, lane L through workers[L]; 0 or 1: worker alone. One lane still where a tensor's
+     * NMSE is reported or the AutoAWQ layout transposes through its one staging buffer. */
+    void *workers[QD_MAX_DEVICES];
+    int nworkers;
     void (*progress)(void *ctx, const struct qd_convert_event *ev);
     void *progress_ctx;
     const volatile int *cancel; /* nonzero: stop, remove the partial output */
@@ -103,6 +108,10 @@ struct qd_name_filter;
 struct qd_name_filter *qd_name_filter_new(const char *skip, const char *only, char *err, size_t errlen);
 int qd_name_filter_keeps(const struct qd_name_filter *nf, const char *name);
 void qd_name_filter_free(struct qd_name_filter *nf);
+
+/* The pipeline lanes o asks for (see workers), and a copy of o made lane L's (its worker). */
+int qd_convert_lanes(const struct qd_convert_opts *o);
+void qd_convert_use_lane(struct qd_convert_opts *o, int lane);
 
 /* Quantizes one tensor through the worker: src (dtype, rows x cols) into out (the format's
  * components, back to back, sized by qd_format_layout). */

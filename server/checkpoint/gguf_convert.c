@@ -180,7 +180,8 @@ static int64_t rows_per_piece(const struct plan *p, const struct qd_convert_opts
     return cap / row_in > 0 ? (int64_t)(cap / row_in) : 1;
 }
 
-static enum qd_status process_tensor(void *ctx, int item, const void *in, void *out, char *err, size_t errlen)
+static enum qd_status process_tensor(void *ctx, int lane, int item, const void *in, void *out, char *err,
+                                     size_t errlen)
 {
     struct job *j = ctx;
     const struct piece *pc = &j->pieces[item];
@@ -191,6 +192,7 @@ static enum qd_status process_tensor(void *ctx, int item, const void *in, void *
     const uint64_t out_bytes = all ? p->out.bytes / (uint64_t)all * (uint64_t)rows : 0;
     if (p->action == QD_CONVERT_QUANTIZE) {
         struct qd_convert_opts o = *j->o;
+        qd_convert_use_lane(&o, lane);
         if (p->f != o.f) { /* a fallback type: its own default parameters */
             o.f = p->f;
             qd_params_default(p->f, &o.params);
@@ -402,7 +404,7 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
             in_cap = items[i].src_bytes > in_cap ? items[i].src_bytes : in_cap;
             out_cap = items[i].out_bytes > out_cap ? items[i].out_bytes : out_cap;
         }
-    if (!(pool = qd_pipe_pool_new(o->backend, in_cap, out_cap))) {
+    if (!(pool = qd_pipe_pool_new(o->backend, in_cap, out_cap, qd_convert_lanes(o)))) {
         snprintf(err, errlen, "no memory for the pipeline's buffers (%" PRIu64 " + %" PRIu64 " bytes each)", in_cap,
                  out_cap);
         *status = QD_ENOMEM;
@@ -410,7 +412,7 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
     }
     struct qd_pipe pipe = {.src_fd = src_fd, .out = &out, .items = items, .n = nitems, .process = process_tensor,
                            .handed = tensor_handed, .ctx = &job, .pool = pool, .cancel = o->cancel,
-                           .stats = &s->stages};
+                           .stats = &s->stages, .lanes = qd_convert_lanes(o)};
     if (qd_pipe_run(&pipe, status, err, errlen))
         goto fail;
     s->bytes_out = out.written;

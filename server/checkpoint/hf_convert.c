@@ -535,7 +535,8 @@ static void transpose(const void *in, void *out, int64_t rows, int64_t cols, siz
             pthread_join(th[k], NULL);
 }
 
-static enum qd_status process_weight(void *ctx, int item, const void *in, void *out, char *err, size_t errlen)
+static enum qd_status process_weight(void *ctx, int lane, int item, const void *in, void *out, char *err,
+                                     size_t errlen)
 {
     struct shard_job *j = ctx;
     const struct out_tensor *t = j->src[item];
@@ -554,6 +555,7 @@ static enum qd_status process_weight(void *ctx, int item, const void *in, void *
         in = j->scratch;
     }
     struct qd_convert_opts ot = *j->o; /* nvfp4: the module's (fused) global scale */
+    qd_convert_use_lane(&ot, lane);
     if (t->has_gs) {
         ot.params.global_scale = t->gs;
         ot.params.has_global_scale = 1;
@@ -586,6 +588,9 @@ static enum qd_status process_weight(void *ctx, int item, const void *in, void *
     memset((char *)out + t->qbytes + n, ' ', js->bytes - (uint64_t)n);
     return QD_OK;
 }
+
+/* AutoAWQ's transpose goes through one staging buffer: one lane there. */
+static int hf_lanes(const struct qd_convert_opts *o) { return autoawq(o) ? 1 : qd_convert_lanes(o); }
 
 static void weight_handed(void *ctx, int item)
 {
@@ -689,7 +694,7 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
                             .last = qd_pipe_clock_s()};
     struct qd_pipe pipe = {.src_fd = fd, .out = &out, .items = items, .n = ni, .process = process_weight,
                            .handed = weight_handed, .ctx = &job, .pool = pool, .cancel = o->cancel,
-                           .stats = &s->stages};
+                           .stats = &s->stages, .lanes = hf_lanes(o)};
     double t0 = qd_pipe_clock_s();
     if (qd_pipe_run(&pipe, status, err, errlen)) {
         qd_outfile_abort(&out);
@@ -903,7 +908,7 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
             }
     qc = quantization_config(o, compute_dtype ? compute_dtype : "float32");
     s->layout_config = qc ? cJSON_PrintUnformatted(qc) : NULL;
-    pool = qd_pipe_pool_new(o->backend, in_cap, out_cap);
+    pool = qd_pipe_pool_new(o->backend, in_cap, out_cap, hf_lanes(o));
     if (autoawq(o) && scratch_cap) /* pinned where the backend has it: the GPU reads it directly */
         scratch = o->backend && o->backend->host_alloc ? o->backend->host_alloc(scratch_cap) : malloc(scratch_cap);
     if (!qc || !pool || (autoawq(o) && scratch_cap && !scratch)) {

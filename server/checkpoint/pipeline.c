@@ -38,9 +38,9 @@
 #define DEFAULT_WRITERS 3
 #define MAX_READERS 8
 #define MAX_WRITERS 8
-#define MAX_IN_SLOTS (MAX_READERS + 2)
+#define MAX_IN_SLOTS (MAX_READERS + 2 + QD_PIPE_MAX_LANES - 1)
 #define OUT_SPARE 6
-#define MAX_OUT_SLOTS (MAX_WRITERS + OUT_SPARE)
+#define MAX_OUT_SLOTS (MAX_WRITERS + OUT_SPARE + QD_PIPE_MAX_LANES - 1)
 #define DIO_ALIGN 4096u         /* O_DIRECT offsets, lengths and addresses */
 #define DIO_CHUNK (8u << 20)    /* bytes staged at a time for in-memory and copied items */
 /* a copied item is written in pieces of this size by whichever writers are idle: one writer
@@ -51,7 +51,7 @@
  * costs ~0.45 s per GB on the H100 machine, and allocating a CUDA pool's 1.1 GB up front held
  * the first write back by that long (the output's writing is the conversion's longest stage). */
 struct qd_pipe_pool {
-    int readers, writers, in_slots, out_slots;
+    int readers, writers, in_slots, out_slots, lanes;
     int mapped, direct; /* input through a mapping; output with O_DIRECT (when the file allows) */
     void *in[MAX_IN_SLOTS], *out[MAX_OUT_SLOTS];         /* DIO_ALIGN-aligned, or NULL until used */
     void *in_raw[MAX_IN_SLOTS], *out_raw[MAX_OUT_SLOTS]; /* as allocated */
@@ -77,8 +77,9 @@ static void *aligned_malloc(size_t n)
     return posix_memalign(&p, DIO_ALIGN, n) ? NULL : p;
 }
 
-struct qd_pipe_pool *qd_pipe_pool_new(struct qd_backend *backend, uint64_t in_cap, uint64_t out_cap)
+struct qd_pipe_pool *qd_pipe_pool_new(struct qd_backend *backend, uint64_t in_cap, uint64_t out_cap, int lanes)
 {
+    lanes = lanes < 1 ? 1 : lanes > QD_PIPE_MAX_LANES ? QD_PIPE_MAX_LANES : lanes;
     struct qd_pipe_pool *pool = calloc(1, sizeof *pool);
     if (!pool)
         return NULL;
@@ -92,11 +93,12 @@ struct qd_pipe_pool *qd_pipe_pool_new(struct qd_backend *backend, uint64_t in_ca
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     pool->readers = env_count("QUANTD_CONVERT_READERS", cores >= 8 ? DEFAULT_READERS : 1, MAX_READERS);
     pool->writers = env_count("QUANTD_CONVERT_WRITERS", cores >= 8 ? DEFAULT_WRITERS : 1, MAX_WRITERS);
-    pool->in_slots = pool->readers + 2;
+    pool->in_slots = pool->readers + 2 + lanes - 1; /* (each lane holds one item's input and output) */
+    pool->lanes = lanes;
     /* beyond one per writer, room for the processing to run ahead of a write that stalls: with
      * two spare slots the q4_0 conversion of a 2.2 GB GGUF on 2 cores took 0.45 s (median of 7),
      * with six 0.38 s; the slots are sized by the largest item but mostly hold small ones */
-    pool->out_slots = pool->writers + OUT_SPARE;
+    pool->out_slots = pool->writers + OUT_SPARE + lanes - 1;
     pool->direct = 1;
     pthread_mutex_init(&pool->lock, NULL);
     return pool;
@@ -147,7 +149,9 @@ struct run {
     const struct qd_pipe *p;
     pthread_mutex_t lock;
     pthread_cond_t moved;
-    int processed;                    /* PROCESS items processed */
+    int processed;                    /* PROCESS items processed: all ordinals below it */
+    char *done;                       /* per PROCESS ordinal: processed (lanes finish out of order) */
+    int next_claim;                   /* the next PROCESS ordinal a lane takes */
     int next_pw, next_free;           /* the next PROCESS ordinal to write; the next other item */
     uint64_t free_done;               /* bytes of item next_free already taken by a writer */
     char *read_done, *written;        /* per PROCESS ordinal */
@@ -512,6 +516,67 @@ static void *writer(void *arg)
     return NULL;
 }
 
+/* PROCESS ordinal k on a lane: waits for its input and a free output slot, processes it and
+ * counts it; 0, or -1 once the run has failed (this item's failure included). */
+static int process_one(struct run *r, int lane, int k)
+{
+    const struct qd_pipe *p = r->p;
+    int i = r->item_of[k];
+    pthread_mutex_lock(&r->lock);
+    int stop = wait_until(r, was_read, k) || wait_until(r, out_slot_free, k);
+    pthread_mutex_unlock(&r->lock);
+    if (stop)
+        return -1;
+    const struct qd_pipe_item *it = &p->items[i];
+    const void *in = r->map ? r->map + it->src_offset : p->pool->in[k % p->pool->in_slots];
+    uint8_t *slot = pool_slot(p->pool, 1, k % p->pool->out_slots);
+    if (!slot) {
+        fail(r, QD_ENOMEM, "no memory for the pipeline's output buffers");
+        return -1;
+    }
+    /* placed at its file offset modulo a block: slot and file line up for O_DIRECT */
+    void *out = slot + r->offset[i] % DIO_ALIGN;
+    char msg[1024];
+    double t0 = qd_pipe_clock_s();
+    enum qd_status s = p->process(p->ctx, lane, i, in, out, msg, sizeof msg);
+    double t1 = qd_pipe_clock_s();
+    qd_pipe_trace("process", i, t0, t1, it->src_bytes);
+    if (r->map)
+        map_release(r, it->src_offset, it->src_bytes);
+    if (s != QD_OK) {
+        fail(r, s, msg);
+        return -1;
+    }
+    pthread_mutex_lock(&r->lock);
+    r->process_s += t1 - t0;
+    r->done[k] = 1;
+    while (r->processed < r->nproc && r->done[r->processed]) /* the writers take them in order */
+        r->processed++;
+    pthread_cond_broadcast(&r->moved);
+    pthread_mutex_unlock(&r->lock);
+    return 0;
+}
+
+struct lane_arg {
+    struct run *r;
+    int lane;
+};
+
+/* A lane: takes the next PROCESS ordinal until none is left or the run fails. */
+static void *lane_main(void *arg)
+{
+    struct run *r = ((struct lane_arg *)arg)->r;
+    for (;;) {
+        pthread_mutex_lock(&r->lock);
+        int k = r->failed || r->next_claim >= r->nproc ? -1 : r->next_claim++;
+        pthread_mutex_unlock(&r->lock);
+        if (k < 0 || process_one(r, ((struct lane_arg *)arg)->lane, k))
+            return NULL;
+    }
+}
+
+static int was_processed(struct run *r, int k) { return r->done[k]; }
+
 static int map_source(struct run *r, char *err, size_t errlen)
 {
     struct stat st;
@@ -540,10 +605,14 @@ int qd_pipe_run(const struct qd_pipe *p, enum qd_status *status, char *err, size
     r.offset = malloc(n1 * sizeof *r.offset);
     r.read_done = calloc(n1, 1);
     r.written = calloc(n1, 1);
-    pthread_t rt[MAX_READERS], wt[MAX_WRITERS];
+    r.done = calloc(n1, 1);
+    pthread_t rt[MAX_READERS], wt[MAX_WRITERS], lt[QD_PIPE_MAX_LANES];
     struct reader_arg ra[MAX_READERS];
-    int nr = 0, nw = 0;
-    if (!r.ordinal || !r.item_of || !r.offset || !r.read_done || !r.written) {
+    struct lane_arg la[QD_PIPE_MAX_LANES];
+    int nr = 0, nw = 0, nl = 0;
+    /* lanes beyond one need the slots a pool made for them */
+    const int lanes = p->lanes > 1 ? (p->lanes < p->pool->lanes ? p->lanes : p->pool->lanes) : 1;
+    if (!r.ordinal || !r.item_of || !r.offset || !r.read_done || !r.written || !r.done) {
         snprintf(err, errlen, "no memory for %d items", p->n);
         r.failed = 1, r.status = QD_ENOMEM;
         goto done;
@@ -584,10 +653,16 @@ int qd_pipe_run(const struct qd_pipe *p, enum qd_status *status, char *err, size
     for (; nr == readers && nw < p->pool->writers; nw++)
         if (pthread_create(&wt[nw], NULL, writer, &r))
             break;
-    if (nr < readers || nw < p->pool->writers) {
+    for (; nr == readers && nw == p->pool->writers && lanes > 1 && nl < lanes; nl++) {
+        la[nl] = (struct lane_arg){&r, nl};
+        if (pthread_create(&lt[nl], NULL, lane_main, &la[nl]))
+            break;
+    }
+    if (nr < readers || nw < p->pool->writers || (lanes > 1 && nl < lanes)) {
         fail(&r, QD_ENOMEM, "cannot start the pipeline's threads");
         goto join;
     }
+    /* items in order: processed here (one lane) or by the lanes, then handed on (progress) */
     for (int i = 0; i < p->n; i++) {
         if (p->cancel && *p->cancel) {
             char msg[64];
@@ -596,42 +671,21 @@ int qd_pipe_run(const struct qd_pipe *p, enum qd_status *status, char *err, size
             break;
         }
         int k = r.ordinal[i];
-        if (k >= 0) {
+        if (k >= 0 && lanes == 1 && process_one(&r, 0, k))
+            break;
+        if (k >= 0 && lanes > 1) {
             pthread_mutex_lock(&r.lock);
-            int stop = wait_until(&r, was_read, k) || wait_until(&r, out_slot_free, k);
+            int stop = wait_until(&r, was_processed, k);
             pthread_mutex_unlock(&r.lock);
             if (stop)
                 break;
-            const struct qd_pipe_item *it = &p->items[i];
-            const void *in = r.map ? r.map + it->src_offset : p->pool->in[k % p->pool->in_slots];
-            uint8_t *slot = pool_slot(p->pool, 1, k % p->pool->out_slots);
-            if (!slot) {
-                fail(&r, QD_ENOMEM, "no memory for the pipeline's output buffers");
-                break;
-            }
-            /* placed at its file offset modulo a block: slot and file line up for O_DIRECT */
-            void *out = slot + r.offset[i] % DIO_ALIGN;
-            char msg[1024];
-            double t0 = qd_pipe_clock_s();
-            enum qd_status s = p->process(p->ctx, i, in, out, msg, sizeof msg);
-            double t1 = qd_pipe_clock_s();
-            r.process_s += t1 - t0;
-            qd_pipe_trace("process", i, t0, t1, it->src_bytes);
-            if (r.map)
-                map_release(&r, it->src_offset, it->src_bytes);
-            if (s != QD_OK) {
-                fail(&r, s, msg);
-                break;
-            }
         }
-        pthread_mutex_lock(&r.lock);
-        r.processed += k >= 0;
-        pthread_cond_broadcast(&r.moved);
-        pthread_mutex_unlock(&r.lock);
         if (p->handed)
             p->handed(p->ctx, i);
     }
 join:
+    for (int t = 0; t < nl; t++)
+        pthread_join(lt[t], NULL);
     for (int t = 0; t < nr; t++)
         pthread_join(rt[t], NULL);
     for (int t = 0; t < nw; t++)
@@ -661,6 +715,7 @@ done:
     free(r.offset);
     free(r.read_done);
     free(r.written);
+    free(r.done);
     *status = r.failed ? r.status : QD_OK;
     return r.failed ? -1 : 0;
 }

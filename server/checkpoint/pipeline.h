@@ -19,6 +19,8 @@ enum qd_pipe_kind {
     QD_PIPE_PROCESS  /* a range of the source file, turned into out_bytes by the callback */
 };
 
+#define QD_PIPE_MAX_LANES 16
+
 struct qd_pipe_item {
     enum qd_pipe_kind kind;
     const void *bytes;
@@ -28,7 +30,8 @@ struct qd_pipe_item {
 
 /* Host buffers for one conversion (all its files): allocated once, reused. */
 struct qd_pipe_pool;
-struct qd_pipe_pool *qd_pipe_pool_new(struct qd_backend *backend, uint64_t in_cap, uint64_t out_cap);
+/* lanes: how many items may be processed at once (qd_pipe.lanes), for the slots they hold. */
+struct qd_pipe_pool *qd_pipe_pool_new(struct qd_backend *backend, uint64_t in_cap, uint64_t out_cap, int lanes);
 void qd_pipe_pool_free(struct qd_pipe_pool *pool);
 /* Turns off what a pool would use where it can: reading the input through a mapping (pools
  * without pinned buffers) and writing the output with O_DIRECT. Tests run every mode; 0, or
@@ -41,9 +44,12 @@ struct qd_pipe {
     const struct qd_pipe_item *items;
     int n;
     /* PROCESS: fills out (items[i].out_bytes) from in (items[i].src_bytes); a status and err
-     * on failure. Runs on the calling thread, in item order. in may be the page cache of
-     * the source itself (read-only); out has no particular alignment. */
-    enum qd_status (*process)(void *ctx, int i, const void *in, void *out, char *err, size_t errlen);
+     * on failure. With one lane it runs on the calling thread in item order; with several,
+     * lane L's thread calls it for the items it takes (each lane one item at a time, items
+     * taken in order, finishing in any order). in may be the page cache of the source itself
+     * (read-only); out has no particular alignment. */
+    enum qd_status (*process)(void *ctx, int lane, int i, const void *in, void *out, char *err, size_t errlen);
+    int lanes; /* items processed at once (0 or 1: one, on the calling thread; at most QD_PIPE_MAX_LANES) */
     /* After item i is handed to the writers (progress), on the calling thread. */
     void (*handed)(void *ctx, int i);
     void *ctx;

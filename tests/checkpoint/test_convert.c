@@ -150,6 +150,50 @@ static void gguf_pieces_give_the_same_file(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* Several workers (one per device with --devices): the pipeline quantizes on all of them at
+ * once, items finishing out of order; the file is the one a single worker writes, and the
+ * progress still comes once per tensor, in order. */
+static void several_workers_give_the_same_file(void **state)
+{
+    char dir[] = "/tmp/quantd-lanes-XXXXXX", in[64], out[2][64], err[512], cmd[256], name[32];
+    static char a[1 << 16], b[1 << 16];
+    assert_non_null(mkdtemp(dir));
+    void *more[2];
+    for (int w = 0; w < 2; w++)
+        assert_non_null(more[w] = cpu.worker_open(&cpu, w + 1, name, sizeof name, err, sizeof err));
+    const char *seeds[] = {"small.gguf", "small.safetensors"}, *fmts[] = {"q8_0", "nf4"};
+    for (int c = 0; c < 2; c++) {
+        snprintf(in, sizeof in, "%s/in", dir);
+        snprintf(cmd, sizeof cmd, "cp tests/checkpoint/fuzz_seeds/%s %s", seeds[c], in);
+        assert_int_equal(system(cmd), 0);
+        int ev[2];
+        for (int k = 0; k < 2; k++) {
+            snprintf(out[k], sizeof out[k], "%s/out%d", dir, k);
+            struct qd_convert_opts o = {.src = in, .dst = out[k], .f = qd_format_find(fmts[c]), .backend = &cpu,
+                                        .worker = worker, .progress = count_event, .piece_bytes = 1,
+                                        .workers = {worker, more[0], more[1]}, .nworkers = k ? 3 : 0};
+            qd_params_default(o.f, &o.params);
+            assert_int_equal(qd_convert_lanes(&o), k ? 3 : 1);
+            struct qd_convert_summary s;
+            enum qd_status st;
+            events = 0;
+            if (qd_convert(&o, &s, &st, err, sizeof err))
+                fail_msg("%s, %d lanes: %s", fmts[c], k ? 3 : 1, err);
+            free(s.layout_config);
+            ev[k] = events;
+        }
+        assert_int_equal(ev[0], ev[1]);
+        long na = slurp(out[0], a, sizeof a), nb = slurp(out[1], b, sizeof b);
+        assert_true(na > 0 && na == nb);
+        assert_memory_equal(a, b, (size_t)na);
+        unlink(out[0]), unlink(out[1]), unlink(in);
+    }
+    for (int w = 0; w < 2; w++)
+        cpu.worker_close(more[w]);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* A file may put a tensor, and a layout a component, at any byte: the bytes must not depend on
  * where (nf4 with double quant: packed codes, then f32 and uint8 scale components; q8_0: blocks) */
 static void misaligned_tensors_give_the_same_bytes(void **state)
@@ -206,6 +250,7 @@ int main(void)
         cmocka_unit_test(cancelled_safetensors_conversion_leaves_nothing),
         cmocka_unit_test(misaligned_tensors_give_the_same_bytes),
         cmocka_unit_test(gguf_pieces_give_the_same_file),
+        cmocka_unit_test(several_workers_give_the_same_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

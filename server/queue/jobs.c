@@ -77,6 +77,7 @@ static void job_execute(struct worker *wk, struct qd_job *j)
         qd_convert_job_run(j, q.backend, wk->ctx);
         j->timing.queue_us = start - j->enqueued_us;
         j->timing.total_us = qd_now_us() - j->received_us;
+        qd_metrics_device_job(wk->name, (qd_now_us() - start) / 1e6);
         return;
     }
     struct qd_work w;
@@ -100,6 +101,7 @@ static void job_execute(struct worker *wk, struct qd_job *j)
     qd_work_free(&w);
     qd_hostmem_put(j->body);
     j->body = NULL;
+    qd_metrics_device_job(wk->name, (qd_now_us() - start) / 1e6);
 }
 
 static void store_finished(struct qd_job *j);

@@ -1,6 +1,7 @@
 /* Metrics storage and the text exposition format (see metrics.h). */
 #include "service/metrics.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,15 @@ static atomic_ulong requests[QD_ROUTE_COUNT][MAX_FMTS + 1][NCODES];
 static atomic_ulong bytes_in_total, bytes_out_total;
 static struct histogram request_hist[QD_ROUTE_COUNT];
 static struct histogram kernel_hist[MAX_FMTS + 1];
+
+/* Jobs per device (the worker's name: "cpu", "cuda:N"), registered as first seen. */
+#define MAX_DEVICE_NAMES 32
+static struct {
+    char name[24];
+    atomic_ulong jobs, busy_ns;
+} device_jobs[MAX_DEVICE_NAMES];
+static atomic_int ndevice_names;
+static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const char *const convert_outcomes[] = {"ok", "failed", "cancelled"};
 static atomic_ulong conversions[MAX_FMTS + 1][3], convert_bytes, convert_tensors;
@@ -67,6 +77,28 @@ void qd_metrics_request(enum qd_route r, const struct qd_format *f, int status, 
 void qd_metrics_kernel(const struct qd_format *f, double seconds)
 {
     observe(&kernel_hist[fmt_slot(f)], kernel_buckets, NKER_B, seconds);
+}
+
+void qd_metrics_device_job(const char *device, double seconds)
+{
+    int n = atomic_load(&ndevice_names), k = 0;
+    while (k < n && strcmp(device_jobs[k].name, device))
+        k++;
+    if (k == n) { /* a device not seen before: its slot, under the lock (once per device) */
+        pthread_mutex_lock(&device_lock);
+        n = atomic_load(&ndevice_names);
+        for (k = 0; k < n && strcmp(device_jobs[k].name, device); k++)
+            ;
+        if (k == n && n < MAX_DEVICE_NAMES) {
+            snprintf(device_jobs[k].name, sizeof device_jobs[k].name, "%s", device);
+            atomic_store(&ndevice_names, n + 1);
+        }
+        pthread_mutex_unlock(&device_lock);
+        if (k >= MAX_DEVICE_NAMES)
+            return;
+    }
+    atomic_fetch_add(&device_jobs[k].jobs, 1);
+    atomic_fetch_add(&device_jobs[k].busy_ns, (unsigned long)(seconds * 1e9));
 }
 
 static void render_hist(FILE *o, const char *name, const char *label, const char *value,
@@ -125,6 +157,16 @@ char *qd_metrics_render(const struct qd_metrics_gauges *g, size_t *len)
         if (atomic_load(&kernel_hist[f].count))
             render_hist(o, "quantd_kernel_duration_seconds", "fmt", qd_formats[f].name, &kernel_hist[f],
                         kernel_buckets, NKER_B);
+    fputs("# HELP quantd_device_jobs_total Jobs a device's workers ran (\"cpu\" or \"cuda:N\").\n"
+          "# TYPE quantd_device_jobs_total counter\n", o);
+    for (int k = 0; k < atomic_load(&ndevice_names); k++)
+        fprintf(o, "quantd_device_jobs_total{device=\"%s\"} %lu\n", device_jobs[k].name,
+                atomic_load(&device_jobs[k].jobs));
+    fputs("# HELP quantd_device_busy_seconds_total Time a device's workers spent running jobs.\n"
+          "# TYPE quantd_device_busy_seconds_total counter\n", o);
+    for (int k = 0; k < atomic_load(&ndevice_names); k++)
+        fprintf(o, "quantd_device_busy_seconds_total{device=\"%s\"} %.6f\n", device_jobs[k].name,
+                (double)atomic_load(&device_jobs[k].busy_ns) / 1e9);
     fputs("# HELP quantd_conversions_total Model conversions (/jobs?op=convert) finished, by format and outcome.\n"
           "# TYPE quantd_conversions_total counter\n", o);
     for (int f = 0; f < MAX_FMTS && f < qd_format_count; f++)

@@ -19,6 +19,8 @@ void qd_metrics_request(enum qd_route r, const struct qd_format *f, int status, 
                         size_t bytes_in, size_t bytes_out);
 /* Backend time of one job. */
 void qd_metrics_kernel(const struct qd_format *f, double seconds);
+/* One job run by a worker of `device` (its name: "cpu", "cuda:N") for `seconds`. */
+void qd_metrics_device_job(const char *device, double seconds);
 /* A finished conversion: its outcome ("ok", "failed", "cancelled"), input bytes and tensors. */
 void qd_metrics_convert(const struct qd_format *f, const char *outcome, unsigned long long bytes, int tensors);
 

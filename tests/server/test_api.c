@@ -374,6 +374,7 @@ static void formats_health_ready_metrics(void **state)
                            "quantd_queue_capacity ", "quantd_received_bytes_total ",
                            "quantd_sent_bytes_total ", "quantd_kernel_duration_seconds_bucket",
                            "quantd_backend_info{backend=", "quantd_device_memory_used_bytes ",
+                           "quantd_device_jobs_total{device=\"", "quantd_device_busy_seconds_total{device=\"",
                            "quantd_ready 1"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strstr(m.body, names[i]))

@@ -1,7 +1,10 @@
 """bitsandbytes quantize_4bit / dequantize_4bit (nf4, fp4, blocksize 64, compress_statistics on)
 on the same shapes as bench_gpu (bf16 4096^2, 8192^2, 16384^2), timed the same way (median of
 15 runs between CUDA events), with the device-to-device copy bandwidth measured in the same
-process. Run on the GPU machine next to bench_gpu: make bench-gpu."""
+process. Run on the GPU machine next to bench_gpu: make bench-gpu. BENCH_JSON=FILE also writes
+the rows (bench/plot_bnb.py draws them beside bench_gpu's)."""
+import json
+import os
 import torch
 import bitsandbytes.functional as F
 
@@ -25,6 +28,7 @@ def nbytes(t):
     return t.numel() * t.element_size()
 
 
+rows = []
 print(f"# bitsandbytes {__import__('bitsandbytes').__version__}, torch {torch.__version__}, {torch.cuda.get_device_name()}")
 print("| bitsandbytes | shape | quantize ms | GB/s | % copy | dequantize ms | GB/s | % copy |")
 print("|---|---|---|---|---|---|---|---|")
@@ -41,3 +45,9 @@ for side in (4096, 8192, 16384):
         qg, dg = (nbytes(x) + out_bytes) / (q_ms * 1e6), (nbytes(x) + out_bytes) / (d_ms * 1e6)
         print(f"| {qt} bs64 dq | {side}x{side} | {q_ms:.3f} | {qg:.0f} | {100 * qg / copy_gbs:.0f} % "
               f"| {d_ms:.3f} | {dg:.0f} | {100 * dg / copy_gbs:.0f} % |")
+        rows.append(dict(fmt=qt, params="bs64 dq", side=side, quantize_ms=round(q_ms, 4), dequantize_ms=round(d_ms, 4),
+                         copy_gbs=round(copy_gbs, 1)))
+if os.environ.get("BENCH_JSON"):
+    with open(os.environ["BENCH_JSON"], "w") as f:
+        json.dump(dict(library="bitsandbytes " + __import__("bitsandbytes").__version__, torch=torch.__version__,
+                       device=torch.cuda.get_device_name(), rows=rows), f, indent=1)

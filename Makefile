@@ -268,7 +268,9 @@ test-faults: check-cuda bin/quantd-faults $(BUILD)/tests/gpu/test_faults
 bench-gpu: check-cuda bin/quantd $(BUILD)/bench/bench_gpu $(BUILD)/bench/bench_service
 	BENCH_JSON=$(BUILD)/bench-gpu.json $(BUILD)/bench/bench_gpu
 	python3 bench/plot_gpu.py $(BUILD)/bench-gpu.svg $(BUILD)/bench-gpu.json
-	@if $(PYTHON) -c "import bitsandbytes" 2>/dev/null; then $(PYTHON) bench/bench_bnb.py; \
+	@if $(PYTHON) -c "import bitsandbytes" 2>/dev/null; then \
+	  BENCH_JSON=$(BUILD)/bench-bnb.json $(PYTHON) bench/bench_bnb.py && \
+	  python3 bench/plot_bnb.py $(BUILD)/bench-bnb.svg $(BUILD)/bench-bnb.json $(BUILD)/bench-gpu.json; \
 	  else echo "(bitsandbytes is not installed here: no side-by-side table)"; fi
 	QUANTD=$(abspath bin/quantd) QUANTD_TEST_BACKEND=cuda QUANTD_BENCH_BIG=1 BENCH_JSON=$(BUILD)/bench-service.json \
 	  $(BUILD)/bench/bench_service $(or $(BENCH_SECONDS),3) $(or $(BENCH_CLIENTS),1$(comma)4$(comma)16)

@@ -111,7 +111,7 @@ int main(int argc, char **argv)
      * H2D, the kernels, the components back (D2H), against those two copies alone. */
     if (js)
         fprintf(js, "\"request_4096\": [");
-    for (int r = 0; r < 3 && !only_side; r++) {
+    for (int r = 0, written = 0; r < 3 && !only_side; r++) {
         const char *rf[3] = {"q8_0", "nvfp4", "nf4"};
         const struct qd_format *f = qd_format_find(rf[r]);
         if (only && strcmp(only, f->name))
@@ -143,8 +143,8 @@ int main(int argc, char **argv)
         printf("# request on the device, %s 4096x4096 bf16 from pinned memory: %.3f ms (H2D + D2H alone %.3f ms: "
                "%.0f %%)%s\n", f->name, req_ms, copies_ms, 100.0 * copies_ms / req_ms, st ? " error" : "");
         if (js)
-            fprintf(js, "%s{\"fmt\": \"%s\", \"ms\": %.4f, \"copies_ms\": %.4f}", r ? ", " : "", f->name, req_ms,
-                    copies_ms);
+            fprintf(js, "%s{\"fmt\": \"%s\", \"ms\": %.4f, \"copies_ms\": %.4f}", written++ ? ", " : "", f->name,
+                    req_ms, copies_ms);
     }
     if (js)
         fprintf(js, "], \"rows\": [");

@@ -96,8 +96,9 @@ struct qd_pipe_pool *qd_pipe_pool_new(struct qd_backend *backend, uint64_t in_ca
     pool->in_slots = pool->readers + 2 + lanes - 1; /* (each lane holds one item's input and output) */
     pool->lanes = lanes;
     /* beyond one per writer, room for the processing to run ahead of a write that stalls: with
-     * two spare slots the q4_0 conversion of a 2.2 GB GGUF on 2 cores took 0.45 s (median of 7),
-     * with six 0.38 s; the slots are sized by the largest item but mostly hold small ones */
+     * two spare slots the q4_0 conversion of a 2.2 GB GGUF on 2 cores took 0.51 s, with six
+     * 0.455 s (medians of 8 interleaved runs); the slots are sized by the largest item but
+     * mostly hold small ones */
     pool->out_slots = pool->writers + OUT_SPARE + lanes - 1;
     pool->direct = 1;
     pthread_mutex_init(&pool->lock, NULL);
@@ -180,15 +181,18 @@ double qd_pipe_clock_s(void)
 }
 
 /* QUANTD_PIPE_TRACE set: each stage's span per item on stderr ("pipe STAGE ITEM T0 T1 BYTES",
- * seconds from the first span), for finding where a conversion's wall time goes. */
+ * seconds from the first span traced), for finding where a conversion's wall time goes. */
 void qd_pipe_trace(const char *stage, int item, double t0, double t1, uint64_t bytes)
 {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* (the first spans may race) */
     static int on = -1;
     static double origin;
+    pthread_mutex_lock(&lock);
     if (on < 0) {
         on = getenv("QUANTD_PIPE_TRACE") != NULL;
         origin = t0;
     }
+    pthread_mutex_unlock(&lock);
     if (on)
         fprintf(stderr, "pipe %s %d %.4f %.4f %llu\n", stage, item, t0 - origin, t1 - origin, (unsigned long long)bytes);
 }

@@ -33,6 +33,8 @@ struct qd_backend {
     /* 0 once the worker's device is lost (a sticky error): the queue stops giving it jobs while
      * another worker can take them. NULL: always usable. */
     int (*worker_usable)(void *worker);
+    /* The device slot a worker runs on (its index among --devices); NULL: one device. */
+    int (*worker_slot)(void *worker);
     void (*stats)(struct qd_backend *b, struct qd_backend_stats *s);
     void (*close)(struct qd_backend *b);
     /* Host memory the backend copies from fastest (pinned, for CUDA), for request bodies; NULL

@@ -345,6 +345,8 @@ static void cuda_worker_close(void *worker)
     free(wk);
 }
 
+static int cuda_worker_slot(void *worker) { return ((struct cuda_worker *)worker)->slot; }
+
 static int cuda_worker_usable(void *worker)
 {
     struct cuda_worker *wk = worker;
@@ -438,6 +440,7 @@ int qd_backend_cuda_open(struct qd_backend *b, const char *devices, char *err, s
     b->worker_close = cuda_worker_close;
     b->run = cuda_run;
     b->worker_usable = cuda_worker_usable;
+    b->worker_slot = cuda_worker_slot;
     b->stats = cuda_stats;
     b->close = cuda_close;
     b->host_alloc = cuda_host_alloc;

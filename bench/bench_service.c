@@ -255,27 +255,27 @@ static void run_case(const struct server *s, const char *name, const char *path,
         failed += l[i].failed;
         busy += l[i].busy_us;
     }
-    double el = (qd_now_us() - t0) / 1e6, mbs = done * (double)len / el / 1e6, ph[NPHASES];
+    double el = (qd_now_us() - t0) / 1e6, ph[NPHASES];
     cpu_jiffies(&b1, &j1);
     usleep(100000); /* the last lines of the access log */
     mean_phases(s, from, ph);
+    /* the row's figures, for the table and the JSON alike */
+    const double req_s = done / el, mb_in = done * (double)tensor_bytes / el / 1e6,
+                 loop_pct = ceiling_gbs > 0 ? 100 * (done * (double)len / el / 1e9) / ceiling_gbs : 0,
+                 cpu_pct = j1 > j0 ? 100.0 * (double)(b1 - b0) / (double)(j1 - j0) : 0,
+                 client_ms = done + failed ? busy / 1e3 / (double)(done + failed) : 0;
     printf("| %-58s | %7d | %9.1f | %9.1f | %5.0f %% | %4.0f %% | %6ld | %7.2f | %6.2f | %6.2f | %6.2f | %6.2f | %6.2f | "
            "%6.2f | %6.2f |\n",
-           name, clients, done / el, done * (double)tensor_bytes / el / 1e6,
-           ceiling_gbs > 0 ? 100 * mbs / 1e3 / ceiling_gbs : 0, j1 > j0 ? 100.0 * (double)(b1 - b0) / (double)(j1 - j0) : 0,
-           failed,
-           done + failed ? busy / 1e3 / (double)(done + failed) : 0, ph[RECV], ph[QUEUE], ph[RUN], ph[H2D], ph[KERNEL],
-           ph[D2H], ph[SEND]);
+           name, clients, req_s, mb_in, loop_pct, cpu_pct, failed, client_ms, ph[RECV], ph[QUEUE], ph[RUN], ph[H2D],
+           ph[KERNEL], ph[D2H], ph[SEND]);
     fflush(stdout);
     if (json)
         fprintf(json,
                 "%s{\"case\":\"%s\",\"clients\":%d,\"curl_like\":%d,\"req_s\":%.2f,\"mb_s_in\":%.1f,"
                 "\"loopback_gb_s\":%.3f,\"cpu_pct\":%.1f,\"failed\":%ld,\"client_ms\":%.3f,\"recv_ms\":%.3f,"
                 "\"queue_ms\":%.3f,\"run_ms\":%.3f,\"h2d_ms\":%.3f,\"kernel_ms\":%.3f,\"d2h_ms\":%.3f,\"send_ms\":%.3f}",
-                json_rows++ ? ",\n" : "", name, clients, curl_like, done / el, done * (double)tensor_bytes / el / 1e6,
-                ceiling_gbs, j1 > j0 ? 100.0 * (double)(b1 - b0) / (double)(j1 - j0) : 0, failed,
-                done + failed ? busy / 1e3 / (double)(done + failed) : 0, ph[RECV], ph[QUEUE], ph[RUN], ph[H2D],
-                ph[KERNEL], ph[D2H], ph[SEND]);
+                json_rows++ ? ",\n" : "", name, clients, curl_like, req_s, mb_in, ceiling_gbs, cpu_pct, failed,
+                client_ms, ph[RECV], ph[QUEUE], ph[RUN], ph[H2D], ph[KERNEL], ph[D2H], ph[SEND]);
 }
 
 static int big_cases(double seconds, int clients, int last)

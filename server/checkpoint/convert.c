@@ -56,6 +56,15 @@ void qd_unmap_file(struct qd_mapped *m)
     memset(m, 0, sizeof *m);
 }
 
+void qd_release_pages(const void *p, size_t n)
+{
+    if (!n)
+        return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p / page * page;
+    uintptr_t hi = ((uintptr_t)p + n + page - 1) / page * page; /* (a mapping's last page is whole) */
+    madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 int qd_outfile_open(struct qd_outfile *f, const char *path, char *err, size_t errlen)
 {
     memset(f, 0, sizeof *f);
@@ -277,6 +286,36 @@ void qd_convert_use_lane(struct qd_convert_opts *o, int lane)
 {
     if (o->nworkers > 1 && lane < o->nworkers)
         o->worker = o->workers[lane];
+}
+
+int qd_convert_spread(struct qd_convert_opts *o, char *err, size_t errlen)
+{
+    struct qd_backend *b = o->backend;
+    struct qd_backend_stats bs = {0};
+    if (b->stats)
+        b->stats(b, &bs);
+    o->nworkers = 0;
+    if (bs.devices < 2)
+        return 0;
+    int mine = b->worker_slot ? b->worker_slot(o->worker) : 0, left_out = 0;
+    o->workers[o->nworkers++] = o->worker;
+    for (int slot = 0; slot < bs.devices && o->nworkers < QD_MAX_DEVICES; slot++) {
+        char name[32];
+        if (slot == mine || !bs.device_healthy[slot])
+            continue;
+        if ((o->workers[o->nworkers] = b->worker_open(b, slot, name, sizeof name, err, errlen)))
+            o->nworkers++;
+        else
+            left_out++;
+    }
+    return left_out;
+}
+
+void qd_convert_unspread(struct qd_convert_opts *o)
+{
+    for (int w = 1; w < o->nworkers; w++)
+        o->backend->worker_close(o->workers[w]);
+    o->nworkers = 0;
 }
 
 const struct qd_format *qd_convert_format(const struct qd_format *f)

@@ -87,6 +87,9 @@ struct qd_mapped {
 };
 int qd_map_file(const char *path, struct qd_mapped *m, char *err, size_t errlen);
 void qd_unmap_file(struct qd_mapped *m);
+/* Lets this process's mapping of the pages under [p, p + n) go (the page cache keeps them):
+ * what a pass over mapped input has read stops counting as resident. */
+void qd_release_pages(const void *p, size_t n);
 
 
 /* An output file being written under a temporary name in its destination's directory. */
@@ -112,6 +115,11 @@ void qd_name_filter_free(struct qd_name_filter *nf);
 /* The pipeline lanes o asks for (see workers), and a copy of o made lane L's (its worker). */
 int qd_convert_lanes(const struct qd_convert_opts *o);
 void qd_convert_use_lane(struct qd_convert_opts *o, int lane);
+/* Spreads a conversion over the backend's devices: workers[0] is o->worker, then a worker on
+ * each other healthy device slot. Returns how many devices were left out (their worker would
+ * not open; err says why); qd_convert_unspread closes the workers it opened. */
+int qd_convert_spread(struct qd_convert_opts *o, char *err, size_t errlen);
+void qd_convert_unspread(struct qd_convert_opts *o);
 
 /* Quantizes one tensor through the worker: src (dtype, rows x cols) into out (the format's
  * components, back to back, sized by qd_format_layout). */

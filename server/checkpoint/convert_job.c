@@ -207,28 +207,14 @@ void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
                                 .only = r->only, .recipe = r->recipe, .backend = b, .worker = worker,
                                 .progress = on_tensor,
                                 .progress_ctx = j, .cancel = &j->cancel};
-    /* with several devices, a worker on each of the others for this conversion too (its tensors
-     * go to all of them, as the CLI's do); a device that cannot open one is left out */
-    struct qd_backend_stats bs = {0};
-    if (b->stats)
-        b->stats(b, &bs);
-    if (bs.devices > 1 && b->worker_slot) {
-        int mine = b->worker_slot(worker);
-        o.workers[o.nworkers++] = worker;
-        for (int slot = 0; slot < bs.devices && o.nworkers < QD_MAX_DEVICES; slot++) {
-            char name[32], why[256];
-            if (slot != mine && bs.device_healthy[slot] &&
-                (o.workers[o.nworkers] = b->worker_open(b, slot, name, sizeof name, why, sizeof why)))
-                o.nworkers++;
-        }
-    }
+    char why[256];
+    qd_convert_spread(&o, why, sizeof why); /* its tensors go to every device, as the CLI's do */
     struct qd_convert_summary s;
     enum qd_status st;
     char err[1024];
     j->started_us = qd_now_us();
     int failed = qd_convert(&o, &s, &st, err, sizeof err);
-    for (int w = 1; w < o.nworkers; w++)
-        b->worker_close(o.workers[w]);
+    qd_convert_unspread(&o);
     if (failed) {
         qd_metrics_convert(r->f, st == QD_ECANCELED ? "cancelled" : "failed", s.bytes_in,
                            s.quantized + s.copied + s.cast);

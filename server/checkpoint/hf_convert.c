@@ -34,7 +34,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -347,12 +346,7 @@ static int weight_amax(const struct qd_st_entry *e, float *amax)
     float lo, hi;
     qd_cpu_minmax(&x, amax, &lo, &hi);
     free(copy);
-    /* this process's mapping of the pages goes (the page cache keeps them): the pre-pass must
-     * not leave the fused weights resident, a peak RSS of most of the model */
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo_p = (uintptr_t)e->data / page * page;
-    uintptr_t hi_p = ((uintptr_t)e->data + n + page - 1) / page * page;
-    if (n)
-        madvise((void *)lo_p, hi_p - lo_p, MADV_DONTNEED);
+    qd_release_pages(e->data, n); /* the pre-pass must not leave the fused weights resident */
     return 0;
 }
 

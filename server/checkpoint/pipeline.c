@@ -252,18 +252,8 @@ static int write_fully(int fd, const void *buf, uint64_t n, uint64_t off)
     return 0;
 }
 
-/* Lets the mapped range [off, off + n) go (the page cache keeps it; only this process's
- * mapping of it goes). */
-static void map_release(const struct run *r, uint64_t off, uint64_t n)
-{
-    long page = sysconf(_SC_PAGESIZE);
-    uint64_t lo = off - off % (uint64_t)page, hi = off + n;
-    hi = hi + ((uint64_t)page - hi % (uint64_t)page) % (uint64_t)page;
-    if (hi > r->map_size)
-        hi = r->map_size;
-    if (n && hi > lo)
-        madvise((void *)(r->map + lo), hi - lo, MADV_DONTNEED);
-}
+/* Lets the mapped range [off, off + n) go (the page cache keeps it). */
+static void map_release(const struct run *r, uint64_t off, uint64_t n) { qd_release_pages(r->map + off, n); }
 
 struct reader_arg {
     struct run *r;

@@ -163,20 +163,8 @@ int qd_cli_convert(int argc, char **argv)
         b.close(&b);
         return 1;
     }
-    struct qd_backend_stats bs = {0};
-    if (b.stats)
-        b.stats(&b, &bs);
-    if (bs.devices > 1) { /* one worker per device slot: the pipeline quantizes on all of them */
-        o.workers[0] = o.worker;
-        for (o.nworkers = 1; o.nworkers < bs.devices && o.nworkers < QD_MAX_DEVICES; o.nworkers++)
-            if (!(o.workers[o.nworkers] = b.worker_open(&b, o.nworkers, name, sizeof name, err, sizeof err))) {
-                fprintf(stderr, "quantd convert: %s\n", err);
-                for (int w = 0; w < o.nworkers; w++)
-                    b.worker_close(o.workers[w]);
-                b.close(&b);
-                return 1;
-            }
-    }
+    if (qd_convert_spread(&o, err, sizeof err)) /* one worker per device slot */
+        fprintf(stderr, "quantd convert: a device is left out: %s\n", err);
     qd_pipe_trace("init", -1, t_init, qd_pipe_clock_s(), 0);
     struct progress pr = {.tty = isatty(STDOUT_FILENO)}; /* a terminal: the bar; else JSON lines */
     clock_gettime(CLOCK_MONOTONIC, &pr.start);
@@ -186,8 +174,7 @@ int qd_cli_convert(int argc, char **argv)
     enum qd_status st;
     int rc = qd_convert(&o, &s, &st, err, sizeof err);
     double t_close = qd_pipe_clock_s();
-    for (int w = 1; w < o.nworkers; w++)
-        b.worker_close(o.workers[w]);
+    qd_convert_unspread(&o);
     b.worker_close(o.worker);
     b.close(&b);
     qd_pipe_trace("close", -1, t_close, qd_pipe_clock_s(), 0);

@@ -190,9 +190,9 @@ $(BUILD)/bench/bench_cpu: bench/bench_cpu.c $(KERNEL_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) -ldl
 
-$(BUILD)/bench/bench_service: bench/bench_service.c tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS)
+$(BUILD)/bench/bench_service: bench/bench_service.c bench/null_http.c tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) -lcurl $(TEST_LIBS)
+	$(CC) $(CFLAGS) -o $@ $< bench/null_http.c tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) -lcurl $(TEST_LIBS)
 
 # Whole-model conversion (bench/bench_convert.py): BENCH_CONVERT_SIZE=8b on a GPU machine (16 GB
 # of bf16 in 5 GB shards), 1b here; LLAMA_CPP_BIN adds llama-quantize (make test-consumers builds it).

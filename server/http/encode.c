@@ -142,7 +142,10 @@ static void add_json_text(cJSON *meta, const char *key, cJSON *value)
     free(s);
 }
 
-static void quantize_safetensors(const struct qd_work *w, struct qd_reply *r)
+/* The answer as a safetensors file. The components already lie in pooled buffers of their own,
+ * so the answer is sent as its header followed by those buffers, never joined into one (a copy
+ * of the whole answer saved per request); components this work does not own are copied. */
+static void quantize_safetensors(struct qd_work *w, struct qd_reply *r)
 {
     cJSON *head = quantize_head(w), *meta = cJSON_CreateObject(), *it;
     cJSON_ArrayForEach(it, head) {
@@ -153,6 +156,7 @@ static void quantize_safetensors(const struct qd_work *w, struct qd_reply *r)
     }
     cJSON_Delete(head);
     struct qd_st_tensor st[QD_MAX_COMPONENTS];
+    int owned = 1;
     for (int i = 0; i < w->nc; i++) {
         snprintf(st[i].name, sizeof st[i].name, "%s", w->comps[i].name);
         st[i].dtype = w->comps[i].dtype;
@@ -161,8 +165,27 @@ static void quantize_safetensors(const struct qd_work *w, struct qd_reply *r)
         st[i].shape[1] = w->comps[i].shape[1];
         st[i].data = w->comp[i];
         st[i].bytes = (size_t)w->comps[i].bytes;
+        owned &= (w->comp_owned >> i) & 1;
     }
     size_t len;
+    if (owned) {
+        void *part[QD_REPLY_MAX_PARTS];
+        size_t part_len[QD_REPLY_MAX_PARTS];
+        if (!(part[0] = qd_safetensors_header(st, w->nc, meta, &part_len[0]))) {
+            cJSON_Delete(meta);
+            oom_reply(r);
+            return;
+        }
+        for (int i = 0; i < w->nc; i++) {
+            part[i + 1] = w->comp[i];
+            part_len[i + 1] = st[i].bytes;
+            w->comp[i] = NULL;
+        }
+        w->comp_owned = 0;
+        cJSON_Delete(meta);
+        qd_reply_take_parts(r, 200, "application/octet-stream", w->nc + 1, part, part_len);
+        return;
+    }
     char *body = qd_safetensors_build(st, w->nc, meta, &len);
     cJSON_Delete(meta);
     if (body)

@@ -25,5 +25,8 @@ const char *qd_safetensors_dtype(enum qd_dtype t);
  * it with qd_hostmem_put); NULL on no memory. */
 char *qd_safetensors_build(const struct qd_st_tensor *t, int n, const struct cJSON *metadata,
                            size_t *out_len);
+/* Its first part alone: the length and the JSON header for those tensors (malloc'd), the data
+ * to follow in order; NULL on no memory. */
+char *qd_safetensors_header(const struct qd_st_tensor *t, int n, const struct cJSON *metadata, size_t *len);
 
 #endif

@@ -66,20 +66,69 @@ struct conn {
 
 /* ---- answers ----------------------------------------------------------------------------- */
 
+/* The pieces of an answer sent from where they are (struct qd_reply's parts). */
+struct sent_parts {
+    int n;
+    void *p[QD_REPLY_MAX_PARTS];
+};
+
+static void sent_parts_free(void *cls)
+{
+    struct sent_parts *h = cls;
+    for (int i = 0; i < h->n; i++)
+        qd_hostmem_put(h->p[i]);
+    free(h);
+}
+
+/* An answer whose parts libmicrohttpd sends one after the other (sendmsg over the list), then
+ * gives back; on success the reply no longer owns them. */
+static struct MHD_Response *parts_response(struct qd_reply *r)
+{
+    struct sent_parts *h = malloc(sizeof *h);
+    struct MHD_IoVec iov[QD_REPLY_MAX_PARTS];
+    if (!h)
+        return NULL;
+    h->n = r->nparts;
+    for (int i = 0; i < r->nparts; i++) {
+        iov[i] = (struct MHD_IoVec){r->part[i], r->part_len[i]};
+        h->p[i] = r->part[i];
+    }
+    struct MHD_Response *resp = MHD_create_response_from_iovec(iov, (unsigned)r->nparts, sent_parts_free, h);
+    if (!resp)
+        free(h);
+    else
+        r->nparts = 0;
+    return resp;
+}
+
+/* A copy of the answer (a stored job's result, which may be read again). */
+static struct MHD_Response *copied_response(const struct qd_reply *r)
+{
+    if (!r->nparts)
+        return MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_COPY);
+    char *joined = qd_reply_joined(r);
+    struct MHD_Response *resp = joined ? MHD_create_response_from_buffer_with_free_callback(r->len, joined, qd_hostmem_put)
+                                       : NULL;
+    if (!resp)
+        qd_hostmem_put(joined);
+    return resp;
+}
+
 static enum MHD_Result send_reply(struct MHD_Connection *mc, struct conn *c, struct qd_reply *r,
                                   int take)
 {
     /* a taken body may be a pooled (pinned) buffer: libmicrohttpd gives it back through the pool;
      * a file answer (a converted model) is sent from its descriptor, never read into memory */
     struct MHD_Response *resp = r->has_file ? MHD_create_response_from_fd64(r->file_len, r->file_fd)
-                                : take ? MHD_create_response_from_buffer_with_free_callback(r->len, r->body, qd_hostmem_put)
-                                       : MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_COPY);
+                                : !take     ? copied_response(r)
+                                : r->nparts ? parts_response(r)
+                                            : MHD_create_response_from_buffer_with_free_callback(r->len, r->body, qd_hostmem_put);
     if (!resp)
         return MHD_NO;
     if (r->has_file)
         r->has_file = 0; /* libmicrohttpd closes it */
     else if (take)
-        r->body = NULL; /* libmicrohttpd frees it */
+        r->body = NULL; /* libmicrohttpd frees it (or its parts) */
     if (r->summary_header)
         MHD_add_response_header(resp, "X-Quantd-Summary", r->summary_header);
     if (r->config_header)

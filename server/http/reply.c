@@ -12,11 +12,19 @@
 
 /* Bodies may come from the pinned pool (a raw tensor answer is the result buffer itself):
  * qd_hostmem_put returns those to the pool and frees the others. */
-void qd_reply_free(struct qd_reply *r)
+static void free_body(struct qd_reply *r)
 {
     qd_hostmem_put(r->body);
     r->body = NULL;
+    for (int i = 0; i < r->nparts; i++)
+        qd_hostmem_put(r->part[i]);
+    r->nparts = 0;
     r->len = 0;
+}
+
+void qd_reply_free(struct qd_reply *r)
+{
+    free_body(r);
     if (r->has_file)
         close(r->file_fd);
     r->has_file = 0;
@@ -27,11 +35,37 @@ void qd_reply_free(struct qd_reply *r)
 
 void qd_reply_take(struct qd_reply *r, int status, const char *content_type, char *body, size_t len)
 {
-    qd_hostmem_put(r->body);
+    free_body(r);
     r->status = status;
     r->content_type = content_type;
     r->body = body;
     r->len = len;
+}
+
+void qd_reply_take_parts(struct qd_reply *r, int status, const char *content_type, int n, void *const *parts,
+                         const size_t *lens)
+{
+    free_body(r);
+    r->status = status;
+    r->content_type = content_type;
+    for (int i = 0; i < n; i++) {
+        r->part[i] = parts[i];
+        r->part_len[i] = lens[i];
+        r->len += lens[i];
+    }
+    r->nparts = n;
+}
+
+char *qd_reply_joined(const struct qd_reply *r)
+{
+    char *out = qd_hostmem_get(r->len ? r->len : 1), *p = out;
+    if (out && !r->nparts && r->len)
+        memcpy(out, r->body, r->len);
+    for (int i = 0; out && i < r->nparts; i++) {
+        memcpy(p, r->part[i], r->part_len[i]);
+        p += r->part_len[i];
+    }
+    return out;
 }
 
 void qd_reply_json(struct qd_reply *r, int status, cJSON *obj)

@@ -10,11 +10,18 @@
 
 struct cJSON;
 
+#define QD_REPLY_MAX_PARTS (QD_MAX_COMPONENTS + 1)
+
 struct qd_reply {
     int status;               /* 0: not set yet */
     const char *content_type; /* static string */
     char *body;               /* owned: malloc'd or from the body pool (qd_hostmem_put frees) */
-    size_t len;
+    size_t len;               /* of body, or of all the parts */
+    /* or the answer in pieces, sent one after the other without joining them (a safetensors
+     * answer: its header, then each component where the worker left it); owned like body */
+    int nparts;
+    void *part[QD_REPLY_MAX_PARTS];
+    size_t part_len[QD_REPLY_MAX_PARTS];
     char location[96];        /* Location header, "" for none */
     int retry_after_s;        /* Retry-After header, 0 for none */
     const char *allow;        /* Allow header for 405, static */
@@ -35,6 +42,12 @@ void qd_reply_error(struct qd_reply *r, int status, const char *code, const char
 void qd_reply_json(struct qd_reply *r, int status, struct cJSON *obj);
 /* Takes ownership of a malloc'd body. */
 void qd_reply_take(struct qd_reply *r, int status, const char *content_type, char *body, size_t len);
+/* Takes ownership of n pieces (malloc'd or pooled) that make the body in this order. */
+void qd_reply_take_parts(struct qd_reply *r, int status, const char *content_type, int n, void *const *parts,
+                         const size_t *lens);
+/* The body as one new buffer (the parts joined, or a copy of body; qd_hostmem_put frees it), r
+ * untouched; NULL when there is no memory. */
+char *qd_reply_joined(const struct qd_reply *r);
 void qd_reply_free(struct qd_reply *r);
 
 /* The one mapping from a core status to an HTTP status and error code. */

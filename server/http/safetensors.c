@@ -62,19 +62,25 @@ int qd_safetensors_parse(const unsigned char *buf, size_t len, struct qd_st_tens
     return n;
 }
 
-char *qd_safetensors_build(const struct qd_st_tensor *t, int n, const cJSON *metadata, size_t *out_len)
+char *qd_safetensors_header(const struct qd_st_tensor *t, int n, const cJSON *metadata, size_t *len)
 {
     struct qd_st_out o[QD_MAX_COMPONENTS];
-    size_t off = 0, hlen;
     if (n > QD_MAX_COMPONENTS)
         return NULL;
     for (int i = 0; i < n; i++) {
         o[i] = (struct qd_st_out){.name = t[i].name, .dtype = st_dtype_names[t[i].dtype], .ndim = t[i].ndim,
                                   .bytes = t[i].bytes};
         memcpy(o[i].shape, t[i].shape, sizeof o[i].shape);
-        off += t[i].bytes;
     }
-    uint8_t *header = qd_st_header(o, n, metadata, &hlen);
+    return (char *)qd_st_header(o, n, metadata, len);
+}
+
+char *qd_safetensors_build(const struct qd_st_tensor *t, int n, const cJSON *metadata, size_t *out_len)
+{
+    size_t off = 0, hlen;
+    for (int i = 0; i < n; i++)
+        off += t[i].bytes;
+    char *header = qd_safetensors_header(t, n, metadata, &hlen);
     char *out = header ? qd_hostmem_get(hlen + off) : NULL; /* pooled: no fresh pages to fault in */
     if (out) {
         memcpy(out, header, hlen);

@@ -308,6 +308,65 @@ static void async_job_gives_the_synchronous_answer(void **state)
     free(x);
 }
 
+/* The components of a safetensors answer in one parsed answer, as (name, bytes) pairs. */
+static int parsed_answer(const struct http *h, struct qd_st_tensor *t)
+{
+    cJSON *md = NULL;
+    char err[256];
+    int nt = qd_safetensors_parse((const unsigned char *)h->body, h->len, t, QD_ST_MAX_TENSORS, &md, err, sizeof err);
+    assert_true(nt > 0);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(md, "fmt")), "nvfp4");
+    cJSON_Delete(md);
+    return nt;
+}
+
+/* A safetensors answer goes out as its header followed by the components where the worker left
+ * them (several MiB here: pooled buffers); a stored job's answer is sent as a copy joined from
+ * the same pieces, and can be read twice. Every answer carries the same tensors, byte for byte. */
+static void safetensors_answers_sent_in_pieces_are_whole(void **state)
+{
+    size_t rows = 1024, cols = 4096, n = rows * cols;
+    float *x = random_f32(n);
+    const char *bin_h[] = {"Content-Type: application/octet-stream", "Accept: application/octet-stream", NULL};
+    const char *path = "/quantize?fmt=nvfp4&dtype=f32&shape=1024,4096";
+    struct http sync, post, res[2];
+    http_do(&srv, "POST", path, bin_h, x, n * 4, &sync);
+    assert_int_equal(sync.status, 200);
+    http_do(&srv, "POST", "/jobs?op=quantize&fmt=nvfp4&dtype=f32&shape=1024,4096", bin_h, x, n * 4, &post);
+    assert_int_equal(post.status, 202);
+    char result[160];
+    snprintf(result, sizeof result, "%s/result", post.location);
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < 2000; i++) {
+            http_do(&srv, "GET", result, NULL, NULL, 0, &res[k]);
+            if (res[k].status != 409)
+                break;
+            http_free(&res[k]);
+            usleep(5000);
+        }
+        assert_int_equal(res[k].status, 200);
+        assert_string_equal(res[k].content_type, "application/octet-stream");
+    }
+    assert_memory_equal(res[0].body, res[1].body, res[0].len); /* the stored answer, read twice */
+    assert_int_equal(res[0].len, res[1].len);
+    struct qd_st_tensor a[QD_ST_MAX_TENSORS], b[QD_ST_MAX_TENSORS];
+    int na = parsed_answer(&sync, a), nb = parsed_answer(&res[0], b);
+    assert_int_equal(na, nb);
+    size_t data = 0;
+    for (int i = 0; i < na; i++) {
+        assert_string_equal(a[i].name, b[i].name);
+        assert_int_equal(a[i].bytes, b[i].bytes);
+        assert_memory_equal(a[i].data, b[i].data, a[i].bytes);
+        data += a[i].bytes;
+    }
+    assert_true(data >= n / 2); /* 4-bit codes at least */
+    http_free(&sync);
+    http_free(&post);
+    http_free(&res[0]);
+    http_free(&res[1]);
+    free(x);
+}
+
 /* Tensors of several MiB: on a CUDA backend their bodies and results live in the pinned pool,
  * and a raw dequantize answer hands the result buffer itself to libmicrohttpd. Twice, and the
  * server must still answer afterwards (a pooled buffer once went to free()). */
@@ -394,6 +453,7 @@ int main(void)
         cmocka_unit_test(query_params_and_report_error),
         cmocka_unit_test(async_job_gives_the_synchronous_answer),
         cmocka_unit_test(large_round_trips_with_raw_answers),
+        cmocka_unit_test(safetensors_answers_sent_in_pieces_are_whole),
         cmocka_unit_test(formats_health_ready_metrics),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

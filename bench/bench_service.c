@@ -1,7 +1,8 @@
 /* Service benchmark: a real `quantd serve` on loopback, N concurrent clients, requests/s and
  * MB/s of input for small and large tensors sent as a raw body, as JSON/base64, and answered
  * as JSON or as safetensors. Usage: bench_service [seconds per case] [clients, or with
- * QUANTD_BENCH_BIG a list of counts: 1,4,16]; BENCH_JSON=FILE also writes the rows as JSON.
+ * QUANTD_BENCH_BIG a list of counts: 1,4,16]; BENCH_JSON=FILE also writes the rows as JSON;
+ * BENCH_NO_NULL leaves the null server's rows out.
  *
  * Each run first measures the ceiling the service is held to: raw TCP over loopback with the
  * same number of connections (each sending 4 MiB writes to a reader for the same time), and
@@ -365,7 +366,7 @@ static int big_cases(double seconds, int clients, int last)
         if (server_stop(&s))
             return 1;
     }
-    for (int f = 0; f < 3; f++) {
+    for (int f = 0; f < 3 && !getenv("BENCH_NO_NULL"); f++) {
         struct null_http *z = answer[f] ? null_http_start(answer[f]) : NULL;
         if (!z)
             continue;

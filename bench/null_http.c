@@ -31,7 +31,38 @@ struct null_http {
     pthread_mutex_t mu;
     struct conn *conns;
     atomic_long answered;
+    /* body buffers, reused across connections (a connection per request must not pay for
+     * fresh pages each time, any more than quantd's pool does) */
+    struct buf { char *p; size_t cap; } spare[128];
+    int nspare;
 };
+
+static struct buf buf_get(struct null_http *s, size_t len)
+{
+    struct buf b = {NULL, 0};
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->nspare; i++)
+        if (s->spare[i].cap >= len) {
+            b = s->spare[i];
+            s->spare[i] = s->spare[--s->nspare];
+            break;
+        }
+    pthread_mutex_unlock(&s->mu);
+    if (!b.p && len && (b.p = malloc(len)))
+        b.cap = len;
+    return b;
+}
+
+static void buf_put(struct null_http *s, struct buf b)
+{
+    if (!b.p)
+        return;
+    pthread_mutex_lock(&s->mu);
+    if (s->nspare < (int)(sizeof s->spare / sizeof s->spare[0]))
+        s->spare[s->nspare++] = b, b.p = NULL;
+    pthread_mutex_unlock(&s->mu);
+    free(b.p);
+}
 
 static int send_all(int fd, const char *p, size_t n)
 {
@@ -59,8 +90,7 @@ static void *serve(void *arg)
 {
     struct conn *c = arg;
     char head[16384];
-    size_t have = 0, cap = 0;
-    char *body = NULL;
+    size_t have = 0;
     for (;;) {
         /* the head, and whatever part of the body came with it */
         char *end = NULL;
@@ -73,30 +103,27 @@ static void *serve(void *arg)
         *end = 0;
         const char *cl = header(head, "Content-Length"), *ex = header(head, "Expect");
         size_t len = cl ? strtoull(cl, NULL, 10) : 0, got = have - (size_t)(end + 4 - head);
-        if (len > cap) {
-            free(body);
-            if (!(body = malloc(cap = len)))
-                goto out;
-        }
+        struct buf b = buf_get(c->s, len);
+        char *body = b.p;
+        if (len && !body)
+            goto out;
         if (got > len)
             got = len; /* (a pipelined next request is not expected from these clients) */
         memcpy(body, end + 4, got);
         have = 0;
-        if (ex && strcasestr(ex, "100-continue") && got < len &&
-            send_all(c->fd, "HTTP/1.1 100 Continue\r\n\r\n", 25))
-            goto out;
-        while (got < len) {
+        int fail = ex && strcasestr(ex, "100-continue") && got < len &&
+                   send_all(c->fd, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+        while (!fail && got < len) {
             ssize_t k = recv(c->fd, body + got, len - got, 0);
-            if (k <= 0)
-                goto out;
-            got += (size_t)k;
+            fail = k <= 0;
+            got += k > 0 ? (size_t)k : 0;
         }
-        if (send_all(c->fd, c->s->answer, c->s->answer_len))
+        buf_put(c->s, b);
+        if (fail || send_all(c->fd, c->s->answer, c->s->answer_len))
             goto out;
         atomic_fetch_add(&c->s->answered, 1);
     }
 out:
-    free(body);
     return NULL;
 }
 
@@ -166,6 +193,8 @@ long null_http_stop(struct null_http *s)
         free(c);
     }
     long answered = atomic_load(&s->answered);
+    for (int i = 0; i < s->nspare; i++)
+        free(s->spare[i].p);
     pthread_mutex_destroy(&s->mu);
     free(s->answer);
     free(s);

@@ -177,12 +177,14 @@ static int pieces(struct qd_work *w, int input, const size_t *off, struct piece 
     return w->nc;
 }
 
-static int all_pinned(const struct piece *p, int n)
+/* Bytes of the pieces that are not pinned (0: every piece is copied straight). */
+static size_t unpinned_bytes(const struct piece *p, int n, int pinned[])
 {
+    size_t b = 0;
     for (int i = 0; i < n; i++)
-        if (!is_pinned(p[i].host))
-            return 0;
-    return 1;
+        if (!(pinned[i] = is_pinned(p[i].host)))
+            b += p[i].bytes;
+    return b;
 }
 
 static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *err, size_t errlen)
@@ -198,23 +200,24 @@ static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *e
     }
     size_t in_bytes = quant ? tensor_bytes : comps, out_bytes = quant ? comps : tensor_bytes;
     struct piece in[QD_MAX_COMPONENTS], out[QD_MAX_COMPONENTS];
-    int nin = pieces(w, 1, off, in), nout = pieces(w, 0, off, out);
+    int nin = pieces(w, 1, off, in), nout = pieces(w, 0, off, out), in_pinned[QD_MAX_COMPONENTS],
+        out_pinned[QD_MAX_COMPONENTS];
     /* copies run at full PCIe speed only from and to pinned memory: pieces in the body pool
-     * (server/hostmem.c) are copied directly, others go through the worker's pinned staging */
-    int in_direct = all_pinned(in, nin), out_direct = all_pinned(out, nout);
+     * (server/hostmem.c) are copied directly, each other one (a small component, a body that
+     * the pool could not hold) through the worker's pinned staging, at its place there */
+    int in_staged = unpinned_bytes(in, nin, in_pinned) > 0, out_staged = unpinned_bytes(out, nout, out_pinned) > 0;
     enum qd_status st;
     if ((st = ensure(wk, &wk->d_in, in_bytes, 1, err, errlen)) || (st = ensure(wk, &wk->d_out, out_bytes, 1, err, errlen)) ||
-        (!in_direct && (st = ensure(wk, &wk->h_in, in_bytes, 0, err, errlen))) ||
-        (!out_direct && (st = ensure(wk, &wk->h_out, out_bytes, 0, err, errlen))))
+        (in_staged && (st = ensure(wk, &wk->h_in, in_bytes, 0, err, errlen))) ||
+        (out_staged && (st = ensure(wk, &wk->h_out, out_bytes, 0, err, errlen))))
         return st;
-    for (int i = 0; !in_direct && i < nin; i++)
-        memcpy((char *)wk->h_in.p + in[i].off, in[i].host, in[i].bytes);
+    for (int i = 0; i < nin; i++)
+        if (!in_pinned[i])
+            memcpy((char *)wk->h_in.p + in[i].off, in[i].host, in[i].bytes);
     cudaError_t e = cudaEventRecord(wk->ev[0], s);
-    if (in_direct)
-        for (int i = 0; i < nin && !e; i++)
-            e = cudaMemcpyAsync((char *)wk->d_in.p + in[i].off, in[i].host, in[i].bytes, cudaMemcpyHostToDevice, s);
-    else if (!e)
-        e = cudaMemcpyAsync(wk->d_in.p, wk->h_in.p, in_bytes, cudaMemcpyHostToDevice, s);
+    for (int i = 0; i < nin && !e; i++)
+        e = cudaMemcpyAsync((char *)wk->d_in.p + in[i].off, in_pinned[i] ? in[i].host : (char *)wk->h_in.p + in[i].off,
+                            in[i].bytes, cudaMemcpyHostToDevice, s);
     if (e || (e = cudaEventRecord(wk->ev[1], s)))
         return fail(e, "copy to the device", err, errlen);
     if (wk->st->poison && (e = cudaMemsetAsync(wk->d_out.p, 0xa5, out_bytes, s)))
@@ -233,11 +236,9 @@ static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *e
         return st;
     }
     e = cudaEventRecord(wk->ev[2], s);
-    if (out_direct)
-        for (int i = 0; i < nout && !e; i++)
-            e = cudaMemcpyAsync(out[i].host, (char *)wk->d_out.p + out[i].off, out[i].bytes, cudaMemcpyDeviceToHost, s);
-    else if (!e)
-        e = cudaMemcpyAsync(wk->h_out.p, wk->d_out.p, out_bytes, cudaMemcpyDeviceToHost, s);
+    for (int i = 0; i < nout && !e; i++)
+        e = cudaMemcpyAsync(out_pinned[i] ? out[i].host : (char *)wk->h_out.p + out[i].off,
+                            (char *)wk->d_out.p + out[i].off, out[i].bytes, cudaMemcpyDeviceToHost, s);
     if (e || (e = cudaEventRecord(wk->ev[3], s)) || (e = cudaStreamSynchronize(s))) {
         check_sticky(wk);
         return fail(e, "copy from the device", err, errlen);
@@ -248,8 +249,9 @@ static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *e
             check_sticky(wk);
         return st;
     }
-    for (int i = 0; !out_direct && i < nout; i++)
-        memcpy(out[i].host, (char *)wk->h_out.p + out[i].off, out[i].bytes);
+    for (int i = 0; i < nout; i++)
+        if (!out_pinned[i])
+            memcpy(out[i].host, (char *)wk->h_out.p + out[i].off, out[i].bytes);
     w->t.h2d_us = elapsed_us(wk->ev[0], wk->ev[1]);
     w->t.kernel_us = elapsed_us(wk->ev[1], wk->ev[2]);
     w->t.d2h_us = elapsed_us(wk->ev[2], wk->ev[3]);

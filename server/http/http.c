@@ -649,7 +649,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             c->body = b;
             c->cap = cap;
         }
-        memcpy(c->body + c->len, upload, n);
+        qd_hostmem_append(c->body + c->len, upload, n);
         c->len += n;
         return MHD_YES;
     }

@@ -4,6 +4,7 @@
 #include "queue/hostmem.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,3 +111,34 @@ void qd_hostmem_shutdown(void)
         }
     pthread_mutex_unlock(&lock);
 }
+
+/* Streaming stores write whole cache lines without reading them first and leave the cache to
+ * the data still to be used: a request body is written once here and next read by the device's
+ * copy engine, never by this core. */
+#if defined(__AVX2__)
+#include <immintrin.h>
+void qd_hostmem_append(void *dst, const void *src, size_t n)
+{
+    char *d = dst;
+    const char *s = src;
+    size_t head = (32 - ((uintptr_t)d & 31)) & 31;
+    if (n < 256) {
+        memcpy(d, s, n);
+        return;
+    }
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    for (; n >= 128; d += 128, s += 128, n -= 128) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)s), b = _mm256_loadu_si256((const __m256i *)(s + 32)),
+                c = _mm256_loadu_si256((const __m256i *)(s + 64)), e = _mm256_loadu_si256((const __m256i *)(s + 96));
+        _mm256_stream_si256((__m256i *)d, a);
+        _mm256_stream_si256((__m256i *)(d + 32), b);
+        _mm256_stream_si256((__m256i *)(d + 64), c);
+        _mm256_stream_si256((__m256i *)(d + 96), e);
+    }
+    memcpy(d, s, n);
+    _mm_sfence(); /* the streamed lines are visible before anything this thread does next */
+}
+#else
+void qd_hostmem_append(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+#endif

@@ -19,6 +19,9 @@ void qd_hostmem_put(void *p);
 /* A buffer of new_cap bytes holding the first len bytes of p (p is given back); NULL on failure,
  * with p untouched. */
 void *qd_hostmem_grow(void *p, size_t len, size_t new_cap);
+/* memcpy for a large body arriving in pieces, written with streaming stores where the CPU has
+ * them. */
+void qd_hostmem_append(void *dst, const void *src, size_t n);
 /* Frees the pool's idle buffers (at exit). */
 void qd_hostmem_shutdown(void);
 

@@ -25,6 +25,7 @@
 #include "queue/jobs.h"
 #include "checkpoint/convert_job.h"
 #include "http/convert_route.h"
+#include "http/listener.h"
 #include "http/watchdog.h"
 #include "service/metrics.h"
 
@@ -42,8 +43,7 @@ static struct {
     atomic_long slow_bodies; /* connections closed for a body slower than QD_MIN_BODY_RATE */
     char *formats_json;
     int port;
-    MHD_socket quiesced; /* the listening socket after the drain began, until the stop */
-} S = {.quiesced = MHD_INVALID_SOCKET};
+} S;
 
 struct conn {
     pthread_mutex_t lock;     /* orders suspend (HTTP thread) before resume (worker) */
@@ -749,14 +749,20 @@ int qd_http_start(const struct qd_serve_config *cfg, struct qd_backend *b, char 
         snprintf(err, errlen, "--listen %s: %s", cfg->listen, gai_strerror(gai));
         return -1;
     }
-    /* poll(), not epoll: with epoll and a thread pool, MHD_quiesce_daemon (the SIGTERM drain)
-     * races the pool's threads over removing the listening socket from their epoll sets, and
-     * the loser aborts the process (MHD_PANIC on ENOENT); with poll() a quiesced socket is
-     * simply no longer polled. At most 4096 connections, poll() costs nothing measurable. */
+    /* the listening socket is quantd's own (listener.h: an even spread of connections over the
+     * pool); poll(), not epoll, in the pool: at most 4096 connections, poll() costs nothing
+     * measurable */
+    if (qd_listener_open(ai, &S.port, err, errlen)) {
+        char why[200];
+        snprintf(why, sizeof why, "%s", err);
+        snprintf(err, errlen, "cannot listen on %s: %s", cfg->listen, why);
+        freeaddrinfo(ai);
+        return -1;
+    }
+    freeaddrinfo(ai);
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_ALLOW_SUSPEND_RESUME |
-                     MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+                     MHD_USE_ERROR_LOG | MHD_USE_NO_LISTEN_SOCKET;
     S.daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL,
-                                MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                                 MHD_OPTION_THREAD_POOL_SIZE, http_threads(cfg),
                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
                                 MHD_OPTION_NOTIFY_CONNECTION, qd_watch_notify, NULL,
@@ -765,17 +771,18 @@ int qd_http_start(const struct qd_serve_config *cfg, struct qd_backend *b, char 
                                 /* a larger per-connection pool lets each recv take 256 KiB of
                                  * a large body instead of 32 KiB (fewer calls per request) */
                                 MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024),
-                                MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
                                 MHD_OPTION_END);
-    freeaddrinfo(ai);
-    if (!S.daemon) {
-        snprintf(err, errlen, "cannot listen on %s (address in use or not available)", cfg->listen);
+    if (!S.daemon || qd_listener_start(S.daemon)) {
+        snprintf(err, errlen, "cannot start the HTTP threads on %s", cfg->listen);
+        if (S.daemon)
+            MHD_stop_daemon(S.daemon);
+        S.daemon = NULL;
+        qd_listener_close();
         return -1;
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(S.daemon, MHD_DAEMON_INFO_BIND_PORT);
-    S.port = info ? info->port : atoi(port);
     if (qd_watch_start(cfg->conn_timeout_s)) {
         snprintf(err, errlen, "cannot start the slow-client watchdog");
+        qd_listener_close();
         MHD_stop_daemon(S.daemon);
         S.daemon = NULL;
         return -1;
@@ -790,9 +797,7 @@ void qd_http_set_ready(int ready) { atomic_store(&S.ready, ready); }
 int qd_http_drain(int timeout_s)
 {
     atomic_store(&S.draining, 1);
-    /* the listening socket is ours from here, but libmicrohttpd's threads may still look at it
-     * until MHD_stop_daemon: it is closed after that (qd_http_stop) */
-    S.quiesced = MHD_quiesce_daemon(S.daemon);
+    qd_listener_stop(); /* no new connections; the socket closes in qd_http_stop */
     double deadline = qd_now_us() + timeout_s * 1e6;
     struct qd_jobs_stats js;
     for (;;) {
@@ -807,13 +812,12 @@ int qd_http_drain(int timeout_s)
 
 void qd_http_stop(void)
 {
+    qd_listener_stop();
     if (S.daemon)
         MHD_stop_daemon(S.daemon);
     S.daemon = NULL;
     qd_watch_stop();
-    if (S.quiesced != MHD_INVALID_SOCKET)
-        close(S.quiesced);
-    S.quiesced = MHD_INVALID_SOCKET;
+    qd_listener_close();
     free(S.formats_json);
     S.formats_json = NULL;
 }

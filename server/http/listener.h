@@ -1,0 +1,23 @@
+/* The listening socket and the thread that accepts on it. libmicrohttpd's own accept lets its
+ * pool threads race for each new connection, and the winner often takes several in a row: 16
+ * clients connecting at once landed on 9 of 16 threads, some threads carrying 3 or 4 large
+ * uploads while others idled. Accepting here and handing each connection over with
+ * MHD_add_connection spreads them over the pool evenly (it picks the thread by descriptor). */
+#ifndef QD_LISTENER_H
+#define QD_LISTENER_H
+
+#include <stddef.h>
+
+struct addrinfo;
+struct MHD_Daemon;
+
+/* Binds and listens on the address; the port bound (for port 0) in *port. 0, or -1 with err. */
+int qd_listener_open(const struct addrinfo *ai, int *port, char *err, size_t errlen);
+/* Starts the thread handing every accepted connection to d. 0 or -1. */
+int qd_listener_start(struct MHD_Daemon *d);
+/* Stops accepting; the socket stays open, so clients wait in its backlog rather than being
+ * refused, until qd_listener_close. Safe to call twice. */
+void qd_listener_stop(void);
+void qd_listener_close(void);
+
+#endif

@@ -14,6 +14,7 @@ static struct slot {
     void *p;
     size_t cap;
     int in_use;
+    int filling; /* reserved: its buffer is being allocated, outside the lock */
 } slots[SLOTS];
 static size_t held, limit;
 static void *(*pool_alloc)(size_t);
@@ -43,27 +44,40 @@ void *qd_hostmem_get(size_t n)
     struct slot *best = NULL, *empty = NULL;
     for (int i = 0; i < SLOTS; i++) {
         struct slot *s = &slots[i];
-        if (!s->p && !empty)
+        if (!s->p && !s->filling && !empty)
             empty = s;
         else if (s->p && !s->in_use && s->cap >= n && (!best || s->cap < best->cap))
             best = s;
     }
-    if (!best && empty && held + n <= limit) {
+    if (best) {
+        best->in_use = 1;
+        pthread_mutex_unlock(&lock);
+        return best->p;
+    }
+    size_t cap = 0;
+    if (empty && held + n <= limit) {
         /* round up to 8 MiB so that buffers of nearby sizes are shared */
-        size_t step = (size_t)8 << 20, cap = (n + step - 1) / step * step;
+        size_t step = (size_t)8 << 20;
+        cap = (n + step - 1) / step * step;
         if (held + cap > limit)
             cap = n;
-        void *p = pool_alloc(cap);
-        if (p) {
-            *empty = (struct slot){.p = p, .cap = cap};
-            held += cap;
-            best = empty;
-        }
+        empty->filling = 1;
+        held += cap;
     }
-    if (best)
-        best->in_use = 1;
     pthread_mutex_unlock(&lock);
-    return best ? best->p : malloc(n);
+    if (!cap)
+        return malloc(n);
+    /* pinning takes about half a second per GB: done outside the lock, so that the requests
+     * already holding buffers give them back and take others meanwhile */
+    void *p = pool_alloc(cap);
+    pthread_mutex_lock(&lock);
+    empty->filling = 0;
+    if (p)
+        *empty = (struct slot){.p = p, .cap = cap, .in_use = 1};
+    else
+        held -= cap;
+    pthread_mutex_unlock(&lock);
+    return p ? p : malloc(n);
 }
 
 void qd_hostmem_put(void *p)

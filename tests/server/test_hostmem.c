@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -94,6 +95,40 @@ static void pool_reuses_caps_and_falls_back(void **state)
     assert_int_equal(live, 0);
 }
 
+/* While a new buffer is being allocated (pinning is slow), the pool serves others: this
+ * allocator gives a buffer back and takes it again from inside the allocation, which would
+ * deadlock were the pool's lock held across it (alarm: a failure, not a hang). */
+static void *given_back, *taken_again;
+
+static void *busy_alloc(size_t n)
+{
+    if (given_back) {
+        qd_hostmem_put(given_back);
+        taken_again = qd_hostmem_get(1 << 20);
+    }
+    return counting_alloc(n);
+}
+
+static void pool_serves_others_while_allocating(void **state)
+{
+    (void)state;
+    const size_t mib = (size_t)1 << 20;
+    qd_hostmem_init(busy_alloc, counting_release, 64 * mib);
+    alarm(10);
+    void *first = qd_hostmem_get(mib);
+    assert_true(is_owned(first));
+    given_back = first;
+    void *second = qd_hostmem_get(16 * mib); /* a new buffer: busy_alloc runs */
+    given_back = NULL;
+    alarm(0);
+    assert_true(is_owned(second));
+    assert_ptr_equal(taken_again, first); /* given back and reused during the allocation */
+    qd_hostmem_put(taken_again);
+    qd_hostmem_put(second);
+    qd_hostmem_shutdown();
+    assert_int_equal(live, 0);
+}
+
 /* A body appended in pieces of every length and alignment (the streaming-store path takes
  * 256 bytes and up, with a head to align and a tail) equals the bytes sent. */
 static void append_equals_memcpy(void **state)
@@ -125,6 +160,7 @@ static void append_equals_memcpy(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(pool_reuses_caps_and_falls_back),
+                                       cmocka_unit_test(pool_serves_others_while_allocating),
                                        cmocka_unit_test(append_equals_memcpy)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

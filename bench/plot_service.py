@@ -2,7 +2,8 @@
 """SVG chart of bench_service's BENCH_JSON output for the large cases (QUANTD_BENCH_BIG with a
 list of client counts): GB/s of request bodies against the number of clients, one line per
 format and kind of client (the default N streams), beside the raw loopback TCP ceiling the
-benchmark measured at each count and its half.
+benchmark measured at each count, its half, and the same clients against the benchmark's null
+server (nvfp4-sized answers): what these clients reach when the server does nothing.
 usage: plot_service.py OUT.svg RESULT.json"""
 import html
 import json
@@ -16,7 +17,9 @@ COLORS = {"nvfp4": "#2b6cb0", "q8_0": "#2f855a", "nf4": "#b7791f"}
 
 def main():
     out, f = sys.argv[1], sys.argv[2]
-    rows = [r for r in json.load(open(f))["rows"] if "N streams" in r["case"]]
+    every = json.load(open(f))["rows"]
+    rows = [r for r in every if "N streams" in r["case"]]
+    null = [r for r in every if r.get("null_server") and "nvfp4-sized" in r["case"]]
     counts = sorted({r["clients"] for r in rows})
     ceiling = {r["clients"]: r["loopback_gb_s"] for r in rows}
     top = max(ceiling.values()) * 1.1
@@ -44,6 +47,11 @@ def main():
                f'text-anchor="middle">GB/s</text>')
     lines = [("loopback TCP", [(c, ceiling[c]) for c in counts], "#718096", ""),
              ("half of it", [(c, ceiling[c] / 2) for c in counts], "#e53e3e", ' stroke-dasharray="4,3"')]
+    for curl in (0, 1):
+        pts = sorted((r["clients"], r["mb_s_in"] / 1e3) for r in null if r["curl_like"] == curl)
+        if pts:
+            lines.append((f"null server, {'curl-like' if curl else 'lean'}", pts, "#a0aec0",
+                          ' stroke-dasharray="2,2"' if curl else ""))
     for fmt in COLORS:
         for curl in (0, 1):
             pts = [(r["clients"], r["mb_s_in"] / 1e3) for r in rows

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "queue/hostmem.h"
+
 cJSON *qd_timing_json(const struct qd_timing *t)
 {
     cJSON *o = cJSON_CreateObject();
@@ -142,9 +144,9 @@ static void add_json_text(cJSON *meta, const char *key, cJSON *value)
     free(s);
 }
 
-/* The answer as a safetensors file. The components already lie in pooled buffers of their own,
- * so the answer is sent as its header followed by those buffers, never joined into one (a copy
- * of the whole answer saved per request); components this work does not own are copied. */
+/* The answer as a safetensors file, sent as its header followed by the components in their own
+ * pooled buffers, never joined into one (a copy of the whole answer saved per request); a
+ * component this work does not own is copied into a buffer of its own. */
 static void quantize_safetensors(struct qd_work *w, struct qd_reply *r)
 {
     cJSON *head = quantize_head(w), *meta = cJSON_CreateObject(), *it;
@@ -156,7 +158,9 @@ static void quantize_safetensors(struct qd_work *w, struct qd_reply *r)
     }
     cJSON_Delete(head);
     struct qd_st_tensor st[QD_MAX_COMPONENTS];
-    int owned = 1;
+    void *part[QD_REPLY_MAX_PARTS];
+    size_t part_len[QD_REPLY_MAX_PARTS];
+    int n = 1;
     for (int i = 0; i < w->nc; i++) {
         snprintf(st[i].name, sizeof st[i].name, "%s", w->comps[i].name);
         st[i].dtype = w->comps[i].dtype;
@@ -165,33 +169,27 @@ static void quantize_safetensors(struct qd_work *w, struct qd_reply *r)
         st[i].shape[1] = w->comps[i].shape[1];
         st[i].data = w->comp[i];
         st[i].bytes = (size_t)w->comps[i].bytes;
-        owned &= (w->comp_owned >> i) & 1;
     }
-    size_t len;
-    if (owned) {
-        void *part[QD_REPLY_MAX_PARTS];
-        size_t part_len[QD_REPLY_MAX_PARTS];
-        if (!(part[0] = qd_safetensors_header(st, w->nc, meta, &part_len[0]))) {
-            cJSON_Delete(meta);
-            oom_reply(r);
-            return;
-        }
-        for (int i = 0; i < w->nc; i++) {
-            part[i + 1] = w->comp[i];
-            part_len[i + 1] = st[i].bytes;
+    part[0] = qd_safetensors_header(st, w->nc, meta, &part_len[0]);
+    cJSON_Delete(meta);
+    for (int i = 0; part[0] && i < w->nc; i++, n++) {
+        part_len[n] = st[i].bytes;
+        if ((w->comp_owned >> i) & 1) { /* handed over: the reply gives it back once sent */
+            part[n] = w->comp[i];
             w->comp[i] = NULL;
-        }
-        w->comp_owned = 0;
-        cJSON_Delete(meta);
-        qd_reply_take_parts(r, 200, "application/octet-stream", w->nc + 1, part, part_len);
+            w->comp_owned &= ~(1u << i);
+        } else if ((part[n] = qd_hostmem_get(st[i].bytes)))
+            memcpy(part[n], st[i].data, st[i].bytes);
+        else
+            break;
+    }
+    if (!part[0] || n < w->nc + 1) {
+        for (int k = 0; k < n; k++)
+            qd_hostmem_put(part[k]);
+        oom_reply(r);
         return;
     }
-    char *body = qd_safetensors_build(st, w->nc, meta, &len);
-    cJSON_Delete(meta);
-    if (body)
-        qd_reply_take(r, 200, "application/octet-stream", body, len);
-    else
-        oom_reply(r);
+    qd_reply_take_parts(r, 200, "application/octet-stream", n, part, part_len);
 }
 
 static void dequantize_json(const struct qd_work *w, struct qd_reply *r)

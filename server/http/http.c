@@ -104,13 +104,11 @@ static struct MHD_Response *parts_response(struct qd_reply *r)
 /* A copy of the answer (a stored job's result, which may be read again). */
 static struct MHD_Response *copied_response(const struct qd_reply *r)
 {
-    if (!r->nparts)
-        return MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_COPY);
-    char *joined = qd_reply_joined(r);
-    struct MHD_Response *resp = joined ? MHD_create_response_from_buffer_with_free_callback(r->len, joined, qd_hostmem_put)
-                                       : NULL;
+    char *copy = qd_reply_joined(r);
+    struct MHD_Response *resp = copy ? MHD_create_response_from_buffer_with_free_callback(r->len, copy, qd_hostmem_put)
+                                     : NULL;
     if (!resp)
-        qd_hostmem_put(joined);
+        qd_hostmem_put(copy);
     return resp;
 }
 
@@ -752,14 +750,10 @@ int qd_http_start(const struct qd_serve_config *cfg, struct qd_backend *b, char 
     /* the listening socket is quantd's own (listener.h: an even spread of connections over the
      * pool); poll(), not epoll, in the pool: at most 4096 connections, poll() costs nothing
      * measurable */
-    if (qd_listener_open(ai, &S.port, err, errlen)) {
-        char why[200];
-        snprintf(why, sizeof why, "%s", err);
-        snprintf(err, errlen, "cannot listen on %s: %s", cfg->listen, why);
-        freeaddrinfo(ai);
-        return -1;
-    }
+    int bad = qd_listener_open(ai, cfg->listen, &S.port, err, errlen);
     freeaddrinfo(ai);
+    if (bad)
+        return -1;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG | MHD_USE_NO_LISTEN_SOCKET;
     S.daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL,

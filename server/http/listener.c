@@ -20,7 +20,7 @@ static struct {
     struct MHD_Daemon *daemon;
 } L = {.fd = -1, .stop_fd = -1};
 
-int qd_listener_open(const struct addrinfo *ai, int *port, char *err, size_t errlen)
+int qd_listener_open(const struct addrinfo *ai, const char *name, int *port, char *err, size_t errlen)
 {
     int one = 1, fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     /* SO_REUSEADDR: a restart binds while old connections sit in TIME_WAIT (not SO_REUSEPORT:
@@ -28,7 +28,7 @@ int qd_listener_open(const struct addrinfo *ai, int *port, char *err, size_t err
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
         (ai->ai_family == AF_INET6 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one)) ||
         bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, SOMAXCONN)) {
-        snprintf(err, errlen, "%s", strerror(errno));
+        snprintf(err, errlen, "cannot listen on %s: %s", name, strerror(errno));
         if (fd >= 0)
             close(fd);
         return -1;

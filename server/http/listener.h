@@ -11,8 +11,9 @@
 struct addrinfo;
 struct MHD_Daemon;
 
-/* Binds and listens on the address; the port bound (for port 0) in *port. 0, or -1 with err. */
-int qd_listener_open(const struct addrinfo *ai, int *port, char *err, size_t errlen);
+/* Binds and listens on the address (named `name` in err); the port bound (for port 0) in *port.
+ * 0, or -1 with err. */
+int qd_listener_open(const struct addrinfo *ai, const char *name, int *port, char *err, size_t errlen);
 /* Starts the thread handing every accepted connection to d. 0 or -1. */
 int qd_listener_start(struct MHD_Daemon *d);
 /* Stops accepting; the socket stays open, so clients wait in its backlog rather than being

@@ -177,14 +177,13 @@ static int pieces(struct qd_work *w, int input, const size_t *off, struct piece 
     return w->nc;
 }
 
-/* Bytes of the pieces that are not pinned (0: every piece is copied straight). */
-static size_t unpinned_bytes(const struct piece *p, int n, int pinned[])
+/* Marks each piece pinned or not; returns how many are not (0: every one is copied straight). */
+static int mark_pinned(const struct piece *p, int n, int pinned[])
 {
-    size_t b = 0;
+    int unpinned = 0;
     for (int i = 0; i < n; i++)
-        if (!(pinned[i] = is_pinned(p[i].host)))
-            b += p[i].bytes;
-    return b;
+        unpinned += !(pinned[i] = is_pinned(p[i].host));
+    return unpinned;
 }
 
 static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *err, size_t errlen)
@@ -205,7 +204,7 @@ static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *e
     /* copies run at full PCIe speed only from and to pinned memory: pieces in the body pool
      * (server/hostmem.c) are copied directly, each other one (a small component, a body that
      * the pool could not hold) through the worker's pinned staging, at its place there */
-    int in_staged = unpinned_bytes(in, nin, in_pinned) > 0, out_staged = unpinned_bytes(out, nout, out_pinned) > 0;
+    int in_staged = mark_pinned(in, nin, in_pinned), out_staged = mark_pinned(out, nout, out_pinned);
     enum qd_status st;
     if ((st = ensure(wk, &wk->d_in, in_bytes, 1, err, errlen)) || (st = ensure(wk, &wk->d_out, out_bytes, 1, err, errlen)) ||
         (in_staged && (st = ensure(wk, &wk->h_in, in_bytes, 0, err, errlen))) ||

@@ -41,55 +41,11 @@
 #include "../../kernels/ctfp.h"
 #include "../../kernels/fp.h"
 #include "checkpoint/convert.h"
+#include "checkpoint/hf_config.h"
 #include "checkpoint/pipeline.h"
 #include "checkpoint/safetensors.h"
 
 #define QSTATE_OFFSET_WIDTH 24 /* the longest Python repr of a float */
-
-/* Python's repr of a float: the shortest digits that read back to it, fixed notation for
- * decimal exponents in [-4, 16), else d.ddde+XX. */
-static void py_float_repr(double v, char *out, size_t len)
-{
-    if (v != v || isinf(v)) {
-        snprintf(out, len, "%s", v != v ? "NaN" : v < 0 ? "-Infinity" : "Infinity");
-        return;
-    }
-    char e[40];
-    for (int p = 1; p <= 17; p++) {
-        snprintf(e, sizeof e, "%.*e", p - 1, v);
-        if (strtod(e, NULL) == v)
-            break;
-    }
-    char digits[24];
-    int nd = 0, neg = e[0] == '-';
-    const char *c = e + neg;
-    for (; *c && *c != 'e'; c++)
-        if (*c != '.')
-            digits[nd++] = *c;
-    digits[nd] = 0;
-    int exp10 = atoi(c + 1);
-    char *o = out;
-    size_t left = len;
-#define PUT(...) do { int k = snprintf(o, left, __VA_ARGS__); o += k; left -= (size_t)k; } while (0)
-    if (neg)
-        PUT("-");
-    if (exp10 >= 16 || exp10 < -4) {
-        PUT("%c", digits[0]);
-        if (nd > 1)
-            PUT(".%s", digits + 1);
-        PUT("e%c%02d", exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
-    } else if (exp10 >= 0) {
-        for (int i = 0; i <= exp10; i++)
-            PUT("%c", i < nd ? digits[i] : '0');
-        PUT(".%s", nd > exp10 + 1 ? digits + exp10 + 1 : "0");
-    } else {
-        PUT("0.");
-        for (int i = 0; i < -exp10 - 1; i++)
-            PUT("0");
-        PUT("%s", digits);
-    }
-#undef PUT
-}
 
 static const char *torch_dtype(const char *st) /* str(torch dtype).strip("torch.") */
 {
@@ -124,7 +80,7 @@ static int quant_state_json(char *out, size_t len, const struct qd_convert_opts 
         if (pad)
             memset(offset, '0', QSTATE_OFFSET_WIDTH), offset[QSTATE_OFFSET_WIDTH] = 0;
         else
-            py_float_repr((double)p->offset, offset, sizeof offset);
+            qd_py_float_repr((double)p->offset, offset, sizeof offset);
         n += snprintf(out + n, len - (size_t)n, ", \"nested_blocksize\": 256, \"nested_dtype\": \"float32\", "
                       "\"nested_offset\": %s", offset);
     }
@@ -734,8 +690,7 @@ static int write_text(const char *path, const char *text, char *err, size_t errl
     struct qd_outfile out;
     if (qd_outfile_open(&out, path, err, errlen))
         return -1;
-    if (qd_outfile_write(&out, text, strlen(text), err, errlen) || qd_outfile_write(&out, "\n", 1, err, errlen) ||
-        qd_outfile_commit(&out, err, errlen)) {
+    if (qd_outfile_write(&out, text, strlen(text), err, errlen) || qd_outfile_commit(&out, err, errlen)) {
         qd_outfile_abort(&out);
         return -1;
     }
@@ -793,7 +748,8 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
     struct shard *sh = NULL;
     struct qd_name_filter *nf = qd_name_filter_new(o->skip, o->only, err, errlen);
     cJSON *config = NULL, *index = NULL, *qc = NULL;
-    char *tmpdir = NULL, **names = NULL;
+    char *tmpdir = NULL, **names = NULL, *config_text = NULL;
+    size_t config_n = 0;
     struct qd_pipe_pool *pool = NULL;
     void *scratch = NULL; /* awq: the transposed weight */
     if (!nf)
@@ -805,6 +761,8 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
         char e2[256];
         if (!qd_map_file(cp, &m, e2, sizeof e2)) {
             config = cJSON_ParseWithLength((const char *)m.data, m.size);
+            if ((config_text = malloc(m.size + 1)))
+                memcpy(config_text, m.data, m.size), config_n = m.size;
             qd_unmap_file(&m);
         }
         if (!config || !cJSON_IsObject(config)) {
@@ -974,21 +932,23 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
         cJSON *ix = cJSON_CreateObject(), *md = cJSON_AddObjectToObject(ix, "metadata");
         cJSON_AddNumberToObject(md, "total_size", (double)total);
         cJSON_AddItemToObject(ix, "weight_map", wm);
-        char *text = cJSON_Print(ix), *p = join(tmpdir, "model.safetensors.index.json");
+        char *text = qd_json_py_text(ix), *p = join(tmpdir, "model.safetensors.index.json");
         int r = text && p ? write_text(p, text, err, errlen) : -1;
         free(text), free(p);
         cJSON_Delete(ix);
         if (r)
             goto fail_dir;
     }
-    cJSON_DeleteItemFromObjectCaseSensitive(config, "quantization_config");
-    cJSON_AddItemToObject(config, "quantization_config", qc);
+    /* config.json: the source's members as they were spelled, quantization_config added */
+    cJSON *f16 = cJSON_CreateString("float16");
+    struct qd_config_set sets[3] = {{"quantization_config", qc}};
+    int nsets = 1;
     if (autoawq(o)) /* AutoAWQ's model is float16 when it saves: its config says so */
         for (const char *const *key = (const char *const[]){"torch_dtype", "dtype", NULL}; *key; key++)
             if (cJSON_GetObjectItemCaseSensitive(config, *key))
-                cJSON_ReplaceItemInObjectCaseSensitive(config, *key, cJSON_CreateString("float16"));
-    qc = NULL;
-    char *ctext = cJSON_Print(config), *cpath = join(tmpdir, "config.json");
+                sets[nsets++] = (struct qd_config_set){*key, f16};
+    char *ctext = qd_hf_config_rewrite(config_text, config_n, sets, nsets, err, errlen), *cpath = join(tmpdir, "config.json");
+    cJSON_Delete(f16);
     int r = ctext && cpath ? write_text(cpath, ctext, err, errlen) : -1;
     free(ctext), free(cpath);
     if (r)
@@ -1040,6 +1000,7 @@ done:
     free(names);
     cJSON_Delete(qc);
     cJSON_Delete(config);
+    free(config_text);
     cJSON_Delete(index);
     qd_name_filter_free(nf);
     return rc;

@@ -21,6 +21,38 @@ def bf16(x):
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
+def exact_weights(state, rows, cols, scale):
+    """state: [a 64-bit counter], advanced. Sums of integers times powers of two: exact in f32, so no library rounding enters."""
+    n = rows * cols
+    idx = np.arange(n, dtype=np.uint64) + np.uint64(state[0])
+    state[0] = (state[0] + n * 0x9E3779B97F4A7C15) % 2**64
+    acc = np.zeros(n, dtype=np.int64)
+    for k in range(4):  # four hashed 16-bit draws: roughly normal
+        h = (idx * np.uint64(0x9E3779B97F4A7C15 + 2 * k + 1)) ^ (idx >> np.uint64(29))
+        h = (h * np.uint64(0xBF58476D1CE4E5B9)) >> np.uint64(40)
+        acc += (h & np.uint64(0xFFFF)).astype(np.int64) - 32768
+    x = acc.astype(np.float32) * np.float32(2.0 ** -17)  # about N(0, 0.5)
+    heavy = ((idx * np.uint64(0x94D049BB133111EB)) >> np.uint64(58)).astype(np.int64)  # 0..63
+    x = np.where(heavy == 0, x * np.float32(64.0), x)  # 1 in 64: a tail value
+    x = (x * np.float32(scale)).reshape(rows, cols)
+    for r in range(rows):
+        kind = r % 8
+        if kind == 0:
+            x[r] = 0.0
+        elif kind == 1:
+            x[r] = np.float32(0.75 * scale)
+        elif kind == 2:
+            x[r] = 0.0
+            x[r, (r * 37) % cols] = np.float32(96.0)
+        elif kind == 3:
+            x[r] *= np.float32(2.0 ** 10)  # large (up to 2^15), still finite in f16
+        elif kind == 4:
+            x[r] *= np.float32(2.0 ** -14)  # tiny: f16 subnormals and zeros
+        elif kind == 5:
+            x[r] = (np.arange(cols, dtype=np.float32) * 2 - cols) * np.float32(2.0 ** -8)
+    return x
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -70,35 +102,7 @@ def main():
     state = [a.seed * 2654435761 % 2**64 or 1]
 
     def exact(rows, cols, scale):
-        """Sums of integers times powers of two: exact in f32, so no library rounding enters."""
-        n = rows * cols
-        idx = np.arange(n, dtype=np.uint64) + np.uint64(state[0])
-        state[0] = (state[0] + n * 0x9E3779B97F4A7C15) % 2**64
-        acc = np.zeros(n, dtype=np.int64)
-        for k in range(4):  # four hashed 16-bit draws: roughly normal
-            h = (idx * np.uint64(0x9E3779B97F4A7C15 + 2 * k + 1)) ^ (idx >> np.uint64(29))
-            h = (h * np.uint64(0xBF58476D1CE4E5B9)) >> np.uint64(40)
-            acc += (h & np.uint64(0xFFFF)).astype(np.int64) - 32768
-        x = acc.astype(np.float32) * np.float32(2.0 ** -17)  # about N(0, 0.5)
-        heavy = ((idx * np.uint64(0x94D049BB133111EB)) >> np.uint64(58)).astype(np.int64)  # 0..63
-        x = np.where(heavy == 0, x * np.float32(64.0), x)  # 1 in 64: a tail value
-        x = (x * np.float32(scale)).reshape(rows, cols)
-        for r in range(rows):
-            kind = r % 8
-            if kind == 0:
-                x[r] = 0.0
-            elif kind == 1:
-                x[r] = np.float32(0.75 * scale)
-            elif kind == 2:
-                x[r] = 0.0
-                x[r, (r * 37) % cols] = np.float32(96.0)
-            elif kind == 3:
-                x[r] *= np.float32(2.0 ** 10)  # large (up to 2^15), still finite in f16
-            elif kind == 4:
-                x[r] *= np.float32(2.0 ** -14)  # tiny: f16 subnormals and zeros
-            elif kind == 5:
-                x[r] = (np.arange(cols, dtype=np.float32) * 2 - cols) * np.float32(2.0 ** -8)
-        return x
+        return exact_weights(state, rows, cols, scale)
 
     base16 = {}  # scale -> bf16(base * scale): the big bf16 tensors are rotations of it, no per-element math
 

@@ -139,11 +139,11 @@ static void q6_searches_equal_scalar(void **state)
             }
     }
 }
-#else
-static void searches_equal_scalar(void **state) { (void)state; }
-static void q6_searches_equal_scalar(void **state) { (void)state; }
-static void q2_searches_equal_scalar(void **state) { (void)state; }
-static void q3_searches_equal_scalar(void **state) { (void)state; }
+#else /* a build without AVX2 has no fast path to compare: each case says it was skipped */
+static void searches_equal_scalar(void **state) { (void)state; skip(); }
+static void q6_searches_equal_scalar(void **state) { (void)state; skip(); }
+static void q2_searches_equal_scalar(void **state) { (void)state; skip(); }
+static void q3_searches_equal_scalar(void **state) { (void)state; skip(); }
 #endif
 
 int main(void)

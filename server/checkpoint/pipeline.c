@@ -32,8 +32,9 @@
 #include <unistd.h>
 
 
-/* One thread reads the page cache at ~6 GB/s and writes at ~3: a big host gets several of each;
- * a small one (2 cores, also running the CPU kernels) one of each. */
+/* One reader or writer thread moves less than a fast disk or the page cache can: a big host gets
+ * several of each; a small one (where the same cores run the CPU kernels) one of each.
+ * docs/BENCHMARKS.md has the measured rates (QUANTD_CONVERT_READERS/WRITERS override). */
 #define DEFAULT_READERS 4
 #define DEFAULT_WRITERS 3
 #define MAX_READERS 8
@@ -43,13 +44,14 @@
 #define MAX_OUT_SLOTS (MAX_WRITERS + OUT_SPARE + QD_PIPE_MAX_LANES - 1)
 #define DIO_ALIGN 4096u         /* O_DIRECT offsets, lengths and addresses */
 #define DIO_CHUNK (8u << 20)    /* bytes staged at a time for in-memory and copied items */
-/* a copied item is written in pieces of this size by whichever writers are idle: one writer
- * copying a 1 GB embedding or head took 1.0-1.7 s on the H100 machine, the conversion's tail */
+/* a copied item is written in pieces of this size by whichever writers are idle, so that one
+ * writer copying a large embedding or head is not the conversion's tail */
 #define COPY_PIECE (64ull << 20)
 
 /* The slots are allocated where first used, by the thread that uses them: pinning host memory
- * costs ~0.45 s per GB on the H100 machine, and allocating a CUDA pool's 1.1 GB up front held
- * the first write back by that long (the output's writing is the conversion's longest stage). */
+ * is slow (a fraction of a second per GB), and pinning a CUDA pool's slots all up front would
+ * hold the first write back by that long (the output's writing is the conversion's longest
+ * stage). */
 struct qd_pipe_pool {
     int readers, writers, in_slots, out_slots, lanes;
     int mapped, direct; /* input through a mapping; output with O_DIRECT (when the file allows) */
@@ -95,10 +97,9 @@ struct qd_pipe_pool *qd_pipe_pool_new(struct qd_backend *backend, uint64_t in_ca
     pool->writers = env_count("QUANTD_CONVERT_WRITERS", cores >= 8 ? DEFAULT_WRITERS : 1, MAX_WRITERS);
     pool->in_slots = pool->readers + 2 + lanes - 1; /* (each lane holds one item's input and output) */
     pool->lanes = lanes;
-    /* beyond one per writer, room for the processing to run ahead of a write that stalls: with
-     * two spare slots the q4_0 conversion of a 2.2 GB GGUF on 2 cores took 0.51 s, with six
-     * 0.455 s (medians of 8 interleaved runs); the slots are sized by the largest item but
-     * mostly hold small ones */
+    /* beyond one per writer, room for the processing to run ahead of a write that stalls (six
+     * measured faster than two on a small GGUF conversion: docs/BENCHMARKS.md); the slots are
+     * sized by the largest item but mostly hold small ones */
     pool->out_slots = pool->writers + OUT_SPARE + lanes - 1;
     pool->direct = 1;
     pthread_mutex_init(&pool->lock, NULL);

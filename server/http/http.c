@@ -29,7 +29,9 @@
 #include "http/watchdog.h"
 #include "service/metrics.h"
 
-#define QD_VERSION "0.1.0"
+#ifndef QD_VERSION /* the Makefile sets it from the VERSION file */
+#define QD_VERSION "unknown"
+#endif
 
 /* A request body must average at least this once --conn-timeout seconds have passed (a body
  * trickled a byte at a time is never idle long enough for the idle timeout). */
@@ -179,6 +181,7 @@ static const struct route routes[] = {
     {"/healthz", QD_ROUTE_HEALTHZ, "GET HEAD", 1},
     {"/readyz", QD_ROUTE_READYZ, "GET HEAD", 1},
     {"/metrics", QD_ROUTE_METRICS, "GET HEAD", 1},
+    {"/version", QD_ROUTE_VERSION, "GET HEAD", 1},
 };
 
 static int method_in(const char *method, const char *list)
@@ -566,6 +569,12 @@ static enum MHD_Result last_call(struct MHD_Connection *mc, struct conn *c, cons
     case QD_ROUTE_HEALTHZ:
         o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "status", "ok");
+        cJSON_AddStringToObject(o, "version", QD_VERSION);
+        qd_reply_json(&c->reply, 200, o);
+        break;
+    case QD_ROUTE_VERSION:
+        o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "version", QD_VERSION);
         qd_reply_json(&c->reply, 200, o);
         break;
     case QD_ROUTE_READYZ:

@@ -469,14 +469,22 @@ static int check_input(const struct qd_convert_opts *o, const struct layout *l, 
                  "model files", src);
         return -1;
     case QD_INPUT_HF_DIR:
-        if (gguf_out) {
-            snprintf(err, errlen, "%s is a directory (a Hugging Face model); %s writes a GGUF from a GGUF file: "
-                     "make one with llama.cpp's convert_hf_to_gguf.py (python convert_hf_to_gguf.py %s --outtype "
-                     "f16 --outfile model-f16.gguf), then convert that. From this directory quantd writes %s",
-                     src, fmt, src, qd_convert_formats_from(QD_INPUT_HF_DIR));
-            return -1;
+        if (!gguf_out) {
+            char config[4200];
+            struct stat st;
+            snprintf(config, sizeof config, "%s/config.json", src);
+            if (stat(config, &st) < 0 || !S_ISREG(st.st_mode)) {
+                snprintf(err, errlen, "%s has no config.json: a Hugging Face model directory holds config.json beside "
+                         "its .safetensors weights (or give one .safetensors file)", src);
+                return -1;
+            }
+            return 0;
         }
-        return 0;
+        snprintf(err, errlen, "%s is a directory (a Hugging Face model); %s writes a GGUF from a GGUF file: make "
+                 "one with llama.cpp's convert_hf_to_gguf.py (python convert_hf_to_gguf.py %s --outtype f16 "
+                 "--outfile model-f16.gguf), then convert that. From this directory quantd writes %s", src, fmt, src,
+                 qd_convert_formats_from(QD_INPUT_HF_DIR));
+        return -1;
     case QD_INPUT_SAFETENSORS:
         if (gguf_out) {
             snprintf(err, errlen, "%s is a safetensors file; %s writes a GGUF from a GGUF file (llama.cpp's "
@@ -537,6 +545,7 @@ int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, en
     struct qd_convert_dest d;
     if (qd_convert_check(o, &d, status, err, errlen))
         return -1;
+    *status = QD_EINVAL; /* (a target's failure that sets none is the input's) */
     if (o->cancel && *o->cancel) {
         snprintf(err, errlen, "convert: cancelled before it started");
         *status = QD_ECANCELED;

@@ -111,8 +111,9 @@ const char *qd_convert_layouts_text(void);
 /* The destination as checked: usable, or refused with the reason. */
 struct qd_convert_dest {
     int out_dir;           /* the output is a directory (a Hugging Face directory in) */
-    int exists;            /* something is there that the output replaces (a conflict without
-                              overwrite); an empty directory does not count */
+    int exists;            /* something is there that the output replaces; an empty directory
+                              does not count */
+    int conflict;          /* refused because of it (no overwrite) */
     char path[4096];       /* the destination without trailing slashes */
 };
 /* Decides, before anything is converted, whether o can run: the format has a layout, the input
@@ -121,7 +122,7 @@ struct qd_convert_dest {
  * directory exists, its name fits with the temporary suffix, it is not the input, and what is
  * there is replaced only with o->overwrite (an existing directory, empty or with overwrite,
  * receives the files; a directory is never removed). 0, or -1 with *status (QD_EINVAL,
- * QD_ENOTFOUND) and a message naming o's paths; d->exists tells a conflict. */
+ * QD_ENOTFOUND) and a message naming o's paths; d->conflict tells a refused overwrite. */
 int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d, enum qd_status *status, char *err,
                      size_t errlen);
 int qd_convert_check_dest(const char *src, const char *dst, int out_dir, int overwrite, struct qd_convert_dest *d,

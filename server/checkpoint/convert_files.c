@@ -226,7 +226,7 @@ int qd_convert_check_dest(const char *src, const char *dst, int out_dir, int ove
 {
     *status = QD_EINVAL;
     d->out_dir = out_dir;
-    d->exists = 0;
+    d->exists = d->conflict = 0;
     size_t n = strlen(dst);
     if (!n) {
         snprintf(err, errlen, "the destination is empty: name the output %s", out_dir ? "directory" : "file");
@@ -287,6 +287,7 @@ int qd_convert_check_dest(const char *src, const char *dst, int out_dir, int ove
         into = out_dir;
         d->exists = !(out_dir && dir_is_empty(d->path));
         if (d->exists && !overwrite) {
+            d->conflict = 1;
             snprintf(err, errlen, "%s exists%s: quantd replaces an existing output only when asked (--force; "
                      "\"overwrite\": true in a job)", dst, out_dir ? " and is not empty" : "");
             return -1;

@@ -260,10 +260,9 @@ static void precheck_post(struct MHD_Connection *mc, struct conn *c)
     if (c->route == QD_ROUTE_CONVERT) { /* a model file: checked now, spooled as it comes */
         const char *ct = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
         const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        const char *tmp = getenv("TMPDIR");
         c->req.op = QD_OP_CONVERT;
         c->upload = qd_convert_upload_begin(q.kv, q.n, ct, cl ? strtoll(cl, NULL, 10) : -1,
-                                            S.config->data_dir[0] ? S.config->data_dir : tmp && *tmp ? tmp : "/tmp",
+                                            qd_convert_spool_dir(S.config->data_dir),
                                             S.config->max_convert_bytes, &c->reply);
         c->req.f = c->upload ? qd_convert_upload_format(c->upload) : NULL;
         return;

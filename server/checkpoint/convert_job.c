@@ -164,6 +164,24 @@ static int check_source_dir(const char *root, const char *dir, const char *rel, 
     return rc;
 }
 
+void qd_convert_name_error(struct qd_reply *err, const char *name, int as_recipe)
+{
+    const struct qd_format *f = qd_convert_format_named(name);
+    const struct qd_gguf_recipe *mix = qd_convert_recipe_named(name);
+    if (as_recipe && f)
+        qd_reply_error(err, 400, "unknown_recipe", "recipe '%.40s' is a format, not a llama-quantize mix: give fmt %s",
+                       name, f->name);
+    else if (as_recipe)
+        qd_reply_error(err, 400, "unknown_recipe", "unknown recipe '%.40s'%s%s (quantd writes %s)", name,
+                       mix ? ": spelled " : "", mix ? mix->name : "", qd_gguf_recipe_names());
+    else if (mix && !f)
+        qd_reply_error(err, 400, "unknown_format", "fmt '%.40s' is a llama-quantize mix, not one format: give recipe "
+                       "%s (fmt gives every quantized tensor one type, such as %s)", name, mix->name, mix->fmt);
+    else
+        qd_reply_error(err, 400, "unknown_format", "unknown format '%.64s'%s%s (GET /formats lists them)", name,
+                       f ? ": spelled " : "", f ? f->name : "");
+}
+
 static int set_param(struct qd_convert_request *r, const char *k, const char *v, struct qd_reply *err)
 {
     char msg[256];
@@ -217,7 +235,11 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
     if (recipe) { /* a llama-quantize mix: its default type is the format */
         const struct qd_gguf_recipe *mix = qd_gguf_recipe_find(cJSON_GetStringValue(recipe));
         if (!mix) {
-            qd_reply_error(err, 400, "unknown_recipe", "unknown recipe (quantd writes %s)", qd_gguf_recipe_names());
+            if (cJSON_IsString(recipe))
+                qd_convert_name_error(err, recipe->valuestring, 1);
+            else
+                qd_reply_error(err, 400, "unknown_recipe", "recipe must be a string (quantd writes %s)",
+                               qd_gguf_recipe_names());
             goto bad;
         }
         if (fmt || q->f) {
@@ -229,8 +251,10 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
     }
     r->f = qd_convert_format(q->f ? q->f : fmt ? qd_format_find(fmt) : NULL);
     if (!r->f) {
-        qd_reply_error(err, 400, "unknown_format", "fmt %s%.64s%s (GET /formats lists them)", fmt ? "'" : "is missing",
-                       fmt ? fmt : "", fmt ? "' is unknown" : "");
+        if (fmt)
+            qd_convert_name_error(err, fmt, 0);
+        else
+            qd_reply_error(err, 400, "unknown_format", "fmt (or recipe) is missing (GET /formats lists them)");
         goto bad;
     }
     qd_params_default(r->f, &r->params);

@@ -33,6 +33,9 @@ struct qd_convert_request {
 struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const struct qd_req *q, const char *body,
                                                     size_t len, struct qd_reply *err);
 void qd_convert_request_free(struct qd_convert_request *r);
+/* The 400 for a format (or, as_recipe, a mix) name quantd does not know, with a hint where the
+ * name is the other kind or differs only in case. */
+void qd_convert_name_error(struct qd_reply *err, const char *name, int as_recipe);
 
 /* Runs j's conversion on a worker of b; the summary (200) or the error lands in j->reply. */
 void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker);

@@ -121,14 +121,13 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
     for (int i = 0; i < n; i++) {
         const char *v = kv[i].value ? kv[i].value : "";
         if (!strcmp(kv[i].key, "fmt") && !(r->f = qd_convert_format(qd_format_find(v)))) {
-            qd_reply_error(err, 400, "unknown_format", "unknown format '%.64s' (GET /formats lists them)", v);
+            qd_convert_name_error(err, v, 0);
             goto bad;
         }
         if (!strcmp(kv[i].key, "recipe")) {
             const struct qd_gguf_recipe *mix = qd_gguf_recipe_find(v);
             if (!mix) {
-                qd_reply_error(err, 400, "unknown_recipe", "unknown recipe '%.40s' (quantd writes %s)", v,
-                               qd_gguf_recipe_names());
+                qd_convert_name_error(err, v, 1);
                 goto bad;
             }
             free(r->recipe);

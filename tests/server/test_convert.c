@@ -362,6 +362,18 @@ static void convert_job_confinement_has_no_gaps(void **state)
     free(kept);
     expect_refusal(400, "bad_request", "{\"source\": \"model.gguf\", \"destination\": \"o.gguf\", \"fmt\": \"q8_0\", "
                    "\"overwrite\": 1}", "overwrite");
+    /* a name of the other kind, or in another case: which field takes it */
+    expect_refusal(400, "unknown_format", "{\"source\": \"model.gguf\", \"destination\": \"o.gguf\", \"fmt\": \"q4_k_m\"}",
+                   "recipe Q4_K_M");
+    expect_refusal(400, "unknown_recipe", "{\"source\": \"model.gguf\", \"destination\": \"o.gguf\", \"recipe\": \"nf4\"}",
+                   "fmt nf4");
+    expect_refusal(400, "unknown_format", "{\"source\": \"model.gguf\", \"destination\": \"o.gguf\", \"fmt\": \"Q8_0\"}",
+                   "spelled q8_0");
+    struct http h;
+    http_do(&srv, "POST", "/convert?fmt=Q4_K_M", raw_h, "GGUF", 4, &h);
+    assert_int_equal(h.status, 400);
+    assert_non_null(strstr(h.body, "recipe Q4_K_M"));
+    http_free(&h);
     /* a destination under a file, a name too long, the source itself: 400 before the job */
     expect_refusal(400, "bad_request", "{\"source\": \"model.gguf\", \"destination\": \"model.gguf/x.gguf\", "
                    "\"fmt\": \"q8_0\"}", NULL);

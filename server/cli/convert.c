@@ -267,7 +267,11 @@ int qd_cli_convert(int argc, char **argv)
         return 1;
     }
     double bpw = s.params_total ? s.bytes_out * 8.0 / (double)s.params_total : 0;
-    printf("{\"summary\":{\"in\":\"%s\",\"out\":\"%s\",\"fmt\":\"%s\",\"backend\":\"%s\",\"quantized\":%d,"
+    if (o.recipe)
+        printf("{\"summary\":{\"recipe\":\"%s\",", o.recipe);
+    else
+        printf("{\"summary\":{");
+    printf("\"in\":\"%s\",\"out\":\"%s\",\"fmt\":\"%s\",\"backend\":\"%s\",\"quantized\":%d,"
            "\"copied\":%d,\"cast_f16\":%d,\"bytes_in\":%" PRIu64 ",\"bytes_out\":%" PRIu64 ",\"bits_per_weight\":%.3f,"
            "\"seconds\":%.3f,\"gb_per_s\":%.3f,\"read_s\":%.3f,\"quantize_s\":%.3f,\"write_s\":%.3f,"
            "\"peak_rss_bytes\":%" PRIu64 "}}\n",

@@ -534,7 +534,7 @@ int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d,
     const enum qd_convert_input in = qd_convert_input_kind(o->src, head);
     if (check_input(o, l, in, head, status, err, errlen))
         return -1;
-    return qd_convert_check_dest(o->src, o->dst, in == QD_INPUT_HF_DIR, o->overwrite, d, status, err, errlen);
+    return qd_convert_check_dest(o->src, o->dst, in, o->overwrite, d, status, err, errlen);
 }
 
 int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status, char *err,

@@ -125,8 +125,10 @@ struct qd_convert_dest {
  * QD_ENOTFOUND) and a message naming o's paths; d->conflict tells a refused overwrite. */
 int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d, enum qd_status *status, char *err,
                      size_t errlen);
-int qd_convert_check_dest(const char *src, const char *dst, int out_dir, int overwrite, struct qd_convert_dest *d,
-                          enum qd_status *status, char *err, size_t errlen);
+/* The destination part of qd_convert_check, for an input of kind in (a directory: a directory
+ * out; else a file). */
+int qd_convert_check_dest(const char *src, const char *dst, enum qd_convert_input in, int overwrite,
+                          struct qd_convert_dest *d, enum qd_status *status, char *err, size_t errlen);
 
 /* Removes every temporary file and directory this process's conversions have open, and keeps
  * any from being renamed into place after (for a stop that cannot wait for the pipeline: a

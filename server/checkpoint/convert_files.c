@@ -221,9 +221,11 @@ static int same_inode(const struct stat *a, const struct stat *b)
     return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
 }
 
-int qd_convert_check_dest(const char *src, const char *dst, int out_dir, int overwrite, struct qd_convert_dest *d,
-                          enum qd_status *status, char *err, size_t errlen)
+int qd_convert_check_dest(const char *src, const char *dst, enum qd_convert_input in, int overwrite,
+                          struct qd_convert_dest *d, enum qd_status *status, char *err, size_t errlen)
 {
+    const int out_dir = in == QD_INPUT_HF_DIR;
+    const char *example = in == QD_INPUT_GGUF ? "model.gguf" : "model.safetensors"; /* (a file's name) */
     *status = QD_EINVAL;
     d->out_dir = out_dir;
     d->exists = d->conflict = 0;
@@ -243,7 +245,7 @@ int qd_convert_check_dest(const char *src, const char *dst, int out_dir, int ove
         d->path[--n] = 0, slash = 1;
     if (slash && !out_dir) {
         snprintf(err, errlen, "%s ends in '/' (a directory), but this conversion writes one file: name the file "
-                 "(for example %smodel.gguf)", dst, dst);
+                 "(for example %s%s)", dst, dst, example);
         return -1;
     }
     char *copy = strdup(d->path), *base = copy ? basename(copy) : NULL;
@@ -277,7 +279,7 @@ int qd_convert_check_dest(const char *src, const char *dst, int out_dir, int ove
         }
         if (!out_dir && S_ISDIR(st.st_mode)) {
             snprintf(err, errlen, "%s is a directory, but this conversion writes one file: name the file (for example "
-                     "%s/model.gguf)", dst, d->path);
+                     "%s/%s)", dst, d->path, example);
             return -1;
         }
         if (!out_dir && !S_ISREG(st.st_mode)) {

@@ -219,6 +219,7 @@ int qd_cli_convert(int argc, char **argv)
     sigaddset(&stop, SIGTERM);
     sigaddset(&stop, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
+    signal(SIGPIPE, SIG_IGN); /* a reader of the JSON lines that goes away does not kill the conversion */
     pthread_t watcher;
     if (pthread_create(&watcher, NULL, watch_signals, &stop) == 0)
         pthread_detach(watcher);

@@ -170,3 +170,17 @@ def test_a_stop_signal_leaves_no_temporary(tmp_path, sig):
     assert p.returncode in (128 + sig, -sig), (p.returncode, err)
     assert p.returncode == 128 + sig and "nothing was written" in err, err
     assert sorted(os.listdir(tmp_path)) == ["big.gguf"]
+
+
+def test_a_reader_that_goes_away_does_not_stop_the_conversion(tmp_path):
+    """The JSON lines go to a pipe whose reader has left: the conversion goes on to its end
+    (the lines are lost, not the output)."""
+    src = tiny_gguf(tmp_path / "m.gguf", "f32", "--layers", 8)
+    out = tmp_path / "out.gguf"
+    r, w = os.pipe()
+    os.close(r)
+    p = subprocess.run([QUANTD, "convert", "--in", src, "--out", out, "--fmt", "q8_0"], stdout=w,
+                       stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(w)
+    assert p.returncode == 0, (p.returncode, p.stderr)
+    assert out.stat().st_size > 0 and leftovers(tmp_path) == []

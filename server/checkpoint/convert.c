@@ -3,6 +3,7 @@
 #include "checkpoint/convert.h"
 #include "checkpoint/pipeline.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -13,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <ctype.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -452,7 +452,7 @@ const char *qd_convert_layouts_text(void)
 
 /* What the input is, against what the format reads: 0, or -1 with the message. */
 static int check_input(const struct qd_convert_opts *o, const struct layout *l, enum qd_convert_input in,
-                       const uint8_t head[4], enum qd_status *status, char *err, size_t errlen)
+                       enum qd_status *status, char *err, size_t errlen)
 {
     const char *fmt = o->recipe ? o->recipe : o->f->name, *src = o->src;
     const int gguf_out = l->run == qd_convert_gguf;
@@ -502,7 +502,6 @@ static int check_input(const struct qd_convert_opts *o, const struct layout *l, 
         }
         return 0;
     case QD_INPUT_OTHER: /* the reader names what is wrong with the header */
-        (void)head;
         return 0;
     }
     return 0;
@@ -530,9 +529,8 @@ int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d,
                  f ? f->name : "(none)", qd_convert_layouts_text());
         return -1;
     }
-    uint8_t head[4];
-    const enum qd_convert_input in = qd_convert_input_kind(o->src, head);
-    if (check_input(o, l, in, head, status, err, errlen))
+    const enum qd_convert_input in = qd_convert_input_kind(o->src);
+    if (check_input(o, l, in, status, err, errlen))
         return -1;
     return qd_convert_check_dest(o->src, o->dst, in, o->overwrite, d, status, err, errlen);
 }

@@ -97,10 +97,10 @@ enum qd_convert_input {
     QD_INPUT_GGUF,        /* a file starting with the GGUF magic */
     QD_INPUT_SAFETENSORS, /* a file starting with a safetensors header (its length, then '{') */
     QD_INPUT_HF_DIR,      /* a directory: a Hugging Face model (config.json, safetensors weights) */
-    QD_INPUT_OTHER,       /* another regular file (head: its first bytes) */
+    QD_INPUT_OTHER,       /* another regular file */
     QD_INPUT_SPECIAL,     /* a FIFO, device or socket */
 };
-enum qd_convert_input qd_convert_input_kind(const char *path, uint8_t head[4]);
+enum qd_convert_input qd_convert_input_kind(const char *path);
 
 /* The formats a conversion writes from an input kind, space-separated, from the layout table
  * and the registry (GGUF, safetensors/directory). */

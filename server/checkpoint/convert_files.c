@@ -168,10 +168,9 @@ int qd_open_input(const char *path, char *err, size_t errlen)
     return fd;
 }
 
-enum qd_convert_input qd_convert_input_kind(const char *path, uint8_t head[4])
+enum qd_convert_input qd_convert_input_kind(const char *path)
 {
     struct stat st;
-    memset(head, 0, 4);
     if (stat(path, &st) < 0)
         return QD_INPUT_MISSING;
     if (S_ISDIR(st.st_mode))
@@ -187,7 +186,6 @@ enum qd_convert_input qd_convert_input_kind(const char *path, uint8_t head[4])
         close(fd);
     if (n == -2)
         return QD_INPUT_SPECIAL;
-    memcpy(head, b, 4);
     if (n >= 4 && !memcmp(b, "GGUF", 4))
         return QD_INPUT_GGUF;
     uint64_t hlen = 0;

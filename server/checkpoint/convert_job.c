@@ -92,9 +92,13 @@ static void scrub(char *s, size_t cap, const char *from, const char *to)
 {
     size_t nf = strlen(from), nt = strlen(to);
     for (char *p = nf ? strstr(s, from) : NULL; p; p = strstr(p + nt, from)) {
-        size_t tail = strlen(p + nf);
-        if ((size_t)(p - s) + nt + tail + 1 > cap)
-            tail = cap - 1 - (size_t)(p - s) - nt;
+        size_t at = (size_t)(p - s), tail = strlen(p + nf);
+        if (at + nt >= cap) { /* (no room for the replacement: the message ends here) */
+            *p = 0;
+            return;
+        }
+        if (at + nt + tail + 1 > cap)
+            tail = cap - 1 - at - nt;
         memmove(p + nt, p + nf, tail);
         memcpy(p, to, nt);
         p[nt + tail] = 0;

@@ -16,6 +16,10 @@ RUN make all NVCC=/usr/local/cuda/bin/nvcc ARCH_FLAGS=-march=x86-64-v2 \
  && make test-unit NVCC=/usr/local/cuda/bin/nvcc ARCH_FLAGS=-march=x86-64-v2
 
 FROM nvidia/cuda:${CUDA_VERSION}-base-${UBUNTU}
+# the VERSION file's (tests/deploy checks that the two agree)
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title=quantd \
+      org.opencontainers.image.version=${VERSION}
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libcjson1 libmicrohttpd12t64 \
  && rm -rf /var/lib/apt/lists/* \

@@ -1,16 +1,31 @@
-# quantd — one Makefile (see README.md).
-#   make            bin/quantd (with the CUDA backend when nvcc is found, CPU-only otherwise)
-#   make deps       install the Debian packages that building and testing need (root)
-#   make test       unit tests (cmocka), service tests (libcurl + OpenAPI check), peer checks
-#   make test-consumers  the runtimes themselves: llama.cpp built from source (tests/consumers)
-#   make sanitize   the same tests built with ASan + UBSan
-#   make fuzz       libFuzzer over the request decoders (FUZZ_SECONDS)
-#   make bench      CPU kernel table + service benchmark
-#   make bench-convert  whole-model conversion against reading the files (bench/bench_convert.py)
-#   make bench-latency  p50/p90/p99 at fixed request rates with hey (bench/bench_latency.py)
-#   make soak       10 minutes at twice the CPU backend's capacity, hostile clients (tests/soak)
-#   make run        build and run the service on 0.0.0.0:8080
-#   make demo       quantize a demo tensor with the CLI
+# quantd — one Makefile (see README.md). `make help` prints this list.
+#   make                 bin/quantd (with the CUDA backend when nvcc is found, CPU-only otherwise)
+#   make deps            install the Debian packages that building and testing need (root)
+#   make venv            the Python venv the tests use (.venv: numpy, gguf, safetensors, pytest, ...)
+#   make test            everything below that needs no GPU: test-unit, test-service, test-peers,
+#                        test-deploy, test-api-fuzz
+#   make test-unit       cmocka unit tests (kernels, the conversion engine)
+#   make test-service    service tests (a real quantd serve, libcurl) + the OpenAPI check
+#   make test-peers      pytest cross-checks against the peers, and the CLI (tests/peers)
+#   make test-deploy     offline checks of Dockerfile and deploy/
+#   make test-api-fuzz   schemathesis against a real service, a few examples per operation
+#   make fuzz-api        the same, long (FUZZ_API_EXAMPLES, SEED)
+#   make test-consumers  the runtimes themselves: llama.cpp built from source, torch stacks
+#   make sanitize        the unit and service tests built with ASan + UBSan
+#   make fuzz            libFuzzer over the request decoders and checkpoint readers (FUZZ_SECONDS)
+#   make fuzz-long       the same for FUZZ_RUNS executions
+#   make bench           CPU kernel table + service benchmark
+#   make bench-convert   whole-model conversion against reading the files (bench/bench_convert.py)
+#   make bench-latency   p50/p90/p99 at fixed request rates with hey (bench/bench_latency.py)
+#   make soak            10 minutes at twice the CPU backend's capacity, hostile clients (tests/soak)
+#   make test-gpu        GPU vs CPU bytes, compute-sanitizer, service tests on CUDA (a GPU machine)
+#   make test-faults     injected device faults against a live daemon (a GPU machine)
+#   make bench-gpu       the kernel, bitsandbytes and service benchmarks on a GPU
+#   make check-cuda      fail unless the CUDA backend is built
+#   make run             build and run the service on 0.0.0.0:8080
+#   make demo            quantize a demo tensor with the CLI
+#   make clean           remove build/, build-san/ and bin/
+#   make help            this list
 
 CC       ?= cc
 PYTHON   ?= python3
@@ -25,8 +40,10 @@ ARCH_FLAGS ?= $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo -march=x86-
 FP_FLAGS := -ffp-contract=off -fno-fast-math -fno-finite-math-only -fno-trapping-math -fno-math-errno
 WARN     := -Wall -Wextra -Werror -Wno-unused-parameter
 CFLAGS   ?= -O3 -g
+# quantd's version: the VERSION file, baked into the binary (quantd --version, /version, /healthz)
+VERSION  := $(shell cat VERSION)
 # override: these stay when a target (sanitize) or a user sets CFLAGS on the command line
-override CFLAGS += -std=gnu11 $(WARN) $(FP_FLAGS) $(ARCH_FLAGS) -pthread -MMD -MP -Iserver
+override CFLAGS += -std=gnu11 $(WARN) $(FP_FLAGS) $(ARCH_FLAGS) -pthread -MMD -MP -Iserver -DQD_VERSION='"$(VERSION)"'
 LDLIBS   += -lcjson -lmicrohttpd -lm -pthread
 
 KERNEL_SRCS := $(wildcard kernels/*.c kernels/cpu/*.c)
@@ -55,8 +72,11 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all deps venv test test-unit test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-convert bench-latency soak check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all help deps venv test test-unit test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-convert bench-latency soak check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
+
+help:
+	@sed -n '2,/^$$/s/^# \{0,3\}//p' $(firstword $(MAKEFILE_LIST))
 
 bin/quantd: $(KERNEL_OBJS) $(SERVER_OBJS)
 	@mkdir -p bin
@@ -65,6 +85,9 @@ bin/quantd: $(KERNEL_OBJS) $(SERVER_OBJS)
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
+
+# the objects that print the version
+$(BUILD)/server/main.o $(BUILD)/server/http/http.o: VERSION
 
 # nvcc writes no dependency files here: every CUDA object depends on every shared header
 $(BUILD)/%.o: %.cu $(wildcard kernels/*.h kernels/cuda/*.h kernels/cuda/*.cuh)

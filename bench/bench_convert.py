@@ -171,7 +171,8 @@ m.save_pretrained({out!r})
                 rows.append(dict(timed(f"gguf: quantd convert {'--fmt' if pure else '--recipe'} {t} "
                                        f"({backend_label(b, a.devices)})",
                                        [QUANTD, "convert", "--in", src, "--out", out, "--fmt" if pure else "--recipe",
-                                        t, "--backend", b, *devices_args(b, a.devices)], a.repeat), bytes=size))
+                                        t, "--force", "--backend", b, *devices_args(b, a.devices)], a.repeat),
+                            bytes=size))
             lq = os.path.join(os.environ.get("LLAMA_CPP_BIN", ""), "llama-quantize")
             if os.path.exists(lq):
                 lq_args = ["--pure"] if pure else []

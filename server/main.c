@@ -5,6 +5,10 @@
 #include "cli/cli.h"
 #include "service/serve.h"
 
+#ifndef QD_VERSION /* the Makefile sets it from the VERSION file */
+#define QD_VERSION "unknown"
+#endif
+
 static void usage(FILE *to)
 {
     fputs("usage: quantd <command> [options]\n"
@@ -14,11 +18,12 @@ static void usage(FILE *to)
           "                              DIR/<component>.bin and DIR/meta.json\n"
           "  dequantize --in DIR --dtype DT --out FILE\n"
           "                              turn such a directory back into a raw tensor\n"
-          "  convert --in SRC --out DST --fmt FMT [--param k=v] [--skip RE] [--only RE]\n"
-          "                              convert a model file for its runtime (quantd convert --help)\n"
+          "  convert --in SRC --out DST (--fmt FMT | --recipe MIX) [--param k=v] [--skip RE] [--only RE]\n"
+          "          [--force]           convert a whole model for its runtime (quantd convert --help)\n"
           "  serve [options]             run the HTTP service (quantd serve --help)\n"
           "  healthcheck [--listen ADDR:PORT] [--path /healthz]\n"
-          "                              exit 0 when the service answers 200\n",
+          "                              exit 0 when the service answers 200\n"
+          "  version, --version          print quantd's version\n",
           to);
 }
 
@@ -41,6 +46,10 @@ int main(int argc, char **argv)
         return qd_cli_convert(argc - 2, argv + 2);
     if (!strcmp(cmd, "dequantize"))
         return qd_cli_dequantize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("quantd %s\n", QD_VERSION);
+        return 0;
+    }
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

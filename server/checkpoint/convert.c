@@ -3,14 +3,17 @@
 #include "checkpoint/convert.h"
 #include "checkpoint/pipeline.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <pthread.h>
 #include <regex.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,16 +24,12 @@
 int qd_map_file(const char *path, struct qd_mapped *m, char *err, size_t errlen)
 {
     memset(m, 0, sizeof *m);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = qd_open_input(path, err, errlen);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) < 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        if (fd >= 0)
-            close(fd);
+    if (fd < 0)
         return -1;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "%s: not a regular file", path);
+    if (fstat(fd, &st) < 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
         close(fd);
         return -1;
     }
@@ -91,6 +90,7 @@ int qd_outfile_open(struct qd_outfile *f, const char *path, char *err, size_t er
         return -1;
     }
     f->tmp = tmp;
+    qd_temp_add(tmp, 0);
     fchmod(f->fd, 0644);
     return 0;
 }
@@ -128,7 +128,7 @@ int qd_outfile_commit(struct qd_outfile *f, char *err, size_t errlen)
         return -1;
     }
     f->fd = -1;
-    if (rename(f->tmp, f->path) < 0) {
+    if (qd_temp_rename(f->tmp, f->path) < 0) {
         snprintf(err, errlen, "%s: rename: %s", f->path, strerror(errno));
         qd_outfile_abort(f);
         return -1;
@@ -151,8 +151,10 @@ void qd_outfile_abort(struct qd_outfile *f)
 {
     if (f->fd >= 0)
         close(f->fd);
-    if (f->tmp)
+    if (f->tmp) {
         unlink(f->tmp);
+        qd_temp_forget(f->tmp);
+    }
     free(f->tmp);
     free(f->path);
     memset(f, 0, sizeof *f);
@@ -323,42 +325,238 @@ const struct qd_format *qd_convert_format(const struct qd_format *f)
     return f && !strcmp(f->name, "int8") ? qd_format_find("w8a16") : f;
 }
 
+const struct qd_format *qd_convert_format_named(const char *name)
+{
+    for (int i = 0; name && i < qd_format_count; i++)
+        if (!strcasecmp(qd_formats[i].name, name))
+            return qd_convert_format(&qd_formats[i]);
+    return NULL;
+}
+
+const struct qd_gguf_recipe *qd_convert_recipe_named(const char *name)
+{
+    const struct qd_gguf_recipe *r = qd_gguf_recipe_find(name);
+    char upper[16];
+    size_t n = name ? strlen(name) : 0;
+    if (r || !n || n >= sizeof upper)
+        return r;
+    for (size_t i = 0; i <= n; i++) /* llama-quantize spells them in capitals, but for the K */
+        upper[i] = (char)toupper((unsigned char)name[i]);
+    return qd_gguf_recipe_find(upper);
+}
+
+/* ---- layouts: what each format writes, and from what ------------------------------------- */
+
+#define TAKES(k) (1u << (k))
+#define TAKES_HF (TAKES(QD_INPUT_HF_DIR) | TAKES(QD_INPUT_SAFETENSORS) | TAKES(QD_INPUT_OTHER))
+
+static int run_compressed_fp4(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
+                              char *err, size_t errlen)
+{
+    /* compressed-tensors' layouts fix the arithmetic: llm-compressor's NVFP4A16 / MXFP4A16,
+     * linear scales, each module's global scale computed from its fused group */
+    struct qd_convert_opts ct = *o;
+    ct.params.scale_layout = QD_LAYOUT_LINEAR;
+    if (!strcmp(o->f->name, "nvfp4")) {
+        ct.params.flow = QD_FLOW_COMPRESSED_TENSORS;
+        ct.params.two_level = 1;
+        ct.params.has_global_scale = ct.params.has_per_tensor_scale = 0;
+    } else
+        ct.params.scale_rounding = QD_ROUND_EVEN;
+    return qd_convert_hf(&ct, s, status, err, errlen);
+}
+
+/* A format converts through the first entry naming its family (or the format itself). GGUF
+ * out needs a llama.cpp file type (q8_1 has none). Another OTHER file goes to the HF reader,
+ * whose message names what is wrong with its header; a GGUF reader names a bad magic. */
+static const struct layout {
+    const char *family, *name;
+    const char *writes;
+    unsigned takes; /* TAKES(input kinds) */
+    int (*run)(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status, char *err,
+               size_t errlen);
+} layouts[] = {
+    {"ggml", NULL, "llama.cpp GGUF (llama-quantize --pure)", TAKES(QD_INPUT_GGUF) | TAKES(QD_INPUT_OTHER),
+     qd_convert_gguf},
+    {"kquant", NULL, "llama.cpp GGUF (llama-quantize --pure)", TAKES(QD_INPUT_GGUF) | TAKES(QD_INPUT_OTHER),
+     qd_convert_gguf},
+    {"bnb4", NULL, "transformers + bitsandbytes", TAKES_HF, qd_convert_hf},
+    {"ctint", NULL, "compressed-tensors (llm-compressor W4A16, W8A16; int8 is w8a16)", TAKES_HF, qd_convert_hf},
+    {NULL, "nvfp4", "compressed-tensors NVFP4A16", TAKES_HF, run_compressed_fp4},
+    {NULL, "mxfp4", "compressed-tensors MXFP4A16", TAKES_HF, run_compressed_fp4},
+    {"awq", NULL, "AutoAWQ GEMM", TAKES_HF, qd_convert_hf},
+};
+
+static const struct layout *layout_of(const struct qd_format *f)
+{
+    for (size_t i = 0; f && i < sizeof layouts / sizeof *layouts; i++) {
+        const struct layout *l = &layouts[i];
+        if (l->name ? !strcmp(l->name, f->name) : !strcmp(l->family, f->family))
+            return l->run == qd_convert_gguf && !f->gguf_file_type ? NULL : l;
+    }
+    return NULL;
+}
+
+/* The names of the formats whose layout takes input kind in (or, with in < 0, writes what l
+ * writes), registry order, space-separated. */
+static void format_names(int in, const struct layout *l, char *out, size_t len)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (int k = 0; k < qd_format_count && n < len; k++) {
+        const struct layout *fl = layout_of(qd_convert_format(&qd_formats[k]));
+        if (fl && (in >= 0 ? (fl->takes & TAKES(in)) && in != QD_INPUT_OTHER : fl->writes == l->writes))
+            n += (size_t)snprintf(out + n, len - n, "%s%s", n ? " " : "", qd_formats[k].name);
+    }
+}
+
+static char formats_from[QD_INPUT_SPECIAL + 1][256], layouts_text[1536];
+
+static void describe_layouts(void)
+{
+    for (int in = 0; in <= QD_INPUT_SPECIAL; in++)
+        format_names(in, NULL, formats_from[in], sizeof formats_from[in]);
+    size_t at = 0;
+    for (int gguf = 1; gguf >= 0; gguf--) {
+        at += (size_t)snprintf(layouts_text + at, sizeof layouts_text - at, "    from %s:\n",
+                               gguf ? "a GGUF file (F32, F16 or BF16 weights)"
+                                    : "a Hugging Face directory, or one .safetensors file");
+        for (size_t i = 0; i < sizeof layouts / sizeof *layouts && at < sizeof layouts_text; i++) {
+            const struct layout *l = &layouts[i];
+            if (!!(l->takes & TAKES(QD_INPUT_GGUF)) != gguf || (i && l->writes == layouts[i - 1].writes))
+                continue; /* (the K-quants write the legacy blocks' file) */
+            char names[160];
+            format_names(-1, l, names, sizeof names);
+            const int w = (int)strlen(names);
+            at += w > 20 ? (size_t)snprintf(layouts_text + at, sizeof layouts_text - at, "      %s\n      %20s  %s\n",
+                                            names, "", l->writes)
+                         : (size_t)snprintf(layouts_text + at, sizeof layouts_text - at, "      %-20s  %s\n", names,
+                                            l->writes);
+        }
+    }
+}
+
+static pthread_once_t described = PTHREAD_ONCE_INIT;
+
+const char *qd_convert_formats_from(enum qd_convert_input in)
+{
+    pthread_once(&described, describe_layouts);
+    return in <= QD_INPUT_SPECIAL ? formats_from[in] : "";
+}
+
+const char *qd_convert_layouts_text(void)
+{
+    pthread_once(&described, describe_layouts);
+    return layouts_text;
+}
+
+/* What the input is, against what the format reads: 0, or -1 with the message. */
+static int check_input(const struct qd_convert_opts *o, const struct layout *l, enum qd_convert_input in,
+                       enum qd_status *status, char *err, size_t errlen)
+{
+    const char *fmt = o->recipe ? o->recipe : o->f->name, *src = o->src;
+    const int gguf_out = l->run == qd_convert_gguf;
+    static const char hf_model[] = "a Hugging Face model (a directory with config.json and .safetensors weights, "
+                                   "or one .safetensors file)";
+    *status = QD_EINVAL;
+    switch (in) {
+    case QD_INPUT_MISSING:
+        snprintf(err, errlen, "%s: %s", src, strerror(errno));
+        *status = errno == ENOENT ? QD_ENOTFOUND : QD_EINVAL;
+        return -1;
+    case QD_INPUT_SPECIAL:
+        snprintf(err, errlen, "%s is not a regular file or a directory (a FIFO, device or socket): quantd reads "
+                 "model files", src);
+        return -1;
+    case QD_INPUT_HF_DIR:
+        if (!gguf_out) {
+            char config[4200];
+            struct stat st;
+            snprintf(config, sizeof config, "%s/config.json", src);
+            if (stat(config, &st) < 0 || !S_ISREG(st.st_mode)) {
+                snprintf(err, errlen, "%s has no config.json: a Hugging Face model directory holds config.json beside "
+                         "its .safetensors weights (or give one .safetensors file)", src);
+                return -1;
+            }
+            return 0;
+        }
+        snprintf(err, errlen, "%s is a directory (a Hugging Face model); %s writes a GGUF from a GGUF file: make "
+                 "one with llama.cpp's convert_hf_to_gguf.py (python convert_hf_to_gguf.py %s --outtype f16 "
+                 "--outfile model-f16.gguf), then convert that. From this directory quantd writes %s", src, fmt, src,
+                 qd_convert_formats_from(QD_INPUT_HF_DIR));
+        return -1;
+    case QD_INPUT_SAFETENSORS:
+        if (gguf_out) {
+            snprintf(err, errlen, "%s is a safetensors file; %s writes a GGUF from a GGUF file (llama.cpp's "
+                     "convert_hf_to_gguf.py makes one from the model's directory). From a safetensors file quantd "
+                     "writes %s", src, fmt, qd_convert_formats_from(QD_INPUT_SAFETENSORS));
+            return -1;
+        }
+        return 0;
+    case QD_INPUT_GGUF:
+        if (!gguf_out) {
+            snprintf(err, errlen, "%s is a GGUF file; %s writes %s from %s. From a GGUF quantd writes %s, or a "
+                     "llama-quantize mix (recipe: %s)", src, fmt, l->writes, hf_model,
+                     qd_convert_formats_from(QD_INPUT_GGUF), qd_gguf_recipe_names());
+            return -1;
+        }
+        return 0;
+    case QD_INPUT_OTHER: /* the reader names what is wrong with the header */
+        return 0;
+    }
+    return 0;
+}
+
+int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d, enum qd_status *status, char *err,
+                     size_t errlen)
+{
+    memset(d, 0, sizeof *d);
+    *status = QD_EINVAL;
+    const struct qd_gguf_recipe *r = o->recipe ? qd_gguf_recipe_find(o->recipe) : NULL;
+    if (o->recipe && !r) {
+        snprintf(err, errlen, "convert: unknown recipe '%.40s' (quantd writes %s)", o->recipe, qd_gguf_recipe_names());
+        return -1;
+    }
+    const struct qd_format *f = r ? qd_format_find(r->fmt) : o->f;
+    const struct layout *l = layout_of(f);
+    if (!l && f && f->gguf_type) {
+        snprintf(err, errlen, "convert: %s has no llama.cpp file type (llama-quantize does not write it); use %s",
+                 f->name, qd_convert_formats_from(QD_INPUT_GGUF));
+        return -1;
+    }
+    if (!l) {
+        snprintf(err, errlen, "convert: no checkpoint layout for format %s; quantd convert writes:\n%s",
+                 f ? f->name : "(none)", qd_convert_layouts_text());
+        return -1;
+    }
+    const enum qd_convert_input in = qd_convert_input_kind(o->src);
+    if (check_input(o, l, in, status, err, errlen))
+        return -1;
+    return qd_convert_check_dest(o->src, o->dst, in, o->overwrite, d, status, err, errlen);
+}
+
 int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status, char *err,
                size_t errlen)
 {
     memset(s, 0, sizeof *s);
     *status = QD_EINVAL;
+    struct qd_convert_dest d;
+    if (qd_convert_check(o, &d, status, err, errlen))
+        return -1;
+    *status = QD_EINVAL; /* (a target's failure that sets none is the input's) */
+    if (o->cancel && *o->cancel) {
+        snprintf(err, errlen, "convert: cancelled before it started");
+        *status = QD_ECANCELED;
+        return -1;
+    }
+    struct qd_convert_opts run = *o;
+    run.dst = d.path;
     if (o->recipe) { /* a llama-quantize mix: GGUF out, its default type as the format */
-        const struct qd_gguf_recipe *r = qd_gguf_recipe_find(o->recipe);
-        if (!r) {
-            snprintf(err, errlen, "convert: unknown recipe '%.40s' (quantd writes %s)", o->recipe,
-                     qd_gguf_recipe_names());
-            return -1;
-        }
-        struct qd_convert_opts mix = *o;
-        mix.f = qd_format_find(r->fmt);
-        qd_params_default(mix.f, &mix.params);
-        return qd_convert_gguf(&mix, s, status, err, errlen);
+        run.f = qd_format_find(qd_gguf_recipe_find(o->recipe)->fmt);
+        qd_params_default(run.f, &run.params);
     }
-    if (!strcmp(o->f->family, "ggml") || !strcmp(o->f->family, "kquant"))
-        return qd_convert_gguf(o, s, status, err, errlen);
-    if (!strcmp(o->f->family, "bnb4") || !strcmp(o->f->family, "ctint") || !strcmp(o->f->family, "awq"))
-        return qd_convert_hf(o, s, status, err, errlen);
-    if (!strcmp(o->f->name, "nvfp4") || !strcmp(o->f->name, "mxfp4")) {
-        /* compressed-tensors' layouts fix the arithmetic: llm-compressor's NVFP4A16 / MXFP4A16,
-         * linear scales, each module's global scale computed from its fused group */
-        struct qd_convert_opts ct = *o;
-        ct.params.scale_layout = QD_LAYOUT_LINEAR;
-        if (!strcmp(o->f->name, "nvfp4")) {
-            ct.params.flow = QD_FLOW_COMPRESSED_TENSORS;
-            ct.params.two_level = 1;
-            ct.params.has_global_scale = ct.params.has_per_tensor_scale = 0;
-        } else
-            ct.params.scale_rounding = QD_ROUND_EVEN;
-        return qd_convert_hf(&ct, s, status, err, errlen);
-    }
-    snprintf(err, errlen, "convert: no checkpoint layout for format %s yet (GGML block formats and K-quants: GGUF "
-             "in, GGUF out; nf4/fp4: a Hugging Face safetensors model in, transformers + bitsandbytes out; w4a16/w8a16: "
-             "compressed-tensors out; nvfp4/mxfp4: compressed-tensors NVFP4A16/MXFP4A16 out; awq: AutoAWQ GEMM out)", o->f->name);
-    return -1;
+    qd_convert_confine(o->root);
+    int rc = layout_of(run.f)->run(&run, s, status, err, errlen);
+    qd_convert_confine(NULL);
+    return rc;
 }

@@ -11,6 +11,8 @@
 
 #include "queue/backend.h"
 
+struct qd_gguf_recipe;
+
 enum qd_convert_action { QD_CONVERT_COPY, QD_CONVERT_QUANTIZE, QD_CONVERT_CAST_F16 };
 
 /* One tensor's progress, reported after it is written. */
@@ -49,6 +51,9 @@ struct qd_convert_opts {
     void (*progress)(void *ctx, const struct qd_convert_event *ev);
     void *progress_ctx;
     const volatile int *cancel; /* nonzero: stop, remove the partial output */
+    int overwrite;            /* an existing destination may be replaced (--force; "overwrite") */
+    const char *root;         /* a service's --data-dir (a real path): every input file opened
+                                 must lie inside it, whatever links lead there; NULL: anywhere */
 };
 
 /* Each pipeline stage's busy time (the stages overlap, so they add up to more than the wall). */
@@ -78,6 +83,58 @@ const struct qd_format *qd_convert_format(const struct qd_format *f);
 int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status, char *err,
                size_t errlen);
 
+/* ---- names, inputs and destinations: what can be checked before converting anything ------- */
+
+/* A format by name for a conversion, in any case ("Q4_0", "NF4"), int8 as qd_convert_format
+ * maps it; NULL when there is none. */
+const struct qd_format *qd_convert_format_named(const char *name);
+/* A llama-quantize mix by name, in any case ("q4_k_m"); NULL when there is none. */
+const struct qd_gguf_recipe *qd_convert_recipe_named(const char *name);
+
+/* What a path holds, from its kind and first bytes (a FIFO is never opened). */
+enum qd_convert_input {
+    QD_INPUT_MISSING,
+    QD_INPUT_GGUF,        /* a file starting with the GGUF magic */
+    QD_INPUT_SAFETENSORS, /* a file starting with a safetensors header (its length, then '{') */
+    QD_INPUT_HF_DIR,      /* a directory: a Hugging Face model (config.json, safetensors weights) */
+    QD_INPUT_OTHER,       /* another regular file */
+    QD_INPUT_SPECIAL,     /* a FIFO, device or socket */
+};
+enum qd_convert_input qd_convert_input_kind(const char *path);
+
+/* The formats a conversion writes from an input kind, space-separated, from the layout table
+ * and the registry (GGUF, safetensors/directory). */
+const char *qd_convert_formats_from(enum qd_convert_input in);
+/* Every layout, one line each: its formats, what it reads and what it writes (--help). */
+const char *qd_convert_layouts_text(void);
+
+/* The destination as checked: usable, or refused with the reason. */
+struct qd_convert_dest {
+    int out_dir;           /* the output is a directory (a Hugging Face directory in) */
+    int exists;            /* something is there that the output replaces; an empty directory
+                              does not count */
+    int conflict;          /* refused because of it (no overwrite) */
+    char path[4096];       /* the destination without trailing slashes */
+};
+/* Decides, before anything is converted, whether o can run: the format has a layout, the input
+ * is what that layout reads (with a pointer to what does read it when not: llama.cpp's
+ * convert_hf_to_gguf.py, another format), and the destination can take the output: its
+ * directory exists, its name fits with the temporary suffix, it is not the input, and what is
+ * there is replaced only with o->overwrite (an existing directory, empty or with overwrite,
+ * receives the files; a directory is never removed). 0, or -1 with *status (QD_EINVAL,
+ * QD_ENOTFOUND) and a message naming o's paths; d->conflict tells a refused overwrite. */
+int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d, enum qd_status *status, char *err,
+                     size_t errlen);
+/* The destination part of qd_convert_check, for an input of kind in (a directory: a directory
+ * out; else a file). */
+int qd_convert_check_dest(const char *src, const char *dst, enum qd_convert_input in, int overwrite,
+                          struct qd_convert_dest *d, enum qd_status *status, char *err, size_t errlen);
+
+/* Removes every temporary file and directory this process's conversions have open, and keeps
+ * any from being renamed into place after (for a stop that cannot wait for the pipeline: a
+ * second signal, the service's drain deadline). Returns how many were removed. */
+int qd_convert_remove_temporaries(void);
+
 /* ---- for targets ------------------------------------------------------------------------------ */
 
 /* A read-only mapping of a whole file (for headers: tensor data goes through the pipeline). */
@@ -86,6 +143,11 @@ struct qd_mapped {
     size_t size;
 };
 int qd_map_file(const char *path, struct qd_mapped *m, char *err, size_t errlen);
+/* Opens an input file for reading: without blocking (a FIFO is refused, never waited on), a
+ * regular file only, and inside the data directory the conversion is confined to, if any
+ * (qd_convert_confine, set by qd_convert from o->root). The fd, or -1 with err. */
+int qd_open_input(const char *path, char *err, size_t errlen);
+void qd_convert_confine(const char *root);
 void qd_unmap_file(struct qd_mapped *m);
 /* Lets this process's mapping of the pages under [p, p + n) go (the page cache keeps them):
  * what a pass over mapped input has read stops counting as resident. */
@@ -104,6 +166,22 @@ int qd_outfile_pad(struct qd_outfile *f, uint32_t alignment, char *err, size_t e
 /* fsync and rename into place (commit), or remove (abort). */
 int qd_outfile_commit(struct qd_outfile *f, char *err, size_t errlen);
 void qd_outfile_abort(struct qd_outfile *f);
+
+/* An output directory being built under a temporary name: beside path (then renamed into
+ * place), or inside path when it exists (then its files are moved in, config.json last). */
+struct qd_outdir {
+    char *path, *tmp;
+    int into;
+};
+int qd_outdir_open(struct qd_outdir *d, const char *path, char *err, size_t errlen);
+int qd_outdir_commit(struct qd_outdir *d, char *err, size_t errlen);
+void qd_outdir_abort(struct qd_outdir *d);
+
+/* The registry of temporaries (qd_convert_remove_temporaries): add and forget a path, and
+ * rename one into place unless a forced stop came first (-1, errno ECANCELED). */
+void qd_temp_add(const char *path, int dir);
+void qd_temp_forget(const char *path);
+int qd_temp_rename(const char *tmp, const char *path);
 
 /* Name selection: whether a tensor the target's rule would quantize stays quantized under
  * --skip / --only. */

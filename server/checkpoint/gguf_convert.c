@@ -244,7 +244,7 @@ static void tensor_handed(void *ctx, int item)
     double now = qd_pipe_clock_s();
     if (j->o->progress) {
         struct qd_convert_event ev = {.index = j->pieces[item].plan + 1, .count = j->count, .name = p->src->name, .action = p->action,
-                                      .fmt = j->o->f->name, .ms = (now - (j->last ? j->last : j->t0)) * 1e3,
+                                      .fmt = p->f ? p->f->name : j->o->f->name, .ms = (now - (j->last ? j->last : j->t0)) * 1e3,
                                       .has_nmse = j->o->report_error && p->action == QD_CONVERT_QUANTIZE,
                                       .nmse = j->nmse, .in_done = s->bytes_in, .in_total = j->in_total};
         uint32_t nd = qd_gguf_n_dims(p->src->ne);
@@ -374,9 +374,10 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
     }
     items = calloc((size_t)nitems, sizeof *items);
     pieces = calloc((size_t)nitems, sizeof *pieces);
-    src_fd = open(o->src, O_RDONLY | O_CLOEXEC);
+    src_fd = items && pieces ? qd_open_input(o->src, err, errlen) : -1;
     if (!items || !pieces || src_fd < 0) {
-        snprintf(err, errlen, "%s: %s", o->src, items && pieces ? strerror(errno) : "no memory");
+        if (!items || !pieces)
+            snprintf(err, errlen, "no memory");
         *status = items && pieces ? QD_EIO : QD_ENOMEM;
         goto fail;
     }

@@ -633,9 +633,7 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
         goto done;
     }
     items[0] = (struct qd_pipe_item){.kind = QD_PIPE_BYTES, .bytes = header, .out_bytes = hlen};
-    if ((fd = open(sh->in_path, O_RDONLY | O_CLOEXEC)) < 0 || qd_outfile_open(&out, path, err, errlen)) {
-        if (fd < 0)
-            snprintf(err, errlen, "%s: %s", sh->in_path, strerror(errno));
+    if ((fd = qd_open_input(sh->in_path, err, errlen)) < 0 || qd_outfile_open(&out, path, err, errlen)) {
         *status = QD_EIO;
         goto done;
     }
@@ -710,23 +708,6 @@ static int is_weights_file(const char *name)
     return 0;
 }
 
-static void remove_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
-        char *p = join(dir, e->d_name);
-        if (p)
-            unlink(p);
-        free(p);
-    }
-    if (d)
-        closedir(d);
-    rmdir(dir);
-}
-
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 static int cmp_out_name(const void *a, const void *b)
@@ -750,6 +731,7 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
     cJSON *config = NULL, *index = NULL, *qc = NULL;
     char *tmpdir = NULL, **names = NULL, *config_text = NULL;
     size_t config_n = 0;
+    struct qd_outdir od = {0};
     struct qd_pipe_pool *pool = NULL;
     void *scratch = NULL; /* awq: the transposed weight */
     if (!nf)
@@ -880,24 +862,12 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
         cJSON_Delete(meta);
         goto done;
     }
-    /* a directory: everything into a temporary sibling, renamed into place when complete */
-    if (stat(o->dst, &st) == 0 && (!S_ISDIR(st.st_mode) || rmdir(o->dst) < 0)) {
-        snprintf(err, errlen, "%s exists and is not an empty directory", o->dst);
-        goto done;
-    }
-    size_t tn = strlen(o->dst) + 32;
-    if (!(tmpdir = malloc(tn))) {
-        snprintf(err, errlen, "no memory");
-        goto done;
-    }
-    snprintf(tmpdir, tn, "%s.quantd-XXXXXX", o->dst);
-    if (!mkdtemp(tmpdir)) {
-        snprintf(err, errlen, "%s: cannot create a directory beside it: %s", o->dst, strerror(errno));
-        free(tmpdir), tmpdir = NULL;
+    /* a directory: everything into a temporary one, moved into place when complete */
+    if (qd_outdir_open(&od, o->dst, err, errlen)) {
         *status = QD_EIO;
         goto done;
     }
-    chmod(tmpdir, 0755); /* mkdtemp's 0700 is for the name race, not the result */
+    tmpdir = od.tmp;
     cJSON *meta = cJSON_CreateObject();
     cJSON_AddStringToObject(meta, "format", "pt");
     cJSON *wm = index ? cJSON_CreateObject() : NULL;
@@ -969,21 +939,20 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
     }
     if (d)
         closedir(d);
-    if (rename(tmpdir, o->dst) < 0) {
-        snprintf(err, errlen, "%s: rename: %s", o->dst, strerror(errno));
-        goto fail_dir;
+    if (qd_outdir_commit(&od, err, errlen)) {
+        *status = QD_EIO;
+        goto done;
     }
     rc = 0;
     goto done;
 fail_dir:
     if (*status == QD_EINVAL)
         *status = QD_EIO;
-    remove_tree(tmpdir);
+    qd_outdir_abort(&od);
 done:
     if (rc == 0)
         *status = QD_OK;
     s->seconds = qd_pipe_clock_s() - t0;
-    free(tmpdir);
     qd_pipe_pool_free(pool);
     if (scratch)
         o->backend && o->backend->host_alloc && o->backend->host_free ? o->backend->host_free(scratch) : free(scratch);

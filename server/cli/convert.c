@@ -2,6 +2,8 @@
  * On a terminal a progress line (tensor i/N, GB done, GB/s, ETA) on stderr; otherwise one
  * JSON line per tensor on stdout. A JSON summary line at the end either way. */
 #include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,16 +15,24 @@
 #include "checkpoint/pipeline.h"
 #include "cli/cli.h"
 
-static const char *const usage_text =
-    "usage: quantd convert --in SRC --out DST (--fmt FMT | --recipe MIX) [--param k=v ...]\n"
-    "                      [--skip RE] [--only RE] [--backend auto|cpu|cuda] [--devices LIST]\n"
-    "                      [--report-error]\n"
-    "  GGUF in (F32/F16/BF16 weights), --fmt q4_0|q4_1|q5_0|q5_1|q8_0|q2_K..q6_K: the GGUF\n"
-    "  llama-quantize --pure writes; --recipe Q4_K_M (or another of llama-quantize's mixes): the\n"
-    "  GGUF llama-quantize writes for that type, each tensor's type chosen by its rules.\n"
-    "  Hugging Face model in, --fmt nf4|fp4: transformers + bitsandbytes. --skip/--only: POSIX\n"
-    "  extended regexes narrowing which of the tensors the runtime would quantize are quantized.\n"
-    "  --report-error adds each tensor's NMSE.\n";
+static void usage(FILE *to)
+{
+    fprintf(to,
+            "usage: quantd convert --in SRC --out DST (--fmt FMT | --recipe MIX) [--param k=v ...]\n"
+            "                      [--skip RE] [--only RE] [--force] [--backend auto|cpu|cuda] [--devices LIST]\n"
+            "                      [--report-error]\n"
+            "  --fmt FMT: one format for every tensor the runtime would quantize, in the layout of its\n"
+            "  runtime; the input decides which formats apply:\n%s"
+            "  --recipe MIX: from a GGUF file, the GGUF llama-quantize writes for MIX, each tensor's type\n"
+            "    chosen by its rules: %s\n"
+            "  Names are case-insensitive. A directory in gives a directory out (DST is created, or an\n"
+            "  existing empty directory receives the files); a file in gives a file out.\n"
+            "  --force: replace an existing DST (without it, quantd refuses to overwrite anything).\n"
+            "  --skip/--only: POSIX extended regexes narrowing which of the tensors the runtime would\n"
+            "  quantize are quantized. --param: the format's parameters (quantd formats lists them).\n"
+            "  --report-error adds each tensor's NMSE. docs/convert.md has the rules of each layout.\n",
+            qd_convert_layouts_text(), qd_gguf_recipe_names());
+}
 
 struct progress {
     int tty;
@@ -57,6 +67,33 @@ static void on_tensor(void *ctx, const struct qd_convert_event *ev)
     if (ev->has_nmse)
         printf(",\"nmse\":%.6g", ev->nmse);
     printf("}\n");
+    fflush(stdout); /* each line as it happens, for whoever follows the progress through a pipe */
+}
+
+static const char *signal_name(int sig)
+{
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal";
+}
+
+/* The signal that asked the conversion to stop (the pipeline polls it before each tensor). */
+static volatile int stop_signal;
+
+/* Waits for a stop signal and passes it on through stop_signal. A second one, or a conversion
+ * that has not stopped within 10 s (a read that does not return), removes every temporary now
+ * and exits. */
+static void *watch_signals(void *arg)
+{
+    const sigset_t *set = arg;
+    int sig;
+    if (sigwait(set, &sig))
+        return NULL;
+    stop_signal = sig;
+    struct timespec grace = {10, 0};
+    sigtimedwait(set, NULL, &grace);
+    int n = qd_convert_remove_temporaries();
+    fprintf(stderr, "\nquantd convert: stopped by %s; %d temporar%s removed\n", signal_name(sig), n,
+            n == 1 ? "y" : "ies");
+    _exit(128 + sig);
 }
 
 /* This process's peak resident set (VmHWM: per address space, so a forked parent's pages do
@@ -86,13 +123,17 @@ int qd_cli_convert(int argc, char **argv)
             o.report_error = 1;
             continue;
         }
+        if (!strcmp(a, "--force")) {
+            o.overwrite = 1;
+            continue;
+        }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(usage_text, stdout);
+            usage(stdout);
             return 0;
         }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
         if (!v || strncmp(a, "--", 2)) {
-            fprintf(stderr, "quantd convert: bad or incomplete argument '%s'\n%s", a, usage_text);
+            fprintf(stderr, "quantd convert: bad or incomplete argument '%s' (quantd convert --help)\n", a);
             return 2;
         }
         if (!strcmp(a, "--in")) o.src = v;
@@ -105,26 +146,43 @@ int qd_cli_convert(int argc, char **argv)
         else if (!strcmp(a, "--devices")) devices = v;
         else if (!strcmp(a, "--param") && nparams < 64) params[nparams++] = v;
         else {
-            fprintf(stderr, "quantd convert: unknown option '%s'\n%s", a, usage_text);
+            fprintf(stderr, "quantd convert: unknown option '%s' (quantd convert --help)\n", a);
             return 2;
         }
     }
-    if (!o.src || !o.dst || !fmt == !recipe) {
-        fprintf(stderr, "quantd convert: --in, --out and one of --fmt or --recipe are required\n%s", usage_text);
+    if (fmt && recipe) {
+        fprintf(stderr, "quantd convert: give --fmt or --recipe, not both (a recipe chooses each tensor's format)\n");
+        return 2;
+    }
+    if (!o.src || !o.dst || (!fmt && !recipe)) {
+        fprintf(stderr, "quantd convert: %s is required (quantd convert --help)\n",
+                !o.src ? "--in SRC" : !o.dst ? "--out DST" : "--fmt FMT or --recipe MIX");
         return 2;
     }
     char err[1024];
     if (recipe) {
-        const struct qd_gguf_recipe *r = qd_gguf_recipe_find(recipe);
+        const struct qd_gguf_recipe *r = qd_convert_recipe_named(recipe);
+        const struct qd_format *f = r ? NULL : qd_convert_format_named(recipe);
+        if (f) {
+            fprintf(stderr, "quantd convert: '%s' is a format, not a llama-quantize mix: use --fmt %s\n", recipe,
+                    f->name);
+            return 2;
+        }
         if (!r) {
             fprintf(stderr, "quantd convert: unknown recipe '%s' (quantd writes %s)\n", recipe, qd_gguf_recipe_names());
             return 2;
         }
-        o.recipe = recipe;
+        o.recipe = r->name;
         fmt = r->fmt;
     }
-    if (!(o.f = qd_convert_format(qd_format_find(fmt)))) {
-        fprintf(stderr, "quantd convert: unknown format '%s' (quantd formats lists them)\n", fmt);
+    if (!(o.f = qd_convert_format_named(fmt))) {
+        const struct qd_gguf_recipe *r = qd_convert_recipe_named(fmt);
+        if (r)
+            fprintf(stderr, "quantd convert: '%s' is a llama-quantize mix, not one format: use --recipe %s (--fmt "
+                    "gives every quantized tensor one type, such as %s)\n", fmt, r->name, r->fmt);
+        else
+            fprintf(stderr, "quantd convert: unknown format '%s'; quantd convert writes:\n%s", fmt,
+                    qd_convert_layouts_text());
         return 2;
     }
     qd_params_default(o.f, &o.params);
@@ -146,6 +204,26 @@ int qd_cli_convert(int argc, char **argv)
         fprintf(stderr, "quantd convert: --backend must be auto, cpu or cuda\n");
         return 2;
     }
+    /* whether the input and the destination can do, before any device or tensor is touched */
+    struct qd_convert_dest dest;
+    enum qd_status st;
+    if (qd_convert_check(&o, &dest, &st, err, sizeof err)) {
+        fprintf(stderr, "quantd convert: %s\n", err);
+        return 1;
+    }
+    /* SIGINT, SIGTERM, SIGHUP: the conversion stops at its next tensor and removes what it wrote
+     * (watch_signals); blocked here, before any thread starts, so that every thread inherits it */
+    static sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &stop, NULL);
+    signal(SIGPIPE, SIG_IGN); /* a reader of the JSON lines that goes away does not kill the conversion */
+    pthread_t watcher;
+    if (pthread_create(&watcher, NULL, watch_signals, &stop) == 0)
+        pthread_detach(watcher);
+    o.cancel = &stop_signal;
     struct qd_backend b;
     double t_init = qd_pipe_clock_s();
     if (strcmp(backend_name, "cpu") && qd_backend_cuda_open(&b, devices, err, sizeof err) == 0) {
@@ -171,7 +249,6 @@ int qd_cli_convert(int argc, char **argv)
     o.progress = on_tensor;
     o.progress_ctx = &pr;
     struct qd_convert_summary s;
-    enum qd_status st;
     int rc = qd_convert(&o, &s, &st, err, sizeof err);
     double t_close = qd_pipe_clock_s();
     qd_convert_unspread(&o);
@@ -182,11 +259,20 @@ int qd_cli_convert(int argc, char **argv)
     if (rc) {
         if (pr.tty)
             fputc('\n', stderr);
+        if (st == QD_ECANCELED && stop_signal) {
+            fprintf(stderr, "quantd convert: stopped by %s; nothing was written (the partial output is removed)\n",
+                    signal_name(stop_signal));
+            return 128 + stop_signal;
+        }
         fprintf(stderr, "quantd convert: %s\n", err);
         return 1;
     }
     double bpw = s.params_total ? s.bytes_out * 8.0 / (double)s.params_total : 0;
-    printf("{\"summary\":{\"in\":\"%s\",\"out\":\"%s\",\"fmt\":\"%s\",\"backend\":\"%s\",\"quantized\":%d,"
+    if (o.recipe)
+        printf("{\"summary\":{\"recipe\":\"%s\",", o.recipe);
+    else
+        printf("{\"summary\":{");
+    printf("\"in\":\"%s\",\"out\":\"%s\",\"fmt\":\"%s\",\"backend\":\"%s\",\"quantized\":%d,"
            "\"copied\":%d,\"cast_f16\":%d,\"bytes_in\":%" PRIu64 ",\"bytes_out\":%" PRIu64 ",\"bits_per_weight\":%.3f,"
            "\"seconds\":%.3f,\"gb_per_s\":%.3f,\"read_s\":%.3f,\"quantize_s\":%.3f,\"write_s\":%.3f,"
            "\"peak_rss_bytes\":%" PRIu64 "}}\n",

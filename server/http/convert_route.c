@@ -1,11 +1,15 @@
 /* POST /convert's upload (convert_route.h). */
 #include "http/convert_route.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "checkpoint/convert.h"
@@ -24,19 +28,67 @@ static int media_is(const char *ct, const char *type)
     return ct && !strncasecmp(ct, type, n) && (ct[n] == 0 || ct[n] == ';' || ct[n] == ' ');
 }
 
-/* A new empty file name in dir (mkstemp), kept for the engine to open by name. */
+/* A new empty file name in dir (mkstemp), kept for the engine to open by name; *fd holds it
+ * open with an exclusive lock while it is in use, so that a sweep at another quantd's start
+ * leaves it alone. A name a sweep took first (it holds the lock, and removes it) is left to it. */
 static char *spool_name(const char *dir, const char *what, int *fd)
 {
     size_t n = strlen(dir) + 48;
     char *p = malloc(n);
-    if (!p)
-        return NULL;
-    snprintf(p, n, "%s/.quantd-%s-XXXXXX", dir, what);
-    if ((*fd = mkstemp(p)) < 0) {
-        free(p);
-        return NULL;
+    for (int tries = 0; p && tries < 8; tries++) {
+        snprintf(p, n, "%s/.quantd-%s-XXXXXX", dir, what);
+        if ((*fd = mkstemp(p)) < 0)
+            break;
+        if (flock(*fd, LOCK_EX | LOCK_NB) == 0) {
+            qd_temp_add(p, 0); /* (a forced stop removes it) */
+            return p;
+        }
+        close(*fd);
     }
-    return p;
+    free(p);
+    *fd = -1;
+    return NULL;
+}
+
+const char *qd_convert_spool_dir(const char *data_dir)
+{
+    const char *tmp = getenv("TMPDIR");
+    return data_dir && *data_dir ? data_dir : tmp && *tmp ? tmp : "/tmp";
+}
+
+/* quantd's spool names: ".quantd-upload-" or ".quantd-converted-" and mkstemp's six characters */
+static int spool_named(const char *name)
+{
+    static const char *const kinds[] = {".quantd-upload-", ".quantd-converted-", NULL};
+    for (const char *const *k = kinds; *k; k++) {
+        size_t n = strlen(*k);
+        if (!strncmp(name, *k, n) && strlen(name + n) == 6 && strspn(name + n, "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                                              "abcdefghijklmnopqrstuvwxyz0123456789") == 6)
+            return 1;
+    }
+    return 0;
+}
+
+int qd_convert_spool_sweep(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int removed = 0;
+    while (d && (e = readdir(d))) {
+        if (!spool_named(e->d_name))
+            continue;
+        /* a regular file of quantd's whose lock nobody holds: its quantd is gone */
+        int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+            unlinkat(dirfd(d), e->d_name, 0) == 0)
+            removed++;
+        if (fd >= 0)
+            close(fd);
+    }
+    if (d)
+        closedir(d);
+    return removed;
 }
 
 struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n, const char *content_type,
@@ -63,19 +115,19 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
     }
     u->fd = -1;
     u->req = r;
+    r->spool_fd[0] = r->spool_fd[1] = -1;
     u->limit = (unsigned long long)limit;
     r->spooled = 1;
     for (int i = 0; i < n; i++) {
         const char *v = kv[i].value ? kv[i].value : "";
         if (!strcmp(kv[i].key, "fmt") && !(r->f = qd_convert_format(qd_format_find(v)))) {
-            qd_reply_error(err, 400, "unknown_format", "unknown format '%.64s' (GET /formats lists them)", v);
+            qd_convert_name_error(err, v, 0);
             goto bad;
         }
         if (!strcmp(kv[i].key, "recipe")) {
             const struct qd_gguf_recipe *mix = qd_gguf_recipe_find(v);
             if (!mix) {
-                qd_reply_error(err, 400, "unknown_recipe", "unknown recipe '%.40s' (quantd writes %s)", v,
-                               qd_gguf_recipe_names());
+                qd_convert_name_error(err, v, 1);
                 goto bad;
             }
             free(r->recipe);
@@ -120,7 +172,7 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
     }
     qd_name_filter_free(nf);
     if (!(u->dir = strdup(spool_dir)) || !(u->path = spool_name(spool_dir, "upload", &u->fd))) {
-        qd_reply_error(err, 503, "out_of_memory", "cannot spool the upload in %s: %s", spool_dir, strerror(errno));
+        qd_reply_error(err, 503, "out_of_memory", "cannot spool the upload: %s", strerror(errno));
         goto bad;
     }
     return u;
@@ -154,18 +206,16 @@ int qd_convert_upload_write(struct qd_convert_upload *u, const char *data, size_
 struct qd_convert_request *qd_convert_upload_finish(struct qd_convert_upload *u, struct qd_reply *err)
 {
     struct qd_convert_request *r = u->req;
-    int fd;
-    close(u->fd);
+    r->spool_fd[0] = u->fd; /* (held, with its lock, until the request is freed) */
     u->fd = -1;
     r->src = u->path;
     u->path = NULL;
-    if (!(r->dst = spool_name(u->dir, "converted", &fd))) {
+    if (!(r->dst = spool_name(u->dir, "converted", &r->spool_fd[1]))) {
         qd_reply_error(err, 507, "insufficient_storage", "no spool file for the answer: %s", strerror(errno));
         u->req = r; /* (src set: the abort removes it) */
         qd_convert_upload_abort(u);
         return NULL;
     }
-    close(fd);
     u->req = NULL;
     free(u->dir);
     free(u);
@@ -176,10 +226,12 @@ void qd_convert_upload_abort(struct qd_convert_upload *u)
 {
     if (!u)
         return;
+    if (u->path) {
+        unlink(u->path);
+        qd_temp_forget(u->path);
+    }
     if (u->fd >= 0)
         close(u->fd);
-    if (u->path)
-        unlink(u->path);
     free(u->path);
     free(u->dir);
     qd_convert_request_free(u->req); /* (removes its spool files) */

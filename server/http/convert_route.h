@@ -27,4 +27,10 @@ struct qd_convert_request *qd_convert_upload_finish(struct qd_convert_upload *u,
 /* Removes the spool file and frees u (a request that ended before its job). */
 void qd_convert_upload_abort(struct qd_convert_upload *u);
 
+/* Where POST /convert spools: --data-dir, else $TMPDIR, else /tmp. */
+const char *qd_convert_spool_dir(const char *data_dir);
+/* Removes the spool files a quantd that is gone left in dir (a SIGKILL, a crash): quantd's own
+ * names only, regular files only, and only those no live quantd holds locked. Returns how many. */
+int qd_convert_spool_sweep(const char *dir);
+
 #endif

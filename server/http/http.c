@@ -29,7 +29,9 @@
 #include "http/watchdog.h"
 #include "service/metrics.h"
 
-#define QD_VERSION "0.1.0"
+#ifndef QD_VERSION /* the Makefile sets it from the VERSION file */
+#define QD_VERSION "unknown"
+#endif
 
 /* A request body must average at least this once --conn-timeout seconds have passed (a body
  * trickled a byte at a time is never idle long enough for the idle timeout). */
@@ -179,6 +181,7 @@ static const struct route routes[] = {
     {"/healthz", QD_ROUTE_HEALTHZ, "GET HEAD", 1},
     {"/readyz", QD_ROUTE_READYZ, "GET HEAD", 1},
     {"/metrics", QD_ROUTE_METRICS, "GET HEAD", 1},
+    {"/version", QD_ROUTE_VERSION, "GET HEAD", 1},
 };
 
 static int method_in(const char *method, const char *list)
@@ -257,10 +260,9 @@ static void precheck_post(struct MHD_Connection *mc, struct conn *c)
     if (c->route == QD_ROUTE_CONVERT) { /* a model file: checked now, spooled as it comes */
         const char *ct = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
         const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        const char *tmp = getenv("TMPDIR");
         c->req.op = QD_OP_CONVERT;
         c->upload = qd_convert_upload_begin(q.kv, q.n, ct, cl ? strtoll(cl, NULL, 10) : -1,
-                                            S.config->data_dir[0] ? S.config->data_dir : tmp && *tmp ? tmp : "/tmp",
+                                            qd_convert_spool_dir(S.config->data_dir),
                                             S.config->max_convert_bytes, &c->reply);
         c->req.f = c->upload ? qd_convert_upload_format(c->upload) : NULL;
         return;
@@ -566,6 +568,12 @@ static enum MHD_Result last_call(struct MHD_Connection *mc, struct conn *c, cons
     case QD_ROUTE_HEALTHZ:
         o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "status", "ok");
+        cJSON_AddStringToObject(o, "version", QD_VERSION);
+        qd_reply_json(&c->reply, 200, o);
+        break;
+    case QD_ROUTE_VERSION:
+        o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "version", QD_VERSION);
         qd_reply_json(&c->reply, 200, o);
         break;
     case QD_ROUTE_READYZ:

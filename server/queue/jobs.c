@@ -48,6 +48,7 @@ struct worker {
     void *ctx;
     char name[32];
     int started;
+    struct qd_job *current; /* the job it runs (under q.lock), for qd_jobs_cancel_all */
 };
 
 static struct {
@@ -134,6 +135,7 @@ static void *worker_main(void *arg)
         q.head = (q.head + 1) % q.capacity;
         q.count--;
         q.running++;
+        wk->current = j;
         pthread_mutex_unlock(&q.lock);
 
         int expected = QD_JOB_QUEUED;
@@ -148,6 +150,7 @@ static void *worker_main(void *arg)
          * as running and as answered */
         pthread_mutex_lock(&q.lock);
         q.running--;
+        wk->current = NULL;
         pthread_cond_broadcast(&q.idle);
         pthread_mutex_unlock(&q.lock);
         if (atomic_load(&j->state) == QD_JOB_DONE && j->on_done)
@@ -247,6 +250,29 @@ void qd_jobs_drain(void)
     while (q.count || q.running)
         pthread_cond_wait(&q.idle, &q.lock);
     pthread_mutex_unlock(&q.lock);
+}
+
+int qd_jobs_cancel_all(int timeout_ms)
+{
+    pthread_mutex_lock(&q.lock);
+    q.draining = 1;
+    for (int i = 0; i < q.count; i++) /* (still run: each answers its client, cancelled) */
+        q.ring[(q.head + i) % q.capacity]->cancel = 1;
+    for (int i = 0; i < q.nworkers; i++)
+        if (q.workers[i].current)
+            q.workers[i].current->cancel = 1;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L)
+        until.tv_sec++, until.tv_nsec -= 1000000000L;
+    int rc = 0;
+    while ((q.count || q.running) && rc == 0)
+        rc = pthread_cond_timedwait(&q.idle, &q.lock, &until);
+    int busy = q.count || q.running;
+    pthread_mutex_unlock(&q.lock);
+    return busy ? -1 : 0;
 }
 
 void qd_jobs_stop(void)

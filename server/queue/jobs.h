@@ -70,6 +70,11 @@ int qd_jobs_full(void);
 /* Stops taking jobs, lets the workers finish every queued one, joins them. */
 void qd_jobs_drain(void);
 void qd_jobs_stop(void);
+/* The drain's deadline: stops taking jobs and asks every queued and running one to stop (a
+ * conversion stops at its next tensor, or before it starts, and removes its partial output;
+ * small jobs finish), then waits at most timeout_ms for the workers to be idle: 0 when they
+ * are, -1 when one still runs (a read that does not return). */
+int qd_jobs_cancel_all(int timeout_ms);
 
 struct qd_jobs_stats {
     int depth, capacity, running, workers, stored;

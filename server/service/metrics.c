@@ -8,7 +8,7 @@
 #include <string.h>
 
 static const char *const route_names[QD_ROUTE_COUNT] = {
-    "quantize", "dequantize", "jobs", "formats", "healthz", "readyz", "metrics", "convert", "other"};
+    "quantize", "dequantize", "jobs", "formats", "healthz", "readyz", "metrics", "convert", "version", "other"};
 
 const char *qd_route_name(enum qd_route r) { return route_names[r]; }
 

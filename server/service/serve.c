@@ -4,8 +4,11 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../../kernels/cpu/cpu.h"
+#include "checkpoint/convert.h"
+#include "http/convert_route.h"
 #include "queue/backend.h"
 #include "queue/hostmem.h"
 #include "service/config.h"
@@ -37,6 +40,10 @@ int qd_serve_main(int argc, char **argv)
     if (cfg.cpu_threads)
         qd_cpu_set_threads(cfg.cpu_threads);
 
+    /* spool files a quantd that was killed left behind (only names no live quantd holds) */
+    int swept = qd_convert_spool_sweep(qd_convert_spool_dir(cfg.data_dir));
+    if (swept)
+        fprintf(stderr, "{\"msg\":\"removed stale spool files\",\"count\":%d}\n", swept);
     struct qd_backend backend;
     if (strcmp(cfg.backend, "cpu")) {
         if (qd_backend_cuda_open(&backend, *cfg.devices ? cfg.devices : NULL, err, sizeof err)) {
@@ -83,6 +90,18 @@ int qd_serve_main(int argc, char **argv)
     fprintf(stderr, "{\"msg\":\"%s: draining\",\"timeout_s\":%d}\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
             cfg.drain_timeout_s);
     int drained = qd_http_drain(cfg.drain_timeout_s) == 0;
+    if (!drained) {
+        /* the deadline: what still runs is cancelled (conversions stop at their next tensor and
+         * remove what they wrote); a worker that does not stop within a second (a read that
+         * does not return) is left: its temporaries are removed and the process ends */
+        if (qd_jobs_cancel_all(1000)) {
+            int n = qd_convert_remove_temporaries();
+            fprintf(stderr, "{\"msg\":\"quantd stopped\",\"drained\":false,\"abandoned\":\"a worker did not stop "
+                    "within a second of the drain deadline\",\"temporaries_removed\":%d}\n", n);
+            fflush(stderr);
+            _exit(1);
+        }
+    }
     qd_http_stop();
     qd_jobs_stop();
     qd_hostmem_shutdown();

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -243,6 +244,97 @@ static void misaligned_tensors_give_the_same_bytes(void **state)
     }
 }
 
+/* A model directory whose weights file is a FIFO: the conversion refuses it at once (a reader
+ * that waited for a writer would block the worker for good; SIGALRM ends the test if so). */
+static void a_fifo_in_a_model_directory_is_refused_not_waited_on(void **state)
+{
+    char dir[] = "/tmp/quantd-fifo-XXXXXX", p[96], out[96], err[512], cmd[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(p, sizeof p, "%s/hf", dir);
+    assert_int_equal(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/hf/config.json", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("{}", f);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/hf/model.safetensors", dir);
+    assert_int_equal(mkfifo(p, 0644), 0);
+    snprintf(p, sizeof p, "%s/hf", dir);
+    snprintf(out, sizeof out, "%s/q", dir);
+    struct qd_convert_opts o = {.src = p, .dst = out, .f = qd_format_find("nf4"), .backend = &cpu, .worker = worker};
+    qd_params_default(o.f, &o.params);
+    struct qd_convert_summary s;
+    enum qd_status st;
+    alarm(30);
+    int rc = qd_convert(&o, &s, &st, err, sizeof err);
+    alarm(0);
+    free(s.layout_config);
+    assert_int_equal(rc, -1);
+    if (!strstr(err, "not a regular file"))
+        fail_msg("%s", err);
+    assert_int_equal(entries(dir), 1); /* no output, no temporary */
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Confined to a root (a service's --data-dir), a conversion opens nothing outside it, whatever
+ * link leads there: a weights file that is a symlink out of the root is refused. */
+static void a_confined_conversion_reads_nothing_outside_its_root(void **state)
+{
+    char dir[] = "/tmp/quantd-root-XXXXXX", root[64], p[160], out[128], err[512], cmd[128], real[4096];
+    assert_non_null(mkdtemp(dir));
+    snprintf(root, sizeof root, "%s/data", dir);
+    assert_int_equal(mkdir(root, 0755), 0);
+    snprintf(p, sizeof p, "cp tests/checkpoint/fuzz_seeds/small.safetensors %s/outside.safetensors", dir);
+    assert_int_equal(system(p), 0);
+    snprintf(p, sizeof p, "%s/model.safetensors", root);
+    char target[96];
+    snprintf(target, sizeof target, "%s/outside.safetensors", dir);
+    assert_int_equal(symlink(target, p), 0);
+    snprintf(out, sizeof out, "%s/out.safetensors", root);
+    assert_non_null(realpath(root, real));
+    struct qd_convert_opts o = {.src = p, .dst = out, .f = qd_format_find("nf4"), .backend = &cpu, .worker = worker,
+                                .root = real};
+    qd_params_default(o.f, &o.params);
+    struct qd_convert_summary s;
+    enum qd_status st;
+    int rc = qd_convert(&o, &s, &st, err, sizeof err);
+    free(s.layout_config);
+    assert_int_equal(rc, -1);
+    if (!strstr(err, "outside"))
+        fail_msg("%s", err);
+    assert_int_equal(access(out, F_OK), -1);
+    o.root = NULL; /* the CLI's own files: followed */
+    rc = qd_convert(&o, &s, &st, err, sizeof err);
+    free(s.layout_config);
+    if (rc)
+        fail_msg("%s", err);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* A forced stop removes every temporary, and none is renamed into place after it. (Last: the
+ * stop holds for the rest of the process.) */
+static void a_forced_stop_removes_temporaries_and_commits_nothing(void **state)
+{
+    char dir[] = "/tmp/quantd-forced-XXXXXX", p[96], d[96], err[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(p, sizeof p, "%s/out.gguf", dir);
+    snprintf(d, sizeof d, "%s/model", dir);
+    struct qd_outfile f;
+    struct qd_outdir od;
+    assert_int_equal(qd_outfile_open(&f, p, err, sizeof err), 0);
+    assert_int_equal(qd_outfile_write(&f, "data", 4, err, sizeof err), 0);
+    assert_int_equal(qd_outdir_open(&od, d, err, sizeof err), 0);
+    assert_int_equal(entries(dir), 2); /* the two temporaries */
+    assert_int_equal(qd_convert_remove_temporaries(), 2);
+    assert_int_equal(entries(dir), 0);
+    assert_int_equal(qd_outfile_commit(&f, err, sizeof err), -1);
+    assert_int_equal(qd_outdir_commit(&od, err, sizeof err), -1);
+    assert_int_equal(entries(dir), 0);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -251,6 +343,9 @@ int main(void)
         cmocka_unit_test(misaligned_tensors_give_the_same_bytes),
         cmocka_unit_test(gguf_pieces_give_the_same_file),
         cmocka_unit_test(several_workers_give_the_same_file),
+        cmocka_unit_test(a_fifo_in_a_model_directory_is_refused_not_waited_on),
+        cmocka_unit_test(a_confined_conversion_reads_nothing_outside_its_root),
+        cmocka_unit_test(a_forced_stop_removes_temporaries_and_commits_nothing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -107,6 +107,33 @@ def test_dockerfile_make_targets_exist():
         assert f"make {t}" in ci or t in ("all", "test-unit"), t
 
 
+def test_make_help_lists_every_target():
+    """`make help` prints the Makefile's list, and the list names every phony target (but the
+    dependency probe the others run)."""
+    out = subprocess.run(["make", "-s", "-C", str(ROOT), "help"], capture_output=True, text=True, check=True).stdout
+    listed = set(re.findall(r"^make(?: ([a-z-]+))?", out, re.M))
+    phony = set()
+    for line in re.findall(r"^\.PHONY:(.*)$", (ROOT / "Makefile").read_text(), re.M):
+        phony.update(line.split())
+    assert phony - {"all", "check-deps"} <= listed and "" in listed, phony - listed
+
+
+def test_every_version_is_the_version_file():
+    """The image label, the manifests' image tags, the API's version and the binary's name one
+    version: the VERSION file's (the Makefile bakes it into bin/quantd)."""
+    version = (ROOT / "VERSION").read_text().strip()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version), version
+    docker = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^ARG VERSION=(\S+)$", docker, re.M).group(1) == version
+    assert "org.opencontainers.image.version=${VERSION}" in docker
+    for kdir in KUSTOMIZATIONS:
+        for image in kustomization(kdir).get("images", []):
+            assert image.get("newTag", version) == version, kdir
+    assert yaml.safe_load((ROOT / "api" / "openapi.yaml").read_text())["info"]["version"] == version
+    out = subprocess.run([QUANTD, "--version"], capture_output=True, text=True, check=True).stdout
+    assert out == f"quantd {version}\n"
+
+
 @pytest.mark.parametrize("kdir", KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(DEPLOY)))
 def test_kustomization_files_exist_and_validate(kdir):
     k = kustomization(kdir)

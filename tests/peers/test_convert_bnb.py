@@ -122,4 +122,4 @@ def test_bad_inputs_are_named_and_leave_nothing(tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     p = run_quantd("convert", "--in", src, "--out", tmp_path / "full", "--fmt", "nf4", check=False)
-    assert p.returncode == 1 and "not an empty directory" in p.stderr
+    assert p.returncode == 1 and "exists and is not empty" in p.stderr and "--force" in p.stderr

@@ -446,6 +446,38 @@ static void formats_health_ready_metrics(void **state)
     http_free(&head);
 }
 
+/* The version is the VERSION file's, the same in /version, /healthz and `quantd --version`. */
+static void version_is_the_version_file(void **state)
+{
+    size_t n;
+    char *want = read_file("VERSION", &n);
+    assert_non_null(want);
+    while (n && (want[n - 1] == '\n' || want[n - 1] == ' '))
+        want[--n] = 0;
+    assert_true(n > 0);
+    struct http v, h;
+    http_do(&srv, "GET", "/version", NULL, NULL, 0, &v);
+    assert_int_equal(v.status, 200);
+    cJSON *vj = parse(&v);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(vj, "version")), want);
+    http_do(&srv, "GET", "/healthz", NULL, NULL, 0, &h);
+    cJSON *hj = parse(&h);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(hj, "version")), want);
+    char cmd[512], line[128] = "", expect[160];
+    snprintf(cmd, sizeof cmd, "%s --version", quantd_bin());
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(line, sizeof line, p));
+    assert_int_equal(pclose(p), 0);
+    snprintf(expect, sizeof expect, "quantd %s\n", want);
+    assert_string_equal(line, expect);
+    cJSON_Delete(vj);
+    cJSON_Delete(hj);
+    http_free(&v);
+    http_free(&h);
+    free(want);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -455,6 +487,7 @@ int main(void)
         cmocka_unit_test(large_round_trips_with_raw_answers),
         cmocka_unit_test(safetensors_answers_sent_in_pieces_are_whole),
         cmocka_unit_test(formats_health_ready_metrics),
+        cmocka_unit_test(version_is_the_version_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

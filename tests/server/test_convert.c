@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,6 +20,8 @@
 
 static struct server srv, plain;
 static char dir[256];
+
+static void assert_no_server_path(const char *body);
 
 static const char *const json_h[] = {"Content-Type: application/json", NULL};
 
@@ -101,6 +105,8 @@ static long convert(const char *path0, const char *body, char *id, size_t idlen)
     snprintf(path, sizeof path, "/jobs/%s/result", id);
     http_do(&srv, "GET", path, NULL, NULL, 0, &r);
     long status = r.status;
+    if (strstr(r.body, dir)) /* (the engine names the paths it was given: the server's) */
+        fail_msg("the result names a server path: %s", r.body);
     http_free(&r);
     return status;
 }
@@ -129,7 +135,8 @@ static void convert_job_writes_what_the_cli_writes(void **state)
                              "\"recipe\": \"Q5_K_M\"}", id, sizeof id),
                      200);
     snprintf(out, sizeof out, "%s/sub/mix.gguf", dir);
-    snprintf(cmd, sizeof cmd, "%s convert --in %s --out %s --recipe Q5_K_M > /dev/null", quantd_bin(), src, ref);
+    snprintf(cmd, sizeof cmd, "%s convert --in %s --out %s --recipe Q5_K_M --force > /dev/null", quantd_bin(), src,
+             ref);
     assert_int_equal(system(cmd), 0);
     x = read_file(out, &a), y = read_file(ref, &b);
     assert_non_null(x);
@@ -137,9 +144,9 @@ static void convert_job_writes_what_the_cli_writes(void **state)
     assert_int_equal(a, b);
     assert_memory_equal(x, y, a);
     free(x), free(y);
-    /* fmt from the query; a conversion that fails inside the job (q8_1 has no llama.cpp file
-     * type) is reported in its result, and DELETE forgets the job */
-    assert_int_equal(convert("/jobs?op=convert&fmt=q8_1", "{\"source\": \"model.gguf\", \"destination\": \"q.gguf\"}",
+    /* fmt from the query; a conversion that fails inside the job (the q8_0 output's tensors
+     * would need requantizing) is reported in its result, and DELETE forgets the job */
+    assert_int_equal(convert("/jobs?op=convert&fmt=q4_0", "{\"source\": \"sub/out.gguf\", \"destination\": \"q.gguf\"}",
                              id, sizeof id),
                      400);
     struct http r;
@@ -153,7 +160,7 @@ static void convert_job_writes_what_the_cli_writes(void **state)
     http_free(&r);
     http_do(&srv, "GET", "/metrics", NULL, NULL, 0, &r);
     assert_non_null(strstr(r.body, "quantd_conversions_total{fmt=\"q8_0\",outcome=\"ok\"} 1"));
-    assert_non_null(strstr(r.body, "quantd_conversions_total{fmt=\"q8_1\",outcome=\"failed\"} 1"));
+    assert_non_null(strstr(r.body, "quantd_conversions_total{fmt=\"q4_0\",outcome=\"failed\"} 1"));
     assert_non_null(strstr(r.body, "quantd_convert_tensors_total"));
     http_free(&r);
 }
@@ -247,12 +254,344 @@ static void convert_route_answers_the_converted_file(void **state)
     assert_int_not_equal(system(ls), 0);
 }
 
+/* No answer names a path of the server's: the data directory, the spool directory. */
+static void assert_no_server_path(const char *body)
+{
+    if (strstr(body, dir) || strstr(body, "/tmp/") || strstr(body, ".quantd-upload"))
+        fail_msg("an answer names a server path: %s", body);
+}
+
+/* The error of a refused job request: its status and code, and no server path in it. */
+static void expect_refusal(long status, const char *code, const char *body, const char *says)
+{
+    struct http r;
+    http_do(&srv, "POST", "/jobs?op=convert", json_h, body, strlen(body), &r);
+    if (r.status != status)
+        fail_msg("%s: got %ld, want %ld: %s", body, r.status, status, r.body);
+    cJSON *j = cJSON_ParseWithLength(r.body, r.len);
+    const cJSON *e = cJSON_GetObjectItem(j, "error");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(e, "code")), code);
+    const char *msg = cJSON_GetStringValue(cJSON_GetObjectItem(e, "message"));
+    if (says && !strstr(msg, says))
+        fail_msg("%s: the message does not say '%s': %s", body, says, msg);
+    assert_no_server_path(r.body);
+    cJSON_Delete(j);
+    http_free(&r);
+}
+
+/* A minimal Hugging Face model in dir/name: config.json and a safetensors file with one 2 x 64
+ * f32 Linear weight. */
+static void write_hf(const char *name)
+{
+    char p[400], header[160];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/%s/config.json", dir, name);
+    assert_int_equal(write_file(p, "{\"model_type\": \"llama\"}", 23), 0);
+    int hl = snprintf(header, sizeof header,
+                      "{\"model.layers.0.mlp.up_proj.weight\":{\"dtype\":\"F32\",\"shape\":[2,64],\"data_offsets\":[0,512]}}");
+    size_t n = 8 + (size_t)hl + 512;
+    unsigned char *b = calloc(1, n);
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    memcpy(b + 8, header, (size_t)hl);
+    float *x = random_f32(128);
+    memcpy(b + 8 + hl, x, 512);
+    snprintf(p, sizeof p, "%s/%s/model.safetensors", dir, name);
+    assert_int_equal(write_file(p, b, n), 0);
+    free(x);
+    free(b);
+}
+
+static int has_temporary(const char *d)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "find %s -name '*.quantd-*' | grep -q .", d);
+    return system(cmd) == 0;
+}
+
+/* The data directory's confinement has no gaps: every refusal comes before the job (no 202
+ * then a 500), and no answer names a server path. */
+static void convert_job_confinement_has_no_gaps(void **state)
+{
+    char p[400], outside[300], q[400];
+    write_hf("hf");
+    /* a file of the source directory that is a symlink out of the data directory */
+    snprintf(outside, sizeof outside, "%s-outside", dir);
+    mkdir(outside, 0755);
+    snprintf(p, sizeof p, "%s/secret", outside);
+    assert_int_equal(write_file(p, "secret", 6), 0);
+    snprintf(q, sizeof q, "%s/hf/x.json", dir);
+    assert_int_equal(symlink(p, q), 0);
+    expect_refusal(403, "forbidden", "{\"source\": \"hf\", \"destination\": \"hf-nf4\", \"fmt\": \"nf4\"}",
+                   "hf/x.json");
+    unlink(q);
+    /* one leading inside is followed */
+    snprintf(p, sizeof p, "%s/shared.json", dir);
+    assert_int_equal(write_file(p, "{}", 2), 0);
+    assert_int_equal(symlink("../shared.json", q), 0);
+    char id[64];
+    assert_int_equal(convert("/jobs?op=convert", "{\"source\": \"hf\", \"destination\": \"hf-nf4\", \"fmt\": \"nf4\"}",
+                             id, sizeof id), 200);
+    snprintf(p, sizeof p, "%s/hf-nf4/x.json", dir);
+    size_t n;
+    char *copied = read_file(p, &n);
+    assert_non_null(copied);
+    assert_memory_equal(copied, "{}", 2);
+    free(copied);
+    /* a NUL in a path is refused, not cut short */
+    expect_refusal(400, "bad_request", "{\"source\": \"model.gguf\\u0000.txt\", \"destination\": \"n.gguf\", "
+                   "\"fmt\": \"q8_0\"}", "NUL");
+    expect_refusal(400, "bad_request", "{\"source\": \"model.gguf\", \"destination\": \"n.gguf\\u0000x\", "
+                   "\"fmt\": \"q8_0\"}", "NUL");
+    snprintf(p, sizeof p, "%s/n.gguf", dir);
+    assert_int_equal(access(p, F_OK), -1);
+    /* an existing destination: 409 unless "overwrite" */
+    snprintf(p, sizeof p, "%s/taken.gguf", dir);
+    assert_int_equal(write_file(p, "mine", 4), 0);
+    expect_refusal(409, "exists", "{\"source\": \"model.gguf\", \"destination\": \"taken.gguf\", \"fmt\": \"q8_0\"}",
+                   "overwrite");
+    char *kept = read_file(p, &n);
+    assert_int_equal(n, 4);
+    free(kept);
+    expect_refusal(409, "exists", "{\"source\": \"hf\", \"destination\": \"hf-nf4\", \"fmt\": \"nf4\"}", "overwrite");
+    assert_int_equal(convert("/jobs?op=convert", "{\"source\": \"model.gguf\", \"destination\": \"taken.gguf\", "
+                             "\"fmt\": \"q8_0\", \"overwrite\": true}", id, sizeof id), 200);
+    kept = read_file(p, &n);
+    assert_true(n > 4);
+    free(kept);
+    expect_refusal(400, "bad_request", "{\"source\": \"model.gguf\", \"destination\": \"o.gguf\", \"fmt\": \"q8_0\", "
+                   "\"overwrite\": 1}", "overwrite");
+    /* a name of the other kind, or in another case: which field takes it */
+    expect_refusal(400, "unknown_format", "{\"source\": \"model.gguf\", \"destination\": \"o.gguf\", \"fmt\": \"q4_k_m\"}",
+                   "recipe Q4_K_M");
+    expect_refusal(400, "unknown_recipe", "{\"source\": \"model.gguf\", \"destination\": \"o.gguf\", \"recipe\": \"nf4\"}",
+                   "fmt nf4");
+    expect_refusal(400, "unknown_format", "{\"source\": \"model.gguf\", \"destination\": \"o.gguf\", \"fmt\": \"Q8_0\"}",
+                   "spelled q8_0");
+    struct http h;
+    http_do(&srv, "POST", "/convert?fmt=Q4_K_M", raw_h, "GGUF", 4, &h);
+    assert_int_equal(h.status, 400);
+    assert_non_null(strstr(h.body, "recipe Q4_K_M"));
+    http_free(&h);
+    /* a destination under a file, a name too long, the source itself: 400 before the job */
+    expect_refusal(400, "bad_request", "{\"source\": \"model.gguf\", \"destination\": \"model.gguf/x.gguf\", "
+                   "\"fmt\": \"q8_0\"}", NULL);
+    char body[700], name[301];
+    memset(name, 'a', 300);
+    name[300] = 0;
+    snprintf(body, sizeof body, "{\"source\": \"model.gguf\", \"destination\": \"%s\", \"fmt\": \"q8_0\"}", name);
+    expect_refusal(400, "bad_request", body, "long");
+    memset(name + 246, 0, 1);
+    snprintf(body, sizeof body, "{\"source\": \"model.gguf\", \"destination\": \"%s\", \"fmt\": \"q8_0\"}", name);
+    expect_refusal(400, "bad_request", body, "temporary");
+    expect_refusal(400, "bad_request", "{\"source\": \"model.gguf\", \"destination\": \"model.gguf\", \"fmt\": \"q8_0\", "
+                   "\"overwrite\": true}", "is the input");
+    /* the source's kind against the format, said before the job */
+    expect_refusal(400, "bad_request", "{\"source\": \"hf\", \"destination\": \"hf.gguf\", \"fmt\": \"q4_0\"}",
+                   "convert_hf_to_gguf.py");
+    expect_refusal(400, "bad_request", "{\"source\": \"model.gguf\", \"destination\": \"m-nf4\", \"fmt\": \"nf4\"}",
+                   "is a GGUF file");
+    /* a FIFO, as the source or inside a source directory, is refused (never waited on) */
+    snprintf(p, sizeof p, "%s/fifo", dir);
+    assert_int_equal(mkfifo(p, 0644), 0);
+    expect_refusal(400, "bad_request", "{\"source\": \"fifo\", \"destination\": \"f.gguf\", \"fmt\": \"q8_0\"}",
+                   "not a regular file");
+    write_hf("hf2");
+    snprintf(p, sizeof p, "%s/hf2/tokenizer.json", dir);
+    assert_int_equal(mkfifo(p, 0644), 0);
+    expect_refusal(400, "bad_request", "{\"source\": \"hf2\", \"destination\": \"hf2-nf4\", \"fmt\": \"nf4\"}",
+                   "not a regular file");
+    /* a failure inside the job names the data directory's paths relative to it */
+    write_hf("hf3");
+    snprintf(p, sizeof p, "%s/hf3/config.json", dir);
+    unlink(p);
+    expect_refusal(400, "bad_request", "{\"source\": \"hf3\", \"destination\": \"hf3-nf4\", \"fmt\": \"nf4\"}",
+                   "config.json");
+    assert_int_equal(write_file(p, "{}", 2), 0);
+    snprintf(p, sizeof p, "%s/hf3/model.safetensors", dir);
+    assert_int_equal(write_file(p, "\xff\xff\xff\xff\xff\xff\xff\xff{}", 10), 0);
+    assert_int_equal(convert("/jobs?op=convert", "{\"source\": \"hf3\", \"destination\": \"hf3-nf4\", \"fmt\": \"nf4\"}",
+                             id, sizeof id), 400);
+    struct http r;
+    snprintf(p, sizeof p, "/jobs/%s/result", id);
+    http_do(&srv, "GET", p, NULL, NULL, 0, &r);
+    if (!strstr(r.body, "hf3/model.safetensors"))
+        fail_msg("the bad file is not named: %s", r.body);
+    http_free(&r);
+    assert_false(has_temporary(dir));
+    snprintf(p, sizeof p, "rm -rf %s", outside);
+    assert_int_equal(system(p), 0);
+}
+
+/* POST /convert with the wrong kind of model: what it is and what the format reads, and no
+ * spool file's name. */
+static void convert_route_names_no_server_path(void **state)
+{
+    size_t n;
+    void *model = read_file("tests/checkpoint/fuzz_seeds/small.gguf", &n);
+    assert_non_null(model);
+    struct http r;
+    http_do(&srv, "POST", "/convert?fmt=nf4", raw_h, model, n, &r);
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.body, "is a GGUF file"));
+    assert_no_server_path(r.body);
+    http_free(&r);
+    http_do(&srv, "POST", "/convert?fmt=q4_0", raw_h, "not a model", 11, &r);
+    assert_int_equal(r.status, 400);
+    assert_no_server_path(r.body);
+    http_free(&r);
+    free(model);
+}
+
+/* Spool files a killed quantd left are removed when the next one starts: quantd's own names
+ * only, and not one a live quantd holds (locked). */
+static void stale_spool_files_are_swept_at_start(void **state)
+{
+    char spool[] = "/tmp/quantd-spool-XXXXXX", p[400];
+    assert_non_null(mkdtemp(spool));
+    const char *stale[] = {".quantd-upload-AbC123", ".quantd-converted-xyz789"};
+    const char *kept[] = {".quantd-upload-Held01", ".quantd-upload-toolong1", "notes.quantd-upload-abcdef",
+                          ".quantd-upload-Dir123", "model.gguf"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/%s", spool, stale[i]);
+        assert_int_equal(write_file(p, "x", 1), 0);
+    }
+    int held = -1;
+    for (int i = 0; i < 5; i++) {
+        snprintf(p, sizeof p, "%s/%s", spool, kept[i]);
+        if (i == 3)
+            assert_int_equal(mkdir(p, 0755), 0);
+        else
+            assert_int_equal(write_file(p, "x", 1), 0);
+        if (i == 0) { /* a live quantd's: open and locked */
+            held = open(p, O_RDONLY);
+            assert_int_equal(flock(held, LOCK_EX), 0);
+        }
+    }
+    struct server s;
+    const char *flags[] = {"--data-dir", spool, NULL};
+    server_start(&s, flags);
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/%s", spool, stale[i]);
+        if (access(p, F_OK) == 0)
+            fail_msg("%s was not swept", stale[i]);
+    }
+    for (int i = 0; i < 5; i++) {
+        snprintf(p, sizeof p, "%s/%s", spool, kept[i]);
+        if (access(p, F_OK) != 0)
+            fail_msg("%s was removed", kept[i]);
+    }
+    assert_int_equal(server_stop(&s), 0);
+    close(held);
+    snprintf(p, sizeof p, "rm -rf %s", spool);
+    assert_int_equal(system(p), 0);
+}
+
+/* A GGUF of 16 f32 1024 x 1024 weights (64 MiB): its q4_K conversion takes a while on one
+ * CPU thread. */
+static void write_big_gguf(const char *path)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    const int nt = 16;
+    uint32_t u32;
+    uint64_t u64;
+#define PUT(v) fwrite(&(v), sizeof(v), 1, f)
+    fwrite("GGUF", 1, 4, f);
+    u32 = 3, PUT(u32);
+    u64 = (uint64_t)nt, PUT(u64);
+    u64 = 1, PUT(u64);
+    const char *key = "general.architecture", *arch = "llama";
+    u64 = strlen(key), PUT(u64);
+    fwrite(key, 1, strlen(key), f);
+    u32 = 8, PUT(u32);
+    u64 = strlen(arch), PUT(u64);
+    fwrite(arch, 1, strlen(arch), f);
+    long info = 0;
+    for (int t = 0; t < nt; t++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.ffn_up.weight", t);
+        u64 = strlen(name), PUT(u64);
+        fwrite(name, 1, strlen(name), f);
+        u32 = 2, PUT(u32);
+        u64 = 1024, PUT(u64);
+        PUT(u64);
+        u32 = 0, PUT(u32); /* F32 */
+        u64 = (uint64_t)t << 22, PUT(u64);
+    }
+    info = ftell(f);
+    static const char zeros[32];
+    fwrite(zeros, 1, (size_t)((32 - info % 32) % 32), f);
+#undef PUT
+    float *x = random_f32(1u << 20);
+    for (int t = 0; t < nt; t++)
+        assert_int_equal(fwrite(x, 4, 1u << 20, f), 1u << 20);
+    free(x);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* --drain-timeout is a hard bound: at the deadline the running conversion is cancelled and
+ * the queued ones do not run; the daemon exits (not drained) leaving no temporary, with every
+ * conversion either whole or absent. */
+static void drain_deadline_cancels_conversions(void **state)
+{
+    char d[] = "/tmp/quantd-drain-XXXXXX", p[400];
+    assert_non_null(mkdtemp(d));
+    snprintf(p, sizeof p, "%s/big.gguf", d);
+    write_big_gguf(p);
+    struct server s;
+    const char *flags[] = {"--data-dir", d, "--drain-timeout", "1", "--workers", "1", "--cpu-threads", "1",
+                           "--backend", "cpu", NULL};
+    server_start(&s, flags);
+    const int jobs = 24;
+    char first[64] = "";
+    for (int i = 0; i < jobs; i++) {
+        char body[160];
+        snprintf(body, sizeof body, "{\"source\": \"big.gguf\", \"destination\": \"out%d.gguf\", \"fmt\": \"q4_K\"}", i);
+        struct http r;
+        http_do(&s, "POST", "/jobs?op=convert", json_h, body, strlen(body), &r);
+        assert_int_equal(r.status, 202);
+        if (!i) {
+            cJSON *j = cJSON_ParseWithLength(r.body, r.len);
+            snprintf(first, sizeof first, "/jobs/%s", cJSON_GetStringValue(cJSON_GetObjectItem(j, "id")));
+            cJSON_Delete(j);
+        }
+        http_free(&r);
+    }
+    for (int tries = 0; tries < 1000; tries++) { /* the first is running */
+        struct http r;
+        http_do(&s, "GET", first, NULL, NULL, 0, &r);
+        int running = r.body && strstr(r.body, "\"running\"");
+        http_free(&r);
+        if (running)
+            break;
+        usleep(5000);
+    }
+    int rc = server_stop(&s);
+    assert_int_equal(rc, 1); /* not drained */
+    int whole = 0;
+    for (int i = 0; i < jobs; i++) {
+        snprintf(p, sizeof p, "%s/out%d.gguf", d, i);
+        whole += access(p, F_OK) == 0;
+    }
+    if (whole == jobs)
+        fail_msg("all %d conversions ran to their end past a 1 s drain deadline", jobs);
+    assert_false(has_temporary(d));
+    snprintf(p, sizeof p, "rm -rf %s", d);
+    assert_int_equal(system(p), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(convert_job_writes_what_the_cli_writes),
         cmocka_unit_test(convert_refusals_come_before_the_job),
         cmocka_unit_test(convert_route_answers_the_converted_file),
+        cmocka_unit_test(convert_job_confinement_has_no_gaps),
+        cmocka_unit_test(convert_route_names_no_server_path),
+        cmocka_unit_test(stale_spool_files_are_swept_at_start),
+        cmocka_unit_test(drain_deadline_cancels_conversions),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -33,6 +33,7 @@ struct qd_convert_opts {
     const struct qd_format *f;
     struct qd_params params;
     const char *skip, *only;  /* POSIX extended regexes over tensor names, or NULL */
+    uint64_t max_header_bytes; /* a safetensors file's header (0: safetensors' own 100 MB) */
     const char *recipe;       /* GGUF: a llama-quantize mix (Q4_K_M ...) choosing each tensor's
                                  type, f its default type (qd_convert sets f); NULL: f for all */
     int report_error;         /* NMSE per quantized tensor (costs a dequantize on the CPU) */

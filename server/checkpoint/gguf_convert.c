@@ -278,7 +278,9 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         return -1;
     }
     struct qd_gguf g;
-    if (qd_gguf_parse(in.data, in.size, &g, err, errlen)) {
+    if (qd_gguf_parse(in.data, in.size, &g, o->cancel, err, errlen)) {
+        if (o->cancel && *o->cancel)
+            *status = QD_ECANCELED;
         qd_unmap_file(&in);
         return -1;
     }

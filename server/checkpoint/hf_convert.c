@@ -868,7 +868,7 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
             *status = QD_ENOTFOUND;
             goto done;
         }
-        if (qd_st_parse(sh[k].m.data, sh[k].m.size, sh[k].in_path, &sh[k].st, err, errlen) ||
+        if (qd_st_parse(sh[k].m.data, sh[k].m.size, o->max_header_bytes, sh[k].in_path, &sh[k].st, err, errlen) ||
             plan_shard(o, &sh[k], nf, err, errlen))
             goto done;
         for (int i = 0; i < sh[k].st.n; i++) {

@@ -5,6 +5,7 @@
 #define QD_CONVERT_JOB_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "http/reply.h"
 #include "queue/jobs.h"
@@ -14,8 +15,10 @@ struct qd_convert_request {
     const struct qd_format *f;
     struct qd_params params;
     char *skip, *only;
+    struct qd_name_filter *filter; /* skip and only, compiled once when the request is checked */
     char *recipe;    /* a llama-quantize mix name (GGUF), f then its default type */
     int spooled;     /* POST /convert: src and dst are temporary; the answer is dst's bytes */
+    uint64_t max_header_bytes; /* a safetensors model's header (--max-safetensors-header-bytes) */
 };
 
 /* The JSON body {"source", "destination", "fmt" or "recipe", "params", "skip", "only"} (fmt and

@@ -791,7 +791,8 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
     }
     int dir_in = S_ISDIR(st.st_mode), rc = -1, nshards = 0;
     struct shard *sh = NULL;
-    struct qd_name_filter *nf = qd_name_filter_new(o->skip, o->only, err, errlen);
+    struct qd_name_filter *own_nf = o->filter ? NULL : qd_name_filter_new(o->skip, o->only, err, errlen);
+    const struct qd_name_filter *nf = o->filter ? o->filter : own_nf;
     cJSON *config = NULL, *index = NULL, *qc = NULL;
     char *tmpdir = NULL, **names = NULL;
     struct qd_pipe_pool *pool = NULL;
@@ -1041,6 +1042,6 @@ done:
     cJSON_Delete(qc);
     cJSON_Delete(config);
     cJSON_Delete(index);
-    qd_name_filter_free(nf);
+    qd_name_filter_free(own_nf);
     return rc;
 }

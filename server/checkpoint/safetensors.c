@@ -256,31 +256,83 @@ void qd_st_free(struct qd_st_file *f)
     memset(f, 0, sizeof *f);
 }
 
+/* A JSON string as cJSON prints it ('"', '\\' and the control characters escaped, the rest as
+ * is), so that the header's bytes are the ones a cJSON tree would give. */
+static void put_json_string(FILE *o, const char *s)
+{
+    fputc('"', o);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        static const char short_escape[] = {['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't'};
+        if (*p == '"' || *p == '\\')
+            fprintf(o, "\\%c", *p);
+        else if (*p < 32 && *p < sizeof short_escape && short_escape[*p])
+            fprintf(o, "\\%c", short_escape[*p]);
+        else if (*p < 32)
+            fprintf(o, "\\u%04x", *p);
+        else
+            fputc(*p, o);
+    }
+    fputc('"', o);
+}
+
+/* A count or offset as cJSON prints a number: 15 significant digits when they give it back
+ * (every integer below 10^15 in full), else 17. */
+static void put_json_number(FILE *o, uint64_t v)
+{
+    char b[32];
+    double d = (double)v, back = 0;
+    snprintf(b, sizeof b, "%1.15g", d);
+    if (sscanf(b, "%lg", &back) != 1 || back != d)
+        snprintf(b, sizeof b, "%1.17g", d);
+    fputs(b, o);
+}
+
 uint8_t *qd_st_header(const struct qd_st_out *t, int n, const cJSON *metadata, size_t *len)
 {
-    cJSON *h = cJSON_CreateObject();
-    if (!h)
+    /* written as text, entry by entry: a tree of every tensor would cost ~40x the header */
+    char *text = NULL;
+    size_t tl = 0;
+    FILE *o = open_memstream(&text, &tl);
+    if (!o)
         return NULL;
-    if (metadata)
-        cJSON_AddItemToObject(h, "__metadata__", cJSON_Duplicate(metadata, 1));
+    fputc('{', o);
+    if (metadata) {
+        char *m = cJSON_PrintUnformatted(metadata);
+        if (!m) {
+            fclose(o);
+            free(text);
+            return NULL;
+        }
+        fprintf(o, "\"__metadata__\":%s", m);
+        free(m);
+    }
     uint64_t off = 0;
     for (int i = 0; i < n; i++) {
-        cJSON *x = cJSON_AddObjectToObject(h, t[i].name), *sh = cJSON_CreateArray(), *o = cJSON_CreateArray();
-        cJSON_AddStringToObject(x, "dtype", t[i].dtype);
-        for (int d = 0; d < t[i].ndim; d++)
-            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t[i].shape[d]));
-        cJSON_AddItemToObject(x, "shape", sh);
-        cJSON_AddItemToArray(o, cJSON_CreateNumber((double)off));
-        cJSON_AddItemToArray(o, cJSON_CreateNumber((double)(off + t[i].bytes)));
-        cJSON_AddItemToObject(x, "data_offsets", o);
+        if (i || metadata)
+            fputc(',', o);
+        put_json_string(o, t[i].name);
+        fputs(":{\"dtype\":", o);
+        put_json_string(o, t[i].dtype);
+        fputs(",\"shape\":[", o);
+        for (int d = 0; d < t[i].ndim; d++) {
+            if (d)
+                fputc(',', o);
+            put_json_number(o, (uint64_t)t[i].shape[d]);
+        }
+        fputs("],\"data_offsets\":[", o);
+        put_json_number(o, off);
+        fputc(',', o);
+        put_json_number(o, off + t[i].bytes);
+        fputs("]}", o);
         off += t[i].bytes;
     }
-    char *text = cJSON_PrintUnformatted(h);
-    cJSON_Delete(h);
-    if (!text)
+    fputc('}', o);
+    if (fclose(o)) {
+        free(text);
         return NULL;
+    }
     /* padded with spaces so that the data section, and every 8-byte dtype in it, is aligned */
-    size_t tl = strlen(text), hl = (tl + 7) / 8 * 8;
+    size_t hl = (tl + 7) / 8 * 8;
     uint8_t *out = malloc(8 + hl);
     if (out) {
         for (int i = 0; i < 8; i++)

@@ -40,7 +40,7 @@ int qd_work_decode(struct qd_work *w, const struct qd_req *q, enum qd_body_kind 
 /* A JSON request body read lean (json_body.c): every "data" member whose value is a string (the
  * base64 tensors, nearly all of a body) stays where it is in the text, a cJSON raw node in its
  * place; the rest is parsed by cJSON, at most limit bytes of it (0: QD_JSON_LIMIT_DEFAULT). */
-#define QD_JSON_LIMIT_DEFAULT ((size_t)1 << 20)
+#define QD_JSON_LIMIT_DEFAULT ((size_t)64 << 10)
 struct qd_json_span {
     size_t at, len; /* the string token, quotes included */
     int escapes, nul;
@@ -50,6 +50,7 @@ struct qd_json_body {
     const char *text;
     int n, cap;
     struct qd_json_span *span;
+    size_t parsed;  /* bytes parsed by cJSON */
 };
 /* 0, or -1 with 400 (not a JSON object) or 413 (over the limit) in err. */
 int qd_json_body_parse(struct qd_json_body *b, const char *text, size_t len, size_t limit, struct qd_reply *err);

@@ -3,6 +3,7 @@
  * copied into a cJSON string first, and what cJSON parses (everything else) is bounded, so a
  * body costs its own size plus the decoded tensor, not the ~40x of a whole cJSON tree. */
 #include <cjson/cJSON.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,9 @@
 #define WALK_DEPTH 3
 /* What a "data" member counts against the limit (the string itself does not count). */
 #define DATA_MEMBER_COST 64
+/* A tree built from this much JSON or more is a few MB of small allocations: once freed, their
+ * pages go back to the system instead of staying with the thread's heap. */
+#define TRIM_AFTER_BYTES ((size_t)256 << 10)
 
 struct walk {
     struct qd_json_body *b;
@@ -92,6 +96,7 @@ int qd_json_body_parse(struct qd_json_body *b, const char *text, size_t len, siz
     struct walk w = {.b = b, .limit = limit ? limit : QD_JSON_LIMIT_DEFAULT};
     if (stop && qd_json_skip_ws(stop, end) == end)
         b->root = walk_object(&w, at, stop, 1);
+    b->parsed = w.used;
     if (b->root)
         return 0;
     if (w.too_large)
@@ -127,5 +132,7 @@ void qd_json_body_free(struct qd_json_body *b)
 {
     cJSON_Delete(b->root);
     free(b->span);
+    if (b->parsed >= TRIM_AFTER_BYTES)
+        malloc_trim(0);
     memset(b, 0, sizeof *b);
 }

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../../kernels/cpu/cpu.h"
 #include "queue/backend.h"
@@ -12,6 +13,21 @@
 #include "http/http.h"
 #include "queue/jobs.h"
 #include "service/serve.h"
+
+/* --max-inflight-bytes 0: a quarter of the memory the service may use (its cgroup's limit
+ * when it has one, else the machine's), leaving the rest to answers, kernels and the page cache. */
+static long long inflight_default(void)
+{
+    unsigned long long total = (unsigned long long)sysconf(_SC_PHYS_PAGES) * (unsigned long long)sysconf(_SC_PAGESIZE);
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
+    unsigned long long limit;
+    if (f) {
+        if (fscanf(f, "%llu", &limit) == 1 && limit < total) /* ("max" when unlimited) */
+            total = limit;
+        fclose(f);
+    }
+    return (long long)(total / 4);
+}
 
 int qd_serve_main(int argc, char **argv)
 {
@@ -36,6 +52,9 @@ int qd_serve_main(int argc, char **argv)
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
     if (cfg.cpu_threads)
         qd_cpu_set_threads(cfg.cpu_threads);
+    if (!cfg.max_inflight_bytes)
+        cfg.max_inflight_bytes = inflight_default();
+    qd_hostmem_inflight_init((size_t)cfg.max_inflight_bytes);
 
     struct qd_backend backend;
     if (strcmp(cfg.backend, "cpu")) {
@@ -57,6 +76,7 @@ int qd_serve_main(int argc, char **argv)
     struct qd_jobs_config jc = {
         .workers = cfg.workers ? cfg.workers : backend.default_workers,
         .depth = cfg.queue_depth,
+        .convert_workers = cfg.convert_workers,
         .result_max_bytes = (size_t)cfg.result_max_bytes,
         .result_ttl_s = cfg.result_ttl_s,
         .max_stored = cfg.max_jobs,

@@ -41,6 +41,7 @@ static struct {
     struct qd_backend *backend;
     atomic_int ready, draining, inflight;
     atomic_long slow_bodies; /* connections closed for a body slower than QD_MIN_BODY_RATE */
+    atomic_ulong inflight_refused; /* bodies refused under --max-inflight-bytes */
     char *formats_json;
     int port;
 } S;
@@ -172,6 +173,7 @@ static int body_reserve(struct conn *c, size_t n)
     }
     struct qd_hostmem_inflight s;
     qd_hostmem_inflight(&s);
+    atomic_fetch_add(&S.inflight_refused, 1);
     if (c->reserved + n > s.limit)
         qd_reply_error(&c->reply, 413, "body_too_large", "a body of %zu bytes is over --max-inflight-bytes (%zu), the "
                        "most the service holds at once", c->reserved + n, s.limit);
@@ -575,7 +577,7 @@ static enum MHD_Result metrics_get(struct MHD_Connection *mc, struct conn *c)
     qd_hostmem_inflight(&in);
     struct qd_metrics_gauges g = {
         .inflight_body_bytes = (double)in.bytes, .inflight_body_limit_bytes = (double)in.limit,
-        .inflight_body_refused = in.refused, .convert_queue_depth = js.convert_depth,
+        .inflight_body_refused = atomic_load(&S.inflight_refused), .convert_queue_depth = js.convert_depth,
         .convert_jobs_running = js.convert_running, .convert_workers = js.convert_workers,
         .queue_depth = js.depth, .queue_capacity = js.capacity, .jobs_running = js.running,
         .workers = js.workers, .jobs_stored = js.stored, .jobs_stored_bytes = (double)js.stored_bytes,
@@ -687,10 +689,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
                 cap *= 2;
             if (cap > (size_t)S.config->max_body_bytes)
                 cap = (size_t)S.config->max_body_bytes;
-            if (body_reserve(c, cap - c->reserved)) { /* a chunked body grown past what may be held */
-                body_drop(c);
-                c->discard = 1;
-                return MHD_YES;
+            if (!qd_hostmem_reserve(cap - c->reserved))
+                c->reserved = cap;
+            else { /* doubled, it would pass --max-inflight-bytes: what is left, if the body fits */
+                struct qd_hostmem_inflight held;
+                qd_hostmem_inflight(&held);
+                size_t left = held.limit > held.bytes ? held.limit - held.bytes : 0;
+                cap = c->reserved + left < cap ? c->reserved + left : cap;
+                cap = cap < c->len + n ? c->len + n : cap;
+                if (body_reserve(c, cap - c->reserved)) { /* grown past what may be held */
+                    body_drop(c);
+                    c->discard = 1;
+                    return MHD_YES;
+                }
             }
             char *b = qd_hostmem_grow(c->body, c->len, cap);
             if (!b) {

@@ -116,7 +116,6 @@ void *qd_hostmem_grow(void *p, size_t len, size_t new_cap)
 }
 
 static _Atomic size_t inflight_bytes, inflight_limit = SIZE_MAX;
-static _Atomic unsigned long inflight_refused;
 
 void qd_hostmem_inflight_init(size_t limit_bytes) { inflight_limit = limit_bytes; }
 
@@ -124,10 +123,8 @@ int qd_hostmem_reserve(size_t n)
 {
     size_t have = atomic_load(&inflight_bytes);
     do {
-        if (n > inflight_limit || have > inflight_limit - n) {
-            atomic_fetch_add(&inflight_refused, 1);
+        if (n > inflight_limit || have > inflight_limit - n)
             return -1;
-        }
     } while (!atomic_compare_exchange_weak(&inflight_bytes, &have, have + n));
     return 0;
 }
@@ -138,7 +135,6 @@ void qd_hostmem_inflight(struct qd_hostmem_inflight *s)
 {
     s->bytes = atomic_load(&inflight_bytes);
     s->limit = inflight_limit;
-    s->refused = atomic_load(&inflight_refused);
 }
 
 void qd_hostmem_shutdown(void)

@@ -31,7 +31,6 @@ int qd_hostmem_reserve(size_t n);
 void qd_hostmem_release(size_t n);
 struct qd_hostmem_inflight {
     size_t bytes, limit;
-    unsigned long refused; /* reservations refused */
 };
 void qd_hostmem_inflight(struct qd_hostmem_inflight *s);
 

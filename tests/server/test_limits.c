@@ -229,6 +229,16 @@ static void bodies_in_flight_are_bounded(void **state)
     if (r.status != 200)
         fail_msg("%s", r.body);
     http_free(&r);
+    /* a chunked body whose doubled buffer (4 MiB) would pass the limit, itself under it */
+    char *y = calloc(1, 2500000);
+    assert_non_null(y);
+    http_do(&s, "POST", "/quantize?fmt=int8&dtype=f32&shape=1250,500",
+            (const char *const[]){"Content-Type: application/octet-stream", "Transfer-Encoding: chunked", NULL}, y,
+            2500000, &r);
+    if (r.status != 200)
+        fail_msg("%s", r.body);
+    http_free(&r);
+    free(y);
     http_do(&s, "GET", "/metrics", NULL, NULL, 0, &r);
     assert_non_null(strstr(r.body, "quantd_inflight_body_limit_bytes 3000000\n"));
     assert_non_null(strstr(r.body, "quantd_inflight_body_refused_total 3\n"));

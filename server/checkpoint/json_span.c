@@ -64,7 +64,9 @@ const char *qd_json_value_end(const char *p, const char *end)
 int qd_json_member_next(const char **at, const char *end, struct qd_json_member *m)
 {
     const char *p = *at;
-    if (p < end && *p == '{') { /* the first member, or none */
+    if (!m->index) { /* the first member, or none */
+        if (p >= end || *p != '{')
+            return -1;
         p = qd_json_skip_ws(p + 1, end);
         if (p < end && *p == '}') {
             *at = p + 1;
@@ -98,6 +100,7 @@ int qd_json_member_next(const char **at, const char *end, struct qd_json_member 
         return -1;
     m->value = p;
     m->value_len = (size_t)(v - p);
+    m->index++;
     *at = v;
     return 1;
 }

@@ -21,6 +21,7 @@ const char *qd_json_string_end(const char *p, const char *end, int *escapes, int
 const char *qd_json_value_end(const char *p, const char *end);
 
 struct qd_json_member {
+    int index;                /* members read so far: 0 (zeroed) before the first call */
     const char *key, *value;  /* raw tokens, the key's quotes included */
     size_t key_len, value_len;
     int key_nul;              /* the key holds \u0000 */
@@ -28,8 +29,9 @@ struct qd_json_member {
     int value_escapes, value_nul;
 };
 
-/* The members of an object in turn: *at on its '{' for the first call, then where the last call
- * left it. 1 with the next member in m, 0 at the end (*at after the '}'), -1 when malformed. */
+/* The members of an object in turn: *at on its '{' and m zeroed for the first call, then where
+ * the last call left them. 1 with the next member in m, 0 at the end (*at after the '}'), -1
+ * when malformed. */
 int qd_json_member_next(const char **at, const char *end, struct qd_json_member *m);
 
 /* One value of [p, p + n) parsed by cJSON, which must end exactly there; NULL when it does not

@@ -52,7 +52,7 @@ static int cmp_begin(const void *a, const void *b)
 static int parse_metadata(const struct qd_json_member *m, const char *what, cJSON **out, char *err, size_t errlen)
 {
     const char *at = m->value, *end = m->value + m->value_len;
-    struct qd_json_member pair;
+    struct qd_json_member pair = {0};
     int rc, n = 0;
     if (*at != '{') {
         snprintf(err, errlen, "%s: __metadata__ must map strings to strings", what);
@@ -158,7 +158,7 @@ int qd_st_parse(const uint8_t *buf, size_t len, uint64_t max_header, const char 
     const char *at = qd_json_skip_ws((const char *)buf + 8, (const char *)data), *end = (const char *)data;
     struct qd_st_entry **order = NULL;
     const char **names = NULL;
-    struct qd_json_member m;
+    struct qd_json_member m = {0};
     int rc, cap = 0;
     if (at >= end || *at != '{') {
         snprintf(err, errlen, "%s: the header is not a JSON object", what);

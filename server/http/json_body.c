@@ -59,7 +59,7 @@ static cJSON *data_node(struct walk *w, const struct qd_json_member *m)
 static cJSON *walk_object(struct walk *w, const char *at, const char *end, int depth)
 {
     cJSON *o = cJSON_CreateObject();
-    struct qd_json_member m;
+    struct qd_json_member m = {0};
     int rc;
     if (!o)
         return NULL;

@@ -248,6 +248,8 @@ static void safetensors_names_are_whole_and_unique(void **state)
     st_expect(h, 4, 0, "__metadata__ appears twice");
     snprintf(h, sizeof h, "{%s}x", one);
     st_expect(h, 4, 0, "not a JSON object");
+    snprintf(h, sizeof h, "{%s{\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", one);
+    st_expect(h, 8, 0, "not a JSON object"); /* a second object opened where a ',' belongs */
     snprintf(h, sizeof h, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1x],\"data_offsets\":[0,4]}}");
     st_expect(h, 4, 0, "its entry is not a JSON object");
 }

@@ -183,15 +183,15 @@ test-unit-san: $(TEST_BINS) .venv/ok $(BUILD)/tests/libqdfp.so
 # libFuzzer over the request decoders (query, JSON, base64, safetensors) and the checkpoint
 # readers; FUZZ_SECONDS each.
 FUZZ_SECONDS ?= 20
-FUZZ_SRCS := tests/server/fuzz_decode.c server/http/decode.c server/http/base64.c server/http/safetensors.c \
-             server/checkpoint/safetensors.c \
+FUZZ_SRCS := tests/server/fuzz_decode.c server/http/decode.c server/http/base64.c server/http/safetensors.c server/http/json_body.c \
+             server/checkpoint/safetensors.c server/checkpoint/json_span.c server/checkpoint/names.c \
              server/http/reply.c server/http/encode.c server/queue/hostmem.c $(wildcard kernels/*.c kernels/cpu/*.c)
 $(BUILD)/fuzz/fuzz_decode: $(FUZZ_SRCS)
 	@mkdir -p $(dir $@)
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_SRCS) -lcjson -lm -pthread
 # The checkpoint readers (GGUF, safetensors): one target, both parsers.
-FUZZ_READERS_SRCS := tests/checkpoint/fuzz_readers.c server/checkpoint/gguf.c server/checkpoint/safetensors.c
+FUZZ_READERS_SRCS := tests/checkpoint/fuzz_readers.c server/checkpoint/gguf.c server/checkpoint/safetensors.c server/checkpoint/json_span.c server/checkpoint/names.c
 $(BUILD)/fuzz/fuzz_readers: $(FUZZ_READERS_SRCS) server/checkpoint/gguf.h server/checkpoint/safetensors.h
 	@mkdir -p $(dir $@)
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \

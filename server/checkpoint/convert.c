@@ -1,5 +1,5 @@
-/* The conversion engine's shared parts (convert.h): mapped input, atomic output files, name
- * filters, one tensor through a backend worker, and the dispatch to a target. */
+/* The conversion engine's shared parts (convert.h): mapped input, atomic output files, one tensor
+ * through a backend worker, and the dispatch to a target (name filters: name_filter.c). */
 #include "checkpoint/convert.h"
 #include "checkpoint/pipeline.h"
 
@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <pthread.h>
-#include <regex.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,55 +158,6 @@ void qd_outfile_abort(struct qd_outfile *f)
     free(f->path);
     memset(f, 0, sizeof *f);
     f->fd = -1;
-}
-
-struct qd_name_filter {
-    int has_skip, has_only;
-    regex_t skip, only;
-};
-
-struct qd_name_filter *qd_name_filter_new(const char *skip, const char *only, char *err, size_t errlen)
-{
-    struct qd_name_filter *nf = calloc(1, sizeof *nf);
-    if (!nf) {
-        snprintf(err, errlen, "no memory");
-        return NULL;
-    }
-    const char *re[2] = {skip, only};
-    regex_t *slot[2] = {&nf->skip, &nf->only};
-    int *has[2] = {&nf->has_skip, &nf->has_only};
-    for (int i = 0; i < 2; i++) {
-        if (!re[i])
-            continue;
-        int rc = regcomp(slot[i], re[i], REG_EXTENDED | REG_NOSUB);
-        if (rc) {
-            char msg[128];
-            regerror(rc, slot[i], msg, sizeof msg);
-            snprintf(err, errlen, "--%s '%s': %s", i ? "only" : "skip", re[i], msg);
-            qd_name_filter_free(nf);
-            return NULL;
-        }
-        *has[i] = 1;
-    }
-    return nf;
-}
-
-int qd_name_filter_keeps(const struct qd_name_filter *nf, const char *name)
-{
-    if (nf->has_skip && !regexec(&nf->skip, name, 0, NULL, 0))
-        return 0;
-    return !nf->has_only || !regexec(&nf->only, name, 0, NULL, 0);
-}
-
-void qd_name_filter_free(struct qd_name_filter *nf)
-{
-    if (!nf)
-        return;
-    if (nf->has_skip)
-        regfree(&nf->skip);
-    if (nf->has_only)
-        regfree(&nf->only);
-    free(nf);
 }
 
 enum qd_status qd_convert_quantize(const struct qd_convert_opts *o, const void *src, enum qd_dtype dtype,

@@ -15,6 +15,8 @@ struct qd_gguf_recipe;
 
 enum qd_convert_action { QD_CONVERT_COPY, QD_CONVERT_QUANTIZE, QD_CONVERT_CAST_F16 };
 
+struct qd_name_filter;
+
 /* One tensor's progress, reported after it is written. */
 struct qd_convert_event {
     int index, count;          /* 1-based tensor index, tensors in all */
@@ -35,6 +37,8 @@ struct qd_convert_opts {
     const struct qd_format *f;
     struct qd_params params;
     const char *skip, *only;  /* POSIX extended regexes over tensor names, or NULL */
+    const struct qd_name_filter *filter; /* skip and only compiled already (NULL: compiled here) */
+    uint64_t max_header_bytes; /* a safetensors file's header (0: safetensors' own 100 MB) */
     const char *recipe;       /* GGUF: a llama-quantize mix (Q4_K_M ...) choosing each tensor's
                                  type, f its default type (qd_convert sets f); NULL: f for all */
     int report_error;         /* NMSE per quantized tensor (costs a dequantize on the CPU) */
@@ -184,7 +188,11 @@ void qd_temp_forget(const char *path);
 int qd_temp_rename(const char *tmp, const char *path);
 
 /* Name selection: whether a tensor the target's rule would quantize stays quantized under
- * --skip / --only. */
+ * --skip / --only. Each pattern at most QD_NAME_FILTER_MAX_BYTES long, at most
+ * QD_NAME_FILTER_MAX_SIZE atoms once its repetitions are written out (name_filter.c), without
+ * back-references; NULL with the reason in err otherwise. The filter may be shared by threads. */
+#define QD_NAME_FILTER_MAX_BYTES 256
+#define QD_NAME_FILTER_MAX_SIZE 512
 struct qd_name_filter;
 struct qd_name_filter *qd_name_filter_new(const char *skip, const char *only, char *err, size_t errlen);
 int qd_name_filter_keeps(const struct qd_name_filter *nf, const char *name);

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <limits.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -277,12 +278,10 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
     }
     r->skip = skip ? strdup(skip->valuestring) : NULL;
     r->only = only ? strdup(only->valuestring) : NULL;
-    struct qd_name_filter *nf = qd_name_filter_new(r->skip, r->only, msg, sizeof msg);
-    if (!nf) {
+    if (!(r->filter = qd_name_filter_new(r->skip, r->only, msg, sizeof msg))) {
         qd_reply_error(err, 400, "bad_request", "%s", msg);
         goto bad;
     }
-    qd_name_filter_free(nf);
     const cJSON *overwrite = cJSON_GetObjectItemCaseSensitive(o, "overwrite");
     if (overwrite && !cJSON_IsBool(overwrite)) {
         qd_reply_error(err, 400, "bad_request", "overwrite must be true or false");
@@ -338,6 +337,7 @@ void qd_convert_request_free(struct qd_convert_request *r)
     free(r->dst);
     free(r->skip);
     free(r->only);
+    qd_name_filter_free(r->filter);
     free(r->recipe);
     free(r);
 }
@@ -355,7 +355,8 @@ void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
 {
     const struct qd_convert_request *r = j->convert;
     struct qd_convert_opts o = {.src = r->src, .dst = r->dst, .f = r->f, .params = r->params, .skip = r->skip,
-                                .only = r->only, .recipe = r->recipe, .backend = b, .worker = worker,
+                                .only = r->only, .filter = r->filter, .recipe = r->recipe,
+                                .max_header_bytes = r->max_header_bytes, .backend = b, .worker = worker,
                                 .progress = on_tensor, .progress_ctx = j, .cancel = &j->cancel,
                                 .overwrite = r->overwrite || r->spooled, .root = r->root};
     char why[256];
@@ -366,6 +367,9 @@ void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
     j->started_us = qd_now_us();
     int failed = qd_convert(&o, &s, &st, err, sizeof err);
     qd_convert_unspread(&o);
+    /* a model's headers and plan are many small allocations, freed now: their pages go back
+     * rather than stay with the worker's heap */
+    malloc_trim(0);
     if (failed) {
         scrub_request(r, err, sizeof err);
         qd_metrics_convert(r->f, st == QD_ECANCELED ? "cancelled" : "failed", s.bytes_in,

@@ -5,6 +5,7 @@
 #define QD_CONVERT_JOB_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "http/reply.h"
 #include "queue/jobs.h"
@@ -15,11 +16,13 @@ struct qd_convert_request {
     const struct qd_format *f;
     struct qd_params params;
     char *skip, *only;
+    struct qd_name_filter *filter; /* skip and only, compiled once when the request is checked */
     char *recipe;    /* a llama-quantize mix name (GGUF), f then its default type */
     int overwrite;   /* "overwrite": true: an existing destination may be replaced */
     int spooled;     /* POST /convert: src and dst are temporary; the answer is dst's bytes */
     int spool_fd[2]; /* POST /convert: src's and dst's spool files, held open and locked while
                         they are in use (qd_convert_spool_sweep leaves locked ones) */
+    uint64_t max_header_bytes; /* a safetensors model's header (--max-safetensors-header-bytes) */
 };
 
 /* The JSON body {"source", "destination", "fmt" or "recipe", "params", "skip", "only",

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint/names.h"
+
 /* ggml.c type_traits: name, elements per block, bytes per block (ggml-common.h structs). */
 static const struct qd_ggml_type ggml_types[QD_GGML_TYPE_COUNT] = {
     [0] = {"f32", 1, 4},       [1] = {"f16", 1, 2},        [2] = {"q4_0", 32, 18},
@@ -35,9 +37,20 @@ static const size_t value_size[QD_GGUF_VALUE_TYPE_COUNT] = {1, 1, 2, 2, 4, 4, 4,
 struct reader {
     const uint8_t *buf;
     size_t len, pos;
+    const volatile int *cancel;
     char *err;
     size_t errlen;
 };
+
+/* Long loops (keys, tensors, the strings of an array) look at the cancel flag this often. */
+#define CANCEL_EVERY 4096
+
+static int fail(struct reader *r, const char *fmt, ...);
+
+static int cancelled(struct reader *r, uint64_t i)
+{
+    return i % CANCEL_EVERY == 0 && r->cancel && *r->cancel ? fail(r, "cancelled") : 0;
+}
 
 static int fail(struct reader *r, const char *fmt, ...)
 {
@@ -118,7 +131,7 @@ static int value(struct reader *r, uint32_t t, const char *key, int in_array)
     if (n > (r->len - r->pos) / 8) /* every string takes at least its 8-byte length */
         return fail(r, "key '%s': %" PRIu64 " strings cannot fit in the %zu bytes left", key, n, r->len - r->pos);
     for (uint64_t i = 0; i < n; i++)
-        if (string(r, NULL, UINT64_MAX, "array string"))
+        if (cancelled(r, i) || string(r, NULL, UINT64_MAX, "array string"))
             return -1;
     return 0;
 }
@@ -156,7 +169,9 @@ static int tensor_info(struct reader *r, struct qd_gguf_tensor *t, int64_t index
         uint64_t d = 1;
         if (i < (int)t->n_dims && u64(r, &d, "tensor dim"))
             return -1;
-        if (d > (uint64_t)INT64_MAX || (d && numel > (uint64_t)INT64_MAX / d))
+        if (d == 0) /* (ggml's reader divides by each dimension: it cannot take one) */
+            return fail(r, "tensor '%s': dimension %d is 0 (a tensor holds at least one element)", t->name, i);
+        if (d > (uint64_t)INT64_MAX || numel > (uint64_t)INT64_MAX / d)
             return fail(r, "tensor '%s': dimension %d (%" PRIu64 ") overflows the element count", t->name, i, d);
         t->ne[i] = (int64_t)d;
         numel *= d;
@@ -181,12 +196,22 @@ static int cmp_offset(const void *a, const void *b)
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
-int qd_gguf_parse(const uint8_t *buf, size_t len, struct qd_gguf *g, char *err, size_t errlen)
+/* Names that appear twice (keys, or tensor names): sorted, not compared pairwise. */
+static int no_duplicates(struct reader *r, const char **names, int64_t n, const char *what)
 {
-    struct reader r = {.buf = buf, .len = len, .err = err, .errlen = errlen};
+    const char *dup;
+    qd_names_duplicate(names, (size_t)n, &dup);
+    return dup ? fail(r, "%s '%s' appears twice", what, dup) : 0;
+}
+
+int qd_gguf_parse(const uint8_t *buf, size_t len, struct qd_gguf *g, const volatile int *cancel, char *err,
+                  size_t errlen)
+{
+    struct reader r = {.buf = buf, .len = len, .cancel = cancel, .err = err, .errlen = errlen};
     memset(g, 0, sizeof *g);
     char magic[4] = {0};
     uint64_t n_tensors = 0, n_kv = 0;
+    const char **names = NULL;
     if (take(&r, magic, 4, "magic") || memcmp(magic, "GGUF", 4))
         return len < 4 ? -1 : fail(&r, "not a GGUF file (magic %02x %02x %02x %02x)", (uint8_t)magic[0],
                                    (uint8_t)magic[1], (uint8_t)magic[2], (uint8_t)magic[3]);
@@ -200,11 +225,17 @@ int qd_gguf_parse(const uint8_t *buf, size_t len, struct qd_gguf *g, char *err, 
     /* a key/value takes at least 8 + 4 + 1 bytes, a tensor info at least 8 + 4 + 8 + 4 + 8 */
     if (n_kv > (len - r.pos) / 13 || n_tensors > (len - r.pos) / 32)
         return fail(&r, "%" PRIu64 " key/values and %" PRIu64 " tensors cannot fit in %zu bytes", n_kv, n_tensors, len);
+    if (n_kv > QD_GGUF_MAX_KV || n_tensors > QD_GGUF_MAX_TENSORS)
+        return fail(&r, "%" PRIu64 " key/values and %" PRIu64 " tensors: quantd reads at most %d key/values and %d "
+                    "tensors (a model has tens of keys and up to a few thousand tensors)", n_kv, n_tensors,
+                    QD_GGUF_MAX_KV, QD_GGUF_MAX_TENSORS);
     g->n_kv = (int64_t)n_kv;
     g->n_tensors = (int64_t)n_tensors;
     g->kv = calloc(n_kv ? n_kv : 1, sizeof *g->kv);
     g->tensors = calloc(n_tensors ? n_tensors : 1, sizeof *g->tensors);
-    if (!g->kv || !g->tensors) {
+    names = malloc((size_t)(n_kv > n_tensors ? n_kv : n_tensors ? n_tensors : 1) * sizeof *names);
+    if (!g->kv || !g->tensors || !names) {
+        free(names);
         qd_gguf_free(g);
         return fail(&r, "no memory for %" PRIu64 " key/values and %" PRIu64 " tensors", n_kv, n_tensors);
     }
@@ -212,37 +243,36 @@ int qd_gguf_parse(const uint8_t *buf, size_t len, struct qd_gguf *g, char *err, 
     for (int64_t i = 0; i < g->n_kv; i++) {
         struct qd_gguf_kv *kv = &g->kv[i];
         size_t start = r.pos;
-        if (string(&r, &kv->key, 1 << 16, "key") || u32(&r, &kv->type, "value type"))
+        if (cancelled(&r, (uint64_t)i) || string(&r, &kv->key, 1 << 16, "key") || u32(&r, &kv->type, "value type"))
             goto bad;
         kv->value = buf + r.pos;
         if (value(&r, kv->type, kv->key, 0))
             goto bad;
         kv->entry = buf + start;
         kv->entry_bytes = r.pos - start;
-        for (int64_t j = 0; j < i; j++)
-            if (!strcmp(g->kv[j].key, kv->key)) {
-                fail(&r, "key '%s' appears twice", kv->key);
-                goto bad;
-            }
+        names[i] = kv->key;
         if (!strcmp(kv->key, "general.alignment")) {
-            uint32_t a;
-            memcpy(&a, kv->value, 4);
-            if (kv->type != QD_GGUF_U32 || a == 0 || (a & (a - 1))) {
+            uint32_t a = 0;
+            if (kv->type == QD_GGUF_U32) /* (the type first: a shorter value may end the file) */
+                memcpy(&a, kv->value, 4);
+            if (a == 0 || (a & (a - 1))) {
                 fail(&r, "general.alignment must be a u32 power of two");
                 goto bad;
             }
             g->alignment = a;
         }
     }
+    if (no_duplicates(&r, names, g->n_kv, "key"))
+        goto bad;
     for (int64_t i = 0; i < g->n_tensors; i++) {
-        if (tensor_info(&r, &g->tensors[i], i))
+        if (cancelled(&r, (uint64_t)i) || tensor_info(&r, &g->tensors[i], i))
             goto bad;
-        for (int64_t j = 0; j < i; j++)
-            if (!strcmp(g->tensors[j].name, g->tensors[i].name)) {
-                fail(&r, "tensor '%s' appears twice", g->tensors[i].name);
-                goto bad;
-            }
+        names[i] = g->tensors[i].name;
     }
+    if (no_duplicates(&r, names, g->n_tensors, "tensor"))
+        goto bad;
+    free(names);
+    names = NULL;
     g->data_offset = (r.pos + g->alignment - 1) / g->alignment * g->alignment;
     if (g->n_tensors && g->data_offset > len) {
         fail(&r, "data section at byte %" PRIu64 " starts past the end (%zu bytes)", g->data_offset, len);
@@ -275,6 +305,7 @@ int qd_gguf_parse(const uint8_t *buf, size_t len, struct qd_gguf *g, char *err, 
     free(order);
     return 0;
 bad:
+    free(names);
     qd_gguf_free(g);
     return -1;
 }

@@ -12,6 +12,10 @@
 #define QD_GGUF_DEFAULT_ALIGNMENT 32
 #define QD_GGUF_MAX_DIMS 4
 #define QD_GGUF_MAX_NAME 64 /* ggml's GGML_MAX_NAME, terminator included */
+/* Key/values and tensors a file may list (ggml's reader bounds neither; real models have tens
+ * of keys and up to a few thousand tensors): what a file names is held in memory. */
+#define QD_GGUF_MAX_KV 65536
+#define QD_GGUF_MAX_TENSORS 65536
 
 /* ggml tensor types that GGUF files carry (ggml.h enum ggml_type). */
 enum {
@@ -60,8 +64,10 @@ struct qd_gguf {
 };
 
 /* Parses a whole GGUF file held in buf (its tensors point into buf). 0, or -1 with a message
- * naming the field (and tensor or key) in err. */
-int qd_gguf_parse(const uint8_t *buf, size_t len, struct qd_gguf *g, char *err, size_t errlen);
+ * naming the field (and tensor or key) in err. cancel (NULL: none) nonzero stops it ("cancelled"):
+ * a file's header may be large. */
+int qd_gguf_parse(const uint8_t *buf, size_t len, struct qd_gguf *g, const volatile int *cancel, char *err,
+                  size_t errlen);
 void qd_gguf_free(struct qd_gguf *g);
 
 const struct qd_gguf_kv *qd_gguf_find(const struct qd_gguf *g, const char *key);

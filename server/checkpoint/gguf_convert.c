@@ -278,7 +278,9 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         return -1;
     }
     struct qd_gguf g;
-    if (qd_gguf_parse(in.data, in.size, &g, err, errlen)) {
+    if (qd_gguf_parse(in.data, in.size, &g, o->cancel, err, errlen)) {
+        if (o->cancel && *o->cancel)
+            *status = QD_ECANCELED;
         qd_unmap_file(&in);
         return -1;
     }
@@ -287,7 +289,8 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
     struct plan *plan = calloc((size_t)(n ? n : 1), sizeof *plan);
     const struct qd_gguf_tensor **order = calloc((size_t)(n ? n : 1), sizeof *order);
     const struct qd_gguf_kv **kv = calloc((size_t)(g.n_kv ? g.n_kv : 1), sizeof *kv);
-    struct qd_name_filter *nf = qd_name_filter_new(o->skip, o->only, err, errlen);
+    struct qd_name_filter *own_nf = o->filter ? NULL : qd_name_filter_new(o->skip, o->only, err, errlen);
+    const struct qd_name_filter *nf = o->filter ? o->filter : own_nf;
     uint8_t *meta = NULL;
     struct qd_outfile out = {.fd = -1};
     struct qd_pipe_item *items = NULL;
@@ -433,7 +436,7 @@ done:
     free(items);
     free(pieces);
     s->seconds = qd_pipe_clock_s() - t0;
-    qd_name_filter_free(nf);
+    qd_name_filter_free(own_nf);
     free(meta);
     free(kv);
     free(order);

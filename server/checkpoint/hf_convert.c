@@ -727,7 +727,8 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
     }
     int dir_in = S_ISDIR(st.st_mode), rc = -1, nshards = 0;
     struct shard *sh = NULL;
-    struct qd_name_filter *nf = qd_name_filter_new(o->skip, o->only, err, errlen);
+    struct qd_name_filter *own_nf = o->filter ? NULL : qd_name_filter_new(o->skip, o->only, err, errlen);
+    const struct qd_name_filter *nf = o->filter ? o->filter : own_nf;
     cJSON *config = NULL, *index = NULL, *qc = NULL;
     char *tmpdir = NULL, **names = NULL, *config_text = NULL;
     size_t config_n = 0;
@@ -808,7 +809,7 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
             *status = QD_ENOTFOUND;
             goto done;
         }
-        if (qd_st_parse(sh[k].m.data, sh[k].m.size, sh[k].in_path, &sh[k].st, err, errlen) ||
+        if (qd_st_parse(sh[k].m.data, sh[k].m.size, o->max_header_bytes, sh[k].in_path, &sh[k].st, err, errlen) ||
             plan_shard(o, &sh[k], nf, err, errlen))
             goto done;
         for (int i = 0; i < sh[k].st.n; i++) {
@@ -971,6 +972,6 @@ done:
     cJSON_Delete(config);
     free(config_text);
     cJSON_Delete(index);
-    qd_name_filter_free(nf);
+    qd_name_filter_free(own_nf);
     return rc;
 }

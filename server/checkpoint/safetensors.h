@@ -30,8 +30,11 @@ struct qd_st_file {
 };
 
 /* Parses a whole file held in buf; tensors point into it. 0, or -1 with the tensor or field
- * named in err (prefixed with `what`, e.g. the file name). */
-int qd_st_parse(const uint8_t *buf, size_t len, const char *what, struct qd_st_file *f, char *err, size_t errlen);
+ * named in err (prefixed with `what`, e.g. the file name). The header may take max_header bytes
+ * (0: QD_ST_MAX_HEADER); it is walked entry by entry (checkpoint/json_span.h), so its memory is
+ * the entries', a few times the header, not a JSON tree's. Names are unique and hold no NUL. */
+int qd_st_parse(const uint8_t *buf, size_t len, uint64_t max_header, const char *what, struct qd_st_file *f,
+                char *err, size_t errlen);
 void qd_st_free(struct qd_st_file *f);
 
 /* Bits per element of a safetensors dtype, or 0 if unknown. */

@@ -165,12 +165,10 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
             goto bad;
         }
     }
-    struct qd_name_filter *nf = qd_name_filter_new(r->skip, r->only, msg, sizeof msg);
-    if (!nf) {
+    if (!(r->filter = qd_name_filter_new(r->skip, r->only, msg, sizeof msg))) {
         qd_reply_error(err, 400, "bad_request", "%s", msg);
         goto bad;
     }
-    qd_name_filter_free(nf);
     if (!(u->dir = strdup(spool_dir)) || !(u->path = spool_name(spool_dir, "upload", &u->fd))) {
         qd_reply_error(err, 503, "out_of_memory", "cannot spool the upload: %s", strerror(errno));
         goto bad;

@@ -194,7 +194,7 @@ static int decode_quantize(struct qd_work *w, enum qd_body_kind kind, char *body
                            struct qd_reply *err)
 {
     struct qd_req *q = &w->req;
-    cJSON *j = NULL;
+    struct qd_json_body jb = {0};
     const cJSON *params = NULL;
     int rc = -1;
     if (kind == QD_BODY_SAFETENSORS || kind < 0) {
@@ -208,10 +208,9 @@ static int decode_quantize(struct qd_work *w, enum qd_body_kind kind, char *body
         }
         w->in.data = body;
     } else {
-        if (!(j = cJSON_ParseWithLength(body, len)) || !cJSON_IsObject(j)) {
-            qd_reply_error(err, 400, "bad_json", "the body is not a JSON object");
+        if (qd_json_body_parse(&jb, body, len, (size_t)q->json_limit, err))
             goto done;
-        }
+        const cJSON *j = jb.root;
         const cJSON *dt = cJSON_GetObjectItemCaseSensitive(j, "dtype"),
                     *sh = cJSON_GetObjectItemCaseSensitive(j, "shape"),
                     *data = cJSON_GetObjectItemCaseSensitive(j, "data"),
@@ -237,7 +236,7 @@ static int decode_quantize(struct qd_work *w, enum qd_body_kind kind, char *body
             q->dtype = t, q->has_dtype = 1;
         if (sh)
             q->ndim = nd, memcpy(q->shape, dims, sizeof dims), q->has_shape = 1;
-        if (!q->has_dtype || !q->has_shape || !cJSON_IsString(data)) {
+        if (!q->has_dtype || !q->has_shape || !(cJSON_IsString(data) || cJSON_IsRaw(data))) {
             qd_reply_error(err, 400, "bad_request", "the JSON body needs \"dtype\", \"shape\" and \"data\" (base64)");
             goto done;
         }
@@ -246,7 +245,7 @@ static int decode_quantize(struct qd_work *w, enum qd_body_kind kind, char *body
             goto done;
         }
         int no_mem;
-        if (!(w->in_owned = qd_base64_decode(data->valuestring, strlen(data->valuestring), &len, &no_mem))) {
+        if (!(w->in_owned = qd_json_body_data(&jb, data, &len, &no_mem))) {
             if (no_mem)
                 oom(err);
             else
@@ -279,7 +278,7 @@ static int decode_quantize(struct qd_work *w, enum qd_body_kind kind, char *body
     }
     rc = 0;
 done:
-    cJSON_Delete(j);
+    qd_json_body_free(&jb);
     return rc;
 }
 
@@ -315,7 +314,8 @@ static int decode_dequantize(struct qd_work *w, enum qd_body_kind kind, char *bo
                              struct qd_reply *err)
 {
     struct qd_req *q = &w->req;
-    cJSON *j = NULL, *meta_params = NULL;
+    cJSON *j = NULL, *meta_params = NULL; /* (safetensors: the metadata) */
+    struct qd_json_body jb = {0};
     const cJSON *params = NULL, *tensors = NULL;
     struct qd_st_tensor st[QD_ST_MAX_TENSORS];
     int nst = 0, rc = -1, nd = 0;
@@ -328,7 +328,7 @@ static int decode_dequantize(struct qd_work *w, enum qd_body_kind kind, char *bo
         return -1;
     }
     if (kind == QD_BODY_SAFETENSORS) {
-        if ((nst = qd_safetensors_parse((const unsigned char *)body, len, st, QD_ST_MAX_TENSORS, &j,
+        if ((nst = qd_safetensors_parse((const unsigned char *)body, len, (size_t)q->json_limit, st, QD_ST_MAX_TENSORS, &j,
                                         msg, sizeof msg)) < 0) {
             qd_reply_error(err, 400, "bad_safetensors", "%s", msg);
             goto done;
@@ -355,18 +355,17 @@ static int decode_dequantize(struct qd_work *w, enum qd_body_kind kind, char *bo
             goto done;
         }
     } else {
-        if (!(j = cJSON_ParseWithLength(body, len)) || !cJSON_IsObject(j)) {
-            qd_reply_error(err, 400, "bad_json", "the body is not a JSON object");
+        if (qd_json_body_parse(&jb, body, len, (size_t)q->json_limit, err))
             goto done;
-        }
-        if (json_shape(cJSON_GetObjectItemCaseSensitive(j, "shape"), &nd, dims)) {
+        const cJSON *root = jb.root;
+        if (json_shape(cJSON_GetObjectItemCaseSensitive(root, "shape"), &nd, dims)) {
             qd_reply_error(err, 400, "bad_shape", "\"shape\" must be 1 to %d positive integers", QD_MAX_DIMS);
             goto done;
         }
-        params = cJSON_GetObjectItemCaseSensitive(j, "params");
-        tensors = cJSON_GetObjectItemCaseSensitive(j, "tensors");
-        const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, "fmt"),
-                    *dt = cJSON_GetObjectItemCaseSensitive(j, "dtype");
+        params = cJSON_GetObjectItemCaseSensitive(root, "params");
+        tensors = cJSON_GetObjectItemCaseSensitive(root, "tensors");
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, "fmt"),
+                    *dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
         if ((f && !cJSON_IsString(f)) || !cJSON_IsObject(tensors)) {
             qd_reply_error(err, 400, "bad_request", "the body needs \"fmt\" (string) and \"tensors\" (object)");
             goto done;
@@ -398,18 +397,18 @@ static int decode_dequantize(struct qd_work *w, enum qd_body_kind kind, char *bo
             continue;
         }
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(tensors, name);
-        const char *data = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "data"));
+        const cJSON *data = cJSON_GetObjectItemCaseSensitive(c, "data");
         enum qd_dtype dt;
         int cnd;
         int64_t cdims[QD_MAX_DIMS];
-        if (!data || qd_dtype_parse(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "dtype")), &dt) ||
+        if (!(cJSON_IsString(data) || cJSON_IsRaw(data)) || qd_dtype_parse(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "dtype")), &dt) ||
             json_shape(cJSON_GetObjectItemCaseSensitive(c, "shape"), &cnd, cdims)) {
             qd_reply_error(err, 400, "bad_request", "component %s needs \"dtype\", \"shape\" and \"data\"", name);
             goto done;
         }
         size_t n;
         int no_mem;
-        unsigned char *bytes = qd_base64_decode(data, strlen(data), &n, &no_mem);
+        unsigned char *bytes = qd_json_body_data(&jb, data, &n, &no_mem);
         if (!bytes) {
             if (no_mem)
                 oom(err);
@@ -431,6 +430,7 @@ static int decode_dequantize(struct qd_work *w, enum qd_body_kind kind, char *bo
 done:
     cJSON_Delete(j);
     cJSON_Delete(meta_params);
+    qd_json_body_free(&jb);
     return rc;
 }
 

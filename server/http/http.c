@@ -43,6 +43,7 @@ static struct {
     struct qd_backend *backend;
     atomic_int ready, draining, inflight;
     atomic_long slow_bodies; /* connections closed for a body slower than QD_MIN_BODY_RATE */
+    atomic_ulong inflight_refused; /* bodies refused under --max-inflight-bytes */
     char *formats_json;
     int port;
 } S;
@@ -57,6 +58,7 @@ struct conn {
     size_t bytes_in, bytes_out;
     char *body;
     size_t len, cap;
+    size_t reserved;          /* the body's share of --max-inflight-bytes (its capacity) */
     int discard;              /* body over the limit: read and dropped, then 413 */
     struct qd_req req;
     struct qd_reply reply;    /* an answer decided before or instead of a job */
@@ -161,6 +163,37 @@ static void busy_reply(struct qd_reply *r, const char *what)
 {
     qd_reply_error(r, 503, "queue_full", "%s; retry later", what);
     r->retry_after_s = 1;
+}
+
+/* Reserves n more bytes of --max-inflight-bytes for c's body: 0, or -1 with the answer set (413
+ * for a body that could never fit, else 503 + Retry-After). */
+static int body_reserve(struct conn *c, size_t n)
+{
+    if (!qd_hostmem_reserve(n)) {
+        c->reserved += n;
+        return 0;
+    }
+    struct qd_hostmem_inflight s;
+    qd_hostmem_inflight(&s);
+    atomic_fetch_add(&S.inflight_refused, 1);
+    if (c->reserved + n > s.limit)
+        qd_reply_error(&c->reply, 413, "body_too_large", "a body of %zu bytes is over --max-inflight-bytes (%zu), the "
+                       "most the service holds at once", c->reserved + n, s.limit);
+    else {
+        qd_reply_error(&c->reply, 503, "inflight_limit", "the request bodies held now (%zu bytes) leave no room "
+                       "for %zu more under --max-inflight-bytes (%zu); retry later", s.bytes, n, s.limit);
+        c->reply.retry_after_s = 1;
+    }
+    return -1;
+}
+
+/* Gives c's body back, with its reservation. */
+static void body_drop(struct conn *c)
+{
+    qd_hostmem_put(c->body);
+    c->body = NULL;
+    qd_hostmem_release(c->reserved);
+    c->reserved = 0;
 }
 
 /* ---- routing ----------------------------------------------------------------------------- */
@@ -268,6 +301,7 @@ static void precheck_post(struct MHD_Connection *mc, struct conn *c)
         return;
     }
     c->req.op = c->route == QD_ROUTE_DEQUANTIZE ? QD_OP_DEQUANTIZE : QD_OP_QUANTIZE;
+    c->req.json_limit = S.config->max_json_bytes;
     if (qd_req_from_query(&c->req, q.kv, q.n, c->route == QD_ROUTE_JOBS, &c->reply))
         return;
     const char *accept = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
@@ -310,6 +344,8 @@ static void precheck_post(struct MHD_Connection *mc, struct conn *c)
      * beyond the queue cost no memory */
     if (!c->reply.status && qd_jobs_full())
         busy_reply(&c->reply, "the job queue is full");
+    if (length > 0 && !c->reply.status)
+        body_reserve(c, (size_t)length);
     if (length > 0 && !c->reply.status && !(c->body = qd_hostmem_get((size_t)length)))
         qd_reply_error(&c->reply, 503, "out_of_memory", "no memory for a %lld-byte body", length);
     else if (length > 0)
@@ -435,9 +471,15 @@ static enum MHD_Result start_work(struct MHD_Connection *mc, struct conn *c)
         c->upload = NULL;
         if (!conv)
             return send_reply(mc, c, &c->reply, 1);
+    } else if (c->req.op == QD_OP_CONVERT && c->len > (size_t)S.config->max_json_bytes) {
+        qd_reply_error(&c->reply, 413, "json_too_large", "the convert request takes %zu bytes of JSON, over "
+                       "--max-json-bytes (%lld)", c->len, S.config->max_json_bytes);
+        return send_reply(mc, c, &c->reply, 1);
     } else if (c->req.op == QD_OP_CONVERT && /* checked whole before it is accepted */
                !(conv = qd_convert_request_parse(S.config->data_dir, &c->req, c->body, c->len, &c->reply)))
         return send_reply(mc, c, &c->reply, 1);
+    if (conv)
+        conv->max_header_bytes = (uint64_t)S.config->max_safetensors_header_bytes;
     if (c->route == QD_ROUTE_JOBS && !conv && /* checked before it is accepted, as sync calls are */
         qd_work_precheck(&c->req, (enum qd_body_kind)kind, c->body, c->len, &c->label_f, &c->reply))
         return send_reply(mc, c, &c->reply, 1);
@@ -450,9 +492,13 @@ static enum MHD_Result start_work(struct MHD_Connection *mc, struct conn *c)
     j->convert = conv;
     j->req = c->req;
     j->kind = (enum qd_body_kind)kind;
-    j->body = c->body;
-    j->body_len = c->len;
-    c->body = NULL;
+    if (!conv) { /* (a conversion's JSON is read: it stays with the connection) */
+        j->body = c->body;
+        j->body_len = c->len;
+        j->body_reserved = c->reserved;
+        c->body = NULL;
+        c->reserved = 0;
+    }
     j->received_us = qd_now_us();
     if (c->route == QD_ROUTE_JOBS) {
         enum qd_status s = qd_jobs_store(j);
@@ -529,7 +575,12 @@ static enum MHD_Result metrics_get(struct MHD_Connection *mc, struct conn *c)
     const char *why;
     qd_jobs_stats(&js);
     S.backend->stats(S.backend, &bs);
+    struct qd_hostmem_inflight in;
+    qd_hostmem_inflight(&in);
     struct qd_metrics_gauges g = {
+        .inflight_body_bytes = (double)in.bytes, .inflight_body_limit_bytes = (double)in.limit,
+        .inflight_body_refused = atomic_load(&S.inflight_refused), .convert_queue_depth = js.convert_depth,
+        .convert_jobs_running = js.convert_running, .convert_workers = js.convert_workers,
         .queue_depth = js.depth, .queue_capacity = js.capacity, .jobs_running = js.running,
         .workers = js.workers, .jobs_stored = js.stored, .jobs_stored_bytes = (double)js.stored_bytes,
         .inflight_requests = atomic_load(&S.inflight), .slow_clients_cut = qd_watch_cut_total() + atomic_load(&S.slow_bodies),
@@ -634,8 +685,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             return MHD_YES;
         }
         if (c->len + n > (size_t)S.config->max_body_bytes) {
-            qd_hostmem_put(c->body);
-            c->body = NULL;
+            body_drop(c);
             c->discard = 1;
             qd_reply_error(&c->reply, 413, "body_too_large", "the body is over the limit of %lld bytes",
                            S.config->max_body_bytes);
@@ -647,6 +697,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
                 cap *= 2;
             if (cap > (size_t)S.config->max_body_bytes)
                 cap = (size_t)S.config->max_body_bytes;
+            if (!qd_hostmem_reserve(cap - c->reserved))
+                c->reserved = cap;
+            else { /* doubled, it would pass --max-inflight-bytes: what is left, if the body fits */
+                struct qd_hostmem_inflight held;
+                qd_hostmem_inflight(&held);
+                size_t left = held.limit > held.bytes ? held.limit - held.bytes : 0;
+                cap = c->reserved + left < cap ? c->reserved + left : cap;
+                cap = cap < c->len + n ? c->len + n : cap;
+                if (body_reserve(c, cap - c->reserved)) { /* grown past what may be held */
+                    body_drop(c);
+                    c->discard = 1;
+                    return MHD_YES;
+                }
+            }
             char *b = qd_hostmem_grow(c->body, c->len, cap);
             if (!b) {
                 qd_reply_error(&c->reply, 503, "out_of_memory", "no memory for the body");
@@ -715,7 +779,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
             tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
             ts.tv_nsec / 1000000, c->method, path, status, f ? f->name : "", c->bytes_in,
             c->bytes_out, seconds * 1e3, phases);
-    qd_hostmem_put(c->body);
+    body_drop(c);
     qd_reply_free(&c->reply);
     qd_convert_upload_abort(c->upload); /* a /convert that ended before its job */
     if (c->job)
@@ -804,7 +868,7 @@ int qd_http_drain(int timeout_s)
     struct qd_jobs_stats js;
     for (;;) {
         qd_jobs_stats(&js);
-        if (!atomic_load(&S.inflight) && !js.depth && !js.running)
+        if (!atomic_load(&S.inflight) && !js.depth && !js.running && !js.convert_depth && !js.convert_running)
             return 0;
         if (qd_now_us() > deadline)
             return -1;

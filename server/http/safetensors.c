@@ -27,13 +27,13 @@ static int st_dtype_parse(const char *s, enum qd_dtype *t)
     return -1;
 }
 
-int qd_safetensors_parse(const unsigned char *buf, size_t len, struct qd_st_tensor *t, int max,
+int qd_safetensors_parse(const unsigned char *buf, size_t len, size_t max_header, struct qd_st_tensor *t, int max,
                          cJSON **metadata, char *err, size_t errlen)
 {
     /* the checkpoint reader's validation, then what a request body may hold */
     struct qd_st_file f;
     *metadata = NULL;
-    if (qd_st_parse(buf, len, "safetensors body", &f, err, errlen))
+    if (qd_st_parse(buf, len, max_header ? max_header : QD_JSON_LIMIT_DEFAULT, "safetensors body", &f, err, errlen))
         return -1;
     if (f.n > max) {
         snprintf(err, errlen, "safetensors body holds more than %d tensors", max);

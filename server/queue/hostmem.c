@@ -4,6 +4,7 @@
 #include "queue/hostmem.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,6 +113,28 @@ void *qd_hostmem_grow(void *p, size_t len, size_t new_cap)
     memcpy(q, p, len);
     qd_hostmem_put(p);
     return q;
+}
+
+static _Atomic size_t inflight_bytes, inflight_limit = SIZE_MAX;
+
+void qd_hostmem_inflight_init(size_t limit_bytes) { inflight_limit = limit_bytes; }
+
+int qd_hostmem_reserve(size_t n)
+{
+    size_t have = atomic_load(&inflight_bytes);
+    do {
+        if (n > inflight_limit || have > inflight_limit - n)
+            return -1;
+    } while (!atomic_compare_exchange_weak(&inflight_bytes, &have, have + n));
+    return 0;
+}
+
+void qd_hostmem_release(size_t n) { atomic_fetch_sub(&inflight_bytes, n); }
+
+void qd_hostmem_inflight(struct qd_hostmem_inflight *s)
+{
+    s->bytes = atomic_load(&inflight_bytes);
+    s->limit = inflight_limit;
 }
 
 void qd_hostmem_shutdown(void)

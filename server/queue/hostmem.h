@@ -22,6 +22,18 @@ void *qd_hostmem_grow(void *p, size_t len, size_t new_cap);
 /* memcpy for a large body arriving in pieces, written with streaming stores where the CPU has
  * them. */
 void qd_hostmem_append(void *dst, const void *src, size_t n);
+/* Bodies in flight (--max-inflight-bytes): bytes reserved for request bodies from the moment a
+ * body is announced (its Content-Length, or each growth of a chunked one) until its buffer is
+ * given back, whether it is being received, queued or decoded. reserve: 0, or -1 when n more
+ * would pass the limit (nothing reserved then). */
+void qd_hostmem_inflight_init(size_t limit_bytes);
+int qd_hostmem_reserve(size_t n);
+void qd_hostmem_release(size_t n);
+struct qd_hostmem_inflight {
+    size_t bytes, limit;
+};
+void qd_hostmem_inflight(struct qd_hostmem_inflight *s);
+
 /* Frees the pool's idle buffers (at exit). */
 void qd_hostmem_shutdown(void);
 

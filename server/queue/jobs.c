@@ -1,5 +1,7 @@
-/* Job queue, workers and the async store (see jobs.h). One mutex guards the FIFO and another
- * the store; workers hold neither while they run a job. */
+/* Job queue, workers and the async store (see jobs.h). Two pools, each a FIFO and its workers:
+ * one for /quantize and /dequantize, one for conversions, so that a model being read and
+ * converted (seconds to hours) never holds a worker a small request waits for. One mutex
+ * guards both FIFOs and another the store; workers hold neither while they run a job. */
 #include "queue/jobs.h"
 
 #include <pthread.h>
@@ -33,15 +35,26 @@ struct qd_job *qd_job_new(void)
 
 void qd_job_ref(struct qd_job *j) { atomic_fetch_add(&j->refs, 1); }
 
+/* The body's buffer and its share of --max-inflight-bytes go back together. */
+static void body_free(struct qd_job *j)
+{
+    qd_hostmem_put(j->body);
+    j->body = NULL;
+    qd_hostmem_release(j->body_reserved);
+    j->body_reserved = 0;
+}
+
 void qd_job_unref(struct qd_job *j)
 {
     if (j && atomic_fetch_sub(&j->refs, 1) == 1) {
-        qd_hostmem_put(j->body);
+        body_free(j);
         qd_reply_free(&j->reply);
         qd_convert_request_free(j->convert);
         free(j);
     }
 }
+
+struct pool;
 
 struct worker {
     pthread_t thread;
@@ -49,16 +62,24 @@ struct worker {
     char name[32];
     int started;
     struct qd_job *current; /* the job it runs (under q.lock), for qd_jobs_cancel_all */
+    struct pool *pool;
+};
+
+/* A FIFO and the workers that take from it. */
+struct pool {
+    pthread_cond_t nonempty; /* a job was queued, or stop: wakes a worker */
+    struct qd_job **ring;
+    int head, count, capacity, running;
+    struct worker *workers;
+    int nworkers, usable; /* usable: workers not retired for a lost device */
+    int nice;             /* the workers' priority below the HTTP threads */
 };
 
 static struct {
     pthread_mutex_t lock;
-    pthread_cond_t nonempty; /* a job was queued, or stop: wakes a worker */
     pthread_cond_t idle;     /* a job finished: wakes qd_jobs_drain (not the idle workers) */
-    struct qd_job **ring;
-    int head, count, capacity, running, draining, stopping;
-    struct worker *workers;
-    int nworkers, usable; /* usable: workers not retired for a lost device */
+    struct pool main, convert;
+    int draining, stopping;
     struct qd_backend *backend;
     struct qd_jobs_config config;
     /* async store */
@@ -66,7 +87,9 @@ static struct {
     struct qd_job *stored;
     int nstored;
     size_t stored_bytes;
-} q = {.lock = PTHREAD_MUTEX_INITIALIZER, .nonempty = PTHREAD_COND_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER,
+} q = {.lock = PTHREAD_MUTEX_INITIALIZER, .idle = PTHREAD_COND_INITIALIZER,
+       .main = {.nonempty = PTHREAD_COND_INITIALIZER, .nice = 5},
+       .convert = {.nonempty = PTHREAD_COND_INITIALIZER, .nice = 10},
        .store_lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Decode, run and encode one job on worker wk; the answer (or error) lands in j->reply. */
@@ -100,8 +123,7 @@ static void job_execute(struct worker *wk, struct qd_job *j)
     }
     j->timing = w.t;
     qd_work_free(&w);
-    qd_hostmem_put(j->body);
-    j->body = NULL;
+    body_free(j);
     qd_metrics_device_job(wk->name, (qd_now_us() - start) / 1e6);
 }
 
@@ -110,31 +132,33 @@ static void store_finished(struct qd_job *j);
 static void *worker_main(void *arg)
 {
     struct worker *wk = arg;
-    /* below the HTTP threads: when the cores are saturated, receiving requests, answering them
-     * and the probes go first, the kernels take what is left (Linux: per thread; the kernels'
-     * own threads inherit it). Failing leaves the default. */
-    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 5);
+    struct pool *p = wk->pool;
+    /* below the HTTP threads (and conversions below the small requests' workers): when the
+     * cores are saturated, receiving requests, answering them and the probes go first, the
+     * kernels take what is left (Linux: per thread; the kernels' own threads inherit it).
+     * Failing leaves the default. */
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), p->nice);
     for (;;) {
         pthread_mutex_lock(&q.lock);
-        while (!q.count && !q.stopping)
-            pthread_cond_wait(&q.nonempty, &q.lock);
-        if (!q.count) { /* stopping and nothing left */
+        while (!p->count && !q.stopping)
+            pthread_cond_wait(&p->nonempty, &q.lock);
+        if (!p->count) { /* stopping and nothing left */
             pthread_mutex_unlock(&q.lock);
             return NULL;
         }
         /* a worker whose device is lost leaves the jobs to the others; the last one stays and
          * answers each job with the device's error, so that none waits forever */
-        if (q.backend->worker_usable && !q.backend->worker_usable(wk->ctx) && q.usable > 1) {
-            q.usable--;
-            fprintf(stderr, "quantd: worker %s retires (its device is lost); %d left\n", wk->name, q.usable);
-            pthread_cond_signal(&q.nonempty); /* the job it was woken for goes to another */
+        if (q.backend->worker_usable && !q.backend->worker_usable(wk->ctx) && p->usable > 1) {
+            p->usable--;
+            fprintf(stderr, "quantd: worker %s retires (its device is lost); %d left\n", wk->name, p->usable);
+            pthread_cond_signal(&p->nonempty); /* the job it was woken for goes to another */
             pthread_mutex_unlock(&q.lock);
             return NULL;
         }
-        struct qd_job *j = q.ring[q.head];
-        q.head = (q.head + 1) % q.capacity;
-        q.count--;
-        q.running++;
+        struct qd_job *j = p->ring[p->head];
+        p->head = (p->head + 1) % p->capacity;
+        p->count--;
+        p->running++;
         wk->current = j;
         pthread_mutex_unlock(&q.lock);
 
@@ -149,7 +173,7 @@ static void *worker_main(void *arg)
         /* no longer running before the answer goes out, so that a job is never counted both
          * as running and as answered */
         pthread_mutex_lock(&q.lock);
-        q.running--;
+        p->running--;
         wk->current = NULL;
         pthread_cond_broadcast(&q.idle);
         pthread_mutex_unlock(&q.lock);
@@ -159,33 +183,52 @@ static void *worker_main(void *arg)
     }
 }
 
-int qd_jobs_start(const struct qd_jobs_config *c, struct qd_backend *b, char *err, size_t errlen)
+/* Opens n workers of p (backend worker index i for the i-th) with a FIFO of depth jobs; 0 when
+ * at least one started. */
+static int pool_start(struct pool *p, int n, int depth, char *err, size_t errlen)
 {
-    q.config = *c;
-    q.backend = b;
-    q.capacity = c->depth;
-    q.ring = calloc((size_t)c->depth, sizeof *q.ring);
-    q.workers = calloc((size_t)c->workers, sizeof *q.workers);
-    if (!q.ring || !q.workers) {
+    p->capacity = depth;
+    p->ring = calloc((size_t)depth, sizeof *p->ring);
+    p->workers = calloc((size_t)n, sizeof *p->workers);
+    if (!p->ring || !p->workers) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    for (int i = 0; i < c->workers; i++) {
-        struct worker *wk = &q.workers[i];
-        if (!(wk->ctx = b->worker_open(b, i, wk->name, sizeof wk->name, err, errlen)))
+    for (int i = 0; i < n; i++) {
+        struct worker *wk = &p->workers[i];
+        wk->pool = p;
+        if (!(wk->ctx = q.backend->worker_open(q.backend, i, wk->name, sizeof wk->name, err, errlen)))
             break;
         if (pthread_create(&wk->thread, NULL, worker_main, wk)) {
-            b->worker_close(wk->ctx);
+            q.backend->worker_close(wk->ctx);
             snprintf(err, errlen, "cannot start worker thread %d", i);
             break;
         }
         wk->started = 1;
         pthread_mutex_lock(&q.lock); /* the workers read usable under the lock */
-        q.nworkers++;
-        q.usable++;
+        p->nworkers++;
+        p->usable++;
         pthread_mutex_unlock(&q.lock);
     }
-    return q.nworkers ? 0 : -1;
+    return p->nworkers ? 0 : -1;
+}
+
+int qd_jobs_start(const struct qd_jobs_config *c, struct qd_backend *b, char *err, size_t errlen)
+{
+    q.config = *c;
+    q.backend = b;
+    if (pool_start(&q.main, c->workers, c->depth, err, errlen))
+        return -1;
+    /* without conversion workers (none would open), conversions queue with the others */
+    if (c->convert_workers > 0 && pool_start(&q.convert, c->convert_workers, c->depth, err, errlen))
+        fprintf(stderr, "quantd: no conversion worker could start (%s); conversions share the workers\n", err);
+    return 0;
+}
+
+/* The pool a job goes to. */
+static struct pool *pool_of(const struct qd_job *j)
+{
+    return j->req.op == QD_OP_CONVERT && q.convert.nworkers ? &q.convert : &q.main;
 }
 
 /* Bodies up to this run on the HTTP thread when a worker is idle: at most a millisecond or two
@@ -194,43 +237,45 @@ int qd_jobs_start(const struct qd_jobs_config *c, struct qd_backend *b, char *er
 
 int qd_jobs_run_here(struct qd_job *j)
 {
-    if (!q.nworkers || strcmp(q.backend->kind, "cpu") || j->body_len > QD_RUN_HERE_MAX_BYTES ||
+    struct pool *p = &q.main;
+    if (!p->nworkers || strcmp(q.backend->kind, "cpu") || j->body_len > QD_RUN_HERE_MAX_BYTES ||
         (j->req.op != QD_OP_QUANTIZE && j->req.op != QD_OP_DEQUANTIZE))
         return 0;
     pthread_mutex_lock(&q.lock);
-    int idle = !q.draining && !q.count && q.running < q.nworkers;
+    int idle = !q.draining && !p->count && p->running < p->nworkers;
     if (idle)
-        q.running++;
+        p->running++;
     pthread_mutex_unlock(&q.lock);
     if (!idle)
         return 0;
     j->enqueued_us = qd_now_us();
     atomic_store(&j->state, QD_JOB_RUNNING);
-    job_execute(&q.workers[0], j); /* the CPU backend's workers share one stateless context */
+    job_execute(&p->workers[0], j); /* the CPU backend's workers share one stateless context */
     j->done_us = qd_now_us();
     atomic_store(&j->state, QD_JOB_DONE);
     pthread_mutex_lock(&q.lock);
-    q.running--;
+    p->running--;
     pthread_cond_broadcast(&q.idle);
     pthread_mutex_unlock(&q.lock);
     return 1;
 }
 
-const char *qd_jobs_backend_name(void) { return q.nworkers ? q.workers[0].name : "none"; }
+const char *qd_jobs_backend_name(void) { return q.main.nworkers ? q.main.workers[0].name : "none"; }
 
 enum qd_status qd_jobs_submit(struct qd_job *j)
 {
+    struct pool *p = pool_of(j);
     pthread_mutex_lock(&q.lock);
-    if (q.draining || q.count == q.capacity) {
+    if (q.draining || p->count == p->capacity) {
         pthread_mutex_unlock(&q.lock);
         return QD_EBUSY;
     }
     qd_job_ref(j);
     j->enqueued_us = qd_now_us();
     atomic_store(&j->state, QD_JOB_QUEUED);
-    q.ring[(q.head + q.count) % q.capacity] = j;
-    q.count++;
-    pthread_cond_signal(&q.nonempty);
+    p->ring[(p->head + p->count) % p->capacity] = j;
+    p->count++;
+    pthread_cond_signal(&p->nonempty);
     pthread_mutex_unlock(&q.lock);
     return QD_OK;
 }
@@ -238,29 +283,39 @@ enum qd_status qd_jobs_submit(struct qd_job *j)
 int qd_jobs_full(void)
 {
     pthread_mutex_lock(&q.lock);
-    int full = q.draining || q.count >= q.capacity;
+    int full = q.draining || q.main.count >= q.main.capacity;
     pthread_mutex_unlock(&q.lock);
     return full;
 }
+
+/* (q.lock held) */
+static int pools_busy(void) { return q.main.count || q.main.running || q.convert.count || q.convert.running; }
 
 void qd_jobs_drain(void)
 {
     pthread_mutex_lock(&q.lock);
     q.draining = 1;
-    while (q.count || q.running)
+    while (pools_busy())
         pthread_cond_wait(&q.idle, &q.lock);
     pthread_mutex_unlock(&q.lock);
+}
+
+/* Marks every queued and running job of p cancelled (q.lock held). */
+static void pool_cancel(struct pool *p)
+{
+    for (int i = 0; i < p->count; i++) /* (still run: each answers its client, cancelled) */
+        p->ring[(p->head + i) % p->capacity]->cancel = 1;
+    for (int i = 0; i < p->nworkers; i++)
+        if (p->workers[i].current)
+            p->workers[i].current->cancel = 1;
 }
 
 int qd_jobs_cancel_all(int timeout_ms)
 {
     pthread_mutex_lock(&q.lock);
     q.draining = 1;
-    for (int i = 0; i < q.count; i++) /* (still run: each answers its client, cancelled) */
-        q.ring[(q.head + i) % q.capacity]->cancel = 1;
-    for (int i = 0; i < q.nworkers; i++)
-        if (q.workers[i].current)
-            q.workers[i].current->cancel = 1;
+    pool_cancel(&q.main);
+    pool_cancel(&q.convert);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += timeout_ms / 1000;
@@ -268,24 +323,36 @@ int qd_jobs_cancel_all(int timeout_ms)
     if (until.tv_nsec >= 1000000000L)
         until.tv_sec++, until.tv_nsec -= 1000000000L;
     int rc = 0;
-    while ((q.count || q.running) && rc == 0)
+    while (pools_busy() && rc == 0)
         rc = pthread_cond_timedwait(&q.idle, &q.lock, &until);
-    int busy = q.count || q.running;
+    int busy = pools_busy();
     pthread_mutex_unlock(&q.lock);
     return busy ? -1 : 0;
+}
+
+static void pool_stop(struct pool *p)
+{
+    for (int i = 0; i < p->nworkers; i++)
+        if (p->workers[i].started) {
+            pthread_join(p->workers[i].thread, NULL);
+            q.backend->worker_close(p->workers[i].ctx);
+        }
+    free(p->ring);
+    free(p->workers);
+    p->ring = NULL;
+    p->workers = NULL;
+    p->nworkers = 0;
 }
 
 void qd_jobs_stop(void)
 {
     pthread_mutex_lock(&q.lock);
     q.draining = q.stopping = 1;
-    pthread_cond_broadcast(&q.nonempty);
+    pthread_cond_broadcast(&q.main.nonempty);
+    pthread_cond_broadcast(&q.convert.nonempty);
     pthread_mutex_unlock(&q.lock);
-    for (int i = 0; i < q.nworkers; i++)
-        if (q.workers[i].started) {
-            pthread_join(q.workers[i].thread, NULL);
-            q.backend->worker_close(q.workers[i].ctx);
-        }
+    pool_stop(&q.main);
+    pool_stop(&q.convert);
     pthread_mutex_lock(&q.store_lock);
     while (q.stored) {
         struct qd_job *j = q.stored;
@@ -293,20 +360,18 @@ void qd_jobs_stop(void)
         qd_job_unref(j);
     }
     pthread_mutex_unlock(&q.store_lock);
-    free(q.ring);
-    free(q.workers);
-    q.ring = NULL;
-    q.workers = NULL;
-    q.nworkers = 0;
 }
 
 void qd_jobs_stats(struct qd_jobs_stats *s)
 {
     pthread_mutex_lock(&q.lock);
-    s->depth = q.count;
-    s->capacity = q.capacity;
-    s->running = q.running;
-    s->workers = q.nworkers;
+    s->depth = q.main.count;
+    s->capacity = q.main.capacity;
+    s->running = q.main.running;
+    s->workers = q.main.nworkers;
+    s->convert_depth = q.convert.count;
+    s->convert_running = q.convert.running;
+    s->convert_workers = q.convert.nworkers;
     pthread_mutex_unlock(&q.lock);
     pthread_mutex_lock(&q.store_lock);
     s->stored = q.nstored;

@@ -23,6 +23,7 @@ struct qd_job {
     enum qd_body_kind kind;
     char *body;                /* malloc'd request body, freed once the job ran */
     size_t body_len;
+    size_t body_reserved;      /* its share of --max-inflight-bytes, given back with it */
     double received_us;        /* monotonic, when the body was complete */
     double enqueued_us;
     struct qd_reply reply;     /* the answer, set by the worker */
@@ -51,6 +52,7 @@ void qd_job_unref(struct qd_job *j);
 
 struct qd_jobs_config {
     int workers, depth;
+    int convert_workers;     /* a pool of their own for conversions (0: with the others) */
     size_t result_max_bytes; /* async results kept, all together */
     int result_ttl_s;
     int max_stored;          /* async jobs known at once */
@@ -58,14 +60,15 @@ struct qd_jobs_config {
 
 /* Starts the workers on backend b; -1 with err when no worker could open. */
 int qd_jobs_start(const struct qd_jobs_config *c, struct qd_backend *b, char *err, size_t errlen);
-/* Enqueues j (takes a reference): QD_EBUSY when the queue is full or draining. */
+/* Enqueues j (takes a reference) on its pool (conversions on theirs): QD_EBUSY when that queue
+ * is full or draining. */
 enum qd_status qd_jobs_submit(struct qd_job *j);
 /* Runs a small synchronous job on the calling (HTTP) thread when a worker would take it at
  * once anyway: CPU backend, nothing queued, a worker idle. It counts as a running job (the
  * workers' limit, drain and stats see it). 1 when run (j->reply holds the answer), else 0:
  * submit it. Saves the handoff to a worker and back, most of a small request's latency. */
 int qd_jobs_run_here(struct qd_job *j);
-/* Whether the queue is full now (a new job would get QD_EBUSY). */
+/* Whether the queue of /quantize and /dequantize is full now (a new job would get QD_EBUSY). */
 int qd_jobs_full(void);
 /* Stops taking jobs, lets the workers finish every queued one, joins them. */
 void qd_jobs_drain(void);
@@ -77,8 +80,9 @@ void qd_jobs_stop(void);
 int qd_jobs_cancel_all(int timeout_ms);
 
 struct qd_jobs_stats {
-    int depth, capacity, running, workers, stored;
+    int depth, capacity, running, workers, stored; /* the queue of /quantize and /dequantize */
     size_t stored_bytes;
+    int convert_depth, convert_running, convert_workers; /* the conversions' pool */
 };
 void qd_jobs_stats(struct qd_jobs_stats *s);
 const char *qd_jobs_backend_name(void); /* first worker's name, "cpu" or "cuda:0" */

@@ -29,6 +29,8 @@ struct qd_req {
     int nparams;
     char param_key[QD_REQ_MAX_PARAMS][32];
     char param_value[QD_REQ_MAX_PARAMS][64];
+    long long json_limit;      /* --max-json-bytes: a JSON body apart from its base64 data, and a
+                                  safetensors body's header (0: QD_JSON_LIMIT_DEFAULT) */
 };
 
 struct qd_timing {

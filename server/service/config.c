@@ -33,6 +33,10 @@ static const struct option options[] = {
     {"--max-convert-bytes", "QUANTD_MAX_CONVERT_BYTES", "1099511627776", "largest model body of POST /convert (413 beyond; spooled to --data-dir or TMPDIR, not held in memory)", SIZE, F(max_convert_bytes), 1, 1LL << 50},
     {"--conn-timeout", "QUANTD_CONN_TIMEOUT", "60", "seconds a connection may send or read nothing before it is closed (a slow or stuck client)", INT, F(conn_timeout_s), 1, 1 << 20},
     {"--max-header-bytes", "QUANTD_MAX_HEADER_BYTES", "16384", "request headers in all (431 beyond)", INT, F(max_header_bytes), 1024, 1 << 20},
+    {"--max-json-bytes", "QUANTD_MAX_JSON_BYTES", "65536", "JSON of a request body apart from its base64 \"data\" strings, and a safetensors body's header (413 / 400 beyond)", SIZE, F(max_json_bytes), 1024, 1LL << 30},
+    {"--max-safetensors-header-bytes", "QUANTD_MAX_SAFETENSORS_HEADER_BYTES", "16777216", "header of a safetensors model that is converted (400 beyond)", SIZE, F(max_safetensors_header_bytes), 1024, 100000000},
+    {"--max-inflight-bytes", "QUANTD_MAX_INFLIGHT_BYTES", "0", "request bodies held in memory at once, received, queued or running (503 beyond; 0: a quarter of the memory)", SIZE, F(max_inflight_bytes), 0, 1LL << 50},
+    {"--convert-workers", "QUANTD_CONVERT_WORKERS", "1", "threads that run conversions, apart from the workers of /quantize and /dequantize", INT, F(convert_workers), 1, 64},
     {"--pinned-bytes", "QUANTD_PINNED_BYTES", "2147483648", "page-locked host memory for bodies and results (CUDA backend)", SIZE, F(pinned_bytes), 0, 1LL << 42},
 };
 #define NOPTIONS (int)(sizeof options / sizeof options[0])

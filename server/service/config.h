@@ -25,6 +25,10 @@ struct qd_serve_config {
     long long max_convert_bytes; /* POST /convert's model body */
     int conn_timeout_s;      /* a connection idle this long is closed */
     int max_header_bytes;    /* request line and headers together (431 beyond) */
+    long long max_json_bytes;  /* a JSON body apart from its base64 data (413 beyond) */
+    long long max_safetensors_header_bytes; /* a converted safetensors model's header */
+    long long max_inflight_bytes; /* request bodies held at once (503 beyond); 0: a quarter of memory */
+    int convert_workers;     /* threads that run conversions, apart from the queue's workers */
 };
 
 /* Defaults, then the environment, then argv. Returns 0, 1 after printing --help, or -1 with err. */

@@ -202,6 +202,20 @@ char *qd_metrics_render(const struct qd_metrics_gauges *g, size_t *len)
                "# TYPE quantd_slow_clients_cut_total counter\nquantd_slow_clients_cut_total %ld\n",
             g->queue_depth, g->queue_capacity, g->jobs_running, g->workers, g->jobs_stored,
             g->jobs_stored_bytes, g->inflight_requests, g->slow_clients_cut);
+    fprintf(o, "# HELP quantd_inflight_body_bytes Request body bytes held now (received, queued or decoded).\n"
+               "# TYPE quantd_inflight_body_bytes gauge\nquantd_inflight_body_bytes %.0f\n"
+               "# HELP quantd_inflight_body_limit_bytes The most body bytes held at once (--max-inflight-bytes).\n"
+               "# TYPE quantd_inflight_body_limit_bytes gauge\nquantd_inflight_body_limit_bytes %.0f\n"
+               "# HELP quantd_inflight_body_refused_total Bodies refused (503, or 413 for one over the limit) to stay under it.\n"
+               "# TYPE quantd_inflight_body_refused_total counter\nquantd_inflight_body_refused_total %lu\n"
+               "# HELP quantd_convert_queue_depth Conversions waiting for a conversion worker.\n"
+               "# TYPE quantd_convert_queue_depth gauge\nquantd_convert_queue_depth %d\n"
+               "# HELP quantd_convert_jobs_running Conversions on a conversion worker now.\n"
+               "# TYPE quantd_convert_jobs_running gauge\nquantd_convert_jobs_running %d\n"
+               "# HELP quantd_convert_workers Conversion worker threads (--convert-workers).\n"
+               "# TYPE quantd_convert_workers gauge\nquantd_convert_workers %d\n",
+            g->inflight_body_bytes, g->inflight_body_limit_bytes, g->inflight_body_refused, g->convert_queue_depth,
+            g->convert_jobs_running, g->convert_workers);
     fprintf(o, "# HELP quantd_backend_info The backend serving requests.\n"
                "# TYPE quantd_backend_info gauge\n"
                "quantd_backend_info{backend=\"%s\",device=\"%s\",version=\"%s\"} 1\n"

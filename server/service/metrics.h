@@ -35,6 +35,9 @@ struct qd_metrics_gauges {
     const int *device_healthy;          /* per GPU slot (devices of them) */
     const char (*device_name)[16];
     double device_memory_used_bytes;
+    double inflight_body_bytes, inflight_body_limit_bytes; /* --max-inflight-bytes */
+    unsigned long inflight_body_refused;
+    int convert_queue_depth, convert_jobs_running, convert_workers;
 };
 
 /* The exposition text (malloc'd). */

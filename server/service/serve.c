@@ -16,6 +16,21 @@
 #include "queue/jobs.h"
 #include "service/serve.h"
 
+/* --max-inflight-bytes 0: a quarter of the memory the service may use (its cgroup's limit
+ * when it has one, else the machine's), leaving the rest to answers, kernels and the page cache. */
+static long long inflight_default(void)
+{
+    unsigned long long total = (unsigned long long)sysconf(_SC_PHYS_PAGES) * (unsigned long long)sysconf(_SC_PAGESIZE);
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
+    unsigned long long limit;
+    if (f) {
+        if (fscanf(f, "%llu", &limit) == 1 && limit < total) /* ("max" when unlimited) */
+            total = limit;
+        fclose(f);
+    }
+    return (long long)(total / 4);
+}
+
 int qd_serve_main(int argc, char **argv)
 {
     struct qd_serve_config cfg;
@@ -39,6 +54,9 @@ int qd_serve_main(int argc, char **argv)
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
     if (cfg.cpu_threads)
         qd_cpu_set_threads(cfg.cpu_threads);
+    if (!cfg.max_inflight_bytes)
+        cfg.max_inflight_bytes = inflight_default();
+    qd_hostmem_inflight_init((size_t)cfg.max_inflight_bytes);
 
     /* spool files a quantd that was killed left behind (only names no live quantd holds) */
     int swept = qd_convert_spool_sweep(qd_convert_spool_dir(cfg.data_dir));
@@ -64,6 +82,7 @@ int qd_serve_main(int argc, char **argv)
     struct qd_jobs_config jc = {
         .workers = cfg.workers ? cfg.workers : backend.default_workers,
         .depth = cfg.queue_depth,
+        .convert_workers = cfg.convert_workers,
         .result_max_bytes = (size_t)cfg.result_max_bytes,
         .result_ttl_s = cfg.result_ttl_s,
         .max_stored = cfg.max_jobs,

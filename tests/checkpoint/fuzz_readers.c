@@ -12,7 +12,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char err[512];
     struct qd_gguf g;
-    if (qd_gguf_parse(data, size, &g, err, sizeof err) == 0) {
+    if (qd_gguf_parse(data, size, &g, NULL, err, sizeof err) == 0) {
         for (int64_t i = 0; i < g.n_tensors; i++) {
             const struct qd_gguf_tensor *t = &g.tensors[i];
             if (t->data < data || t->data + t->bytes > data + size)
@@ -24,7 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else if (!err[0])
         __builtin_trap(); /* a failure always says why */
     struct qd_st_file f;
-    if (qd_st_parse(data, size, "fuzz", &f, err, sizeof err) == 0) {
+    if (qd_st_parse(data, size, 0, "fuzz", &f, err, sizeof err) == 0) {
         for (int i = 0; i < f.n; i++)
             if (f.t[i].data < data || f.t[i].data + (f.t[i].end - f.t[i].begin) > data + size)
                 __builtin_trap();

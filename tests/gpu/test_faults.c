@@ -62,8 +62,8 @@ static int same_as_cpu(const struct http *r)
     struct qd_st_tensor a[QD_ST_MAX_TENSORS], b[QD_ST_MAX_TENSORS];
     cJSON *ma = NULL, *mb = NULL;
     char err[256];
-    int na = qd_safetensors_parse((const unsigned char *)want.body, want.len, a, QD_ST_MAX_TENSORS, &ma, err, sizeof err);
-    int nb = qd_safetensors_parse((const unsigned char *)r->body, r->len, b, QD_ST_MAX_TENSORS, &mb, err, sizeof err);
+    int na = qd_safetensors_parse((const unsigned char *)want.body, want.len, 0, a, QD_ST_MAX_TENSORS, &ma, err, sizeof err);
+    int nb = qd_safetensors_parse((const unsigned char *)r->body, r->len, 0, b, QD_ST_MAX_TENSORS, &mb, err, sizeof err);
     int same = na > 0 && na == nb;
     for (int i = 0; same && i < na; i++)
         same = !strcmp(a[i].name, b[i].name) && a[i].bytes == b[i].bytes && !memcmp(a[i].data, b[i].data, a[i].bytes);

@@ -118,6 +118,19 @@ def test_bad_inputs_are_named_and_leave_nothing(tmp_path):
         p = run_quantd("convert", "--in", src, "--out", tmp_path / "q", "--fmt", "nf4", check=False)
         assert p.returncode == 1 and "model.safetensors" in p.stderr, (name, p.stderr)
         assert sorted(os.listdir(tmp_path)) == ["hf"], name  # no output, no temporary directory
+    # a name twice (the entries still tile the data) or a name holding \u0000 (a C reader cuts it
+    # short): the file would convert into one the safetensors package refuses
+    hl = int.from_bytes(data[:8], "little")
+    pairs = list(json.loads(bytes(data[8:8 + hl])).items())
+    names = [k for k, _ in pairs if k != "__metadata__"]
+    for name, rename in (("twice", {names[1]: names[0]}), ("nul", {names[0]: names[0] + "\0x"})):
+        text = "{" + ",".join(json.dumps(rename.get(k, k)) + ":" + json.dumps(v) for k, v in pairs) + "}"
+        text += " " * (-len(text) % 8)
+        open(st, "wb").write(len(text).to_bytes(8, "little") + text.encode() + bytes(data[8 + hl:]))
+        p = run_quantd("convert", "--in", src, "--out", tmp_path / "q", "--fmt", "nf4", check=False)
+        want = "appears twice" if name == "twice" else "holds a NUL character"
+        assert p.returncode == 1 and want in p.stderr, (name, p.stderr)
+        assert sorted(os.listdir(tmp_path)) == ["hf"], name
     open(st, "wb").write(bytes(data))
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")

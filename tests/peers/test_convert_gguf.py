@@ -103,12 +103,21 @@ def test_malformed_files_are_named_errors_and_leave_nothing(tmp_path):
              "counts": good[:8] + (2 ** 62).to_bytes(8, "little") + good[16:]}
     for cut in (20, 100, 1000, 20000, len(good) - 1):
         cases[f"cut{cut}"] = good[:cut]
+    # a tensor with a zero dimension (ggml's reader cannot take one; the gguf package refuses the
+    # 0-byte tensor it would become): the first tensor's second dimension set to 0
+    t = next(t for t in gguf.GGUFReader(tmp_path / "in.gguf").tensors if len(t.shape) == 2)
+    name = t.name.encode()
+    at = good.index(len(name).to_bytes(8, "little") + name) + 8 + len(name)
+    assert int.from_bytes(good[at:at + 4], "little") == 2
+    cases["zero_dim"] = good[:at + 12] + (0).to_bytes(8, "little") + good[at + 20:]
     for name, data in cases.items():
         d = tmp_path / name
         d.mkdir()
         (d / "in.gguf").write_bytes(data)
         p = run_quantd("convert", "--in", d / "in.gguf", "--out", d / "out.gguf", "--fmt", "q4_0", check=False)
         assert p.returncode == 1 and "gguf:" in p.stderr, (name, p.stderr)
+        if name == "zero_dim":
+            assert "dimension 1 is 0" in p.stderr, p.stderr
         assert os.listdir(d) == ["in.gguf"], name
     p = run_quantd("convert", "--in", tmp_path / "none.gguf", "--out", tmp_path / "o.gguf", "--fmt", "q4_0",
                    check=False)

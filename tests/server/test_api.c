@@ -149,7 +149,7 @@ static void every_format_matches_cli_raw_json_and_safetensors(void **state)
             struct qd_st_tensor t[QD_ST_MAX_TENSORS];
             cJSON *md;
             char err[256];
-            int nt = qd_safetensors_parse((unsigned char *)st.body, st.len, t, QD_ST_MAX_TENSORS, &md, err, sizeof err);
+            int nt = qd_safetensors_parse((unsigned char *)st.body, st.len, 0, t, QD_ST_MAX_TENSORS, &md, err, sizeof err);
             assert_int_equal(nt, cJSON_GetArraySize(cJSON_GetObjectItem(meta, "components")));
             assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(md, "fmt")), fmt);
             for (int k = 0; k < nt; k++) {
@@ -313,7 +313,7 @@ static int parsed_answer(const struct http *h, struct qd_st_tensor *t)
 {
     cJSON *md = NULL;
     char err[256];
-    int nt = qd_safetensors_parse((const unsigned char *)h->body, h->len, t, QD_ST_MAX_TENSORS, &md, err, sizeof err);
+    int nt = qd_safetensors_parse((const unsigned char *)h->body, h->len, 0, t, QD_ST_MAX_TENSORS, &md, err, sizeof err);
     assert_true(nt > 0);
     assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(md, "fmt")), "nvfp4");
     cJSON_Delete(md);

@@ -103,7 +103,7 @@ static void safetensors_round_trip_and_refusals(void **state)
     struct qd_st_tensor back[4];
     cJSON *md;
     char err[256];
-    assert_int_equal(qd_safetensors_parse((unsigned char *)buf, len, back, 4, &md, err, sizeof err), 2);
+    assert_int_equal(qd_safetensors_parse((unsigned char *)buf, len, 0, back, 4, &md, err, sizeof err), 2);
     assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(md, "fmt")), "q8_0");
     cJSON_Delete(md);
     for (int i = 0; i < 2; i++) {
@@ -113,9 +113,9 @@ static void safetensors_round_trip_and_refusals(void **state)
         assert_int_equal(back[k].dtype, t[i].dtype);
     }
     /* the header length may not exceed the body; nor offsets the data */
-    assert_int_equal(qd_safetensors_parse((unsigned char *)buf, len - 1, back, 4, &md, err, sizeof err), -1);
+    assert_int_equal(qd_safetensors_parse((unsigned char *)buf, len - 1, 0, back, 4, &md, err, sizeof err), -1);
     buf[0] = (char)0xff;
-    assert_int_equal(qd_safetensors_parse((unsigned char *)buf, len, back, 4, &md, err, sizeof err), -1);
+    assert_int_equal(qd_safetensors_parse((unsigned char *)buf, len, 0, back, 4, &md, err, sizeof err), -1);
     qd_hostmem_put(buf);
     const char *bad_headers[] = {
         "{\"x\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,5]}}",
@@ -128,7 +128,7 @@ static void safetensors_round_trip_and_refusals(void **state)
         size_t hl = strlen(bad_headers[i]);
         unsigned char b[256] = {(unsigned char)hl};
         memcpy(b + 8, bad_headers[i], hl);
-        if (qd_safetensors_parse(b, 8 + hl + 4, back, 4, &md, err, sizeof err) != -1)
+        if (qd_safetensors_parse(b, 8 + hl + 4, 0, back, 4, &md, err, sizeof err) != -1)
             fail_msg("accepted %s", bad_headers[i]);
     }
 }

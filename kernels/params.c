@@ -134,11 +134,14 @@ int qd_format_layout(const struct qd_format *f, const struct qd_params *p,
         return -1;
     }
     int n = f->layout(f, p, in->rows, in->cols, comps, err, len);
-    if (n > 1 && !strcmp(f->family, "ctint")) { /* compressed-tensors keeps the scale in the weight's dtype */
-        static const enum qd_dtype of[] = {QD_F32, QD_F32, QD_F16, QD_BF16};
-        comps[1].dtype = p->scale_dtype == QD_SCALE_AUTO ? in->dtype : of[p->scale_dtype];
-        comps[1].bytes = comps[1].shape[0] * comps[1].shape[1] * (int64_t)qd_dtype_size(in->dtype);
-    }
+    /* scales kept in the weight's dtype (compressed-tensors' weight_scale, mlx's scales and
+     * biases): the resolved scale_dtype names it, the input's until quantizing resolves it */
+    static const enum qd_dtype of[] = {QD_F32, QD_F32, QD_F16, QD_BF16};
+    for (int i = 0; i < n; i++)
+        if (comps[i].in_scale_dtype) {
+            comps[i].dtype = p->scale_dtype == QD_SCALE_AUTO ? in->dtype : of[p->scale_dtype];
+            comps[i].bytes = comps[i].shape[0] * comps[i].shape[1] * (int64_t)qd_dtype_size(comps[i].dtype);
+        }
     return n;
 }
 

@@ -88,7 +88,7 @@ void qd_params_default(const struct qd_format *f, struct qd_params *p)
         const char *v = f ? qd_format_param_default(f, d->name) : NULL;
         if (!v)
             v = d->deflt;
-        if (v)
+        if (v && *v) /* "": the format leaves it unset (an optional value absent by default) */
             set_desc(d, p, v, err, sizeof err);
     }
 }
@@ -154,10 +154,7 @@ static cJSON *param_json(const struct qd_format *f, const struct qd_param_desc *
     const char *def = qd_format_param_default(f, d->name);
     if (!def)
         def = d->deflt;
-    if (def)
-        cJSON_AddStringToObject(o, "default", def);
-    else
-        cJSON_AddStringToObject(o, "default", "computed");
+    cJSON_AddStringToObject(o, "default", !def ? "computed" : *def ? def : "none");
     if (d->kind == QD_PARAM_INT) {
         cJSON_AddNumberToObject(o, "min", (double)d->min);
         cJSON_AddNumberToObject(o, "max", (double)d->max);

@@ -303,6 +303,7 @@ static const char *const mlx_affine_params[] = {"bits", "group_size", "scale_dty
 static const char *const mlx_affine_defaults[] = {"group_size=64", NULL};
 static const char *const mlx_fp_params[] = {NULL};
 static const char *const mlx_nvfp4_params[] = {"global_scale", NULL};
+static const char *const mlx_nvfp4_defaults[] = {"global_scale=", NULL}; /* none: single-level */
 
 #define BNB4(nm, cd, dc)                                                                        \
     {.name = nm, .family = "bnb4", .doc = dc, .block_elems = 64, .block_axis = "flat",         \
@@ -318,10 +319,10 @@ static const char *const mlx_nvfp4_params[] = {"global_scale", NULL};
      .block_axis = "last", .bits_per_weight = bytes * 8.0 / QD_QK_K, .code = cd,               \
      .gguf_type = gguf, .gguf_file_type = ftype, .params = kquant_params,                      \
      .layout = layout_kquant, .backend = BACKENDS(kquant)}
-#define MLX_FP(nm, cd, group, bits, prm, dc)                                                    \
+#define MLX_FP(nm, cd, group, bits, prm, dflt, dc)                                              \
     {.name = nm, .family = "mlx", .doc = dc, .block_elems = group, .block_axis = "last",        \
-     .bits_per_weight = bits + 8.0 / group, .code = cd, .params = prm, .layout = layout_mlx,     \
-     .backend = BACKENDS(mlx), .dequant_dtype = mlx_fp_dequant_dtype}
+     .bits_per_weight = bits + 8.0 / group, .code = cd, .params = prm, .param_defaults = dflt,  \
+     .layout = layout_mlx, .backend = BACKENDS(mlx), .dequant_dtype = mlx_fp_dequant_dtype}
 #define MX(nm, cd, bits, prm, dc)                                                               \
     {.name = nm, .family = "mx", .doc = dc, .block_elems = 32, .block_axis = "last",           \
      .bits_per_weight = bits + 8.0 / 32, .code = cd, .params = prm, .layout = layout_mx,       \
@@ -373,11 +374,11 @@ const struct qd_format qd_formats[] = {
      .bits_per_weight = 4.0 + 32.0 / 64, .code = QD_MLX_AFFINE, .params = mlx_affine_params,
      .param_defaults = mlx_affine_defaults, .layout = layout_mlx, .backend = BACKENDS(mlx),
      .dequant_dtype = mlx_affine_dequant_dtype},
-    MLX_FP("mlx_mxfp4", QD_MLX_MXFP4, 32, 4, mlx_fp_params,
+    MLX_FP("mlx_mxfp4", QD_MLX_MXFP4, 32, 4, mlx_fp_params, NULL,
            "MLX mxfp4 (mx.quantize mode='mxfp4'): E2M1 codes, an E8M0 scale per 32, MLX's rounding"),
-    MLX_FP("mlx_nvfp4", QD_MLX_NVFP4, 16, 4, mlx_nvfp4_params,
+    MLX_FP("mlx_nvfp4", QD_MLX_NVFP4, 16, 4, mlx_nvfp4_params, mlx_nvfp4_defaults,
            "MLX nvfp4 (mx.quantize mode='nvfp4'): E2M1 codes, an E4M3 scale per 16, optional global_scale"),
-    MLX_FP("mlx_mxfp8", QD_MLX_MXFP8, 32, 8, mlx_fp_params,
+    MLX_FP("mlx_mxfp8", QD_MLX_MXFP8, 32, 8, mlx_fp_params, NULL,
            "MLX mxfp8 (mx.quantize mode='mxfp8'): E4M3 codes, an E8M0 scale per 32"),
 };
 const int qd_format_count = (int)(sizeof qd_formats / sizeof qd_formats[0]);

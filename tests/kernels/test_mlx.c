@@ -234,6 +234,10 @@ static void dequantize_dtype_is_what_mlx_returns(void **state)
     }
     char err[128];
     qd_params_default(nv, &p);
+    assert_int_equal(p.has_global_scale, 0); /* none unless given (nvfp4 computes its own) */
+    char *json = qd_registry_json();
+    assert_non_null(strstr(json, "\"none\""));
+    free(json);
     assert_int_equal(qd_params_set(nv, &p, "global_scale", "3.5", err, sizeof err), QD_OK);
     assert_int_equal(qd_format_dequant_dtype(nv, &p, QD_F16), QD_F32);
     assert_int_equal(qd_format_dequant_dtype(qd_format_find("q4_0"), &p, QD_F16), QD_F16);

@@ -167,6 +167,10 @@ int main(int argc, char **argv)
         {"mxfp6_e2m3", NULL, NULL, "", 1}, {"mxfp6_e3m2", NULL, NULL, "", 1}, {"mxfp8_e4m3", NULL, NULL, "", 1},
         {"mxfp8_e5m2", NULL, NULL, "", 1}, {"int8", NULL, NULL, "per tensor", 2}, {"int8", "granularity", "row", "per row", 1},
         {"uint8", NULL, NULL, "per tensor", 2}, {"uint8", "granularity", "row", "per row", 1},
+        {"mlx_affine", NULL, NULL, "4-bit g64", 1}, {"mlx_affine", "bits", "3", "3-bit g64", 1},
+        {"mlx_affine", "bits", "8", "8-bit g64", 1}, {"mlx_mxfp4", NULL, NULL, "", 1},
+        {"mlx_nvfp4", NULL, NULL, "", 1}, {"mlx_nvfp4", "global_scale", "2.5", "global_scale given", 1},
+        {"mlx_mxfp8", NULL, NULL, "", 1},
     };
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         const struct qd_format *f = qd_format_find(variants[v].fmt);

@@ -88,7 +88,7 @@ void qd_params_default(const struct qd_format *f, struct qd_params *p)
         const char *v = f ? qd_format_param_default(f, d->name) : NULL;
         if (!v)
             v = d->deflt;
-        if (v)
+        if (v && *v) /* "": the format leaves it unset (an optional value absent by default) */
             set_desc(d, p, v, err, sizeof err);
     }
 }
@@ -134,11 +134,14 @@ int qd_format_layout(const struct qd_format *f, const struct qd_params *p,
         return -1;
     }
     int n = f->layout(f, p, in->rows, in->cols, comps, err, len);
-    if (n > 1 && !strcmp(f->family, "ctint")) { /* compressed-tensors keeps the scale in the weight's dtype */
-        static const enum qd_dtype of[] = {QD_F32, QD_F32, QD_F16, QD_BF16};
-        comps[1].dtype = p->scale_dtype == QD_SCALE_AUTO ? in->dtype : of[p->scale_dtype];
-        comps[1].bytes = comps[1].shape[0] * comps[1].shape[1] * (int64_t)qd_dtype_size(in->dtype);
-    }
+    /* scales kept in the weight's dtype (compressed-tensors' weight_scale, mlx's scales and
+     * biases): the resolved scale_dtype names it, the input's until quantizing resolves it */
+    static const enum qd_dtype of[] = {QD_F32, QD_F32, QD_F16, QD_BF16};
+    for (int i = 0; i < n; i++)
+        if (comps[i].in_scale_dtype) {
+            comps[i].dtype = p->scale_dtype == QD_SCALE_AUTO ? in->dtype : of[p->scale_dtype];
+            comps[i].bytes = comps[i].shape[0] * comps[i].shape[1] * (int64_t)qd_dtype_size(comps[i].dtype);
+        }
     return n;
 }
 
@@ -151,10 +154,7 @@ static cJSON *param_json(const struct qd_format *f, const struct qd_param_desc *
     const char *def = qd_format_param_default(f, d->name);
     if (!def)
         def = d->deflt;
-    if (def)
-        cJSON_AddStringToObject(o, "default", def);
-    else
-        cJSON_AddStringToObject(o, "default", "computed");
+    cJSON_AddStringToObject(o, "default", !def ? "computed" : *def ? def : "none");
     if (d->kind == QD_PARAM_INT) {
         cJSON_AddNumberToObject(o, "min", (double)d->min);
         cJSON_AddNumberToObject(o, "max", (double)d->max);

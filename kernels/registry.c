@@ -11,6 +11,7 @@
 #include "cpu/cpu.h"
 #include "ggml.h"
 #include "kquants.h"
+#include "mlx.h"
 #include "mx.h"
 
 #ifdef QD_WITH_CUDA
@@ -41,15 +42,19 @@ const struct qd_param_desc qd_param_descs[] = {
     {"offset", QD_PARAM_FLOAT, OFF(offset), OFF(has_offset), NULL, 0, 0, 0, NULL,
      "double quant: mean of absmax subtracted before quantizing it; computed when absent"},
     {"group_size", QD_PARAM_INT, OFF(group_size), 0, "128", 1, 1 << 30, 0, NULL,
-     "elements sharing one scale (and zero): rows of K per column (awq), columns per row (w4a16, w8a16)"},
+     "elements sharing one scale (and zero): rows of K per column (awq), columns per row (w4a16, w8a16; "
+     "mlx_affine: 32, 64 or 128)"},
+    {"bits", QD_PARAM_INT, OFF(bits), 0, "4", 1, 8, 0, NULL,
+     "mlx_affine: bits per code, 1, 2, 3, 4, 5, 6 or 8"},
     {"symmetric", QD_PARAM_BOOL, OFF(symmetric), 0, "true", 0, 0, 0, NULL,
      "w4a16/w8a16: scale = max|x| / 7.5 (127.5) and no zero point (false: (max - min) / 15 (255) "
      "and a zero point)"},
     {"scale_dtype", QD_PARAM_ENUM, OFF(scale_dtype), 0, "auto", 0, 0, 0, scale_dtypes,
-     "w4a16/w8a16: the scales' dtype, the weight's (auto resolves to it when quantizing; dequantizing "
-     "reads it, whatever the output dtype)"},
+     "w4a16/w8a16, mlx_affine: the scales' dtype, the weight's (auto resolves to it when quantizing; "
+     "dequantizing reads it, whatever the output dtype)"},
     {"global_scale", QD_PARAM_FLOAT, OFF(global_scale), OFF(has_global_scale), NULL, 0, 0, 0,
-     NULL, "encode scale 448*6/amax (TensorRT-LLM convention); computed when absent"},
+     NULL, "nvfp4: encode scale 448*6/amax (TensorRT-LLM convention), computed when absent; mlx_nvfp4: "
+     "mlx's global_scale (mlx-lm passes the tensor's amax; the encode factor is 2688/global_scale), none when absent"},
     {"per_tensor_scale", QD_PARAM_FLOAT, OFF(per_tensor_scale), OFF(has_per_tensor_scale), NULL,
      0, 0, 0, NULL, "decode scale amax/(448*6) (torchao convention); wins over global_scale"},
     {"two_level", QD_PARAM_BOOL, OFF(two_level), 0, "true", 0, 0, 0, NULL,
@@ -77,6 +82,7 @@ static void comp(struct qd_component *c, const char *name, enum qd_dtype dt, int
                  int64_t d0, int64_t d1)
 {
     c->name = name;
+    c->in_scale_dtype = 0;
     c->dtype = dt;
     c->ndim = ndim;
     c->shape[0] = d0;
@@ -146,6 +152,7 @@ static int layout_ctint(const struct qd_format *f, const struct qd_params *p, in
         return -1;
     comp(&c[0], "weight_packed", QD_I32, 2, rows, cols / per);
     comp(&c[1], "weight_scale", QD_F32, 2, rows, cols / p->group_size);
+    c[1].in_scale_dtype = 1;
     if (p->symmetric)
         return 2;
     comp(&c[2], "weight_zero_point", QD_I32, 2, (rows + per - 1) / per, cols / p->group_size);
@@ -231,6 +238,53 @@ static int layout_int8(const struct qd_format *f, const struct qd_params *p, int
     return 3;
 }
 
+/* MLX: weight u32 [rows, cols * bits / 32] (each row one little-endian bit stream); affine adds
+ * scales and biases in the input's dtype, the float modes one scale byte per group. */
+static int layout_mlx(const struct qd_format *f, const struct qd_params *p, int64_t rows,
+                      int64_t cols, struct qd_component *c, char *err, size_t len)
+{
+    static const int bits[] = {[QD_MLX_MXFP4] = 4, [QD_MLX_NVFP4] = 4, [QD_MLX_MXFP8] = 8};
+    static const int group[] = {[QD_MLX_MXFP4] = QD_MLX_MX_GROUP, [QD_MLX_NVFP4] = QD_MLX_NV_GROUP,
+                                [QD_MLX_MXFP8] = QD_MLX_MX_GROUP};
+    int affine = f->code == QD_MLX_AFFINE;
+    int b = affine ? p->bits : bits[f->code], g = affine ? p->group_size : group[f->code];
+    if (affine && (b == 7 || (g != 32 && g != 64 && g != 128))) {
+        snprintf(err, len, "mlx_affine takes bits 1, 2, 3, 4, 5, 6 or 8 and group_size 32, 64 or 128 (got "
+                 "bits=%d, group_size=%d)", b, g);
+        return -1;
+    }
+    if (!cols_multiple(f, cols, g, err, len))
+        return -1;
+    if (f->code == QD_MLX_NVFP4 && rows * cols % 32) {
+        snprintf(err, len, "mlx_nvfp4 packs 8 codes per word across the tensor in 32-element units: it needs "
+                 "the element count to be a multiple of 32 (got %" PRId64 ", an odd number of 16-element "
+                 "groups)", rows * cols);
+        return -1;
+    }
+    comp(&c[0], "weight", QD_U32, 2, rows, cols * b / 32);
+    if (!affine) {
+        comp(&c[1], "scales", QD_U8, 2, rows, cols / g);
+        return 2;
+    }
+    comp(&c[1], "scales", QD_F32, 2, rows, cols / g);
+    comp(&c[2], "biases", QD_F32, 2, rows, cols / g);
+    c[1].in_scale_dtype = c[2].in_scale_dtype = 1;
+    return 3;
+}
+
+/* What mx.dequantize returns unless asked: affine the scales' dtype, the float modes bf16, nvfp4
+ * with a global scale f32 (its scale is computed in f32). */
+static enum qd_dtype mlx_affine_dequant_dtype(const struct qd_params *p, enum qd_dtype in)
+{
+    return (enum qd_dtype)qd_mlx_scale_dtype_to(p->scale_dtype, in);
+}
+
+static enum qd_dtype mlx_fp_dequant_dtype(const struct qd_params *p, enum qd_dtype in)
+{
+    (void)in;
+    return p->has_global_scale ? QD_F32 : QD_BF16;
+}
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 static const char *const bnb4_params[] = {"blocksize", "double_quant", "offset", "allow_nonfinite", NULL};
@@ -244,6 +298,12 @@ static const char *const mx6_params[] = {"scale_rounding", "scale_layout", "fp6_
 static const char *const nvfp4_params[] = {"global_scale", "per_tensor_scale", "two_level",
                                            "scale_layout", "flow", "allow_nonfinite", NULL};
 static const char *const int8_params[] = {"granularity", "allow_nonfinite", NULL};
+static const char *const nvfp4_defaults[] = {"scale_layout=swizzled", NULL};
+static const char *const mlx_affine_params[] = {"bits", "group_size", "scale_dtype", NULL};
+static const char *const mlx_affine_defaults[] = {"group_size=64", NULL};
+static const char *const mlx_fp_params[] = {NULL};
+static const char *const mlx_nvfp4_params[] = {"global_scale", NULL};
+static const char *const mlx_nvfp4_defaults[] = {"global_scale=", NULL}; /* none: single-level */
 
 #define BNB4(nm, cd, dc)                                                                        \
     {.name = nm, .family = "bnb4", .doc = dc, .block_elems = 64, .block_axis = "flat",         \
@@ -259,6 +319,10 @@ static const char *const int8_params[] = {"granularity", "allow_nonfinite", NULL
      .block_axis = "last", .bits_per_weight = bytes * 8.0 / QD_QK_K, .code = cd,               \
      .gguf_type = gguf, .gguf_file_type = ftype, .params = kquant_params,                      \
      .layout = layout_kquant, .backend = BACKENDS(kquant)}
+#define MLX_FP(nm, cd, group, bits, prm, dflt, dc)                                              \
+    {.name = nm, .family = "mlx", .doc = dc, .block_elems = group, .block_axis = "last",        \
+     .bits_per_weight = bits + 8.0 / group, .code = cd, .params = prm, .param_defaults = dflt,  \
+     .layout = layout_mlx, .backend = BACKENDS(mlx), .dequant_dtype = mlx_fp_dequant_dtype}
 #define MX(nm, cd, bits, prm, dc)                                                               \
     {.name = nm, .family = "mx", .doc = dc, .block_elems = 32, .block_axis = "last",           \
      .bits_per_weight = bits + 8.0 / 32, .code = cd, .params = prm, .layout = layout_mx,       \
@@ -292,8 +356,8 @@ const struct qd_format qd_formats[] = {
      .backend = BACKENDS(ctint)},
     {.name = "nvfp4", .family = "nvfp4", .doc = "NVFP4: E2M1, 16-element blocks, E4M3 scales, "
      "f32 per-tensor scale (torchao nvfp4_quantize)", .block_elems = 16, .block_axis = "last",
-     .bits_per_weight = 4.5, .params = nvfp4_params, .layout = layout_nvfp4,
-     .backend = BACKENDS(nvfp4)},
+     .bits_per_weight = 4.5, .params = nvfp4_params, .param_defaults = nvfp4_defaults,
+     .layout = layout_nvfp4, .backend = BACKENDS(nvfp4)},
     MX("mxfp4", QD_E2M1, 4, mx_params, "OCP MXFP4: E2M1 elements, E8M0 scale per 32"),
     MX("mxfp6_e2m3", QD_E2M3, 6, mx6_params, "OCP MXFP6 E2M3, E8M0 scale per 32"),
     MX("mxfp6_e3m2", QD_E3M2, 6, mx6_params, "OCP MXFP6 E3M2, E8M0 scale per 32"),
@@ -305,15 +369,33 @@ const struct qd_format qd_formats[] = {
     {.name = "uint8", .family = "int8", .doc = "asymmetric uint8 with zero point",
      .block_axis = "flat", .bits_per_weight = 8, .code = 1, .params = int8_params,
      .layout = layout_int8, .backend = BACKENDS(int8)},
+    {.name = "mlx_affine", .family = "mlx", .doc = "MLX affine (mx.quantize mode='affine'): 1-8 bit codes, "
+     "a scale and a bias per group in the input's dtype", .block_elems = 64, .block_axis = "last",
+     .bits_per_weight = 4.0 + 32.0 / 64, .code = QD_MLX_AFFINE, .params = mlx_affine_params,
+     .param_defaults = mlx_affine_defaults, .layout = layout_mlx, .backend = BACKENDS(mlx),
+     .dequant_dtype = mlx_affine_dequant_dtype},
+    MLX_FP("mlx_mxfp4", QD_MLX_MXFP4, 32, 4, mlx_fp_params, NULL,
+           "MLX mxfp4 (mx.quantize mode='mxfp4'): E2M1 codes, an E8M0 scale per 32, MLX's rounding"),
+    MLX_FP("mlx_nvfp4", QD_MLX_NVFP4, 16, 4, mlx_nvfp4_params, mlx_nvfp4_defaults,
+           "MLX nvfp4 (mx.quantize mode='nvfp4'): E2M1 codes, an E4M3 scale per 16, optional global_scale"),
+    MLX_FP("mlx_mxfp8", QD_MLX_MXFP8, 32, 8, mlx_fp_params, NULL,
+           "MLX mxfp8 (mx.quantize mode='mxfp8'): E4M3 codes, an E8M0 scale per 32"),
 };
 const int qd_format_count = (int)(sizeof qd_formats / sizeof qd_formats[0]);
 
-/* Format-specific defaults that differ from the parameter's own. */
+/* Format-specific defaults that differ from the parameter's own (the entry's param_defaults). */
 const char *qd_format_param_default(const struct qd_format *f, const char *param)
 {
-    if (!strcmp(f->name, "nvfp4") && !strcmp(param, "scale_layout"))
-        return "swizzled";
+    size_t n = strlen(param);
+    for (const char *const *d = f->param_defaults; d && *d; d++)
+        if (!strncmp(*d, param, n) && (*d)[n] == '=')
+            return *d + n + 1;
     return NULL;
+}
+
+enum qd_dtype qd_format_dequant_dtype(const struct qd_format *f, const struct qd_params *p, enum qd_dtype in)
+{
+    return f->dequant_dtype ? f->dequant_dtype(p, in) : in;
 }
 
 const struct qd_format *qd_format_find(const char *name)

@@ -30,7 +30,7 @@ enum qd_status {
 
 const char *qd_strerror(enum qd_status s);
 
-enum qd_dtype { QD_F32, QD_F16, QD_BF16, QD_U8, QD_I8, QD_I32, QD_DTYPE_COUNT };
+enum qd_dtype { QD_F32, QD_F16, QD_BF16, QD_U8, QD_I8, QD_I32, QD_U32, QD_DTYPE_COUNT };
 
 const char *qd_dtype_name(enum qd_dtype t);
 int qd_dtype_parse(const char *name, enum qd_dtype *out); /* 0 on success */
@@ -71,9 +71,10 @@ struct qd_params {
     int double_quant;     /* bnb */
     int has_offset;       /* bnb: offset given or computed */
     float offset;
-    int group_size;       /* awq, w4a16 */
+    int group_size;       /* awq, w4a16, mlx_affine */
+    int bits;             /* mlx_affine */
     int symmetric;        /* w4a16: no zero point */
-    int scale_dtype;      /* w4a16: enum qd_scale_dtype */
+    int scale_dtype;      /* w4a16, mlx_affine: enum qd_scale_dtype */
     int has_global_scale; /* nvfp4: given or computed */
     float global_scale;   /* encode scale, TensorRT-LLM convention: 448*6/amax = 1/per_tensor_scale */
     int has_per_tensor_scale;
@@ -110,6 +111,8 @@ struct qd_component {
     int ndim;
     int64_t shape[2];
     int64_t bytes;
+    int in_scale_dtype; /* its dtype is the resolved scale_dtype (the input's when auto):
+                           qd_format_layout sets dtype and bytes */
 };
 
 struct qd_format;
@@ -141,11 +144,14 @@ struct qd_format {
     double bits_per_weight;  /* at default params */
     int code;                /* format-specific selector (element type, ggml type, ...) */
     const char *const *params; /* NULL-terminated names of accepted params */
+    const char *const *param_defaults; /* NULL-terminated "name=value": the format's own defaults */
     /* Fills comps for an input of rows x cols (cols = last dim; flat formats use rows*cols);
      * returns the count, or -1 with err set when the shape or params do not fit. */
     int (*layout)(const struct qd_format *f, const struct qd_params *p, int64_t rows, int64_t cols,
                   struct qd_component *comps, char *err, size_t errlen);
     struct qd_backend_fns backend[QD_BACKEND_COUNT];
+    /* The dtype dequantize gives when the caller names none, from the input's (NULL: that one). */
+    enum qd_dtype (*dequant_dtype)(const struct qd_params *p, enum qd_dtype in);
 };
 
 extern const struct qd_format qd_formats[];
@@ -168,6 +174,9 @@ int qd_params_get(const struct qd_params *p, const struct qd_param_desc *d, char
 
 /* A format's own default for a parameter, or NULL to use the parameter's. */
 const char *qd_format_param_default(const struct qd_format *f, const char *param);
+
+/* The output dtype of a dequantize that names none (the input's, unless the format says). */
+enum qd_dtype qd_format_dequant_dtype(const struct qd_format *f, const struct qd_params *p, enum qd_dtype in);
 
 /* Layout for an input shape; returns the component count or -1 with err. */
 int qd_format_layout(const struct qd_format *f, const struct qd_params *p,

@@ -16,8 +16,8 @@ const char *qd_strerror(enum qd_status s)
     return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "unknown error";
 }
 
-static const char *const dtype_names[QD_DTYPE_COUNT] = {"f32", "f16", "bf16", "u8", "i8", "i32"};
-static const size_t dtype_sizes[QD_DTYPE_COUNT] = {4, 2, 2, 1, 1, 4};
+static const char *const dtype_names[QD_DTYPE_COUNT] = {"f32", "f16", "bf16", "u8", "i8", "i32", "u32"};
+static const size_t dtype_sizes[QD_DTYPE_COUNT] = {4, 2, 2, 1, 1, 4, 4};
 
 const char *qd_dtype_name(enum qd_dtype t) { return dtype_names[t]; }
 size_t qd_dtype_size(enum qd_dtype t) { return dtype_sizes[t]; }

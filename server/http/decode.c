@@ -378,7 +378,7 @@ static int decode_dequantize(struct qd_work *w, enum qd_body_kind kind, char *bo
     }
     if (pick_format(w, fmt, err) || resolve_params(w, params, err))
         goto done;
-    w->out.dtype = q->has_dtype ? q->dtype : body_dtype;
+    w->out.dtype = q->has_dtype ? q->dtype : qd_format_dequant_dtype(w->f, &w->p, body_dtype);
     qd_tensor_set_shape(&w->out, nd, dims);
     if (layout(w, &w->out, err))
         goto done;

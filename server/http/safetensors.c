@@ -13,7 +13,7 @@
 #include "checkpoint/safetensors.h"
 #include "queue/hostmem.h"
 
-static const char *const st_dtype_names[QD_DTYPE_COUNT] = {"F32", "F16", "BF16", "U8", "I8", "I32"};
+static const char *const st_dtype_names[QD_DTYPE_COUNT] = {"F32", "F16", "BF16", "U8", "I8", "I32", "U32"};
 
 const char *qd_safetensors_dtype(enum qd_dtype t) { return st_dtype_names[t]; }
 

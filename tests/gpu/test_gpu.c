@@ -318,7 +318,15 @@ static void gpu_params_variants(void **state)
                                  {"nvfp4", "global_scale", "1"}, {"nvfp4", "global_scale", "2e-38"},
                                  {"nvfp4", "global_scale", "3e38"},
                                  /* llm-compressor's NVFP4A16 / MXFP4A16 arithmetic (kernels/ctfp.h) */
-                                 {"nvfp4", "flow", "compressed_tensors"}, {"mxfp4", "scale_rounding", "even"}};
+                                 {"nvfp4", "flow", "compressed_tensors"}, {"mxfp4", "scale_rounding", "even"},
+                                 /* MLX: every code width (groups of 64, the default), the other group
+                                  * sizes (4-bit), nvfp4 global scales: mlx-lm's kind, one that saturates
+                                  * the E4M3 scales, one that empties them */
+                                 {"mlx_affine", "bits", "1"}, {"mlx_affine", "bits", "2"}, {"mlx_affine", "bits", "3"},
+                                 {"mlx_affine", "bits", "5"}, {"mlx_affine", "bits", "6"}, {"mlx_affine", "bits", "8"},
+                                 {"mlx_affine", "group_size", "32"}, {"mlx_affine", "group_size", "128"},
+                                 {"mlx_nvfp4", "global_scale", "2.5"}, {"mlx_nvfp4", "global_scale", "1e-30"},
+                                 {"mlx_nvfp4", "global_scale", "3e38"}};
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         const struct qd_format *f = qd_format_find(variants[v][0]);
         /* per-row int8: rows the kernel keeps in registers (up to 16384 16-bit values, whole

@@ -153,6 +153,8 @@ static void shapes_the_format_cannot_take_are_named(void **state)
         {"mxfp4", 4, 40, "multiple of 32"}, {"mxfp6_e2m3", 4, 16, "multiple of 32"},
         {"nvfp4", 3, 24, "multiple of 16"}, {"awq", 100, 64, "multiple of group_size"},
         {"awq", 128, 12, "multiple of 8"}, {"q4_K", 2, 288, "multiple of 256"}, {"q6_K", 1, 32, "multiple of 256"},
+        {"mlx_affine", 2, 96, "multiple of 64"}, {"mlx_mxfp8", 2, 48, "multiple of 32"},
+        {"mlx_nvfp4", 3, 16, "element count to be a multiple of 32"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         float *x = normal_data(cases[i].rows * cases[i].cols);
@@ -187,6 +189,54 @@ static void bad_params_are_refused_with_what_is_accepted(void **state)
     assert_int_equal(p.scale_layout, QD_LAYOUT_SWIZZLED); /* nvfp4's own default */
     assert_int_equal(qd_params_set(nv, &p, "global_scale", "-1", err, sizeof err), QD_EINVAL);
     assert_int_equal(qd_params_set(nv, &p, "global_scale", "nan", err, sizeof err), QD_EINVAL);
+    /* mlx_affine: its own group_size default; bits and group sizes outside mlx's are named */
+    const struct qd_format *ma = qd_format_find("mlx_affine");
+    qd_params_default(ma, &p);
+    assert_int_equal(p.group_size, 64);
+    assert_int_equal(p.bits, 4);
+    assert_int_equal(qd_params_set(ma, &p, "bits", "9", err, sizeof err), QD_EINVAL);
+    float *x = normal_data(4 * 128);
+    struct test_q q;
+    const char *seven[] = {"bits=7", NULL}, *g16[] = {"group_size=16", NULL};
+    assert_int_equal(test_quantize(&q, "mlx_affine", x, 4, 128, QD_F32, seven), QD_ESHAPE);
+    assert_non_null(strstr(q.err, "bits 1, 2, 3, 4, 5, 6 or 8"));
+    assert_int_equal(test_quantize(&q, "mlx_affine", x, 4, 128, QD_F32, g16), QD_ESHAPE);
+    assert_non_null(strstr(q.err, "group_size 32, 64 or 128"));
+    const char *f16[] = {"scale_dtype=f16", NULL}; /* mlx keeps scales in the input's dtype */
+    assert_int_equal(test_quantize(&q, "mlx_affine", x, 4, 128, QD_F32, f16), QD_EINVAL);
+    tq_release(&q);
+    free(x);
+}
+
+/* Components kept in the weight's dtype (compressed-tensors' weight_scale, mlx's scales and
+ * biases) are laid out in the dtype scale_dtype resolved to, whatever the dequantize's output
+ * dtype: their byte counts follow it. */
+static void scale_dtype_components_keep_their_dtype_for_any_output(void **state)
+{
+    (void)state;
+    const char *fmts[] = {"w4a16", "mlx_affine"};
+    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
+        float *x = normal_data(8 * 128);
+        struct test_q q;
+        assert_int_equal(test_quantize(&q, fmts[i], x, 8, 128, QD_BF16, NULL), QD_OK);
+        assert_int_equal(q.p.scale_dtype, QD_SCALE_BF16);
+        for (int o = 0; o < 3; o++) {
+            struct qd_tensor out = q.in;
+            struct qd_component c[QD_MAX_COMPONENTS];
+            char err[256];
+            out.dtype = dtypes[o];
+            int n = qd_format_layout(qd_format_find(fmts[i]), &q.p, &out, c, err, sizeof err);
+            assert_int_equal(n, q.n);
+            for (int k = 0; k < n; k++) {
+                assert_int_equal(c[k].dtype, q.c[k].dtype);
+                if (c[k].bytes != q.c[k].bytes)
+                    fail_msg("%s to %s: component %s takes %lld bytes, quantize wrote %lld", fmts[i],
+                             qd_dtype_name(dtypes[o]), c[k].name, (long long)c[k].bytes, (long long)q.c[k].bytes);
+            }
+        }
+        tq_release(&q);
+        free(x);
+    }
 }
 
 /* compressed-tensors' arithmetic: combinations it does not have are refused by name, and an MX
@@ -239,7 +289,7 @@ static void registry_names_are_unique_and_json_lists_them(void **state)
         assert_non_null(strstr(json, needle));
     }
     free(json);
-    assert_int_equal(qd_format_count, 24);
+    assert_int_equal(qd_format_count, 28);
     assert_null(qd_format_find("q4_2"));
 }
 
@@ -268,6 +318,7 @@ int main(void)
         cmocka_unit_test(nonfinite_rejected_with_its_index_unless_allowed),
         cmocka_unit_test(shapes_the_format_cannot_take_are_named),
         cmocka_unit_test(bad_params_are_refused_with_what_is_accepted),
+        cmocka_unit_test(scale_dtype_components_keep_their_dtype_for_any_output),
         cmocka_unit_test(compressed_tensors_variants_are_checked),
         cmocka_unit_test(registry_names_are_unique_and_json_lists_them),
         cmocka_unit_test(shape_text_is_validated),

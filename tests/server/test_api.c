@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "../../kernels/quantize.h"
 #include "../../kernels/registry.h"
 #include "../../server/http/decode.h"
 #include "service.h"
@@ -163,22 +164,34 @@ static void every_format_matches_cli_raw_json_and_safetensors(void **state)
                 free(want);
             }
 
-            /* back through /dequantize: the JSON answer as is, and the safetensors */
-            char cmd[4096], deq_path[512];
+            /* back through /dequantize: the JSON answer as is (in the format's default dtype: the
+             * input's, or what mx.dequantize returns for the mlx_* formats), and the safetensors */
+            struct qd_params dp;
+            char perr[256];
+            qd_params_default(&qd_formats[fi], &dp);
+            assert_int_equal(qd_params_from_json(&qd_formats[fi], &dp, cJSON_GetObjectItem(meta, "params"), perr,
+                                                 sizeof perr), QD_OK);
+            const char *def = qd_dtype_name(qd_format_dequant_dtype(&qd_formats[fi], &dp, bf ? QD_BF16 : QD_F32));
+            char cmd[4096], deq_path[512], def_path[512];
             snprintf(deq_path, sizeof deq_path, "%s/%s_%s.deq", tmpdir, fmt, dtype);
             snprintf(cmd, sizeof cmd, "%s dequantize --in %s --dtype %s --out %s", quantd_bin(), out_dir,
                      dtype, deq_path);
             assert_int_equal(system(cmd), 0);
-            size_t want_len;
-            unsigned char *want = read_file(deq_path, &want_len);
+            snprintf(def_path, sizeof def_path, "%s/%s_%s.def", tmpdir, fmt, dtype);
+            snprintf(cmd, sizeof cmd, "%s dequantize --in %s --dtype %s --out %s", quantd_bin(), out_dir,
+                     def, def_path);
+            assert_int_equal(system(cmd), 0);
+            size_t want_len, def_len;
+            unsigned char *want = read_file(deq_path, &want_len), *want_def = read_file(def_path, &def_len);
             struct http d1, d2, d3;
             http_do(&srv, "POST", "/dequantize", json_h, raw.body, raw.len, &d1);
             assert_int_equal(d1.status, 200);
             cJSON *dj = parse(&d1);
+            assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(dj, "dtype")), def);
             size_t got_len;
             unsigned char *got = b64_decode(cJSON_GetStringValue(cJSON_GetObjectItem(dj, "data")), &got_len);
-            assert_int_equal(got_len, want_len);
-            assert_memory_equal(got, want, want_len);
+            assert_int_equal(got_len, def_len);
+            assert_memory_equal(got, want_def, def_len);
             snprintf(path, sizeof path, "/dequantize?dtype=%s", dtype);
             http_do(&srv, "POST", path, bin_h, st.body, st.len, &d2);
             assert_int_equal(d2.status, 200);
@@ -192,6 +205,7 @@ static void every_format_matches_cli_raw_json_and_safetensors(void **state)
 
             free(got);
             free(want);
+            free(want_def);
             cJSON_Delete(dj);
             cJSON_Delete(md);
             http_free(&d1);

@@ -134,10 +134,12 @@ int qd_format_layout(const struct qd_format *f, const struct qd_params *p,
         return -1;
     }
     int n = f->layout(f, p, in->rows, in->cols, comps, err, len);
-    if (n > 1 && !strcmp(f->family, "ctint")) { /* compressed-tensors keeps the scale in the weight's dtype */
+    if (n > 1 && !strcmp(f->family, "ctint")) {
+        /* compressed-tensors keeps the scale in the weight's dtype: scale_dtype, recorded with the
+         * result, says which when dequantizing to any dtype (auto: the tensor's own, quantizing) */
         static const enum qd_dtype of[] = {QD_F32, QD_F32, QD_F16, QD_BF16};
         comps[1].dtype = p->scale_dtype == QD_SCALE_AUTO ? in->dtype : of[p->scale_dtype];
-        comps[1].bytes = comps[1].shape[0] * comps[1].shape[1] * (int64_t)qd_dtype_size(in->dtype);
+        comps[1].bytes = comps[1].shape[0] * comps[1].shape[1] * (int64_t)qd_dtype_size(comps[1].dtype);
     }
     return n;
 }

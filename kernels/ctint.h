@@ -1,9 +1,10 @@
 /* compressed-tensors integer weight quantization (llm-compressor's W4A16, W4A16_ASYM and W8A16
  * schemes, format pack-quantized), one group at a time, for every backend. The contract is
- * compressed-tensors' calculate_qparams and _quantize as llm-compressor runs them on the weight
- * in its own dtype: every torch op on a bf16 (f16) tensor computes in f32 and rounds to bf16
- * (f16), so quantd rounds after each op the same way (qd_ct_round); f32 weights round nowhere.
- * docs/formats.md has the whole flow. */
+ * llm-compressor 0.14 on a CUDA device: its observer and compressed-tensors' calculate_qparams
+ * run torch ops on the weight in its own dtype (an op on a bf16 or f16 tensor computes in f32 and
+ * rounds to bf16 or f16, so quantd rounds after each op the same way: qd_ct_round), and the
+ * compressor's quantize runs compressed-tensors' Triton kernel, which computes the code in f32
+ * (qd_ct_int_code). f32 weights round nowhere. docs/formats.md has the whole flow. */
 #ifndef QD_CTINT_H
 #define QD_CTINT_H
 
@@ -74,13 +75,14 @@ QD_HD float qd_ct_int_qparams(const float *x, int n, int bits, int sym, int dt, 
     return qd_ct_int_qparams_mm(mn, mx, bits, sym, dt, zp);
 }
 
-/* The code (qmin..qmax) of x: x / scale in the dtype, plus the zero point, clamped, rounded. */
-QD_HD int qd_ct_int_code(float x, float scale, int zp, int bits, int dt)
+/* The code (qmin..qmax) of x, as compressed-tensors' Triton _quantize_kernel computes it: the
+ * quotient x / scale in f32 (div_rn; not rounded to the weight's dtype, which the eager torch
+ * fallback that llm-compressor takes on a CPU-only machine does), plus the zero point in f32,
+ * clamped to [qmin, qmax], rint (ties to even). The scale is already in the weight's dtype. */
+QD_HD int qd_ct_int_code(float x, float scale, int zp, int bits)
 {
     const float lo = (float)qd_ct_qmin(bits), hi = (float)qd_ct_qmax(bits);
-    float q = qd_ct_round(x / scale, dt);
-    if (zp)
-        q = qd_ct_round(q + (float)zp, dt);
+    float q = x / scale + (float)zp; /* +0 leaves every code as it is */
     q = q < lo ? lo : (q > hi ? hi : q);
     return (int)qd_ct_rint(q);
 }

@@ -65,7 +65,7 @@ static void ctint_quantize_span(void *c, int tid, const float *x, int64_t first,
         for (int64_t j = 0; j < k->gs; j += per) {
             uint32_t word = 0;
             for (int i = 0; i < per; i++)
-                word |= ((uint32_t)(qd_ct_int_code(x[at + j + i], scale, zp, k->bits, k->dt) + off) & mask)
+                word |= ((uint32_t)(qd_ct_int_code(x[at + j + i], scale, zp, k->bits) + off) & mask)
                         << (k->bits * i);
             w[j / per] = word;
         }

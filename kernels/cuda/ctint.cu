@@ -63,7 +63,7 @@ __global__ void ctint_quantize_kernel(const void *x, int64_t rows, int64_t cols,
             uint32_t word[8 / PER > 0 ? 8 / PER : 1] = {0};
 #pragma unroll
             for (int k = 0; k < 8; k++)
-                word[k / PER] |= ((uint32_t)(qd_ct_int_code(v[k], scale, zp, BITS, dt) + OFF) & MASK)
+                word[k / PER] |= ((uint32_t)(qd_ct_int_code(v[k], scale, zp, BITS) + OFF) & MASK)
                                  << (BITS * (k % PER));
 #pragma unroll
             for (int q = 0; q < 8 / PER; q++)
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(32 * CT_WARPS)
         uint32_t bits = 0; /* this lane's four codes, BITS each */
 #pragma unroll
         for (int k = 0; k < 4; k++)
-            bits |= ((uint32_t)(qd_ct_int_code(v[k], scale, zp, BITS, dt) + OFF) & MASK) << (BITS * k);
+            bits |= ((uint32_t)(qd_ct_int_code(v[k], scale, zp, BITS) + OFF) & MASK) << (BITS * k);
         if (BITS == 4) { /* a word is two lanes' codes */
             const uint32_t hi = __shfl_down_sync(0xffffffffu, bits, 1);
             if (lane % 2 == 0)

@@ -2,8 +2,19 @@
 tensors."""
 import os
 import subprocess
+import sys
 
 QUANTD = os.environ.get("QUANTD", os.path.join(os.path.dirname(__file__), "..", "..", "bin", "quantd"))
+
+# llm-compressor's integer codes are those of compressed-tensors' Triton kernel on CUDA; without
+# CUDA the tests run that kernel in Triton's interpreter, which must be chosen before anything
+# imports triton (tests/fixtures/ct_triton.py)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "fixtures"))
+try:
+    import ct_triton
+    ct_triton.prepare()
+except ImportError:  # no torch here: the tests that need it are skipped
+    pass
 
 
 def torch_tensors(d):

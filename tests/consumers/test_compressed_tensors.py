@@ -2,7 +2,9 @@
 torch, transformers, llmcompressor and compressed-tensors; CPU is enough): a tiny random Llama
 quantized by llm-compressor's own data-free oneshot (QuantizationModifier, targets Linear,
 ignore lm_head, scheme W4A16, W4A16_ASYM, W8A16, NVFP4A16 or MXFP4A16) and saved with save_compressed, against quantd's
-directory from the same weights. Every tensor must be identical and the quantization_config
+directory from the same weights. The integer codes are those llm-compressor writes on CUDA (on a
+machine without, its Triton kernel runs in Triton's interpreter: tests/fixtures/ct_triton.py).
+Every tensor must be identical and the quantization_config
 equal; transformers loads both directories (compressed-tensors decompression) to identical
 weights and identical logits on a fixed input."""
 import json
@@ -17,7 +19,10 @@ pytest.importorskip("compressed_tensors")
 llmcompressor = pytest.importorskip("llmcompressor")
 
 
+import ct_triton  # noqa: E402  (tests/fixtures, put on the path by conftest)
 from conftest import QUANTD, torch_tensors  # noqa: E402
+
+ct_triton.install()  # llm-compressor's integer codes as on CUDA, on any machine
 
 
 def same(a, b):

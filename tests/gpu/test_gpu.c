@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "../../kernels/fp.h"
+#include "../../kernels/ctint.h"
 #include "../../kernels/cuda/cuda.h"
 #include "../../kernels/quantize.h"
 #include "../../server/queue/backend.h"
@@ -399,6 +399,143 @@ static void gpu_params_variants(void **state)
            (long long)nonfinite_variant_cases);
 }
 
+static float stored(float v, enum qd_dtype dt) { return qd_ct_round(v, dt == QD_BF16 ? 2 : dt == QD_F16 ? 1 : 0); }
+
+static void put_value(void *data, int64_t i, float v, enum qd_dtype dt)
+{
+    if (dt == QD_F32)
+        ((float *)data)[i] = v;
+    else
+        ((uint16_t *)data)[i] = dt == QD_F16 ? qd_f32_to_f16(v) : qd_f32_to_bf16(v);
+}
+
+/* The value k steps of the dtype's grid away from v (same sign, v not 0). */
+static float grid_step(float v, int k, enum qd_dtype dt)
+{
+    if (dt == QD_F32)
+        return qd_bits_f32(qd_f32_bits(v) + (uint32_t)k);
+    if (dt == QD_F16)
+        return qd_f16_to_f32((uint16_t)(qd_f32_to_f16(v) + k));
+    return qd_bf16_to_f32((uint16_t)(qd_f32_to_bf16(v) + k));
+}
+
+/* One compressed-tensors integer group of g values at data[at]: its extremes, then values whose
+ * quotient x / scale (plus the zero point) is .5 once rounded to the weight's dtype but not in
+ * f32 (the codes of the two differ: kernels/ctint.h computes in f32), alternating with values
+ * whose f32 quotient is .5 exactly (ties to even; only those in f32), from a random k on; zeros
+ * where no such value is left. Returns how many are of the first kind. */
+static int64_t half_quotient_group(void *data, int64_t at, int g, enum qd_dtype dt, int bits, int sym)
+{
+    const int dc = dt == QD_BF16 ? 2 : dt == QD_F16 ? 1 : 0, lo = qd_ct_qmin(bits), hi = qd_ct_qmax(bits);
+    const float mx = stored(0.02f * (2.0f + 3.0f * (float)rand_r(&seed) / RAND_MAX), dt);
+    const float mn = stored(-mx * (sym ? 0.9f : 0.3f), dt);
+    int zp, filled = 2;
+    const float scale = qd_ct_int_qparams_mm(mn, mx, bits, sym, dc, &zp);
+    int64_t hits = 0;
+    put_value(data, at, mx, dt);
+    put_value(data, at + 1, mn, dt);
+    const int start = (int)(rand_r(&seed) % (unsigned)(hi - lo)); /* the ks a group has room for */
+    for (int pass = 0; filled < g && pass < 64; pass++)
+        for (int i = 0; i < hi - lo && filled < g; i++) {
+            const int k = lo + (start + i) % (hi - lo), want_tie = dc == 0 || filled % 2;
+            const float x0 = stored(((float)k + 0.5f - (float)zp) * scale, dt);
+            for (int j = -6; j <= 6 && x0 != 0.0f; j++) {
+                const float x = grid_step(x0, j, dt), q32 = x / scale + (float)zp;
+                const float qdt = qd_ct_round(qd_ct_round(x / scale, dc) + (float)zp, dc);
+                const int on_dt = qdt - floorf(qdt) == 0.5f && q32 - floorf(q32) != 0.5f;
+                const int tie = q32 - floorf(q32) == 0.5f;
+                if (x < mn || x > mx || !(want_tie ? tie : on_dt))
+                    continue;
+                put_value(data, at + filled++, x, dt);
+                hits += on_dt;
+                break;
+            }
+        }
+    while (filled < g)
+        put_value(data, at + filled++, 0.0f, dt);
+    return hits;
+}
+
+/* compressed-tensors' integers (w4a16, w8a16; symmetric or not; group 128, which has its own
+ * kernel, and 32) on groups whose quotients sit on .5 in the weight's dtype but not in f32, and
+ * on exact f32 ties: the GPU's codes, scales and zero points equal the CPU's, and so do the
+ * dequantized values. */
+static void gpu_equals_cpu_on_ctint_half_quotients(void **state)
+{
+    (void)state;
+    const char *fmts[] = {"w4a16", "w8a16"};
+    const int64_t rows = 64, cols = 512;
+    int64_t hits = 0, compared = 0;
+    for (int fi = 0; fi < 2; fi++)
+        for (int sym = 0; sym < 2; sym++)
+            for (int gs = 32; gs <= 128; gs *= 4)
+                for (int dt = QD_F32; dt <= QD_BF16; dt++) {
+                    const struct qd_format *f = qd_format_find(fmts[fi]);
+                    struct qd_work wc;
+                    char err[256], v[16];
+                    memset(&wc, 0, sizeof wc);
+                    wc.req.op = QD_OP_QUANTIZE;
+                    wc.f = f;
+                    qd_params_default(f, &wc.p);
+                    snprintf(v, sizeof v, "%d", gs);
+                    assert_int_equal(qd_params_set(f, &wc.p, "group_size", v, err, sizeof err), QD_OK);
+                    assert_int_equal(qd_params_set(f, &wc.p, "symmetric", sym ? "true" : "false", err, sizeof err),
+                                     QD_OK);
+                    int64_t dims[2] = {rows, cols};
+                    wc.in.dtype = (enum qd_dtype)dt;
+                    qd_tensor_set_shape(&wc.in, 2, dims);
+                    wc.nc = qd_format_layout(f, &wc.p, &wc.in, wc.comps, err, sizeof err);
+                    assert_true(wc.nc > 0);
+                    const int64_t n = rows * cols;
+                    wc.in.data = malloc((size_t)n * 4);
+                    int64_t h = 0;
+                    for (int64_t at = 0; at < n; at += gs)
+                        h += half_quotient_group(wc.in.data, at, gs, (enum qd_dtype)dt, f->code, sym);
+                    if (dt != QD_F32 && h == 0)
+                        fail_msg("%s %s: no quotient lands on .5 in the dtype only", f->name, qd_dtype_name(dt));
+                    hits += h;
+                    struct qd_work wg = wc;
+                    for (int i = 0; i < wc.nc; i++) {
+                        wc.comp[i] = calloc(1, (size_t)wc.comps[i].bytes + 1);
+                        wg.comp[i] = malloc((size_t)wc.comps[i].bytes + 1);
+                        memset(wg.comp[i], 0xa5, (size_t)wc.comps[i].bytes);
+                    }
+                    assert_int_equal(cpu.run(cpu_worker, &wc, err, sizeof err), QD_OK);
+                    if (gpu.run(gpu_worker, &wg, err, sizeof err) != QD_OK)
+                        fail_msg("%s: %s", f->name, err);
+                    for (int i = 0; i < wc.nc; i++)
+                        if (memcmp(wc.comp[i], wg.comp[i], (size_t)wc.comps[i].bytes))
+                            fail_msg("%s symmetric=%d group_size=%d %s: component %s differs", f->name, sym, gs,
+                                     qd_dtype_name((enum qd_dtype)dt), wc.comps[i].name);
+                    for (int od = QD_F32; od <= QD_BF16; od++) { /* the CPU's components, both ways */
+                        struct qd_work dc = wc, dg;
+                        dc.req.op = QD_OP_DEQUANTIZE;
+                        dc.out = wc.in;
+                        dc.out.dtype = (enum qd_dtype)od;
+                        const size_t ob = (size_t)n * qd_dtype_size((enum qd_dtype)od);
+                        dc.out.data = malloc(ob);
+                        dg = dc;
+                        dg.out.data = malloc(ob);
+                        memset(dg.out.data, 0xa5, ob);
+                        assert_int_equal(cpu.run(cpu_worker, &dc, err, sizeof err), QD_OK);
+                        assert_int_equal(gpu.run(gpu_worker, &dg, err, sizeof err), QD_OK);
+                        if (memcmp(dc.out.data, dg.out.data, ob))
+                            fail_msg("%s symmetric=%d group_size=%d %s: dequantize to %s differs", f->name, sym, gs,
+                                     qd_dtype_name((enum qd_dtype)dt), qd_dtype_name((enum qd_dtype)od));
+                        free(dc.out.data);
+                        free(dg.out.data);
+                    }
+                    for (int i = 0; i < wc.nc; i++) {
+                        free(wc.comp[i]);
+                        free(wg.comp[i]);
+                    }
+                    free(wc.in.data);
+                    compared++;
+                }
+    printf("# ctint: %lld cases equal, %lld values whose quotient is .5 in bf16/f16 only\n", (long long)compared,
+           (long long)hits);
+}
+
 /* The device element encoders (fp8 cvt, fp6 through fp8, e2m1 per binade), the f16/bf16
  * output packers and the bnb4 code tables against the software ones, on all 2^32 f32 inputs;
  * the reciprocal-based quotient against the division on 2^32 (f32, scale) pairs; the dynamic
@@ -427,6 +564,7 @@ int main(void)
         cmocka_unit_test_teardown(gpu_equals_cpu_on_ties, random_data_again),
         cmocka_unit_test(gpu_equals_cpu_on_allowed_nonfinite_input),
         cmocka_unit_test(gpu_params_variants),
+        cmocka_unit_test(gpu_equals_cpu_on_ctint_half_quotients),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

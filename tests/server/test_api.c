@@ -226,6 +226,71 @@ static void every_format_matches_cli_raw_json_and_safetensors(void **state)
     }
 }
 
+/* A result quantized from bf16 dequantizes to f32 (and f16) through the CLI and /dequantize (JSON
+ * and safetensors answers), with the same bytes on every path. compressed-tensors' integers keep
+ * their scale in bf16 and compute in it, so their f32 result is the bf16 one, widened. */
+static void every_format_dequantizes_to_another_dtype(void **state)
+{
+    const int rows = 128, cols = 256;
+    const size_t n = (size_t)rows * cols;
+    float *x = random_f32(n);
+    uint16_t *h = malloc(n * 2);
+    f32_to_bf16(x, h, n);
+    for (int fi = 0; fi < qd_format_count; fi++) {
+        const char *fmt = qd_formats[fi].name;
+        char in_path[512], out_dir[512], path[2048], cmd[4096], deq[3][600];
+        snprintf(in_path, sizeof in_path, "%s/%s_dt.in", tmpdir, fmt);
+        snprintf(out_dir, sizeof out_dir, "%s/%s_dt", tmpdir, fmt);
+        assert_int_equal(write_file(in_path, h, n * 2), 0);
+        cJSON_Delete(cli_quantize(fmt, "bf16", "128,256", in_path, out_dir));
+        static const char *const dts[] = {"f32", "f16", "bf16"};
+        static const size_t size[] = {4, 2, 2};
+        unsigned char *want[3];
+        for (int d = 0; d < 3; d++) {
+            snprintf(deq[d], sizeof deq[d], "%s/%s_dt.%s", tmpdir, fmt, dts[d]);
+            snprintf(cmd, sizeof cmd, "%s dequantize --in %s --dtype %s --out %s", quantd_bin(), out_dir, dts[d],
+                     deq[d]);
+            if (system(cmd) != 0)
+                fail_msg("%s: a bf16 result does not dequantize to %s", fmt, dts[d]);
+            size_t len;
+            want[d] = read_file(deq[d], &len);
+            assert_int_equal(len, n * size[d]);
+        }
+        if (!strcmp(qd_formats[fi].family, "ctint")) {
+            const uint16_t *b = (const uint16_t *)want[2];
+            for (size_t i = 0; i < n; i++) {
+                uint32_t u = (uint32_t)b[i] << 16;
+                assert_memory_equal(want[0] + 4 * i, &u, 4);
+            }
+        }
+        struct http js, st, d1, d2;
+        snprintf(path, sizeof path, "/quantize?fmt=%s&dtype=bf16&shape=%d,%d", fmt, rows, cols);
+        http_do(&srv, "POST", path, NULL, h, n * 2, &js);
+        assert_int_equal(js.status, 200);
+        const char *bin_h[] = {"Content-Type: application/octet-stream", "Accept: application/octet-stream", NULL};
+        http_do(&srv, "POST", path, bin_h, h, n * 2, &st);
+        assert_int_equal(st.status, 200);
+        const char *json_h[] = {"Content-Type: application/json", "Accept: application/octet-stream", NULL};
+        http_do(&srv, "POST", "/dequantize?dtype=f32", json_h, js.body, js.len, &d1);
+        http_do(&srv, "POST", "/dequantize?dtype=f32", bin_h, st.body, st.len, &d2);
+        if (d1.status != 200 || d2.status != 200)
+            fail_msg("%s: /dequantize?dtype=f32 of a bf16 result answers %ld (JSON), %ld (safetensors): %.200s",
+                     fmt, d1.status, d2.status, d1.status != 200 ? d1.body : d2.body);
+        assert_int_equal(d1.len, n * 4);
+        assert_memory_equal(d1.body, want[0], n * 4);
+        assert_int_equal(d2.len, n * 4);
+        assert_memory_equal(d2.body, want[0], n * 4);
+        for (int d = 0; d < 3; d++)
+            free(want[d]);
+        http_free(&d1);
+        http_free(&d2);
+        http_free(&st);
+        http_free(&js);
+    }
+    free(h);
+    free(x);
+}
+
 static void query_params_and_report_error(void **state)
 {
     size_t n = 32 * 128;
@@ -496,6 +561,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_format_matches_cli_raw_json_and_safetensors),
+        cmocka_unit_test(every_format_dequantizes_to_another_dtype),
         cmocka_unit_test(query_params_and_report_error),
         cmocka_unit_test(async_job_gives_the_synchronous_answer),
         cmocka_unit_test(large_round_trips_with_raw_answers),

@@ -151,7 +151,7 @@ int main(int argc, char **argv)
     struct variant {
         const char *fmt, *key, *value, *label;
         int passes; /* reads of the input the arithmetic needs */
-    } variants[] = {
+    } variants[] = { /* key and value may list several parameters, comma-separated */
         {"nf4", NULL, NULL, "bs64 dq", 1}, {"fp4", NULL, NULL, "bs64 dq", 1},
         /* where nf4's time goes: the double quant given its offset (no mean over the tensor), and none */
         {"nf4", "offset", "0.01", "bs64 dq, offset given", 1}, {"nf4", "double_quant", "false", "bs64", 1},
@@ -167,6 +167,11 @@ int main(int argc, char **argv)
         {"mxfp6_e2m3", NULL, NULL, "", 1}, {"mxfp6_e3m2", NULL, NULL, "", 1}, {"mxfp8_e4m3", NULL, NULL, "", 1},
         {"mxfp8_e5m2", NULL, NULL, "", 1}, {"int8", NULL, NULL, "per tensor", 2}, {"int8", "granularity", "row", "per row", 1},
         {"uint8", NULL, NULL, "per tensor", 2}, {"uint8", "granularity", "row", "per row", 1},
+        {"fp8_e4m3", NULL, NULL, "channel, llm-compressor", 1},
+        {"fp8_e4m3", "granularity", "block", "block 128x128, llm-compressor", 1},
+        {"fp8_e4m3", "granularity", "tensor", "tensor, llm-compressor, amax pass", 2},
+        {"fp8_e4m3", "flow,granularity", "transformers,block", "block 128x128, transformers", 1},
+        {"w8a8", NULL, NULL, "channel", 1},
     };
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         const struct qd_format *f = qd_format_find(variants[v].fmt);
@@ -181,8 +186,14 @@ int main(int argc, char **argv)
             struct qd_params p0;
             char err[512];
             qd_params_default(f, &p0);
-            if (variants[v].key)
-                qd_params_set(f, &p0, variants[v].key, variants[v].value, err, sizeof err);
+            if (variants[v].key) {
+                char keys[128], values[128], *ks, *vs;
+                snprintf(keys, sizeof keys, "%s", variants[v].key);
+                snprintf(values, sizeof values, "%s", variants[v].value);
+                for (char *k = strtok_r(keys, ",", &ks), *val = strtok_r(values, ",", &vs); k && val;
+                     k = strtok_r(NULL, ",", &ks), val = strtok_r(NULL, ",", &vs))
+                    qd_params_set(f, &p0, k, val, err, sizeof err);
+            }
             struct qd_component comps[QD_MAX_COMPONENTS];
             int nc = qd_format_layout(f, &p0, &in, comps, err, sizeof err);
             void *out[QD_MAX_COMPONENTS];

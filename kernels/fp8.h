@@ -42,8 +42,8 @@ static inline int qd_fp8_scale_code(int scale_dtype)
 
 /* The plan for a tensor of dtype `weight` (the output's when dequantizing: scale_dtype=auto
  * follows it, a recorded scale_dtype wins). w8a8 is compressed-tensors' channel-wise int8. */
-static inline struct qd_fp8_plan qd_fp8_plan(const struct qd_format *f, const struct qd_params *p,
-                                             enum qd_dtype weight)
+static inline struct qd_fp8_plan qd_fp8_plan_for(const struct qd_format *f, const struct qd_params *p,
+                                                 enum qd_dtype weight)
 {
     struct qd_fp8_plan k;
     k.int8 = f->code == QD_FP8_INT8;
@@ -60,7 +60,7 @@ static inline struct qd_fp8_plan qd_fp8_plan(const struct qd_format *f, const st
 static inline int qd_fp8_resolve_scale_dtype(const struct qd_format *f, struct qd_params *p, enum qd_dtype weight)
 {
     static const int of[] = {[QD_F32] = QD_SCALE_F32, [QD_F16] = QD_SCALE_F16, [QD_BF16] = QD_SCALE_BF16};
-    int want = qd_fp8_plan(f, p, weight).ct ? of[weight] : QD_SCALE_F32;
+    int want = qd_fp8_plan_for(f, p, weight).ct ? of[weight] : QD_SCALE_F32;
     if (p->scale_dtype != QD_SCALE_AUTO && p->scale_dtype != want)
         return -1;
     p->scale_dtype = want;

@@ -260,7 +260,7 @@ static int layout_fp8(const struct qd_format *f, const struct qd_params *p, int6
         snprintf(err, len, "fp8_e4m3 takes granularity=tensor, channel (one scale per row) or block");
         return -1;
     }
-    struct qd_fp8_plan k = qd_fp8_plan(f, p, p->layout_dtype);
+    struct qd_fp8_plan k = qd_fp8_plan_for(f, p, p->layout_dtype);
     if (!k.ct && p->scale_dtype != QD_SCALE_AUTO && p->scale_dtype != QD_SCALE_F32) {
         snprintf(err, len, "flow=transformers keeps its scales (weight_scale_inv) in f32: scale_dtype must be "
                  "auto or f32");

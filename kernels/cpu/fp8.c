@@ -110,7 +110,7 @@ enum qd_status qd_cpu_fp8_quantize(const struct qd_format *f, const struct qd_te
 {
     if (qd_fp8_resolve_scale_dtype(f, p, in->dtype))
         return QD_EINVAL; /* (the layout refuses it first, naming it) */
-    struct fp8_ctx k = {.k = qd_fp8_plan(f, p, in->dtype), .codes = out[0], .scales = out[1]};
+    struct fp8_ctx k = {.k = qd_fp8_plan_for(f, p, in->dtype), .codes = out[0], .scales = out[1]};
     geometry(&k, in);
     if (k.k.gran == QD_GRAN_TENSOR) {
         float amax, lo, hi;
@@ -134,7 +134,7 @@ enum qd_status qd_cpu_fp8_quantize(const struct qd_format *f, const struct qd_te
 enum qd_status qd_cpu_fp8_dequantize(const struct qd_format *f, const void *const *in,
                                      const struct qd_params *p, struct qd_tensor *out)
 {
-    struct fp8_ctx k = {.k = qd_fp8_plan(f, p, out->dtype), .ccodes = in[0], .cscales = in[1]};
+    struct fp8_ctx k = {.k = qd_fp8_plan_for(f, p, out->dtype), .ccodes = in[0], .cscales = in[1]};
     geometry(&k, out);
     return qd_cpu_out_spans(out, 1, dequantize_span, &k) < 0 ? QD_ENOMEM : QD_OK;
 }

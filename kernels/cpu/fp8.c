@@ -1,7 +1,7 @@
 /* fp8_e4m3 and w8a8 (kernels/fp8.h) on the CPU. Per tensor: the range pass, then the codes; per
  * channel: spans of whole rows, each row's scale then its codes; per block: spans of whole
- * block rows (whole matrices where a matrix's rows are not a multiple of the block's), each
- * block row's maxima column block by column block, then its codes. */
+ * block rows (whole matrices where a stack's matrices have rows that are not a multiple of the
+ * block's), each block row's maxima column block by column block, then its codes. */
 #include <stdlib.h>
 
 #include "../fp8.h"
@@ -121,8 +121,9 @@ enum qd_status qd_cpu_fp8_quantize(const struct qd_format *f, const struct qd_te
     }
     if (k.k.gran == QD_GRAN_CHANNEL)
         return qd_cpu_spans(in, in->cols, channel_span, &k) < 0 ? QD_ENOMEM : QD_OK;
-    /* spans of whole block rows, or of whole matrices when a block row can end a matrix early */
-    int64_t unit_rows = k.mrows % k.k.block_rows == 0 ? k.k.block_rows : k.mrows;
+    /* spans of whole block rows; of whole matrices when a block row can end one of several early
+     * (a single matrix's short last block row is the tensor's end) */
+    int64_t unit_rows = k.mrows % k.k.block_rows == 0 || k.mrows == in->rows ? k.k.block_rows : k.mrows;
     int threads = qd_cpu_threads_for(qd_tensor_numel(in));
     if (!(k.work = malloc((size_t)(threads * 2 * k.ncb) * sizeof(float))))
         return QD_ENOMEM;

@@ -1,6 +1,7 @@
 /* fp8_e4m3 and w8a8 (kernels/fp8.h, kernels/cpu/fp8.c): the edge cases docs/formats.md names,
  * one test each, in both peers' arithmetic (compressed-tensors: flow=compressed_tensors, the
  * default; transformers' FineGrainedFP8: flow=transformers). */
+#include "../../kernels/cpu/cpu.h"
 #include "../../kernels/fp8.h"
 #include "helpers.h"
 
@@ -175,6 +176,55 @@ static void fp8_partial_blocks_stay_inside_their_matrix(void **state)
     free(y);
 }
 
+/* The CPU's threads split blocks at block rows (a single matrix's short last one included) or,
+ * for a stack of matrices whose rows are not a multiple of the block's, at matrices: the bytes
+ * are the same on one thread and on two. */
+static void fp8_block_bytes_do_not_depend_on_threads(void **state)
+{
+    (void)state;
+    const int64_t shapes[][3] = {{1, 1000, 520}, {3, 100, 1000}};
+    const char *const b64[] = {"granularity=block", "block=64x64", NULL};
+    const int saved = qd_cpu_threads();
+    for (int si = 0; si < 2; si++) {
+        const int64_t n = shapes[si][0] * shapes[si][1] * shapes[si][2];
+        float *x = malloc((size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++)
+            x[i] = 0.02f * test_normal();
+        struct test_q one, two;
+        qd_cpu_set_threads(1);
+        assert_int_equal(test_quantize(&one, "fp8_e4m3", x, shapes[si][0] * shapes[si][1], shapes[si][2], QD_BF16,
+                                       si ? b64 : ct_block), QD_OK);
+        qd_cpu_set_threads(2);
+        assert_int_equal(test_quantize(&two, "fp8_e4m3", x, shapes[si][0] * shapes[si][1], shapes[si][2], QD_BF16,
+                                       si ? b64 : ct_block), QD_OK);
+        if (si) { /* as a stack: [3, 100, 1000], blocks per matrix, on one thread and on two */
+            const struct qd_format *f = qd_format_find("fp8_e4m3");
+            for (int t = 1; t <= 2; t++) {
+                struct test_q *q = t == 1 ? &one : &two;
+                qd_cpu_set_threads(t);
+                q->p.scale_dtype = QD_SCALE_AUTO;
+                assert_int_equal(qd_tensor_set_shape(&q->in, 3, shapes[si]), QD_OK);
+                assert_int_equal(qd_format_layout(f, &q->p, &q->in, q->c, q->err, sizeof q->err), 2);
+                for (int c = 0; c < 2; c++) {
+                    free(q->buf[c]);
+                    q->buf[c] = malloc((size_t)q->c[c].bytes);
+                    memset(q->buf[c], 0xa5 + t, (size_t)q->c[c].bytes);
+                }
+                assert_int_equal(qd_quantize(QD_BACKEND_CPU, f, &q->in, &q->p, q->buf, q->err, sizeof q->err), QD_OK);
+            }
+            assert_int_equal(one.c[1].shape[0], 3 * 2);
+        }
+        for (int c = 0; c < 2; c++) {
+            assert_int_equal(one.c[c].bytes, two.c[c].bytes);
+            assert_memory_equal(one.buf[c], two.buf[c], (size_t)one.c[c].bytes);
+        }
+        tq_release(&one);
+        tq_release(&two);
+        free(x);
+    }
+    qd_cpu_set_threads(saved);
+}
+
 /* W8A8: scale amax / 127.5 in the dtype; -amax is code -128, +amax clamps to 127; ties to even. */
 static void w8a8_codes_span_minus_128_to_127(void **state)
 {
@@ -302,6 +352,7 @@ int main(void)
         cmocka_unit_test(fp8_saturates_at_448),
         cmocka_unit_test(fp8_transformers_infinite_scale),
         cmocka_unit_test(fp8_partial_blocks_stay_inside_their_matrix),
+        cmocka_unit_test(fp8_block_bytes_do_not_depend_on_threads),
         cmocka_unit_test(w8a8_codes_span_minus_128_to_127),
         cmocka_unit_test(dequantize_rounds_to_the_scale_dtype),
         cmocka_unit_test(fp8_tensor_scale_is_the_tensors),

@@ -232,14 +232,16 @@ __global__ void fp8_tensor_codes_kernel(const void *x, int64_t n, const float *s
             codes[i] = qd_fp8_code(qd_load<DT>(x, i), s, INT8, CT, dt);
 }
 
-/* The scale index of element (r, c). */
-__device__ __forceinline__ int64_t fp8_scale_of(int gran, const fp8_geom &g, int64_t r, int64_t c)
+/* The scale index of element (r, c), in index type I (32-bit divisions where the tensor has
+ * fewer than 2^32 elements: a 64-bit one costs several times more). */
+template <class I> __device__ __forceinline__ I fp8_scale_of(int gran, const fp8_geom &g, I r, I c)
 {
     if (gran == QD_GRAN_TENSOR)
         return 0;
     if (gran == QD_GRAN_CHANNEL)
         return r;
-    return (r / g.mrows * g.nbr + r % g.mrows / g.br) * g.ncb + c / g.bc;
+    const I mrows = (I)g.mrows, m = r / mrows;
+    return (m * (I)g.nbr + (r - m * mrows) / (I)g.br) * (I)g.ncb + c / (I)g.bc;
 }
 
 /* code * scale rounded to the scale's dtype SDT; rounding to the output dtype DT follows in the
@@ -252,7 +254,7 @@ template <int DT, int INT8, int SDT> __device__ __forceinline__ float fp8_value(
 
 /* One thread per 8 elements (one 8-byte load of codes, a 16- or 32-byte store). UNIFORM: the 8
  * share one scale (cols a multiple of 8, and so is the block width); else each its own. */
-template <int DT, int INT8, int SDT, int UNIFORM>
+template <int DT, int INT8, int SDT, int UNIFORM, class I>
 __global__ void fp8_dequantize_kernel(const uint8_t *codes, const void *scales, int gran, fp8_geom g, int64_t n, void *y)
 {
     const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, e0 = 8 * t;
@@ -270,24 +272,25 @@ __global__ void fp8_dequantize_kernel(const uint8_t *codes, const void *scales, 
             for (int j = 0; j < 8; j += 2)
                 qd_fp8x2_decode<QD_E4M3>(((j < 4 ? w.x : w.y) >> (8 * (j % 4))) & 0xffffu, &q[j], &q[j + 1]);
         }
-        int64_t r = e0 / g.cols, c = e0 - r * g.cols;
+        const I cols = (I)g.cols;
+        I r = (I)e0 / cols, c = (I)e0 - r * cols;
         float v[8];
         if (UNIFORM) {
-            const float s = qd_fp8_get_scale(scales, fp8_scale_of(gran, g, r, c), SDT);
+            const float s = qd_fp8_get_scale(scales, fp8_scale_of<I>(gran, g, r, c), SDT);
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 v[j] = fp8_value<DT, INT8, SDT>(q[j], s);
         } else
             for (int j = 0; j < 8; j++) {
-                v[j] = fp8_value<DT, INT8, SDT>(q[j], qd_fp8_get_scale(scales, fp8_scale_of(gran, g, r, c), SDT));
-                if (++c == g.cols)
+                v[j] = fp8_value<DT, INT8, SDT>(q[j], qd_fp8_get_scale(scales, fp8_scale_of<I>(gran, g, r, c), SDT));
+                if (++c == cols)
                     c = 0, r++;
             }
         qd_store_block<DT, 8>(y, e0, v);
     } else
         for (int64_t e = e0; e < n; e++) {
             const int64_t r = e / g.cols;
-            const float s = qd_fp8_get_scale(scales, fp8_scale_of(gran, g, r, e - r * g.cols), SDT);
+            const float s = qd_fp8_get_scale(scales, fp8_scale_of<int64_t>(gran, g, r, e - r * g.cols), SDT);
             qd_store<DT>(y, e, fp8_value<DT, INT8, SDT>(INT8 ? (float)(int8_t)codes[e] : qd_e4m3_to_f32(codes[e]), s));
         }
 }
@@ -378,10 +381,13 @@ extern "C" enum qd_status qd_cuda_fp8_dequantize(const struct qd_format *f, cons
     const fp8_geom g = fp8_geometry(k, out);
     const int64_t n = qd_tensor_numel(out);
     const bool uniform = g.cols % 8 == 0 && (k.gran != QD_GRAN_BLOCK || g.bc % 8 == 0);
+    const bool small = n < ((int64_t)1 << 32);
     const uint8_t *codes = (const uint8_t *)in[0];
+#define FP8_DQ_I(DT, INT8, SDT, U, I)                                                           \
+    fp8_dequantize_kernel<DT, INT8, SDT, U, I><<<qd_grid((n + 7) / 8, 256), 256, 0, qd_stream()>>>( \
+        codes, in[1], k.gran, g, n, out->data)
 #define FP8_DQ(DT, INT8, SDT)                                                                   \
-    QD_BOOL_SWITCH(uniform, U, fp8_dequantize_kernel<DT, INT8, SDT, U><<<qd_grid((n + 7) / 8, 256), 256, 0, qd_stream()>>>( \
-                                   codes, in[1], k.gran, g, n, out->data))
+    QD_BOOL_SWITCH(uniform, U, if (small) FP8_DQ_I(DT, INT8, SDT, U, uint32_t); else FP8_DQ_I(DT, INT8, SDT, U, int64_t))
 #define FP8_DQ_SDT(DT, INT8)                                                                    \
     if (k.dt == 2) {                                                                            \
         FP8_DQ(DT, INT8, 2);                                                                    \
@@ -393,6 +399,7 @@ extern "C" enum qd_status qd_cuda_fp8_dequantize(const struct qd_format *f, cons
     QD_DTYPE_SWITCH(out->dtype, DT, QD_BOOL_SWITCH(k.int8, INT8, FP8_DQ_SDT(DT, INT8)));
 #undef FP8_DQ_SDT
 #undef FP8_DQ
+#undef FP8_DQ_I
     CUDA_LAUNCHED();
     return QD_OK;
 }

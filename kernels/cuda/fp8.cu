@@ -85,11 +85,12 @@ struct fp8_block_at {
     int64_t row0, col0, scale, h, w;
 };
 
-__device__ __forceinline__ fp8_block_at fp8_block(const fp8_geom &g, int64_t b)
+__device__ __forceinline__ fp8_block_at fp8_block(const fp8_geom &g, uint32_t b)
 {
-    fp8_block_at a;
-    const int64_t bco = b % g.ncb, rb = b / g.ncb, bro = rb % g.nbr;
-    a.row0 = rb / g.nbr * g.mrows + bro * g.br;
+    fp8_block_at a; /* 32-bit divisions: a grid has fewer than 2^31 CTAs */
+    const uint32_t ncb = (uint32_t)g.ncb, nbr = (uint32_t)g.nbr, rb = b / ncb, bco = b - rb * ncb, m = rb / nbr;
+    const int64_t bro = rb - m * nbr;
+    a.row0 = (int64_t)m * g.mrows + bro * g.br;
     a.col0 = bco * g.bc;
     a.h = min(g.br, g.mrows - bro * g.br);
     a.w = min(g.bc, g.cols - a.col0);

@@ -14,7 +14,8 @@ static uint16_t half_at(const struct test_q *q, int c, int64_t i) { return ((con
 static float f32_at(const struct test_q *q, int c, int64_t i) { return ((const float *)q->buf[c])[i]; }
 static uint8_t code_at(const struct test_q *q, int64_t i) { return ((const uint8_t *)q->buf[0])[i]; }
 
-/* A row of zeros: compressed-tensors' scale 0 becomes the dtype's eps; transformers' scale is 1. */
+/* A row, block or tensor of zeros: compressed-tensors' scale 0 becomes the dtype's eps;
+ * transformers' scale is 1; the codes are 0. */
 static void fp8_zero_rows_get_eps_or_one(void **state)
 {
     (void)state;
@@ -44,6 +45,28 @@ static void fp8_zero_rows_get_eps_or_one(void **state)
     for (int i = 0; i < 64; i++)
         assert_int_equal(code_at(&q, i), 0);
     tq_release(&q);
+    /* a zero block (the first of [2 x 64] in 1x32 blocks) and a zero tensor, in both flows */
+    const char *const blocks[][4] = {{"granularity=block", "block=1x32", NULL}, {"granularity=block", "block=1x32",
+                                                                                 "flow=transformers", NULL}};
+    for (int flow = 0; flow < 2; flow++) {
+        assert_int_equal(test_quantize(&q, "fp8_e4m3", x, 2, 64, QD_F16, blocks[flow]), QD_OK);
+        assert_int_equal(q.c[1].shape[0], 2);
+        assert_int_equal(q.c[1].shape[1], 2);
+        if (flow)
+            assert_true(f32_at(&q, 1, 0) == 1.0f && f32_at(&q, 1, 1) == 1.0f && f32_at(&q, 1, 2) != 1.0f);
+        else
+            assert_true(half_at(&q, 1, 0) == 0x1400 && half_at(&q, 1, 1) == 0x1400 && half_at(&q, 1, 2) != 0x1400);
+        tq_release(&q);
+        const char *const tensor[] = {"granularity=tensor", flow ? "flow=transformers" : NULL, NULL};
+        float z[64] = {0};
+        assert_int_equal(test_quantize(&q, "fp8_e4m3", z, 1, 64, QD_F32, tensor), QD_OK);
+        assert_true(f32_at(&q, 1, 0) == (flow ? 1.0f : 0x1p-23f));
+        float *y = test_dequantize(&q, "fp8_e4m3", QD_BF16);
+        for (int i = 0; i < 64; i++)
+            assert_true(code_at(&q, i) == 0 && y[i] == 0.0f);
+        free(y);
+        tq_release(&q);
+    }
 }
 
 /* Quotients on e4m3 ties (scale 2^-10 exactly, amax 448 * 2^-10): to even, normal and subnormal. */

@@ -151,7 +151,7 @@ int main(int argc, char **argv)
     struct variant {
         const char *fmt, *key, *value, *label;
         int passes; /* reads of the input the arithmetic needs */
-    } variants[] = {
+    } variants[] = { /* key and value may list several parameters, comma-separated */
         {"nf4", NULL, NULL, "bs64 dq", 1}, {"fp4", NULL, NULL, "bs64 dq", 1},
         /* where nf4's time goes: the double quant given its offset (no mean over the tensor), and none */
         {"nf4", "offset", "0.01", "bs64 dq, offset given", 1}, {"nf4", "double_quant", "false", "bs64", 1},
@@ -171,6 +171,11 @@ int main(int argc, char **argv)
         {"mlx_affine", "bits", "8", "8-bit g64", 1}, {"mlx_mxfp4", NULL, NULL, "", 1},
         {"mlx_nvfp4", NULL, NULL, "", 1}, {"mlx_nvfp4", "global_scale", "2.5", "global_scale given", 1},
         {"mlx_mxfp8", NULL, NULL, "", 1},
+        {"fp8_e4m3", NULL, NULL, "channel, llm-compressor", 1},
+        {"fp8_e4m3", "granularity", "block", "block 128x128, llm-compressor", 1},
+        {"fp8_e4m3", "granularity", "tensor", "tensor, llm-compressor, amax pass", 2},
+        {"fp8_e4m3", "flow,granularity", "transformers,block", "block 128x128, transformers", 1},
+        {"w8a8", NULL, NULL, "channel", 1},
     };
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         const struct qd_format *f = qd_format_find(variants[v].fmt);
@@ -185,8 +190,14 @@ int main(int argc, char **argv)
             struct qd_params p0;
             char err[512];
             qd_params_default(f, &p0);
-            if (variants[v].key)
-                qd_params_set(f, &p0, variants[v].key, variants[v].value, err, sizeof err);
+            if (variants[v].key) {
+                char keys[128], values[128], *ks, *vs;
+                snprintf(keys, sizeof keys, "%s", variants[v].key);
+                snprintf(values, sizeof values, "%s", variants[v].value);
+                for (char *k = strtok_r(keys, ",", &ks), *val = strtok_r(values, ",", &vs); k && val;
+                     k = strtok_r(NULL, ",", &ks), val = strtok_r(NULL, ",", &vs))
+                    qd_params_set(f, &p0, k, val, err, sizeof err);
+            }
             struct qd_component comps[QD_MAX_COMPONENTS];
             int nc = qd_format_layout(f, &p0, &in, comps, err, sizeof err);
             void *out[QD_MAX_COMPONENTS];

@@ -59,6 +59,24 @@ static enum qd_status set_desc(const struct qd_param_desc *d, struct qd_params *
         *(int *)((char *)p + d->has_offset) = 1;
         return QD_OK;
     }
+    case QD_PARAM_BLOCK: {
+        errno = 0;
+        long long r = strtoll(v, &end, 10), c = -1;
+        if (!errno && end != v && (*end == 'x' || *end == 'X')) {
+            const char *at = end + 1;
+            c = strtoll(at, &end, 10);
+            if (end == at)
+                c = -1;
+        }
+        if (errno || *end || r < d->min || r > d->max || c < d->min || c > d->max) {
+            snprintf(err, len, "parameter %s must be ROWSxCOLS, each in [%lld, %lld] (got '%s')", d->name,
+                     (long long)d->min, (long long)d->max, v);
+            return QD_EINVAL;
+        }
+        ((int *)field)[0] = (int)r;
+        ((int *)field)[1] = (int)c;
+        return QD_OK;
+    }
     case QD_PARAM_ENUM:
         for (int i = 0; d->choices[i]; i++)
             if (!strcmp(d->choices[i], v)) {
@@ -122,6 +140,7 @@ int qd_params_get(const struct qd_params *p, const struct qd_param_desc *d, char
         snprintf(buf, len, "%.9g", (double)*(const float *)field); /* round-trips an f32 */
         return 1;
     case QD_PARAM_ENUM: snprintf(buf, len, "%s", d->choices[*(const int *)field]); return 1;
+    case QD_PARAM_BLOCK: snprintf(buf, len, "%dx%d", ((const int *)field)[0], ((const int *)field)[1]); return 1;
     }
     return 0;
 }
@@ -133,7 +152,10 @@ int qd_format_layout(const struct qd_format *f, const struct qd_params *p,
         snprintf(err, len, "awq needs a 2-D weight [K, N] (got %d dimensions)", in->ndim);
         return -1;
     }
-    int n = f->layout(f, p, in->rows, in->cols, comps, err, len);
+    struct qd_params q = *p; /* what the layout may know of the tensor beyond rows x cols */
+    q.layout_dtype = in->dtype;
+    q.layout_matrix_rows = in->ndim > 1 ? in->shape[in->ndim - 2] : 1;
+    int n = f->layout(f, &q, in->rows, in->cols, comps, err, len);
     /* scales kept in the weight's dtype (compressed-tensors' weight_scale, mlx's scales and
      * biases): the resolved scale_dtype names it, the input's until quantizing resolves it */
     static const enum qd_dtype of[] = {QD_F32, QD_F32, QD_F16, QD_BF16};
@@ -147,7 +169,7 @@ int qd_format_layout(const struct qd_format *f, const struct qd_params *p,
 
 static cJSON *param_json(const struct qd_format *f, const struct qd_param_desc *d)
 {
-    static const char *kinds[] = {"int", "bool", "float", "enum"};
+    static const char *kinds[] = {"int", "bool", "float", "enum", "block"};
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", d->name);
     cJSON_AddStringToObject(o, "type", kinds[d->kind]);
@@ -155,7 +177,7 @@ static cJSON *param_json(const struct qd_format *f, const struct qd_param_desc *
     if (!def)
         def = d->deflt;
     cJSON_AddStringToObject(o, "default", !def ? "computed" : *def ? def : "none");
-    if (d->kind == QD_PARAM_INT) {
+    if (d->kind == QD_PARAM_INT || d->kind == QD_PARAM_BLOCK) {
         cJSON_AddNumberToObject(o, "min", (double)d->min);
         cJSON_AddNumberToObject(o, "max", (double)d->max);
         if (d->pow2)
@@ -194,6 +216,8 @@ char *qd_registry_json(void)
         struct qd_component c[QD_MAX_COMPONENTS];
         char err[128];
         qd_params_default(f, &p);
+        p.layout_dtype = QD_F32;
+        p.layout_matrix_rows = 256;
         int nc = f->layout(f, &p, 256, 256, c, err, sizeof err);
         cJSON *cs = cJSON_AddArrayToObject(o, "components");
         for (int j = 0; j < nc; j++) {

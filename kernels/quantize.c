@@ -165,7 +165,7 @@ cJSON *qd_params_to_json(const struct qd_format *f, const struct qd_params *p)
             continue;
         if (d->kind == QD_PARAM_BOOL)
             cJSON_AddBoolToObject(o, d->name, strcmp(buf, "true") == 0);
-        else if (d->kind == QD_PARAM_ENUM)
+        else if (d->kind == QD_PARAM_ENUM || d->kind == QD_PARAM_BLOCK)
             cJSON_AddStringToObject(o, d->name, buf);
         else if (d->kind == QD_PARAM_INT)
             cJSON_AddNumberToObject(o, d->name, *(const int *)((const char *)p + d->offset));

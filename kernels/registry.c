@@ -9,6 +9,7 @@
 
 #include "bnb4.h"
 #include "cpu/cpu.h"
+#include "fp8.h"
 #include "ggml.h"
 #include "kquants.h"
 #include "mlx.h"
@@ -27,8 +28,8 @@
 
 static const char *const layouts[] = {"linear", "swizzled", NULL};
 static const char *const roundings[] = {"floor", "rceil", "even", NULL};
-static const char *const flows[] = {"torchao", "compressed_tensors", NULL};
-static const char *const granularities[] = {"tensor", "row", NULL};
+static const char *const flows[] = {"torchao", "compressed_tensors", "transformers", NULL};
+static const char *const granularities[] = {"tensor", "row", "channel", "block", NULL};
 static const char *const fp6_packings[] = {"packed", "unpacked", NULL};
 static const char *const scale_dtypes[] = {"auto", "f32", "f16", "bf16", NULL};
 
@@ -50,8 +51,8 @@ const struct qd_param_desc qd_param_descs[] = {
      "w4a16/w8a16: scale = max|x| / 7.5 (127.5) and no zero point (false: (max - min) / 15 (255) "
      "and a zero point)"},
     {"scale_dtype", QD_PARAM_ENUM, OFF(scale_dtype), 0, "auto", 0, 0, 0, scale_dtypes,
-     "w4a16/w8a16, mlx_affine: the scales' dtype, the weight's (auto resolves to it when quantizing; "
-     "dequantizing reads it, whatever the output dtype)"},
+     "w4a16/w8a16/w8a8/fp8_e4m3, mlx_affine: the scales' dtype, the weight's (auto resolves to it when "
+     "quantizing; dequantizing reads it, whatever the output dtype; fp8_e4m3 flow=transformers: f32)"},
     {"global_scale", QD_PARAM_FLOAT, OFF(global_scale), OFF(has_global_scale), NULL, 0, 0, 0,
      NULL, "nvfp4: encode scale 448*6/amax (TensorRT-LLM convention), computed when absent; mlx_nvfp4: "
      "mlx's global_scale (mlx-lm passes the tensor's amax; the encode factor is 2688/global_scale), none when absent"},
@@ -60,15 +61,21 @@ const struct qd_param_desc qd_param_descs[] = {
     {"two_level", QD_PARAM_BOOL, OFF(two_level), 0, "true", 0, 0, 0, NULL,
      "use a per-tensor scale (false: torchao's single-level E4M3 scales)"},
     {"flow", QD_PARAM_ENUM, OFF(flow), 0, "torchao", 0, 0, 0, flows,
-     "whose arithmetic: torchao's nvfp4_quantize, or compressed_tensors (llm-compressor NVFP4A16: "
-     "global scale 2688/amax in the weight's dtype, scales and codes as its compressor computes them)"},
+     "whose arithmetic: nvfp4 torchao's nvfp4_quantize, or compressed_tensors (llm-compressor NVFP4A16: "
+     "global scale 2688/amax in the weight's dtype, scales and codes as its compressor computes them); "
+     "fp8_e4m3 compressed_tensors (llm-compressor FP8 / FP8_DYNAMIC / FP8_BLOCK: scale amax / 448 in the "
+     "weight's dtype) or transformers (FineGrainedFP8: f32, x * (448 / amax), weight_scale_inv = its inverse)"},
     {"scale_layout", QD_PARAM_ENUM, OFF(scale_layout), 0, "linear", 0, 0, 0, layouts,
      "linear [rows, cols/block] or the swizzled 128x4 tensor-core tiling"},
     {"scale_rounding", QD_PARAM_ENUM, OFF(scale_rounding), 0, "floor", 0, 0, 0, roundings,
      "E8M0 scale rule: floor (OCP v1.0), rceil (NVIDIA cvt.rp.ue8m0) or even (mxfp4 only: "
      "compressed-tensors' MXFP4A16, the amax rounded to a power of two up from mantissa 1.75 in the weight's dtype)"},
     {"granularity", QD_PARAM_ENUM, OFF(granularity), 0, "tensor", 0, 0, 0, granularities,
-     "one scale for the tensor or one per row"},
+     "int8/uint8: one scale for the tensor or one per row; fp8_e4m3: tensor, channel (one per row) or "
+     "block (one per block of each matrix: the block parameter)"},
+    {"block", QD_PARAM_BLOCK, OFF(block_rows), 0, "128x128", 1, QD_FP8_MAX_BLOCK, 0, NULL,
+     "fp8_e4m3 granularity=block: ROWSxCOLS elements per scale (at most 16384 in all; partial blocks at "
+     "the edges of each matrix)"},
     {"fp6_packing", QD_PARAM_ENUM, OFF(fp6_packing), 0, "packed", 0, 0, 0, fp6_packings,
      "fp6 codes packed 4 per 3 bytes, or one per byte (torchao)"},
     {"allow_nonfinite", QD_PARAM_BOOL, OFF(allow_nonfinite), 0, "false", 0, 0, 0, NULL,
@@ -209,6 +216,10 @@ static int layout_nvfp4(const struct qd_format *f, const struct qd_params *p, in
 {
     if (!cols_multiple(f, cols, QD_NVFP4_BLOCK, err, len))
         return -1;
+    if (p->flow == QD_FLOW_TRANSFORMERS) {
+        snprintf(err, len, "nvfp4 takes flow=torchao or compressed_tensors (transformers is fp8_e4m3's)");
+        return -1;
+    }
     if (p->flow == QD_FLOW_COMPRESSED_TENSORS && (!p->two_level || p->has_per_tensor_scale)) {
         snprintf(err, len, "flow=compressed_tensors always has a global scale (global_scale, the encode "
                  "scale 2688/amax); per_tensor_scale and two_level=false are torchao's");
@@ -228,7 +239,10 @@ static int layout_nvfp4(const struct qd_format *f, const struct qd_params *p, in
 static int layout_int8(const struct qd_format *f, const struct qd_params *p, int64_t rows,
                        int64_t cols, struct qd_component *c, char *err, size_t len)
 {
-    (void)err, (void)len;
+    if (p->granularity != QD_GRAN_TENSOR && p->granularity != QD_GRAN_ROW) {
+        snprintf(err, len, "%s takes granularity=tensor or row (channel and block are fp8_e4m3's)", f->name);
+        return -1;
+    }
     int64_t nscale = p->granularity == QD_GRAN_ROW ? rows : 1;
     comp(&c[0], "data", f->code ? QD_U8 : QD_I8, 2, rows, cols);
     comp(&c[1], "scale", QD_F32, 1, nscale, 0);
@@ -285,6 +299,47 @@ static enum qd_dtype mlx_fp_dequant_dtype(const struct qd_params *p, enum qd_dty
     return p->has_global_scale ? QD_F32 : QD_BF16;
 }
 
+/* fp8_e4m3 and w8a8 (kernels/fp8.h): the 8-bit weight and one scale per tensor, row or block, named
+ * as compressed-tensors (weight_scale, in the weight's dtype) or transformers (weight_scale_inv,
+ * f32) saves them */
+static int layout_fp8(const struct qd_format *f, const struct qd_params *p, int64_t rows,
+                      int64_t cols, struct qd_component *c, char *err, size_t len)
+{
+    if (f->code == QD_FP8_E4M3 && p->flow == QD_FLOW_TORCHAO) {
+        snprintf(err, len, "fp8_e4m3 takes flow=compressed_tensors (llm-compressor FP8, FP8_DYNAMIC, FP8_BLOCK) "
+                 "or transformers (FineGrainedFP8)");
+        return -1;
+    }
+    if (f->code == QD_FP8_E4M3 && p->granularity == QD_GRAN_ROW) {
+        snprintf(err, len, "fp8_e4m3 takes granularity=tensor, channel (one scale per row) or block");
+        return -1;
+    }
+    struct qd_fp8_plan k = qd_fp8_plan_for(f, p, p->layout_dtype);
+    if (!k.ct && p->scale_dtype != QD_SCALE_AUTO && p->scale_dtype != QD_SCALE_F32) {
+        snprintf(err, len, "flow=transformers keeps its scales (weight_scale_inv) in f32: scale_dtype must be "
+                 "auto or f32");
+        return -1;
+    }
+    if (k.gran == QD_GRAN_BLOCK && (int64_t)k.block_rows * k.block_cols > QD_FP8_MAX_BLOCK) {
+        snprintf(err, len, "fp8_e4m3 blocks hold at most %d elements (got block=%dx%d)", QD_FP8_MAX_BLOCK,
+                 k.block_rows, k.block_cols);
+        return -1;
+    }
+    int64_t mrows = p->layout_matrix_rows > 0 ? p->layout_matrix_rows : rows;
+    static const enum qd_dtype of_code[] = {QD_F32, QD_F16, QD_BF16};
+    enum qd_dtype sdt = of_code[k.dt];
+    const char *sname = k.ct ? "weight_scale" : "weight_scale_inv";
+    comp(&c[0], "weight", k.int8 ? QD_I8 : QD_U8, 2, rows, cols);
+    if (k.gran == QD_GRAN_TENSOR)
+        comp(&c[1], sname, sdt, 1, 1, 0);
+    else if (k.gran == QD_GRAN_CHANNEL)
+        comp(&c[1], sname, sdt, 2, rows, 1);
+    else
+        comp(&c[1], sname, sdt, 2, qd_fp8_block_rows(rows, mrows, k.block_rows),
+             (cols + k.block_cols - 1) / k.block_cols);
+    return 2;
+}
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 static const char *const bnb4_params[] = {"blocksize", "double_quant", "offset", "allow_nonfinite", NULL};
@@ -304,6 +359,9 @@ static const char *const mlx_affine_defaults[] = {"group_size=64", NULL};
 static const char *const mlx_fp_params[] = {NULL};
 static const char *const mlx_nvfp4_params[] = {"global_scale", NULL};
 static const char *const mlx_nvfp4_defaults[] = {"global_scale=", NULL}; /* none: single-level */
+static const char *const fp8_params[] = {"granularity", "block", "flow", "scale_dtype", NULL};
+static const char *const w8a8_params[] = {"scale_dtype", NULL};
+static const char *const fp8_defaults[] = {"granularity=channel", "flow=compressed_tensors", NULL};
 
 #define BNB4(nm, cd, dc)                                                                        \
     {.name = nm, .family = "bnb4", .doc = dc, .block_elems = 64, .block_axis = "flat",         \
@@ -380,6 +438,14 @@ const struct qd_format qd_formats[] = {
            "MLX nvfp4 (mx.quantize mode='nvfp4'): E2M1 codes, an E4M3 scale per 16, optional global_scale"),
     MLX_FP("mlx_mxfp8", QD_MLX_MXFP8, 32, 8, mlx_fp_params, NULL,
            "MLX mxfp8 (mx.quantize mode='mxfp8'): E4M3 codes, an E8M0 scale per 32"),
+    /* block_elems 0: the default scale covers a whole row (granularity=channel) */
+    {.name = "fp8_e4m3", .family = "fp8", .doc = "FP8 E4M3 weights [out, in], one scale per tensor, channel or "
+     "block: compressed-tensors (llm-compressor FP8, FP8_DYNAMIC, FP8_BLOCK) or transformers FineGrainedFP8",
+     .block_axis = "last", .bits_per_weight = 8, .code = QD_FP8_E4M3, .params = fp8_params,
+     .param_defaults = fp8_defaults, .layout = layout_fp8, .backend = BACKENDS(fp8)},
+    {.name = "w8a8", .family = "fp8", .doc = "compressed-tensors int-quantized int8 weights [out, in], one "
+     "symmetric scale per output channel (llm-compressor W8A8)", .block_axis = "last", .bits_per_weight = 8,
+     .code = QD_FP8_INT8, .params = w8a8_params, .layout = layout_fp8, .backend = BACKENDS(fp8)},
 };
 const int qd_format_count = (int)(sizeof qd_formats / sizeof qd_formats[0]);
 

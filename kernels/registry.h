@@ -58,10 +58,12 @@ enum qd_status qd_shape_parse(const char *text, int *ndim, int64_t *shape, char 
  * the rest keep their defaults and are ignored. */
 enum qd_scale_layout { QD_LAYOUT_LINEAR, QD_LAYOUT_SWIZZLED };
 enum qd_scale_rounding { QD_ROUND_FLOOR, QD_ROUND_RCEIL, QD_ROUND_EVEN };
-/* nvfp4: whose arithmetic (torchao's nvfp4_quantize, or llm-compressor's NVFP4A16 observer and
- * compressed-tensors' compressor: kernels/ctfp.h) */
-enum qd_nvfp4_flow { QD_FLOW_TORCHAO, QD_FLOW_COMPRESSED_TENSORS };
-enum qd_granularity { QD_GRAN_TENSOR, QD_GRAN_ROW };
+/* Whose arithmetic: nvfp4 takes torchao's nvfp4_quantize or llm-compressor's NVFP4A16 observer
+ * and compressed-tensors' compressor (kernels/ctfp.h); fp8_e4m3 takes compressed-tensors' (the
+ * weight's dtype) or transformers' FineGrainedFP8 (f32, inverse scales: kernels/fp8.h). */
+enum qd_nvfp4_flow { QD_FLOW_TORCHAO, QD_FLOW_COMPRESSED_TENSORS, QD_FLOW_TRANSFORMERS };
+/* int8/uint8 take tensor or row; fp8_e4m3 tensor, channel (one scale per row) or block */
+enum qd_granularity { QD_GRAN_TENSOR, QD_GRAN_ROW, QD_GRAN_CHANNEL, QD_GRAN_BLOCK };
 enum qd_fp6_packing { QD_FP6_PACKED, QD_FP6_UNPACKED };
 /* w4a16: the dtype its scales (and arithmetic) take; AUTO resolves to the weight's at quantize */
 enum qd_scale_dtype { QD_SCALE_AUTO, QD_SCALE_F32, QD_SCALE_F16, QD_SCALE_BF16 };
@@ -85,10 +87,18 @@ struct qd_params {
     int scale_rounding;     /* enum qd_scale_rounding */
     int granularity;        /* enum qd_granularity */
     int fp6_packing;        /* enum qd_fp6_packing */
+    int block_rows, block_cols; /* fp8_e4m3 granularity=block: rows x cols of one scale's block */
     int allow_nonfinite;
+    /* Not parameters: qd_format_layout sets these in the copy it hands a layout function (they
+     * stay 0 elsewhere): the laid-out tensor's dtype (the weight's, or the output's when
+     * dequantizing: scale_dtype=auto follows it) and the rows of one of its matrices (shape[-2],
+     * 1 for 1-D; fp8 blocks do not cross matrices). */
+    int layout_dtype;
+    int64_t layout_matrix_rows;
 };
 
-enum qd_param_kind { QD_PARAM_INT, QD_PARAM_BOOL, QD_PARAM_FLOAT, QD_PARAM_ENUM };
+/* QD_PARAM_BLOCK: "RxC", two ints (rows, then cols at the next int) in [min, max] */
+enum qd_param_kind { QD_PARAM_INT, QD_PARAM_BOOL, QD_PARAM_FLOAT, QD_PARAM_ENUM, QD_PARAM_BLOCK };
 
 struct qd_param_desc {
     const char *name;
@@ -134,7 +144,7 @@ enum qd_backend_kind { QD_BACKEND_CPU, QD_BACKEND_CUDA, QD_BACKEND_COUNT };
 
 struct qd_format {
     const char *name;
-    const char *family;      /* source file family: bnb4, ggml, awq, mx, nvfp4, int8 */
+    const char *family;      /* source file family: bnb4, ggml, awq, mx, nvfp4, int8, fp8, ... */
     const char *doc;
     int block_elems;         /* elements per block along the blocked dim (0: whole tensor/row) */
     int block_bytes;         /* packed bytes per block where fixed (ggml structs), else 0 */

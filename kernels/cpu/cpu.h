@@ -77,5 +77,9 @@ enum qd_status qd_cpu_mlx_quantize(const struct qd_format *, const struct qd_ten
                                    struct qd_params *, void *const *);
 enum qd_status qd_cpu_mlx_dequantize(const struct qd_format *, const void *const *,
                                      const struct qd_params *, struct qd_tensor *);
+enum qd_status qd_cpu_fp8_quantize(const struct qd_format *, const struct qd_tensor *,
+                                   struct qd_params *, void *const *);
+enum qd_status qd_cpu_fp8_dequantize(const struct qd_format *, const void *const *,
+                                     const struct qd_params *, struct qd_tensor *);
 
 #endif

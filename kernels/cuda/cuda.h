@@ -72,6 +72,7 @@ QD_CUDA_FAMILY(int8)
 QD_CUDA_FAMILY(kquant)
 QD_CUDA_FAMILY(ctint)
 QD_CUDA_FAMILY(mlx)
+QD_CUDA_FAMILY(fp8)
 #undef QD_CUDA_FAMILY
 
 #ifdef __cplusplus

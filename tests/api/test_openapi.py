@@ -69,15 +69,17 @@ def test_component_names_are_the_registry():
     quantd = os.environ.get("QUANTD", str(ROOT / "bin" / "quantd"))
     out = json.loads(subprocess.check_output([quantd, "formats"]))
     names = {c["name"] for f in out["formats"] for c in f["components"]}
-    # components that only non-default parameters lay out: w4a16's zero point (symmetric=false)
+    # components that only non-default parameters lay out: w4a16's zero point (symmetric=false),
+    # fp8_e4m3's weight_scale_inv (flow=transformers)
     with tempfile.TemporaryDirectory() as d:
         src = os.path.join(d, "w.f32")
         with open(src, "wb") as f:
             f.write(struct.pack("<1024f", *[(i % 37) / 37.0 - 0.5 for i in range(1024)]))
-        subprocess.run([quantd, "quantize", "--fmt", "w4a16", "--dtype", "f32", "--shape", "8,128", "--in", src,
-                        "--out", os.path.join(d, "o"), "--param", "symmetric=false"], check=True)
-        with open(os.path.join(d, "o", "meta.json")) as f:
-            names |= set(json.load(f)["components"])
+        for fmt, param in (("w4a16", "symmetric=false"), ("fp8_e4m3", "flow=transformers")):
+            subprocess.run([quantd, "quantize", "--fmt", fmt, "--dtype", "f32", "--shape", "8,128", "--in", src,
+                            "--out", os.path.join(d, fmt), "--param", param], check=True)
+            with open(os.path.join(d, fmt, "meta.json")) as f:
+                names |= set(json.load(f)["components"])
     assert set(SPEC["components"]["schemas"]["ComponentName"]["enum"]) == names
 
 

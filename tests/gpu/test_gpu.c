@@ -555,6 +555,136 @@ static void device_encoders_equal_software_on_every_f32(void **state)
     }
 }
 
+/* fp8_e4m3 / w8a8 hard rows (tests/fixtures/make_fp8_fixtures.py plants the same): zeros, an
+ * outlier, the dtype's subnormals, quotients on e4m3 and int8 ties, -0.0, negatives whose
+ * quotient underflows in the dtype, a subnormal scale whose quotients pass 448; the other rows
+ * random. Every value exact in the dtype. */
+static void fill_fp8_hard(void *data, enum qd_dtype dt, int64_t rows, int64_t cols)
+{
+    const float tiny = dt == QD_F16 ? 0x1p-24f : dt == QD_BF16 ? 0x1p-133f : 0x1p-149f;
+    const float ties[] = {448, 1.0625f, 1.1875f, 1.3125f, 2.125f, 248, 3 * 0x1p-10f, 0x1p-10f, 5 * 0x1p-10f, 0};
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            int k = (int)((r * 7919 + c * 104729) % 1021) - 510;
+            float v;
+            switch (r % 10) {
+            case 0: v = 0.0f; break;
+            case 1: v = c == 5 ? 40.0f : (float)k * 1e-4f; break;
+            case 2: v = (float)(k % 100) * tiny; break;
+            case 3: v = (c % 2 ? -1.0f : 1.0f) * ties[c % 10] * 0x1p-10f; break;
+            case 4: v = c == 0 ? -127.5f * 0x1p-7f : ((float)((c + r) % 256) - 127.5f) * 0x1p-7f; break;
+            case 5: v = c == 7 ? 0.3f : c == 9 ? -1e-6f : -0.0f; break;
+            case 6: v = c == 0 ? 896.0f : -tiny; break;
+            case 7: v = (float)(c == 3 ? 627 : (k % 627 ? k % 627 : 1)) * tiny; break;
+            default: v = (float)k * 0x1p-12f;
+            }
+            int64_t i = r * cols + c;
+            if (dt == QD_F32)
+                ((float *)data)[i] = v;
+            else
+                ((uint16_t *)data)[i] = dt == QD_F16 ? qd_f32_to_f16(v) : qd_f32_to_bf16(v);
+        }
+}
+
+/* fp8_e4m3 (both flows, every granularity, blocks of several shapes) and w8a8: GPU bytes and
+ * dequantized values equal the CPU's, on random data and on the hard rows, for shapes that are
+ * not multiples of the block, rows past the register kernels' 32768, columns not a multiple
+ * of 8 (the element-wise kernels) and a stacked [2, R, C] tensor (blocks per matrix). */
+static void gpu_fp8_variants(void **state)
+{
+    static const char *const sets[][4] = {
+        {"fp8_e4m3", NULL}, {"fp8_e4m3", "granularity=tensor", NULL}, {"fp8_e4m3", "granularity=block", NULL},
+        {"fp8_e4m3", "granularity=block", "block=32x64", NULL}, {"fp8_e4m3", "granularity=block", "block=3x40", NULL},
+        {"fp8_e4m3", "granularity=block", "block=5x12", NULL},
+        {"fp8_e4m3", "granularity=block", "block=1x16384", NULL}, {"fp8_e4m3", "flow=transformers", NULL},
+        {"fp8_e4m3", "flow=transformers", "granularity=tensor", NULL},
+        {"fp8_e4m3", "flow=transformers", "granularity=block", NULL}, {"w8a8", NULL}};
+    static const int64_t shapes[][3] = {{0, 200, 300}, {0, 256, 1024}, {0, 7, 40000}, {0, 130, 101},
+                                        {0, 1, 77777}, {2, 100, 264}, {0, 384, 16384}};
+    const size_t nshapes = sizeof shapes / sizeof shapes[0] - (getenv("QUANTD_GPU_SMALL") != NULL); /* the last is big */
+    int64_t n_cases = 0;
+    for (size_t v = 0; v < sizeof sets / sizeof sets[0]; v++) {
+        const struct qd_format *f = qd_format_find(sets[v][0]);
+        for (int dt = QD_F32; dt <= QD_BF16; dt++)
+            for (size_t si = 0; si < nshapes; si++)
+                for (int hard = 0; hard < 2; hard++) {
+                    struct qd_work wc;
+                    char err[512], err2[512];
+                    memset(&wc, 0, sizeof wc);
+                    wc.req.op = QD_OP_QUANTIZE;
+                    wc.f = f;
+                    qd_params_default(f, &wc.p);
+                    for (int k = 1; k < 4 && sets[v][k]; k++) {
+                        char key[64];
+                        const char *eq = strchr(sets[v][k], '=');
+                        snprintf(key, sizeof key, "%.*s", (int)(eq - sets[v][k]), sets[v][k]);
+                        assert_int_equal(qd_params_set(f, &wc.p, key, eq + 1, err, sizeof err), QD_OK);
+                    }
+                    const int64_t *sh = shapes[si];
+                    int64_t dims[3] = {sh[0], sh[1], sh[2]};
+                    wc.in.dtype = (enum qd_dtype)dt;
+                    qd_tensor_set_shape(&wc.in, sh[0] ? 3 : sh[1] == 1 ? 1 : 2, sh[0] ? dims : sh[1] == 1 ? dims + 2 : dims + 1);
+                    wc.nc = qd_format_layout(f, &wc.p, &wc.in, wc.comps, err, sizeof err);
+                    assert_true(wc.nc > 0);
+                    const int64_t n = qd_tensor_numel(&wc.in);
+                    wc.in.data = malloc((size_t)n * 4);
+                    if (hard)
+                        fill_fp8_hard(wc.in.data, (enum qd_dtype)dt, wc.in.rows, wc.in.cols);
+                    else
+                        fill(wc.in.data, (enum qd_dtype)dt, n);
+                    struct qd_work wg = wc;
+                    for (int i = 0; i < wc.nc; i++) {
+                        wc.comp[i] = malloc((size_t)wc.comps[i].bytes + 1);
+                        wg.comp[i] = malloc((size_t)wc.comps[i].bytes + 1);
+                        memset(wc.comp[i], 0x5a, (size_t)wc.comps[i].bytes);
+                        memset(wg.comp[i], 0xa5, (size_t)wc.comps[i].bytes);
+                    }
+                    assert_int_equal(cpu.run(cpu_worker, &wc, err, sizeof err), QD_OK);
+                    if (gpu.run(gpu_worker, &wg, err2, sizeof err2) != QD_OK)
+                        fail_msg("%s: %s", f->name, err2);
+                    assert_memory_equal(&wc.p, &wg.p, sizeof wc.p);
+                    for (int i = 0; i < wc.nc; i++)
+                        if (memcmp(wc.comp[i], wg.comp[i], (size_t)wc.comps[i].bytes)) {
+                            size_t b = 0;
+                            while (((uint8_t *)wc.comp[i])[b] == ((uint8_t *)wg.comp[i])[b])
+                                b++;
+                            fail_msg("%s %s %s %s %s %lldx%lldx%lld%s: component %s differs first at byte %zu (cpu %02x "
+                                     "gpu %02x)", f->name, sets[v][1] ? sets[v][1] : "", sets[v][1] && sets[v][2] ? sets[v][2] : "",
+                                     sets[v][1] && sets[v][2] && sets[v][3] ? sets[v][3] : "", qd_dtype_name((enum qd_dtype)dt),
+                                     (long long)sh[0], (long long)sh[1], (long long)sh[2], hard ? " hard rows" : "",
+                                     wc.comps[i].name, b, ((uint8_t *)wc.comp[i])[b], ((uint8_t *)wg.comp[i])[b]);
+                        }
+                    for (int od = QD_F32; od <= QD_BF16; od++) {
+                        struct qd_work dc = wc, dg;
+                        dc.req.op = QD_OP_DEQUANTIZE;
+                        dc.out = wc.in;
+                        dc.out.dtype = (enum qd_dtype)od;
+                        const size_t ob = (size_t)n * qd_dtype_size((enum qd_dtype)od);
+                        dc.out.data = malloc(ob);
+                        memset(dc.out.data, 0x5a, ob);
+                        dg = dc;
+                        dg.out.data = malloc(ob);
+                        memset(dg.out.data, 0xa5, ob);
+                        assert_int_equal(cpu.run(cpu_worker, &dc, err, sizeof err), QD_OK);
+                        if (gpu.run(gpu_worker, &dg, err2, sizeof err2) != QD_OK)
+                            fail_msg("gpu dequantize %s: %s", f->name, err2);
+                        if (!same_values(dc.out.data, dg.out.data, n, (enum qd_dtype)od))
+                            fail_msg("%s %s %s: dequantize to %s differs", f->name, sets[v][1] ? sets[v][1] : "",
+                                     qd_dtype_name((enum qd_dtype)dt), qd_dtype_name((enum qd_dtype)od));
+                        free(dc.out.data);
+                        free(dg.out.data);
+                    }
+                    for (int i = 0; i < wc.nc; i++) {
+                        free(wc.comp[i]);
+                        free(wg.comp[i]);
+                    }
+                    free(wc.in.data);
+                    n_cases++;
+                }
+    }
+    printf("# fp8_e4m3 / w8a8 variants: %lld cases equal\n", (long long)n_cases);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -565,6 +695,7 @@ int main(void)
         cmocka_unit_test(gpu_equals_cpu_on_allowed_nonfinite_input),
         cmocka_unit_test(gpu_params_variants),
         cmocka_unit_test(gpu_equals_cpu_on_ctint_half_quotients),
+        cmocka_unit_test(gpu_fp8_variants),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,6 +1,8 @@
 """quantd against the fixture vectors the peers produced (tests/fixtures, tests/README.md):
-bitsandbytes on CUDA, torchao (MX, NVFP4), AutoAWQ's arithmetic. Every component byte for
+bitsandbytes on CUDA, torchao (MX, NVFP4), AutoAWQ's arithmetic, llm-compressor and transformers
+(compressed-tensors integers and FP4, FP8, W8A8). Every component byte for
 byte; bitsandbytes' dequantized output too."""
+import hashlib
 import json
 import os
 
@@ -113,6 +115,20 @@ def test_compressed_tensors_bytes(case, tmp_path):
         assert back.read_bytes() == expect(d, "dequantized"), "dequantize differs from compressed-tensors"
 
 
+@pytest.mark.parametrize("case", cases("fp8"))
+def test_fp8_and_w8a8_bytes(case, tmp_path):
+    """llm-compressor's own FP8_DYNAMIC / FP8 (weights) / FP8_BLOCK / W8A8 oneshot as compressed-tensors
+    saves it, and transformers' FineGrainedFP8 ops; dequantized to each dtype as the peer's own
+    dequantization gives it (compressed-tensors' decompressor, transformers' Fp8Dequantize)"""
+    d, meta, x = load("fp8", case)
+    out, _ = quantize(x, meta["fmt"], meta["dtype"], meta["shape"], meta["params"], str(tmp_path))
+    check_components(d, meta, out)
+    for dtype, want in sorted(meta["dequantized_sha256"].items()):
+        back = tmp_path / f"back.{dtype}"
+        run_quantd("dequantize", "--in", out, "--dtype", dtype, "--out", back)
+        assert hashlib.sha256(back.read_bytes()).hexdigest() == want, f"dequantize to {dtype} differs from the peer's"
+
+
 def test_every_family_has_fixtures():
-    for fam in ("bnb", "mx", "nvfp4", "awq", "ct"):
+    for fam in ("bnb", "mx", "nvfp4", "awq", "ct", "fp8"):
         assert cases(fam), f"no fixtures for {fam}"

@@ -1,0 +1,406 @@
+/* fp8_e4m3 and w8a8 (kernels/fp8.h) on the GPU, the CPU's arithmetic. A channel is a block of
+ * 1 x cols, so channels and blocks share the kernels: one CTA per block (or row), which keeps
+ * its elements in registers (16-byte loads, rows of a block read coalesced), folds the largest
+ * |x| over the CTA, and writes the scale and the codes: one read of the input. Blocks (or rows)
+ * that do not split into 8-element chunks, and rows past 32768 elements, take a CTA that reads
+ * its block twice (the second time from L1/L2). Per tensor: the range pass, a one-thread
+ * kernel for the scale, then the codes (two reads). Dequantize: one thread per 8 elements. */
+#include "../fp8.h"
+#include "common.cuh"
+#include "convert.cuh"
+
+#define FP8_THREADS 256
+
+/* the arithmetic's dtype code (ctint.h) of input dtype DT under compressed-tensors' flow */
+template <int DT, int CT> struct fp8_dt {
+    static constexpr int code = !CT ? 0 : DT == QD_BF16 ? 2 : DT == QD_F16 ? 1 : 0;
+};
+
+/* x / s, correctly rounded: through the reciprocal rs where qd_quotient's conditions hold (a
+ * scale of 2^-20 .. 2^20, its checked range, and |x| >= 2^-80: the quotient then lies in
+ * [2^-100, 2^100], as fp8.h's scales keep |x / s| near 448 or below), else the division. */
+__device__ __forceinline__ float fp8_quot(float x, float s, float rs, bool fast)
+{
+    return fast && qd_absf(x) >= 0x1p-80f ? qd_quotient(x, s, rs) : x / s;
+}
+
+__device__ __forceinline__ bool fp8_fast_scale(float s) { return s >= 0x1p-20f && s <= 0x1p20f; }
+
+__device__ __forceinline__ uint32_t fp8_int8_byte(float q)
+{
+    return (uint32_t)(uint8_t)(int8_t)(int)rintf(fminf(fmaxf(q, -128.0f), 127.0f));
+}
+
+/* The codes of two values (a in the low byte), as qd_fp8_code computes them. */
+template <int DT, int INT8, int CT>
+__device__ __forceinline__ uint32_t fp8_code2(float a, float b, float s, float rs, bool fast)
+{
+    if (!CT) /* transformers: x * scale; 0 * inf (an infinite scale) is NaN, coded 0x7f */
+        return qd_mx_encode2<QD_E4M3>(a * s, b * s);
+    float qa = fp8_quot(a, s, rs, fast), qb = fp8_quot(b, s, rs, fast);
+    if (DT != QD_F32) { /* the quotient rounded to the weight's dtype (cvt, = qd_ct_round) */
+        const uint32_t h = qd_pack2<DT>(qa, qb);
+        qa = qd_half_f32<DT>(h, 0);
+        qb = qd_half_f32<DT>(h, 1);
+    }
+    if (INT8)
+        return fp8_int8_byte(qa) | fp8_int8_byte(qb) << 8;
+    /* + the zero point: -0 becomes +0 */
+    return qd_fp8x2_finite<QD_E4M3>(__fadd_rn(qa, 0.0f), __fadd_rn(qb, 0.0f));
+}
+
+template <int DT, int INT8, int CT>
+__device__ __forceinline__ uint2 fp8_codes8(const float *v, float s, float rs, bool fast)
+{
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 8; j += 2)
+        w[j / 4] |= fp8_code2<DT, INT8, CT>(v[j], v[j + 1], s, rs, fast) << (8 * (j % 4));
+    return make_uint2(w[0], w[1]);
+}
+
+/* The largest of the CTA's |x| (as f32 bits, NaN above Inf above finite), in every thread. */
+template <int THREADS> __device__ __forceinline__ float fp8_cta_amax(uint32_t top)
+{
+    __shared__ uint32_t part[THREADS / 32];
+    top = __reduce_max_sync(0xffffffffu, top);
+    if (threadIdx.x % 32 == 0)
+        part[threadIdx.x / 32] = top;
+    __syncthreads();
+    uint32_t m = part[0];
+#pragma unroll
+    for (int w = 1; w < THREADS / 32; w++)
+        m = max(m, part[w]);
+    return qd_bits_f32(m);
+}
+
+/* Where block b sits: its first row and column, rows and columns inside the tensor, and its
+ * scale's index. A channel is the block 1 x cols of one-row matrices. */
+struct fp8_geom {
+    int64_t cols, mrows, nbr, ncb; /* nbr block rows per matrix, ncb block columns */
+    int64_t br, bc;
+};
+
+struct fp8_block_at {
+    int64_t row0, col0, scale, h, w;
+};
+
+__device__ __forceinline__ fp8_block_at fp8_block(const fp8_geom &g, uint32_t b)
+{
+    fp8_block_at a; /* 32-bit divisions: a grid has fewer than 2^31 CTAs */
+    const uint32_t ncb = (uint32_t)g.ncb, nbr = (uint32_t)g.nbr, rb = b / ncb, bco = b - rb * ncb, m = rb / nbr;
+    const int64_t bro = rb - m * nbr;
+    a.row0 = (int64_t)m * g.mrows + bro * g.br;
+    a.col0 = bco * g.bc;
+    a.h = min(g.br, g.mrows - bro * g.br);
+    a.w = min(g.bc, g.cols - a.col0);
+    a.scale = b;
+    return a;
+}
+
+/* 8 elements as loaded (16-bit ones stay packed: half the registers of their f32 values). */
+template <int DT> struct fp8_chunk {
+    uint4 q[DT == QD_F32 ? 2 : 1];
+};
+
+/* Loads the 8 elements at e (16-byte aligned); returns their largest |x| as f32 bits, above
+ * 0x7f800000 exactly when one is NaN (qd_load_block_top's order). */
+template <int DT> __device__ __forceinline__ uint32_t fp8_chunk_load(const void *x, int64_t e, fp8_chunk<DT> &c)
+{
+    if constexpr (DT == QD_F32) {
+        const uint4 *p = (const uint4 *)((const float *)x + e);
+        uint32_t top = 0;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            c.q[k] = __ldg(p + k);
+            top = max(top, max(max(c.q[k].x & 0x7fffffffu, c.q[k].y & 0x7fffffffu),
+                               max(c.q[k].z & 0x7fffffffu, c.q[k].w & 0x7fffffffu)));
+        }
+        return top;
+    } else {
+        c.q[0] = __ldg((const uint4 *)((const uint16_t *)x + e));
+        const uint32_t top = __vmaxu2(__vmaxu2(c.q[0].x & 0x7fff7fffu, c.q[0].y & 0x7fff7fffu),
+                                      __vmaxu2(c.q[0].z & 0x7fff7fffu, c.q[0].w & 0x7fff7fffu));
+        return qd_half_pair_top<DT>(top);
+    }
+}
+
+template <int DT> __device__ __forceinline__ void fp8_chunk_values(const fp8_chunk<DT> &c, float *v)
+{
+#pragma unroll
+    for (int k = 0; k < (DT == QD_F32 ? 2 : 1); k++) {
+        const uint32_t w[4] = {c.q[k].x, c.q[k].y, c.q[k].z, c.q[k].w};
+#pragma unroll
+        for (int h = 0; h < 4; h++)
+            if constexpr (DT == QD_F32)
+                v[4 * k + h] = qd_bits_f32(w[h]);
+            else {
+                v[2 * h] = qd_half_f32<DT>(w[h], 0);
+                v[2 * h + 1] = qd_half_f32<DT>(w[h], 1);
+            }
+    }
+}
+
+/* One CTA per block whose rows split into 8-element chunks (bc and cols multiples of 8): chunk
+ * c of the block is row c / (bc / 8), chunk c % (bc / 8); K chunks per thread, in registers. */
+template <int DT, int INT8, int CT, int THREADS, int K>
+__global__ void __launch_bounds__(THREADS) fp8_block_reg_kernel(const void *x, fp8_geom g, uint8_t *codes, void *scales,
+                                                                 unsigned long long *bad)
+{
+    constexpr int dt = fp8_dt<DT, CT>::code;
+    const fp8_block_at a = fp8_block(g, blockIdx.x);
+    const int cpr = (int)(g.bc / 8), wc = (int)(a.w / 8); /* (at most 4096 chunks) */
+    fp8_chunk<DT> q[K];
+    uint32_t top = 0;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int c = threadIdx.x + k * THREADS, i = c / cpr, j = c % cpr;
+        if (i < a.h && j < wc) {
+            const int64_t e = (a.row0 + i) * g.cols + a.col0 + 8 * j;
+            const uint32_t t = fp8_chunk_load<DT>(x, e, q[k]);
+            if (t >= 0x7f800000u) {
+                float v[8];
+                fp8_chunk_values<DT>(q[k], v);
+                qd_note_first_nonfinite<8>(bad, v, e);
+            }
+            top = max(top, t);
+        }
+    }
+    const float s = qd_fp8_encode_scale(fp8_cta_amax<THREADS>(top), INT8, CT, dt);
+    if (threadIdx.x == 0)
+        qd_fp8_put_scale(scales, a.scale, qd_fp8_stored_scale(s, CT), dt);
+    const float rs = __frcp_rn(s);
+    const bool fast = fp8_fast_scale(s);
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int c = threadIdx.x + k * THREADS, i = c / cpr, j = c % cpr;
+        if (i < a.h && j < wc) {
+            float v[8];
+            fp8_chunk_values<DT>(q[k], v);
+            *(uint2 *)(codes + (a.row0 + i) * g.cols + a.col0 + 8 * j) = fp8_codes8<DT, INT8, CT>(v, s, rs, fast);
+        }
+    }
+}
+
+/* Any block: element by element, the range pass then the codes (the block read twice). */
+template <int DT, int INT8, int CT>
+__global__ void __launch_bounds__(FP8_THREADS) fp8_block_any_kernel(const void *x, fp8_geom g, uint8_t *codes,
+                                                                    void *scales, unsigned long long *bad)
+{
+    constexpr int dt = fp8_dt<DT, CT>::code;
+    const fp8_block_at a = fp8_block(g, blockIdx.x);
+    const int64_t n = a.h * a.w;
+    uint32_t top = 0;
+    for (int64_t e = threadIdx.x; e < n; e += FP8_THREADS) {
+        const int64_t at = (a.row0 + e / a.w) * g.cols + a.col0 + e % a.w;
+        const float v = qd_load<DT>(x, at);
+        qd_note_nonfinite(bad, v, at);
+        top = max(top, qd_f32_bits(v) & 0x7fffffffu);
+    }
+    const float s = qd_fp8_encode_scale(fp8_cta_amax<FP8_THREADS>(top), INT8, CT, dt);
+    if (threadIdx.x == 0)
+        qd_fp8_put_scale(scales, a.scale, qd_fp8_stored_scale(s, CT), dt);
+    for (int64_t e = threadIdx.x; e < n; e += FP8_THREADS) {
+        const int64_t at = (a.row0 + e / a.w) * g.cols + a.col0 + e % a.w;
+        codes[at] = (uint8_t)qd_fp8_code(qd_load<DT>(x, at), s, INT8, CT, dt);
+    }
+}
+
+/* Per tensor: the scale from the range the device computed (no host round trip); the encode
+ * scale goes to the scratch constants for the codes kernel. */
+template <int INT8, int CT>
+__global__ void fp8_tensor_scale_kernel(int dt, struct qd_scratch *sc, void *scales)
+{
+    const float s = qd_fp8_encode_scale(sc->range[0], INT8, CT, dt);
+    qd_fp8_put_scale(scales, 0, qd_fp8_stored_scale(s, CT), dt);
+    sc->consts[0] = s;
+}
+
+/* One thread per 8 elements with the tensor's scale; the tail one by one. */
+template <int DT, int INT8, int CT>
+__global__ void fp8_tensor_codes_kernel(const void *x, int64_t n, const float *scale, uint8_t *codes)
+{
+    constexpr int dt = fp8_dt<DT, CT>::code;
+    const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    const float s = *scale, rs = __frcp_rn(s);
+    const bool fast = fp8_fast_scale(s);
+    if (8 * t + 8 <= n) {
+        float v[8];
+        qd_load_block<DT, 8>(x, 8 * t, v);
+        ((uint2 *)codes)[t] = fp8_codes8<DT, INT8, CT>(v, s, rs, fast);
+    } else
+        for (int64_t i = 8 * t; i < n; i++)
+            codes[i] = qd_fp8_code(qd_load<DT>(x, i), s, INT8, CT, dt);
+}
+
+/* The scale index of element (r, c), in index type I (32-bit divisions where the tensor has
+ * fewer than 2^32 elements: a 64-bit one costs several times more). */
+template <class I> __device__ __forceinline__ I fp8_scale_of(int gran, const fp8_geom &g, I r, I c)
+{
+    if (gran == QD_GRAN_TENSOR)
+        return 0;
+    if (gran == QD_GRAN_CHANNEL)
+        return r;
+    const I mrows = (I)g.mrows, m = r / mrows;
+    return (m * (I)g.nbr + (r - m * mrows) / (I)g.br) * (I)g.ncb + c / (I)g.bc;
+}
+
+/* code * scale rounded to the scale's dtype SDT; rounding to the output dtype DT follows in the
+ * store, so the explicit rounding is needed only where SDT is neither f32 nor DT. */
+template <int DT, int INT8, int SDT> __device__ __forceinline__ float fp8_value(float q, float s)
+{
+    const float v = q * s;
+    return SDT == 0 || SDT == (DT == QD_BF16 ? 2 : DT == QD_F16 ? 1 : 0) ? v : qd_ct_round(v, SDT);
+}
+
+/* One thread per 8 elements (one 8-byte load of codes, a 16- or 32-byte store). UNIFORM: the 8
+ * share one scale (cols a multiple of 8, and so is the block width); else each its own. */
+template <int DT, int INT8, int SDT, int UNIFORM, class I>
+__global__ void fp8_dequantize_kernel(const uint8_t *codes, const void *scales, int gran, fp8_geom g, int64_t n, void *y)
+{
+    const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, e0 = 8 * t;
+    if (e0 >= n)
+        return;
+    if (e0 + 8 <= n) {
+        const uint2 w = ((const uint2 *)codes)[t];
+        float q[8];
+        if (INT8) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                q[j] = (float)(int8_t)(((j < 4 ? w.x : w.y) >> (8 * (j % 4))) & 0xffu);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j += 2)
+                qd_fp8x2_decode<QD_E4M3>(((j < 4 ? w.x : w.y) >> (8 * (j % 4))) & 0xffffu, &q[j], &q[j + 1]);
+        }
+        const I cols = (I)g.cols;
+        I r = (I)e0 / cols, c = (I)e0 - r * cols;
+        float v[8];
+        if (UNIFORM) {
+            const float s = qd_fp8_get_scale(scales, fp8_scale_of<I>(gran, g, r, c), SDT);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                v[j] = fp8_value<DT, INT8, SDT>(q[j], s);
+        } else
+            for (int j = 0; j < 8; j++) {
+                v[j] = fp8_value<DT, INT8, SDT>(q[j], qd_fp8_get_scale(scales, fp8_scale_of<I>(gran, g, r, c), SDT));
+                if (++c == cols)
+                    c = 0, r++;
+            }
+        qd_store_block<DT, 8>(y, e0, v);
+    } else
+        for (int64_t e = e0; e < n; e++) {
+            const int64_t r = e / g.cols;
+            const float s = qd_fp8_get_scale(scales, fp8_scale_of<int64_t>(gran, g, r, e - r * g.cols), SDT);
+            qd_store<DT>(y, e, fp8_value<DT, INT8, SDT>(INT8 ? (float)(int8_t)codes[e] : qd_e4m3_to_f32(codes[e]), s));
+        }
+}
+
+/* ---- host side --------------------------------------------------------------------------- */
+
+/* The block geometry of a plan for a tensor (channels: blocks of 1 x cols). */
+static fp8_geom fp8_geometry(const struct qd_fp8_plan &k, const struct qd_tensor *t)
+{
+    fp8_geom g;
+    g.cols = t->cols;
+    const bool block = k.gran == QD_GRAN_BLOCK;
+    g.mrows = block && t->ndim > 1 ? t->shape[t->ndim - 2] : 1;
+    g.br = block ? k.block_rows : 1;
+    g.bc = block ? k.block_cols : t->cols;
+    g.nbr = (g.mrows + g.br - 1) / g.br;
+    g.ncb = (g.cols + g.bc - 1) / g.bc;
+    return g;
+}
+
+/* The three arithmetics: compressed-tensors e4m3, compressed-tensors int8, transformers e4m3. */
+#define FP8_FLOW_SWITCH(k, INT8, CT, ...)                                                          \
+    if ((k).int8) {                                                                             \
+        constexpr int INT8 = 1, CT = 1;                                                         \
+        __VA_ARGS__;                                                                            \
+    } else if ((k).ct) {                                                                        \
+        constexpr int INT8 = 0, CT = 1;                                                         \
+        __VA_ARGS__;                                                                            \
+    } else {                                                                                    \
+        constexpr int INT8 = 0, CT = 0;                                                         \
+        __VA_ARGS__;                                                                            \
+    }
+
+template <int DT, int INT8, int CT>
+static void fp8_launch_blocks(const struct qd_tensor *in, const fp8_geom &g, uint8_t *codes, void *scales,
+                              unsigned long long *bad)
+{
+    const unsigned nblocks = (unsigned)(in->rows / g.mrows * g.nbr * g.ncb);
+    const int64_t chunks = g.br * (g.bc / 8);
+    cudaStream_t st = qd_stream();
+    if (g.cols % 8 || g.bc % 8 || chunks > 4096)
+        fp8_block_any_kernel<DT, INT8, CT><<<nblocks, FP8_THREADS, 0, st>>>(in->data, g, codes, scales, bad);
+    else if (chunks <= FP8_THREADS)
+        fp8_block_reg_kernel<DT, INT8, CT, FP8_THREADS, 1><<<nblocks, FP8_THREADS, 0, st>>>(in->data, g, codes, scales, bad);
+    else if (chunks <= 2 * FP8_THREADS)
+        fp8_block_reg_kernel<DT, INT8, CT, FP8_THREADS, 2><<<nblocks, FP8_THREADS, 0, st>>>(in->data, g, codes, scales, bad);
+    else if (chunks <= 4 * FP8_THREADS)
+        fp8_block_reg_kernel<DT, INT8, CT, FP8_THREADS, 4><<<nblocks, FP8_THREADS, 0, st>>>(in->data, g, codes, scales, bad);
+    else if (chunks <= 8 * FP8_THREADS)
+        fp8_block_reg_kernel<DT, INT8, CT, FP8_THREADS, 8><<<nblocks, FP8_THREADS, 0, st>>>(in->data, g, codes, scales, bad);
+    else /* rows of up to 32768 elements */
+        fp8_block_reg_kernel<DT, INT8, CT, 1024, 4><<<nblocks, 1024, 0, st>>>(in->data, g, codes, scales, bad);
+}
+
+extern "C" enum qd_status qd_cuda_fp8_quantize(const struct qd_format *f, const struct qd_tensor *in,
+                                               struct qd_params *p, void *const *out)
+{
+    if (qd_fp8_resolve_scale_dtype(f, p, in->dtype))
+        return QD_EINVAL; /* (the layout refuses it first, naming it) */
+    const struct qd_fp8_plan k = qd_fp8_plan_for(f, p, in->dtype);
+    unsigned long long *bad;
+    enum qd_status s = qd_cuda_bad_begin(1, &bad);
+    if (s != QD_OK)
+        return s;
+    uint8_t *codes = (uint8_t *)out[0];
+    if (k.gran == QD_GRAN_TENSOR) {
+        if ((s = qd_cuda_range_async(in, bad)) != QD_OK)
+            return s;
+        struct qd_scratch *d = qd_scratch_dev();
+        const int64_t n = qd_tensor_numel(in);
+        FP8_FLOW_SWITCH(k, INT8, CT, fp8_tensor_scale_kernel<INT8, CT><<<1, 1, 0, qd_stream()>>>(k.dt, d, out[1]));
+        CUDA_LAUNCHED();
+        QD_DTYPE_SWITCH(in->dtype, DT, FP8_FLOW_SWITCH(k, INT8, CT,
+                        fp8_tensor_codes_kernel<DT, INT8, CT><<<qd_grid((n + 7) / 8, 256), 256, 0, qd_stream()>>>(
+                            in->data, n, d->consts, codes)));
+    } else {
+        const fp8_geom g = fp8_geometry(k, in);
+        QD_DTYPE_SWITCH(in->dtype, DT, FP8_FLOW_SWITCH(k, INT8, CT, fp8_launch_blocks<DT, INT8, CT>(in, g, codes, out[1], bad)));
+    }
+    CUDA_LAUNCHED();
+    return qd_cuda_bad_end(bad);
+}
+
+extern "C" enum qd_status qd_cuda_fp8_dequantize(const struct qd_format *f, const void *const *in,
+                                                 const struct qd_params *p, struct qd_tensor *out)
+{
+    const struct qd_fp8_plan k = qd_fp8_plan_for(f, p, out->dtype);
+    const fp8_geom g = fp8_geometry(k, out);
+    const int64_t n = qd_tensor_numel(out);
+    const bool uniform = g.cols % 8 == 0 && (k.gran != QD_GRAN_BLOCK || g.bc % 8 == 0);
+    const bool small = n < ((int64_t)1 << 32);
+    const uint8_t *codes = (const uint8_t *)in[0];
+#define FP8_DQ_I(DT, INT8, SDT, U, I)                                                           \
+    fp8_dequantize_kernel<DT, INT8, SDT, U, I><<<qd_grid((n + 7) / 8, 256), 256, 0, qd_stream()>>>( \
+        codes, in[1], k.gran, g, n, out->data)
+#define FP8_DQ(DT, INT8, SDT)                                                                   \
+    QD_BOOL_SWITCH(uniform, U, if (small) FP8_DQ_I(DT, INT8, SDT, U, uint32_t); else FP8_DQ_I(DT, INT8, SDT, U, int64_t))
+#define FP8_DQ_SDT(DT, INT8)                                                                    \
+    if (k.dt == 2) {                                                                            \
+        FP8_DQ(DT, INT8, 2);                                                                    \
+    } else if (k.dt == 1) {                                                                     \
+        FP8_DQ(DT, INT8, 1);                                                                    \
+    } else {                                                                                    \
+        FP8_DQ(DT, INT8, 0);                                                                    \
+    }
+    QD_DTYPE_SWITCH(out->dtype, DT, QD_BOOL_SWITCH(k.int8, INT8, FP8_DQ_SDT(DT, INT8)));
+#undef FP8_DQ_SDT
+#undef FP8_DQ
+#undef FP8_DQ_I
+    CUDA_LAUNCHED();
+    return QD_OK;
+}

@@ -634,21 +634,30 @@ static enum qd_status process_weight(void *ctx, int lane, int item, const void *
     const struct qd_st_entry *e = t->src;
     struct qd_params p;
     enum qd_dtype dt = st_to_dtype(e->dtype);
-    if (t->ew) { /* torch's .half() / .float() / the offset-norm round trip, each step rounded to nearest even */
+    if (t->ew) { /* torch's .half() / .float() / the offset-norm round trip, each step rounded to nearest even;
+                    element by element through memcpy: a piece sits at any byte offset of its buffers */
         const uint64_t n = j->items[item].src_bytes * 8 / (uint64_t)e->elem_bits;
+        const size_t in_size = (size_t)e->elem_bits / 8, out_size = t->ew == EW_F16 ? 2 : t->ew == EW_F32 ? 4 : in_size;
         for (uint64_t k = 0; k < n; k++) {
-            const float x = dt == QD_F32 ? ((const float *)in)[k] : dt == QD_F16 ? qd_f16_to_f32(((const uint16_t *)in)[k])
-                                                                              : qd_bf16_to_f32(((const uint16_t *)in)[k]);
+            float x, y;
+            uint16_t h;
+            if (dt == QD_F32)
+                memcpy(&x, (const char *)in + k * 4, 4);
+            else {
+                memcpy(&h, (const char *)in + k * 2, 2);
+                x = dt == QD_F16 ? qd_f16_to_f32(h) : qd_bf16_to_f32(h);
+            }
             if (t->ew == EW_F16)
-                ((uint16_t *)out)[k] = qd_f32_to_f16(x);
+                h = qd_f32_to_f16(x);
             else if (t->ew == EW_F32)
-                ((float *)out)[k] = x;
+                y = x;
             else if (dt == QD_F32)
-                ((float *)out)[k] = (1.0f + x) - 1.0f;
+                y = (1.0f + x) - 1.0f;
             else if (dt == QD_F16)
-                ((uint16_t *)out)[k] = qd_f32_to_f16(qd_f16_to_f32(qd_f32_to_f16(1.0f + x)) - 1.0f);
+                h = qd_f32_to_f16(qd_f16_to_f32(qd_f32_to_f16(1.0f + x)) - 1.0f);
             else
-                ((uint16_t *)out)[k] = qd_f32_to_bf16(qd_bf16_to_f32(qd_f32_to_bf16(1.0f + x)) - 1.0f);
+                h = qd_f32_to_bf16(qd_bf16_to_f32(qd_f32_to_bf16(1.0f + x)) - 1.0f);
+            memcpy((char *)out + k * out_size, out_size == 4 ? (const void *)&y : (const void *)&h, out_size);
         }
         return QD_OK;
     }

@@ -1,4 +1,5 @@
 /* The architecture table's lookups (arch.h); the table itself is arch_table.c, generated. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,4 +74,62 @@ long qd_arch_layer(const char *name)
                 return strtol(c, NULL, 10);
         }
     return -1;
+}
+
+/* A module matching an indexed pattern of the ignore list: its layer, the pattern's index and its
+ * name (a tensor name without ".weight"), to sort by. */
+struct ignored {
+    long layer;
+    int pattern;
+    const char *name;
+    size_t len;
+};
+
+static int cmp_ignored(const void *a, const void *b)
+{
+    const struct ignored *x = a, *y = b;
+    return x->layer != y->layer ? (x->layer < y->layer ? -1 : 1) : x->pattern - y->pattern;
+}
+
+cJSON *qd_arch_ignore_list(const struct qd_arch_rules *r, const char *const *names, size_t n)
+{
+    static const char *const generic[] = {"lm_head", NULL};
+    const char *const *pats = r && r->ignore ? r->ignore : generic;
+    cJSON *list = cJSON_CreateArray();
+    size_t found_n = 0, cap = 0;
+    struct ignored *found = NULL;
+    char module[512];
+    for (size_t i = 0; list && i < n; i++) {
+        size_t len = strlen(names[i]);
+        if (len < 8 || len - 7 >= sizeof module || strcmp(names[i] + len - 7, ".weight"))
+            continue;
+        snprintf(module, sizeof module, "%.*s", (int)(len - 7), names[i]);
+        for (int p = 0; pats[p]; p++) {
+            if (!strchr(pats[p], '*') || !qd_arch_match(pats[p], module))
+                continue;
+            if (found_n == cap) {
+                struct ignored *more = realloc(found, (cap = cap ? 2 * cap : 64) * sizeof *found);
+                if (!more) {
+                    free(found);
+                    cJSON_Delete(list);
+                    return NULL;
+                }
+                found = more;
+            }
+            found[found_n++] = (struct ignored){.layer = qd_arch_layer(module), .pattern = p, .name = names[i],
+                                                .len = len - 7};
+            break;
+        }
+    }
+    if (found_n)
+        qsort(found, found_n, sizeof *found, cmp_ignored);
+    for (size_t i = 0; list && i < found_n; i++) {
+        snprintf(module, sizeof module, "%.*s", (int)found[i].len, found[i].name);
+        cJSON_AddItemToArray(list, cJSON_CreateString(module));
+    }
+    for (int p = 0; list && pats[p]; p++)
+        if (!strchr(pats[p], '*'))
+            cJSON_AddItemToArray(list, cJSON_CreateString(pats[p]));
+    free(found);
+    return list;
 }

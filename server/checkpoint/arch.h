@@ -7,6 +7,8 @@
 
 #include <stddef.h>
 
+#include <cjson/cJSON.h>
+
 /* The Hugging Face layouts quantd writes: transformers + bitsandbytes, compressed-tensors
  * (llm-compressor), AutoAWQ GEMM. */
 enum qd_hf_layout { QD_HF_BNB, QD_HF_CT, QD_HF_AWQ, QD_HF_LAYOUTS };
@@ -53,6 +55,14 @@ enum qd_arch_decision qd_arch_decide(const struct qd_arch_rules *r, const char *
  * whose module's last name contains no "embed" and is not wte, wpe or lm_head (transformers'
  * nn.Linear modules on Llama-like models). dtype is the safetensors dtype name. */
 int qd_arch_generic(const char *name, int ndim, const char *dtype);
+
+/* compressed-tensors' quantization_config "ignore" for a model whose tensors are names[0..n): the
+ * modules (tensor names less ".weight") matching a pattern of r->ignore that has an index, in the
+ * model's module order (by layer, then in the order of the patterns: llm-compressor lists the
+ * unquantized Linear-like modules as named_modules() walks them), then the literal patterns
+ * (lm_head, listed whether or not the head is tied). r NULL or without a list: ["lm_head"]. A new
+ * cJSON array, NULL without memory. */
+cJSON *qd_arch_ignore_list(const struct qd_arch_rules *r, const char *const *names, size_t n);
 
 /* The layer index of a name ("model.layers.12.mlp.gate" -> 12; the first run of digits between
  * dots), or -1 without one. */

@@ -458,67 +458,21 @@ static cJSON *ct_quantization_config(const struct qd_convert_opts *o, cJSON *ign
     return q;
 }
 
-/* A shard's module (tensor name less ".weight") matching a pattern of compressed-tensors' ignore
- * list: its layer, the pattern's index and the name, to sort by (module order: layer by layer,
- * each layer's modules in the order the patterns list them). */
-struct ignored {
-    long layer;
-    int pattern;
-    const char *name;
-    size_t len;
-};
-
-static int cmp_ignored(const void *a, const void *b)
-{
-    const struct ignored *x = a, *y = b;
-    return x->layer != y->layer ? (x->layer < y->layer ? -1 : 1) : x->pattern - y->pattern;
-}
-
-/* compressed-tensors' "ignore": the modules of the model its config lists as not quantized
- * (the architecture's patterns with an index, matched against the source's weights, in module
- * order), then the literal names (lm_head, listed whether or not the head is tied); generic:
- * ["lm_head"]. NULL without memory. */
+/* compressed-tensors' "ignore" for the model's tensors (qd_arch_ignore_list). */
 static cJSON *ct_ignore(const struct qd_arch_rules *rules, const struct shard *sh, int nshards)
 {
-    static const char *const generic[] = {"lm_head", NULL};
-    const char *const *pats = rules && rules->ignore ? rules->ignore : generic;
-    cJSON *list = cJSON_CreateArray();
-    size_t n = 0, cap = 0;
-    struct ignored *found = NULL;
-    char module[512];
-    for (int k = 0; list && k < nshards; k++)
-        for (int i = 0; i < sh[k].st.n; i++) {
-            const char *name = sh[k].st.t[i].name;
-            size_t len = strlen(name);
-            if (len < 8 || len - 7 >= sizeof module || strcmp(name + len - 7, ".weight"))
-                continue;
-            snprintf(module, sizeof module, "%.*s", (int)(len - 7), name);
-            for (int p = 0; pats[p]; p++) {
-                if (!strchr(pats[p], '*') || !qd_arch_match(pats[p], module))
-                    continue;
-                if (n == cap) {
-                    struct ignored *more = realloc(found, (cap = cap ? 2 * cap : 64) * sizeof *found);
-                    if (!more) {
-                        free(found);
-                        cJSON_Delete(list);
-                        return NULL;
-                    }
-                    found = more;
-                }
-                found[n++] = (struct ignored){.layer = qd_arch_layer(module), .pattern = p, .name = name, .len = len - 7};
-                break;
-            }
-        }
-    if (n)
-        qsort(found, n, sizeof *found, cmp_ignored);
-    for (size_t i = 0; list && i < n; i++) {
-        snprintf(module, sizeof module, "%.*s", (int)found[i].len, found[i].name);
-        cJSON_AddItemToArray(list, cJSON_CreateString(module));
-    }
-    for (int p = 0; list && pats[p]; p++)
-        if (!strchr(pats[p], '*'))
-            cJSON_AddItemToArray(list, cJSON_CreateString(pats[p]));
-    free(found);
+    size_t n = 0;
+    for (int k = 0; k < nshards; k++)
+        n += (size_t)sh[k].st.n;
+    const char **names = malloc((n ? n : 1) * sizeof *names);
+    if (!names)
+        return NULL;
+    n = 0;
+    for (int k = 0; k < nshards; k++)
+        for (int i = 0; i < sh[k].st.n; i++)
+            names[n++] = sh[k].st.t[i].name;
+    cJSON *list = qd_arch_ignore_list(rules, names, n);
+    free(names);
     return list;
 }
 

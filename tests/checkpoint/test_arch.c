@@ -1,12 +1,13 @@
 /* server/checkpoint/arch.c and the generated table arch_table.c: the pattern language ('*' is
  * one run of digits), the layer index, the generic rule, and every entry of the table well formed
  * (a known layout has rules, patterns only use '*' for whole indices, no weight both quantized and
- * kept). What the table says per architecture is checked against the tools' own outputs in
+ * kept), and compressed-tensors' ignore list in the model's module order. What the table says per architecture is checked against the tools' own outputs in
  * tests/peers/test_convert_arch.py. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -64,6 +65,29 @@ static void moe_routers_and_experts_as_the_tools_leave_them(void **state)
     assert_null(qd_arch_find(NULL));
 }
 
+/* llm-compressor lists a 12-layer Qwen3-MoE's routers as model.layers.0.mlp.gate ...
+ * model.layers.11.mlp.gate, then lm_head (module order, not the files' name order). */
+static void ignore_list_is_in_module_order(void **state)
+{
+    static const char *const pats[] = {"model.layers.*.mlp.gate", "model.layers.*.mlp.shared_expert_gate", "lm_head",
+                                       NULL};
+    const struct qd_arch_rules r = {.ignore = pats};
+    const char *names[] = {"model.layers.10.mlp.gate.weight", "model.layers.2.mlp.shared_expert_gate.weight",
+                           "model.layers.2.mlp.gate.weight", "model.layers.1.mlp.gate_proj.weight",
+                           "model.layers.2.mlp.gate.bias", "model.layers.9.mlp.gate.weight", "model.norm.weight"};
+    cJSON *list = qd_arch_ignore_list(&r, names, sizeof names / sizeof names[0]);
+    char *text = cJSON_PrintUnformatted(list);
+    assert_string_equal(text, "[\"model.layers.2.mlp.gate\",\"model.layers.2.mlp.shared_expert_gate\","
+                              "\"model.layers.9.mlp.gate\",\"model.layers.10.mlp.gate\",\"lm_head\"]");
+    free(text);
+    cJSON_Delete(list);
+    list = qd_arch_ignore_list(NULL, names, 2); /* the generic rule */
+    text = cJSON_PrintUnformatted(list);
+    assert_string_equal(text, "[\"lm_head\"]");
+    free(text);
+    cJSON_Delete(list);
+}
+
 static int well_formed(const char *p)
 {
     for (const char *c = p; *c; c++)
@@ -103,6 +127,7 @@ int main(void)
         cmocka_unit_test(layer_is_the_first_index),
         cmocka_unit_test(generic_rule_is_every_linear_of_a_llama),
         cmocka_unit_test(moe_routers_and_experts_as_the_tools_leave_them),
+        cmocka_unit_test(ignore_list_is_in_module_order),
         cmocka_unit_test(every_entry_is_well_formed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

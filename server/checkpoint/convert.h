@@ -26,6 +26,8 @@ struct qd_convert_event {
     int ndim;
     int64_t shape[4];          /* as the source lists it, outermost first */
     double ms;
+    const char *rule;          /* Hugging Face layouts: "table" (the architecture table chose),
+                                  "generic" (the generic rule did); NULL otherwise */
     int has_nmse;
     double nmse;
     uint64_t in_done, in_total; /* source tensor bytes */
@@ -73,6 +75,13 @@ struct qd_convert_summary {
     struct qd_stage_seconds stages;
     char *layout_config; /* the runtime's config as JSON text (transformers' quantization_config),
                             or NULL; the caller frees it */
+    /* Hugging Face layouts: config.json's model_type ("" without one) and which rule chose the
+     * weights to quantize: "table" (server/checkpoint/arch.h), or "generic" with rule_why saying
+     * why (a model type the table lacks, no rule for this layout, a single file without
+     * config.json; or how many weights the table's entry does not list). NULL rule otherwise. */
+    char arch[64];
+    const char *rule;
+    char rule_why[256];
 };
 
 /* Converts o->src into o->dst for o->f; which container and layout follow from the input and

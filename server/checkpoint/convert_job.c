@@ -389,6 +389,12 @@ void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
     cJSON_AddNumberToObject(sum, "bytes_out", (double)s.bytes_out);
     cJSON_AddNumberToObject(sum, "seconds", s.seconds);
     cJSON_AddStringToObject(sum, "backend", j->backend);
+    if (s.rule) { /* Hugging Face layouts: the model type and which rule chose the weights */
+        cJSON_AddStringToObject(sum, "arch", s.arch);
+        cJSON_AddStringToObject(sum, "rule", s.rule);
+        if (s.rule_why[0])
+            cJSON_AddStringToObject(sum, "rule_why", s.rule_why);
+    }
     if (!r->spooled) {
         free(config);
         qd_reply_json(&j->reply, 200, sum);

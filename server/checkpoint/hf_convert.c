@@ -10,10 +10,12 @@
  *   writes: per Linear weight <m>.weight_packed, .weight_scale, (.weight_zero_point,)
  *   .weight_shape (int64 [out, in]) instead of <m>.weight, and config.json's
  *   quantization_config as compressed-tensors 0.19.0 serializes it.
+ * Which weights each tool quantizes depends on the model class: config.json's model_type picks
+ * an entry of the architecture table (arch.h, generated from what the tools wrote); a model type
+ * it lacks, or a weight its entry does not list, goes by the generic rule (qd_arch_generic:
+ * every 2-D float "<m>.weight" but embeddings and the head, the nn.Linear set of Llama-like
+ * models), and the summary and progress lines say so.
  * The bitsandbytes layout:
- * - Quantized: every Linear weight but the output head, named by transformers' rule
- *   (replace_with_bnb_linear, get_keys_to_not_convert): 2-D float "<m>.weight" tensors whose
- *   module is not an embedding ("embed" in its last name, wte, wpe) nor the head (lm_head).
  * - Per weight, Params4bit's state dict: <m>.weight (u8 [n/2, 1], bitsandbytes' nibble order),
  *   .absmax, .nested_absmax, .nested_quant_map, .quant_map, and
  *   .quant_state.bitsandbytes__<nf4|fp4>: QuantState.as_dict(packed=True)'s JSON (json.dumps of
@@ -40,6 +42,7 @@
 #include "../../kernels/cpu/cpu.h"
 #include "../../kernels/ctfp.h"
 #include "../../kernels/fp.h"
+#include "checkpoint/arch.h"
 #include "checkpoint/convert.h"
 #include "checkpoint/hf_config.h"
 #include "checkpoint/pipeline.h"
@@ -52,20 +55,18 @@ static const char *torch_dtype(const char *st) /* str(torch dtype).strip("torch.
     return !strcmp(st, "F32") ? "float32" : !strcmp(st, "F16") ? "float16" : "bfloat16";
 }
 
-/* transformers' rule, from names and shapes (see the top of this file). */
-static int quantized_module(const struct qd_st_entry *t)
+/* Whether the layout's tool quantizes t: as the architecture's rules say where they list it (a
+ * listed weight that is not 2-D float is copied), else by the generic rule, which then sets
+ * *generic when it decides to quantize (rules NULL: every tensor goes by the generic rule). */
+static int quantized_weight(const struct qd_arch_rules *rules, const struct qd_st_entry *t, int *generic)
 {
-    size_t n = strlen(t->name);
-    if (t->ndim != 2 || n < 8 || strcmp(t->name + n - 7, ".weight") ||
-        (strcmp(t->dtype, "F32") && strcmp(t->dtype, "F16") && strcmp(t->dtype, "BF16")))
-        return 0;
-    const char *last = t->name + n - 7;
-    while (last > t->name && last[-1] != '.')
-        last--;
-    size_t ln = (size_t)(t->name + n - 7 - last);
-    char mod[256];
-    snprintf(mod, sizeof mod, "%.*s", (int)(ln < sizeof mod ? ln : sizeof mod - 1), last);
-    return !strstr(mod, "embed") && strcmp(mod, "wte") && strcmp(mod, "wpe") && strcmp(mod, "lm_head");
+    const int generic_says = qd_arch_generic(t->name, t->ndim, t->dtype);
+    const enum qd_arch_decision d = rules ? qd_arch_decide(rules, t->name) : QD_ARCH_UNLISTED;
+    *generic = !rules || (d == QD_ARCH_UNLISTED && generic_says);
+    if (d == QD_ARCH_UNLISTED)
+        return generic_says;
+    return d == QD_ARCH_QUANTIZE && t->ndim == 2 &&
+           (!strcmp(t->dtype, "F32") || !strcmp(t->dtype, "F16") || !strcmp(t->dtype, "BF16"));
 }
 
 /* QuantState.as_dict(packed=True)'s non-tensor items as json.dumps writes them. */
@@ -88,6 +89,22 @@ static int quant_state_json(char *out, size_t len, const struct qd_convert_opts 
     return n;
 }
 
+/* What a tool does to a float tensor it does not quantize, element by element (through the
+ * pipeline in pieces): */
+enum elementwise {
+    EW_NONE,
+    EW_F16,         /* AutoAWQ's half model: torch's .half() */
+    EW_F32,         /* transformers' _keep_in_fp32_modules: .float() (exact) */
+    EW_OFFSET_NORM, /* llm-compressor's offset-norm round trip (Gemma's 1 + w norms, which its
+                       oneshot turns into w' = dtype(1 + w) and back): dtype(dtype(1 + w) - 1) */
+};
+
+static uint64_t ew_out_bytes(enum elementwise ew, uint64_t in_bytes, int elem_bits)
+{
+    const uint64_t n = in_bytes * 8 / (uint64_t)elem_bits;
+    return ew == EW_F16 ? n * 2 : ew == EW_F32 ? n * 4 : in_bytes;
+}
+
 struct out_tensor {
     char *name;
     const char *dtype;
@@ -98,7 +115,8 @@ struct out_tensor {
     int quantize;      /* 1: the first of a quantized weight's tensors (the rest follow it) */
     int trailer;       /* 1: the tensor after a weight's components (bnb's quant_state JSON,
                           compressed-tensors' weight_shape), written with them */
-    int cast;          /* 1: a float tensor not quantized, cast to f16 (AutoAWQ's half model) */
+    enum elementwise ew; /* a tensor not quantized, transformed element by element (below) */
+    int generic;       /* 1: the generic rule decided this tensor (see quantized_weight) */
     int has_gs;        /* nvfp4: the global scale its fused group (q/k/v, gate/up) shares */
     float gs;
     int has_amax;      /* nvfp4: a fused group member's largest |x|, read before the pass */
@@ -190,20 +208,24 @@ static char *module_name(const char *weight, const char *suffix)
 }
 
 /* The plan of one shard: its output tensors, from its header alone. */
-static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const struct qd_name_filter *nf,
-                      char *err, size_t errlen)
+static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const struct qd_arch_rules *rules,
+                      const struct qd_name_filter *nf, char *err, size_t errlen)
 {
     int cap = 0;
     for (int i = 0; i < sh->st.n; i++) {
         const struct qd_st_entry *t = &sh->st.t[i];
-        if (!quantized_module(t) || !qd_name_filter_keeps(nf, t->name)) {
+        int generic;
+        if (!quantized_weight(rules, t, &generic) || !qd_name_filter_keeps(nf, t->name)) {
             struct out_tensor c = {.name = strdup(t->name), .dtype = t->dtype, .ndim = t->ndim, .bytes = t->end - t->begin,
-                                   .src = t};
-            if (autoawq(o) && (!strcmp(t->dtype, "F32") || !strcmp(t->dtype, "BF16"))) { /* AutoAWQ saves fp16 */
-                c.cast = 1;
-                c.dtype = "F16";
-                c.bytes = (t->end - t->begin) * 16 / (uint64_t)t->elem_bits;
-            }
+                                   .src = t, .generic = !rules};
+            const int is_float = !strcmp(t->dtype, "F32") || !strcmp(t->dtype, "F16") || !strcmp(t->dtype, "BF16");
+            if (autoawq(o) && is_float && strcmp(t->dtype, "F16")) /* AutoAWQ saves fp16 */
+                c.ew = EW_F16, c.dtype = "F16";
+            else if (rules && is_float && strcmp(t->dtype, "F32") && qd_arch_find_pattern(rules->to_f32, t->name) >= 0)
+                c.ew = EW_F32, c.dtype = "F32";
+            else if (rules && is_float && qd_arch_find_pattern(rules->offset_norm, t->name) >= 0)
+                c.ew = EW_OFFSET_NORM;
+            c.bytes = ew_out_bytes(c.ew, t->end - t->begin, t->elem_bits);
             if (t->ndim > 2) { /* copied tensors keep their shape: only 2 dims fit the plan */
                 c.ndim = -1;
             } else
@@ -233,7 +255,8 @@ static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const s
                                    .dtype = dtype_to_st(comps[k].dtype),
                                    .ndim = ct_float(o) ? comps[k].ndim : ct || k == 0 ? 2 : 1,
                                    .shape = {comps[k].shape[0], ct ? comps[k].shape[1] : 1},
-                                   .bytes = (uint64_t)comps[k].bytes, .src = t, .quantize = k == 0};
+                                   .bytes = (uint64_t)comps[k].bytes, .src = t, .quantize = k == 0,
+                                   .generic = generic};
             if (!strcmp(o->f->name, "nvfp4") && !strcmp(comps[k].name, "scales"))
                 c.dtype = "F8_E4M3"; /* the e4m3 bytes, as torch.float8_e4m3fn saves them */
             qbytes += c.bytes;
@@ -350,7 +373,7 @@ static int nvfp4_global_scales(struct shard *sh, int nshards)
 
 /* compressed-tensors' quantization_config for llm-compressor's W4A16 / W4A16_ASYM / W8A16 /
  * NVFP4A16 / MXFP4A16, as it serializes it (keys sorted as json.dumps(sort_keys=True) writes them) */
-static cJSON *ct_quantization_config(const struct qd_convert_opts *o)
+static cJSON *ct_quantization_config(const struct qd_convert_opts *o, cJSON *ignore)
 {
     const int nv = !strcmp(o->f->name, "nvfp4"), fp = ct_float(o);
     const char *format = nv ? "nvfp4-pack-quantized" : fp ? "mxfp4-pack-quantized" : "pack-quantized";
@@ -381,7 +404,7 @@ static cJSON *ct_quantization_config(const struct qd_convert_opts *o)
         cJSON_AddStringToObject(w, "zp_dtype", "torch.int8");
     cJSON_AddStringToObject(q, "format", format);
     cJSON_AddNullToObject(q, "global_compression_ratio");
-    cJSON_AddItemToObject(q, "ignore", cJSON_CreateStringArray((const char *[]){"lm_head"}, 1));
+    cJSON_AddItemToObject(q, "ignore", ignore);
     cJSON_AddNullToObject(q, "kv_cache_scheme");
     cJSON_AddStringToObject(q, "quant_method", "compressed-tensors");
     cJSON_AddStringToObject(q, "quantization_status", "compressed");
@@ -391,10 +414,31 @@ static cJSON *ct_quantization_config(const struct qd_convert_opts *o)
     return q;
 }
 
-static cJSON *quantization_config(const struct qd_convert_opts *o, const char *compute_dtype)
+/* compressed-tensors' "ignore" for the model's tensors (qd_arch_ignore_list). */
+static cJSON *ct_ignore(const struct qd_arch_rules *rules, const struct shard *sh, int nshards)
 {
-    if (compressed_tensors(o))
-        return ct_quantization_config(o);
+    size_t n = 0;
+    for (int k = 0; k < nshards; k++)
+        n += (size_t)sh[k].st.n;
+    const char **names = malloc((n ? n : 1) * sizeof *names);
+    if (!names)
+        return NULL;
+    n = 0;
+    for (int k = 0; k < nshards; k++)
+        for (int i = 0; i < sh[k].st.n; i++)
+            names[n++] = sh[k].st.t[i].name;
+    cJSON *list = qd_arch_ignore_list(rules, names, n);
+    free(names);
+    return list;
+}
+
+static cJSON *quantization_config(const struct qd_convert_opts *o, const struct qd_arch_rules *rules,
+                                  const struct shard *sh, int nshards, const char *compute_dtype)
+{
+    if (compressed_tensors(o)) {
+        cJSON *ignore = ct_ignore(rules, sh, nshards);
+        return ignore ? ct_quantization_config(o, ignore) : NULL;
+    }
     if (autoawq(o)) { /* AwqConfig.to_transformers_dict(), in its order */
         cJSON *q = cJSON_CreateObject();
         cJSON_AddStringToObject(q, "quant_method", "awq");
@@ -402,7 +446,13 @@ static cJSON *quantization_config(const struct qd_convert_opts *o, const char *c
         cJSON_AddNumberToObject(q, "group_size", o->params.group_size);
         cJSON_AddNumberToObject(q, "bits", 4);
         cJSON_AddStringToObject(q, "version", "gemm");
-        cJSON_AddNullToObject(q, "modules_to_not_convert");
+        int nskip = 0; /* AutoAWQ's model class's modules_to_not_convert (Mixtral: ["gate"]) */
+        while (rules && rules->skip && rules->skip[nskip])
+            nskip++;
+        if (nskip)
+            cJSON_AddItemToObject(q, "modules_to_not_convert", cJSON_CreateStringArray(rules->skip, nskip));
+        else
+            cJSON_AddNullToObject(q, "modules_to_not_convert");
         return q;
     }
     cJSON *q = cJSON_CreateObject(); /* the keys as transformers writes them (sorted) */
@@ -422,8 +472,9 @@ static cJSON *quantization_config(const struct qd_convert_opts *o, const char *c
     return q;
 }
 
-/* A tensor cast to f16 goes through the pipeline in pieces of at most this many source bytes,
- * so the pipeline's (pinned) buffers do not grow to an 8B model's 1 GB embedding. */
+/* A tensor transformed element by element (cast to f16 ...) goes through the pipeline in pieces
+ * of at most this many source bytes, so the pipeline's (pinned) buffers do not grow to an 8B
+ * model's 1 GB embedding. */
 #define CAST_PIECE (64u << 20)
 
 /* The pipeline's view of one shard (pipeline.h): item i (> 0) is (a piece of) src[i]. */
@@ -493,11 +544,31 @@ static enum qd_status process_weight(void *ctx, int lane, int item, const void *
     const struct qd_st_entry *e = t->src;
     struct qd_params p;
     enum qd_dtype dt = st_to_dtype(e->dtype);
-    if (t->cast) { /* torch's .half(): round to nearest even, Inf beyond f16 */
-        uint64_t n = j->items[item].out_bytes / 2;
-        uint16_t *h = out;
-        for (uint64_t k = 0; k < n; k++)
-            h[k] = qd_f32_to_f16(dt == QD_F32 ? ((const float *)in)[k] : qd_bf16_to_f32(((const uint16_t *)in)[k]));
+    if (t->ew) { /* torch's .half() / .float() / the offset-norm round trip, each step rounded to nearest even;
+                    element by element through memcpy: a piece sits at any byte offset of its buffers */
+        const uint64_t n = j->items[item].src_bytes * 8 / (uint64_t)e->elem_bits;
+        const size_t in_size = (size_t)e->elem_bits / 8, out_size = t->ew == EW_F16 ? 2 : t->ew == EW_F32 ? 4 : in_size;
+        for (uint64_t k = 0; k < n; k++) {
+            float x, y;
+            uint16_t h;
+            if (dt == QD_F32)
+                memcpy(&x, (const char *)in + k * 4, 4);
+            else {
+                memcpy(&h, (const char *)in + k * 2, 2);
+                x = dt == QD_F16 ? qd_f16_to_f32(h) : qd_bf16_to_f32(h);
+            }
+            if (t->ew == EW_F16)
+                h = qd_f32_to_f16(x);
+            else if (t->ew == EW_F32)
+                y = x;
+            else if (dt == QD_F32)
+                y = (1.0f + x) - 1.0f;
+            else if (dt == QD_F16)
+                h = qd_f32_to_f16(qd_f16_to_f32(qd_f32_to_f16(1.0f + x)) - 1.0f);
+            else
+                h = qd_f32_to_bf16(qd_bf16_to_f32(qd_f32_to_bf16(1.0f + x)) - 1.0f);
+            memcpy((char *)out + k * out_size, out_size == 4 ? (const void *)&y : (const void *)&h, out_size);
+        }
         return QD_OK;
     }
     if (autoawq(j->o)) { /* W [in, out] = weight^T, the layout AutoAWQ's from_linear packs */
@@ -555,7 +626,7 @@ static void weight_handed(void *ctx, int item)
     if (t->quantize) {
         s->quantized++;
         s->params_quantized += (uint64_t)(e->shape[0] * e->shape[1]);
-    } else if (t->cast)
+    } else if (t->ew == EW_F16)
         s->cast++;
     else
         s->copied++;
@@ -564,6 +635,7 @@ static void weight_handed(void *ctx, int item)
     if (j->o->progress) {
         struct qd_convert_event ev = {.index = *j->index, .count = j->count, .name = e->name,
                                       .action = t->quantize ? QD_CONVERT_QUANTIZE : QD_CONVERT_COPY, .fmt = j->o->f->name,
+                                      .rule = t->generic ? "generic" : "table",
                                       .ndim = e->ndim, .ms = (now - j->last) * 1e3, .has_nmse = j->o->report_error && t->quantize,
                                       .nmse = j->nmse, .in_done = s->bytes_in, .in_total = j->in_total};
         for (int d = 0; d < e->ndim && d < 4; d++)
@@ -580,7 +652,7 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
 {
     size_t nitems = (size_t)sh->st.n + 1;
     for (int i = 0; i < sh->n; i++)
-        if (sh->t[i].cast)
+        if (sh->t[i].ew)
             nitems += (sh->t[i].src->end - sh->t[i].src->begin) / CAST_PIECE + 1;
     struct qd_st_out *h = calloc((size_t)(sh->n ? sh->n : 1), sizeof *h);
     struct qd_pipe_item *items = calloc(nitems, sizeof *items);
@@ -606,14 +678,14 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
         if (t->quantize || (!t->trailer && !strcmp(t->name, t->src->name))) {
             uint64_t json = t->quantize ? trailer_bytes(t, sh->t + sh->n) : 0;
             const uint64_t base = (uint64_t)(t->src->data - sh->m.data), bytes = t->src->end - t->src->begin;
-            if (t->cast) { /* elementwise: in pieces */
-                const uint64_t es = (uint64_t)t->src->elem_bits / 8;
+            if (t->ew) { /* elementwise: in pieces */
                 for (uint64_t off = 0; off < bytes || off == 0; off += CAST_PIECE) {
                     const uint64_t nb = bytes - off < CAST_PIECE ? bytes - off : CAST_PIECE;
                     src[ni] = t;
                     last[ni] = off + nb == bytes;
                     items[ni++] = (struct qd_pipe_item){.kind = QD_PIPE_PROCESS, .src_offset = base + off,
-                                                        .src_bytes = nb, .out_bytes = nb / es * 2};
+                                                        .src_bytes = nb,
+                                                        .out_bytes = ew_out_bytes(t->ew, nb, t->src->elem_bits)};
                     if (nb == 0)
                         break;
                 }
@@ -710,6 +782,34 @@ static int is_weights_file(const char *name)
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+/* The architecture table's rules for config.json's model_type and this layout, or NULL for the
+ * generic rule; fills the summary's arch, rule and rule_why. */
+static const struct qd_arch_rules *arch_rules(const struct qd_convert_opts *o, const cJSON *config,
+                                              struct qd_convert_summary *s)
+{
+    static const char *const layout_names[QD_HF_LAYOUTS] = {"transformers + bitsandbytes", "compressed-tensors",
+                                                            "AutoAWQ"};
+    const enum qd_hf_layout layout = autoawq(o) ? QD_HF_AWQ : compressed_tensors(o) ? QD_HF_CT : QD_HF_BNB;
+    const char *model_type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(config, "model_type"));
+    const struct qd_arch *a = qd_arch_find(model_type);
+    snprintf(s->arch, sizeof s->arch, "%s", model_type ? model_type : "");
+    s->rule = "generic";
+    if (!config)
+        snprintf(s->rule_why, sizeof s->rule_why, "a single .safetensors file carries no config.json (no "
+                 "model_type): the generic rule chose the weights to quantize");
+    else if (!a)
+        snprintf(s->rule_why, sizeof s->rule_why, "model_type '%.60s' is not in quantd's architecture table "
+                 "(docs/convert.md): the generic rule chose the weights to quantize", model_type ? model_type : "");
+    else if (a->layout[layout].none)
+        snprintf(s->rule_why, sizeof s->rule_why, "no %s rule for %s (%.120s): the generic rule chose the "
+                 "weights to quantize", layout_names[layout], a->model_type, a->layout[layout].none);
+    else {
+        s->rule = "table";
+        return &a->layout[layout];
+    }
+    return NULL;
+}
+
 static int cmp_out_name(const void *a, const void *b)
 {
     return strcmp((*(const struct out_tensor *const *)a)->name, (*(const struct out_tensor *const *)b)->name);
@@ -789,6 +889,7 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
         if (names)
             names[nshards++] = (char *)o->src;
     }
+    const struct qd_arch_rules *rules = arch_rules(o, config, s);
     sh = calloc((size_t)(nshards ? nshards : 1), sizeof *sh);
     if (!names || !sh) {
         snprintf(err, errlen, "no memory");
@@ -810,7 +911,7 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
             goto done;
         }
         if (qd_st_parse(sh[k].m.data, sh[k].m.size, o->max_header_bytes, sh[k].in_path, &sh[k].st, err, errlen) ||
-            plan_shard(o, &sh[k], nf, err, errlen))
+            plan_shard(o, &sh[k], rules, nf, err, errlen))
             goto done;
         for (int i = 0; i < sh[k].st.n; i++) {
             in_total += sh[k].st.t[i].end - sh[k].st.t[i].begin;
@@ -829,19 +930,28 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
     uint64_t in_cap = 0, out_cap = 0, scratch_cap = 0; /* the pipeline's buffers, for the largest weight */
     for (int k = 0; k < nshards; k++)
         for (int i = 0; i < sh[k].n; i++)
-            if (sh[k].t[i].quantize || sh[k].t[i].cast) {
+            if (sh[k].t[i].quantize || sh[k].t[i].ew) {
                 const struct out_tensor *t = &sh[k].t[i];
                 uint64_t ib = t->src->end - t->src->begin;
-                if (t->cast && ib > CAST_PIECE)
+                if (t->ew && ib > CAST_PIECE)
                     ib = CAST_PIECE;
                 const uint64_t ob = t->quantize ? t->qbytes + trailer_bytes(t, sh[k].t + sh[k].n)
-                                                : ib / ((uint64_t)t->src->elem_bits / 8) * 2;
+                                                : ew_out_bytes(t->ew, ib, t->src->elem_bits);
                 in_cap = ib > in_cap ? ib : in_cap;
                 out_cap = ob > out_cap ? ob : out_cap;
                 if (t->quantize)
                     scratch_cap = ib > scratch_cap ? ib : scratch_cap;
             }
-    qc = quantization_config(o, compute_dtype ? compute_dtype : "float32");
+    if (rules) { /* weights the table's entry does not list: the generic rule decided them */
+        int unlisted = 0;
+        for (int k = 0; k < nshards; k++)
+            for (int i = 0; i < sh[k].n; i++)
+                unlisted += sh[k].t[i].quantize && sh[k].t[i].generic;
+        if (unlisted)
+            snprintf(s->rule_why, sizeof s->rule_why, "%d weight%s that the %s entry of the architecture table "
+                     "does not list went by the generic rule", unlisted, unlisted == 1 ? "" : "s", s->arch);
+    }
+    qc = quantization_config(o, rules, sh, nshards, compute_dtype ? compute_dtype : "float32");
     s->layout_config = qc ? cJSON_PrintUnformatted(qc) : NULL;
     pool = qd_pipe_pool_new(o->backend, in_cap, out_cap, hf_lanes(o));
     if (autoawq(o) && scratch_cap) /* pinned where the backend has it: the GPU reads it directly */

@@ -10,6 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "checkpoint/convert.h"
 #include "checkpoint/gguf_recipe.h"
 #include "checkpoint/pipeline.h"
@@ -66,6 +68,8 @@ static void on_tensor(void *ctx, const struct qd_convert_event *ev)
            ev->name, what, shape, ev->ms);
     if (ev->has_nmse)
         printf(",\"nmse\":%.6g", ev->nmse);
+    if (ev->rule) /* Hugging Face layouts: which rule chose this tensor's treatment */
+        printf(",\"rule\":\"%s\"", ev->rule);
     printf("}\n");
     fflush(stdout); /* each line as it happens, for whoever follows the progress through a pipe */
 }
@@ -268,15 +272,28 @@ int qd_cli_convert(int argc, char **argv)
         return 1;
     }
     double bpw = s.params_total ? s.bytes_out * 8.0 / (double)s.params_total : 0;
-    if (o.recipe)
+    char arch[512] = ""; /* Hugging Face layouts: the model type and which rule chose the weights */
+    if (s.rule) {
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddStringToObject(a, "arch", s.arch);
+        cJSON_AddStringToObject(a, "rule", s.rule);
+        if (s.rule_why[0])
+            cJSON_AddStringToObject(a, "rule_why", s.rule_why);
+        char *text = cJSON_PrintUnformatted(a);
+        if (text && strlen(text) > 2)
+            snprintf(arch, sizeof arch, "%.*s,", (int)strlen(text) - 2, text + 1);
+        free(text);
+        cJSON_Delete(a);
+    }
+    if (o.recipe) /* the mix asked for, before the rest */
         printf("{\"summary\":{\"recipe\":\"%s\",", o.recipe);
     else
         printf("{\"summary\":{");
-    printf("\"in\":\"%s\",\"out\":\"%s\",\"fmt\":\"%s\",\"backend\":\"%s\",\"quantized\":%d,"
+    printf("%s\"in\":\"%s\",\"out\":\"%s\",\"fmt\":\"%s\",\"backend\":\"%s\",\"quantized\":%d,"
            "\"copied\":%d,\"cast_f16\":%d,\"bytes_in\":%" PRIu64 ",\"bytes_out\":%" PRIu64 ",\"bits_per_weight\":%.3f,"
            "\"seconds\":%.3f,\"gb_per_s\":%.3f,\"read_s\":%.3f,\"quantize_s\":%.3f,\"write_s\":%.3f,"
            "\"peak_rss_bytes\":%" PRIu64 "}}\n",
-           o.src, o.dst, o.f->name, name, s.quantized, s.copied, s.cast, s.bytes_in, s.bytes_out, bpw, s.seconds,
+           arch, o.src, o.dst, o.f->name, name, s.quantized, s.copied, s.cast, s.bytes_in, s.bytes_out, bpw, s.seconds,
            s.seconds > 0 ? s.bytes_in / s.seconds / 1e9 : 0.0, s.stages.read_s, s.stages.process_s, s.stages.write_s,
            peak_rss_bytes());
     return 0;

@@ -3,8 +3,13 @@
 writer: config.json, tokenizer_config.json, generation_config.json and the weights, in one
 model.safetensors or in shards with model.safetensors.index.json (as save_pretrained lays them).
 usage: tiny_hf.py OUTDIR [f32|f16|bf16] [--shards N] [--tied] [--hidden N] [--ffn N] [--layers N]
-       [--linear-std S]"""
+       [--linear-std S]
+       tiny_hf.py OUTDIR --arch tests/fixtures/arch/NAME.json
+The second form writes the source model of an architecture observation (make_arch_table.py): the
+tensor names, dtypes and shapes and the config files transformers' save_pretrained wrote, every
+value from arch_values() (seeded by the tensor's name), so the same bytes come out without torch."""
 import argparse
+import hashlib
 import json
 import os
 
@@ -16,9 +21,54 @@ DT = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
 TORCH = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 
 
+# Planted in rows 0-2 of every 2-D float tensor of an architecture source, where quantizers disagree:
+# row 0: (k + 0.5) * 2^-7 for k = -8..7 in every group of 16: the 4-bit symmetric scale is 2^-7 and
+#        every quotient a tie (.5);
+# row 1: a 0.06103515625 maximum and 0.01556396484375 beside it: W8A16's scale rounds to bf16
+#        0.0004787445068359375, the quotient is 32.5 rounded to bf16 but 32.50996 in f32;
+# row 2: one 0.5 outlier (its group's scale 25x the others').
+ROW1_AMAX, ROW1_X = 0.06103515625, 0.01556396484375
+
+
+def arch_values(name, dtype, shape, seed=0):
+    """One source tensor of an architecture fixture as numpy, from its name alone: N(0, 0.02) as
+    transformers initializes Linear and embedding weights (norms 1 + N(0, 0.1), so that Gemma's
+    1 + w and the others' w both stay near their trained size), hard rows planted in 2-D tensors."""
+    digest = hashlib.sha256(name.encode()).digest()
+    rng = np.random.default_rng([seed, int.from_bytes(digest[:8], "little")])
+    x = rng.standard_normal(shape).astype(np.float32)
+    if len(shape) == 1 and "norm" in name:
+        x = 1 + 0.1 * x
+    else:
+        x = 0.02 * x
+    if len(shape) == 2 and shape[0] >= 3 and shape[1] >= 16:
+        cols = shape[1]
+        x[0] = ((np.arange(cols) % 16) - 8 + 0.5) * 2.0 ** -7
+        x[1] = np.clip(x[1], -0.05, 0.05)
+        x[1, 0], x[1, 1] = ROW1_AMAX, ROW1_X
+        x[2, 3] = 0.5
+    return x.astype(NP_DT[dtype])
+
+
+NP_DT = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
+
+
+def write_arch(spec, out, seed=0):
+    """The source model an architecture observation records (its "source": config files and
+    tensors) into the directory out, values from arch_values()."""
+    os.makedirs(out, exist_ok=True)
+    t = {name: arch_values(name, e["dtype"], e["shape"], seed) for name, e in spec["tensors"].items()}
+    save_file(t, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    for fn, text in spec["files"].items():
+        with open(os.path.join(out, fn), "w") as f:
+            f.write(text)
+    return t
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
+    ap.add_argument("--arch", help="an architecture observation (tests/fixtures/arch/*.json): write its source")
     ap.add_argument("dtype", nargs="?", default="bf16", choices=sorted(DT))
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--tied", action="store_true")
@@ -29,6 +79,10 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--linear-std", type=float, default=0.05, help="std of the Linear weights")
     a = ap.parse_args()
+    if a.arch:
+        with open(a.arch) as f:
+            write_arch(json.load(f)["source"], a.out)
+        return
     rng = np.random.default_rng(a.seed)
     h, heads, kv = a.hidden, 4, 2
     hd = h // heads

@@ -1,12 +1,13 @@
 /* 8-bit weights with float scales, for every backend: FP8 E4M3 (fp8_e4m3) and compressed-tensors'
  * W8A8 int8 (w8a8), one scale per tensor, per output channel (row) or per block of each matrix.
  * Two peers' arithmetic (docs/formats.md has the whole flow):
- * - compressed-tensors 0.19 as llm-compressor 0.14's data-free oneshot runs it (FP8, FP8_DYNAMIC,
- *   FP8_BLOCK, W8A8; the eager torch path, as on a CPU), in the weight's dtype: a torch op on a
- *   bf16 (f16) tensor computes in f32 and rounds to bf16 (f16), so quantd rounds where it does
- *   (qd_ct_round). Scale = max(|min|, |max|) / (bit range / 2): / 448 for e4m3, / 127.5 for int8
- *   (calculate_qparams), the dtype's eps where that is 0; codes: x / scale, plus the zero point
- *   (a zero, which turns -0 into +0), clamped and cast (_quantize);
+ * - compressed-tensors 0.19 as llm-compressor 0.14's data-free oneshot runs it on a CUDA device
+ *   (FP8, FP8_DYNAMIC, FP8_BLOCK, W8A8). The scale is torch ops on the weight in its dtype (a
+ *   torch op on a bf16 (f16) tensor computes in f32 and rounds to bf16 (f16), so quantd rounds
+ *   where it does: qd_ct_round): max(|min|, |max|) / (bit range / 2), / 448 for e4m3, / 127.5
+ *   for int8 (calculate_qparams), the dtype's eps where that is 0. The codes come from
+ *   compressed-tensors' Triton kernel, all in f32: x / scale, plus the zero point (a zero, which
+ *   turns -0 into +0), clamped and cast (e4m3) or rounded (int8), as for w4a16 (ctint.h);
  * - transformers 5.17's FineGrainedFP8 (Fp8Quantize), all in f32: the encode scale 448 / amax,
  *   which Python evaluates as amax.reciprocal() * 448 (two roundings; 1 for a zero block), codes
  *   clamp(x * scale) cast to e4m3, and the stored weight_scale_inv = 1 / scale (a reciprocal).
@@ -92,33 +93,24 @@ QD_HD float qd_fp8_encode_scale(float amax, int int8, int ct, int dt)
  * weight_scale_inv, 1 / scale in f32 (0 for an infinite scale). */
 QD_HD float qd_fp8_stored_scale(float scale, int ct) { return ct ? scale : 1.0f / scale; }
 
-/* compressed-tensors' e4m3 code of x: x / scale in the dtype, plus the zero point (an e4m3 zero
- * cast to the dtype: -0 becomes +0, anything else stays), then the clamp to +-448 and the cast
- * (round to nearest even), which qd_f32_to_e4m3's saturation is. */
-QD_HD uint8_t qd_fp8_ct_code(float x, float scale, int dt)
-{
-    return qd_f32_to_e4m3(qd_ct_round(x / scale, dt) + 0.0f);
-}
+/* compressed-tensors' e4m3 code of x, as its Triton _quantize_kernel computes it: the quotient
+ * x / scale in f32 (div.rn.f32; not rounded to the weight's dtype, which the eager torch fallback
+ * that llm-compressor takes on a CPU-only machine does), plus the zero point (an e4m3 zero: -0
+ * becomes +0, anything else stays) in f32, then the clamp to +-448 and the cast (round to nearest
+ * even, cvt.rn.satfinite), which qd_f32_to_e4m3's saturation is. */
+QD_HD uint8_t qd_fp8_ct_code(float x, float scale) { return qd_f32_to_e4m3(x / scale + 0.0f); }
 
 /* transformers' e4m3 code: clamp(x * scale) cast. x * inf (the infinite scale of a subnormal
  * block) saturates; 0 * inf is NaN, code 0x7f (the GPU's NaN: transformers quantizes on a GPU). */
 QD_HD uint8_t qd_fp8_tf_code(float x, float scale) { return qd_f32_to_e4m3(x * scale); }
 
-/* compressed-tensors' int8 code as its eager torch path computes it (a CPU run): the quotient
- * rounded to the dtype, then clamped and rounded half to even (zero point 0). */
-QD_HD int qd_fp8_int8_code(float x, float scale, int dt)
-{
-    float q = qd_ct_round(x / scale, dt);
-    q = q < -128.0f ? -128.0f : (q > 127.0f ? 127.0f : q);
-    return (int)qd_ct_rint(q);
-}
-
-/* The stored byte of x under the plan's arithmetic (int8: two's complement). */
-QD_HD uint8_t qd_fp8_code(float x, float scale, int int8, int ct, int dt)
+/* The stored byte of x under the plan's arithmetic (int8: two's complement, the same Triton
+ * kernel's code as w8a16's with a zero point of 0). */
+QD_HD uint8_t qd_fp8_code(float x, float scale, int int8, int ct)
 {
     if (int8)
-        return (uint8_t)(int8_t)qd_fp8_int8_code(x, scale, dt);
-    return ct ? qd_fp8_ct_code(x, scale, dt) : qd_fp8_tf_code(x, scale);
+        return (uint8_t)(int8_t)qd_ct_int_code(x, scale, 0, 8);
+    return ct ? qd_fp8_ct_code(x, scale) : qd_fp8_tf_code(x, scale);
 }
 
 /* Dequantize one byte with its stored scale: the code's value (exact in the dtype) times the

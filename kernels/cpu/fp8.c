@@ -24,7 +24,7 @@ static void tensor_span(void *c, int tid, const float *x, int64_t first, int64_t
     struct fp8_ctx *k = c;
     (void)tid;
     for (int64_t i = 0; i < n; i++)
-        k->codes[first + i] = qd_fp8_code(x[i], k->scale, k->k.int8, k->k.ct, k->k.dt);
+        k->codes[first + i] = qd_fp8_code(x[i], k->scale, k->k.int8, k->k.ct);
 }
 
 static void channel_span(void *c, int tid, const float *x, int64_t first, int64_t n)
@@ -42,7 +42,7 @@ static void channel_span(void *c, int tid, const float *x, int64_t first, int64_
         qd_fp8_put_scale(k->scales, (first + at) / k->cols, qd_fp8_stored_scale(s, k->k.ct), k->k.dt);
         uint8_t *out = k->codes + first + at;
         for (int64_t i = 0; i < k->cols; i++)
-            out[i] = qd_fp8_code(row[i], s, k->k.int8, k->k.ct, k->k.dt);
+            out[i] = qd_fp8_code(row[i], s, k->k.int8, k->k.ct);
     }
 }
 
@@ -75,7 +75,7 @@ static void block_span(void *c, int tid, const float *x, int64_t first, int64_t 
         uint8_t *out = k->codes + r * cols;
         for (int64_t i = 0; i < h; i++)
             for (int64_t j = 0; j < cols; j++)
-                out[i * cols + j] = qd_fp8_code(xr[i * cols + j], scale[j / bc], k->k.int8, k->k.ct, k->k.dt);
+                out[i * cols + j] = qd_fp8_code(xr[i * cols + j], scale[j / bc], k->k.int8, k->k.ct);
         r += h;
     }
 }

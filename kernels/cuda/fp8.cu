@@ -31,31 +31,27 @@ __device__ __forceinline__ uint32_t fp8_int8_byte(float q)
     return (uint32_t)(uint8_t)(int8_t)(int)rintf(fminf(fmaxf(q, -128.0f), 127.0f));
 }
 
-/* The codes of two values (a in the low byte), as qd_fp8_code computes them. */
-template <int DT, int INT8, int CT>
+/* The codes of two values (a in the low byte), as qd_fp8_code computes them: compressed-tensors'
+ * from the f32 quotient (its Triton kernel's), whatever the weight's dtype. */
+template <int INT8, int CT>
 __device__ __forceinline__ uint32_t fp8_code2(float a, float b, float s, float rs, bool fast)
 {
     if (!CT) /* transformers: x * scale; 0 * inf (an infinite scale) is NaN, coded 0x7f */
         return qd_mx_encode2<QD_E4M3>(a * s, b * s);
-    float qa = fp8_quot(a, s, rs, fast), qb = fp8_quot(b, s, rs, fast);
-    if (DT != QD_F32) { /* the quotient rounded to the weight's dtype (cvt, = qd_ct_round) */
-        const uint32_t h = qd_pack2<DT>(qa, qb);
-        qa = qd_half_f32<DT>(h, 0);
-        qb = qd_half_f32<DT>(h, 1);
-    }
+    const float qa = fp8_quot(a, s, rs, fast), qb = fp8_quot(b, s, rs, fast);
     if (INT8)
         return fp8_int8_byte(qa) | fp8_int8_byte(qb) << 8;
     /* + the zero point: -0 becomes +0 */
     return qd_fp8x2_finite<QD_E4M3>(__fadd_rn(qa, 0.0f), __fadd_rn(qb, 0.0f));
 }
 
-template <int DT, int INT8, int CT>
+template <int INT8, int CT>
 __device__ __forceinline__ uint2 fp8_codes8(const float *v, float s, float rs, bool fast)
 {
     uint32_t w[2] = {0, 0};
 #pragma unroll
     for (int j = 0; j < 8; j += 2)
-        w[j / 4] |= fp8_code2<DT, INT8, CT>(v[j], v[j + 1], s, rs, fast) << (8 * (j % 4));
+        w[j / 4] |= fp8_code2<INT8, CT>(v[j], v[j + 1], s, rs, fast) << (8 * (j % 4));
     return make_uint2(w[0], w[1]);
 }
 
@@ -177,7 +173,7 @@ __global__ void __launch_bounds__(THREADS) fp8_block_reg_kernel(const void *x, f
         if (i < a.h && j < wc) {
             float v[8];
             fp8_chunk_values<DT>(q[k], v);
-            *(uint2 *)(codes + (a.row0 + i) * g.cols + a.col0 + 8 * j) = fp8_codes8<DT, INT8, CT>(v, s, rs, fast);
+            *(uint2 *)(codes + (a.row0 + i) * g.cols + a.col0 + 8 * j) = fp8_codes8<INT8, CT>(v, s, rs, fast);
         }
     }
 }
@@ -202,7 +198,7 @@ __global__ void __launch_bounds__(FP8_THREADS) fp8_block_any_kernel(const void *
         qd_fp8_put_scale(scales, a.scale, qd_fp8_stored_scale(s, CT), dt);
     for (int64_t e = threadIdx.x; e < n; e += FP8_THREADS) {
         const int64_t at = (a.row0 + e / a.w) * g.cols + a.col0 + e % a.w;
-        codes[at] = (uint8_t)qd_fp8_code(qd_load<DT>(x, at), s, INT8, CT, dt);
+        codes[at] = (uint8_t)qd_fp8_code(qd_load<DT>(x, at), s, INT8, CT);
     }
 }
 
@@ -220,17 +216,16 @@ __global__ void fp8_tensor_scale_kernel(int dt, struct qd_scratch *sc, void *sca
 template <int DT, int INT8, int CT>
 __global__ void fp8_tensor_codes_kernel(const void *x, int64_t n, const float *scale, uint8_t *codes)
 {
-    constexpr int dt = fp8_dt<DT, CT>::code;
     const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     const float s = *scale, rs = __frcp_rn(s);
     const bool fast = fp8_fast_scale(s);
     if (8 * t + 8 <= n) {
         float v[8];
         qd_load_block<DT, 8>(x, 8 * t, v);
-        ((uint2 *)codes)[t] = fp8_codes8<DT, INT8, CT>(v, s, rs, fast);
+        ((uint2 *)codes)[t] = fp8_codes8<INT8, CT>(v, s, rs, fast);
     } else
         for (int64_t i = 8 * t; i < n; i++)
-            codes[i] = qd_fp8_code(qd_load<DT>(x, i), s, INT8, CT, dt);
+            codes[i] = qd_fp8_code(qd_load<DT>(x, i), s, INT8, CT);
 }
 
 /* The scale index of element (r, c), in index type I (32-bit divisions where the tensor has

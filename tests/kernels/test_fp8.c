@@ -93,8 +93,9 @@ static void fp8_ties_round_to_even(void **state)
 }
 
 /* compressed-tensors' zero point (+0) turns a -0 quotient into +0: -0.0 inputs, and negatives
- * whose quotient rounds to -0 in the weight's dtype; a negative that only e4m3 rounds to zero
- * keeps its sign. transformers multiplies: -0 stays -0. */
+ * whose f32 quotient underflows to -0; a negative whose f32 quotient is nonzero keeps its sign
+ * when e4m3 rounds it to zero, even where the weight's dtype would have flushed it (the eager
+ * torch path's -0 there, then +0). transformers multiplies: -0 stays -0. */
 static void fp8_negative_zero_is_code_0_for_compressed_tensors(void **state)
 {
     (void)state;
@@ -104,15 +105,58 @@ static void fp8_negative_zero_is_code_0_for_compressed_tensors(void **state)
     assert_int_equal(code_at(&q, 0), 0x7e);
     assert_int_equal(code_at(&q, 1), 0x00);
     assert_int_equal(code_at(&q, 2), 0x80); /* -5e-7 in f16, an e4m3 -0 */
-    assert_int_equal(code_at(&q, 3), 0x00); /* -2^-25 is -0 in f16 */
+    assert_int_equal(code_at(&q, 3), 0x80); /* -2^-25 in f32 (f16 would round it to -0) */
     tq_release(&q);
     assert_int_equal(test_quantize(&q, "fp8_e4m3", x, 1, 8, QD_F32, NULL), QD_OK);
-    assert_int_equal(code_at(&q, 3), 0x80); /* f32 holds -2^-25 */
+    assert_int_equal(code_at(&q, 1), 0x00);
+    assert_int_equal(code_at(&q, 3), 0x80);
     tq_release(&q);
     assert_int_equal(test_quantize(&q, "fp8_e4m3", x, 1, 8, QD_F16, tf_channel), QD_OK);
     assert_int_equal(code_at(&q, 1), 0x80);
     assert_int_equal(code_at(&q, 3), 0x80);
     tq_release(&q);
+    /* bf16, scale 2^18: -2^-133 / 2^18 = -2^-151 is -0 in f32 too, -2^-126 / 2^18 is not */
+    float y[4] = {448.0f * 0x1p18f, -0x1p-133f, -0x1p-126f, 0};
+    assert_int_equal(test_quantize(&q, "fp8_e4m3", y, 1, 4, QD_BF16, NULL), QD_OK);
+    assert_int_equal(half_at(&q, 1, 0), qd_f32_to_bf16(0x1p18f));
+    assert_int_equal(code_at(&q, 1), 0x00);
+    assert_int_equal(code_at(&q, 2), 0x80);
+    tq_release(&q);
+}
+
+/* compressed-tensors' codes come from the f32 quotient (its Triton kernel, as llm-compressor runs
+ * on a GPU): quotients that land on an e4m3 (int8) midpoint only once rounded to bf16 or f16 go to
+ * the nearer code of the f32 quotient, not to the even one the eager torch path would pick. The
+ * first element is the amax, 1.0 (scale 1 / 448 or 1 / 127.5 in the dtype). */
+static void ct_codes_come_from_the_f32_quotient(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *fmt;
+        enum qd_dtype dt;
+        uint16_t scale;
+        float x[4];
+        uint8_t want[4];
+    } cases[] = {
+        /* f32 quotients 1.18493, 1.31507, -1.31507 (bf16: 1.1875, 1.3125, -1.3125: ties) */
+        {"fp8_e4m3", QD_BF16, 0x3b12, {1.0f, 0x1.5ap-9f, 0x1.8p-9f, -0x1.8p-9f}, {0x7e, 0x39, 0x3b, 0xbb}},
+        /* 1.18718, 1.31282 (f16: 1.1875, 1.3125) */
+        {"fp8_e4m3", QD_F16, 0x1892, {1.0f, 0x1.5b4p-9f, 0x1.8p-9f, -0x1.8p-9f}, {0x7e, 0x39, 0x3b, 0xbb}},
+        /* 1.49612, 6.51163, -6.51163 (bf16: 1.5, 6.5, -6.5) */
+        {"w8a8", QD_BF16, 0x3c01, {1.0f, 0x1.82p-7f, 0x1.a4p-5f, -0x1.a4p-5f}, {127, 1, 7, (uint8_t)-7}},
+        /* 4.50195, 5.49805 (f16: 4.5, 5.5) */
+        {"w8a8", QD_F16, 0x2004, {1.0f, 0x1.214p-5f, 0x1.614p-5f, -0x1.614p-5f}, {127, 5, 5, (uint8_t)-5}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct test_q q;
+        assert_int_equal(test_quantize(&q, cases[c].fmt, cases[c].x, 1, 4, cases[c].dt, NULL), QD_OK);
+        assert_int_equal(half_at(&q, 1, 0), cases[c].scale);
+        for (int i = 0; i < 4; i++)
+            if (code_at(&q, i) != cases[c].want[i])
+                fail_msg("%s %s: x[%d] gives 0x%02x, not 0x%02x", cases[c].fmt, qd_dtype_name(cases[c].dt), i,
+                         code_at(&q, i), cases[c].want[i]);
+        tq_release(&q);
+    }
 }
 
 /* A scale rounded down (an f16 subnormal: 1.4 * 2^-24 -> 2^-24) sends quotients past 448: the
@@ -372,6 +416,7 @@ int main(void)
         cmocka_unit_test(fp8_zero_rows_get_eps_or_one),
         cmocka_unit_test(fp8_ties_round_to_even),
         cmocka_unit_test(fp8_negative_zero_is_code_0_for_compressed_tensors),
+        cmocka_unit_test(ct_codes_come_from_the_f32_quotient),
         cmocka_unit_test(fp8_saturates_at_448),
         cmocka_unit_test(fp8_transformers_infinite_scale),
         cmocka_unit_test(fp8_partial_blocks_stay_inside_their_matrix),

@@ -32,7 +32,8 @@ static const struct option options[] = {
     {"--data-dir", "QUANTD_DATA_DIR", "", "the directory /jobs?op=convert reads and writes models in (unset: conversions off)", TEXT, F(data_dir), 0, 0},
     {"--max-convert-bytes", "QUANTD_MAX_CONVERT_BYTES", "1099511627776", "largest model body of POST /convert (413 beyond; spooled to --data-dir or TMPDIR, not held in memory)", SIZE, F(max_convert_bytes), 1, 1LL << 50},
     {"--conn-timeout", "QUANTD_CONN_TIMEOUT", "60", "seconds a connection may send or read nothing before it is closed (a slow or stuck client)", INT, F(conn_timeout_s), 1, 1 << 20},
-    {"--max-header-bytes", "QUANTD_MAX_HEADER_BYTES", "16384", "request headers in all (431 beyond)", INT, F(max_header_bytes), 1024, 1 << 20},
+    {"--max-header-bytes", "QUANTD_MAX_HEADER_BYTES", "16384", "request line and headers in all (431 beyond)", INT, F(max_header_bytes), 1024, 1 << 16},
+    {"--max-connections", "QUANTD_MAX_CONNECTIONS", "4096", "connections open at once (beyond: 503 and closed at accept)", INT, F(max_connections), 1, 1 << 16},
     {"--pinned-bytes", "QUANTD_PINNED_BYTES", "2147483648", "page-locked host memory for bodies and results (CUDA backend)", SIZE, F(pinned_bytes), 0, 1LL << 42},
 };
 #define NOPTIONS (int)(sizeof options / sizeof options[0])

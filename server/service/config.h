@@ -25,6 +25,7 @@ struct qd_serve_config {
     long long max_convert_bytes; /* POST /convert's model body */
     int conn_timeout_s;      /* a connection idle this long is closed */
     int max_header_bytes;    /* request line and headers together (431 beyond) */
+    int max_connections;     /* open at once; beyond, 503 at accept */
 };
 
 /* Defaults, then the environment, then argv. Returns 0, 1 after printing --help, or -1 with err. */

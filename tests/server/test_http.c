@@ -77,7 +77,7 @@ static void send_until_answered(int fd, const char *head, size_t head_len, const
                                 size_t max_bytes, double timeout_s, char *buf, size_t cap, size_t *sent)
 {
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    size_t n = 0, at = 0, total = head_len; /* at: offset in the current piece (head, then chunks) */
+    size_t n = 0, at = 0; /* at: offset in the current piece (the head, then chunk after chunk) */
     int in_head = 1;
     double end = now_s() + timeout_s;
     *sent = 0;
@@ -108,11 +108,10 @@ static void send_until_answered(int fd, const char *head, size_t head_len, const
                 at += (size_t)w;
                 *sent += (size_t)w;
                 if (at == len)
-                    at = 0, in_head = 0, total += chunk_len;
+                    at = 0, in_head = 0;
             }
         }
     }
-    (void)total;
     /* the rest of the answer, or all of it when the server stopped reading before it answered */
     int closed;
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);

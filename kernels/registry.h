@@ -26,6 +26,7 @@ enum qd_status {
     QD_ENOTFOUND,
     QD_ECANCELED,  /* stopped on request (a cancelled conversion) */
     QD_EFORBIDDEN, /* a path outside what the service may touch (--data-dir) */
+    QD_ENOSPC,     /* the disk, a quota or the file-size limit takes no more bytes */
 };
 
 const char *qd_strerror(enum qd_status s);

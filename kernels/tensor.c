@@ -12,7 +12,7 @@ const char *qd_strerror(enum qd_status s)
     static const char *const names[] = {"ok", "invalid argument", "unsupported shape",
                                         "non-finite input", "out of memory", "busy",
                                         "device error", "i/o error", "not found", "cancelled",
-                                        "forbidden"};
+                                        "forbidden", "no space left"};
     return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "unknown error";
 }
 
@@ -82,7 +82,7 @@ enum qd_status qd_shape_parse(const char *text, int *ndim, int64_t *shape, char 
             goto bad;
         shape[n++] = v;
         p = end;
-        if (*p == ',' || *p == 'x')
+        if (*p == ',') /* commas only, as the docs and the API schema say */
             p++;
         else if (*p)
             goto bad;

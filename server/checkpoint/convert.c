@@ -118,12 +118,19 @@ int qd_outfile_pad(struct qd_outfile *f, uint32_t alignment, char *err, size_t e
     return pad ? qd_outfile_write(f, zeros, pad, err, errlen) : 0;
 }
 
+enum qd_status qd_status_of_write(int err_no)
+{
+    return err_no == ENOSPC || err_no == EDQUOT || err_no == EFBIG ? QD_ENOSPC : QD_EIO;
+}
+
 int qd_outfile_commit(struct qd_outfile *f, char *err, size_t errlen)
 {
     if (fsync(f->fd) < 0 || close(f->fd) < 0) {
-        snprintf(err, errlen, "%s: %s", f->path, strerror(errno));
+        int e = errno;
+        snprintf(err, errlen, "%s: %s", f->path, strerror(e));
         f->fd = -1;
         qd_outfile_abort(f);
+        errno = e; /* (for qd_status_of_write) */
         return -1;
     }
     f->fd = -1;

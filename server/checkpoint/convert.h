@@ -178,6 +178,9 @@ int qd_outfile_write(struct qd_outfile *f, const void *p, size_t n, char *err, s
 int qd_outfile_pad(struct qd_outfile *f, uint32_t alignment, char *err, size_t errlen);
 /* fsync and rename into place (commit), or remove (abort). */
 int qd_outfile_commit(struct qd_outfile *f, char *err, size_t errlen);
+/* The status of a failed write or commit by its errno: QD_ENOSPC when the storage is full (a
+ * full disk, a quota, the file-size limit: the service answers 507), else QD_EIO. */
+enum qd_status qd_status_of_write(int err_no);
 void qd_outfile_abort(struct qd_outfile *f);
 
 /* An output directory being built under a temporary name: beside path (then renamed into

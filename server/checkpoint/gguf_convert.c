@@ -421,7 +421,7 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         goto fail;
     s->bytes_out = out.written;
     if (qd_outfile_commit(&out, err, errlen)) {
-        *status = QD_EIO;
+        *status = qd_status_of_write(errno);
         goto fail;
     }
     rc = 0;

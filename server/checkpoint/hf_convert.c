@@ -724,7 +724,7 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
     qd_pipe_trace("shard", -1, t0, t1, out.written);
     s->bytes_out += out.written;
     if (qd_outfile_commit(&out, err, errlen)) {
-        *status = QD_EIO;
+        *status = qd_status_of_write(errno);
         goto done;
     }
     qd_pipe_trace("commit", -1, t1, qd_pipe_clock_s(), 0);

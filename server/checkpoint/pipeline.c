@@ -494,9 +494,10 @@ static void *writer(void *arg)
         double t1 = qd_pipe_clock_s();
         if (bad) {
             char msg[300];
+            int e = errno;
             snprintf(msg, sizeof msg, "writing %s at byte %llu: %s", p->out->path, (unsigned long long)(at + lo),
-                     strerror(errno));
-            fail(r, QD_EIO, msg);
+                     strerror(e));
+            fail(r, qd_status_of_write(e), msg);
             break;
         }
         qd_pipe_trace("write", i, t0, t1, hi - lo);
@@ -688,8 +689,9 @@ join:
     pthread_cond_destroy(&r.moved);
     pthread_mutex_destroy(&r.lock);
     if (!r.failed && r.dfd >= 0 && direct_finish(&r, at)) {
-        snprintf(err, errlen, "writing %s: %s", p->out->path, strerror(errno));
-        r.failed = 1, r.status = QD_EIO;
+        int e = errno;
+        snprintf(err, errlen, "writing %s: %s", p->out->path, strerror(e));
+        r.failed = 1, r.status = qd_status_of_write(e);
     }
     if (!r.failed)
         p->out->written = at;

@@ -103,9 +103,14 @@ int qd_body_kind(const struct qd_req *q, const char *ct, const char *body, size_
     if (!untyped)
         return -1;
     /* curl --data-binary without -H sends the form type: a raw tensor when the query says its
-     * shape; otherwise JSON, or safetensors when the body opens with one's header */
-    if (q->op == QD_OP_QUANTIZE)
-        return q->has_shape ? QD_BODY_RAW : QD_BODY_JSON;
+     * shape or dtype (and the body does not open as a JSON object); otherwise JSON, or
+     * safetensors when the body opens with one's header */
+    if (q->op == QD_OP_QUANTIZE) {
+        size_t i = 0;
+        while (i < len && (body[i] == ' ' || body[i] == '\t' || body[i] == '\r' || body[i] == '\n'))
+            i++;
+        return q->has_shape || (q->has_dtype && !(i < len && body[i] == '{')) ? QD_BODY_RAW : QD_BODY_JSON;
+    }
     if (q->op == QD_OP_CONVERT) /* a JSON request naming files, never a tensor */
         return QD_BODY_JSON;
     if (len >= 9 && body[8] == '{') {
@@ -203,7 +208,9 @@ static int decode_quantize(struct qd_work *w, enum qd_body_kind kind, char *body
     }
     if (kind == QD_BODY_RAW) {
         if (!q->has_dtype || !q->has_shape) {
-            qd_reply_error(err, 400, "bad_request", "a raw body needs dtype= and shape= in the query");
+            qd_reply_error(err, 400, "bad_request", "a raw body needs %s in the query (shape: integers separated by "
+                           "commas, e.g. shape=4096,4096; dtype: f32, f16 or bf16)",
+                           q->has_dtype ? "shape=" : q->has_shape ? "dtype=" : "dtype= and shape=");
             return -1;
         }
         w->in.data = body;
@@ -237,7 +244,9 @@ static int decode_quantize(struct qd_work *w, enum qd_body_kind kind, char *body
         if (sh)
             q->ndim = nd, memcpy(q->shape, dims, sizeof dims), q->has_shape = 1;
         if (!q->has_dtype || !q->has_shape || !(cJSON_IsString(data) || cJSON_IsRaw(data))) {
-            qd_reply_error(err, 400, "bad_request", "the JSON body needs \"dtype\", \"shape\" and \"data\" (base64)");
+            qd_reply_error(err, 400, "bad_request", "the JSON body needs \"dtype\", \"shape\" and \"data\" (base64); "
+                           "missing:%s%s%s", q->has_dtype ? "" : " dtype", q->has_shape ? "" : " shape",
+                           cJSON_IsString(data) || cJSON_IsRaw(data) ? "" : " data");
             goto done;
         }
         if (fmt && !cJSON_IsString(fmt)) {

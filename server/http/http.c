@@ -2,7 +2,14 @@
  * URL and headers alone can decide (auth, method, query, Content-Type, Content-Length), so a
  * bad or oversized request is answered before its body is read; upload callbacks append to one
  * buffer; the last callback either answers at once or hands a job to the queue and suspends the
- * connection, which the worker resumes when the answer is ready. No HTTP thread waits on work. */
+ * connection, which the worker resumes when the answer is ready. No HTTP thread waits on work.
+ *
+ * Three answers do not fit that life, and quantd writes them to the socket itself, then the
+ * connection closes (reply.h, qd_reply_wire): one decided in the middle of a body (over the
+ * limit, no memory, a full disk; libmicrohttpd can only answer before the body or after its
+ * end), one to a connection over --max-connections (listener.c), and the 431 for a request
+ * line and headers over libmicrohttpd's connection buffer, which it would otherwise answer with
+ * its own HTML page (log_mhd). */
 #include "http/http.h"
 
 #include <arpa/inet.h>
@@ -10,11 +17,14 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,6 +47,14 @@
  * trickled a byte at a time is never idle long enough for the idle timeout). */
 #define QD_MIN_BODY_RATE 8192.0 /* bytes per second */
 
+/* libmicrohttpd's buffer per connection: the request line and headers must fit in it, and a body
+ * is received into it, 256 KiB at a time (fewer calls per request than its default 32 KiB). */
+#define QD_CONN_BUFFER_BYTES (256 * 1024)
+
+/* Descriptors kept for what is not a connection: spool files, the answer files of /convert, the
+ * worker's and libmicrohttpd's own (--max-connections is lowered to leave them). */
+#define QD_FD_RESERVE 256
+
 static struct {
     struct MHD_Daemon *daemon;
     const struct qd_serve_config *config;
@@ -46,6 +64,7 @@ static struct {
     atomic_ulong inflight_refused; /* bodies refused under --max-inflight-bytes */
     char *formats_json;
     int port;
+    int max_connections;     /* --max-connections, or lower to fit the descriptor limit */
 } S;
 
 struct conn {
@@ -59,7 +78,6 @@ struct conn {
     char *body;
     size_t len, cap;
     size_t reserved;          /* the body's share of --max-inflight-bytes (its capacity) */
-    int discard;              /* body over the limit: read and dropped, then 413 */
     struct qd_req req;
     struct qd_reply reply;    /* an answer decided before or instead of a job */
     struct qd_job *job;       /* the synchronous job this request waits on */
@@ -67,6 +85,17 @@ struct conn {
     const struct qd_format *label_f;  /* the format for metrics and logs when the body names it */
     int suspended, job_done;
 };
+
+/* text as the inside of a JSON string: quotes, backslashes and control bytes escaped; cut to fit */
+static void json_text(char *out, size_t cap, const char *text)
+{
+    size_t k = 0;
+    for (const char *p = text; *p && k + 7 < cap; p++)
+        k += (unsigned char)*p < 0x20 || *p == '"' || *p == '\\'
+             ? (size_t)snprintf(out + k, cap - k, "\\u%04x", (unsigned char)*p)
+             : (out[k] = *p, 1);
+    out[k] = 0;
+}
 
 /* ---- answers ----------------------------------------------------------------------------- */
 
@@ -146,6 +175,8 @@ static enum MHD_Result send_reply(struct MHD_Connection *mc, struct conn *c, str
     }
     if (r->allow)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, r->allow);
+    if (r->status == 401) /* the one challenge: the token (RFC 6750) */
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (r->shape_header[0])
         MHD_add_response_header(resp, "X-Quantd-Shape", r->shape_header);
     if (r->dtype_header[0])
@@ -255,9 +286,11 @@ static int token_ok(struct MHD_Connection *mc)
     if (!*want)
         return 1;
     const char *h = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncmp(h, "Bearer ", 7))
+    /* the scheme's name is case-insensitive (RFC 9110, 11.1), one or more spaces after it */
+    if (!h || strncasecmp(h, "Bearer", 6) || (h[6] != ' ' && h[6] != '\t'))
         return 0;
-    h += 7;
+    for (h += 6; *h == ' ' || *h == '\t'; h++)
+        ;
     size_t n = strlen(want), m = strlen(h);
     unsigned diff = n != m;
     for (size_t i = 0; i < n; i++) /* the same time whatever the first wrong byte */
@@ -313,12 +346,7 @@ static void precheck_post(struct MHD_Connection *mc, struct conn *c)
         return;
     }
     const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-    long long length = cl ? strtoll(cl, NULL, 10) : -1;
-    if (length > S.config->max_body_bytes) {
-        qd_reply_error(&c->reply, 413, "body_too_large", "the body (%lld bytes) is over the limit of %lld bytes",
-                       length, S.config->max_body_bytes);
-        return;
-    }
+    long long length = cl ? strtoll(cl, NULL, 10) : -1; /* (over the limit: refused in first_call) */
     /* a raw tensor's length and the format's shape rules are known before the body */
     struct qd_req *r = &c->req;
     if (r->op == QD_OP_QUANTIZE && r->f && r->has_dtype && r->has_shape &&
@@ -368,6 +396,12 @@ static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, cons
     return MHD_YES;
 }
 
+/* The largest body a request may send: a model to /convert, a tensor or a job elsewhere. */
+static unsigned long long body_limit(const struct conn *c)
+{
+    return (unsigned long long)(c->route == QD_ROUTE_CONVERT ? S.config->max_convert_bytes : S.config->max_body_bytes);
+}
+
 static void first_call(struct MHD_Connection *mc, struct conn *c, const char *url, const char *method)
 {
     size_t header_bytes = strlen(url) + strlen(method) + 12;
@@ -391,6 +425,13 @@ static void first_call(struct MHD_Connection *mc, struct conn *c, const char *ur
                        method, r->path, r->methods);
         c->reply.allow = !strcmp(r->methods, "GET HEAD") ? "GET, HEAD"
                        : !strcmp(r->methods, "POST") ? "POST" : "GET, HEAD, DELETE";
+        return;
+    }
+    const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    unsigned long long length = cl ? strtoull(cl, NULL, 10) : 0; /* (libmicrohttpd refused a malformed one) */
+    if (length > body_limit(c)) {
+        qd_reply_error(&c->reply, 413, "body_too_large", "the body (%llu bytes) is over the limit of %llu bytes (%s)",
+                       length, body_limit(c), c->route == QD_ROUTE_CONVERT ? "--max-convert-bytes" : "--max-body-bytes");
         return;
     }
     if (!r->open && !token_ok(mc)) {
@@ -644,6 +685,21 @@ static enum MHD_Result last_call(struct MHD_Connection *mc, struct conn *c, cons
     return send_reply(mc, c, &c->reply, 1);
 }
 
+/* An answer decided in the middle of a body, which libmicrohttpd can only send after the body's
+ * end (that may never come): quantd writes it to the socket, and returning MHD_NO makes
+ * libmicrohttpd close the connection without reading the rest. */
+static enum MHD_Result cut_with_reply(struct MHD_Connection *mc, struct conn *c)
+{
+    char wire[2048];
+    size_t n = qd_reply_wire(&c->reply, wire, sizeof wire);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci && n)
+        qd_reply_send_now(ci->connect_fd, wire, n);
+    c->status = c->reply.status;
+    c->bytes_out = c->reply.len;
+    return MHD_NO;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls)
@@ -660,6 +716,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         atomic_fetch_add(&S.inflight, 1);
         qd_watch_request(mc, 1);
         first_call(mc, c, url, method);
+        /* a body over the limit by its Content-Length is refused before it, at once: the client
+         * may be about to send 10^14 bytes, or waiting on a 100 Continue it must not get.
+         * libmicrohttpd then reads none of it and closes the connection after the answer. Other
+         * errors wait for the end of the body (read and dropped, the connection kept): a client
+         * that writes its whole body before it reads would meet a reset instead of the answer */
+        if (c->reply.status == 413)
+            return send_reply(mc, c, &c->reply, 1);
         return MHD_YES;
     }
     if (*upload_size) {
@@ -674,22 +737,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             return MHD_NO;
         }
         *upload_size = 0;
-        if (c->reply.status || c->discard)
-            return MHD_YES; /* already answered or too large: drop the rest */
+        if (c->reply.status) /* answered after the body, which is dropped up to the limit */
+            return c->bytes_in > body_limit(c) ? cut_with_reply(mc, c) : MHD_YES;
         if (c->upload) { /* POST /convert: to the spool file, not memory */
             if (qd_convert_upload_write(c->upload, upload, n, &c->reply)) {
                 qd_convert_upload_abort(c->upload);
                 c->upload = NULL;
-                c->discard = 1;
+                return cut_with_reply(mc, c);
             }
             return MHD_YES;
         }
-        if (c->len + n > (size_t)S.config->max_body_bytes) {
+        if (c->len + n > (size_t)S.config->max_body_bytes) { /* a chunked body (a declared one is checked first) */
             body_drop(c);
-            c->discard = 1;
-            qd_reply_error(&c->reply, 413, "body_too_large", "the body is over the limit of %lld bytes",
-                           S.config->max_body_bytes);
-            return MHD_YES;
+            qd_reply_error(&c->reply, 413, "body_too_large", "the body is over the limit of %lld bytes "
+                           "(--max-body-bytes)", S.config->max_body_bytes);
+            return cut_with_reply(mc, c);
         }
         if (c->len + n > c->cap) { /* no or a short Content-Length: grow */
             size_t cap = c->cap ? c->cap : 65536;
@@ -706,15 +768,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
                 cap = c->reserved + left < cap ? c->reserved + left : cap;
                 cap = cap < c->len + n ? c->len + n : cap;
                 if (body_reserve(c, cap - c->reserved)) { /* grown past what may be held */
-                    body_drop(c);
-                    c->discard = 1;
+                    body_drop(c); /* answered (503) after the body, dropped up to the limit */
                     return MHD_YES;
                 }
             }
             char *b = qd_hostmem_grow(c->body, c->len, cap);
             if (!b) {
                 qd_reply_error(&c->reply, 503, "out_of_memory", "no memory for the body");
-                return MHD_YES;
+                return cut_with_reply(mc, c);
             }
             c->body = b;
             c->cap = cap;
@@ -754,12 +815,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     gmtime_r(&ts.tv_sec, &tm);
     /* one JSON line per request; the path is quantd's own route table or a 404 (escaped) */
     char path[200];
-    size_t k = 0;
-    for (const char *p = c->path; *p && k + 7 < sizeof path; p++)
-        k += (unsigned char)*p < 0x20 || *p == '"' || *p == '\\'
-             ? (size_t)snprintf(path + k, sizeof path - k, "\\u%04x", (unsigned char)*p)
-             : (path[k] = *p, 1);
-    path[k] = 0;
+    json_text(path, sizeof path, c->path);
     /* a synchronous job's phases: receiving the body, waiting in the queue, running (decode,
      * kernel, encode), and sending the answer (resuming the connection included) */
     char phases[300] = "";
@@ -788,6 +844,79 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
     free(c);
     *con_cls = NULL;
     atomic_fetch_sub(&S.inflight, 1);
+}
+
+/* ---- libmicrohttpd's side ---------------------------------------------------------------- */
+
+/* The connection whose request line and headers filled libmicrohttpd's buffer gets quantd's JSON
+ * 431 first, and the end of its sending side: libmicrohttpd's own page then finds the connection
+ * closed for sending and is never seen. */
+static int answer_oversized_head(void)
+{
+    int fd = qd_watch_oversized_head((unsigned long long)S.config->max_header_bytes);
+    if (fd < 0)
+        return 0; /* (not found: libmicrohttpd's page goes out) */
+    struct qd_reply r = {0};
+    qd_reply_error(&r, 431, "headers_too_large", "the request line and headers are over the limit of %d bytes "
+                   "(--max-header-bytes)", S.config->max_header_bytes);
+    char wire[1024];
+    size_t n = qd_reply_wire(&r, wire, sizeof wire);
+    qd_reply_free(&r);
+    if (n)
+        qd_reply_send_now(fd, wire, n);
+    return n != 0;
+}
+
+/* MHD_OPTION_EXTERNAL_LOGGER: libmicrohttpd's messages as JSON lines, like quantd's own. One of
+ * them comes on the thread serving the connection just before libmicrohttpd answers a request
+ * line and headers too large for its buffer (431; 414 for the line alone) with its HTML page:
+ * the moment to answer with quantd's JSON instead (answer_oversized_head). */
+static void log_mhd(void *cls, const char *fmt, va_list ap)
+{
+    static const char refusing[] = "Error processing request (HTTP response code is %u";
+    char text[512], escaped[1024];
+    va_list copy;
+    va_copy(copy, ap);
+    vsnprintf(text, sizeof text, fmt, copy);
+    va_end(copy);
+    if (!strncmp(fmt, refusing, sizeof refusing - 1)) {
+        unsigned status = va_arg(ap, unsigned);
+        if ((status == MHD_HTTP_REQUEST_HEADER_FIELDS_TOO_LARGE || status == MHD_HTTP_URI_TOO_LONG) &&
+            answer_oversized_head())
+            snprintf(text, sizeof text, "the request line and headers of a request filled the connection's "
+                     "buffer (%d bytes): answered 431 and closed", QD_CONN_BUFFER_BYTES);
+    }
+    size_t n = strlen(text);
+    while (n && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' '))
+        text[--n] = 0;
+    json_text(escaped, sizeof escaped, text);
+    fprintf(stderr, "{\"msg\":\"%s\",\"from\":\"libmicrohttpd\"}\n", escaped);
+}
+
+/* MHD_OPTION_NOTIFY_CONNECTION: the watchdog follows each connection; the acceptor counts them. */
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    qd_watch_notify(cls, mc, socket_context, code);
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci)
+            qd_listener_closed(ci->connect_fd);
+    }
+}
+
+/* --max-connections, lowered where the descriptor limit would not leave QD_FD_RESERVE beside. */
+static int max_connections(const struct qd_serve_config *cfg)
+{
+    struct rlimit nofile;
+    long long fds = getrlimit(RLIMIT_NOFILE, &nofile) || nofile.rlim_cur == RLIM_INFINITY ? 1 << 20
+                    : (long long)nofile.rlim_cur;
+    long long room = fds > 2 * QD_FD_RESERVE ? fds - QD_FD_RESERVE : fds / 2;
+    if (room >= cfg->max_connections)
+        return cfg->max_connections;
+    fprintf(stderr, "{\"msg\":\"--max-connections lowered to fit the descriptor limit (ulimit -n)\","
+            "\"max_connections\":%lld,\"nofile\":%lld}\n", room > 0 ? room : 1, fds);
+    return room > 0 ? (int)room : 1;
 }
 
 /* ---- life cycle -------------------------------------------------------------------------- */
@@ -820,25 +949,30 @@ int qd_http_start(const struct qd_serve_config *cfg, struct qd_backend *b, char 
         return -1;
     }
     /* the listening socket is quantd's own (listener.h: an even spread of connections over the
-     * pool); poll(), not epoll, in the pool: at most 4096 connections, poll() costs nothing
-     * measurable */
+     * pool, and the connection limit); poll(), not epoll, in the pool: at most 4096 connections
+     * by default, poll() costs nothing measurable */
     int bad = qd_listener_open(ai, cfg->listen, &S.port, err, errlen);
     freeaddrinfo(ai);
     if (bad)
         return -1;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG | MHD_USE_NO_LISTEN_SOCKET;
+    unsigned threads = http_threads(cfg);
+    S.max_connections = max_connections(cfg);
     S.daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL,
-                                MHD_OPTION_THREAD_POOL_SIZE, http_threads(cfg),
+                                MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
+                                MHD_OPTION_THREAD_POOL_SIZE, threads,
                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
-                                MHD_OPTION_NOTIFY_CONNECTION, qd_watch_notify, NULL,
+                                MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL,
                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->conn_timeout_s,
-                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
-                                /* a larger per-connection pool lets each recv take 256 KiB of
-                                 * a large body instead of 32 KiB (fewer calls per request) */
-                                MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024),
+                                /* each thread's share of this limit is above every connection
+                                 * the acceptor lets in (all of them could land on one thread),
+                                 * with room for the one a thread counts until its cleanup:
+                                 * libmicrohttpd's own limit branch is never taken (listener.h) */
+                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)(S.max_connections + 16) * threads,
+                                MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)QD_CONN_BUFFER_BYTES,
                                 MHD_OPTION_END);
-    if (!S.daemon || qd_listener_start(S.daemon)) {
+    if (!S.daemon || qd_listener_start(S.daemon, S.max_connections)) {
         snprintf(err, errlen, "cannot start the HTTP threads on %s", cfg->listen);
         if (S.daemon)
             MHD_stop_daemon(S.daemon);
@@ -848,15 +982,18 @@ int qd_http_start(const struct qd_serve_config *cfg, struct qd_backend *b, char 
     }
     if (qd_watch_start(cfg->conn_timeout_s)) {
         snprintf(err, errlen, "cannot start the slow-client watchdog");
-        qd_listener_close();
+        qd_listener_stop();
         MHD_stop_daemon(S.daemon);
         S.daemon = NULL;
+        qd_listener_close();
         return -1;
     }
     return 0;
 }
 
 int qd_http_port(void) { return S.port; }
+
+int qd_http_max_connections(void) { return S.max_connections; }
 
 void qd_http_set_ready(int ready) { atomic_store(&S.ready, ready); }
 
@@ -879,6 +1016,12 @@ int qd_http_drain(int timeout_s)
 void qd_http_stop(void)
 {
     qd_listener_stop();
+    /* the connections end before libmicrohttpd stops: 0.9.75 crashes when its stop overtakes a
+     * thread that is answering an error of its own (its queueing of the answer refuses once
+     * stopping, and the thread then builds the headers of no answer) */
+    qd_watch_close_all();
+    for (int i = 0; i < 200 && qd_listener_connections() > 0; i++)
+        usleep(10000);
     if (S.daemon)
         MHD_stop_daemon(S.daemon);
     S.daemon = NULL;

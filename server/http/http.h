@@ -11,6 +11,8 @@ struct qd_backend;
 int qd_http_start(const struct qd_serve_config *c, struct qd_backend *b, char *err, size_t errlen);
 /* The port actually bound (for --listen ...:0). */
 int qd_http_port(void);
+/* The connection limit in force (--max-connections, or lower to fit the descriptor limit). */
+int qd_http_max_connections(void);
 /* Marks the service ready (backend and workers up). */
 void qd_http_set_ready(int ready);
 /* SIGTERM path: stop accepting, answer new requests on open connections with 503, and wait up

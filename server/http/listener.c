@@ -8,16 +8,32 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include "http/reply.h"
 
 static struct {
     int fd, stop_fd, running;
     pthread_t thread;
     struct MHD_Daemon *daemon;
+    int max;             /* connections open at once */
+    atomic_int open;     /* handed over and not yet closed */
+    atomic_long refused; /* answered 503 for the limit */
+    /* one flag per descriptor: set while a connection handed over on it is open. A connection
+     * libmicrohttpd could not start (no memory for its buffer) is closed without a
+     * notification; its flag is still set when accept returns the same descriptor, which then
+     * takes its place in the count instead of adding to it. */
+    atomic_uchar *held;
+    int nheld;
+    char busy[512]; /* the 503 for a connection over the limit */
+    size_t busy_len;
 } L = {.fd = -1, .stop_fd = -1};
 
 int qd_listener_open(const struct addrinfo *ai, const char *name, int *port, char *err, size_t errlen)
@@ -42,6 +58,18 @@ int qd_listener_open(const struct addrinfo *ai, const char *name, int *port, cha
     return 0;
 }
 
+/* A connection over the limit: whatever request already arrived is read (a close with unread
+ * bytes would reset the connection, and the answer with it), then the 503, then the close. */
+static void refuse(int c)
+{
+    char sink[16384];
+    for (int i = 0; i < 4 && recv(c, sink, sizeof sink, MSG_DONTWAIT) == (ssize_t)sizeof sink; i++)
+        ;
+    qd_reply_send_now(c, L.busy, L.busy_len);
+    close(c);
+    atomic_fetch_add(&L.refused, 1);
+}
+
 static void *acceptor(void *arg)
 {
     struct pollfd p[2] = {{.fd = L.fd, .events = POLLIN}, {.fd = L.stop_fd, .events = POLLIN}};
@@ -60,16 +88,41 @@ static void *acceptor(void *arg)
                     usleep(10000);
                 break;
             }
-            /* (on failure libmicrohttpd closes it: over the connection limit, no memory) */
-            MHD_add_connection(L.daemon, c, (struct sockaddr *)&a, al);
+            if (c >= L.nheld) { /* (descriptors stay under the limit the table was sized by) */
+                close(c);
+                continue;
+            }
+            if (!atomic_load(&L.held[c])) { /* (else: the place of a connection that never started) */
+                if (atomic_load(&L.open) >= L.max) {
+                    refuse(c);
+                    continue;
+                }
+                atomic_store(&L.held[c], 1);
+                atomic_fetch_add(&L.open, 1);
+            }
+            /* on failure libmicrohttpd has closed it (no memory) */
+            if (MHD_add_connection(L.daemon, c, (struct sockaddr *)&a, al) != MHD_YES)
+                qd_listener_closed(c);
         }
     }
     return NULL;
 }
 
-int qd_listener_start(struct MHD_Daemon *d)
+int qd_listener_start(struct MHD_Daemon *d, int max_connections)
 {
+    struct rlimit nofile;
+    if (getrlimit(RLIMIT_NOFILE, &nofile))
+        return -1;
+    L.nheld = nofile.rlim_cur > (1u << 24) ? 1 << 24 : (int)nofile.rlim_cur;
+    if (!(L.held = calloc((size_t)L.nheld, sizeof *L.held)))
+        return -1;
     L.daemon = d;
+    L.max = max_connections;
+    struct qd_reply busy = {0};
+    qd_reply_error(&busy, 503, "too_many_connections",
+                   "quantd has %d connections open, its limit (--max-connections): retry later", max_connections);
+    L.busy_len = qd_reply_wire(&busy, L.busy, sizeof L.busy);
+    qd_reply_free(&busy);
     if ((L.stop_fd = eventfd(0, EFD_CLOEXEC)) < 0)
         return -1;
     if (pthread_create(&L.thread, NULL, acceptor, NULL)) {
@@ -80,6 +133,16 @@ int qd_listener_start(struct MHD_Daemon *d)
     L.running = 1;
     return 0;
 }
+
+void qd_listener_closed(int fd)
+{
+    if (fd >= 0 && fd < L.nheld && atomic_exchange(&L.held[fd], 0))
+        atomic_fetch_sub(&L.open, 1);
+}
+
+int qd_listener_connections(void) { return atomic_load(&L.open); }
+
+long qd_listener_refused(void) { return atomic_load(&L.refused); }
 
 void qd_listener_stop(void)
 {
@@ -100,4 +163,7 @@ void qd_listener_close(void)
     if (L.fd >= 0)
         close(L.fd);
     L.fd = -1;
+    free(L.held);
+    L.held = NULL;
+    L.nheld = 0;
 }

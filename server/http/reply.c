@@ -2,11 +2,14 @@
 #include "http/reply.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <microhttpd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "queue/hostmem.h"
 
@@ -120,6 +123,33 @@ void qd_reply_error(struct qd_reply *r, int status, const char *code, const char
         r->retry_after_s = 1;
 }
 
+size_t qd_reply_wire(const struct qd_reply *r, char *buf, size_t cap)
+{
+    char retry[40] = "";
+    if (r->retry_after_s)
+        snprintf(retry, sizeof retry, "Retry-After: %d\r\n", r->retry_after_s);
+    int n = snprintf(buf, cap, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s"
+                     "Connection: close\r\n\r\n", r->status, MHD_get_reason_phrase_for((unsigned)r->status),
+                     r->content_type ? r->content_type : "application/json", r->len, retry);
+    if (n < 0 || (size_t)n + r->len > cap || r->nparts)
+        return 0;
+    memcpy(buf + n, r->body, r->len);
+    return (size_t)n + r->len;
+}
+
+void qd_reply_send_now(int fd, const char *buf, size_t len)
+{
+    while (len) {
+        ssize_t w = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break;
+        buf += w, len -= (size_t)w;
+    }
+    shutdown(fd, SHUT_WR);
+}
+
 int qd_status_http(enum qd_status s)
 {
     switch (s) {
@@ -130,6 +160,7 @@ int qd_status_http(enum qd_status s)
     case QD_ENOTFOUND: return 404;
     case QD_ECANCELED: return 409;
     case QD_EFORBIDDEN: return 403;
+    case QD_ENOSPC: return 507;
     case QD_EIO: return 500;
     }
     return 500;
@@ -148,6 +179,7 @@ const char *qd_status_code(enum qd_status s)
     case QD_ENOTFOUND: return "not_found";
     case QD_ECANCELED: return "cancelled";
     case QD_EFORBIDDEN: return "forbidden";
+    case QD_ENOSPC: return "insufficient_storage";
     case QD_EIO: return "internal";
     }
     return "internal";

@@ -50,6 +50,15 @@ void qd_reply_take_parts(struct qd_reply *r, int status, const char *content_typ
 char *qd_reply_joined(const struct qd_reply *r);
 void qd_reply_free(struct qd_reply *r);
 
+/* The answer as bytes on the wire: status line, Content-Type, Content-Length, Retry-After when
+ * set, "Connection: close", then the body (an error's JSON). For the few answers quantd writes to
+ * a socket itself, where libmicrohttpd cannot send one: a connection refused at accept, a
+ * request cut in the middle of its body. The length, or 0 when it does not fit in cap. */
+size_t qd_reply_wire(const struct qd_reply *r, char *buf, size_t cap);
+/* Writes what the socket takes now (it never blocks: the answer is small and the socket's
+ * buffer empty, or the peer is not reading and gets less), then ends the sending side. */
+void qd_reply_send_now(int fd, const char *buf, size_t len);
+
 /* The one mapping from a core status to an HTTP status and error code. */
 int qd_status_http(enum qd_status s);
 const char *qd_status_code(enum qd_status s);

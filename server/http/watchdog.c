@@ -2,11 +2,16 @@
  * it starts and removed when libmicrohttpd tells it closed, which it does before it closes the
  * socket, so the watchdog never shuts down a descriptor that has been reused. It shuts the
  * socket down (it does not close it): libmicrohttpd then sees the end of the stream and closes
- * the connection the usual way, freeing its buffers. */
+ * the connection the usual way, freeing its buffers. Each connection also keeps the thread that
+ * serves it and how many bytes it had received when its last answer was done, for
+ * qd_watch_oversized_head. */
 #include "http/watchdog.h"
 
+#include <linux/tcp.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -18,6 +23,8 @@ struct watch {
     _Atomic double since_s; /* when the wait for headers began */
     atomic_int in_request;
     int cut;
+    pthread_t thread;                 /* the libmicrohttpd thread serving it */
+    _Atomic unsigned long long rx_at; /* bytes received when its last answer was done */
     struct watch *prev, *next;
 };
 
@@ -36,6 +43,15 @@ static double now_s(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static unsigned long long bytes_received(int fd)
+{
+    struct tcp_info ti;
+    socklen_t n = sizeof ti;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &n) || n < offsetof(struct tcp_info, tcpi_bytes_received) + 8)
+        return 0;
+    return ti.tcpi_bytes_received;
 }
 
 static void *watch_main(void *arg)
@@ -97,6 +113,7 @@ void qd_watch_notify(void *cls, struct MHD_Connection *mc, void **socket_context
             return;
         }
         w->fd = ci->connect_fd;
+        w->thread = pthread_self(); /* (notified on the thread that serves it) */
         atomic_store(&w->since_s, now_s());
         pthread_mutex_lock(&W.lock);
         w->next = W.head;
@@ -128,9 +145,36 @@ void qd_watch_request(struct MHD_Connection *mc, int in_request)
     struct watch *w = ci ? ci->socket_context : NULL;
     if (!w)
         return;
-    if (!in_request)
+    if (!in_request) {
         atomic_store(&w->since_s, now_s());
+        atomic_store(&w->rx_at, bytes_received(w->fd));
+    }
     atomic_store(&w->in_request, in_request);
+}
+
+int qd_watch_oversized_head(unsigned long long min_bytes)
+{
+    int fd = -1;
+    unsigned long long most = 0;
+    pthread_t self = pthread_self();
+    pthread_mutex_lock(&W.lock);
+    for (struct watch *w = W.head; w; w = w->next) {
+        if (!pthread_equal(w->thread, self) || atomic_load(&w->in_request))
+            continue;
+        unsigned long long got = bytes_received(w->fd) - atomic_load(&w->rx_at);
+        if (got >= min_bytes && got > most)
+            most = got, fd = w->fd;
+    }
+    pthread_mutex_unlock(&W.lock);
+    return fd;
+}
+
+void qd_watch_close_all(void)
+{
+    pthread_mutex_lock(&W.lock);
+    for (struct watch *w = W.head; w; w = w->next)
+        shutdown(w->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&W.lock);
 }
 
 long qd_watch_cut_total(void) { return atomic_load(&W.cut_total); }

@@ -21,6 +21,17 @@ void qd_watch_notify(void *cls, struct MHD_Connection *mc, void **socket_context
 /* A request's headers are in (1) or its answer is done (0: the wait for the next begins). */
 void qd_watch_request(struct MHD_Connection *mc, int in_request);
 
+/* Called on a libmicrohttpd thread that is about to answer 431 itself (its connection buffer is
+ * full of request line and headers): the descriptor of that thread's connection, waiting for
+ * the headers of a request, that has received the most bytes since its last answer, at least
+ * min_bytes; -1 when none has. Only a connection sending at least that much without finishing
+ * its headers qualifies, and it is at the limit too. */
+int qd_watch_oversized_head(unsigned long long min_bytes);
+
+/* Shuts every connection down (the stop, after the drain): libmicrohttpd sees each end and closes
+ * it the usual way. */
+void qd_watch_close_all(void);
+
 /* Connections cut so far (for /metrics). */
 long qd_watch_cut_total(void);
 

@@ -388,12 +388,30 @@ static void *cuda_host_alloc(size_t n)
 
 static void cuda_host_free(void *p) { cudaFreeHost(p); }
 
+/* Why no device can be used, in the words of what is missing: the runtime's own sentence for
+ * "no driver at all" is "CUDA driver version is insufficient for CUDA runtime version". */
+static void no_device(cudaError_t e, char *err, size_t errlen)
+{
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    if (e == cudaErrorInsufficientDriver && driver == 0)
+        snprintf(err, errlen, "no NVIDIA driver is installed, so no GPU can be used");
+    else if (e == cudaErrorInsufficientDriver)
+        snprintf(err, errlen, "the NVIDIA driver supports CUDA %d.%d, older than the %d.%d this quantd was built "
+                 "with: update the driver", driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
+    else if (e == cudaErrorNoDevice || e == cudaSuccess)
+        snprintf(err, errlen, "no NVIDIA GPU is visible (the driver found none, or CUDA_VISIBLE_DEVICES hides them)");
+    else
+        snprintf(err, errlen, "no usable CUDA device (%s)", cudaGetErrorString(e));
+}
+
 int qd_backend_cuda_open(struct qd_backend *b, const char *devices, char *err, size_t errlen)
 {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
-        snprintf(err, errlen, "no usable CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
+        no_device(e, err, errlen);
         return -1;
     }
     struct cuda_state *st = calloc(1, sizeof *st);

@@ -29,6 +29,7 @@ struct qd_serve_config {
     long long max_safetensors_header_bytes; /* a converted safetensors model's header */
     long long max_inflight_bytes; /* request bodies held at once (503 beyond); 0: a quarter of memory */
     int convert_workers;     /* threads that run conversions, apart from the queue's workers */
+    int max_connections;     /* open at once; beyond, 503 at accept */
 };
 
 /* Defaults, then the environment, then argv. Returns 0, 1 after printing --help, or -1 with err. */

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "../../kernels/cpu/cpu.h"
@@ -48,6 +49,13 @@ int qd_serve_main(int argc, char **argv)
     sigaddset(&stop, SIGINT);
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* every connection is a descriptor: take all the hard limit allows (the soft one is often
+     * 1024, under the default --max-connections) */
+    struct rlimit nofile;
+    if (!getrlimit(RLIMIT_NOFILE, &nofile) && nofile.rlim_cur != RLIM_INFINITY && nofile.rlim_cur < nofile.rlim_max) {
+        nofile.rlim_cur = nofile.rlim_max == RLIM_INFINITY || nofile.rlim_max > (1u << 20) ? 1u << 20 : nofile.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &nofile);
+    }
     /* request-sized buffers (bodies, answers: up to a few MiB) are reused from the heap instead
      * of mapped and unmapped, or trimmed and faulted in again, on every request */
     mallopt(M_MMAP_THRESHOLD, 4 << 20);
@@ -69,7 +77,7 @@ int qd_serve_main(int argc, char **argv)
                 fprintf(stderr, "quantd serve: --backend cuda: %s\n", err);
                 return 1;
             }
-            fprintf(stderr, "{\"msg\":\"no usable GPU, serving from the CPU backend\",\"why\":\"%s\"}\n", err);
+            fprintf(stderr, "{\"msg\":\"no GPU in use: the CPU backend serves\",\"why\":\"%s\"}\n", err);
             qd_backend_cpu_open(&backend, err, sizeof err);
         }
     } else
@@ -100,9 +108,9 @@ int qd_serve_main(int argc, char **argv)
     }
     qd_http_set_ready(1);
     fprintf(stderr, "{\"msg\":\"quantd serving\",\"listen\":\"%s\",\"port\":%d,\"backend\":\"%s\","
-            "\"device\":\"%s\",\"workers\":%d,\"queue_depth\":%d,\"auth\":%s}\n",
+            "\"device\":\"%s\",\"workers\":%d,\"queue_depth\":%d,\"max_connections\":%d,\"auth\":%s}\n",
             cfg.listen, qd_http_port(), qd_jobs_backend_name(), backend.info, jc.workers, jc.depth,
-            *cfg.token ? "true" : "false");
+            qd_http_max_connections(), *cfg.token ? "true" : "false");
 
     int sig = 0;
     sigwait(&stop, &sig);

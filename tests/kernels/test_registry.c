@@ -2,6 +2,7 @@
  * dtype, every output byte written, the same bytes on one thread and on several, zero tensors,
  * rejected shapes and non-finite inputs. */
 #include <stdio.h>
+#include <string.h>
 
 #include "../../kernels/cpu/cpu.h"
 #include "../../kernels/ctfp.h"
@@ -303,9 +304,13 @@ static void shape_text_is_validated(void **state)
     assert_int_equal(n, 2);
     assert_int_equal(qd_shape_parse("7", &n, s, err, sizeof err), QD_OK);
     assert_int_equal(qd_shape_parse("2,3,4", &n, s, err, sizeof err), QD_OK);
-    const char *bad[] = {"", "0,4", "-1", "4,", "a", "4,,4", "99999999999,99999999999", "1,2,3,4,5,6,7,8,9"};
+    /* commas only: "2048x512" is refused with the message that names them */
+    const char *bad[] = {"", "0,4", "-1", "4,", "a", "4,,4", "99999999999,99999999999", "1,2,3,4,5,6,7,8,9",
+                         "2048x512", "4x", "4 ,4"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         assert_int_equal(qd_shape_parse(bad[i], &n, s, err, sizeof err), QD_ESHAPE);
+    assert_int_equal(qd_shape_parse("2048x512", &n, s, err, sizeof err), QD_ESHAPE);
+    assert_non_null(strstr(err, "separated by commas"));
 }
 
 int main(void)

@@ -155,6 +155,7 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *arg)
     header_value(line, n, "Retry-After", r->retry_after, sizeof r->retry_after);
     header_value(line, n, "X-Quantd-Shape", r->shape, sizeof r->shape);
     header_value(line, n, "X-Quantd-Dtype", r->dtype, sizeof r->dtype);
+    header_value(line, n, "WWW-Authenticate", r->www_authenticate, sizeof r->www_authenticate);
     return n;
 }
 

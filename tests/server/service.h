@@ -25,7 +25,7 @@ struct http {
     long status;
     char *body;
     size_t len;
-    char content_type[128], location[128], retry_after[16], shape[160], dtype[16];
+    char content_type[128], location[128], retry_after[16], shape[160], dtype[16], www_authenticate[64];
 };
 
 /* One request. headers: NULL-terminated "Name: value" strings or NULL. */

@@ -84,6 +84,38 @@ static void status_400_bad_requests(void **state)
     expect(400, "bad_op", "POST", "/jobs?op=transmute&fmt=q8_0&dtype=f32&shape=256", NULL, x, sizeof x);
 }
 
+/* A raw body (curl --data-binary's form type) whose query lacks shape= is told so, not that it is
+ * not JSON; shapes are integers separated by commas, and the message says so. */
+static void raw_body_errors_name_what_is_missing(void **state)
+{
+    float x[64] = {1, 2, 3};
+    struct http r;
+    http_do(&srv, "POST", "/quantize?fmt=q8_0&dtype=f32", NULL, x, sizeof x, &r);
+    if (r.status != 400 || !strstr(r.body, "shape=") || strstr(r.body, "not a JSON object"))
+        fail_msg("raw body without shape=: %ld %s", r.status, r.body);
+    http_free(&r);
+    http_do(&srv, "POST", "/quantize?fmt=q8_0&dtype=f32", (const char *const[]){"Content-Type: application/octet-stream", NULL},
+            x, sizeof x, &r);
+    if (r.status != 400 || !strstr(r.body, "needs shape="))
+        fail_msg("octet-stream body without shape=: %ld %s", r.status, r.body);
+    http_free(&r);
+    http_do(&srv, "POST", "/quantize?fmt=q8_0&shape=2,32", (const char *const[]){"Content-Type: application/octet-stream", NULL},
+            x, sizeof x, &r);
+    if (r.status != 400 || !strstr(r.body, "needs dtype="))
+        fail_msg("octet-stream body without dtype=: %ld %s", r.status, r.body);
+    http_free(&r);
+    /* a JSON object with dtype in the query is still JSON, and names the field it lacks */
+    const char *j = "{\"data\":\"AAAAAA==\"}";
+    http_do(&srv, "POST", "/quantize?fmt=q8_0&dtype=f32", NULL, j, strlen(j), &r);
+    if (r.status != 400 || !strstr(r.body, "missing: shape"))
+        fail_msg("JSON body without shape: %ld %s", r.status, r.body);
+    http_free(&r);
+    expect(400, "bad_shape", "POST", "/quantize?fmt=q8_0&dtype=f32&shape=2x32", NULL, x, sizeof x);
+    http_do(&srv, "POST", "/quantize?fmt=q8_0&dtype=f32&shape=2x32", NULL, x, sizeof x, &r);
+    assert_non_null(strstr(r.body, "separated by commas"));
+    http_free(&r);
+}
+
 static void status_404_405_415(void **state)
 {
     expect(404, "not_found", "GET", "/nope", NULL, NULL, 0);
@@ -127,11 +159,26 @@ static void status_401_with_a_token(void **state)
     expect_on(&s, 401, "unauthorized", "POST", "/quantize?fmt=q8_0&dtype=f32&shape=32", NULL, x, sizeof x);
     expect_on(&s, 401, "unauthorized", "GET", "/formats", (const char *const[]){"Authorization: Bearer wrong", NULL}, NULL, 0);
     expect_on(&s, 401, "unauthorized", "GET", "/formats", (const char *const[]){"Authorization: Bearer s3cre", NULL}, NULL, 0);
+    expect_on(&s, 401, "unauthorized", "GET", "/formats", (const char *const[]){"Authorization: Basic s3cret", NULL}, NULL, 0);
+    expect_on(&s, 401, "unauthorized", "GET", "/formats", (const char *const[]){"Authorization: Bearers3cret", NULL}, NULL, 0);
     struct http r;
+    /* a 401 names the scheme it wants (RFC 9110, 11.6.1) */
+    http_do(&s, "GET", "/formats", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 401);
+    assert_string_equal(r.www_authenticate, "Bearer");
+    http_free(&r);
     http_do(&s, "POST", "/quantize?fmt=q8_0&dtype=f32&shape=32",
             (const char *const[]){"Authorization: Bearer s3cret", NULL}, x, sizeof x, &r);
     assert_int_equal(r.status, 200);
     http_free(&r);
+    /* the scheme's name in any case, one or more spaces after it */
+    const char *schemes[] = {"Authorization: bearer s3cret", "Authorization: BEARER  s3cret", NULL};
+    for (int i = 0; schemes[i]; i++) {
+        http_do(&s, "GET", "/formats", (const char *const[]){schemes[i], NULL}, NULL, 0, &r);
+        if (r.status != 200)
+            fail_msg("%s: got %ld: %s", schemes[i], r.status, r.body);
+        http_free(&r);
+    }
     /* probes and scrapes stay open */
     http_do(&s, "GET", "/healthz", NULL, NULL, 0, &r);
     assert_int_equal(r.status, 200);
@@ -479,6 +526,7 @@ int main(void)
         cmocka_unit_test(trickling_clients_are_cut_off),
         cmocka_unit_test(metrics_label_dequantize_with_the_body_format),
         cmocka_unit_test(status_400_bad_requests),
+        cmocka_unit_test(raw_body_errors_name_what_is_missing),
         cmocka_unit_test(status_404_405_415),
         cmocka_unit_test(status_422_nonfinite_and_shape),
         cmocka_unit_test(status_401_with_a_token),

@@ -2,24 +2,38 @@
 """make soak: quantd serve under twice its capacity, hostile clients and probes, for a bounded time.
 The daemon runs on the upper half of the cores, the clients on the lower half.
 
-usage: soak.py [--seconds 600] [--json OUT] [--quantd bin/quantd]
+usage: soak.py [--seconds 600] [--json OUT] [--quantd bin/quantd]   (make soak SOAK_SECONDS=N)
 
-One daemon on loopback (CPU backend, a small queue so that overload shows, --conn-timeout 3).
-First the capacity of a mix of requests is measured (closed loop, 15 s); then, for --seconds:
+One daemon on loopback (CPU backend, a small queue so that overload shows, --conn-timeout 3,
+--max-connections 512, --max-body-bytes 64 MiB, --max-convert-bytes 16 MiB, its spool files in
+a TMPDIR of its own). First the capacity of a mix of requests is measured (closed loop, 15 s);
+then, for --seconds:
 - the mix at twice that rate, open loop (a request leaves on its schedule whether or not the
   last one came back): formats of every family, 64x64 to 1024x1024, f32/f16/bf16, raw, JSON
-  (base64) and safetensors bodies, JSON and safetensors answers, synchronous and /jobs;
+  (base64) and safetensors bodies, JSON and safetensors answers, synchronous and /jobs, and
+  small models to POST /convert;
 - async jobs are followed to their end: each accepted job's result is fetched, or it is
   cancelled with DELETE (a quarter of them, some while queued);
-- clients that go away: half a body then close, or the whole request then close unread;
+- clients that go away: half a body then close, or the whole request then close unread, to
+  /quantize and to /convert (whose spool file must go);
 - slow clients: headers trickled a byte at a time, a body stalled after its first bytes, a
   client that never reads a 16 MB answer; each must be cut off by the conn timeout;
-- /healthz every 20 ms on a fresh connection.
-Checks (the exit status is 1 when one fails): every answer is 200, or 503 with Retry-After
-(overload), or the 404/409 a job's life explains; every accepted job is answered or cancelled;
-/healthz p99 < 10 ms; RSS after warm-up stays flat (the last quarter's median within 5 % +
-16 MiB of the second quarter's); open fds and threads after the run equal those before it;
-slow clients are cut off within the timeout (+ 2 s); SIGTERM at the end exits 0."""
+- hostile requests, one after the other: 300 KiB of headers (a JSON 431), a Content-Length of
+  10^14 with Expect: 100-continue (413 at once, no 100 Continue), an endless chunked body to
+  /quantize and to /convert (413 once past the limit);
+- connection floods: every 20 s, twice --max-connections idle connections held 1.5 s (those
+  past the limit get a JSON 503 too_many_connections), then closed;
+- /healthz every 20 ms on a fresh connection, from a process of its own.
+A wedge (no 200 from /healthz for 10 s) stops the run at once: the daemon is killed and the
+verdict says so. Checks (the exit status is 1 when one fails): every answer is 200, or 503 with
+Retry-After (overload, or a connection past the limit), or the 404/409 a job's life explains;
+every hostile request gets its JSON error; every accepted job is answered or cancelled;
+/healthz p99 < 10 ms; RSS never above RSS_LIMIT_MB, and flat after warm-up (the last quarter's
+median within 5 % + 16 MiB of the second quarter's); the daemon serves at the end (/healthz
+and a /quantize); open fds and threads after the run equal those before it; slow clients are
+cut off within the timeout (+ 2 s); SIGTERM at the end exits 0 within 30 s; no spool or
+temporary file is left in the daemon's TMPDIR. The last line printed is the verdict:
+"VERDICT: PASS ..." or "VERDICT: FAIL: reason; reason ..."."""
 import argparse
 import base64
 import http.client
@@ -27,16 +41,30 @@ import json
 import multiprocessing
 import os
 import random
+import resource
+import shutil
 import socket
 import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONN_TIMEOUT = 3
+MAX_CONNECTIONS = 512           # --max-connections; a flood opens twice as many
+MAX_BODY = 64 << 20             # --max-body-bytes: over the mix's largest body (11 MB of JSON)
+MAX_CONVERT = 16 << 20          # --max-convert-bytes
+FLOOD_EVERY_S = 20
+WEDGE_S = 10                    # /healthz without a 200 this long: wedged
+# What the daemon may hold at most under this soak: the heap glibc keeps of request-sized
+# buffers (bodies and answers of up to 11 MB, a queue of 8 and the requests being received),
+# and libmicrohttpd's 256 KiB buffer of each of 512 connections (128 MiB)
+RSS_LIMIT_MB = 640
+MODEL = os.path.join(ROOT, "tests", "checkpoint", "fuzz_seeds", "small.gguf")  # a GGUF for /convert
 FORMATS = ["nf4", "fp4", "q4_0", "q8_0", "q5_1", "awq", "nvfp4", "mxfp4", "mxfp8_e4m3", "int8", "uint8"]
 SHAPES = [(256, 256), (512, 1024), (1024, 1024), (1024, 2048)]  # awq takes groups of 128 rows
 
@@ -52,9 +80,13 @@ class Stats:
         with self.lock:
             self.counts[key] = self.counts.get(key, 0) + 1
 
-    def fail(self, msg):
+    def fail(self, msg, first=False):
+        """Keeps the first 50 findings; one that decides the verdict by itself (a wedge, a
+        daemon that does not stop) goes first, whatever came before."""
         with self.lock:
-            if len(self.failures) < 50:
+            if first:
+                self.failures.insert(0, msg)
+            elif len(self.failures) < 50:
                 self.failures.append(msg)
 
 
@@ -101,9 +133,12 @@ class Mix:
                 if status != 200:
                     raise SystemExit(f"preparing /dequantize bodies: {fmt} {q} -> {status}")
                 self.packed.append(st)
+        self.model = open(MODEL, "rb").read()
         self.rng = rng
 
-    def pick(self):
+    def pick(self, convert=True):
+        if convert and self.rng.random() < 0.03:
+            return "/convert", "fmt=q8_0", "application/octet-stream", self.model
         if self.rng.random() < 0.2:
             return "/dequantize", "", "application/octet-stream", self.packed[self.rng.randrange(len(self.packed))]
         q, ct, body = self.bodies[self.rng.randrange(len(self.bodies))]
@@ -111,15 +146,34 @@ class Mix:
         return "/quantize", (f"fmt={fmt}&{q}" if q else f"fmt={fmt}"), ct, body
 
 
+class Refused(Exception):
+    """The connection was past --max-connections: answered 503 at accept and closed."""
+
+
+def refused_at_accept(conn):
+    """After a send failed: whether what the server sent first was its 503 for a connection
+    past the limit (it answers at accept and closes; a client still sending meets the close)."""
+    try:
+        conn.sock.settimeout(1)
+        return json_error(conn.sock.recv(65536), 503) == "too_many_connections"
+    except (OSError, AttributeError):
+        return False
+
+
 def request(conn, method, path, body=None, headers=None):
-    conn.request(method, path, body=body, headers=headers or {})
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+    except (BrokenPipeError, ConnectionResetError):
+        if refused_at_accept(conn):
+            raise Refused() from None
+        raise
     r = conn.getresponse()
     return r.status, r.getheader("Retry-After"), r.read()
 
 
 def sync_call(port, mix, stats, rng):
     route, q, ct, body = mix.pick()
-    accept = rng.choice(["application/json", "application/octet-stream"])
+    accept = "application/octet-stream" if route == "/convert" else rng.choice(["application/json", "application/octet-stream"])
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
         status, retry, data = request(conn, "POST", route + ("?" + q if q else ""), body,
@@ -131,6 +185,8 @@ def sync_call(port, mix, stats, rng):
             stats.fail("a JSON answer that is not JSON")
         elif status not in (200, 503):
             stats.fail(f"sync {route}?{q[:60]} -> {status} {data[:200]!r}")
+    except Refused:
+        stats.count("refused at the connection limit")
     except Exception as e:  # noqa: BLE001 - any transport failure is a finding
         stats.fail(f"sync transport: {e!r}")
     finally:
@@ -138,7 +194,7 @@ def sync_call(port, mix, stats, rng):
 
 
 def async_call(port, mix, stats, rng):
-    route, q, ct, body = mix.pick()
+    route, q, ct, body = mix.pick(convert=False)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
         status, retry, data = request(conn, "POST", f"/jobs?op={route[1:]}" + ("&" + q if q else ""), body,
@@ -178,6 +234,8 @@ def async_call(port, mix, stats, rng):
                 stats.fail(f"result {loc} -> {status} {data[:200]!r}")
             return
         stats.fail(f"{loc} never finished")
+    except Refused:
+        stats.count("refused at the connection limit")
     except Exception as e:  # noqa: BLE001
         stats.fail(f"async transport: {e!r}")
     finally:
@@ -190,10 +248,17 @@ def walk_away(port, mix, stats, rng):
             f"Content-Length: {len(body)}\r\n\r\n").encode()
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            if rng.random() < 0.5:
-                s.sendall(head + body[: len(body) // 2])
-            else:
-                s.sendall(head + body)
+            try:
+                if rng.random() < 0.5:
+                    s.sendall(head + body[: len(body) // 2])
+                else:
+                    s.sendall(head + body)
+            except (BrokenPipeError, ConnectionResetError):
+                s.settimeout(1)
+                if json_error(s.recv(65536), 503) != "too_many_connections":
+                    raise
+                stats.count("refused at the connection limit")
+                return
         stats.count("walked away")
     except OSError as e:
         stats.fail(f"walk-away transport: {e!r}")
@@ -243,30 +308,146 @@ def slow_client(port, stats, kind):
     return time.time() - t0
 
 
-def prober(port, stop, out):
+def prober(port, stop, wedged, out):
     """/healthz every 20 ms on a fresh connection, in a process of its own (this one's GIL
     would add its own waits to the latency), ahead of the generator's threads where the system
-    allows it: sends back the latencies (ms) and failures."""
+    allows it: sends back the latencies (ms), the refusals for the connection limit (a flood
+    is on) and failures. No 200 for WEDGE_S seconds sets `wedged` and ends the probe."""
     try:
         os.nice(-10)
     except OSError:
         pass
-    lat, bad = [], []
+    lat, bad, refused = [], [], 0
+    last_ok = time.time()
     while not stop.is_set():
         t = time.perf_counter()
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             c.request("GET", "/healthz")
             r = c.getresponse()
-            r.read()
+            body = r.read()
             c.close()
-            lat.append((time.perf_counter() - t) * 1e3)
-            if r.status != 200:
-                bad.append(f"/healthz -> {r.status}")
+            if r.status == 200:
+                lat.append((time.perf_counter() - t) * 1e3)
+                last_ok = time.time()
+            elif r.status == 503 and b"too_many_connections" in body and r.getheader("Retry-After"):
+                refused += 1
+            else:
+                bad.append(f"/healthz -> {r.status} {body[:120]!r}")
         except Exception as e:  # noqa: BLE001
             bad.append(f"/healthz transport: {e!r}")
+        if time.time() - last_ok > WEDGE_S:
+            wedged.set()
+            break
         time.sleep(0.02)
-    out.send((lat, bad[:20]))
+    out.send((lat, refused, bad[:20]))
+
+
+def read_until_closed(s, limit=1 << 20):
+    """What the server sends until it closes the connection (or 10 s pass)."""
+    s.settimeout(10)
+    data = b""
+    try:
+        while len(data) < limit:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except (ConnectionResetError, socket.timeout):
+        pass
+    return data
+
+
+def json_error(answer, status):
+    """The error code of a JSON error answer with this status, or None."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 %d " % status) or b"Content-Type: application/json" not in head:
+        return None
+    try:
+        return json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def hostile(port, stats, kind, model):
+    """One hostile request; its JSON error is checked (or the 503 of a connection past the limit,
+    when a flood is on). Counts and fails."""
+    t0 = time.time()
+    chunk = b"%x\r\n" % (1 << 20) + (model * ((1 << 20) // len(model) + 1))[:1 << 20] + b"\r\n"
+    if kind == "headers over the buffer":
+        head, want, code = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (300 << 10) + b"\r\n\r\n", 431, \
+            "headers_too_large"
+    elif kind == "content-length 10^14":
+        head, want, code = (b"POST /quantize?fmt=q8_0&dtype=f32&shape=32 HTTP/1.1\r\nHost: x\r\n"
+                            b"Content-Type: application/octet-stream\r\nContent-Length: 100000000000000\r\n"
+                            b"Expect: 100-continue\r\n\r\n"), 413, "body_too_large"
+    else:  # an endless chunked body, to /quantize or to /convert
+        path = b"/convert?fmt=q8_0" if kind == "endless chunked /convert" else b"/quantize?fmt=q8_0&dtype=f32&shape=32"
+        head, want, code = (b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+                            b"Transfer-Encoding: chunked\r\n\r\n"), 413, "body_too_large"
+    endless = kind.startswith("endless")
+    limit = 4 * max(MAX_BODY, MAX_CONVERT)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            sent = 0
+            try:
+                s.sendall(head)
+                while endless and sent < limit:
+                    s.sendall(chunk)
+                    sent += len(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server stopped reading: its answer came before the close
+            if sent >= limit:
+                stats.fail(f"hostile ({kind}): {sent} bytes taken without a 413")
+                return
+            answer = read_until_closed(s)
+        if json_error(answer, 503) == "too_many_connections":
+            stats.count("refused at the connection limit")
+        elif not answer and kind == "headers over the buffer" and time.time() - t0 > CONN_TIMEOUT + 0.5:
+            # a daemon too busy to read 256 KiB of headers within the header watchdog's limit
+            # (--conn-timeout + 1 s) cuts the connection without an answer, as it cuts a trickle
+            stats.count("hostile cut by the header timeout")
+        elif b"100 Continue" in answer:
+            stats.fail(f"hostile ({kind}): a 100 Continue")
+        elif json_error(answer, want) != code:
+            stats.fail(f"hostile ({kind}): expected a JSON {want} {code}, got {answer[:200]!r}")
+        else:
+            stats.count(f"hostile {want}")
+    except OSError as e:
+        stats.fail(f"hostile ({kind}) transport: {e!r}")
+
+
+def flood(port, stats):
+    """Twice --max-connections idle connections, held 1.5 s: the last ones must have been
+    answered 503 too_many_connections (JSON, Retry-After) and closed."""
+    socks = []
+    try:
+        for _ in range(2 * MAX_CONNECTIONS):
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        time.sleep(1.5)
+        refused = 0
+        for s in socks[-10:]:
+            s.settimeout(1)
+            try:
+                answer = s.recv(65536)
+            except socket.timeout:  # let in: others closed while the flood opened
+                continue
+            if json_error(answer, 503) == "too_many_connections" and b"Retry-After" in answer:
+                refused += 1
+            elif answer:
+                stats.fail(f"flood: a connection past the limit got {answer[:200]!r}")
+        if not refused:
+            stats.fail(f"flood: none of the last 10 of {len(socks)} connections was refused")
+        stats.count("flood")
+    except OSError as e:
+        stats.fail(f"flood transport: {e!r}")
+    finally:
+        for s in socks:
+            s.close()
+
+
+def spool_files(tmpdir):
+    return sorted(os.listdir(tmpdir)) if os.path.isdir(tmpdir) else []
 
 
 def proc_stat(pid):
@@ -278,25 +459,30 @@ def proc_stat(pid):
     return {"rss_mb": int(st["VmRSS"].split()[0]) / 1024, "threads": int(st["Threads"]), "fds": fds}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=int, default=600)
-    ap.add_argument("--json")
-    ap.add_argument("--quantd", default=os.environ.get("QUANTD", os.path.join(ROOT, "bin", "quantd")))
-    a = ap.parse_args()
+def soak(a, stats, state):
+    """The run; fills stats and returns the result. state["server"] and state["tmpdir"] are set
+    as soon as they exist, so that main can clean up whatever happens."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = open(os.environ.get("SOAK_LOG", os.devnull), "w")
+    # every connection of a flood is a descriptor, here and in the daemon (which inherits this)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    # the daemon's spool files (POST /convert) go to a directory of its own, checked at the end
+    tmpdir = state["tmpdir"] = tempfile.mkdtemp(prefix="quantd-soak-")
     # the daemon and the load generator on separate cores: otherwise the generator's threads,
     # as busy as the daemon at twice its capacity, would be what /healthz waits behind
     cores = sorted(os.sched_getaffinity(0))
     half = max(1, len(cores) // 2)
     daemon_cores, client_cores = cores[half:] or cores, cores[:half]
     os.sched_setaffinity(0, client_cores)
-    server = subprocess.Popen(["taskset", "-c", ",".join(map(str, daemon_cores)), a.quantd, "serve", "--listen", f"127.0.0.1:{port}", "--backend", "cpu",
-                               "--queue-depth", "8", "--conn-timeout", str(CONN_TIMEOUT), "--max-jobs", "256",
-                               "--result-ttl", "60"], stderr=log)
+    server = state["server"] = subprocess.Popen(
+        ["taskset", "-c", ",".join(map(str, daemon_cores)), a.quantd, "serve", "--listen", f"127.0.0.1:{port}",
+         "--backend", "cpu", "--queue-depth", "8", "--conn-timeout", str(CONN_TIMEOUT), "--max-jobs", "256",
+         "--result-ttl", "60", "--max-connections", str(MAX_CONNECTIONS), "--max-body-bytes", str(MAX_BODY),
+         "--max-convert-bytes", str(MAX_CONVERT)],
+        stderr=log, env={**os.environ, "TMPDIR": tmpdir})
     for _ in range(500):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
@@ -308,7 +494,6 @@ def main():
     print(f"# quantd pid {server.pid} port {port} on cores {daemon_cores}, clients on {client_cores}; "
           f"at rest: {before}", flush=True)
     mix = Mix(1, port)
-    stats = Stats()
 
     # capacity: closed loop, as many clients as cores x 2, 15 s
     done, stop = [0], time.time() + 15
@@ -325,7 +510,7 @@ def main():
     print(f"# capacity of the mix: {capacity:.1f} req/s; soaking at {rate:.1f} req/s for {a.seconds} s", flush=True)
 
     running = [True]
-    samples, health = [], []
+    samples = []
     threads = []
 
     def sampler():
@@ -336,9 +521,9 @@ def main():
             samples.append(st)
             time.sleep(2)
 
-    probe_stop = multiprocessing.Event()
+    probe_stop, wedged = multiprocessing.Event(), multiprocessing.Event()
     probe_out, probe_in = multiprocessing.Pipe(duplex=False)
-    probe = multiprocessing.Process(target=prober, args=(port, probe_stop, probe_in), daemon=True)
+    probe = multiprocessing.Process(target=prober, args=(port, probe_stop, wedged, probe_in), daemon=True)
     probe.start()
 
     slow_times = []
@@ -359,7 +544,24 @@ def main():
                 stats.fail(f"slow client ({kind}) held {took:.1f} s")
             i += 1
 
-    for fn in (sampler, slow_loop):
+    def hostile_loop():
+        kinds = ["headers over the buffer", "content-length 10^14", "endless chunked /quantize",
+                 "endless chunked /convert"]
+        i = 0
+        while running[0]:
+            hostile(port, stats, kinds[i % len(kinds)], mix.model)
+            i += 1
+            time.sleep(0.5)
+
+    def flood_loop():
+        while running[0]:
+            for _ in range(FLOOD_EVERY_S * 10):
+                if not running[0]:
+                    return
+                time.sleep(0.1)
+            flood(port, stats)
+
+    for fn in (sampler, slow_loop, hostile_loop, flood_loop):
         t = threading.Thread(target=fn, daemon=True)
         t.start()
         threads.append(t)
@@ -369,7 +571,7 @@ def main():
     t0 = time.time()
     next_at = t0
     inflight = []
-    while time.time() - t0 < a.seconds:
+    while time.time() - t0 < a.seconds and not wedged.is_set():
         now = time.time()
         if now < next_at:
             time.sleep(min(next_at - now, 0.01))
@@ -382,29 +584,58 @@ def main():
         inflight.append(th)
         if len(inflight) > 512:
             inflight = [x for x in inflight if x.is_alive()]
-    for th in inflight:
-        th.join(timeout=600)
     running[0] = False
     probe_stop.set()
-    health, probe_failures = probe_out.recv()
+    health, health_refused, probe_failures = probe_out.recv()
     probe.join(timeout=10)
     for f in probe_failures:
         stats.fail(f)
+    result = {"seconds": a.seconds, "capacity_rps": capacity, "rate_rps": rate}
+    if wedged.is_set():  # nothing more to learn from it; SIGTERM would hang
+        stats.fail(f"the daemon wedged {time.time() - t0:.0f} s into the run (/healthz answered nothing for "
+                   f"{WEDGE_S} s): killed", first=True)
+        server.kill()
+        server.wait()
+        result.update(counts=stats.counts, failures=stats.failures)
+        return result
+    for th in inflight:
+        th.join(timeout=600)
     for t in threads:
         t.join(timeout=CONN_TIMEOUT * 6)
     time.sleep(CONN_TIMEOUT + 1)  # connections of walked-away clients time out
     after = proc_stat(server.pid)
+    # still serving: /healthz and a real request
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        hs, _, _ = request(c, "GET", "/healthz")
+        q, ct, body = mix.bodies[0]
+        qs, _, _ = request(c, "POST", f"/quantize?fmt=q8_0&{q}", body, {"Content-Type": ct})
+        c.close()
+        if hs != 200 or qs != 200:
+            stats.fail(f"not serving at the end: /healthz {hs}, /quantize {qs}", first=True)
+    except Exception as e:  # noqa: BLE001
+        stats.fail(f"not serving at the end: {e!r}", first=True)
     server.send_signal(15)
-    rc = server.wait(timeout=120)
+    try:
+        rc = server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        stats.fail("SIGTERM: still running after 30 s: killed", first=True)
+        server.kill()
+        rc = server.wait()
+    left = spool_files(tmpdir)
+    if left:
+        stats.fail(f"files left in the daemon's TMPDIR: {left[:5]}", first=True)
 
     # verdicts
     lost = stats.accepted - stats.answered - stats.cancelled
     if lost:
-        stats.fail(f"{len(lost)} accepted jobs neither answered nor cancelled, e.g. {sorted(lost)[:3]}")
+        stats.fail(f"{len(lost)} accepted jobs neither answered nor cancelled, e.g. {sorted(lost)[:3]}", first=True)
     hp99 = statistics.quantiles(health, n=100)[98] if len(health) > 100 else float("nan")
     if not hp99 < 10:
         stats.fail(f"/healthz p99 {hp99:.2f} ms (limit 10)")
     rss = [s["rss_mb"] for s in samples]
+    if rss and max(rss) > RSS_LIMIT_MB:
+        stats.fail(f"RSS reached {max(rss):.0f} MB (bound {RSS_LIMIT_MB} MB)", first=True)
     q = len(rss) // 4
     flat = None
     if q >= 2:
@@ -420,25 +651,59 @@ def main():
         stats.fail(f"SIGTERM: exit status {rc}")
     if not stats.counts.get("sync 503", 0) + stats.counts.get("async submit 503", 0):
         stats.fail("no 503 at twice the capacity: the overload never showed")
-    result = {"seconds": a.seconds, "capacity_rps": capacity, "rate_rps": rate, "counts": stats.counts,
-              "jobs": {"accepted": len(stats.accepted), "answered": len(stats.answered),
-                       "cancelled": len(stats.cancelled), "lost": len(lost)},
-              "healthz_ms": {"n": len(health), "p50": statistics.median(health) if health else None, "p99": hp99,
-                             "max": max(health) if health else None},
-              "rss_mb": {"at_rest": before["rss_mb"], "max": max(rss) if rss else None,
-                         "second_quarter_median": flat[0] if flat else None,
-                         "last_quarter_median": flat[1] if flat else None,
-                         # one sample in ten, to see whether it levels off
-                         "series": [round(v, 1) for v in rss[::10]]},
-              "fds": [before["fds"], after["fds"]], "threads": [before["threads"], after["threads"]],
-              "slow_clients": {k: [round(t, 2) for kk, t in slow_times if kk == k] for k in
-                               ("trickled headers", "trickled body", "stalled body", "unread answer")},
-              "exit_status": rc, "failures": stats.failures}
+    if a.seconds > FLOOD_EVERY_S + 5 and not stats.counts.get("flood"):
+        stats.fail("no connection flood ran")
+    result.update({"counts": stats.counts,
+                   "jobs": {"accepted": len(stats.accepted), "answered": len(stats.answered),
+                            "cancelled": len(stats.cancelled), "lost": len(lost)},
+                   "healthz_ms": {"n": len(health), "p50": statistics.median(health) if health else None,
+                                  "p99": hp99, "max": max(health) if health else None,
+                                  "refused_during_floods": health_refused},
+                   "rss_mb": {"at_rest": before["rss_mb"], "max": max(rss) if rss else None, "bound": RSS_LIMIT_MB,
+                              "second_quarter_median": flat[0] if flat else None,
+                              "last_quarter_median": flat[1] if flat else None,
+                              # one sample in ten, to see whether it levels off
+                              "series": [round(v, 1) for v in rss[::10]]},
+                   "fds": [before["fds"], after["fds"]], "threads": [before["threads"], after["threads"]],
+                   "slow_clients": {k: [round(t, 2) for kk, t in slow_times if kk == k] for k in
+                                    ("trickled headers", "trickled body", "stalled body", "unread answer")},
+                   "spool_files_left": left, "exit_status": rc, "failures": stats.failures})
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=int, default=int(os.environ.get("SOAK_SECONDS", 600)))
+    ap.add_argument("--json")
+    ap.add_argument("--quantd", default=os.environ.get("QUANTD", os.path.join(ROOT, "bin", "quantd")))
+    a = ap.parse_args()
+    stats, state, result = Stats(), {}, {"seconds": a.seconds}
+    try:
+        result = soak(a, stats, state)
+    except BaseException as e:  # noqa: BLE001 - the verdict line comes whatever happened
+        stats.fail(f"the soak itself failed: {e!r}", first=True)
+        traceback.print_exc()
+        result["failures"] = stats.failures
+    finally:
+        server = state.get("server")
+        if server and server.poll() is None:
+            server.kill()
+            server.wait()
+        if state.get("tmpdir"):
+            shutil.rmtree(state["tmpdir"], ignore_errors=True)
     print(json.dumps(result, indent=1))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1)
-    sys.exit(1 if stats.failures else 0)
+    if stats.failures:
+        print(f"VERDICT: FAIL: {'; '.join(stats.failures[:10])}", flush=True)
+        sys.exit(1)
+    c = result.get("counts", {})
+    print(f"VERDICT: PASS: {a.seconds} s at {result.get('rate_rps', 0):.0f} req/s, "
+          f"{len(stats.accepted)} jobs accepted, 0 lost, {c.get('flood', 0)} floods, "
+          f"{sum(v for k, v in c.items() if k.startswith('hostile'))} hostile requests refused, "
+          f"/healthz p99 {result['healthz_ms']['p99']:.1f} ms, RSS max {result['rss_mb']['max']:.0f} MB "
+          f"(bound {RSS_LIMIT_MB}), daemon serving at the end, SIGTERM exit 0, no spool file left", flush=True)
 
 
 if __name__ == "__main__":

@@ -322,7 +322,7 @@ static void headers_over_the_connection_buffer_get_the_json_431(void **state)
             const char *ok = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
             assert_int_equal(send(fd, ok, strlen(ok), MSG_NOSIGNAL), (ssize_t)strlen(ok));
             size_t got = 0;
-            while (!strstr(buf, "{\"status\":\"ok\"}")) {
+            while (!strstr(buf, "\"status\":\"ok\"")) { /* (the version follows) */
                 ssize_t r = recv(fd, buf + got, sizeof buf - 1 - got, 0);
                 assert_true(r > 0);
                 got += (size_t)r;

@@ -385,8 +385,8 @@ static cJSON *read_value(struct reader *r)
     return read_number(r);
 }
 
-char *qd_hf_config_rewrite(const char *src, size_t n, const struct qd_config_set *sets, int nsets, char *err,
-                           size_t errlen)
+char *qd_hf_config_rewrite(const char *src, size_t n, const struct qd_config_set *sets, int nsets, int newline,
+                           char *err, size_t errlen)
 {
     struct reader r = {src, src + n, 0};
     ws(&r);
@@ -408,6 +408,8 @@ char *qd_hf_config_rewrite(const char *src, size_t n, const struct qd_config_set
     }
     if (!(out = qd_json_py_text(cfg)))
         goto nomem;
+    if (!newline)
+        out[strlen(out) - 1] = 0;
     cJSON_Delete(cfg);
     return out;
 nomem:

@@ -17,9 +17,11 @@ struct qd_config_set {
 };
 
 /* The source config's text (src, n bytes: one JSON object) with sets[0..nsets) applied, as
- * save_pretrained writes it. A new string the caller frees, or NULL with a message in err. */
-char *qd_hf_config_rewrite(const char *src, size_t n, const struct qd_config_set *sets, int nsets, char *err,
-                           size_t errlen);
+ * save_pretrained writes it; without the final newline when `newline` is 0 (json.dump, as
+ * compressed-tensors rewrites the file). A new string the caller frees, or NULL with a message
+ * in err. */
+char *qd_hf_config_rewrite(const char *src, size_t n, const struct qd_config_set *sets, int nsets, int newline,
+                           char *err, size_t errlen);
 
 /* json.dumps(v, indent=2, sort_keys=True) at nesting depth `depth` (its lines indented
  * 2*depth spaces): numbers with an integral value as integers, others as Python's repr; raw

@@ -164,6 +164,35 @@ static int ct_float(const struct qd_convert_opts *o)
 }
 static int compressed_tensors(const struct qd_convert_opts *o) { return !strcmp(o->f->family, "ctint") || ct_float(o); }
 static int autoawq(const struct qd_convert_opts *o) { return !strcmp(o->f->family, "awq"); }
+static enum qd_hf_layout hf_layout(const struct qd_convert_opts *o)
+{
+    return autoawq(o) ? QD_HF_AWQ : compressed_tensors(o) ? QD_HF_CT : QD_HF_BNB;
+}
+
+/* How each layout's tool writes config.json: the source's keys, quantization_config, and the
+ * keys the tool itself sets. transformers' save_pretrained ends the file with a newline;
+ * llm-compressor writes back the source's config.json and compressed-tensors adds its
+ * quantization_config with json.dump, which does not. AutoAWQ loads the model in float16 with
+ * use_cache=False (BaseAWQForCausalLM.from_pretrained) and saves that config: its dtype key
+ * (where the source has one) says float16 and use_cache is false. */
+struct config_key {
+    const char *key, *json;
+    int if_present; /* set only where the source has the key */
+};
+static const struct config_key awq_keys[] = {
+    {"torch_dtype", "\"float16\"", 1}, {"dtype", "\"float16\"", 1}, {"use_cache", "false", 0}};
+#define MAX_CONFIG_KEYS 3
+_Static_assert(sizeof awq_keys / sizeof *awq_keys <= MAX_CONFIG_KEYS, "MAX_CONFIG_KEYS");
+struct config_rule {
+    int newline;
+    const struct config_key *keys;
+    int nkeys;
+};
+static const struct config_rule config_rules[QD_HF_LAYOUTS] = {
+    [QD_HF_BNB] = {1, NULL, 0},
+    [QD_HF_CT] = {0, NULL, 0},
+    [QD_HF_AWQ] = {1, awq_keys, sizeof awq_keys / sizeof *awq_keys},
+};
 
 /* The bytes of the trailer after a quantized weight's components (0: none, AutoAWQ). */
 static uint64_t trailer_bytes(const struct out_tensor *t, const struct out_tensor *end)
@@ -789,7 +818,7 @@ static const struct qd_arch_rules *arch_rules(const struct qd_convert_opts *o, c
 {
     static const char *const layout_names[QD_HF_LAYOUTS] = {"transformers + bitsandbytes", "compressed-tensors",
                                                             "AutoAWQ"};
-    const enum qd_hf_layout layout = autoawq(o) ? QD_HF_AWQ : compressed_tensors(o) ? QD_HF_CT : QD_HF_BNB;
+    const enum qd_hf_layout layout = hf_layout(o);
     const char *model_type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(config, "model_type"));
     const struct qd_arch *a = qd_arch_find(model_type);
     snprintf(s->arch, sizeof s->arch, "%s", model_type ? model_type : "");
@@ -1020,16 +1049,23 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
         if (r)
             goto fail_dir;
     }
-    /* config.json: the source's members as they were spelled, quantization_config added */
-    cJSON *f16 = cJSON_CreateString("float16");
-    struct qd_config_set sets[3] = {{"quantization_config", qc}};
-    int nsets = 1;
-    if (autoawq(o)) /* AutoAWQ's model is float16 when it saves: its config says so */
-        for (const char *const *key = (const char *const[]){"torch_dtype", "dtype", NULL}; *key; key++)
-            if (cJSON_GetObjectItemCaseSensitive(config, *key))
-                sets[nsets++] = (struct qd_config_set){*key, f16};
-    char *ctext = qd_hf_config_rewrite(config_text, config_n, sets, nsets, err, errlen), *cpath = join(tmpdir, "config.json");
-    cJSON_Delete(f16);
+    /* config.json: the source's members as they were spelled, quantization_config and the
+     * layout's own keys set (config_rules) */
+    const struct config_rule *cr = &config_rules[hf_layout(o)];
+    struct qd_config_set sets[1 + MAX_CONFIG_KEYS] = {{"quantization_config", qc}};
+    cJSON *values[MAX_CONFIG_KEYS] = {0};
+    int nsets = 1, parsed = 1;
+    for (int k = 0; k < cr->nkeys; k++)
+        if (!cr->keys[k].if_present || cJSON_GetObjectItemCaseSensitive(config, cr->keys[k].key)) {
+            parsed &= (values[k] = cJSON_Parse(cr->keys[k].json)) != NULL;
+            sets[nsets++] = (struct qd_config_set){cr->keys[k].key, values[k]};
+        }
+    char *ctext = parsed ? qd_hf_config_rewrite(config_text, config_n, sets, nsets, cr->newline, err, errlen) : NULL;
+    char *cpath = join(tmpdir, "config.json");
+    for (int k = 0; k < cr->nkeys; k++)
+        cJSON_Delete(values[k]);
+    if (!parsed)
+        snprintf(err, errlen, "no memory for config.json");
     int r = ctext && cpath ? write_text(cpath, ctext, err, errlen) : -1;
     free(ctext), free(cpath);
     if (r)

@@ -2,6 +2,12 @@
 same tiny models (tests/fixtures/arch/*.json, made by tests/fixtures/make_arch_table.py; the source
 is rebuilt without torch by tests/checkpoint/tiny_hf.py --arch):
 
+- config.json, whole, against the one the tool wrote (test_config_equals_the_tool): every key,
+  value and JSON type (0.0 stays a float), and the text: llm-compressor's bytes (json.dump, no
+  final newline), transformers' to_json_string for bitsandbytes (indent 2, sorted keys, a final
+  newline). AutoAWQ's config is not in the observations (it saves under transformers 4.57, which
+  re-serializes a transformers 5 config: docs/convert.md): there the source's with the keys
+  AutoAWQ itself sets, float16 and use_cache false.
 - compressed-tensors (W4A16, W4A16_ASYM, W8A16, NVFP4A16, MXFP4A16) and AutoAWQ: every tensor's
   name, dtype, shape and bytes, and the quantization_config, equal the tool's. Where quantd writes
   other names than the tool by decision (tests/fixtures/arch/decisions.json: Mixtral's experts under
@@ -74,6 +80,50 @@ def convert(src, dst, args):
     return load_safetensors_dir(dst), lines, json.load(open(os.path.join(dst, "config.json")))
 
 
+def args_of(layout, run):
+    return CT[run] if layout == "ct" else ["--fmt", "awq"] if layout == "awq" else ["--fmt", run]
+
+
+def tool_config(obs, layout, run):
+    """The config.json the tool wrote: (parsed, SHA-256 of its bytes or None). AutoAWQ's is not
+    observed: the source's, with AwqConfig's quantization_config and what BaseAWQForCausalLM's
+    from_pretrained(torch_dtype=float16, use_cache=False) leaves in the config it saves."""
+    if layout == "ct":
+        rec = obs["llm_compressor"][run]
+        return rec["config"], rec["config_sha256"]
+    if layout == "bnb":  # recorded before make_arch_table.py kept the bytes' SHA-256
+        rec = obs["bnb"][run]
+        return rec["config"], rec.get("config_sha256")
+    cfg = json.loads(obs["source"]["files"]["config.json"])
+    cfg["quantization_config"] = obs["autoawq"]["quantization_config"]
+    for key in ("torch_dtype", "dtype"):
+        if key in cfg:
+            cfg[key] = "float16"
+    cfg["use_cache"] = False
+    return cfg, None
+
+
+def typed(v):
+    """A JSON value's text with its types (1, 1.0 and true differ), keys sorted."""
+    return json.dumps(v, sort_keys=True)
+
+
+@pytest.mark.parametrize("name,layout,run", CASES, ids=[f"{n}-{r}" for n, _, r in CASES])
+def test_config_equals_the_tool(tmp_path, sources, name, layout, run):
+    obs = OBSERVATIONS[name]
+    want, want_sha = tool_config(obs, layout, run)
+    run_quantd("convert", "--in", sources(name), "--out", tmp_path / "q", *args_of(layout, run))
+    raw = (tmp_path / "q" / "config.json").read_bytes()
+    ours = json.loads(raw)
+    differ = {k: (ours.get(k, "<absent>"), want.get(k, "<absent>")) for k in sorted(set(ours) | set(want))
+              if typed(ours.get(k, "<absent>")) != typed(want.get(k, "<absent>"))}
+    assert not differ, f"config.json keys where quantd (first) and the tool (second) differ: {differ}"
+    if want_sha:  # the tool's own bytes
+        assert hashlib.sha256(raw).hexdigest() == want_sha, f"config.json's bytes are not the tool's: ...{raw[-40:]!r}"
+    else:  # transformers' to_json_string
+        assert raw.decode() == json.dumps(want, indent=2, sort_keys=True) + "\n"
+
+
 @pytest.mark.parametrize("name,layout,run", CASES, ids=[f"{n}-{r}" for n, _, r in CASES])
 def test_equals_the_tool(tmp_path, sources, name, layout, run):
     obs = OBSERVATIONS[name]
@@ -110,12 +160,12 @@ def test_equals_the_tool(tmp_path, sources, name, layout, run):
             if not device_independent:
                 continue  # see the docstring: bitsandbytes' CPU bytes are not its CUDA bytes
         if layout == "ct" and run in CTINT and k.endswith((".weight_packed", ".weight_zero_point")):
-            assert sha(t) == w["sha256"], (
-                f"{k}: the codes differ from llm-compressor's, recorded on {rec['device']}. compressed-tensors "
-                "0.19 quantizes with its triton kernel on a CUDA GPU (an f32 quotient) and with torch on the CPU "
-                "(the quotient rounded to the weight's dtype first), so a quantd that follows one path matches "
-                "only observations made on that device: record them on the H100 with make_arch_table.py "
-                "--tools bnb,llm_compressor (docs/convert.md)")
+            assert "Triton _quantize_kernel" in rec.get("integer_codes", ""), (
+                f"{name}/{run}: recorded with compressed-tensors' eager torch fallback (the quotient rounded to "
+                "the weight's dtype), not the Triton kernel llm-compressor runs on a CUDA GPU and quantd follows: "
+                "re-record with make_arch_table.py --tools llm_compressor (it runs that kernel, in Triton's "
+                "interpreter without CUDA)")
+            assert sha(t) == w["sha256"], f"{k}: the codes differ from llm-compressor's ({rec['integer_codes']})"
             continue
         assert sha(t) == w["sha256"], k
 

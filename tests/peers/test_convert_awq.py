@@ -24,8 +24,10 @@ def test_equals_autoawq(tmp_path, case):
     cfg = json.load(open(dst / "config.json"))
     assert cfg.pop("quantization_config") == fx["quantization_config"]
     assert cfg.pop("torch_dtype") == "float16"
+    assert cfg.pop("use_cache") is False  # AutoAWQ's from_pretrained(use_cache=False)
     src_cfg = json.load(open(src / "config.json"))
     src_cfg.pop("torch_dtype")
+    src_cfg.pop("use_cache", None)
     assert cfg == src_cfg
 
 

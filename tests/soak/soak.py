@@ -403,6 +403,10 @@ def hostile(port, stats, kind, model):
             answer = read_until_closed(s)
         if json_error(answer, 503) == "too_many_connections":
             stats.count("refused at the connection limit")
+        elif endless and json_error(answer, 503) in ("queue_full", "inflight_limit"):
+            # the service at capacity refuses the request from its headers, then cuts the body
+            # at the body limit as it cuts any: also an answer, and the stream was not taken
+            stats.count("hostile refused at capacity")
         elif not answer and kind == "headers over the buffer" and time.time() - t0 > CONN_TIMEOUT + 0.5:
             # a daemon too busy to read 256 KiB of headers within the header watchdog's limit
             # (--conn-timeout + 1 s) cuts the connection without an answer, as it cuts a trickle

@@ -27,6 +27,9 @@ pytest.importorskip("compressed_tensors")
 pytest.importorskip("llmcompressor")
 
 from conftest import QUANTD  # noqa: E402
+import ct_triton  # noqa: E402  (tests/fixtures, put on the path by conftest)
+
+ct_triton.install()  # llm-compressor's integer codes as on CUDA (its Triton kernel), on any machine
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "..", "fixtures")

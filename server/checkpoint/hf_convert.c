@@ -55,6 +55,9 @@ static const char *torch_dtype(const char *st) /* str(torch dtype).strip("torch.
     return !strcmp(st, "F32") ? "float32" : !strcmp(st, "F16") ? "float16" : "bfloat16";
 }
 
+/* F32, F16 or BF16: the tensors the layouts quantize or cast */
+static int float_dtype(const char *dt) { return !strcmp(dt, "F32") || !strcmp(dt, "F16") || !strcmp(dt, "BF16"); }
+
 /* Whether the layout's tool quantizes t: as the architecture's rules say where they list it (a
  * listed weight that is not 2-D float is copied), else by the generic rule, which then sets
  * *generic when it decides to quantize (rules NULL: every tensor goes by the generic rule). */
@@ -65,8 +68,7 @@ static int quantized_weight(const struct qd_arch_rules *rules, const struct qd_s
     *generic = !rules || (d == QD_ARCH_UNLISTED && generic_says);
     if (d == QD_ARCH_UNLISTED)
         return generic_says;
-    return d == QD_ARCH_QUANTIZE && t->ndim == 2 &&
-           (!strcmp(t->dtype, "F32") || !strcmp(t->dtype, "F16") || !strcmp(t->dtype, "BF16"));
+    return d == QD_ARCH_QUANTIZE && t->ndim == 2 && float_dtype(t->dtype);
 }
 
 /* QuantState.as_dict(packed=True)'s non-tensor items as json.dumps writes them. */
@@ -247,7 +249,7 @@ static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const s
         if (!quantized_weight(rules, t, &generic) || !qd_name_filter_keeps(nf, t->name)) {
             struct out_tensor c = {.name = strdup(t->name), .dtype = t->dtype, .ndim = t->ndim, .bytes = t->end - t->begin,
                                    .src = t, .generic = !rules};
-            const int is_float = !strcmp(t->dtype, "F32") || !strcmp(t->dtype, "F16") || !strcmp(t->dtype, "BF16");
+            const int is_float = float_dtype(t->dtype);
             if (autoawq(o) && is_float && strcmp(t->dtype, "F16")) /* AutoAWQ saves fp16 */
                 c.ew = EW_F16, c.dtype = "F16";
             else if (rules && is_float && strcmp(t->dtype, "F32") && qd_arch_find_pattern(rules->to_f32, t->name) >= 0)

@@ -93,16 +93,12 @@ QD_HD int qd_ct_mx_scale(float amax, int dt)
     return b < 0 ? 0 : b;
 }
 
-/* The code of x in a block with scale byte sb (inv = 2^(127 - sb)): x / 2^(sb - 127) in the
- * dtype is exact but where the dtype's subnormals round it, which can only make it zero (|v| at
- * most half the dtype's smallest subnormal, qd_ct_zero_below), then qd_ct_e2m1. */
-QD_HD float qd_ct_zero_below(int dt) { return dt == 2 ? 0x1p-134f : dt == 1 ? 0x1p-25f : 0.0f; }
-
-QD_HD uint8_t qd_ct_mx_code(float x, float inv, int dt)
-{
-    float v = x * inv;
-    return qd_absf(v) <= qd_ct_zero_below(dt) ? (uint8_t)0 : qd_ct_e2m1(v);
-}
+/* The code of x in a block with scale byte sb (inv = 2^(127 - sb)): on a CUDA device
+ * compressed-tensors divides in its Triton kernel, in f32 (div.rn.f32, subnormals kept), and
+ * _round_to_fp4 takes the sign from `quotient < 0`: a negative weight whose quotient is an f32
+ * subnormal packs as 8 even where the weight's dtype would round that quotient to -0.0 (its
+ * eager CPU fallback writes 0 there). x * inv is that quotient: inv is a power of two. */
+QD_HD uint8_t qd_ct_mx_code(float x, float inv) { return qd_ct_e2m1(x * inv); }
 
 /* One MXFP4 block of 32: its scale byte (255 where qd_ct_mx_scale refuses; *overflow set) and
  * 16 bytes of codes, low nibble first. */
@@ -113,7 +109,7 @@ QD_HD uint8_t qd_ct_mx_block(int dt, const float *x, uint8_t *out, int *overflow
     uint8_t sb = b < 0 ? (uint8_t)255 : (uint8_t)b;
     float inv = b < 0 ? 0.0f : qd_e8m0_reciprocal(sb); /* x / inf = 0 */
     for (int j = 0; j < QD_MX_BLOCK / 2; j++)
-        out[j] = (uint8_t)(qd_ct_mx_code(x[2 * j], inv, dt) | qd_ct_mx_code(x[2 * j + 1], inv, dt) << 4);
+        out[j] = (uint8_t)(qd_ct_mx_code(x[2 * j], inv) | qd_ct_mx_code(x[2 * j + 1], inv) << 4);
     return sb;
 }
 

@@ -99,20 +99,19 @@ __global__ void __launch_bounds__(MX_THREADS) mx_quantize_kernel(struct mx_geom 
         uint8_t scale;
         int n;
         if (ELEM == QD_E2M1 && g.even && top < 0x7f800000u) {
-            /* ctfp.h's qd_ct_mx_block with the e2m1 pairs of convert.cuh: a code whose value
-             * the weight's dtype rounds to zero (or -0.0) loses its sign bit */
+            /* ctfp.h's qd_ct_mx_block with the e2m1 pairs of convert.cuh (the f32 quotient:
+             * only -0.0 and an f32 underflow lose the sign bit, as in qd_ct_e2m1) */
             int sb = qd_ct_mx_scale(qd_bits_f32(top), DT);
             if (sb < 0 && bad)
                 atomicMin(bad, (unsigned long long)(QD_BAD_MX_SCALE_RANGE | (b * QD_MX_BLOCK)));
             scale = sb < 0 ? (uint8_t)255 : (uint8_t)sb;
             float inv = sb < 0 ? 0.0f : qd_e8m0_reciprocal(scale);
-            const float zero_below = qd_ct_zero_below(DT);
             uint32_t pair[16];
 #pragma unroll
             for (int k = 0; k < 16; k++) {
                 float a = v[2 * k] * inv, c = v[2 * k + 1] * inv;
-                pair[k] = qd_mx_encode2_finite<ELEM>(a, c) & (fabsf(a) <= zero_below ? 0xff00u : 0xffffu) &
-                          (fabsf(c) <= zero_below ? 0x00ffu : 0xffffu);
+                pair[k] = qd_mx_encode2_finite<ELEM>(a, c) & (a == 0.0f ? 0xff00u : 0xffffu) &
+                          (c == 0.0f ? 0x00ffu : 0xffffu);
             }
             n = mx_pack_words<ELEM>(pair, g.unpacked, w);
         } else if (top >= 0x7f800000u) {

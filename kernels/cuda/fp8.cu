@@ -1,10 +1,11 @@
 /* fp8_e4m3 and w8a8 (kernels/fp8.h) on the GPU, the CPU's arithmetic. A channel is a block of
- * 1 x cols, so channels and blocks share the kernels: one CTA per block (or row), which keeps
- * its elements in registers (16-byte loads, rows of a block read coalesced), folds the largest
- * |x| over the CTA, and writes the scale and the codes: one read of the input. Blocks (or rows)
- * that do not split into 8-element chunks, and rows past 32768 elements, take a CTA that reads
- * its block twice (the second time from L1/L2). Per tensor: the range pass, a one-thread
- * kernel for the scale, then the codes (two reads). Dequantize: one thread per 8 elements. */
+ * 1 x cols, so channels and blocks share the kernels: one CTA per block (or row), which folds
+ * the largest |x| over the CTA and writes the scale and the codes (16-byte loads, rows of a
+ * block read coalesced). A block of at most one 8-element chunk per thread stays in registers
+ * (one read of the input); a larger one is read twice, the second time from L2; blocks (or
+ * rows) that do not split into 8-element chunks go element by element. Per tensor: the range
+ * pass, a one-thread kernel for the scale, then the codes (two reads). Dequantize: one thread
+ * per 8 elements. */
 #include "../fp8.h"
 #include "common.cuh"
 #include "convert.cuh"
@@ -178,6 +179,54 @@ __global__ void __launch_bounds__(THREADS) fp8_block_reg_kernel(const void *x, f
     }
 }
 
+/* Blocks of more chunks than the CTA has threads (a row of a channel-wise 16384-column matrix,
+ * a 128 x 128 block): the range pass, then the codes from a second read of the block, which the
+ * CTAs resident on an SM keep in L2 (a few tens of KB each). Holding the block in registers
+ * instead costs 64 registers a thread at 256 threads and half the occupancy; on an H100 it was
+ * the slower of the two for compressed-tensors' arithmetic (docs/BENCHMARKS.md has the
+ * figures). */
+template <int DT, int INT8, int CT, int THREADS>
+__global__ void __launch_bounds__(THREADS) fp8_block_l2_kernel(const void *x, fp8_geom g, uint8_t *codes, void *scales,
+                                                               unsigned long long *bad)
+{
+    constexpr int dt = fp8_dt<DT, CT>::code;
+    const fp8_block_at a = fp8_block(g, blockIdx.x);
+    const int cpr = (int)(g.bc / 8), wc = (int)(a.w / 8), n = (int)a.h * cpr;
+    uint32_t top = 0;
+#pragma unroll 4
+    for (int c = threadIdx.x; c < n; c += THREADS) {
+        const int i = c / cpr, j = c - i * cpr;
+        if (j < wc) {
+            const int64_t e = (a.row0 + i) * g.cols + a.col0 + 8 * j;
+            fp8_chunk<DT> q;
+            const uint32_t t = fp8_chunk_load<DT>(x, e, q);
+            if (t >= 0x7f800000u) {
+                float v[8];
+                fp8_chunk_values<DT>(q, v);
+                qd_note_first_nonfinite<8>(bad, v, e);
+            }
+            top = max(top, t);
+        }
+    }
+    const float s = qd_fp8_encode_scale(fp8_cta_amax<THREADS>(top), INT8, CT, dt);
+    if (threadIdx.x == 0)
+        qd_fp8_put_scale(scales, a.scale, qd_fp8_stored_scale(s, CT), dt);
+    const float rs = __frcp_rn(s);
+    const bool fast = fp8_fast_scale(s);
+#pragma unroll 4
+    for (int c = threadIdx.x; c < n; c += THREADS) {
+        const int i = c / cpr, j = c - i * cpr;
+        if (j < wc) {
+            const int64_t e = (a.row0 + i) * g.cols + a.col0 + 8 * j;
+            fp8_chunk<DT> q;
+            fp8_chunk_load<DT>(x, e, q);
+            float v[8];
+            fp8_chunk_values<DT>(q, v);
+            *(uint2 *)(codes + e) = fp8_codes8<INT8, CT>(v, s, rs, fast);
+        }
+    }
+}
+
 /* Any block: element by element, the range pass then the codes (the block read twice). */
 template <int DT, int INT8, int CT>
 __global__ void __launch_bounds__(FP8_THREADS) fp8_block_any_kernel(const void *x, fp8_geom g, uint8_t *codes,
@@ -327,18 +376,12 @@ static void fp8_launch_blocks(const struct qd_tensor *in, const fp8_geom &g, uin
     const unsigned nblocks = (unsigned)(in->rows / g.mrows * g.nbr * g.ncb);
     const int64_t chunks = g.br * (g.bc / 8);
     cudaStream_t st = qd_stream();
-    if (g.cols % 8 || g.bc % 8 || chunks > 4096)
+    if (g.cols % 8 || g.bc % 8)
         fp8_block_any_kernel<DT, INT8, CT><<<nblocks, FP8_THREADS, 0, st>>>(in->data, g, codes, scales, bad);
     else if (chunks <= FP8_THREADS)
         fp8_block_reg_kernel<DT, INT8, CT, FP8_THREADS, 1><<<nblocks, FP8_THREADS, 0, st>>>(in->data, g, codes, scales, bad);
-    else if (chunks <= 2 * FP8_THREADS)
-        fp8_block_reg_kernel<DT, INT8, CT, FP8_THREADS, 2><<<nblocks, FP8_THREADS, 0, st>>>(in->data, g, codes, scales, bad);
-    else if (chunks <= 4 * FP8_THREADS)
-        fp8_block_reg_kernel<DT, INT8, CT, FP8_THREADS, 4><<<nblocks, FP8_THREADS, 0, st>>>(in->data, g, codes, scales, bad);
-    else if (chunks <= 8 * FP8_THREADS)
-        fp8_block_reg_kernel<DT, INT8, CT, FP8_THREADS, 8><<<nblocks, FP8_THREADS, 0, st>>>(in->data, g, codes, scales, bad);
-    else /* rows of up to 32768 elements */
-        fp8_block_reg_kernel<DT, INT8, CT, 1024, 4><<<nblocks, 1024, 0, st>>>(in->data, g, codes, scales, bad);
+    else /* 512 threads: of 128, 256, 512 and 1024 the fastest on an H100 at 16384^2 */
+        fp8_block_l2_kernel<DT, INT8, CT, 512><<<nblocks, 512, 0, st>>>(in->data, g, codes, scales, bad);
 }
 
 extern "C" enum qd_status qd_cuda_fp8_quantize(const struct qd_format *f, const struct qd_tensor *in,

@@ -332,16 +332,20 @@ static const struct layout {
     unsigned takes; /* TAKES(input kinds) */
     int (*run)(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status, char *err,
                size_t errlen);
+    /* what the layout needs of an input beyond its kind (NULL: nothing): 0, or -1 with the reason */
+    int (*check)(const char *src, enum qd_convert_input in, char *err, size_t errlen);
 } layouts[] = {
     {"ggml", NULL, "llama.cpp GGUF (llama-quantize --pure)", TAKES(QD_INPUT_GGUF) | TAKES(QD_INPUT_OTHER),
-     qd_convert_gguf},
+     qd_convert_gguf, NULL},
     {"kquant", NULL, "llama.cpp GGUF (llama-quantize --pure)", TAKES(QD_INPUT_GGUF) | TAKES(QD_INPUT_OTHER),
-     qd_convert_gguf},
-    {"bnb4", NULL, "transformers + bitsandbytes", TAKES_HF, qd_convert_hf},
-    {"ctint", NULL, "compressed-tensors (llm-compressor W4A16, W8A16; int8 is w8a16)", TAKES_HF, qd_convert_hf},
-    {NULL, "nvfp4", "compressed-tensors NVFP4A16", TAKES_HF, run_compressed_fp4},
-    {NULL, "mxfp4", "compressed-tensors MXFP4A16", TAKES_HF, run_compressed_fp4},
-    {"awq", NULL, "AutoAWQ GEMM", TAKES_HF, qd_convert_hf},
+     qd_convert_gguf, NULL},
+    {"bnb4", NULL, "transformers + bitsandbytes", TAKES_HF, qd_convert_hf, NULL},
+    {"ctint", NULL, "compressed-tensors (llm-compressor W4A16, W8A16; int8 is w8a16)", TAKES_HF, qd_convert_hf, NULL},
+    {NULL, "nvfp4", "compressed-tensors NVFP4A16", TAKES_HF, run_compressed_fp4, NULL},
+    {NULL, "mxfp4", "compressed-tensors MXFP4A16", TAKES_HF, run_compressed_fp4, NULL},
+    {"awq", NULL, "AutoAWQ GEMM", TAKES_HF, qd_convert_hf, NULL},
+    {"mlx", NULL, "an MLX model directory (mlx_lm.convert -q)", TAKES(QD_INPUT_HF_DIR), qd_convert_mlx,
+     qd_convert_mlx_check},
 };
 
 static const struct layout *layout_of(const struct qd_format *f)
@@ -489,6 +493,10 @@ int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d,
     const enum qd_convert_input in = qd_convert_input_kind(o->src);
     if (check_input(o, l, in, status, err, errlen))
         return -1;
+    if (l->check && l->check(o->src, in, err, errlen)) {
+        *status = QD_EINVAL;
+        return -1;
+    }
     return qd_convert_check_dest(o->src, o->dst, in, o->overwrite, d, status, err, errlen);
 }
 

@@ -344,7 +344,7 @@ static const struct layout {
     {NULL, "nvfp4", "compressed-tensors NVFP4A16", TAKES_HF, run_compressed_fp4, NULL},
     {NULL, "mxfp4", "compressed-tensors MXFP4A16", TAKES_HF, run_compressed_fp4, NULL},
     {"awq", NULL, "AutoAWQ GEMM", TAKES_HF, qd_convert_hf, NULL},
-    {"mlx", NULL, "an MLX model directory (mlx_lm.convert -q)", TAKES(QD_INPUT_HF_DIR), qd_convert_mlx,
+    {"mlx", NULL, "MLX (mlx_lm.convert -q; a directory with a tokenizer)", TAKES(QD_INPUT_HF_DIR), qd_convert_mlx,
      qd_convert_mlx_check},
 };
 

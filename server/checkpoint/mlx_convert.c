@@ -42,12 +42,22 @@ struct mlx_stack {
     const char *const (*names)[2]; /* {from, to}, NULL-terminated */
 };
 
+/* The class's quant_predicate giving a module its own affine params, whatever the mode: a
+ * module path ending in `suffix` (recorded per module in config.json's quantization). */
+struct mlx_own_params {
+    const char *suffix;
+    int bits, group_size;
+};
+
 struct mlx_arch {
     const char *model_type;
     const char *const *drop;  /* a tensor whose name contains one of these is dropped */
     int tied_drops_head;      /* tie_word_embeddings true: lm_head.weight dropped */
     struct mlx_stack stack;
     const char *refused;      /* why quantd does not write this model type (NULL: it does) */
+    struct mlx_own_params own; /* suffix NULL: none */
+    /* config.json keys its ModelArgs requires that a transformers 5 config may lack (NULL-ended) */
+    const char *const *needs;
 };
 
 static const char *const rotary[] = {"self_attn.rotary_emb.inv_freq", NULL};
@@ -55,23 +65,26 @@ static const char *const mixtral_experts[][2] = {{"w1", "gate_proj"}, {"w2", "do
 static const char *const qwen_experts[][2] = {
     {"up_proj", "up_proj"}, {"down_proj", "down_proj"}, {"gate_proj", "gate_proj"}, {NULL, NULL}};
 
+/* transformers 5 writes num_local_experts and rope_parameters.rope_theta instead */
+static const char *const qwen3_moe_needs[] = {"num_experts", "rope_theta", NULL};
+
 /* mlx_lm/models/<type>.py's sanitize (mistral runs as llama: MODEL_REMAPPING). */
 static const struct mlx_arch mlx_archs[] = {
-    {"llama", rotary, 1, {0}, NULL},
-    {"mistral", rotary, 1, {0}, NULL},
-    {"qwen2", rotary, 1, {0}, NULL},
-    {"qwen3", NULL, 1, {0}, NULL},
-    {"gemma2", NULL, 0, {0}, NULL},      /* the head is the embedding (no lm_head parameter) */
-    {"gemma3_text", NULL, 0, {0}, NULL}, /* an lm_head.weight present is kept, else tied */
-    {"phi3", NULL, 0, {0}, NULL},
-    {"mixtral", NULL, 1, {".block_sparse_moe.", mixtral_experts}, NULL},
-    {"qwen2_moe", NULL, 0, {".mlp.", qwen_experts}, NULL},
-    {"qwen3_moe", NULL, 1, {".mlp.", qwen_experts},
-     "mlx-lm quantizes its router (mlp.gate) at 8 bits with group size 64 whatever the model's bits "
-     "(Model.quant_predicate), recorded per module in config.json's quantization: not written by quantd yet"},
-    {"deepseek_v3", NULL, 0, {0},
-     "mlx-lm splits each self_attn.kv_b_proj into per-head embed_q (kept) and unembed_out (quantized) "
-     "weights: not written by quantd yet"},
+    {.model_type = "llama", .drop = rotary, .tied_drops_head = 1},
+    {.model_type = "mistral", .drop = rotary, .tied_drops_head = 1},
+    {.model_type = "qwen2", .drop = rotary, .tied_drops_head = 1},
+    {.model_type = "qwen3", .tied_drops_head = 1},
+    {.model_type = "gemma2"},      /* the head is the embedding (no lm_head parameter) */
+    {.model_type = "gemma3_text"}, /* an lm_head.weight present is kept, else tied */
+    {.model_type = "phi3"},
+    {.model_type = "mixtral", .tied_drops_head = 1, .stack = {".block_sparse_moe.", mixtral_experts}},
+    {.model_type = "qwen2_moe", .stack = {".mlp.", qwen_experts}},
+    /* Model.quant_predicate: the router at 8 bits, group 64 */
+    {.model_type = "qwen3_moe", .tied_drops_head = 1, .stack = {".mlp.", qwen_experts}, .own = {".mlp.gate", 8, 64},
+     .needs = qwen3_moe_needs},
+    {.model_type = "deepseek_v3",
+     .refused = "mlx-lm splits each self_attn.kv_b_proj into per-head embed_q (kept) and unembed_out (quantized) "
+                "weights: not written by quantd yet"},
 };
 
 static const struct mlx_arch *mlx_arch_find(const char *model_type)
@@ -197,6 +210,13 @@ int qd_convert_mlx_check(const char *src, enum qd_convert_input in, char *err, s
                      known);
         rc = -1;
     }
+    for (int k = 0; !rc && a->needs && a->needs[k]; k++)
+        if (!cJSON_GetObjectItemCaseSensitive(config, a->needs[k])) {
+            snprintf(err, errlen, "%s/config.json has no '%s': mlx-lm 0.32.2's %s model needs it and would not load "
+                     "the converted model (a transformers 5 config spells num_experts num_local_experts and keeps "
+                     "rope_theta in rope_parameters): add it to config.json", src, a->needs[k], a->model_type);
+            rc = -1;
+        }
     cJSON_Delete(config);
     return rc;
 }
@@ -227,6 +247,9 @@ struct entry {
     int nc;
     struct qd_component comps[QD_MAX_COMPONENTS];
     int shard;
+    const struct qd_format *f; /* what it is quantized to, with params (the run's, or the */
+    struct qd_params params;   /* class's own for this module: own) */
+    int own;
 };
 
 static enum qd_dtype st_float(const char *dt, int *is_float)
@@ -372,11 +395,19 @@ static int plan_model(const struct qd_convert_opts *o, const struct mlx_arch *a,
             e->quantize = qd_name_filter_keeps(nf, e->parts[x].t->name);
         if (!e->quantize)
             continue;
+        e->f = o->f, e->params = o->params;
+        const size_t module_len = strlen(e->name) - strlen(".weight");
+        if (a->own.suffix && module_len >= strlen(a->own.suffix) &&
+            !strncmp(e->name + module_len - strlen(a->own.suffix), a->own.suffix, strlen(a->own.suffix))) {
+            e->own = 1, e->f = qd_format_find("mlx_affine");
+            qd_params_default(e->f, &e->params);
+            e->params.bits = a->own.bits, e->params.group_size = a->own.group_size;
+        }
         struct qd_tensor in = {.dtype = e->to};
         int64_t shape[2] = {(int64_t)(elems / (uint64_t)cols), cols};
         qd_tensor_set_shape(&in, 2, shape);
-        struct qd_params prm = o->params;
-        if ((e->nc = qd_format_layout(o->f, &prm, &in, e->comps, err, errlen)) < 0) {
+        struct qd_params prm = e->params;
+        if ((e->nc = qd_format_layout(e->f, &prm, &in, e->comps, err, errlen)) < 0) {
             char msg[512];
             snprintf(msg, sizeof msg, "'%s': %s", e->name, err);
             snprintf(err, errlen, "%s", msg);
@@ -462,6 +493,7 @@ static enum qd_status mlx_process(void *ctx, int lane, int item, const void *in,
     } else {
         struct qd_convert_opts ot = *j->o;
         qd_convert_use_lane(&ot, lane);
+        ot.f = e->f, ot.params = e->params;
         const int64_t cols = e->shape[e->ndim - 1];
         st = qd_convert_quantize(&ot, x, e->to, (int64_t)(e->in_bytes / qd_dtype_size(e->from)) / cols, cols, out,
                                  (int64_t)e->bytes, &j->nmse, NULL, err, errlen);
@@ -644,8 +676,24 @@ static int truthy(const cJSON *v)
     return 1;
 }
 
-/* config.json as save_config writes it. */
-static char *mlx_config_text(const char *src, cJSON *config, const struct mlx_mode *mm, const struct qd_params *p)
+/* A module's place in the model's tree, as nn.quantize visits it: by layer number, then name. */
+static long layer_of(const char *name)
+{
+    const char *l = strstr(name, "layers.");
+    return l ? strtol(l + strlen("layers."), NULL, 10) : -1;
+}
+
+static int cmp_module(const void *a, const void *b)
+{
+    const struct entry *x = *(const struct entry *const *)a, *y = *(const struct entry *const *)b;
+    long lx = layer_of(x->name), ly = layer_of(y->name);
+    return lx != ly ? (lx < ly ? -1 : 1) : strcmp(x->name, y->name);
+}
+
+/* config.json as save_config writes it; the modules with their own params follow the run's
+ * {"group_size", "bits", "mode"} in quantization, each as the class's predicate returned them. */
+static char *mlx_config_text(const char *src, cJSON *config, const struct mlx_mode *mm, const struct qd_params *p,
+                             const struct plan *plan)
 {
     char e2[256];
     cJSON *gen = read_json_file(src, "generation_config.json", e2, sizeof e2);
@@ -666,6 +714,22 @@ static char *mlx_config_text(const char *src, cJSON *config, const struct mlx_mo
         cJSON_AddNumberToObject(q, "group_size", mm->group_size ? mm->group_size : p->group_size);
         cJSON_AddNumberToObject(q, "bits", mm->bits ? mm->bits : p->bits);
         cJSON_AddStringToObject(q, "mode", mm->mode);
+        const struct entry **own = malloc((size_t)(plan->n ? plan->n : 1) * sizeof *own);
+        int nown = 0;
+        if (!own)
+            return NULL;
+        for (int i = 0; i < plan->n; i++)
+            if (plan->e[i].quantize && plan->e[i].own)
+                own[nown++] = &plan->e[i];
+        qsort(own, (size_t)nown, sizeof *own, cmp_module);
+        for (int i = 0; i < nown; i++) {
+            char module[512];
+            snprintf(module, sizeof module, "%.*s", (int)(strlen(own[i]->name) - strlen(".weight")), own[i]->name);
+            cJSON *m = cJSON_AddObjectToObject(q, module);
+            cJSON_AddNumberToObject(m, "group_size", own[i]->params.group_size);
+            cJSON_AddNumberToObject(m, "bits", own[i]->params.bits);
+        }
+        free(own);
     }
     return qd_json_py_text_styled(config, 4, 1);
 }
@@ -831,7 +895,7 @@ int qd_convert_mlx(const struct qd_convert_opts *o, struct qd_convert_summary *s
         cJSON_AddStringToObject(wms, sorted[i]->string, sorted[i]->valuestring);
     free(sorted);
     char *itext = qd_json_py_text_styled(index, 4, 0);
-    char *ctext = mlx_config_text(o->src, config, mm, &run.params);
+    char *ctext = mlx_config_text(o->src, config, mm, &run.params, &plan);
     int r = itext && ctext ? 0 : -1;
     if (r)
         snprintf(err, errlen, "no memory for config.json");

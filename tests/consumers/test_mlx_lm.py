@@ -3,6 +3,7 @@ class present, with the quantized modules' shapes) opens the directory `quantd c
 wrote, and the model gives the same logits and greedily generates the same tokens as the model
 mlx_lm.convert -q made from the same source (mlx 0.32.4 CPU, mlx-lm 0.32.2; tiny models of the
 architecture table with a tiny tokenizer: tests/checkpoint/tiny_hf.py --arch ... --tokenizer)."""
+import json
 import os
 import subprocess
 import sys
@@ -46,11 +47,15 @@ def generated(path):
                                                  "its sliding_window_pattern (6): its own converted 2-layer model "
                                                  "fails first (create_attention_mask(h, cache[5]))")),
                                       ("phi3", "mlx_affine"),
-                                      ("mixtral", "mlx_affine"), ("qwen2_moe", "mlx_mxfp4")])
+                                      ("mixtral", "mlx_affine"), ("qwen2_moe", "mlx_mxfp4"), ("qwen3_moe", "mlx_nvfp4")])
 def test_mlx_lm_loads_and_generates_as_its_own(tmp_path, name, fmt):
     src = tmp_path / "hf"
     subprocess.run([sys.executable, TINY_HF, str(src), "--arch", os.path.join(ARCH, name + ".json"), "--tokenizer"],
                    check=True)
+    if name == "qwen3_moe":  # the keys mlx-lm 0.32.2 needs, as a transformers 4 config has them
+        cfg = json.load(open(src / "config.json"))
+        cfg["num_experts"], cfg["rope_theta"] = cfg["num_local_experts"], cfg["rope_parameters"]["rope_theta"]
+        json.dump(cfg, open(src / "config.json", "w"), indent=2)
     run_quantd("convert", "--in", src, "--out", tmp_path / "q", "--fmt", fmt)
     mlx_convert(hf_path=str(src), mlx_path=str(tmp_path / "mlx"), quantize=True, q_mode=MODES[fmt])
     theirs_logits, theirs = generated(tmp_path / "mlx")  # first: where mlx-lm's own fails, the case is its

@@ -19,8 +19,8 @@ except ImportError as e:  # a missing peer is a failure, never a skip
 from conftest import FIXTURES, run_quantd, tiny_hf
 
 ARCH = os.path.join(FIXTURES, "arch")
-WRITTEN = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "mixtral", "qwen2_moe"]
-REFUSED = {"qwen3_moe": "router", "deepseek_v3": "kv_b_proj", "deepseek_v3.no_q_lora": "kv_b_proj"}
+WRITTEN = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "mixtral", "qwen2_moe", "qwen3_moe"]
+REFUSED = {"deepseek_v3": "kv_b_proj", "deepseek_v3.no_q_lora": "kv_b_proj"}
 MODES = {"mlx_affine": "affine", "mlx_mxfp4": "mxfp4", "mlx_nvfp4": "nvfp4", "mlx_mxfp8": "mxfp8"}
 SAME_BYTES = ["config.json", "model.safetensors.index.json", "README.md", "generation_config.json"]
 
@@ -42,8 +42,15 @@ def st_tensors(d):
     return out, meta
 
 
-def arch_source(tmp_path, name):
-    return tiny_hf(tmp_path / "hf", "--arch", os.path.join(ARCH, name + ".json"), "--tokenizer")
+def arch_source(tmp_path, name, mlx_config=True):
+    """An architecture's source with a tokenizer; mlx_config: qwen3_moe's config.json with the keys
+    mlx-lm 0.32.2 needs and a transformers 5 config lacks (as a transformers 4 config has them)."""
+    src = tiny_hf(tmp_path / "hf", "--arch", os.path.join(ARCH, name + ".json"), "--tokenizer")
+    if name == "qwen3_moe" and mlx_config:
+        cfg = json.load(open(src / "config.json"))
+        cfg["num_experts"], cfg["rope_theta"] = cfg["num_local_experts"], cfg["rope_parameters"]["rope_theta"]
+        json.dump(cfg, open(src / "config.json", "w"), indent=2)
+    return src
 
 
 def peer(src, dst, fmt, bits=None, group=None):
@@ -85,11 +92,14 @@ def test_architecture_equals_mlx_lm(tmp_path, name):
     assert any(k.endswith(".scales") for k in t)
 
 
-@pytest.mark.parametrize("name", ["llama", "mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("name", ["llama", "mixtral", "qwen2_moe", "qwen3_moe"])
 @pytest.mark.parametrize("fmt", ["mlx_mxfp4", "mlx_nvfp4", "mlx_mxfp8"])
 def test_float_modes_equal_mlx_lm(tmp_path, name, fmt):
+    """(qwen3_moe's router mlp.gate stays affine 8-bit, group 64, recorded per module in config.json)"""
     src = arch_source(tmp_path, name)
-    assert_same_directory(peer(src, tmp_path / "mlx", fmt), ours(src, tmp_path / "q", fmt))
+    t = assert_same_directory(peer(src, tmp_path / "mlx", fmt), ours(src, tmp_path / "q", fmt))
+    if name == "qwen3_moe":
+        assert t["model.layers.1.mlp.gate.biases"][0] == "BF16"
 
 
 @pytest.mark.parametrize("bits,group", [(1, 64), (2, 32), (3, 32), (3, 128), (5, 64), (6, 64), (8, 128), (4, 32),
@@ -182,3 +192,14 @@ def test_tied_head_in_the_file_is_dropped(tmp_path):
     json.dump(cfg, open(src / "config.json", "w"), indent=2)
     t = assert_same_directory(peer(src, tmp_path / "mlx", "mlx_affine"), ours(src, tmp_path / "q", "mlx_affine"))
     assert "lm_head.weight" not in t and "model.embed_tokens.scales" in t
+
+
+def test_qwen3_moe_config_mlx_lm_cannot_build_is_refused(tmp_path):
+    """A transformers 5 qwen3_moe config (num_local_experts, rope_parameters): mlx-lm 0.32.2 builds no
+    model from it (its own convert fails), so quantd says which key to add instead of writing one."""
+    src = arch_source(tmp_path, "qwen3_moe", mlx_config=False)
+    with pytest.raises(TypeError, match="num_experts"):
+        peer(src, tmp_path / "mlx", "mlx_affine")
+    p = run_quantd("convert", "--in", src, "--out", tmp_path / "q", "--fmt", "mlx_affine", check=False)
+    assert p.returncode != 0 and "'num_experts'" in p.stderr and "add it" in p.stderr
+    assert not os.path.exists(tmp_path / "q")

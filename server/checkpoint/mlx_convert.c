@@ -58,12 +58,22 @@ struct mlx_arch {
     struct mlx_own_params own; /* suffix NULL: none */
     /* config.json keys its ModelArgs requires that a transformers 5 config may lack (NULL-ended) */
     const char *const *needs;
+    const char *drop_prefix;  /* a tensor whose name starts with it is dropped (NULL: none) */
+    const char *const *keep;  /* weights of modules without to_quantized (MoEGate): never quantized */
+    const char *no_cast;      /* cast_predicate: a tensor whose name contains it keeps its dtype */
+    /* MLA (DeepSeek-V3): each self_attn.kv_b_proj [heads * (nope + v), rank] becomes per-head
+     * embed_q = W[:, :nope, :] transposed ([heads, rank, nope]) and unembed_out = W[:, nope:, :]
+     * ([heads, v, rank]), MultiLinear modules quantized like the rest */
+    int mla_split;
 };
 
 static const char *const rotary[] = {"self_attn.rotary_emb.inv_freq", NULL};
+static const char *const rotary_any[] = {"rotary_emb.inv_freq", NULL};
 static const char *const mixtral_experts[][2] = {{"w1", "gate_proj"}, {"w2", "down_proj"}, {"w3", "up_proj"}, {NULL, NULL}};
 static const char *const qwen_experts[][2] = {
     {"up_proj", "up_proj"}, {"down_proj", "down_proj"}, {"gate_proj", "gate_proj"}, {NULL, NULL}};
+
+static const char *const moe_gate[] = {".mlp.gate.weight", NULL};
 
 /* transformers 5 writes num_local_experts and rope_parameters.rope_theta instead */
 static const char *const qwen3_moe_needs[] = {"num_experts", "rope_theta", NULL};
@@ -82,9 +92,9 @@ static const struct mlx_arch mlx_archs[] = {
     /* Model.quant_predicate: the router at 8 bits, group 64 */
     {.model_type = "qwen3_moe", .tied_drops_head = 1, .stack = {".mlp.", qwen_experts}, .own = {".mlp.gate", 8, 64},
      .needs = qwen3_moe_needs},
-    {.model_type = "deepseek_v3",
-     .refused = "mlx-lm splits each self_attn.kv_b_proj into per-head embed_q (kept) and unembed_out (quantized) "
-                "weights: not written by quantd yet"},
+    /* the MTP layer (61 of DeepSeek-V3's 61 + 1) dropped, its router a MoEGate, experts stacked */
+    {.model_type = "deepseek_v3", .drop = rotary_any, .stack = {".mlp.", qwen_experts},
+     .drop_prefix = "model.layers.61", .keep = moe_gate, .no_cast = "e_score_correction_bias", .mla_split = 1},
 };
 
 static const struct mlx_arch *mlx_arch_find(const char *model_type)
@@ -247,6 +257,8 @@ struct entry {
     int nc;
     struct qd_component comps[QD_MAX_COMPONENTS];
     int shard;
+    int split;                 /* MLA: 1 embed_q, 2 unembed_out of parts[0] (kv_b_proj) */
+    int64_t heads, nope, vdim, rank;
     const struct qd_format *f; /* what it is quantized to, with params (the run's, or the */
     struct qd_params params;   /* class's own for this module: own) */
     int own;
@@ -320,21 +332,54 @@ static struct entry *plan_find(struct plan *p, const char *name)
     return NULL;
 }
 
+/* DeepSeek-V3's kv_b_proj t as its two MultiLinear weights (mla: heads, nope, v, rank from the
+ * config). */
+static int plan_mla(struct plan *p, const int64_t mla[4], const struct qd_st_entry *t, char *err, size_t errlen)
+{
+    if (t->ndim != 2 || mla[0] < 1 || mla[1] < 1 || mla[2] < 1 || t->shape[0] != mla[0] * (mla[1] + mla[2]) ||
+        t->shape[1] != mla[3]) {
+        snprintf(err, errlen, "'%s': shape is not [num_attention_heads * (qk_nope_head_dim + v_head_dim), "
+                 "kv_lora_rank] of config.json", t->name);
+        return -1;
+    }
+    static const char *const names[] = {"embed_q.weight", "unembed_out.weight"};
+    for (int k = 0; k < 2; k++) {
+        struct entry *e = plan_add(p);
+        if (!e || !(e->parts = calloc(1, sizeof *e->parts)) ||
+            !(e->name = malloc(strlen(t->name) + strlen(names[k]) + 1)))
+            goto nomem;
+        snprintf(e->name, strlen(t->name) + strlen(names[k]) + 1, "%.*s%s",
+                 (int)(strlen(t->name) - strlen("kv_b_proj.weight")), t->name, names[k]);
+        e->parts[0].t = t, e->nparts = 1, e->split = k + 1;
+        e->heads = mla[0], e->nope = mla[1], e->vdim = mla[2], e->rank = mla[3];
+    }
+    return 0;
+nomem:
+    snprintf(err, errlen, "no memory for the plan");
+    return -1;
+}
+
 /* The entries of the model, from its headers: dropped, stacked, cast and quantized as mlx-lm's
  * load, convert and quantize_model do. */
 static int plan_model(const struct qd_convert_opts *o, const struct mlx_arch *a, int tied, int has_cast,
-                      enum qd_dtype cast_to, struct source *src, int nsrc, const struct qd_name_filter *nf,
-                      struct plan *p, char *err, size_t errlen)
+                      enum qd_dtype cast_to, const int64_t mla[4], struct source *src, int nsrc,
+                      const struct qd_name_filter *nf, struct plan *p, char *err, size_t errlen)
 {
     const int group = o->params.group_size;
     for (int k = 0; k < nsrc; k++)
         for (int i = 0; i < src[k].st.n; i++) {
             const struct qd_st_entry *t = &src[k].st.t[i];
-            int dropped = tied && a->tied_drops_head && !strcmp(t->name, "lm_head.weight");
+            int dropped = (tied && a->tied_drops_head && !strcmp(t->name, "lm_head.weight")) ||
+                          (a->drop_prefix && !strncmp(t->name, a->drop_prefix, strlen(a->drop_prefix)));
             for (int d = 0; a->drop && a->drop[d]; d++)
                 dropped |= strstr(t->name, a->drop[d]) != NULL;
             if (dropped)
                 continue;
+            if (a->mla_split && ends_with(t->name, "self_attn.kv_b_proj.weight")) {
+                if (plan_mla(p, mla, t, err, errlen))
+                    return -1;
+                continue;
+            }
             long expert = 0;
             char *stacked = stacked_name(&a->stack, t->name, &expert);
             struct entry *e = stacked ? plan_find(p, stacked) : NULL;
@@ -383,14 +428,22 @@ static int plan_model(const struct qd_convert_opts *o, const struct mlx_arch *a,
         e->shape[0] = e->nparts;
         memcpy(e->shape + stacked, t0->shape, (size_t)t0->ndim * sizeof *e->shape);
         e->in_bytes = (t0->end - t0->begin) * (uint64_t)e->nparts;
+        if (e->split) { /* [heads, rank, nope] or [heads, v, rank] */
+            const int64_t rows = e->split == 1 ? e->nope : e->vdim;
+            e->ndim = 3, e->shape[0] = e->heads;
+            e->shape[1] = e->split == 1 ? e->rank : rows, e->shape[2] = e->split == 1 ? rows : e->rank;
+            e->in_bytes = (uint64_t)(e->heads * rows * e->rank) * (uint64_t)t0->elem_bits / 8;
+        }
         e->from = st_float(t0->dtype, &e->is_float);
-        e->to = e->is_float && has_cast ? cast_to : e->from;
+        e->to = e->is_float && has_cast && !(a->no_cast && strstr(e->name, a->no_cast)) ? cast_to : e->from;
         e->st_dtype = e->is_float ? dtype_st(e->to) : t0->dtype;
         const uint64_t elems = e->in_bytes * 8 / (uint64_t)t0->elem_bits;
         e->bytes = e->is_float ? elems * qd_dtype_size(e->to) : e->in_bytes;
         const int64_t cols = e->shape[e->ndim - 1];
         e->quantize = e->is_float && e->ndim >= 2 && ends_with(e->name, ".weight") && cols % group == 0 &&
                       qd_name_filter_keeps(nf, e->name);
+        for (int k = 0; a->keep && a->keep[k]; k++)
+            e->quantize &= !ends_with(e->name, a->keep[k]);
         for (int x = 0; e->quantize && x < e->nparts; x++) /* --skip / --only by the source's names too */
             e->quantize = qd_name_filter_keeps(nf, e->parts[x].t->name);
         if (!e->quantize)
@@ -452,8 +505,40 @@ static float load_f32(enum qd_dtype d, const uint8_t *p, uint64_t k)
 
 /* The source of e as one buffer of its written dtype: the mapping itself where that is it, else
  * its parts concatenated (and cast: mlx's astype, round to nearest even) into dst. */
+static void store(enum qd_dtype d, uint8_t *p, uint64_t k, float v)
+{
+    if (d == QD_F32) {
+        memcpy(p + k * 4, &v, 4);
+        return;
+    }
+    const uint16_t h = d == QD_F16 ? qd_f32_to_f16(v) : qd_f32_to_bf16(v);
+    memcpy(p + k * 2, &h, 2);
+}
+
+/* MLA: embed_q[h][r][n] = W[h * (nope + v) + n][r], unembed_out[h][j][r] = W[h * (nope + v) + nope + j][r]
+ * (a float's bits pass through f32 unchanged, so copies stay exact) */
+static void gather_mla(const struct entry *e, uint8_t *o)
+{
+    const uint8_t *w = e->parts[0].t->data;
+    const int64_t hd = e->nope + e->vdim;
+    uint64_t k = 0;
+    for (int64_t h = 0; h < e->heads; h++)
+        if (e->split == 1)
+            for (int64_t r = 0; r < e->rank; r++)
+                for (int64_t n = 0; n < e->nope; n++)
+                    store(e->to, o, k++, load_f32(e->from, w, (uint64_t)((h * hd + n) * e->rank + r)));
+        else
+            for (int64_t j = 0; j < e->vdim; j++)
+                for (int64_t r = 0; r < e->rank; r++)
+                    store(e->to, o, k++, load_f32(e->from, w, (uint64_t)((h * hd + e->nope + j) * e->rank + r)));
+}
+
 static const void *gather(const struct entry *e, void *dst)
 {
+    if (e->split) {
+        gather_mla(e, dst);
+        return dst;
+    }
     if (e->nparts == 1 && e->from == e->to)
         return e->parts[0].t->data;
     uint8_t *o = dst;
@@ -503,7 +588,8 @@ static enum qd_status mlx_process(void *ctx, int lane, int item, const void *in,
             snprintf(err, errlen, "%s", msg);
         }
     }
-    for (int k = 0; k < e->nparts; k++) /* what was read stops counting as resident */
+    for (int k = 0; k < e->nparts && !(e->split == 1); k++) /* what was read stops counting as resident (a
+                                                                 kv_b_proj after its second part) */
         qd_release_pages(e->parts[k].t->data, e->parts[k].t->end - e->parts[k].t->begin);
     return st;
 }
@@ -734,6 +820,12 @@ static char *mlx_config_text(const char *src, cJSON *config, const struct mlx_mo
     return qd_json_py_text_styled(config, 4, 1);
 }
 
+/* A config number (qd_json_py_read keeps numbers as their text), or 0 */
+static int64_t raw_int(const cJSON *v)
+{
+    return cJSON_IsRaw(v) ? (int64_t)strtod(v->valuestring, NULL) : cJSON_IsNumber(v) ? (int64_t)v->valuedouble : 0;
+}
+
 static const char model_card[] = "---\nlanguage: en\nlibrary_name: mlx\npipeline_tag: text-generation\ntags:\n- mlx\n---\n";
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -828,7 +920,11 @@ int qd_convert_mlx(const struct qd_convert_opts *o, struct qd_convert_summary *s
             s->params_total += (t->end - t->begin) * 8 / (uint64_t)t->elem_bits;
         }
     }
-    if (plan_model(&run, a, tied, has_cast, cast_to, src, nsrc, nf, &plan, err, errlen))
+    int64_t mla[4] = {0};
+    static const char *const mla_keys[] = {"num_attention_heads", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank"};
+    for (int k = 0; a->mla_split && k < 4; k++)
+        mla[k] = raw_int(cJSON_GetObjectItemCaseSensitive(config, mla_keys[k]));
+    if (plan_model(&run, a, tied, has_cast, cast_to, mla, src, nsrc, nf, &plan, err, errlen))
         goto done;
     /* shards: make_shards' rule (a new file where the next tensor would pass 5 GiB) over the
      * entries in name order */
@@ -844,7 +940,7 @@ int qd_convert_mlx(const struct qd_convert_opts *o, struct qd_convert_summary *s
         in_total += e->in_bytes;
         total_params += e->is_float ? e->in_bytes / qd_dtype_size(e->from) : e->in_bytes * 8 / (uint64_t)e->parts[0].t->elem_bits;
         out_cap = e->bytes > out_cap ? e->bytes : out_cap;
-        if (e->quantize && (e->nparts > 1 || e->from != e->to)) {
+        if (e->quantize && (e->nparts > 1 || e->from != e->to || e->split)) {
             const uint64_t nb = e->in_bytes / qd_dtype_size(e->from) * qd_dtype_size(e->to);
             scratch_cap = nb > scratch_cap ? nb : scratch_cap;
         }

@@ -47,7 +47,8 @@ def generated(path):
                                                  "its sliding_window_pattern (6): its own converted 2-layer model "
                                                  "fails first (create_attention_mask(h, cache[5]))")),
                                       ("phi3", "mlx_affine"),
-                                      ("mixtral", "mlx_affine"), ("qwen2_moe", "mlx_mxfp4"), ("qwen3_moe", "mlx_nvfp4")])
+                                      ("mixtral", "mlx_affine"), ("qwen2_moe", "mlx_mxfp4"), ("qwen3_moe", "mlx_nvfp4"),
+                                      ("deepseek_v3", "mlx_mxfp4"), ("deepseek_v3.no_q_lora", "mlx_affine")])
 def test_mlx_lm_loads_and_generates_as_its_own(tmp_path, name, fmt):
     src = tmp_path / "hf"
     subprocess.run([sys.executable, TINY_HF, str(src), "--arch", os.path.join(ARCH, name + ".json"), "--tokenizer"],

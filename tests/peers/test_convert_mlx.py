@@ -19,8 +19,8 @@ except ImportError as e:  # a missing peer is a failure, never a skip
 from conftest import FIXTURES, run_quantd, tiny_hf
 
 ARCH = os.path.join(FIXTURES, "arch")
-WRITTEN = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "mixtral", "qwen2_moe", "qwen3_moe"]
-REFUSED = {"deepseek_v3": "kv_b_proj", "deepseek_v3.no_q_lora": "kv_b_proj"}
+WRITTEN = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "mixtral", "qwen2_moe", "qwen3_moe",
+           "deepseek_v3", "deepseek_v3.no_q_lora"]
 MODES = {"mlx_affine": "affine", "mlx_mxfp4": "mxfp4", "mlx_nvfp4": "nvfp4", "mlx_mxfp8": "mxfp8"}
 SAME_BYTES = ["config.json", "model.safetensors.index.json", "README.md", "generation_config.json"]
 
@@ -92,7 +92,7 @@ def test_architecture_equals_mlx_lm(tmp_path, name):
     assert any(k.endswith(".scales") for k in t)
 
 
-@pytest.mark.parametrize("name", ["llama", "mixtral", "qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize("name", ["llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"])
 @pytest.mark.parametrize("fmt", ["mlx_mxfp4", "mlx_nvfp4", "mlx_mxfp8"])
 def test_float_modes_equal_mlx_lm(tmp_path, name, fmt):
     """(qwen3_moe's router mlp.gate stays affine 8-bit, group 64, recorded per module in config.json)"""
@@ -100,6 +100,9 @@ def test_float_modes_equal_mlx_lm(tmp_path, name, fmt):
     t = assert_same_directory(peer(src, tmp_path / "mlx", fmt), ours(src, tmp_path / "q", fmt))
     if name == "qwen3_moe":
         assert t["model.layers.1.mlp.gate.biases"][0] == "BF16"
+    if name == "deepseek_v3":  # MLA's per-head embed_q [heads, rank, nope]: quantized where 16 or 32 divides nope
+        assert t["model.layers.0.self_attn.embed_q.weight"][1][:2] == [4, 128]
+        assert "model.layers.0.self_attn.embed_q.scales" in t and "model.layers.1.mlp.gate.weight" in t
 
 
 @pytest.mark.parametrize("bits,group", [(1, 64), (2, 32), (3, 32), (3, 128), (5, 64), (6, 64), (8, 128), (4, 32),
@@ -156,12 +159,19 @@ def test_no_tokenizer_is_refused(tmp_path):
     assert not os.path.exists(tmp_path / "q")
 
 
-@pytest.mark.parametrize("name", sorted(REFUSED))
-def test_model_types_not_written_are_refused(tmp_path, name):
-    src = arch_source(tmp_path, name)
-    p = run_quantd("convert", "--in", src, "--out", tmp_path / "q", "--fmt", "mlx_affine", check=False)
-    assert p.returncode != 0 and REFUSED[name] in p.stderr and "llama" in p.stderr
-    assert not os.path.exists(tmp_path / "q")
+@pytest.mark.parametrize("group", [32, 64])
+def test_deepseek_v3_cast_keeps_e_score_correction_bias(tmp_path, group):
+    """torch_dtype float16 on a bf16 DeepSeek-V3: every tensor cast but e_score_correction_bias (the
+    class's cast_predicate); group 32 quantizes MLA's embed_q too (nope 32), group 64 leaves it."""
+    src = arch_source(tmp_path, "deepseek_v3")
+    cfg = json.load(open(src / "config.json"))
+    cfg["torch_dtype"] = "float16"
+    json.dump(cfg, open(src / "config.json", "w"), indent=2)
+    t = assert_same_directory(peer(src, tmp_path / "mlx", "mlx_affine", 4, group),
+                              ours(src, tmp_path / "q", "mlx_affine", 4, group))
+    assert t["model.layers.1.mlp.gate.e_score_correction_bias"][0] == "BF16"
+    assert t["model.norm.weight"][0] == "F16"
+    assert ("model.layers.0.self_attn.embed_q.scales" in t) == (group == 32)
 
 
 def test_unknown_model_type_and_single_file_are_refused(tmp_path):

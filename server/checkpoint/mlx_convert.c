@@ -1,9 +1,10 @@
 /* A Hugging Face safetensors model in -> the directory `mlx_lm.convert --hf-path SRC --mlx-path DST
  * -q [--q-bits B --q-group-size G --q-mode M]` writes (mlx-lm 0.32.2, mlx 0.32.4), for the model
- * types of mlx_archs below:
+ * types of mlx_arch.c's table:
  * - mlx-lm loads the model class for config.json's model_type, whose sanitize drops or renames
- *   tensors (rotary inv_freq, a tied lm_head) and stacks each MoE layer's experts into one 3-D
- *   SwitchLinear weight; the rules are data (mlx_archs).
+ *   tensors (rotary inv_freq, a tied lm_head), stacks each MoE layer's experts into one 3-D
+ *   SwitchLinear weight and splits DeepSeek-V3's kv_b_proj; the rules are data (mlx_arch.h), the
+ *   plan they make is mlx_plan.c's.
  * - quantize_model quantizes every module with to_quantized (Linear, Embedding, SwitchLinear:
  *   here every float ".weight" of 2 or more dimensions, embeddings and the head included) whose
  *   last dimension the group size divides: <m>.weight (U32), <m>.scales, and for affine
@@ -27,83 +28,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../kernels/fp.h"
 #include "checkpoint/convert.h"
 #include "checkpoint/hf_config.h"
+#include "checkpoint/mlx_arch.h"
+#include "checkpoint/mlx_plan.h"
 #include "checkpoint/pipeline.h"
 #include "checkpoint/safetensors.h"
-
-/* ---- mlx-lm's model classes, as data ------------------------------------------------------------ */
-
-/* A MoE layer's experts "<layer>.<moe>.experts.E.<from>.weight" stacked (experts 0..n-1, in
- * order) into "<layer>.<moe>.switch_mlp.<to>.weight", as the class's sanitize does. */
-struct mlx_stack {
-    const char *moe;              /* ".block_sparse_moe." */
-    const char *const (*names)[2]; /* {from, to}, NULL-terminated */
-};
-
-/* The class's quant_predicate giving a module its own affine params, whatever the mode: a
- * module path ending in `suffix` (recorded per module in config.json's quantization). */
-struct mlx_own_params {
-    const char *suffix;
-    int bits, group_size;
-};
-
-struct mlx_arch {
-    const char *model_type;
-    const char *const *drop;  /* a tensor whose name contains one of these is dropped */
-    int tied_drops_head;      /* tie_word_embeddings true: lm_head.weight dropped */
-    struct mlx_stack stack;
-    const char *refused;      /* why quantd does not write this model type (NULL: it does) */
-    struct mlx_own_params own; /* suffix NULL: none */
-    /* config.json keys its ModelArgs requires that a transformers 5 config may lack (NULL-ended) */
-    const char *const *needs;
-    const char *drop_prefix;  /* a tensor whose name starts with it is dropped (NULL: none) */
-    const char *const *keep;  /* weights of modules without to_quantized (MoEGate): never quantized */
-    const char *no_cast;      /* cast_predicate: a tensor whose name contains it keeps its dtype */
-    /* MLA (DeepSeek-V3): each self_attn.kv_b_proj [heads * (nope + v), rank] becomes per-head
-     * embed_q = W[:, :nope, :] transposed ([heads, rank, nope]) and unembed_out = W[:, nope:, :]
-     * ([heads, v, rank]), MultiLinear modules quantized like the rest */
-    int mla_split;
-};
-
-static const char *const rotary[] = {"self_attn.rotary_emb.inv_freq", NULL};
-static const char *const rotary_any[] = {"rotary_emb.inv_freq", NULL};
-static const char *const mixtral_experts[][2] = {{"w1", "gate_proj"}, {"w2", "down_proj"}, {"w3", "up_proj"}, {NULL, NULL}};
-static const char *const qwen_experts[][2] = {
-    {"up_proj", "up_proj"}, {"down_proj", "down_proj"}, {"gate_proj", "gate_proj"}, {NULL, NULL}};
-
-static const char *const moe_gate[] = {".mlp.gate.weight", NULL};
-
-/* transformers 5 writes num_local_experts and rope_parameters.rope_theta instead */
-static const char *const qwen3_moe_needs[] = {"num_experts", "rope_theta", NULL};
-
-/* mlx_lm/models/<type>.py's sanitize (mistral runs as llama: MODEL_REMAPPING). */
-static const struct mlx_arch mlx_archs[] = {
-    {.model_type = "llama", .drop = rotary, .tied_drops_head = 1},
-    {.model_type = "mistral", .drop = rotary, .tied_drops_head = 1},
-    {.model_type = "qwen2", .drop = rotary, .tied_drops_head = 1},
-    {.model_type = "qwen3", .tied_drops_head = 1},
-    {.model_type = "gemma2"},      /* the head is the embedding (no lm_head parameter) */
-    {.model_type = "gemma3_text"}, /* an lm_head.weight present is kept, else tied */
-    {.model_type = "phi3"},
-    {.model_type = "mixtral", .tied_drops_head = 1, .stack = {".block_sparse_moe.", mixtral_experts}},
-    {.model_type = "qwen2_moe", .stack = {".mlp.", qwen_experts}},
-    /* Model.quant_predicate: the router at 8 bits, group 64 */
-    {.model_type = "qwen3_moe", .tied_drops_head = 1, .stack = {".mlp.", qwen_experts}, .own = {".mlp.gate", 8, 64},
-     .needs = qwen3_moe_needs},
-    /* the MTP layer (61 of DeepSeek-V3's 61 + 1) dropped, its router a MoEGate, experts stacked */
-    {.model_type = "deepseek_v3", .drop = rotary_any, .stack = {".mlp.", qwen_experts},
-     .drop_prefix = "model.layers.61", .keep = moe_gate, .no_cast = "e_score_correction_bias", .mla_split = 1},
-};
-
-static const struct mlx_arch *mlx_arch_find(const char *model_type)
-{
-    for (size_t i = 0; model_type && i < sizeof mlx_archs / sizeof *mlx_archs; i++)
-        if (!strcmp(mlx_archs[i].model_type, model_type))
-            return &mlx_archs[i];
-    return NULL;
-}
 
 /* mlx_lm.convert --q-mode and its (group_size, bits) per format */
 static const struct mlx_mode {
@@ -122,359 +52,10 @@ static const struct mlx_mode *mlx_mode_of(const char *fmt)
     return NULL;
 }
 
-/* The files that make a tokenizer transformers' AutoTokenizer loads (mlx-lm's load needs one) */
-static const char *const tokenizer_files[] = {"tokenizer.json", "tokenizer.model", "tiktoken.model", "vocab.json",
-                                              "vocab.txt", "spiece.model", NULL};
-/* What save copies or rewrites besides the weights and config: the tokenizer's files (written
- * back by tokenizer.save_pretrained; quantd copies the source's), *.py, generation_config.json */
-static const char *const copied_files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                                           "added_tokens.json", "tokenizer.model", "tiktoken.model", "vocab.json",
-                                           "vocab.txt", "merges.txt", "spiece.model", "chat_template.jinja",
-                                           "chat_template.json", "generation_config.json", NULL};
-static const char *const copied_suffixes[] = {".py", ".tiktoken", NULL};
-
 static int ends_with(const char *s, const char *end)
 {
     size_t n = strlen(s), m = strlen(end);
     return n >= m && !strcmp(s + n - m, end);
-}
-
-static int is_copied_file(const char *name)
-{
-    for (const char *const *f = copied_files; *f; f++)
-        if (!strcmp(name, *f))
-            return 1;
-    for (const char *const *f = copied_suffixes; *f; f++)
-        if (ends_with(name, *f) && name[0] != '.')
-            return 1;
-    return 0;
-}
-
-static int regular_file(const char *dir, const char *name)
-{
-    char p[4400];
-    struct stat st;
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-static int has_tokenizer(const char *dir)
-{
-    for (const char *const *f = tokenizer_files; *f; f++)
-        if (regular_file(dir, *f))
-            return 1;
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    int found = 0;
-    while (d && !found && (e = readdir(d)))
-        found = ends_with(e->d_name, ".tiktoken");
-    if (d)
-        closedir(d);
-    return found;
-}
-
-static cJSON *read_json_file(const char *dir, const char *name, char *err, size_t errlen)
-{
-    char p[4400];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    struct qd_mapped m;
-    if (qd_map_file(p, &m, err, errlen))
-        return NULL;
-    cJSON *v = qd_json_py_read((const char *)m.data, m.size, name, err, errlen);
-    qd_unmap_file(&m);
-    return v;
-}
-
-int qd_convert_mlx_check(const char *src, enum qd_convert_input in, char *err, size_t errlen)
-{
-    if (in != QD_INPUT_HF_DIR) {
-        snprintf(err, errlen, "%s is not a directory: mlx-lm loads a model directory (config.json, a tokenizer and "
-                 ".safetensors weights), so the MLX layouts convert one (not a single .safetensors file)", src);
-        return -1;
-    }
-    if (!has_tokenizer(src)) {
-        snprintf(err, errlen, "%s has no tokenizer (tokenizer.json, tokenizer.model, vocab.json ...): mlx-lm's load "
-                 "needs one beside the weights and would not open the converted model; copy the model's tokenizer "
-                 "files into the directory first", src);
-        return -1;
-    }
-    char e2[256];
-    cJSON *config = read_json_file(src, "config.json", e2, sizeof e2);
-    const char *mt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(config, "model_type"));
-    const struct mlx_arch *a = mlx_arch_find(mt);
-    int rc = 0;
-    if (!a || a->refused) {
-        char known[512];
-        size_t at = 0;
-        for (size_t i = 0; i < sizeof mlx_archs / sizeof *mlx_archs; i++)
-            if (!mlx_archs[i].refused)
-                at += (size_t)snprintf(known + at, sizeof known - at, "%s%s", at ? " " : "", mlx_archs[i].model_type);
-        if (!config)
-            snprintf(err, errlen, "%s/config.json: %s", src, e2);
-        else if (!a)
-            snprintf(err, errlen, "model_type '%.60s' is not in quantd's MLX table: mlx-lm's model class for it may "
-                     "rename or reshape tensors that quantd does not know (quantd writes MLX models of %s)",
-                     mt ? mt : "", known);
-        else
-            snprintf(err, errlen, "model_type %s: %s (quantd writes MLX models of %s)", a->model_type, a->refused,
-                     known);
-        rc = -1;
-    }
-    for (int k = 0; !rc && a->needs && a->needs[k]; k++)
-        if (!cJSON_GetObjectItemCaseSensitive(config, a->needs[k])) {
-            snprintf(err, errlen, "%s/config.json has no '%s': mlx-lm 0.32.2's %s model needs it and would not load "
-                     "the converted model (a transformers 5 config spells num_experts num_local_experts and keeps "
-                     "rope_theta in rope_parameters): add it to config.json", src, a->needs[k], a->model_type);
-            rc = -1;
-        }
-    cJSON_Delete(config);
-    return rc;
-}
-
-/* ---- the plan ---------------------------------------------------------------------------------- */
-
-struct source {
-    char *path;
-    struct qd_mapped m;
-    struct qd_st_file st;
-};
-
-struct part {
-    const struct qd_st_entry *t;
-};
-
-/* One output tensor (copied or cast), or one quantized weight's components back to back. */
-struct entry {
-    char *name;           /* the weight's (or copied tensor's) name in mlx-lm's model */
-    struct part *parts;   /* its source: one tensor, or the experts stacked */
-    int nparts, quantize;
-    enum qd_dtype from, to; /* source and written dtype of a float tensor (to: after the cast) */
-    int is_float;
-    const char *st_dtype; /* a copied tensor's safetensors dtype */
-    int ndim;
-    int64_t shape[QD_ST_MAX_DIMS];
-    uint64_t in_bytes, bytes; /* the stacked source's bytes, the output's */
-    int nc;
-    struct qd_component comps[QD_MAX_COMPONENTS];
-    int shard;
-    int split;                 /* MLA: 1 embed_q, 2 unembed_out of parts[0] (kv_b_proj) */
-    int64_t heads, nope, vdim, rank;
-    const struct qd_format *f; /* what it is quantized to, with params (the run's, or the */
-    struct qd_params params;   /* class's own for this module: own) */
-    int own;
-};
-
-static enum qd_dtype st_float(const char *dt, int *is_float)
-{
-    *is_float = !strcmp(dt, "F32") || !strcmp(dt, "F16") || !strcmp(dt, "BF16");
-    return !strcmp(dt, "F32") ? QD_F32 : !strcmp(dt, "F16") ? QD_F16 : QD_BF16;
-}
-
-static const char *dtype_st(enum qd_dtype d)
-{
-    return d == QD_F32 ? "F32" : d == QD_F16 ? "F16" : d == QD_BF16 ? "BF16" : d == QD_U8 ? "U8" : "U32";
-}
-
-static int cmp_entry(const void *a, const void *b) { return strcmp(((const struct entry *)a)->name, ((const struct entry *)b)->name); }
-
-/* If name is expert E of a stacked weight, its stacked name (malloc'd) and E; else NULL. */
-static char *stacked_name(const struct mlx_stack *s, const char *name, long *expert)
-{
-    if (!s->moe)
-        return NULL;
-    char key[64];
-    snprintf(key, sizeof key, "%sexperts.", s->moe);
-    const char *at = strstr(name, key);
-    if (!at)
-        return NULL;
-    char *end;
-    const char *num = at + strlen(key);
-    *expert = strtol(num, &end, 10);
-    if (end == num || *end != '.')
-        return NULL;
-    for (int k = 0; s->names[k][0]; k++) {
-        size_t fl = strlen(s->names[k][0]);
-        if (!strncmp(end + 1, s->names[k][0], fl) && !strcmp(end + 1 + fl, ".weight")) {
-            size_t n = (size_t)(at - name) + strlen(s->moe) + strlen("switch_mlp.") + strlen(s->names[k][1]) +
-                       strlen(".weight") + 1;
-            char *out = malloc(n);
-            if (out)
-                snprintf(out, n, "%.*s%sswitch_mlp.%s.weight", (int)(at - name), name, s->moe, s->names[k][1]);
-            return out;
-        }
-    }
-    return NULL;
-}
-
-struct plan {
-    struct entry *e;
-    int n, cap;
-};
-
-static struct entry *plan_add(struct plan *p)
-{
-    if (p->n == p->cap) {
-        int nc = p->cap ? p->cap * 2 : 64;
-        struct entry *e = realloc(p->e, (size_t)nc * sizeof *e);
-        if (!e)
-            return NULL;
-        p->e = e, p->cap = nc;
-    }
-    memset(&p->e[p->n], 0, sizeof *p->e);
-    return &p->e[p->n++];
-}
-
-static struct entry *plan_find(struct plan *p, const char *name)
-{
-    for (int i = 0; i < p->n; i++)
-        if (!strcmp(p->e[i].name, name))
-            return &p->e[i];
-    return NULL;
-}
-
-/* DeepSeek-V3's kv_b_proj t as its two MultiLinear weights (mla: heads, nope, v, rank from the
- * config). */
-static int plan_mla(struct plan *p, const int64_t mla[4], const struct qd_st_entry *t, char *err, size_t errlen)
-{
-    if (t->ndim != 2 || mla[0] < 1 || mla[1] < 1 || mla[2] < 1 || t->shape[0] != mla[0] * (mla[1] + mla[2]) ||
-        t->shape[1] != mla[3]) {
-        snprintf(err, errlen, "'%s': shape is not [num_attention_heads * (qk_nope_head_dim + v_head_dim), "
-                 "kv_lora_rank] of config.json", t->name);
-        return -1;
-    }
-    static const char *const names[] = {"embed_q.weight", "unembed_out.weight"};
-    for (int k = 0; k < 2; k++) {
-        struct entry *e = plan_add(p);
-        if (!e || !(e->parts = calloc(1, sizeof *e->parts)) ||
-            !(e->name = malloc(strlen(t->name) + strlen(names[k]) + 1)))
-            goto nomem;
-        snprintf(e->name, strlen(t->name) + strlen(names[k]) + 1, "%.*s%s",
-                 (int)(strlen(t->name) - strlen("kv_b_proj.weight")), t->name, names[k]);
-        e->parts[0].t = t, e->nparts = 1, e->split = k + 1;
-        e->heads = mla[0], e->nope = mla[1], e->vdim = mla[2], e->rank = mla[3];
-    }
-    return 0;
-nomem:
-    snprintf(err, errlen, "no memory for the plan");
-    return -1;
-}
-
-/* The entries of the model, from its headers: dropped, stacked, cast and quantized as mlx-lm's
- * load, convert and quantize_model do. */
-static int plan_model(const struct qd_convert_opts *o, const struct mlx_arch *a, int tied, int has_cast,
-                      enum qd_dtype cast_to, const int64_t mla[4], struct source *src, int nsrc,
-                      const struct qd_name_filter *nf, struct plan *p, char *err, size_t errlen)
-{
-    const int group = o->params.group_size;
-    for (int k = 0; k < nsrc; k++)
-        for (int i = 0; i < src[k].st.n; i++) {
-            const struct qd_st_entry *t = &src[k].st.t[i];
-            int dropped = (tied && a->tied_drops_head && !strcmp(t->name, "lm_head.weight")) ||
-                          (a->drop_prefix && !strncmp(t->name, a->drop_prefix, strlen(a->drop_prefix)));
-            for (int d = 0; a->drop && a->drop[d]; d++)
-                dropped |= strstr(t->name, a->drop[d]) != NULL;
-            if (dropped)
-                continue;
-            if (a->mla_split && ends_with(t->name, "self_attn.kv_b_proj.weight")) {
-                if (plan_mla(p, mla, t, err, errlen))
-                    return -1;
-                continue;
-            }
-            long expert = 0;
-            char *stacked = stacked_name(&a->stack, t->name, &expert);
-            struct entry *e = stacked ? plan_find(p, stacked) : NULL;
-            if (e) {
-                free(stacked);
-            } else {
-                if (!(e = plan_add(p))) {
-                    free(stacked);
-                    goto nomem;
-                }
-                e->name = stacked ? stacked : strdup(t->name);
-                if (!e->name)
-                    goto nomem;
-            }
-            if (expert >= 0 && expert >= e->nparts) {
-                struct part *np = realloc(e->parts, (size_t)(expert + 1) * sizeof *np);
-                if (!np)
-                    goto nomem;
-                memset(np + e->nparts, 0, (size_t)(expert + 1 - e->nparts) * sizeof *np);
-                e->parts = np, e->nparts = (int)expert + 1;
-            }
-            if (expert < 0 || e->parts[expert].t) {
-                snprintf(err, errlen, "tensor '%s': expert %ld twice", t->name, expert);
-                return -1;
-            }
-            e->parts[expert].t = t;
-        }
-    for (int i = 0; i < p->n; i++) {
-        struct entry *e = &p->e[i];
-        const struct qd_st_entry *t0 = e->parts[0].t;
-        for (int x = 0; x < e->nparts; x++) { /* the experts of one weight: all there, alike */
-            const struct qd_st_entry *t = e->parts[x].t;
-            if (!t || !t0 || strcmp(t->dtype, t0->dtype) || t->ndim != t0->ndim ||
-                memcmp(t->shape, t0->shape, sizeof t->shape)) {
-                snprintf(err, errlen, "'%s': the experts to stack (0..%d) are not all there with one dtype and "
-                         "shape (expert %d)", e->name, e->nparts - 1, x);
-                return -1;
-            }
-        }
-        const int stacked = e->nparts > 1 || strstr(e->name, "switch_mlp.");
-        e->ndim = t0->ndim + stacked;
-        if (e->ndim > QD_ST_MAX_DIMS) {
-            snprintf(err, errlen, "'%s': too many dimensions", e->name);
-            return -1;
-        }
-        e->shape[0] = e->nparts;
-        memcpy(e->shape + stacked, t0->shape, (size_t)t0->ndim * sizeof *e->shape);
-        e->in_bytes = (t0->end - t0->begin) * (uint64_t)e->nparts;
-        if (e->split) { /* [heads, rank, nope] or [heads, v, rank] */
-            const int64_t rows = e->split == 1 ? e->nope : e->vdim;
-            e->ndim = 3, e->shape[0] = e->heads;
-            e->shape[1] = e->split == 1 ? e->rank : rows, e->shape[2] = e->split == 1 ? rows : e->rank;
-            e->in_bytes = (uint64_t)(e->heads * rows * e->rank) * (uint64_t)t0->elem_bits / 8;
-        }
-        e->from = st_float(t0->dtype, &e->is_float);
-        e->to = e->is_float && has_cast && !(a->no_cast && strstr(e->name, a->no_cast)) ? cast_to : e->from;
-        e->st_dtype = e->is_float ? dtype_st(e->to) : t0->dtype;
-        const uint64_t elems = e->in_bytes * 8 / (uint64_t)t0->elem_bits;
-        e->bytes = e->is_float ? elems * qd_dtype_size(e->to) : e->in_bytes;
-        const int64_t cols = e->shape[e->ndim - 1];
-        e->quantize = e->is_float && e->ndim >= 2 && ends_with(e->name, ".weight") && cols % group == 0 &&
-                      qd_name_filter_keeps(nf, e->name);
-        for (int k = 0; a->keep && a->keep[k]; k++)
-            e->quantize &= !ends_with(e->name, a->keep[k]);
-        for (int x = 0; e->quantize && x < e->nparts; x++) /* --skip / --only by the source's names too */
-            e->quantize = qd_name_filter_keeps(nf, e->parts[x].t->name);
-        if (!e->quantize)
-            continue;
-        e->f = o->f, e->params = o->params;
-        const size_t module_len = strlen(e->name) - strlen(".weight");
-        if (a->own.suffix && module_len >= strlen(a->own.suffix) &&
-            !strncmp(e->name + module_len - strlen(a->own.suffix), a->own.suffix, strlen(a->own.suffix))) {
-            e->own = 1, e->f = qd_format_find("mlx_affine");
-            qd_params_default(e->f, &e->params);
-            e->params.bits = a->own.bits, e->params.group_size = a->own.group_size;
-        }
-        struct qd_tensor in = {.dtype = e->to};
-        int64_t shape[2] = {(int64_t)(elems / (uint64_t)cols), cols};
-        qd_tensor_set_shape(&in, 2, shape);
-        struct qd_params prm = e->params;
-        if ((e->nc = qd_format_layout(e->f, &prm, &in, e->comps, err, errlen)) < 0) {
-            char msg[512];
-            snprintf(msg, sizeof msg, "'%s': %s", e->name, err);
-            snprintf(err, errlen, "%s", msg);
-            return -1;
-        }
-        e->bytes = 0;
-        for (int c = 0; c < e->nc; c++)
-            e->bytes += (uint64_t)e->comps[c].bytes;
-    }
-    qsort(p->e, (size_t)p->n, sizeof *p->e, cmp_entry);
-    return 0;
-nomem:
-    snprintf(err, errlen, "no memory for the plan");
-    return -1;
 }
 
 /* ---- writing ----------------------------------------------------------------------------------- */
@@ -483,7 +64,7 @@ nomem:
 
 struct mlx_job {
     const struct qd_convert_opts *o;
-    struct entry **items;  /* per pipeline item (0: the header) */
+    struct qd_mlx_entry **items;  /* per pipeline item (0: the header) */
     void *scratch;         /* a stacked or cast weight, gathered */
     struct qd_convert_summary *s;
     int index, count;
@@ -491,86 +72,13 @@ struct mlx_job {
     double last, nmse;
 };
 
-static float load_f32(enum qd_dtype d, const uint8_t *p, uint64_t k)
-{
-    uint16_t h;
-    float x;
-    if (d == QD_F32) {
-        memcpy(&x, p + k * 4, 4);
-        return x;
-    }
-    memcpy(&h, p + k * 2, 2);
-    return d == QD_F16 ? qd_f16_to_f32(h) : qd_bf16_to_f32(h);
-}
-
-/* The source of e as one buffer of its written dtype: the mapping itself where that is it, else
- * its parts concatenated (and cast: mlx's astype, round to nearest even) into dst. */
-static void store(enum qd_dtype d, uint8_t *p, uint64_t k, float v)
-{
-    if (d == QD_F32) {
-        memcpy(p + k * 4, &v, 4);
-        return;
-    }
-    const uint16_t h = d == QD_F16 ? qd_f32_to_f16(v) : qd_f32_to_bf16(v);
-    memcpy(p + k * 2, &h, 2);
-}
-
-/* MLA: embed_q[h][r][n] = W[h * (nope + v) + n][r], unembed_out[h][j][r] = W[h * (nope + v) + nope + j][r]
- * (a float's bits pass through f32 unchanged, so copies stay exact) */
-static void gather_mla(const struct entry *e, uint8_t *o)
-{
-    const uint8_t *w = e->parts[0].t->data;
-    const int64_t hd = e->nope + e->vdim;
-    uint64_t k = 0;
-    for (int64_t h = 0; h < e->heads; h++)
-        if (e->split == 1)
-            for (int64_t r = 0; r < e->rank; r++)
-                for (int64_t n = 0; n < e->nope; n++)
-                    store(e->to, o, k++, load_f32(e->from, w, (uint64_t)((h * hd + n) * e->rank + r)));
-        else
-            for (int64_t j = 0; j < e->vdim; j++)
-                for (int64_t r = 0; r < e->rank; r++)
-                    store(e->to, o, k++, load_f32(e->from, w, (uint64_t)((h * hd + e->nope + j) * e->rank + r)));
-}
-
-static const void *gather(const struct entry *e, void *dst)
-{
-    if (e->split) {
-        gather_mla(e, dst);
-        return dst;
-    }
-    if (e->nparts == 1 && e->from == e->to)
-        return e->parts[0].t->data;
-    uint8_t *o = dst;
-    for (int x = 0; x < e->nparts; x++) {
-        const struct qd_st_entry *t = e->parts[x].t;
-        const uint64_t nb = t->end - t->begin;
-        if (!e->is_float || e->from == e->to) {
-            memcpy(o, t->data, nb);
-            o += nb;
-            continue;
-        }
-        const uint64_t n = nb / qd_dtype_size(e->from);
-        for (uint64_t k = 0; k < n; k++) {
-            const float v = load_f32(e->from, t->data, k);
-            if (e->to == QD_F32)
-                memcpy(o + k * 4, &v, 4);
-            else {
-                const uint16_t h = e->to == QD_F16 ? qd_f32_to_f16(v) : qd_f32_to_bf16(v);
-                memcpy(o + k * 2, &h, 2);
-            }
-        }
-        o += n * qd_dtype_size(e->to);
-    }
-    return dst;
-}
 
 static enum qd_status mlx_process(void *ctx, int lane, int item, const void *in, void *out, char *err, size_t errlen)
 {
     (void)in;
     struct mlx_job *j = ctx;
-    const struct entry *e = j->items[item];
-    const void *x = gather(e, e->quantize ? j->scratch : out);
+    const struct qd_mlx_entry *e = j->items[item];
+    const void *x = qd_mlx_gather(e, e->quantize ? j->scratch : out);
     enum qd_status st = QD_OK;
     if (!e->quantize) {
         if (x != out)
@@ -599,7 +107,7 @@ static void mlx_handed(void *ctx, int item)
     struct mlx_job *j = ctx;
     if (item == 0)
         return;
-    const struct entry *e = j->items[item];
+    const struct qd_mlx_entry *e = j->items[item];
     struct qd_convert_summary *s = j->s;
     s->bytes_in += e->in_bytes;
     if (e->quantize) {
@@ -635,7 +143,7 @@ static char *component_name(const char *weight, const char *component)
 }
 
 /* One output file: the entries of shard k. */
-static int write_file(struct mlx_job *j, struct plan *p, int k, int src_fd, const char *path,
+static int write_file(struct mlx_job *j, struct qd_mlx_plan *p, int k, int src_fd, const char *path,
                       struct qd_pipe_pool *pool, cJSON *wm, const char *file_name, enum qd_status *status, char *err,
                       size_t errlen)
 {
@@ -646,14 +154,14 @@ static int write_file(struct mlx_job *j, struct plan *p, int k, int src_fd, cons
     struct qd_st_out *h = calloc((size_t)nt + 1, sizeof *h);
     char **names = calloc((size_t)nt + 1, sizeof *names);
     struct qd_pipe_item *items = calloc((size_t)n + 1, sizeof *items);
-    struct entry **of = calloc((size_t)n + 1, sizeof *of);
+    struct qd_mlx_entry **of = calloc((size_t)n + 1, sizeof *of);
     uint8_t *header = NULL;
     struct qd_outfile out = {.fd = -1};
     if (!h || !names || !items || !of)
         goto nomem;
     int ni = 1, th = 0;
     for (int i = 0; i < p->n; i++) {
-        struct entry *e = &p->e[i];
+        struct qd_mlx_entry *e = &p->e[i];
         if (e->shard != k)
             continue;
         for (int c = 0; c < (e->quantize ? e->nc : 1); c++) {
@@ -665,7 +173,7 @@ static int write_file(struct mlx_job *j, struct plan *p, int k, int src_fd, cons
                 const struct qd_component *q = &e->comps[c];
                 if (!(names[th] = component_name(e->name, q->name)))
                     goto nomem;
-                *t = (struct qd_st_out){.name = names[th], .dtype = dtype_st(q->dtype), .ndim = e->ndim,
+                *t = (struct qd_st_out){.name = names[th], .dtype = qd_mlx_dtype_st(q->dtype), .ndim = e->ndim,
                                         .bytes = (uint64_t)q->bytes};
                 memcpy(t->shape, e->shape, sizeof t->shape);
                 t->shape[e->ndim - 1] = q->shape[1];
@@ -771,7 +279,7 @@ static long layer_of(const char *name)
 
 static int cmp_module(const void *a, const void *b)
 {
-    const struct entry *x = *(const struct entry *const *)a, *y = *(const struct entry *const *)b;
+    const struct qd_mlx_entry *x = *(const struct qd_mlx_entry *const *)a, *y = *(const struct qd_mlx_entry *const *)b;
     long lx = layer_of(x->name), ly = layer_of(y->name);
     return lx != ly ? (lx < ly ? -1 : 1) : strcmp(x->name, y->name);
 }
@@ -779,10 +287,10 @@ static int cmp_module(const void *a, const void *b)
 /* config.json as save_config writes it; the modules with their own params follow the run's
  * {"group_size", "bits", "mode"} in quantization, each as the class's predicate returned them. */
 static char *mlx_config_text(const char *src, cJSON *config, const struct mlx_mode *mm, const struct qd_params *p,
-                             const struct plan *plan)
+                             const struct qd_mlx_plan *plan)
 {
     char e2[256];
-    cJSON *gen = read_json_file(src, "generation_config.json", e2, sizeof e2);
+    cJSON *gen = qd_mlx_read_json(src, "generation_config.json", e2, sizeof e2);
     cJSON *eos = cJSON_GetObjectItemCaseSensitive(gen, "eos_token_id");
     if (truthy(eos)) {
         cJSON_DeleteItemFromObjectCaseSensitive(config, "eos_token_id");
@@ -800,7 +308,7 @@ static char *mlx_config_text(const char *src, cJSON *config, const struct mlx_mo
         cJSON_AddNumberToObject(q, "group_size", mm->group_size ? mm->group_size : p->group_size);
         cJSON_AddNumberToObject(q, "bits", mm->bits ? mm->bits : p->bits);
         cJSON_AddStringToObject(q, "mode", mm->mode);
-        const struct entry **own = malloc((size_t)(plan->n ? plan->n : 1) * sizeof *own);
+        const struct qd_mlx_entry **own = malloc((size_t)(plan->n ? plan->n : 1) * sizeof *own);
         int nown = 0;
         if (!own)
             return NULL;
@@ -840,10 +348,10 @@ int qd_convert_mlx(const struct qd_convert_opts *o, struct qd_convert_summary *s
     const double t0 = qd_pipe_clock_s();
     const struct mlx_mode *mm = mlx_mode_of(o->f->name);
     struct qd_convert_opts run = *o;
-    struct source *src = NULL;
+    struct qd_mlx_source *src = NULL;
     int nsrc = 0, rc = -1;
     char **files = NULL;
-    struct plan plan = {0};
+    struct qd_mlx_plan plan = {0};
     cJSON *config = NULL, *index = NULL, *wm = NULL;
     struct qd_outdir od = {0};
     struct qd_pipe_pool *pool = NULL;
@@ -862,10 +370,10 @@ int qd_convert_mlx(const struct qd_convert_opts *o, struct qd_convert_summary *s
     }
     if (mm->group_size) /* the float modes' geometry is fixed */
         run.params.group_size = mm->group_size;
-    if (!(config = read_json_file(o->src, "config.json", err, errlen)))
+    if (!(config = qd_mlx_read_json(o->src, "config.json", err, errlen)))
         goto done;
     const char *mt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(config, "model_type"));
-    const struct mlx_arch *a = mlx_arch_find(mt);
+    const struct qd_mlx_arch *a = qd_mlx_arch_find(mt);
     snprintf(s->arch, sizeof s->arch, "%s", mt);
     s->rule = "table";
     const int tied = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(config, "tie_word_embeddings"));
@@ -924,14 +432,14 @@ int qd_convert_mlx(const struct qd_convert_opts *o, struct qd_convert_summary *s
     static const char *const mla_keys[] = {"num_attention_heads", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank"};
     for (int k = 0; a->mla_split && k < 4; k++)
         mla[k] = raw_int(cJSON_GetObjectItemCaseSensitive(config, mla_keys[k]));
-    if (plan_model(&run, a, tied, has_cast, cast_to, mla, src, nsrc, nf, &plan, err, errlen))
+    if (qd_mlx_plan_model(&run, a, tied, has_cast, cast_to, mla, src, nsrc, nf, &plan, err, errlen))
         goto done;
     /* shards: make_shards' rule (a new file where the next tensor would pass 5 GiB) over the
      * entries in name order */
     uint64_t in_cap = 1, out_cap = 1, scratch_cap = 0, fill = 0, total_size = 0, total_params = 0;
     int nshards = 0;
     for (int i = 0; i < plan.n; i++) {
-        struct entry *e = &plan.e[i];
+        struct qd_mlx_entry *e = &plan.e[i];
         if (!nshards || fill + e->bytes > MLX_SHARD_BYTES)
             nshards++, fill = 0;
         e->shard = nshards - 1;
@@ -1002,7 +510,7 @@ int qd_convert_mlx(const struct qd_convert_opts *o, struct qd_convert_summary *s
         goto fail_dir;
     d = opendir(o->src);
     while (d && (de = readdir(d)))
-        if (is_copied_file(de->d_name) && regular_file(o->src, de->d_name) &&
+        if (qd_mlx_copied_file(o->src, de->d_name) &&
             copy_file(o->src, od.tmp, de->d_name, err, errlen)) {
             closedir(d);
             goto fail_dir;
@@ -1032,9 +540,7 @@ done:
     s->seconds = qd_pipe_clock_s() - t0;
     qd_pipe_pool_free(pool);
     free(scratch);
-    for (int i = 0; i < plan.n; i++)
-        free(plan.e[i].name), free(plan.e[i].parts);
-    free(plan.e);
+    qd_mlx_plan_free(&plan);
     for (int k = 0; src && k < nsrc; k++) {
         qd_st_free(&src[k].st);
         qd_unmap_file(&src[k].m);

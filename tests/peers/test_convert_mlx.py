@@ -213,3 +213,19 @@ def test_qwen3_moe_config_mlx_lm_cannot_build_is_refused(tmp_path):
     p = run_quantd("convert", "--in", src, "--out", tmp_path / "q", "--fmt", "mlx_affine", check=False)
     assert p.returncode != 0 and "'num_experts'" in p.stderr and "add it" in p.stderr
     assert not os.path.exists(tmp_path / "q")
+
+
+def test_config_keys_load_config_and_save_config_change(tmp_path):
+    """generation_config.json's eos_token_id (a list here) replaces config.json's (load_config);
+    _name_or_path and vision_config are dropped, floats keep their spelling (save_config)."""
+    src = tiny_hf(tmp_path / "hf", "bf16", "--tokenizer")
+    cfg = json.load(open(src / "config.json"))
+    cfg.update({"_name_or_path": "/somewhere/else", "vision_config": {"hidden_size": 8}, "rope_theta": 500000.0,
+                "initializer_range": 2e-05, "rope_scaling": {"factor": 8.0, "rope_type": "llama3",
+                                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                             "original_max_position_embeddings": 8192}})
+    json.dump(cfg, open(src / "config.json", "w"), indent=2)
+    json.dump({"bos_token_id": 1, "eos_token_id": [2, 7]}, open(src / "generation_config.json", "w"))
+    assert_same_directory(peer(src, tmp_path / "mlx", "mlx_affine"), ours(src, tmp_path / "q", "mlx_affine"))
+    out = json.load(open(tmp_path / "q" / "config.json"))
+    assert out["eos_token_id"] == [2, 7] and "_name_or_path" not in out and "vision_config" not in out

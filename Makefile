@@ -6,7 +6,8 @@
 #                        test-deploy, test-api-fuzz
 #   make test-unit       cmocka unit tests (kernels, the conversion engine)
 #   make test-service    service tests (a real quantd serve, libcurl) + the OpenAPI check
-#   make test-peers      pytest cross-checks against the peers, and the CLI (tests/peers)
+#   make test-peers      pytest cross-checks against the peers, and the CLI (tests/peers); mlx-lm
+#                        loading quantd's MLX directories (tests/consumers/test_mlx_lm.py, CPU)
 #   make test-deploy     offline checks of Dockerfile and deploy/
 #   make test-api-fuzz   schemathesis against a real service, a few examples per operation
 #   make fuzz-api        the same, long (FUZZ_API_EXAMPLES, SEED)
@@ -131,6 +132,7 @@ test-unit: $(TEST_BINS)
 
 test-peers: bin/quantd .venv/ok $(BUILD)/tests/libqdfp.so
 	QUANTD=$(abspath bin/quantd) .venv/bin/python -m pytest -q tests/peers
+	QUANTD=$(abspath bin/quantd) .venv/bin/python -m pytest -q -p no:cacheprovider tests/consumers/test_mlx_lm.py
 
 # Service tests: a real `quantd serve` per test group, driven by libcurl; every answer is
 # recorded and then validated against api/openapi.yaml.
@@ -322,7 +324,7 @@ CONSUMERS_PY ?= .venv-torch/bin/python
 
 test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(if $(filter .venv-torch/bin/python,$(CONSUMERS_PY)),.venv-torch/ok)
 	LLAMA_CPP_BIN=$(abspath $(LLAMA_CPP_DIR)/build/bin) QUANTD=$(abspath bin/quantd) \
-	  .venv/bin/python -m pytest -q tests/consumers/test_llama_cpp.py
+	  .venv/bin/python -m pytest -q tests/consumers/test_llama_cpp.py tests/consumers/test_mlx_lm.py
 	QUANTD=$(abspath bin/quantd) $(CONSUMERS_PY) -m pytest -q -p no:cacheprovider \
 	  tests/consumers/test_compressed_tensors.py tests/consumers/test_ct_codes.py tests/consumers/test_transformers_bnb.py \
 	  tests/consumers/test_arch_transformers.py tests/consumers/test_arch_gpu.py

@@ -19,6 +19,7 @@
 
 #include "checkpoint/gguf.h"
 #include "checkpoint/gguf_recipe.h"
+#include "checkpoint/hf_layout.h"
 
 int qd_map_file(const char *path, struct qd_mapped *m, char *err, size_t errlen)
 {
@@ -307,41 +308,35 @@ const struct qd_gguf_recipe *qd_convert_recipe_named(const char *name)
 #define TAKES(k) (1u << (k))
 #define TAKES_HF (TAKES(QD_INPUT_HF_DIR) | TAKES(QD_INPUT_SAFETENSORS) | TAKES(QD_INPUT_OTHER))
 
-static int run_compressed_fp4(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
-                              char *err, size_t errlen)
-{
-    /* compressed-tensors' layouts fix the arithmetic: llm-compressor's NVFP4A16 / MXFP4A16,
-     * linear scales, each module's global scale computed from its fused group */
-    struct qd_convert_opts ct = *o;
-    ct.params.scale_layout = QD_LAYOUT_LINEAR;
-    if (!strcmp(o->f->name, "nvfp4")) {
-        ct.params.flow = QD_FLOW_COMPRESSED_TENSORS;
-        ct.params.two_level = 1;
-        ct.params.has_global_scale = ct.params.has_per_tensor_scale = 0;
-    } else
-        ct.params.scale_rounding = QD_ROUND_EVEN;
-    return qd_convert_hf(&ct, s, status, err, errlen);
-}
-
-/* A format converts through the first entry naming its family (or the format itself). GGUF
- * out needs a llama.cpp file type (q8_1 has none). Another OTHER file goes to the HF reader,
- * whose message names what is wrong with its header; a GGUF reader names a bad magic. */
+/* The layout table: a format converts through the first entry naming its family (or the format
+ * itself). GGUF out needs a llama.cpp file type (q8_1 has none). Another OTHER file goes to the
+ * HF reader, whose message names what is wrong with its header; a GGUF reader names a bad magic.
+ * Adding a Hugging Face layout: its file (hf_layout.h says what it defines) and one row here
+ * naming it in .hf. */
 static const struct layout {
     const char *family, *name;
     const char *writes;
     unsigned takes; /* TAKES(input kinds) */
     int (*run)(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status, char *err,
                size_t errlen);
+    const struct qd_hf_layout_desc *hf; /* a Hugging Face layout (run NULL) */
+    /* what the layout needs of an input beyond its kind (NULL: nothing): 0, or -1 with the reason */
+    int (*check)(const char *src, enum qd_convert_input in, char *err, size_t errlen);
 } layouts[] = {
     {"ggml", NULL, "llama.cpp GGUF (llama-quantize --pure)", TAKES(QD_INPUT_GGUF) | TAKES(QD_INPUT_OTHER),
-     qd_convert_gguf},
+     qd_convert_gguf, NULL, NULL},
     {"kquant", NULL, "llama.cpp GGUF (llama-quantize --pure)", TAKES(QD_INPUT_GGUF) | TAKES(QD_INPUT_OTHER),
-     qd_convert_gguf},
-    {"bnb4", NULL, "transformers + bitsandbytes", TAKES_HF, qd_convert_hf},
-    {"ctint", NULL, "compressed-tensors (llm-compressor W4A16, W8A16; int8 is w8a16)", TAKES_HF, qd_convert_hf},
-    {NULL, "nvfp4", "compressed-tensors NVFP4A16", TAKES_HF, run_compressed_fp4},
-    {NULL, "mxfp4", "compressed-tensors MXFP4A16", TAKES_HF, run_compressed_fp4},
-    {"awq", NULL, "AutoAWQ GEMM", TAKES_HF, qd_convert_hf},
+     qd_convert_gguf, NULL, NULL},
+    {"bnb4", NULL, "transformers + bitsandbytes", TAKES_HF, NULL, &qd_hf_bnb, NULL},
+    {"ctint", NULL, "compressed-tensors (llm-compressor W4A16, W8A16; int8 is w8a16)", TAKES_HF, NULL, &qd_hf_ct_int,
+     NULL},
+    {NULL, "nvfp4", "compressed-tensors NVFP4A16", TAKES_HF, NULL, &qd_hf_ct_nvfp4, NULL},
+    {NULL, "mxfp4", "compressed-tensors MXFP4A16", TAKES_HF, NULL, &qd_hf_ct_mxfp4, NULL},
+    {"awq", NULL, "AutoAWQ GEMM", TAKES_HF, NULL, &qd_hf_awq, NULL},
+    /* its own run, not an hf layout: mlx-lm's model classes rename, drop and stack tensors, and
+     * its files are not the source's shards (mlx_convert.c) */
+    {"mlx", NULL, "MLX (mlx_lm.convert -q; a directory with a tokenizer)", TAKES(QD_INPUT_HF_DIR), qd_convert_mlx,
+     NULL, qd_convert_mlx_check},
 };
 
 static const struct layout *layout_of(const struct qd_format *f)
@@ -489,6 +484,10 @@ int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d,
     const enum qd_convert_input in = qd_convert_input_kind(o->src);
     if (check_input(o, l, in, status, err, errlen))
         return -1;
+    if (l->check && l->check(o->src, in, err, errlen)) {
+        *status = QD_EINVAL;
+        return -1;
+    }
     return qd_convert_check_dest(o->src, o->dst, in, o->overwrite, d, status, err, errlen);
 }
 
@@ -513,7 +512,8 @@ int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, en
         qd_params_default(run.f, &run.params);
     }
     qd_convert_confine(o->root);
-    int rc = layout_of(run.f)->run(&run, s, status, err, errlen);
+    const struct layout *l = layout_of(run.f);
+    int rc = l->hf ? qd_convert_hf(l->hf, &run, s, status, err, errlen) : l->run(&run, s, status, err, errlen);
     qd_convert_confine(NULL);
     return rc;
 }

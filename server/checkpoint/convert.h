@@ -228,9 +228,12 @@ enum qd_status qd_convert_quantize(const struct qd_convert_opts *o, const void *
 
 int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
                     char *err, size_t errlen);
-/* A Hugging Face safetensors model -> transformers + bitsandbytes (nf4/fp4) or
- * compressed-tensors (w4a16) (hf_convert.c). */
-int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
-                  char *err, size_t errlen);
+
+/* A Hugging Face model directory -> what mlx_lm.convert -q writes (mlx_convert.c), and the check
+ * made before converting: a directory with a tokenizer and a model type mlx_convert.c knows
+ * (0, or -1 with the reason). */
+int qd_convert_mlx(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
+                   char *err, size_t errlen);
+int qd_convert_mlx_check(const char *src, enum qd_convert_input in, char *err, size_t errlen);
 
 #endif

@@ -73,10 +73,10 @@ static int put(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
 
 static int puts_(char **buf, size_t *len, size_t *cap, const char *s) { return put(buf, len, cap, s, strlen(s)); }
 
-static int indent(char **buf, size_t *len, size_t *cap, int depth)
+static int indent(char **buf, size_t *len, size_t *cap, int depth, int width)
 {
-    for (int i = 0; i < depth; i++)
-        if (put(buf, len, cap, "  ", 2))
+    for (int i = 0; i < depth * width; i++)
+        if (put(buf, len, cap, " ", 1))
             return -1;
     return 0;
 }
@@ -117,7 +117,8 @@ static int cmp_item(const void *a, const void *b)
     return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
 }
 
-int qd_json_py_dump(const cJSON *v, int depth, char **buf, size_t *len, size_t *cap)
+/* json.dump's text of v with `width` spaces per level; objects at depth < sort_depth sorted by key */
+static int dump(const cJSON *v, int depth, int width, int sort_depth, char **buf, size_t *len, size_t *cap)
 {
     char num[48];
     if (cJSON_IsRaw(v))
@@ -145,17 +146,34 @@ int qd_json_py_dump(const cJSON *v, int depth, char **buf, size_t *len, size_t *
     int k = 0;
     for (const cJSON *c = v->child; c && k < n; c = c->next)
         items[k++] = c;
-    if (obj) /* sort_keys=True */
+    if (obj && depth < sort_depth)
         qsort(items, (size_t)n, sizeof *items, cmp_item);
     int rc = puts_(buf, len, cap, obj ? "{\n" : "[\n");
     for (int i = 0; !rc && i < n; i++) {
-        rc = indent(buf, len, cap, depth + 1);
+        rc = indent(buf, len, cap, depth + 1, width);
         if (!rc && obj)
             rc = put_string(buf, len, cap, items[i]->string) || puts_(buf, len, cap, ": ");
-        rc = rc || qd_json_py_dump(items[i], depth + 1, buf, len, cap) || puts_(buf, len, cap, i + 1 < n ? ",\n" : "\n");
+        rc = rc || dump(items[i], depth + 1, width, sort_depth, buf, len, cap) ||
+             puts_(buf, len, cap, i + 1 < n ? ",\n" : "\n");
     }
     free(items);
-    return rc || indent(buf, len, cap, depth) || puts_(buf, len, cap, obj ? "}" : "]");
+    return rc || indent(buf, len, cap, depth, width) || puts_(buf, len, cap, obj ? "}" : "]");
+}
+
+int qd_json_py_dump(const cJSON *v, int depth, char **buf, size_t *len, size_t *cap)
+{
+    return dump(v, depth, 2, 1 << 30, buf, len, cap);
+}
+
+char *qd_json_py_text_styled(const cJSON *v, int width, int sort_depth)
+{
+    char *out = NULL;
+    size_t len = 0, cap = 0;
+    if (dump(v, 0, width, sort_depth, &out, &len, &cap)) {
+        free(out);
+        return NULL;
+    }
+    return out;
 }
 
 char *qd_json_py_text(const cJSON *v)
@@ -385,18 +403,26 @@ static cJSON *read_value(struct reader *r)
     return read_number(r);
 }
 
-char *qd_hf_config_rewrite(const char *src, size_t n, const struct qd_config_set *sets, int nsets, int newline,
-                           char *err, size_t errlen)
+cJSON *qd_json_py_read(const char *src, size_t n, const char *what, char *err, size_t errlen)
 {
     struct reader r = {src, src + n, 0};
     ws(&r);
-    cJSON *cfg = r.p < r.end && *r.p == '{' ? read_value(&r) : NULL;
+    cJSON *v = r.p < r.end && *r.p == '{' ? read_value(&r) : NULL;
     ws(&r);
-    if (!cfg || r.p != r.end) {
-        snprintf(err, errlen, "config.json is not one JSON object (near byte %zu)", (size_t)(r.p - src));
-        cJSON_Delete(cfg);
+    if (!v || r.p != r.end) {
+        snprintf(err, errlen, "%s is not one JSON object (near byte %zu)", what, (size_t)(r.p - src));
+        cJSON_Delete(v);
         return NULL;
     }
+    return v;
+}
+
+char *qd_hf_config_rewrite(const char *src, size_t n, const struct qd_config_set *sets, int nsets, int newline,
+                           char *err, size_t errlen)
+{
+    cJSON *cfg = qd_json_py_read(src, n, "config.json", err, errlen);
+    if (!cfg)
+        return NULL;
     char *out = NULL;
     for (int s = 0; s < nsets; s++) {
         cJSON_DeleteItemFromObjectCaseSensitive(cfg, sets[s].key);

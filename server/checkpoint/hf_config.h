@@ -32,6 +32,14 @@ int qd_json_py_dump(const cJSON *v, int depth, char **buf, size_t *len, size_t *
  * a new string, or NULL (no memory). */
 char *qd_json_py_text(const cJSON *v);
 
+/* A JSON object as Python's json.load reads it (numbers as raw items holding what json.dump
+ * writes for them: a float stays a float), or NULL with a message naming `what` in err. */
+cJSON *qd_json_py_read(const char *src, size_t n, const char *what, char *err, size_t errlen);
+
+/* json.dump(v, indent=width) without a final newline, objects nested less than sort_depth deep
+ * sorted by key (1: the top level only, as mlx-lm sorts its config), the others in their order. */
+char *qd_json_py_text_styled(const cJSON *v, int width, int sort_depth);
+
 /* Python's repr of a float: the shortest digits that read back to it, fixed notation for
  * decimal exponents in [-4, 16), else d.ddde+XX. */
 void qd_py_float_repr(double v, char *out, size_t len);

@@ -1,30 +1,16 @@
 /* A Hugging Face safetensors model in -> a quantized Hugging Face checkpoint out, shard for
- * shard, in one of three layouts (chosen by the format's family):
- * - AutoAWQ GEMM (awq): what AutoAWQ 0.2.9's quantize (without its activation-aware search) and
- *   save_quantized write: per Linear <m>.qweight, .qzeros, .scales from the weight transposed
- *   to [in, out]; other float tensors cast to f16 (its model is half); AwqConfig's config;
- * - bitsandbytes (nf4/fp4): what `from_pretrained(..., BitsAndBytesConfig(load_in_4bit=True,
- *   ...))` then `save_pretrained` writes (transformers 5.17, bitsandbytes 0.50), below;
- * - compressed-tensors (w4a16): what llm-compressor 0.14.0.1's data-free `oneshot` with a
- *   QuantizationModifier (targets Linear, ignore lm_head) then `save_pretrained(save_compressed=True)`
- *   writes: per Linear weight <m>.weight_packed, .weight_scale, (.weight_zero_point,)
- *   .weight_shape (int64 [out, in]) instead of <m>.weight, and config.json's
- *   quantization_config as compressed-tensors 0.19.0 serializes it.
+ * shard, in one of the layouts of hf_layout.h (bitsandbytes: hf_bnb.c, compressed-tensors:
+ * hf_ct.c, AutoAWQ: hf_awq.c); this file is what they share.
  * Which weights each tool quantizes depends on the model class: config.json's model_type picks
  * an entry of the architecture table (arch.h, generated from what the tools wrote); a model type
  * it lacks, or a weight its entry does not list, goes by the generic rule (qd_arch_generic:
  * every 2-D float "<m>.weight" but embeddings and the head, the nn.Linear set of Llama-like
  * models), and the summary and progress lines say so.
- * The bitsandbytes layout:
- * - Per weight, Params4bit's state dict: <m>.weight (u8 [n/2, 1], bitsandbytes' nibble order),
- *   .absmax, .nested_absmax, .nested_quant_map, .quant_map, and
- *   .quant_state.bitsandbytes__<nf4|fp4>: QuantState.as_dict(packed=True)'s JSON (json.dumps of
- *   quant_type, blocksize, dtype, shape, nested_*; the offset as Python prints a float),
- *   padded with trailing spaces to a fixed length so every header is known before any tensor
- *   is quantized (json.loads reads it the same).
- * - Everything else is copied bit for bit; config.json gains quantization_config; the other
- *   files of the directory (tokenizer, generation config) are copied; a sharded model keeps
- *   its shard names and gets a new model.safetensors.index.json.
+ * A weight the layout quantizes becomes the layout's tensors (named by it), then its trailer
+ * where it has one; everything else is copied bit for bit (or cast, as the tool does);
+ * config.json gains quantization_config; the other files of the directory (tokenizer,
+ * generation config) are copied; a sharded model keeps its shard names and gets a new
+ * model.safetensors.index.json.
  * A single .safetensors file in gives a single file out, its quantization_config in the
  * __metadata__ (for clients that write config.json themselves). */
 #include <dirent.h>
@@ -39,18 +25,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../kernels/cpu/cpu.h"
-#include "../../kernels/ctfp.h"
 #include "../../kernels/fp.h"
 #include "checkpoint/arch.h"
 #include "checkpoint/convert.h"
 #include "checkpoint/hf_config.h"
+#include "checkpoint/hf_layout.h"
 #include "checkpoint/pipeline.h"
 #include "checkpoint/safetensors.h"
 
-#define QSTATE_OFFSET_WIDTH 24 /* the longest Python repr of a float */
-
-static const char *torch_dtype(const char *st) /* str(torch dtype).strip("torch.") */
+const char *qd_hf_torch_dtype(const char *st) /* str(torch dtype).strip("torch.") */
 {
     return !strcmp(st, "F32") ? "float32" : !strcmp(st, "F16") ? "float16" : "bfloat16";
 }
@@ -71,74 +54,17 @@ static int quantized_weight(const struct qd_arch_rules *rules, const struct qd_s
     return d == QD_ARCH_QUANTIZE && t->ndim == 2 && float_dtype(t->dtype);
 }
 
-/* QuantState.as_dict(packed=True)'s non-tensor items as json.dumps writes them. */
-static int quant_state_json(char *out, size_t len, const struct qd_convert_opts *o, const struct qd_st_entry *t,
-                            const struct qd_params *p, int pad)
-{
-    char shape[64], offset[40];
-    snprintf(shape, sizeof shape, "[%" PRId64 ", %" PRId64 "]", t->shape[0], t->shape[1]);
-    int n = snprintf(out, len, "{\"quant_type\": \"%s\", \"blocksize\": %d, \"dtype\": \"%s\", \"shape\": %s", o->f->name,
-                     p->blocksize, torch_dtype(t->dtype), shape);
-    if (p->double_quant) {
-        if (pad)
-            memset(offset, '0', QSTATE_OFFSET_WIDTH), offset[QSTATE_OFFSET_WIDTH] = 0;
-        else
-            qd_py_float_repr((double)p->offset, offset, sizeof offset);
-        n += snprintf(out + n, len - (size_t)n, ", \"nested_blocksize\": 256, \"nested_dtype\": \"float32\", "
-                      "\"nested_offset\": %s", offset);
-    }
-    n += snprintf(out + n, len - (size_t)n, "}");
-    return n;
-}
-
-/* What a tool does to a float tensor it does not quantize, element by element (through the
- * pipeline in pieces): */
-enum elementwise {
-    EW_NONE,
-    EW_F16,         /* AutoAWQ's half model: torch's .half() */
-    EW_F32,         /* transformers' _keep_in_fp32_modules: .float() (exact) */
-    EW_OFFSET_NORM, /* llm-compressor's offset-norm round trip (Gemma's 1 + w norms, which its
-                       oneshot turns into w' = dtype(1 + w) and back): dtype(dtype(1 + w) - 1) */
-};
-
-static uint64_t ew_out_bytes(enum elementwise ew, uint64_t in_bytes, int elem_bits)
+static uint64_t ew_out_bytes(enum qd_hf_elementwise ew, uint64_t in_bytes, int elem_bits)
 {
     const uint64_t n = in_bytes * 8 / (uint64_t)elem_bits;
-    return ew == EW_F16 ? n * 2 : ew == EW_F32 ? n * 4 : in_bytes;
+    return ew == QD_EW_F16 ? n * 2 : ew == QD_EW_F32 ? n * 4 : in_bytes;
 }
 
-struct out_tensor {
-    char *name;
-    const char *dtype;
-    int ndim;
-    int64_t shape[2];
-    uint64_t bytes;
-    const struct qd_st_entry *src;
-    int quantize;      /* 1: the first of a quantized weight's tensors (the rest follow it) */
-    int trailer;       /* 1: the tensor after a weight's components (bnb's quant_state JSON,
-                          compressed-tensors' weight_shape), written with them */
-    enum elementwise ew; /* a tensor not quantized, transformed element by element (below) */
-    int generic;       /* 1: the generic rule decided this tensor (see quantized_weight) */
-    int has_gs;        /* nvfp4: the global scale its fused group (q/k/v, gate/up) shares */
-    float gs;
-    int has_amax;      /* nvfp4: a fused group member's largest |x|, read before the pass */
-    float amax;
-    uint64_t qbytes;   /* that weight's components, back to back */
-};
-
-struct shard {
-    char *in_path, *out_name;
-    struct qd_mapped m;
-    struct qd_st_file st;
-    struct out_tensor *t;
-    int n;
-};
-
-static int add(struct shard *sh, int *cap, struct out_tensor t)
+static int add(struct qd_hf_shard *sh, int *cap, struct qd_hf_out t)
 {
     if (sh->n == *cap) {
         int nc = *cap ? *cap * 2 : 64;
-        struct out_tensor *p = realloc(sh->t, (size_t)nc * sizeof *p);
+        struct qd_hf_out *p = realloc(sh->t, (size_t)nc * sizeof *p);
         if (!p)
             return -1;
         sh->t = p, *cap = nc;
@@ -148,7 +74,7 @@ static int add(struct shard *sh, int *cap, struct out_tensor t)
 }
 
 /* a, sep and b in a new string (a path, or a tensor name and its suffix) */
-static char *concat(const char *a, const char *sep, const char *b)
+char *qd_hf_concat(const char *a, const char *sep, const char *b)
 {
     size_t n = strlen(a) + strlen(sep) + strlen(b) + 1;
     char *s = malloc(n);
@@ -157,60 +83,23 @@ static char *concat(const char *a, const char *sep, const char *b)
     return s;
 }
 
-static char *join(const char *dir, const char *name) { return concat(dir, "/", name); }
-
-/* compressed-tensors' 4-bit float layouts (nvfp4-pack-quantized, mxfp4-pack-quantized) */
-static int ct_float(const struct qd_convert_opts *o)
-{
-    return !strcmp(o->f->name, "nvfp4") || !strcmp(o->f->name, "mxfp4");
-}
-static int compressed_tensors(const struct qd_convert_opts *o) { return !strcmp(o->f->family, "ctint") || ct_float(o); }
-static int autoawq(const struct qd_convert_opts *o) { return !strcmp(o->f->family, "awq"); }
-static enum qd_hf_layout hf_layout(const struct qd_convert_opts *o)
-{
-    return autoawq(o) ? QD_HF_AWQ : compressed_tensors(o) ? QD_HF_CT : QD_HF_BNB;
-}
-
-/* How each layout's tool writes config.json: the source's keys, quantization_config, and the
- * keys the tool itself sets. transformers' save_pretrained ends the file with a newline;
- * llm-compressor writes back the source's config.json and compressed-tensors adds its
- * quantization_config with json.dump, which does not. AutoAWQ loads the model in float16 with
- * use_cache=False (BaseAWQForCausalLM.from_pretrained) and saves that config: its dtype key
- * (where the source has one) says float16 and use_cache is false. */
-struct config_key {
-    const char *key, *json;
-    int if_present; /* set only where the source has the key */
-};
-static const struct config_key awq_keys[] = {
-    {"torch_dtype", "\"float16\"", 1}, {"dtype", "\"float16\"", 1}, {"use_cache", "false", 0}};
-#define MAX_CONFIG_KEYS 3
-_Static_assert(sizeof awq_keys / sizeof *awq_keys <= MAX_CONFIG_KEYS, "MAX_CONFIG_KEYS");
-struct config_rule {
-    int newline;
-    const struct config_key *keys;
-    int nkeys;
-};
-static const struct config_rule config_rules[QD_HF_LAYOUTS] = {
-    [QD_HF_BNB] = {1, NULL, 0},
-    [QD_HF_CT] = {0, NULL, 0},
-    [QD_HF_AWQ] = {1, awq_keys, sizeof awq_keys / sizeof *awq_keys},
-};
+static char *join(const char *dir, const char *name) { return qd_hf_concat(dir, "/", name); }
 
 /* The bytes of the trailer after a quantized weight's components (0: none, AutoAWQ). */
-static uint64_t trailer_bytes(const struct out_tensor *t, const struct out_tensor *end)
+static uint64_t trailer_bytes(const struct qd_hf_out *t, const struct qd_hf_out *end)
 {
-    for (const struct out_tensor *k = t + 1; k < end && !k[0].quantize; k++)
+    for (const struct qd_hf_out *k = t + 1; k < end && !k[0].quantize; k++)
         if (k->trailer)
             return k->bytes;
     return 0;
 }
 
-static enum qd_dtype st_to_dtype(const char *st)
+enum qd_dtype qd_hf_st_to_dtype(const char *st)
 {
     return !strcmp(st, "F32") ? QD_F32 : !strcmp(st, "F16") ? QD_F16 : QD_BF16;
 }
 
-static const char *dtype_to_st(enum qd_dtype d)
+const char *qd_hf_dtype_to_st(enum qd_dtype d)
 {
     switch (d) {
     case QD_U8: return "U8";
@@ -221,15 +110,8 @@ static const char *dtype_to_st(enum qd_dtype d)
     }
 }
 
-/* compressed-tensors' name for a component of quantd's nvfp4 / mxfp4 layout */
-static const char *ct_component(const char *quantd_name)
-{
-    return !strcmp(quantd_name, "data") ? "weight_packed" : !strcmp(quantd_name, "scales") ? "weight_scale"
-         : !strcmp(quantd_name, "global_scale") ? "weight_global_scale" : quantd_name;
-}
-
 /* <m>.weight -> <m><suffix> (compressed-tensors' names replace the weight) */
-static char *module_name(const char *weight, const char *suffix)
+char *qd_hf_module_name(const char *weight, const char *suffix)
 {
     size_t n = strlen(weight) - strlen("weight");
     char *s = malloc(n + strlen(suffix) + 1);
@@ -239,23 +121,23 @@ static char *module_name(const char *weight, const char *suffix)
 }
 
 /* The plan of one shard: its output tensors, from its header alone. */
-static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const struct qd_arch_rules *rules,
-                      const struct qd_name_filter *nf, char *err, size_t errlen)
+static int plan_shard(const struct qd_hf_layout_desc *l, const struct qd_convert_opts *o, struct qd_hf_shard *sh,
+                      const struct qd_arch_rules *rules, const struct qd_name_filter *nf, char *err, size_t errlen)
 {
     int cap = 0;
     for (int i = 0; i < sh->st.n; i++) {
         const struct qd_st_entry *t = &sh->st.t[i];
         int generic;
         if (!quantized_weight(rules, t, &generic) || !qd_name_filter_keeps(nf, t->name)) {
-            struct out_tensor c = {.name = strdup(t->name), .dtype = t->dtype, .ndim = t->ndim, .bytes = t->end - t->begin,
+            struct qd_hf_out c = {.name = strdup(t->name), .dtype = t->dtype, .ndim = t->ndim, .bytes = t->end - t->begin,
                                    .src = t, .generic = !rules};
             const int is_float = float_dtype(t->dtype);
-            if (autoawq(o) && is_float && strcmp(t->dtype, "F16")) /* AutoAWQ saves fp16 */
-                c.ew = EW_F16, c.dtype = "F16";
+            if (l->cast_f16 && is_float && strcmp(t->dtype, "F16"))
+                c.ew = QD_EW_F16, c.dtype = "F16";
             else if (rules && is_float && strcmp(t->dtype, "F32") && qd_arch_find_pattern(rules->to_f32, t->name) >= 0)
-                c.ew = EW_F32, c.dtype = "F32";
+                c.ew = QD_EW_F32, c.dtype = "F32";
             else if (rules && is_float && qd_arch_find_pattern(rules->offset_norm, t->name) >= 0)
-                c.ew = EW_OFFSET_NORM;
+                c.ew = QD_EW_OFFSET_NORM;
             c.bytes = ew_out_bytes(c.ew, t->end - t->begin, t->elem_bits);
             if (t->ndim > 2) { /* copied tensors keep their shape: only 2 dims fit the plan */
                 c.ndim = -1;
@@ -265,242 +147,36 @@ static int plan_shard(const struct qd_convert_opts *o, struct shard *sh, const s
                 goto nomem;
             continue;
         }
-        struct qd_tensor in = {.dtype = st_to_dtype(t->dtype)};
+        struct qd_tensor in = {.dtype = qd_hf_st_to_dtype(t->dtype)};
         struct qd_component comps[QD_MAX_COMPONENTS];
-        /* AutoAWQ quantizes W [in, out]: the Linear's [out, in] weight transposed */
-        int64_t shape[2] = {t->shape[autoawq(o)], t->shape[!autoawq(o)]};
+        /* W [in, out] where the tool quantizes the Linear's [out, in] weight transposed */
+        int64_t shape[2] = {t->shape[l->transpose], t->shape[!l->transpose]};
         qd_tensor_set_shape(&in, 2, shape);
         struct qd_params p = o->params;
         int nc = qd_format_layout(o->f, &p, &in, comps, err, errlen);
         if (nc < 0)
             return -1;
-        /* the layout's names for quantd's components, in quantd's order */
-        const int ct = compressed_tensors(o) || autoawq(o); /* components named after the module */
+        /* the layout's names for quantd's components, in quantd's order, then its trailer */
         uint64_t qbytes = 0;
         for (int k = 0; k < nc; k++) {
-            const char *suffix = !strcmp(comps[k].name, "data") ? "" : comps[k].name;
-            char sfx[64];
-            snprintf(sfx, sizeof sfx, "%s%s", *suffix ? "." : "", suffix);
-            const char *cname = ct_float(o) ? ct_component(comps[k].name) : comps[k].name;
-            struct out_tensor c = {.name = ct ? module_name(t->name, cname) : concat(t->name, "", sfx),
-                                   .dtype = dtype_to_st(comps[k].dtype),
-                                   .ndim = ct_float(o) ? comps[k].ndim : ct || k == 0 ? 2 : 1,
-                                   .shape = {comps[k].shape[0], ct ? comps[k].shape[1] : 1},
-                                   .bytes = (uint64_t)comps[k].bytes, .src = t, .quantize = k == 0,
-                                   .generic = generic};
-            if (!strcmp(o->f->name, "nvfp4") && !strcmp(comps[k].name, "scales"))
-                c.dtype = "F8_E4M3"; /* the e4m3 bytes, as torch.float8_e4m3fn saves them */
+            struct qd_hf_out c = {.bytes = (uint64_t)comps[k].bytes, .src = t, .quantize = k == 0, .generic = generic};
+            l->component(o, t, &comps[k], k, &c);
             qbytes += c.bytes;
             if (add(sh, &cap, c))
                 goto nomem;
         }
         sh->t[sh->n - nc].qbytes = qbytes;
-        if (autoawq(o) || ct_float(o))
-            continue;
-        if (ct) { /* weight_shape: the original [out, in] as int64 */
-            struct out_tensor w = {.name = module_name(t->name, "weight_shape"), .dtype = "I64", .ndim = 1,
-                                   .shape = {2, 1}, .bytes = 16, .src = t, .trailer = 1};
-            if (add(sh, &cap, w))
+        struct qd_hf_out tr;
+        if (l->trailer && l->trailer(o, t, &p, &tr)) {
+            tr.src = t, tr.trailer = 1;
+            if (add(sh, &cap, tr))
                 goto nomem;
-            continue;
         }
-        char js[512], sfx[64];
-        snprintf(sfx, sizeof sfx, ".quant_state.bitsandbytes__%s", o->f->name);
-        struct out_tensor q = {.name = concat(t->name, "", sfx), .dtype = "U8", .ndim = 1,
-                               .shape = {quant_state_json(js, sizeof js, o, t, &p, 1), 1}, .src = t, .trailer = 1};
-        q.bytes = (uint64_t)q.shape[0];
-        if (add(sh, &cap, q))
-            goto nomem;
     }
     return 0;
 nomem:
     snprintf(err, errlen, "no memory for the plan");
     return -1;
-}
-
-/* llm-compressor's FUSED_LAYER_NAMES: Linear layers vLLM runs as one GEMM, which share one
- * NVFP4 global scale (observers/helpers.py, fuse_weight_observers). */
-static const char *const fused_groups[][4] = {
-    {"gate_proj", "up_proj"}, {"q_proj", "k_proj", "v_proj"}, {"q_a_proj", "kv_a_proj_with_mqa"}, {"w1", "w3"}};
-
-/* The quantized weight "<parent><member>.weight" anywhere in the model, or NULL. */
-static struct out_tensor *find_weight(struct shard *sh, int nshards, const char *parent, size_t plen,
-                                      const char *member)
-{
-    size_t mlen = strlen(member);
-    for (int k = 0; k < nshards; k++)
-        for (int i = 0; i < sh[k].n; i++) {
-            const char *n = sh[k].t[i].quantize ? sh[k].t[i].src->name : NULL;
-            if (n && !strncmp(n, parent, plen) && !strncmp(n + plen, member, mlen) &&
-                !strcmp(n + plen + mlen, ".weight"))
-                return &sh[k].t[i];
-        }
-    return NULL;
-}
-
-/* max |x| of a weight into *amax, on all cores (through an aligned copy where the file
- * misaligns it); -1 without memory for that copy */
-static int weight_amax(const struct qd_st_entry *e, float *amax)
-{
-    struct qd_tensor x = {.dtype = st_to_dtype(e->dtype)};
-    int64_t shape[2] = {e->shape[0], e->shape[1]};
-    qd_tensor_set_shape(&x, 2, shape);
-    size_t n = e->end - e->begin;
-    int misaligned = (uintptr_t)e->data % qd_dtype_size(x.dtype) != 0;
-    void *copy = misaligned ? malloc(n) : NULL;
-    if (misaligned && !copy)
-        return -1;
-    if (copy)
-        memcpy(copy, e->data, n);
-    x.data = copy ? copy : (void *)e->data;
-    float lo, hi;
-    qd_cpu_minmax(&x, amax, &lo, &hi);
-    free(copy);
-    qd_release_pages(e->data, n); /* the pre-pass must not leave the fused weights resident */
-    return 0;
-}
-
-/* nvfp4: the global scale of every quantized weight in a fused group, generate_gparam of the
- * group's largest |x| (in the weight's dtype), when all of the group's names are quantized
- * beside it, as fuse_weight_observers requires; the others compute their own. One read of the
- * group members before the pass. */
-static int nvfp4_global_scales(struct shard *sh, int nshards)
-{
-    for (int k = 0; k < nshards; k++)
-        for (int i = 0; i < sh[k].n; i++) {
-            struct out_tensor *t = &sh[k].t[i];
-            if (!t->quantize)
-                continue;
-            const char *name = t->src->name, *end = name + strlen(name) - strlen(".weight"), *last = end;
-            while (last > name && last[-1] != '.')
-                last--;
-            for (size_t g = 0; g < sizeof fused_groups / sizeof fused_groups[0]; g++) {
-                int member = 0;
-                for (int m = 0; m < 4 && fused_groups[g][m]; m++)
-                    member |= (size_t)(end - last) == strlen(fused_groups[g][m]) &&
-                              !strncmp(last, fused_groups[g][m], (size_t)(end - last));
-                if (!member)
-                    continue;
-                float amax = 0.0f;
-                int all = 1;
-                for (int m = 0; all && m < 4 && fused_groups[g][m]; m++) {
-                    struct out_tensor *w = find_weight(sh, nshards, name, (size_t)(last - name), fused_groups[g][m]);
-                    if (!w) {
-                        all = 0;
-                        break;
-                    }
-                    if (!w->has_amax && weight_amax(w->src, &w->amax) < 0)
-                        return -1;
-                    w->has_amax = 1;
-                    amax = w->amax > amax || w->amax != w->amax ? w->amax : amax;
-                }
-                if (all)
-                    t->gs = qd_ct_nvfp4_global_scale(amax, st_to_dtype(t->src->dtype)), t->has_gs = 1;
-                break;
-            }
-        }
-    return 0;
-}
-
-/* compressed-tensors' quantization_config for llm-compressor's W4A16 / W4A16_ASYM / W8A16 /
- * NVFP4A16 / MXFP4A16, as it serializes it (keys sorted as json.dumps(sort_keys=True) writes them) */
-static cJSON *ct_quantization_config(const struct qd_convert_opts *o, cJSON *ignore)
-{
-    const int nv = !strcmp(o->f->name, "nvfp4"), fp = ct_float(o);
-    const char *format = nv ? "nvfp4-pack-quantized" : fp ? "mxfp4-pack-quantized" : "pack-quantized";
-    cJSON *q = cJSON_CreateObject(), *groups = cJSON_AddObjectToObject(q, "config_groups");
-    cJSON *g = cJSON_AddObjectToObject(groups, "group_0");
-    cJSON_AddStringToObject(g, "format", format);
-    cJSON_AddNullToObject(g, "input_activations");
-    cJSON_AddNullToObject(g, "output_activations");
-    cJSON_AddItemToObject(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
-    cJSON *w = cJSON_AddObjectToObject(g, "weights");
-    cJSON_AddNullToObject(w, "actorder");
-    cJSON_AddNullToObject(w, "block_structure");
-    cJSON_AddBoolToObject(w, "dynamic", 0);
-    cJSON_AddNumberToObject(w, "group_size", fp ? o->f->block_elems : o->params.group_size);
-    cJSON_AddNumberToObject(w, "num_bits", fp ? 4 : o->f->code); /* ctint: 4 or 8, the format's bits */
-    cJSON_AddStringToObject(w, "observer", "memoryless_minmax");
-    cJSON_AddObjectToObject(w, "observer_kwargs");
-    if (fp)
-        cJSON_AddStringToObject(w, "scale_dtype", nv ? "torch.float8_e4m3fn" : "torch.uint8");
-    else
-        cJSON_AddNullToObject(w, "scale_dtype");
-    cJSON_AddStringToObject(w, "strategy", nv ? "tensor_group" : "group");
-    cJSON_AddBoolToObject(w, "symmetric", fp || o->params.symmetric);
-    cJSON_AddStringToObject(w, "type", fp ? "float" : "int");
-    if (fp || o->params.symmetric)
-        cJSON_AddNullToObject(w, "zp_dtype");
-    else
-        cJSON_AddStringToObject(w, "zp_dtype", "torch.int8");
-    cJSON_AddStringToObject(q, "format", format);
-    cJSON_AddNullToObject(q, "global_compression_ratio");
-    cJSON_AddItemToObject(q, "ignore", ignore);
-    cJSON_AddNullToObject(q, "kv_cache_scheme");
-    cJSON_AddStringToObject(q, "quant_method", "compressed-tensors");
-    cJSON_AddStringToObject(q, "quantization_status", "compressed");
-    cJSON_AddObjectToObject(q, "sparsity_config");
-    cJSON_AddObjectToObject(q, "transform_config");
-    cJSON_AddStringToObject(q, "version", "0.19.0"); /* the compressed-tensors whose layout this is */
-    return q;
-}
-
-/* compressed-tensors' "ignore" for the model's tensors (qd_arch_ignore_list). */
-static cJSON *ct_ignore(const struct qd_arch_rules *rules, const struct shard *sh, int nshards)
-{
-    size_t n = 0;
-    for (int k = 0; k < nshards; k++)
-        n += (size_t)sh[k].st.n;
-    const char **names = malloc((n ? n : 1) * sizeof *names);
-    if (!names)
-        return NULL;
-    n = 0;
-    for (int k = 0; k < nshards; k++)
-        for (int i = 0; i < sh[k].st.n; i++)
-            names[n++] = sh[k].st.t[i].name;
-    cJSON *list = qd_arch_ignore_list(rules, names, n);
-    free(names);
-    return list;
-}
-
-static cJSON *quantization_config(const struct qd_convert_opts *o, const struct qd_arch_rules *rules,
-                                  const struct shard *sh, int nshards, const char *compute_dtype)
-{
-    if (compressed_tensors(o)) {
-        cJSON *ignore = ct_ignore(rules, sh, nshards);
-        return ignore ? ct_quantization_config(o, ignore) : NULL;
-    }
-    if (autoawq(o)) { /* AwqConfig.to_transformers_dict(), in its order */
-        cJSON *q = cJSON_CreateObject();
-        cJSON_AddStringToObject(q, "quant_method", "awq");
-        cJSON_AddBoolToObject(q, "zero_point", 1);
-        cJSON_AddNumberToObject(q, "group_size", o->params.group_size);
-        cJSON_AddNumberToObject(q, "bits", 4);
-        cJSON_AddStringToObject(q, "version", "gemm");
-        int nskip = 0; /* AutoAWQ's model class's modules_to_not_convert (Mixtral: ["gate"]) */
-        while (rules && rules->skip && rules->skip[nskip])
-            nskip++;
-        if (nskip)
-            cJSON_AddItemToObject(q, "modules_to_not_convert", cJSON_CreateStringArray(rules->skip, nskip));
-        else
-            cJSON_AddNullToObject(q, "modules_to_not_convert");
-        return q;
-    }
-    cJSON *q = cJSON_CreateObject(); /* the keys as transformers writes them (sorted) */
-    cJSON_AddBoolToObject(q, "_load_in_4bit", 1);
-    cJSON_AddBoolToObject(q, "_load_in_8bit", 0);
-    cJSON_AddStringToObject(q, "bnb_4bit_compute_dtype", compute_dtype);
-    cJSON_AddStringToObject(q, "bnb_4bit_quant_storage", "uint8");
-    cJSON_AddStringToObject(q, "bnb_4bit_quant_type", o->f->name);
-    cJSON_AddBoolToObject(q, "bnb_4bit_use_double_quant", o->params.double_quant);
-    cJSON_AddBoolToObject(q, "llm_int8_enable_fp32_cpu_offload", 0);
-    cJSON_AddBoolToObject(q, "llm_int8_has_fp16_weight", 0);
-    cJSON_AddNullToObject(q, "llm_int8_skip_modules");
-    cJSON_AddRawToObject(q, "llm_int8_threshold", "6.0"); /* transformers checks for a float: not 6 */
-    cJSON_AddBoolToObject(q, "load_in_4bit", 1);
-    cJSON_AddBoolToObject(q, "load_in_8bit", 0);
-    cJSON_AddStringToObject(q, "quant_method", "bitsandbytes");
-    return q;
 }
 
 /* A tensor transformed element by element (cast to f16 ...) goes through the pipeline in pieces
@@ -510,19 +186,19 @@ static cJSON *quantization_config(const struct qd_convert_opts *o, const struct 
 
 /* The pipeline's view of one shard (pipeline.h): item i (> 0) is (a piece of) src[i]. */
 struct shard_job {
+    const struct qd_hf_layout_desc *l;
     const struct qd_convert_opts *o;
-    struct shard *sh;
-    const struct out_tensor **src; /* per item: the first output tensor of that source tensor */
+    struct qd_hf_shard *sh;
+    const struct qd_hf_out **src; /* per item: the first output tensor of that source tensor */
     const struct qd_pipe_item *items;
     const char *last_piece;        /* per item: the last piece of its tensor */
-    void *scratch;                 /* awq: the transposed weight (the largest one fits) */
+    void *scratch;                 /* the transposed weight (the largest one fits) */
     struct qd_convert_summary *s;
     int *index, count;
     uint64_t in_total;
     double last, nmse;
 };
 
-/* A quantized weight: its components back to back, then its quant_state JSON, padded. */
 /* out[c][r] = in[r][c] for a rows x cols matrix of es-byte elements, on all cores, in tiles. */
 struct transpose_part {
     const char *in;
@@ -571,14 +247,14 @@ static enum qd_status process_weight(void *ctx, int lane, int item, const void *
                                      size_t errlen)
 {
     struct shard_job *j = ctx;
-    const struct out_tensor *t = j->src[item];
+    const struct qd_hf_out *t = j->src[item];
     const struct qd_st_entry *e = t->src;
     struct qd_params p;
-    enum qd_dtype dt = st_to_dtype(e->dtype);
+    enum qd_dtype dt = qd_hf_st_to_dtype(e->dtype);
     if (t->ew) { /* torch's .half() / .float() / the offset-norm round trip, each step rounded to nearest even;
                     element by element through memcpy: a piece sits at any byte offset of its buffers */
         const uint64_t n = j->items[item].src_bytes * 8 / (uint64_t)e->elem_bits;
-        const size_t in_size = (size_t)e->elem_bits / 8, out_size = t->ew == EW_F16 ? 2 : t->ew == EW_F32 ? 4 : in_size;
+        const size_t in_size = (size_t)e->elem_bits / 8, out_size = t->ew == QD_EW_F16 ? 2 : t->ew == QD_EW_F32 ? 4 : in_size;
         for (uint64_t k = 0; k < n; k++) {
             float x, y;
             uint16_t h;
@@ -588,9 +264,9 @@ static enum qd_status process_weight(void *ctx, int lane, int item, const void *
                 memcpy(&h, (const char *)in + k * 2, 2);
                 x = dt == QD_F16 ? qd_f16_to_f32(h) : qd_bf16_to_f32(h);
             }
-            if (t->ew == EW_F16)
+            if (t->ew == QD_EW_F16)
                 h = qd_f32_to_f16(x);
-            else if (t->ew == EW_F32)
+            else if (t->ew == QD_EW_F32)
                 y = x;
             else if (dt == QD_F32)
                 y = (1.0f + x) - 1.0f;
@@ -602,7 +278,7 @@ static enum qd_status process_weight(void *ctx, int lane, int item, const void *
         }
         return QD_OK;
     }
-    if (autoawq(j->o)) { /* W [in, out] = weight^T, the layout AutoAWQ's from_linear packs */
+    if (j->l->transpose) { /* W [in, out] = weight^T (the layout AutoAWQ's from_linear packs) */
         transpose(in, j->scratch, e->shape[0], e->shape[1], dt == QD_F32 ? 4 : 2);
         in = j->scratch;
     }
@@ -612,7 +288,7 @@ static enum qd_status process_weight(void *ctx, int lane, int item, const void *
         ot.params.global_scale = t->gs;
         ot.params.has_global_scale = 1;
     }
-    enum qd_status st = qd_convert_quantize(&ot, in, dt, e->shape[autoawq(j->o)], e->shape[!autoawq(j->o)], out,
+    enum qd_status st = qd_convert_quantize(&ot, in, dt, e->shape[j->l->transpose], e->shape[!j->l->transpose], out,
                                             (int64_t)t->qbytes, &j->nmse, &p, err, errlen);
     if (st != QD_OK) {
         char msg[600];
@@ -620,36 +296,26 @@ static enum qd_status process_weight(void *ctx, int lane, int item, const void *
         snprintf(err, errlen, "%s", msg);
         return st;
     }
-    if (autoawq(j->o) || ct_float(j->o))
+    if (!j->l->fill_trailer)
         return QD_OK;
-    const struct out_tensor *js = t;
-    while (!js->trailer)
-        js++;
-    if (compressed_tensors(j->o)) { /* weight_shape */
-        int64_t shape[2] = {e->shape[0], e->shape[1]};
-        memcpy((char *)out + t->qbytes, shape, sizeof shape);
-        return QD_OK;
-    }
-    char text[512];
-    int n = quant_state_json(text, sizeof text, j->o, e, &p, 0);
-    if ((uint64_t)n > js->bytes) {
-        snprintf(err, errlen, "internal: quant_state of %s longer than planned", e->name);
-        return QD_EINVAL;
-    }
-    memcpy((char *)out + t->qbytes, text, (size_t)n);
-    memset((char *)out + t->qbytes + n, ' ', js->bytes - (uint64_t)n);
-    return QD_OK;
+    const struct qd_hf_out *tr = t;
+    while (!tr->trailer)
+        tr++;
+    return j->l->fill_trailer(j->o, e, &p, (char *)out + t->qbytes, tr->bytes, err, errlen);
 }
 
-/* AutoAWQ's transpose goes through one staging buffer: one lane there. */
-static int hf_lanes(const struct qd_convert_opts *o) { return autoawq(o) ? 1 : qd_convert_lanes(o); }
+/* A transpose goes through one staging buffer: one lane there. */
+static int hf_lanes(const struct qd_hf_layout_desc *l, const struct qd_convert_opts *o)
+{
+    return l->transpose ? 1 : qd_convert_lanes(o);
+}
 
 static void weight_handed(void *ctx, int item)
 {
     struct shard_job *j = ctx;
     if (item == 0 || !j->last_piece[item])
         return;
-    const struct out_tensor *t = j->src[item];
+    const struct qd_hf_out *t = j->src[item];
     const struct qd_st_entry *e = t->src;
     struct qd_convert_summary *s = j->s;
     uint64_t bytes = e->end - e->begin;
@@ -657,7 +323,7 @@ static void weight_handed(void *ctx, int item)
     if (t->quantize) {
         s->quantized++;
         s->params_quantized += (uint64_t)(e->shape[0] * e->shape[1]);
-    } else if (t->ew == EW_F16)
+    } else if (t->ew == QD_EW_F16)
         s->cast++;
     else
         s->copied++;
@@ -677,7 +343,7 @@ static void weight_handed(void *ctx, int item)
 }
 
 /* Writes one shard front to back through the pipeline. */
-static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const char *path, const cJSON *metadata,
+static int write_shard(const struct qd_hf_layout_desc *l, const struct qd_convert_opts *o, struct qd_hf_shard *sh, const char *path, const cJSON *metadata,
                        struct qd_pipe_pool *pool, void *scratch, struct qd_convert_summary *s, int *index, int count,
                        uint64_t in_total, enum qd_status *status, char *err, size_t errlen)
 {
@@ -687,7 +353,7 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
             nitems += (sh->t[i].src->end - sh->t[i].src->begin) / CAST_PIECE + 1;
     struct qd_st_out *h = calloc((size_t)(sh->n ? sh->n : 1), sizeof *h);
     struct qd_pipe_item *items = calloc(nitems, sizeof *items);
-    const struct out_tensor **src = calloc(nitems, sizeof *src);
+    const struct qd_hf_out **src = calloc(nitems, sizeof *src);
     char *last = calloc(nitems, 1);
     uint8_t *header = NULL;
     int rc = -1, fd = -1;
@@ -699,7 +365,7 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
     }
     int ni = 1;
     for (int i = 0; i < sh->n; i++) {
-        const struct out_tensor *t = &sh->t[i];
+        const struct qd_hf_out *t = &sh->t[i];
         h[i] = (struct qd_st_out){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .bytes = t->bytes};
         if (t->ndim < 0) { /* copied as listed */
             h[i].ndim = t->src->ndim;
@@ -740,12 +406,12 @@ static int write_shard(const struct qd_convert_opts *o, struct shard *sh, const 
         *status = QD_EIO;
         goto done;
     }
-    struct shard_job job = {.o = o, .sh = sh, .src = src, .items = items, .last_piece = last, .scratch = scratch, .s = s,
+    struct shard_job job = {.l = l, .o = o, .sh = sh, .src = src, .items = items, .last_piece = last, .scratch = scratch, .s = s,
                             .index = index, .count = count, .in_total = in_total,
                             .last = qd_pipe_clock_s()};
     struct qd_pipe pipe = {.src_fd = fd, .out = &out, .items = items, .n = ni, .process = process_weight,
                            .handed = weight_handed, .ctx = &job, .pool = pool, .cancel = o->cancel,
-                           .stats = &s->stages, .lanes = hf_lanes(o)};
+                           .stats = &s->stages, .lanes = hf_lanes(l, o)};
     double t0 = qd_pipe_clock_s();
     if (qd_pipe_run(&pipe, status, err, errlen)) {
         qd_outfile_abort(&out);
@@ -815,12 +481,10 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 
 /* The architecture table's rules for config.json's model_type and this layout, or NULL for the
  * generic rule; fills the summary's arch, rule and rule_why. */
-static const struct qd_arch_rules *arch_rules(const struct qd_convert_opts *o, const cJSON *config,
+static const struct qd_arch_rules *arch_rules(const struct qd_hf_layout_desc *l, const cJSON *config,
                                               struct qd_convert_summary *s)
 {
-    static const char *const layout_names[QD_HF_LAYOUTS] = {"transformers + bitsandbytes", "compressed-tensors",
-                                                            "AutoAWQ"};
-    const enum qd_hf_layout layout = hf_layout(o);
+    const enum qd_hf_layout layout = l->arch;
     const char *model_type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(config, "model_type"));
     const struct qd_arch *a = qd_arch_find(model_type);
     snprintf(s->arch, sizeof s->arch, "%s", model_type ? model_type : "");
@@ -833,7 +497,7 @@ static const struct qd_arch_rules *arch_rules(const struct qd_convert_opts *o, c
                  "(docs/convert.md): the generic rule chose the weights to quantize", model_type ? model_type : "");
     else if (a->layout[layout].none)
         snprintf(s->rule_why, sizeof s->rule_why, "no %s rule for %s (%.120s): the generic rule chose the "
-                 "weights to quantize", layout_names[layout], a->model_type, a->layout[layout].none);
+                 "weights to quantize", l->tool, a->model_type, a->layout[layout].none);
     else {
         s->rule = "table";
         return &a->layout[layout];
@@ -843,13 +507,17 @@ static const struct qd_arch_rules *arch_rules(const struct qd_convert_opts *o, c
 
 static int cmp_out_name(const void *a, const void *b)
 {
-    return strcmp((*(const struct out_tensor *const *)a)->name, (*(const struct out_tensor *const *)b)->name);
+    return strcmp((*(const struct qd_hf_out *const *)a)->name, (*(const struct qd_hf_out *const *)b)->name);
 }
 
-int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
-                   char *err, size_t errlen)
+int qd_convert_hf(const struct qd_hf_layout_desc *l, const struct qd_convert_opts *request, struct qd_convert_summary *s,
+                  enum qd_status *status, char *err, size_t errlen)
 {
     double t0 = qd_pipe_clock_s();
+    struct qd_convert_opts run = *request;
+    if (l->prepare)
+        l->prepare(&run);
+    const struct qd_convert_opts *o = &run;
     struct stat st;
     if (stat(o->src, &st) < 0) {
         snprintf(err, errlen, "%s: %s", o->src, strerror(errno));
@@ -857,7 +525,7 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
         return -1;
     }
     int dir_in = S_ISDIR(st.st_mode), rc = -1, nshards = 0;
-    struct shard *sh = NULL;
+    struct qd_hf_shard *sh = NULL;
     struct qd_name_filter *own_nf = o->filter ? NULL : qd_name_filter_new(o->skip, o->only, err, errlen);
     const struct qd_name_filter *nf = o->filter ? o->filter : own_nf;
     cJSON *config = NULL, *index = NULL, *qc = NULL;
@@ -920,7 +588,7 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
         if (names)
             names[nshards++] = (char *)o->src;
     }
-    const struct qd_arch_rules *rules = arch_rules(o, config, s);
+    const struct qd_arch_rules *rules = arch_rules(l, config, s);
     sh = calloc((size_t)(nshards ? nshards : 1), sizeof *sh);
     if (!names || !sh) {
         snprintf(err, errlen, "no memory");
@@ -942,7 +610,7 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
             goto done;
         }
         if (qd_st_parse(sh[k].m.data, sh[k].m.size, o->max_header_bytes, sh[k].in_path, &sh[k].st, err, errlen) ||
-            plan_shard(o, &sh[k], rules, nf, err, errlen))
+            plan_shard(l, o, &sh[k], rules, nf, err, errlen))
             goto done;
         for (int i = 0; i < sh[k].st.n; i++) {
             in_total += sh[k].st.t[i].end - sh[k].st.t[i].begin;
@@ -951,9 +619,9 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
         }
         for (int i = 0; !compute_dtype && i < sh[k].n; i++)
             if (sh[k].t[i].quantize)
-                compute_dtype = torch_dtype(sh[k].t[i].src->dtype);
+                compute_dtype = qd_hf_torch_dtype(sh[k].t[i].src->dtype);
     }
-    if (!strcmp(o->f->name, "nvfp4") && nvfp4_global_scales(sh, nshards) < 0) {
+    if (l->prepass && l->prepass(sh, nshards) < 0) {
         snprintf(err, errlen, "no memory for an aligned copy of a weight (the fused global scales)");
         *status = QD_ENOMEM;
         goto done;
@@ -962,7 +630,7 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
     for (int k = 0; k < nshards; k++)
         for (int i = 0; i < sh[k].n; i++)
             if (sh[k].t[i].quantize || sh[k].t[i].ew) {
-                const struct out_tensor *t = &sh[k].t[i];
+                const struct qd_hf_out *t = &sh[k].t[i];
                 uint64_t ib = t->src->end - t->src->begin;
                 if (t->ew && ib > CAST_PIECE)
                     ib = CAST_PIECE;
@@ -982,12 +650,12 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
             snprintf(s->rule_why, sizeof s->rule_why, "%d weight%s that the %s entry of the architecture table "
                      "does not list went by the generic rule", unlisted, unlisted == 1 ? "" : "s", s->arch);
     }
-    qc = quantization_config(o, rules, sh, nshards, compute_dtype ? compute_dtype : "float32");
+    qc = l->quantization_config(o, rules, sh, nshards, compute_dtype ? compute_dtype : "float32");
     s->layout_config = qc ? cJSON_PrintUnformatted(qc) : NULL;
-    pool = qd_pipe_pool_new(o->backend, in_cap, out_cap, hf_lanes(o));
-    if (autoawq(o) && scratch_cap) /* pinned where the backend has it: the GPU reads it directly */
+    pool = qd_pipe_pool_new(o->backend, in_cap, out_cap, hf_lanes(l, o));
+    if (l->transpose && scratch_cap) /* pinned where the backend has it: the GPU reads it directly */
         scratch = o->backend && o->backend->host_alloc ? o->backend->host_alloc(scratch_cap) : malloc(scratch_cap);
-    if (!qc || !pool || (autoawq(o) && scratch_cap && !scratch)) {
+    if (!qc || !pool || (l->transpose && scratch_cap && !scratch)) {
         snprintf(err, errlen, "no memory for the pipeline's buffers (%" PRIu64 " + %" PRIu64 " bytes each)", in_cap,
                  out_cap);
         *status = QD_ENOMEM;
@@ -1000,7 +668,7 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
         cJSON_AddStringToObject(meta, "format", "pt");
         cJSON_AddStringToObject(meta, "quantization_config", qtext ? qtext : "{}");
         free(qtext);
-        rc = write_shard(o, &sh[0], o->dst, meta, pool, scratch, s, &done_tensors, count, in_total, status, err, errlen);
+        rc = write_shard(l, o, &sh[0], o->dst, meta, pool, scratch, s, &done_tensors, count, in_total, status, err, errlen);
         cJSON_Delete(meta);
         goto done;
     }
@@ -1016,7 +684,9 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
     uint64_t total = 0;
     for (int k = 0; k < nshards; k++) {
         char *path = join(tmpdir, sh[k].out_name);
-        int r = path ? write_shard(o, &sh[k], path, meta, pool, scratch, s, &done_tensors, count, in_total, status, err, errlen) : -1;
+        int r = path ? write_shard(l, o, &sh[k], path, meta, pool, scratch, s, &done_tensors, count, in_total, status, err,
+                                  errlen)
+                      : -1;
         free(path);
         if (r) {
             cJSON_Delete(meta), cJSON_Delete(wm);
@@ -1028,7 +698,7 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
         int n = 0;
         for (int k = 0; k < nshards; k++)
             n += sh[k].n;
-        struct out_tensor **all = malloc((size_t)(n ? n : 1) * sizeof *all);
+        struct qd_hf_out **all = malloc((size_t)(n ? n : 1) * sizeof *all);
         n = 0;
         for (int k = 0; all && k < nshards; k++)
             for (int i = 0; i < sh[k].n; i++) {
@@ -1052,19 +722,18 @@ int qd_convert_hf(const struct qd_convert_opts *o, struct qd_convert_summary *s,
             goto fail_dir;
     }
     /* config.json: the source's members as they were spelled, quantization_config and the
-     * layout's own keys set (config_rules) */
-    const struct config_rule *cr = &config_rules[hf_layout(o)];
-    struct qd_config_set sets[1 + MAX_CONFIG_KEYS] = {{"quantization_config", qc}};
-    cJSON *values[MAX_CONFIG_KEYS] = {0};
+     * layout's own keys set */
+    struct qd_config_set sets[1 + QD_HF_MAX_CONFIG_KEYS] = {{"quantization_config", qc}};
+    cJSON *values[QD_HF_MAX_CONFIG_KEYS] = {0};
     int nsets = 1, parsed = 1;
-    for (int k = 0; k < cr->nkeys; k++)
-        if (!cr->keys[k].if_present || cJSON_GetObjectItemCaseSensitive(config, cr->keys[k].key)) {
-            parsed &= (values[k] = cJSON_Parse(cr->keys[k].json)) != NULL;
-            sets[nsets++] = (struct qd_config_set){cr->keys[k].key, values[k]};
+    for (int k = 0; k < l->nconfig_keys; k++)
+        if (!l->config_keys[k].if_present || cJSON_GetObjectItemCaseSensitive(config, l->config_keys[k].key)) {
+            parsed &= (values[k] = cJSON_Parse(l->config_keys[k].json)) != NULL;
+            sets[nsets++] = (struct qd_config_set){l->config_keys[k].key, values[k]};
         }
-    char *ctext = parsed ? qd_hf_config_rewrite(config_text, config_n, sets, nsets, cr->newline, err, errlen) : NULL;
+    char *ctext = parsed ? qd_hf_config_rewrite(config_text, config_n, sets, nsets, l->config_newline, err, errlen) : NULL;
     char *cpath = join(tmpdir, "config.json");
-    for (int k = 0; k < cr->nkeys; k++)
+    for (int k = 0; k < l->nconfig_keys; k++)
         cJSON_Delete(values[k]);
     if (!parsed)
         snprintf(err, errlen, "no memory for config.json");

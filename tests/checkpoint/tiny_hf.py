@@ -3,8 +3,9 @@
 writer: config.json, tokenizer_config.json, generation_config.json and the weights, in one
 model.safetensors or in shards with model.safetensors.index.json (as save_pretrained lays them).
 usage: tiny_hf.py OUTDIR [f32|f16|bf16] [--shards N] [--tied] [--hidden N] [--ffn N] [--layers N]
-       [--linear-std S]
-       tiny_hf.py OUTDIR --arch tests/fixtures/arch/NAME.json
+       [--linear-std S] [--tokenizer]
+       tiny_hf.py OUTDIR --arch tests/fixtures/arch/NAME.json [--tokenizer]
+--tokenizer adds a tiny word-level tokenizer (tokenizer.json), which mlx-lm needs to load a model.
 The second form writes the source model of an architecture observation (make_arch_table.py): the
 tensor names, dtypes and shapes and the config files transformers' save_pretrained wrote, every
 value from arch_values() (seeded by the tensor's name), so the same bytes come out without torch."""
@@ -65,6 +66,25 @@ def write_arch(spec, out, seed=0):
     return t
 
 
+def write_tokenizer(out, vocab):
+    """A tiny tokenizer beside the model (mlx-lm's load needs one): a word-level tokenizers JSON
+    whose vocab is "<unk>", "<s>", "</s>" and "w3" ... "w{vocab-1}", split on whitespace, and a
+    tokenizer_config.json naming transformers' fast tokenizer class."""
+    words = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    words.update({f"w{i}": i for i in range(3, vocab)})
+    special = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                "normalized": False, "special": True} for c, i in list(words.items())[:3]]
+    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": special, "normalizer": None,
+           "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None,
+           "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},
+           "model": {"type": "WordLevel", "vocab": words, "unk_token": "<unk>"}}
+    with open(os.path.join(out, "tokenizer.json"), "w") as f:
+        json.dump(tok, f)
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+                   "unk_token": "<unk>", "model_max_length": 256}, f)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -78,10 +98,14 @@ def main():
     ap.add_argument("--vocab", type=int, default=320)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--linear-std", type=float, default=0.05, help="std of the Linear weights")
+    ap.add_argument("--tokenizer", action="store_true", help="add a tiny tokenizer (write_tokenizer)")
     a = ap.parse_args()
     if a.arch:
         with open(a.arch) as f:
-            write_arch(json.load(f)["source"], a.out)
+            spec = json.load(f)["source"]
+        write_arch(spec, a.out)
+        if a.tokenizer:
+            write_tokenizer(a.out, json.loads(spec["files"]["config.json"]).get("vocab_size", 320))
         return
     rng = np.random.default_rng(a.seed)
     h, heads, kv = a.hidden, 4, 2
@@ -129,8 +153,11 @@ def main():
         json.dump(config, f, indent=2)
     with open(os.path.join(a.out, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": 1, "eos_token_id": 2}, f)
-    with open(os.path.join(a.out, "tokenizer_config.json"), "w") as f:
-        json.dump({"model_max_length": 256}, f)
+    if a.tokenizer:
+        write_tokenizer(a.out, a.vocab)
+    else:
+        with open(os.path.join(a.out, "tokenizer_config.json"), "w") as f:
+            json.dump({"model_max_length": 256}, f)
 
 
 if __name__ == "__main__":

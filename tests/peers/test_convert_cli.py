@@ -137,7 +137,7 @@ def test_names_in_any_case_with_hints(tmp_path):
 def test_help_lists_every_format_that_converts(tmp_path):
     """The formats --help names are exactly those a conversion accepts (each tried on a tiny
     model of the kind it reads); the top-level help shows --recipe; --version is VERSION's."""
-    src, g = tiny_hf(tmp_path / "hf"), tiny_gguf(tmp_path / "m.gguf")
+    src, g = tiny_hf(tmp_path / "hf", "--tokenizer"), tiny_gguf(tmp_path / "m.gguf")  # mlx-lm needs a tokenizer
     names = [f["name"] for f in json.loads(run_quantd("formats").stdout)["formats"]]
     help_words = run_quantd("convert", "--help").stdout.split("\n  --recipe MIX")[0].split()
     listed = {w for w in help_words if w in names}

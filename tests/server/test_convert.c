@@ -444,6 +444,57 @@ static void convert_route_names_no_server_path(void **state)
     free(model);
 }
 
+/* The MLX layout as a job: a directory without a tokenizer is refused before the job (mlx-lm
+ * could not open the output), one with a tokenizer gives the CLI's files; POST /convert (one
+ * uploaded file) is refused, naming no server path. */
+static void convert_job_writes_mlx_as_the_cli(void **state)
+{
+    char p[400], ref[400], cmd[1400], id[64];
+    write_hf("hfm");
+    expect_refusal(400, "bad_request", "{\"source\": \"hfm\", \"destination\": \"hfm-mlx\", \"fmt\": \"mlx_affine\"}",
+                   "no tokenizer");
+    snprintf(p, sizeof p, "%s/hfm/tokenizer.json", dir);
+    assert_int_equal(write_file(p, "{}", 2), 0);
+    assert_int_equal(convert("/jobs?op=convert", "{\"source\": \"hfm\", \"destination\": \"hfm-mlx\", "
+                             "\"fmt\": \"mlx_affine\", \"params\": {\"bits\": 3, \"group_size\": 32}}", id, sizeof id),
+                     200);
+    snprintf(ref, sizeof ref, "%s-mlx-ref", dir);
+    snprintf(cmd, sizeof cmd, "%s convert --in %s/hfm --out %s --fmt mlx_affine --param bits=3 --param group_size=32 "
+             "> /dev/null", quantd_bin(), dir, ref);
+    assert_int_equal(system(cmd), 0);
+    static const char *const files[] = {"model.safetensors", "model.safetensors.index.json", "config.json",
+                                        "README.md", "tokenizer.json"};
+    for (size_t k = 0; k < sizeof files / sizeof *files; k++) {
+        size_t a, b;
+        char x_path[500], y_path[500];
+        snprintf(x_path, sizeof x_path, "%s/hfm-mlx/%s", dir, files[k]);
+        snprintf(y_path, sizeof y_path, "%s/%s", ref, files[k]);
+        void *x = read_file(x_path, &a), *y = read_file(y_path, &b);
+        assert_non_null(x);
+        assert_non_null(y);
+        assert_int_equal(a, b);
+        assert_memory_equal(x, y, a);
+        free(x), free(y);
+    }
+    snprintf(p, sizeof p, "%s/hfm-mlx/config.json", dir);
+    size_t n;
+    char *config = read_file(p, &n);
+    assert_non_null(config);
+    assert_non_null(strstr(config, "\"bits\": 3"));
+    free(config);
+    snprintf(p, sizeof p, "%s/hfm/model.safetensors", dir);
+    void *model = read_file(p, &n);
+    struct http r;
+    http_do(&srv, "POST", "/convert?fmt=mlx_affine", raw_h, model, n, &r);
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.body, "not a directory"));
+    assert_no_server_path(r.body);
+    http_free(&r);
+    free(model);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", ref);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* Spool files a killed quantd left are removed when the next one starts: quantd's own names
  * only, and not one a live quantd holds (locked). */
 static void stale_spool_files_are_swept_at_start(void **state)
@@ -590,6 +641,7 @@ int main(void)
         cmocka_unit_test(convert_route_answers_the_converted_file),
         cmocka_unit_test(convert_job_confinement_has_no_gaps),
         cmocka_unit_test(convert_route_names_no_server_path),
+        cmocka_unit_test(convert_job_writes_mlx_as_the_cli),
         cmocka_unit_test(stale_spool_files_are_swept_at_start),
         cmocka_unit_test(drain_deadline_cancels_conversions),
     };

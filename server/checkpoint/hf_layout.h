@@ -1,0 +1,120 @@
+/* A Hugging Face output layout (hf_convert.c runs them): what one tool's saved checkpoint looks
+ * like, as data and a few hooks. hf_convert.c plans every shard from its header, asks the layout
+ * how to name and shape each quantized weight's tensors and what follows them, writes the shards
+ * through the pipeline, then config.json with the layout's quantization_config and keys.
+ *
+ * Adding a layout: one file (hf_<tool>.c) defining a `const struct qd_hf_layout_desc` with these
+ * fields, and one row naming it in the layout table (layouts[] in convert.c), which says which
+ * formats it writes. */
+#ifndef QD_HF_LAYOUT_H
+#define QD_HF_LAYOUT_H
+
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "checkpoint/arch.h"
+#include "checkpoint/convert.h"
+#include "checkpoint/safetensors.h"
+
+/* What a tool does to a float tensor it does not quantize, element by element (through the
+ * pipeline in pieces): */
+enum qd_hf_elementwise {
+    QD_EW_NONE,
+    QD_EW_F16,         /* AutoAWQ's half model: torch's .half() */
+    QD_EW_F32,         /* transformers' _keep_in_fp32_modules: .float() (exact) */
+    QD_EW_OFFSET_NORM, /* llm-compressor's offset-norm round trip (Gemma's 1 + w norms, which its
+                          oneshot turns into w' = dtype(1 + w) and back): dtype(dtype(1 + w) - 1) */
+};
+
+/* One tensor of the output. */
+struct qd_hf_out {
+    char *name;
+    const char *dtype;
+    int ndim;
+    int64_t shape[2];
+    uint64_t bytes;
+    const struct qd_st_entry *src;
+    int quantize;      /* 1: the first of a quantized weight's tensors (the rest follow it) */
+    int trailer;       /* 1: the tensor after a weight's components (bnb's quant_state JSON,
+                          compressed-tensors' weight_shape), written with them */
+    enum qd_hf_elementwise ew; /* a tensor not quantized, transformed element by element */
+    int generic;       /* 1: the generic rule decided this tensor */
+    int has_gs;        /* nvfp4: the global scale its fused group (q/k/v, gate/up) shares */
+    float gs;
+    int has_amax;      /* nvfp4: a fused group member's largest |x|, read before the pass */
+    float amax;
+    uint64_t qbytes;   /* that weight's components, back to back */
+};
+
+/* One input shard and its plan. */
+struct qd_hf_shard {
+    char *in_path, *out_name;
+    struct qd_mapped m;
+    struct qd_st_file st;
+    struct qd_hf_out *t;
+    int n;
+};
+
+/* A top-level key of config.json the layout's tool sets. */
+struct qd_hf_config_key {
+    const char *key, *json;
+    int if_present; /* set only where the source has the key */
+};
+#define QD_HF_MAX_CONFIG_KEYS 3
+
+struct qd_hf_layout_desc {
+    const char *tool;          /* the tool, as the summary names it ("AutoAWQ") */
+    enum qd_hf_layout arch;    /* its column of the architecture table (arch.h) */
+    /* How a tool treats what it does not quantize: cast every float tensor to f16 (AutoAWQ saves
+     * its half model). */
+    int cast_f16;
+    /* The tool quantizes W^T ([in, out], AutoAWQ): the weight is transposed through one staging
+     * buffer before the kernel, so the pipeline runs one lane. */
+    int transpose;
+    /* config.json: ends with a newline (transformers' save_pretrained; not json.dump), and the
+     * keys the tool sets beside quantization_config. */
+    int config_newline;
+    const struct qd_hf_config_key *config_keys;
+    int nconfig_keys;
+    /* Fixes the params the layout's arithmetic requires (NULL: none). */
+    void (*prepare)(struct qd_convert_opts *o);
+    /* Names, dtype and shape of a quantized weight t's component k (c, as qd_format_layout gave
+     * it; *out has src, bytes and quantize set already): out->name a new string. */
+    void (*component)(const struct qd_convert_opts *o, const struct qd_st_entry *t, const struct qd_component *c,
+                      int k, struct qd_hf_out *out);
+    /* The tensor after a weight's components (p: the params as planned), or NULL: fills *out
+     * (name a new string, bytes) and returns 1, or 0 for none. */
+    int (*trailer)(const struct qd_convert_opts *o, const struct qd_st_entry *t, const struct qd_params *p,
+                   struct qd_hf_out *out);
+    /* Writes the trailer's bytes (`bytes` of them) at out after the weight is quantized with p. */
+    enum qd_status (*fill_trailer)(const struct qd_convert_opts *o, const struct qd_st_entry *t,
+                                   const struct qd_params *p, void *out, uint64_t bytes, char *err, size_t errlen);
+    /* A pass over the plan before any tensor is written (NULL: none); -1 without memory. */
+    int (*prepass)(struct qd_hf_shard *sh, int nshards);
+    /* quantization_config (a new cJSON object, NULL without memory); compute_dtype is the torch
+     * name of the first quantized weight's dtype. */
+    cJSON *(*quantization_config)(const struct qd_convert_opts *o, const struct qd_arch_rules *rules,
+                                  const struct qd_hf_shard *sh, int nshards, const char *compute_dtype);
+};
+
+extern const struct qd_hf_layout_desc qd_hf_bnb, qd_hf_ct_int, qd_hf_ct_nvfp4, qd_hf_ct_mxfp4, qd_hf_awq;
+
+/* Runs the conversion into layout l (hf_convert.c). */
+int qd_convert_hf(const struct qd_hf_layout_desc *l, const struct qd_convert_opts *o, struct qd_convert_summary *s,
+                  enum qd_status *status, char *err, size_t errlen);
+
+/* ---- for layouts --------------------------------------------------------------------------- */
+
+/* str(torch dtype) less "torch." for a safetensors float dtype name */
+const char *qd_hf_torch_dtype(const char *st);
+enum qd_dtype qd_hf_st_to_dtype(const char *st);
+const char *qd_hf_dtype_to_st(enum qd_dtype d);
+/* a, sep and b in a new string */
+char *qd_hf_concat(const char *a, const char *sep, const char *b);
+/* <m>.weight -> <m><suffix> (the names that replace the weight) */
+char *qd_hf_module_name(const char *weight, const char *suffix);
+/* compressed-tensors' "ignore" for the model's tensors (qd_arch_ignore_list) */
+cJSON *qd_hf_ct_ignore(const struct qd_arch_rules *rules, const struct qd_hf_shard *sh, int nshards);
+
+#endif

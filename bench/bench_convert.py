@@ -7,11 +7,15 @@ hf:   a Llama-shaped bf16 checkpoint of random weights in 5 GB shards (transform
       on the GPU when there is one); times `cat` of its shards into /dev/null (page cache warm),
       `quantd convert --fmt nf4` (transformers + bitsandbytes), `--fmt w4a16`, `w8a16`, `nvfp4`
       and `mxfp4` (compressed-tensors) and `--fmt awq` (AutoAWQ) on each backend, and, where bitsandbytes and a GPU are there,
-      transformers' from_pretrained(BitsAndBytesConfig nf4, double quant) + save_pretrained.
+      transformers' from_pretrained(BitsAndBytesConfig nf4, double quant) + save_pretrained;
+      `--fmt mlx_affine` (bits 4, group 64) and `mlx_mxfp4` (mlx-lm's layout; a tiny tokenizer is
+      added to the source, which mlx-lm needs) and, where mlx-lm is installed, `mlx_lm.convert -q`
+      (`--q-mode affine` / `mxfp4`) on the same machine's CPU (mlx[cpu]).
 gguf: the same shapes as a BF16 GGUF (written with the gguf package); times `cat`, `quantd
       convert --fmt q4_0`, `--fmt q8_0` and `--recipe Q4_K_M`, and llama-quantize (LLAMA_CPP_BIN)
       on all cores for the same three (`--pure Q4_0`, `--pure Q8_0`, `Q4_K_M`).
---targets picks some of nf4 w4a16 w8a16 nvfp4 mxfp4 awq transformers q4_0 q8_0 Q4_K_M (default all);
+--targets picks some of nf4 w4a16 w8a16 nvfp4 mxfp4 awq transformers mlx_affine mlx_mxfp4 mlx_lm
+q4_0 q8_0 Q4_K_M (default all but the MLX ones);
 --devices 0,1 passes --devices to the CUDA runs (one run per device list: the scaling over GPUs).
 Every figure is the median of REPEAT runs (default 3) after one warm-up (llama-quantize: none,
 the runs before it have warmed the page cache; LQ_REPEAT sets its run count), each run after a sync
@@ -26,6 +30,9 @@ import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "checkpoint"))
+import tiny_hf  # noqa: E402 (write_tokenizer: mlx-lm needs a tokenizer beside the model)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUANTD = os.environ.get("QUANTD", os.path.join(ROOT, "bin", "quantd"))
@@ -144,6 +151,24 @@ def main():
                                        [QUANTD, "convert", "--in", src, "--out", out, "--fmt", fmt, "--backend", b,
                                         *devices_args(b, a.devices)],
                                        a.repeat, cleanup=lambda: shutil.rmtree(out, ignore_errors=True)), bytes=size))
+                shutil.rmtree(out, ignore_errors=True)
+        mlx = [t for t in ("mlx_affine", "mlx_mxfp4") if t in targets]
+        if mlx and not os.path.exists(os.path.join(src, "tokenizer.json")):
+            tiny_hf.write_tokenizer(src, SIZES[a.size][5])
+        for fmt in mlx:
+            for b in backends:
+                rows.append(dict(timed(f"hf: quantd convert {fmt} ({backend_label(b, a.devices)})",
+                                       [QUANTD, "convert", "--in", src, "--out", out, "--fmt", fmt, "--backend", b,
+                                        *devices_args(b, a.devices)],
+                                       a.repeat, cleanup=lambda: shutil.rmtree(out, ignore_errors=True)), bytes=size))
+                shutil.rmtree(out, ignore_errors=True)
+            if "mlx_lm" in targets and importlib.util.find_spec("mlx_lm"):
+                mode = fmt.split("_", 1)[1]
+                rows.append(dict(timed(f"hf: mlx_lm.convert -q --q-mode {mode} (CPU, {os.cpu_count()} cores)",
+                                       [sys.executable, "-m", "mlx_lm", "convert", "--hf-path", src, "--mlx-path", out,
+                                        "-q", "--q-mode", mode], int(os.environ.get("MLX_REPEAT", a.repeat)),
+                                       cleanup=lambda: shutil.rmtree(out, ignore_errors=True), warm_up=False),
+                                 bytes=size))
                 shutil.rmtree(out, ignore_errors=True)
         if "cuda" in backends and "transformers" in targets:
             if importlib.util.find_spec("bitsandbytes"):

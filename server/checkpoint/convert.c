@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "checkpoint/gguf.h"
+#include "checkpoint/gguf_options.h"
 #include "checkpoint/gguf_recipe.h"
 
 int qd_map_file(const char *path, struct qd_mapped *m, char *err, size_t errlen)
@@ -486,9 +487,18 @@ int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d,
                  f ? f->name : "(none)", qd_convert_layouts_text());
         return -1;
     }
+    if (o->gguf && o->gguf->n_set && l->run != qd_convert_gguf) {
+        snprintf(err, errlen, "convert: llama-quantize's options (%s) apply to GGUF output; %s writes %s",
+                 qd_gguf_option_names(), f->name, l->writes);
+        return -1;
+    }
     const enum qd_convert_input in = qd_convert_input_kind(o->src);
     if (check_input(o, l, in, status, err, errlen))
         return -1;
+    if (o->gguf && o->gguf->dry_run) { /* nothing is written: no destination to check */
+        snprintf(d->path, sizeof d->path, "%s", o->dst ? o->dst : "");
+        return 0;
+    }
     return qd_convert_check_dest(o->src, o->dst, in, o->overwrite, d, status, err, errlen);
 }
 

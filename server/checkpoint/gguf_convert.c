@@ -21,6 +21,7 @@
 #include "../../kernels/fp.h"
 #include "checkpoint/convert.h"
 #include "checkpoint/gguf.h"
+#include "checkpoint/gguf_options.h"
 #include "checkpoint/gguf_recipe.h"
 #include "checkpoint/pipeline.h"
 
@@ -51,10 +52,12 @@ static int contains_any(const char *name, const char *const *list)
     return 0;
 }
 
-static int allows_quantization(const struct qd_gguf_tensor *t, const char *arch)
+static int allows_quantization(const struct qd_gguf_tensor *t, const char *arch, const struct qd_gguf_options *opt)
 {
     size_t n = strlen(t->name);
     if (qd_gguf_n_dims(t->ne) < 2 || n < 6 || strcmp(t->name + n - 6, "weight"))
+        return 0;
+    if (opt && opt->leave_output_tensor && !strcmp(t->name, "output.weight"))
         return 0;
     for (const char *const *k = keep_if_named; *k; k++)
         if (!strcmp(t->name, *k))
@@ -107,22 +110,6 @@ static void f16_fields(uint32_t type, int *at, int *fields)
     *at = type == QD_GGML_Q2_K ? 80 : type == QD_GGML_Q3_K ? 108 : type == QD_GGML_Q6_K ? 208 : 0;
     *fields = type == QD_GGML_Q4_1 || type == QD_GGML_Q5_1 || type == QD_GGML_Q2_K || type == QD_GGML_Q4_K ||
                       type == QD_GGML_Q5_K ? 2 : 1;
-}
-
-/* tensor_type_fallback: the format a row of ncols takes when f's block does not divide it
- * (the K-quants name a 32-block type), or NULL for F16 (no block divides it). */
-static const struct qd_format *fallback_format(const struct qd_format *f, int64_t ncols)
-{
-    static const char *const to[][2] = {{"q2_K", "q4_0"}, {"q3_K", "q4_0"}, {"q4_K", "q5_0"},
-                                        {"q5_K", "q5_1"}, {"q6_K", "q8_0"}};
-    if (ncols % f->block_elems == 0)
-        return f;
-    for (size_t i = 0; i < sizeof to / sizeof *to; i++)
-        if (!strcmp(f->name, to[i][0])) {
-            const struct qd_format *g = qd_format_find(to[i][1]);
-            return ncols % g->block_elems == 0 ? g : NULL;
-        }
-    return NULL;
 }
 
 struct plan {
@@ -243,7 +230,7 @@ static void tensor_handed(void *ctx, int item)
         p->action == QD_CONVERT_CAST_F16 ? s->cast++ : s->copied++;
     double now = qd_pipe_clock_s();
     if (j->o->progress) {
-        struct qd_convert_event ev = {.index = j->pieces[item].plan + 1, .count = j->count, .name = p->src->name, .action = p->action,
+        struct qd_convert_event ev = {.index = j->pieces[item].plan + 1, .count = j->count, .name = p->out.name, .action = p->action,
                                       .fmt = p->f ? p->f->name : j->o->f->name, .ms = (now - (j->last ? j->last : j->t0)) * 1e3,
                                       .has_nmse = j->o->report_error && p->action == QD_CONVERT_QUANTIZE,
                                       .nmse = j->nmse, .in_done = s->bytes_in, .in_total = j->in_total};
@@ -254,6 +241,134 @@ static void tensor_handed(void *ctx, int item)
         j->o->progress(j->o->progress_ctx, &ev);
     }
     j->last = now;
+}
+
+/* remap_layer (--prune-layers): where "blk.N." first occurs in name, as llama.cpp's regex
+ * search finds it; -1 when nowhere. */
+static int find_block(const char *name, const char **digits, int *ndigits)
+{
+    for (const char *p = strstr(name, "blk."); p; p = strstr(p + 1, "blk.")) {
+        const char *d = p + 4;
+        int k = 0;
+        while (d[k] >= '0' && d[k] <= '9')
+            k++;
+        if (k && d[k] == '.' && k < 9) {
+            *digits = d, *ndigits = k;
+            return atoi(d);
+        }
+    }
+    return -1;
+}
+
+/* The plan's tensors in the loader's order, without the pruned layers' and with the blocks
+ * after a pruned one renumbered (llama-quant.cpp remap_layer: blocks below the first pruned
+ * keep their number, the others take the next free one in the order met). *kept tensors,
+ * *n_blocks the block count after pruning. */
+static int prune_names(const struct qd_gguf_tensor *const *order, int n, const struct qd_gguf_options *opt,
+                       struct plan *plan, int *kept, int *n_blocks, char *err, size_t errlen)
+{
+    const int np = opt ? opt->n_prune : 0;
+    int max_blk = -1;
+    for (int i = 0; i < n; i++) {
+        const char *d;
+        int k, b = find_block(order[i]->name, &d, &k);
+        max_blk = b > max_blk ? b : max_blk;
+    }
+    int *mapped = malloc(sizeof *mapped * (size_t)(max_blk + 2)), next_id = 0;
+    if (!mapped) {
+        snprintf(err, errlen, "no memory");
+        return -1;
+    }
+    for (int b = 0; b <= max_blk; b++)
+        mapped[b] = -2; /* not met yet; -1: pruned */
+    *kept = 0;
+    for (int i = 0; i < n; i++) {
+        struct plan *p = &plan[*kept];
+        p->src = order[i];
+        p->out = *order[i];
+        const char *d;
+        int k, b = np ? find_block(order[i]->name, &d, &k) : -1;
+        if (b >= 0) {
+            if (mapped[b] == -2) {
+                int pruned = 0;
+                for (int j = 0; j < np; j++)
+                    pruned |= opt->prune[j] == b;
+                if (pruned)
+                    mapped[b] = -1;
+                else if (b < opt->prune[0])
+                    mapped[b] = b, next_id = b + 1;
+                else
+                    mapped[b] = next_id++;
+            }
+            if (mapped[b] < 0)
+                continue;
+            snprintf(p->out.name, sizeof p->out.name, "%.*s%d%s", (int)(d - order[i]->name), order[i]->name,
+                     mapped[b], d + k);
+        }
+        (*kept)++;
+    }
+    *n_blocks = next_id;
+    free(mapped);
+    return 0;
+}
+
+/* What the plan does with a tensor of ggml type `target`: copy it (its own type), cast it to
+ * F16, or quantize it with the registry's format for that type. -1 with err when quantd does
+ * not write that type or the tensor cannot become it. */
+static int plan_target(struct plan *p, uint32_t target, const struct qd_gguf_options *opt, char *err, size_t errlen)
+{
+    const struct qd_ggml_type *t = qd_ggml_type(target);
+    if (target == QD_GGUF_TYPE_NONE) {
+        snprintf(err, errlen, "tensor '%s': its rows of %" PRId64 " fit no block of the type chosen, and llama.cpp "
+                 "defines no fallback for it (llama-quantize stops there too)", p->out.name, p->src->ne[0]);
+        return -1;
+    }
+    if (target == p->src->type)
+        return 0;
+    if (p->src->ne[0] % t->block_elems) {
+        snprintf(err, errlen, "tensor '%s': rows of %" PRId64 " do not divide into %s blocks of %d (give a type "
+                 "with smaller blocks for it)", p->out.name, p->src->ne[0], t->name, t->block_elems);
+        return -1;
+    }
+    if (!is_float(p->src->type)) {
+        snprintf(err, errlen, "tensor '%s' is %s: requantizing is not supported (llama-quantize refuses it "
+                 "without --allow-requantize); give a model with F32, F16 or BF16 weights", p->out.name,
+                 qd_ggml_type(p->src->type)->name);
+        return -1;
+    }
+    p->f = target == QD_GGML_F16 ? NULL : qd_gguf_format_of(target);
+    if (target != QD_GGML_F16 && !p->f) {
+        snprintf(err, errlen, "tensor '%s': quantd does not write ggml type %s (it writes f16, q4_0, q4_1, q5_0, "
+                 "q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K)", p->out.name, t->name);
+        return -1;
+    }
+    (void)opt;
+    p->action = target == QD_GGML_F16 ? QD_CONVERT_CAST_F16 : QD_CONVERT_QUANTIZE;
+    p->out.type = target;
+    p->out.bytes = qd_ggml_nbytes(target, p->out.ne);
+    return 0;
+}
+
+/* An --override-kv as gguf_set_val_* writes it: an int as u32 of its magnitude. */
+static struct qd_gguf_new_kv kv_override(const struct qd_gguf_kv_override *k)
+{
+    switch (k->tag) {
+    case QD_KVO_INT: return (struct qd_gguf_new_kv){k->key, QD_GGUF_U32, .i = (uint32_t)llabs(k->i)};
+    case QD_KVO_FLOAT: return (struct qd_gguf_new_kv){k->key, QD_GGUF_F32, .f = k->f};
+    case QD_KVO_BOOL: return (struct qd_gguf_new_kv){k->key, QD_GGUF_BOOL, .i = k->b};
+    default: return (struct qd_gguf_new_kv){k->key, QD_GGUF_STRING, .s = k->s};
+    }
+}
+
+/* Appends e, first removing an earlier extra of the same key (gguf_set_val_*). */
+static int add_extra(struct qd_gguf_new_kv *extra, int n, struct qd_gguf_new_kv e)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(extra[i].key, e.key))
+            extra[k++] = extra[i];
+    extra[k++] = e;
+    return k;
 }
 
 int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
@@ -307,59 +422,98 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
     for (int i = 0; i < n; i++)
         order[i] = &g.tensors[i];
     qsort(order, (size_t)n, sizeof *order, cmp_loader_order);
+    const struct qd_gguf_options *opt = o->gguf;
+    int kept = 0, n_blocks = 0;
+    if (prune_names(order, n, opt, plan, &kept, &n_blocks, err, errlen)) {
+        *status = QD_ENOMEM;
+        goto done;
+    }
+    const char **names = calloc((size_t)(kept ? kept : 1), sizeof *names);
+    if (!names) {
+        snprintf(err, errlen, "no memory for %d tensors", n);
+        *status = QD_ENOMEM;
+        goto done;
+    }
+    for (int i = 0; i < kept; i++)
+        names[i] = plan[i].out.name;
     struct qd_recipe_state rs;
-    if (recipe)
-        qd_recipe_init(&rs, recipe, &g);
+    qd_recipe_init(&rs, recipe, (uint32_t)f->gguf_type, opt, &g, names, kept);
+    free(names);
+    n = kept;
     for (int i = 0; i < n; i++) {
         struct plan *p = &plan[i];
-        p->src = order[i];
-        p->out = *order[i];
         p->action = QD_CONVERT_COPY;
         s->params_total += p->src->bytes / (uint64_t)qd_ggml_type(p->src->type)->block_bytes *
                            (uint64_t)qd_ggml_type(p->src->type)->block_elems;
-        if (!allows_quantization(p->src, arch))
+        if (!allows_quantization(&p->out, arch, opt))
             continue;
         /* the mix's counters advance over every tensor it types, kept or not by --skip/--only */
-        const struct qd_format *want = recipe ? qd_recipe_format(&rs, p->src) : f;
-        if (!qd_name_filter_keeps(nf, p->src->name))
+        const uint32_t target = qd_recipe_type(&rs, p->src, p->out.name);
+        if (!qd_name_filter_keeps(nf, p->out.name))
             continue;
-        p->f = fallback_format(want, p->src->ne[0]);
-        uint32_t target = p->f ? (uint32_t)p->f->gguf_type : QD_GGML_F16;
-        if (target == p->src->type)
-            continue;
-        if (!is_float(p->src->type)) {
-            snprintf(err, errlen, "tensor '%s' is %s: requantizing is not supported (llama-quantize refuses it "
-                     "without --allow-requantize); give a model with F32, F16 or BF16 weights", p->src->name,
-                     qd_ggml_type(p->src->type)->name);
+        if (plan_target(p, target, opt, err, errlen))
             goto done;
-        }
-        p->action = target == QD_GGML_F16 ? QD_CONVERT_CAST_F16 : QD_CONVERT_QUANTIZE;
-        p->out.type = target;
-        p->out.bytes = qd_ggml_nbytes(target, p->out.ne);
     }
     int nkv = 0;
     static const char *const dropped[] = {"general.quantization_version", "general.file_type", "split.no",
                                           "split.count", "split.tensors.count", NULL};
+    /* gguf_set_val_* removes the key and appends it: quantization version, file type, the
+     * overrides in order, the block count after --prune-layers */
+    struct qd_gguf_new_kv extra[2 + QD_GGUF_MAX_KV_OVERRIDES + 1];
+    int n_extra = 0;
+    extra[n_extra++] = (struct qd_gguf_new_kv){"general.quantization_version", QD_GGUF_U32, .i = 2};
+    extra[n_extra++] = (struct qd_gguf_new_kv){"general.file_type", QD_GGUF_U32, .i = file_type};
+    for (int i = 0; opt && i < opt->n_kv_overrides; i++)
+        n_extra = add_extra(extra, n_extra, kv_override(&opt->kv_overrides[i]));
+    char block_count[160];
+    if (opt && opt->n_prune) {
+        snprintf(block_count, sizeof block_count, "%s.block_count", arch ? arch : "");
+        n_extra = add_extra(extra, n_extra, (struct qd_gguf_new_kv){block_count, QD_GGUF_U32, .i = n_blocks});
+    }
     for (int64_t i = 0; i < g.n_kv; i++) {
         int drop = 0;
         for (const char *const *d = dropped; *d; d++)
             drop |= !strcmp(g.kv[i].key, *d);
+        for (int e = 0; e < n_extra; e++)
+            drop |= !strcmp(g.kv[i].key, extra[e].key);
         if (!drop)
             kv[nkv++] = &g.kv[i];
     }
-    const struct qd_gguf_u32_kv extra[] = {{"general.quantization_version", 2},
-                                           {"general.file_type", file_type}};
     struct qd_gguf_tensor *infos = malloc((size_t)(n ? n : 1) * sizeof *infos);
     size_t meta_len = 0;
     if (infos) {
         for (int i = 0; i < n; i++)
             infos[i] = plan[i].out;
-        meta = qd_gguf_write_meta(kv, nkv, extra, 2, infos, n, QD_GGUF_DEFAULT_ALIGNMENT, &meta_len);
+        meta = qd_gguf_write_meta(kv, nkv, extra, n_extra, infos, n, QD_GGUF_DEFAULT_ALIGNMENT, &meta_len);
         free(infos);
     }
     if (!meta) {
         snprintf(err, errlen, "no memory for the output header");
         *status = QD_ENOMEM;
+        goto done;
+    }
+    if (opt && opt->dry_run) { /* each tensor's type and the file's size, no file */
+        struct piece *each = calloc((size_t)n + 1, sizeof *each);
+        if (!each) {
+            snprintf(err, errlen, "no memory");
+            *status = QD_ENOMEM;
+            goto done;
+        }
+        struct job dry = {.o = o, .plan = plan, .pieces = each, .s = s, .t0 = qd_pipe_clock_s(), .count = n};
+        s->bytes_out = meta_len;
+        for (int i = 0; i < n; i++) {
+            dry.in_total += plan[i].src->bytes;
+            s->bytes_out += (plan[i].out.bytes + QD_GGUF_DEFAULT_ALIGNMENT - 1) / QD_GGUF_DEFAULT_ALIGNMENT *
+                            QD_GGUF_DEFAULT_ALIGNMENT;
+        }
+        for (int i = 0; i < n; i++) {
+            each[i + 1] = (struct piece){.plan = i, .rows = tensor_rows(&plan[i]), .last = 1};
+            tensor_handed(&dry, i + 1);
+        }
+        free(each);
+        s->dry_run = 1;
+        rc = 0;
+        *status = QD_OK;
         goto done;
     }
     if (qd_outfile_open(&out, o->dst, err, errlen)) {

@@ -1,5 +1,6 @@
 /* Conversion jobs (convert_job.h). */
 #include "checkpoint/convert_job.h"
+#include "checkpoint/gguf_options.h"
 #include "checkpoint/gguf_recipe.h"
 
 #include <cjson/cJSON.h>
@@ -187,6 +188,76 @@ void qd_convert_name_error(struct qd_reply *err, const char *name, int as_recipe
                        f ? ": spelled " : "", f ? f->name : "");
 }
 
+int qd_convert_gguf_option(struct qd_convert_request *r, const char *key, const char *value, struct qd_reply *err)
+{
+    if (!qd_gguf_option_known(key, NULL))
+        return 1;
+    if (!strcmp(key, "tensor_type_file") || !strcmp(key, "tensor-type-file")) {
+        qd_reply_error(err, 400, "bad_request", "tensor_type_file reads a file of the server's: give the entries as "
+                       "tensor_type (PATTERN=TYPE, repeated)");
+        return -1;
+    }
+    if (!r->gguf) {
+        if (!(r->gguf = malloc(sizeof *r->gguf))) {
+            qd_reply_error(err, 503, "out_of_memory", "no memory");
+            return -1;
+        }
+        qd_gguf_options_init(r->gguf);
+    }
+    char msg[512];
+    if (qd_gguf_option_set(r->gguf, key, value, msg, sizeof msg)) {
+        qd_reply_error(err, 400, "bad_param", "%s", msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* A job body's member that is one of llama-quantize's options: true/false, a string, a number,
+ * or an array of strings and numbers (each one a value of a repeatable option). 1 when it is
+ * none, 0 when set, -1 with the 400. */
+static int gguf_option_json(struct qd_convert_request *r, const cJSON *it, struct qd_reply *err)
+{
+    if (!qd_gguf_option_known(it->string, NULL))
+        return 1;
+    const cJSON *one = it, *next = NULL;
+    if (cJSON_IsArray(it)) {
+        one = it->child;
+        if (!one) /* an empty list sets nothing */
+            return 0;
+    }
+    for (; one; one = next) {
+        next = cJSON_IsArray(it) ? one->next : NULL;
+        char text[64];
+        const char *v = NULL;
+        if (cJSON_IsBool(one))
+            v = cJSON_IsTrue(one) ? "true" : "false";
+        else if (cJSON_IsString(one))
+            v = one->valuestring;
+        else if (cJSON_IsNumber(one) && one->valuedouble == (double)(long long)one->valuedouble) {
+            snprintf(text, sizeof text, "%lld", (long long)one->valuedouble);
+            v = text;
+        }
+        if (!v) {
+            qd_reply_error(err, 400, "bad_param", "%.40s takes true/false, a string, an integer or a list of them",
+                           it->string);
+            return -1;
+        }
+        if (cJSON_IsArray(it) && !strcmp(it->string, "prune_layers") && r->gguf && r->gguf->n_prune) {
+            /* a list of layers: one comma-separated value */
+            char all[4096] = "";
+            for (int i = 0; i < r->gguf->n_prune; i++)
+                snprintf(all + strlen(all), sizeof all - strlen(all), "%d,", r->gguf->prune[i]);
+            snprintf(all + strlen(all), sizeof all - strlen(all), "%s", v);
+            if (qd_convert_gguf_option(r, it->string, all, err) < 0)
+                return -1;
+            continue;
+        }
+        if (qd_convert_gguf_option(r, it->string, v, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 static int set_param(struct qd_convert_request *r, const char *k, const char *v, struct qd_reply *err)
 {
     char msg[256];
@@ -230,6 +301,12 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
         int known = 0;
         for (const char *const *k = keys; *k; k++)
             known |= !strcmp(it->string, *k);
+        if (!known && strchr(it->string, '-') == NULL) { /* llama-quantize's options, spelled with '_' */
+            int rc = gguf_option_json(r, it, err);
+            if (rc < 0)
+                goto bad;
+            known = rc == 0;
+        }
         if (!known) {
             qd_reply_error(err, 400, "bad_request", "unknown field '%.64s' in the convert request", it->string);
             goto bad;
@@ -298,7 +375,7 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
         goto bad;
     /* the engine's own check: the source's kind for the format, the destination usable */
     struct qd_convert_opts co = {.src = r->src, .dst = r->dst, .f = r->f, .recipe = r->recipe,
-                                 .overwrite = r->overwrite, .root = r->root};
+                                 .overwrite = r->overwrite, .root = r->root, .gguf = r->gguf};
     struct qd_convert_dest d;
     enum qd_status st;
     char why[1024];
@@ -338,13 +415,26 @@ void qd_convert_request_free(struct qd_convert_request *r)
     free(r->skip);
     free(r->only);
     qd_name_filter_free(r->filter);
+    if (r->gguf)
+        qd_gguf_options_free(r->gguf);
+    free(r->gguf);
     free(r->recipe);
     free(r);
 }
 
+/* A run's progress: the job's counters, and with --dry-run each tensor's type. */
+struct run {
+    struct qd_job *j;
+    cJSON *types; /* {name: type} when a dry run, else NULL */
+};
+
 static void on_tensor(void *ctx, const struct qd_convert_event *ev)
 {
-    struct qd_job *j = ctx;
+    struct run *run = ctx;
+    struct qd_job *j = run->j;
+    if (run->types)
+        cJSON_AddStringToObject(run->types, ev->name, ev->action == QD_CONVERT_QUANTIZE ? ev->fmt
+                                                      : ev->action == QD_CONVERT_CAST_F16 ? "f16" : "copied");
     atomic_store(&j->tensors_total, ev->count);
     atomic_store(&j->tensors_done, ev->index);
     atomic_store(&j->bytes_total, ev->in_total);
@@ -354,10 +444,11 @@ static void on_tensor(void *ctx, const struct qd_convert_event *ev)
 void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
 {
     const struct qd_convert_request *r = j->convert;
+    struct run run = {.j = j, .types = r->gguf && r->gguf->dry_run ? cJSON_CreateObject() : NULL};
     struct qd_convert_opts o = {.src = r->src, .dst = r->dst, .f = r->f, .params = r->params, .skip = r->skip,
-                                .only = r->only, .filter = r->filter, .recipe = r->recipe,
+                                .only = r->only, .filter = r->filter, .recipe = r->recipe, .gguf = r->gguf,
                                 .max_header_bytes = r->max_header_bytes, .backend = b, .worker = worker,
-                                .progress = on_tensor, .progress_ctx = j, .cancel = &j->cancel,
+                                .progress = on_tensor, .progress_ctx = &run, .cancel = &j->cancel,
                                 .overwrite = r->overwrite || r->spooled, .root = r->root};
     char why[256];
     qd_convert_spread(&o, why, sizeof why); /* its tensors go to every device, as the CLI's do */
@@ -376,6 +467,7 @@ void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
                            s.quantized + s.copied + s.cast);
         qd_reply_error(&j->reply, qd_status_http(st), qd_status_code(st), "%s", err);
         free(s.layout_config);
+        cJSON_Delete(run.types);
         return;
     }
     qd_metrics_convert(r->f, "ok", s.bytes_in, s.quantized + s.copied + s.cast);
@@ -395,7 +487,12 @@ void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
         if (s.rule_why[0])
             cJSON_AddStringToObject(sum, "rule_why", s.rule_why);
     }
-    if (!r->spooled) {
+    if (s.dry_run) { /* nothing written: each tensor's type and the size the file would have */
+        cJSON_AddBoolToObject(sum, "dry_run", 1);
+        cJSON_AddItemToObject(sum, "tensors", run.types);
+        run.types = NULL;
+    }
+    if (!r->spooled || s.dry_run) {
         free(config);
         qd_reply_json(&j->reply, 200, sum);
         return;

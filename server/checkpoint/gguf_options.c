@@ -226,10 +226,10 @@ static int set_prune(struct qd_gguf_options *o, const char *v, char *err, size_t
     return 0;
 }
 
-/* A flag's value over HTTP: absent (the command line) or true/false. */
+/* A flag's value: absent (the command line, a bare query parameter) or true/false. */
 static int flag(int *slot, const char *opt, const char *v, char *err, size_t errlen)
 {
-    if (!v || !strcmp(v, "true") || !strcmp(v, "1"))
+    if (!v || !*v || !strcmp(v, "true") || !strcmp(v, "1"))
         *slot = 1;
     else if (!strcmp(v, "false") || !strcmp(v, "0"))
         *slot = 0;

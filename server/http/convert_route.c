@@ -156,6 +156,11 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
             *slot = strdup(v);
             continue;
         }
+        int gguf_option = qd_convert_gguf_option(r, k, v, err); /* llama-quantize's options */
+        if (gguf_option < 0)
+            goto bad;
+        if (gguf_option == 0)
+            continue;
         if (!qd_param_find(k) || !qd_format_accepts(r->f, k)) {
             qd_reply_error(err, 400, "unknown_param", "unknown parameter '%.32s' for format %s", k, r->f->name);
             goto bad;

@@ -138,3 +138,109 @@ def test_options_need_gguf_output(tmp_path):
     subprocess.run([sys.executable, TINY_HF, str(src)], check=True)
     p = run_quantd("convert", "--in", src, "--out", tmp_path / "o", "--fmt", "nf4", "--pure", check=False)
     assert p.returncode == 1 and "apply to GGUF output" in p.stderr, p.stderr
+
+
+@pytest.fixture(scope="module")
+def service(models, tmp_path_factory):
+    """quantd serve on a free loopback port, its --data-dir holding the tiny models."""
+    import shutil
+    import socket
+    import time
+    import urllib.request
+    data = tmp_path_factory.mktemp("data")
+    for name in ("llama", "qwen2"):
+        shutil.copy(models[name], data / f"{name}.gguf")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from conftest import QUANTD
+    p = subprocess.Popen([QUANTD, "serve", "--listen", f"127.0.0.1:{port}", "--backend", "cpu", "--data-dir",
+                          str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(base + "/readyz", timeout=1)
+            break
+        except Exception:
+            time.sleep(0.05)
+    yield base, data
+    p.terminate()
+    assert p.wait(timeout=30) == 0
+
+
+def http(method, url, body=None, headers=None):
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def run_job(base, body):
+    import time
+    status, r = http("POST", base + "/jobs?op=convert", json.dumps(body).encode(),
+                     {"Content-Type": "application/json"})
+    assert status == 202, r
+    job = json.loads(r)["id"]
+    for _ in range(600):
+        status, r = http("GET", f"{base}/jobs/{job}/result")
+        if status != 409:
+            return status, json.loads(r)
+        time.sleep(0.05)
+    raise AssertionError("the job did not finish")
+
+
+@pytest.mark.parametrize("key", ["tensor_type", "override_kv", "prune_layers", "leave_output_tied"])
+def test_job_takes_the_options(service, key):
+    """A conversion job with the options as members (llama-quantize's names, '_' for '-'; a
+    repeatable one as a list) writes llama-quantize's file."""
+    base, data = service
+    case = FIX["cases"][key]
+    body = {"source": f"{case['model']}.gguf", "destination": f"{key}.gguf", "recipe": case["mix"],
+            "overwrite": True}
+    opts = case["options"]
+    i = 0
+    while i < len(opts):
+        name = opts[i][2:].replace("-", "_")
+        if i + 1 == len(opts) or opts[i + 1].startswith("--"):
+            body[name] = True
+            i += 1
+            continue
+        body.setdefault(name, []).append(opts[i + 1])
+        i += 2
+    status, r = run_job(base, body)
+    assert status == 200, r
+    assert sha256(data / f"{key}.gguf") == case["sha256"]
+
+
+def test_convert_route_takes_the_options(service, models):
+    """POST /convert with the options in the query (repeated for the repeatable ones) answers
+    llama-quantize's file; with dry_run, the types and the size instead."""
+    import urllib.parse
+    base, _ = service
+    case = FIX["cases"]["tensor_type"]
+    query = [("recipe", case["mix"])] + [("tensor-type", v) for v in case["options"][1::2]]
+    body = open(models["llama"], "rb").read()
+    hdr = {"Content-Type": "application/octet-stream"}
+    status, r = http("POST", base + "/convert?" + urllib.parse.urlencode(query), body, hdr)
+    assert status == 200 and hashlib.sha256(r).hexdigest() == case["sha256"], r[:200]
+    status, r = http("POST", base + "/convert?" + urllib.parse.urlencode(query + [("dry_run", "true")]), body, hdr)
+    summary = json.loads(r)
+    assert status == 200 and summary["dry_run"] is True and summary["bytes_out"] == case["bytes"], summary
+    assert summary["tensors"]["blk.0.attn_v.weight"] == "q8_0" and summary["tensors"]["blk.1.ffn_down.weight"] == "q5_0"
+
+
+@pytest.mark.parametrize("query,says", [
+    ([("tensor_type", "attn_v=q9")], "not a ggml type"),
+    ([("tensor_type_file", "/etc/passwd")], "reads a file of the server's"),
+    ([("pure", "maybe")], "--pure takes true or false"),
+])
+def test_convert_route_refuses_bad_options(service, models, query, says):
+    import urllib.parse
+    base, _ = service
+    status, r = http("POST", base + "/convert?" + urllib.parse.urlencode([("recipe", "Q4_0")] + query),
+                     open(models["llama"], "rb").read(), {"Content-Type": "application/octet-stream"})
+    assert status == 400 and says in json.loads(r)["error"]["message"], r

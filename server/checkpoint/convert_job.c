@@ -212,49 +212,48 @@ int qd_convert_gguf_option(struct qd_convert_request *r, const char *key, const 
     return 0;
 }
 
-/* A job body's member that is one of llama-quantize's options: true/false, a string, a number,
- * or an array of strings and numbers (each one a value of a repeatable option). 1 when it is
- * none, 0 when set, -1 with the 400. */
+/* A job body's member that is one of llama-quantize's options: a flag as true/false, a value
+ * as a string; tensor_type and override_kv also as a list of strings, prune_layers as a list
+ * of layer numbers. 1 when it is none, 0 when set, -1 with the 400. */
 static int gguf_option_json(struct qd_convert_request *r, const cJSON *it, struct qd_reply *err)
 {
-    if (!qd_gguf_option_known(it->string, NULL))
+    int takes_value;
+    if (!qd_gguf_option_known(it->string, &takes_value))
         return 1;
-    const cJSON *one = it, *next = NULL;
-    if (cJSON_IsArray(it)) {
-        one = it->child;
-        if (!one) /* an empty list sets nothing */
-            return 0;
-    }
-    for (; one; one = next) {
-        next = cJSON_IsArray(it) ? one->next : NULL;
-        char text[64];
-        const char *v = NULL;
-        if (cJSON_IsBool(one))
-            v = cJSON_IsTrue(one) ? "true" : "false";
-        else if (cJSON_IsString(one))
-            v = one->valuestring;
-        else if (cJSON_IsNumber(one) && one->valuedouble == (double)(long long)one->valuedouble) {
-            snprintf(text, sizeof text, "%lld", (long long)one->valuedouble);
-            v = text;
-        }
-        if (!v) {
-            qd_reply_error(err, 400, "bad_param", "%.40s takes true/false, a string, an integer or a list of them",
-                           it->string);
+    const int prune = !strcmp(it->string, "prune_layers");
+    const int repeatable = !strcmp(it->string, "tensor_type") || !strcmp(it->string, "override_kv");
+    if (!takes_value) {
+        if (!cJSON_IsBool(it)) {
+            qd_reply_error(err, 400, "bad_param", "%.40s takes true or false", it->string);
             return -1;
         }
-        if (cJSON_IsArray(it) && !strcmp(it->string, "prune_layers") && r->gguf && r->gguf->n_prune) {
-            /* a list of layers: one comma-separated value */
-            char all[4096] = "";
-            for (int i = 0; i < r->gguf->n_prune; i++)
-                snprintf(all + strlen(all), sizeof all - strlen(all), "%d,", r->gguf->prune[i]);
-            snprintf(all + strlen(all), sizeof all - strlen(all), "%s", v);
-            if (qd_convert_gguf_option(r, it->string, all, err) < 0)
-                return -1;
-            continue;
-        }
-        if (qd_convert_gguf_option(r, it->string, v, err) < 0)
-            return -1;
+        return qd_convert_gguf_option(r, it->string, cJSON_IsTrue(it) ? "true" : "false", err) < 0 ? -1 : 0;
     }
+    if (cJSON_IsString(it))
+        return qd_convert_gguf_option(r, it->string, it->valuestring, err) < 0 ? -1 : 0;
+    if (!cJSON_IsArray(it) || !(prune || repeatable)) {
+        qd_reply_error(err, 400, "bad_param", "%.40s takes a string%s", it->string,
+                       prune ? " (\"1,5\") or a list of layer numbers" : repeatable ? " or a list of strings" : "");
+        return -1;
+    }
+    char layers[4096] = "";
+    size_t at = 0;
+    const cJSON *one;
+    cJSON_ArrayForEach(one, it) {
+        if (prune ? !cJSON_IsNumber(one) || one->valuedouble < 0 || one->valuedouble > 1e6 ||
+                        one->valuedouble != (double)(int)one->valuedouble
+                  : !cJSON_IsString(one)) {
+            qd_reply_error(err, 400, "bad_param", "%.40s: every item is %s", it->string,
+                           prune ? "a layer number (0, 1, ...)" : "a string");
+            return -1;
+        }
+        if (!prune && qd_convert_gguf_option(r, it->string, one->valuestring, err) < 0)
+            return -1;
+        if (prune && at < sizeof layers - 16)
+            at += (size_t)snprintf(layers + at, sizeof layers - at, "%s%d", at ? "," : "", (int)one->valuedouble);
+    }
+    if (prune && at && qd_convert_gguf_option(r, it->string, layers, err) < 0)
+        return -1;
     return 0;
 }
 

@@ -229,9 +229,9 @@ static int set_prune(struct qd_gguf_options *o, const char *v, char *err, size_t
 /* A flag's value: absent (the command line, a bare query parameter) or true/false. */
 static int flag(int *slot, const char *opt, const char *v, char *err, size_t errlen)
 {
-    if (!v || !*v || !strcmp(v, "true") || !strcmp(v, "1"))
+    if (!v || !*v || !strcmp(v, "true"))
         *slot = 1;
-    else if (!strcmp(v, "false") || !strcmp(v, "0"))
+    else if (!strcmp(v, "false"))
         *slot = 0;
     else {
         snprintf(err, errlen, "%s takes true or false (got '%.40s')", opt, v);

@@ -209,7 +209,12 @@ def test_job_takes_the_options(service, key):
             body[name] = True
             i += 1
             continue
-        body.setdefault(name, []).append(opts[i + 1])
+        if name in ("tensor_type", "override_kv"):
+            body.setdefault(name, []).append(opts[i + 1])
+        elif name == "prune_layers":
+            body[name] = [int(x) for x in opts[i + 1].split(",")]
+        else:
+            body[name] = opts[i + 1]
         i += 2
     status, r = run_job(base, body)
     assert status == 200, r
@@ -233,10 +238,26 @@ def test_convert_route_takes_the_options(service, models):
     assert summary["tensors"]["blk.0.attn_v.weight"] == "q8_0" and summary["tensors"]["blk.1.ffn_down.weight"] == "q5_0"
 
 
+@pytest.mark.parametrize("member,says", [
+    ({"pure": "true"}, "pure takes true or false"),
+    ({"output_tensor_type": ["q8_0"]}, "output_tensor_type takes a string"),
+    ({"tensor_type": ["attn_v=q8_0", 3]}, "tensor_type: every item is a string"),
+    ({"prune_layers": [1, -1]}, "prune_layers: every item is a layer number"),
+    ({"override_kv": "a=int:1.5"}, "'1.5' is not an integer"),
+    ({"tensor-type": "attn_v=q8_0"}, "unknown field 'tensor-type'"),
+])
+def test_job_refuses_bad_options(service, member, says):
+    base, _ = service
+    body = {"source": "llama.gguf", "destination": "bad.gguf", "recipe": "Q4_0", **member}
+    status, r = http("POST", base + "/jobs?op=convert", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    assert status == 400 and says in json.loads(r)["error"]["message"], r
+
+
 @pytest.mark.parametrize("query,says", [
     ([("tensor_type", "attn_v=q9")], "not a ggml type"),
     ([("tensor_type_file", "/etc/passwd")], "reads a file of the server's"),
     ([("pure", "maybe")], "--pure takes true or false"),
+    ([("pure", "1")], "--pure takes true or false"),
 ])
 def test_convert_route_refuses_bad_options(service, models, query, says):
     import urllib.parse

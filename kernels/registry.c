@@ -367,8 +367,10 @@ static const char *const fp8_defaults[] = {"granularity=channel", "flow=compress
     {.name = nm, .family = "bnb4", .doc = dc, .block_elems = 64, .block_axis = "flat",         \
      .bits_per_weight = 4.0 + 8.0 / 64 + 32.0 / (256 * 64), .code = cd, .params = bnb4_params,  \
      .layout = layout_bnb4, .backend = BACKENDS(bnb4)}
-#define GGML(nm, cd, bytes, gguf, ftype, dc)                                                    \
-    {.name = nm, .family = "ggml", .doc = dc, .block_elems = 32, .block_bytes = bytes,         \
+/* imp: the backends that honour an importance vector (QD_IMPORTANCE_ON bits) */
+#define ANY_BACKEND (QD_IMPORTANCE_ON(QD_BACKEND_CPU) | QD_IMPORTANCE_ON(QD_BACKEND_CUDA))
+#define GGML(nm, cd, bytes, gguf, ftype, imp, dc)                                               \
+    {.name = nm, .importance = imp, .family = "ggml", .doc = dc, .block_elems = 32, .block_bytes = bytes,         \
      .block_axis = "last", .bits_per_weight = bytes * 8.0 / 32, .code = cd,                    \
      .gguf_type = gguf, .gguf_file_type = ftype, .params = ggml_params, .layout = layout_ggml,  \
      .backend = BACKENDS(ggml)}
@@ -389,12 +391,12 @@ static const char *const fp8_defaults[] = {"granularity=channel", "flow=compress
 const struct qd_format qd_formats[] = {
     BNB4("nf4", 0, "bitsandbytes NormalFloat4 (quantize_4bit quant_type='nf4')"),
     BNB4("fp4", 1, "bitsandbytes FP4 (quantize_4bit quant_type='fp4')"),
-    GGML("q4_0", QD_Q4_0, 18, 2, 2, "ggml block_q4_0: f16 d, 32 x 4-bit"),
-    GGML("q4_1", QD_Q4_1, 20, 3, 3, "ggml block_q4_1: f16 d, f16 m, 32 x 4-bit"),
-    GGML("q5_0", QD_Q5_0, 22, 6, 8, "ggml block_q5_0: f16 d, 32 x 5-bit"),
-    GGML("q5_1", QD_Q5_1, 24, 7, 9, "ggml block_q5_1: f16 d, f16 m, 32 x 5-bit"),
-    GGML("q8_0", QD_Q8_0, 34, 8, 7, "ggml block_q8_0: f16 d, 32 x int8"),
-    GGML("q8_1", QD_Q8_1, 36, 9, 0, "ggml block_q8_1: f16 d, f16 s = d*sum(q), 32 x int8"),
+    GGML("q4_0", QD_Q4_0, 18, 2, 2, 0, "ggml block_q4_0: f16 d, 32 x 4-bit"),
+    GGML("q4_1", QD_Q4_1, 20, 3, 3, 0, "ggml block_q4_1: f16 d, f16 m, 32 x 4-bit"),
+    GGML("q5_0", QD_Q5_0, 22, 6, 8, 0, "ggml block_q5_0: f16 d, 32 x 5-bit"),
+    GGML("q5_1", QD_Q5_1, 24, 7, 9, 0, "ggml block_q5_1: f16 d, f16 m, 32 x 5-bit"),
+    GGML("q8_0", QD_Q8_0, 34, 8, 7, ANY_BACKEND /* read and ignored, as ggml does */, "ggml block_q8_0: f16 d, 32 x int8"),
+    GGML("q8_1", QD_Q8_1, 36, 9, 0, 0, "ggml block_q8_1: f16 d, f16 s = d*sum(q), 32 x int8"),
     /* llama_ftype of the mix whose default type this is (llama-quantize --pure Q4_K writes 15) */
     KQUANT("q2_K", QD_Q2_K, 84, 10, 10, "ggml block_q2_K: 256 elements, 16 x (4-bit scale, 4-bit min), 2-bit codes"),
     KQUANT("q3_K", QD_Q3_K, 110, 11, 12, "ggml block_q3_K: 256 elements, 16 x 6-bit scales, 3-bit codes"),

@@ -22,6 +22,7 @@
 #include "checkpoint/convert.h"
 #include "checkpoint/gguf.h"
 #include "checkpoint/gguf_options.h"
+#include "checkpoint/imatrix.h"
 #include "checkpoint/gguf_recipe.h"
 #include "checkpoint/pipeline.h"
 
@@ -117,6 +118,7 @@ struct plan {
     struct qd_gguf_tensor out;
     enum qd_convert_action action;
     const struct qd_format *f; /* QD_CONVERT_QUANTIZE: the format (the target's, or its fallback) */
+    const float *importance;   /* its imatrix entry (ne[0] values per matrix), or NULL */
 };
 
 static int same_file(const char *a, const char *b)
@@ -164,7 +166,15 @@ static int64_t rows_per_piece(const struct plan *p, const struct qd_convert_opts
     if (p->action == QD_CONVERT_COPY || o->report_error || rows <= 1)
         return rows > 1 ? rows : 1;
     const uint64_t row_in = p->src->bytes / (uint64_t)rows, cap = o->piece_bytes ? o->piece_bytes : PIECE_BYTES;
-    return cap / row_in > 0 ? (int64_t)(cap / row_in) : 1;
+    int64_t per = cap / row_in > 0 ? (int64_t)(cap / row_in) : 1;
+    if (p->importance && p->src->ne[2] > 1) { /* a piece within one expert: one importance vector */
+        const int64_t matrix_rows = p->src->ne[1];
+        if (per >= matrix_rows)
+            return matrix_rows;
+        while (matrix_rows % per)
+            per--;
+    }
+    return per;
 }
 
 static enum qd_status process_tensor(void *ctx, int lane, int item, const void *in, void *out, char *err,
@@ -183,6 +193,10 @@ static enum qd_status process_tensor(void *ctx, int lane, int item, const void *
         if (p->f != o.f) { /* a fallback type: its own default parameters */
             o.f = p->f;
             qd_params_default(p->f, &o.params);
+        }
+        if (p->importance) { /* the vector of the piece's matrix (pieces never cross one) */
+            o.params.importance = p->importance + pc->row0 / p->src->ne[1] * p->src->ne[0];
+            o.params.importance_n = p->src->ne[0];
         }
         enum qd_status st = qd_convert_quantize(&o, in, float_dtype(p->src->type), rows, p->src->ne[0], out,
                                                 (int64_t)out_bytes, &j->nmse, NULL, err, errlen);
@@ -349,6 +363,36 @@ static int plan_target(struct plan *p, uint32_t target, const struct qd_gguf_opt
     return 0;
 }
 
+/* The tensor's entry of the importance matrix im (NULL: none), as llama-quantize picks it: by
+ * its name before --prune-layers renumbered it, ne[0] values per matrix, another length refused
+ * (but for the token embedding, whose entry is ignored then). A tensor that requires one and
+ * has none is refused. */
+static int plan_importance(struct plan *p, const struct qd_imatrix *im, int requires, char *err, size_t errlen)
+{
+    const struct qd_imatrix_entry *e = im ? qd_imatrix_find(im, p->src->name) : NULL;
+    const int64_t want = p->src->ne[0] * p->src->ne[2];
+    if (e && e->n != want) {
+        if (strcmp(p->src->name, "token_embd.weight") && strcmp(p->src->name, "per_layer_token_embd.weight")) {
+            snprintf(err, errlen, "the importance matrix's entry for %s has %lld values, the tensor %lld (columns x "
+                     "experts): it was made for another model", p->src->name, (long long)e->n, (long long)want);
+            return -1;
+        }
+        e = NULL;
+    }
+    if (!e && requires) {
+        snprintf(err, errlen, "the importance matrix has no entry for tensor %s, which %s needs one for "
+                 "(llama-quantize refuses it too)", p->src->name, qd_ggml_type(p->out.type)->name);
+        return -1;
+    }
+    if (e && p->action == QD_CONVERT_QUANTIZE && !p->f->importance) {
+        snprintf(err, errlen, "tensor %s: quantd's %s does not take an importance matrix yet", p->src->name,
+                 p->f->name);
+        return -1;
+    }
+    p->importance = e && p->action == QD_CONVERT_QUANTIZE ? e->values : NULL;
+    return 0;
+}
+
 /* An --override-kv as gguf_set_val_* writes it: an int as u32 of its magnitude. */
 static struct qd_gguf_new_kv kv_override(const struct qd_gguf_kv_override *k)
 {
@@ -412,6 +456,7 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
     struct piece *pieces = NULL;
     struct qd_pipe_pool *pool = NULL;
     int src_fd = -1;
+    struct qd_imatrix im = {0};
     if (!plan || !order || !kv || !nf) {
         if (nf)
             snprintf(err, errlen, "no memory for %d tensors", n);
@@ -440,6 +485,17 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
     qd_recipe_init(&rs, recipe, (uint32_t)f->gguf_type, opt, &g, names, kept);
     free(names);
     n = kept;
+    /* the importance matrix (--imatrix), narrowed by --include-weights / --exclude-weights; none
+     * left is none at all (llama-quantize's prepare_imatrix) */
+    if (opt && opt->imatrix_path) {
+        if (qd_imatrix_load(opt->imatrix_path, &im, err, errlen)) {
+            *status = QD_EINVAL;
+            goto done;
+        }
+        qd_imatrix_filter(&im, (const char *const *)opt->include_weights, opt->n_include,
+                          (const char *const *)opt->exclude_weights, opt->n_exclude);
+        rs.has_imatrix = im.n > 0;
+    }
     for (int i = 0; i < n; i++) {
         struct plan *p = &plan[i];
         p->action = QD_CONVERT_COPY;
@@ -449,9 +505,17 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
             continue;
         /* the mix's counters advance over every tensor it types, kept or not by --skip/--only */
         const uint32_t target = qd_recipe_type(&rs, p->src, p->out.name);
+        const int requires = qd_recipe_requires_imatrix(&rs, p->out.name, target);
+        if (requires && !rs.has_imatrix && !(opt && opt->dry_run)) {
+            snprintf(err, errlen, "this quantization requires an importance matrix (--imatrix FILE, made by "
+                     "llama-imatrix): tensor '%s' would be %s", p->out.name, qd_ggml_type(target)->name);
+            goto done;
+        }
         if (!qd_name_filter_keeps(nf, p->out.name))
             continue;
         if (plan_target(p, target, opt, err, errlen))
+            goto done;
+        if (p->action != QD_CONVERT_COPY && plan_importance(p, rs.has_imatrix ? &im : NULL, requires, err, errlen))
             goto done;
     }
     int nkv = 0;
@@ -459,12 +523,27 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
                                           "split.count", "split.tensors.count", NULL};
     /* gguf_set_val_* removes the key and appends it: quantization version, file type, the
      * overrides in order, the block count after --prune-layers */
-    struct qd_gguf_new_kv extra[2 + QD_GGUF_MAX_KV_OVERRIDES + 1];
+    struct qd_gguf_new_kv extra[2 + QD_GGUF_MAX_KV_OVERRIDES + 5];
     int n_extra = 0;
     extra[n_extra++] = (struct qd_gguf_new_kv){"general.quantization_version", QD_GGUF_U32, .i = 2};
     extra[n_extra++] = (struct qd_gguf_new_kv){"general.file_type", QD_GGUF_U32, .i = file_type};
     for (int i = 0; opt && i < opt->n_kv_overrides; i++)
         n_extra = add_extra(extra, n_extra, kv_override(&opt->kv_overrides[i]));
+    if (rs.has_imatrix) { /* what llama-quantize records of the importance matrix, after the user's */
+        static char file[128], dataset[128]; /* (its 127-byte values) */
+        snprintf(file, sizeof file, "%s", opt->imatrix);
+        n_extra = add_extra(extra, n_extra, (struct qd_gguf_new_kv){"quantize.imatrix.file", QD_GGUF_STRING, .s = file});
+        if (im.dataset) {
+            snprintf(dataset, sizeof dataset, "%s", im.dataset);
+            n_extra = add_extra(extra, n_extra,
+                                (struct qd_gguf_new_kv){"quantize.imatrix.dataset", QD_GGUF_STRING, .s = dataset});
+        }
+        n_extra = add_extra(extra, n_extra, (struct qd_gguf_new_kv){"quantize.imatrix.entries_count", QD_GGUF_U32,
+                                                                    .i = im.n});
+        if (im.chunk_count > 0)
+            n_extra = add_extra(extra, n_extra, (struct qd_gguf_new_kv){"quantize.imatrix.chunks_count", QD_GGUF_U32,
+                                                                        .i = im.chunk_count});
+    }
     char block_count[160];
     if (opt && opt->n_prune) {
         snprintf(block_count, sizeof block_count, "%s.block_count", arch ? arch : "");
@@ -596,6 +675,7 @@ done:
     free(order);
     free(plan);
     free(arch);
+    qd_imatrix_free(&im);
     qd_gguf_free(&g);
     qd_unmap_file(&in);
     return rc;

@@ -22,6 +22,12 @@ void qd_gguf_options_free(struct qd_gguf_options *o)
         free(o->tensor_types[i].pattern);
         qd_name_filter_free(o->tensor_types[i].match);
     }
+    for (int i = 0; i < o->n_include; i++)
+        free(o->include_weights[i]);
+    for (int i = 0; i < o->n_exclude; i++)
+        free(o->exclude_weights[i]);
+    free(o->imatrix);
+    free(o->imatrix_path);
     qd_gguf_options_init(o);
 }
 
@@ -226,6 +232,42 @@ static int set_prune(struct qd_gguf_options *o, const char *v, char *err, size_t
     return 0;
 }
 
+/* --include-weights / --exclude-weights NAME: repeatable, one kind only (quantize.cpp). */
+static int add_weight_name(struct qd_gguf_options *o, int include, const char *v, char *err, size_t errlen)
+{
+    int *n = include ? &o->n_include : &o->n_exclude;
+    if ((include ? o->n_exclude : o->n_include) > 0) {
+        snprintf(err, errlen, "--include-weights and --exclude-weights cannot be used together (llama-quantize "
+                 "refuses it too)");
+        return -1;
+    }
+    if (*n == QD_GGUF_MAX_WEIGHT_NAMES) {
+        snprintf(err, errlen, "--%s-weights: at most %d names", include ? "include" : "exclude",
+                 QD_GGUF_MAX_WEIGHT_NAMES);
+        return -1;
+    }
+    char **slot = include ? &o->include_weights[*n] : &o->exclude_weights[*n];
+    if (!(*slot = strdup(v))) {
+        snprintf(err, errlen, "no memory");
+        return -1;
+    }
+    (*n)++;
+    return 0;
+}
+
+static int set_imatrix(struct qd_gguf_options *o, const char *v, char *err, size_t errlen)
+{
+    free(o->imatrix);
+    free(o->imatrix_path);
+    o->imatrix = strdup(v);
+    o->imatrix_path = strdup(v);
+    if (!o->imatrix || !o->imatrix_path) {
+        snprintf(err, errlen, "no memory");
+        return -1;
+    }
+    return 0;
+}
+
 /* A flag's value: absent (the command line, a bare query parameter) or true/false. */
 static int flag(int *slot, const char *opt, const char *v, char *err, size_t errlen)
 {
@@ -241,7 +283,7 @@ static int flag(int *slot, const char *opt, const char *v, char *err, size_t err
 }
 
 enum opt_id { PURE, LEAVE_OUTPUT, ALLOW_REQUANT, DRY_RUN, OUTPUT_TYPE, TOKEN_EMBD_TYPE, TENSOR_TYPE,
-              TENSOR_TYPE_FILE, OVERRIDE_KV, PRUNE };
+              TENSOR_TYPE_FILE, OVERRIDE_KV, PRUNE, IMATRIX, INCLUDE_WEIGHTS, EXCLUDE_WEIGHTS };
 static const struct {
     const char *name;
     enum opt_id id;
@@ -257,6 +299,9 @@ static const struct {
     {"tensor-type-file", TENSOR_TYPE_FILE, 1},
     {"override-kv", OVERRIDE_KV, 1},
     {"prune-layers", PRUNE, 1},
+    {"imatrix", IMATRIX, 1},
+    {"include-weights", INCLUDE_WEIGHTS, 1},
+    {"exclude-weights", EXCLUDE_WEIGHTS, 1},
 };
 #define N_OPTIONS (int)(sizeof options / sizeof *options)
 
@@ -285,7 +330,7 @@ const char *qd_gguf_option_names(void)
 {
     return "--pure --leave-output-tensor --allow-requantize --dry-run --output-tensor-type TYPE "
            "--token-embedding-type TYPE --tensor-type PATTERN=TYPE --tensor-type-file FILE --override-kv KEY=TYPE:VALUE "
-           "--prune-layers L0,L1,...";
+           "--prune-layers L0,L1,... --imatrix FILE --include-weights NAME --exclude-weights NAME";
 }
 
 int qd_gguf_option_set(struct qd_gguf_options *o, const char *name, const char *v, char *err, size_t errlen)
@@ -313,6 +358,9 @@ int qd_gguf_option_set(struct qd_gguf_options *o, const char *name, const char *
     case TENSOR_TYPE_FILE: return add_tensor_type_file(o, v, err, errlen);
     case OVERRIDE_KV: return add_kv_override(o, v, err, errlen);
     case PRUNE: return set_prune(o, v, err, errlen);
+    case IMATRIX: return set_imatrix(o, v, err, errlen);
+    case INCLUDE_WEIGHTS: return add_weight_name(o, 1, v, err, errlen);
+    case EXCLUDE_WEIGHTS: return add_weight_name(o, 0, v, err, errlen);
     }
     return -1;
 }

@@ -15,6 +15,7 @@
 #define QD_GGUF_MAX_TENSOR_TYPES 256
 #define QD_GGUF_MAX_KV_OVERRIDES 64
 #define QD_GGUF_MAX_PRUNE 512
+#define QD_GGUF_MAX_WEIGHT_NAMES 64
 
 struct qd_name_filter;
 
@@ -49,6 +50,11 @@ struct qd_gguf_options {
     int n_kv_overrides;
     int prune[QD_GGUF_MAX_PRUNE]; /* --prune-layers, sorted, unique */
     int n_prune;
+    char *imatrix;                /* --imatrix FILE, as given (general metadata records it so) */
+    char *imatrix_path;           /* where to open it (a job's: resolved in its data directory);
+                                     NULL: imatrix */
+    char *include_weights[QD_GGUF_MAX_WEIGHT_NAMES], *exclude_weights[QD_GGUF_MAX_WEIGHT_NAMES];
+    int n_include, n_exclude;     /* --include-weights / --exclude-weights NAME: substrings */
     int n_set;                    /* options given: any says the output is a GGUF */
 };
 

@@ -10,7 +10,7 @@
 #include <string.h>
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 7, Q5_0 = 8, Q5_1 = 9, Q2_K = 10, Q3_K_S = 11, Q3_K_M = 12, Q3_K_L = 13,
-       Q4_K_S = 14, Q4_K_M = 15, Q5_K_S = 16, Q5_K_M = 17, Q6_K = 18 };
+       Q4_K_S = 14, Q4_K_M = 15, Q5_K_S = 16, Q5_K_M = 17, Q6_K = 18, Q2_K_S = 21 };
 
 static const struct qd_gguf_recipe recipes[] = {
     {"Q4_0", Q4_0, "q4_0"},     {"Q4_1", Q4_1, "q4_1"},     {"Q5_0", Q5_0, "q5_0"},
@@ -18,6 +18,7 @@ static const struct qd_gguf_recipe recipes[] = {
     {"Q3_K_S", Q3_K_S, "q3_K"}, {"Q3_K_M", Q3_K_M, "q3_K"}, {"Q3_K_L", Q3_K_L, "q3_K"},
     {"Q4_K_S", Q4_K_S, "q4_K"}, {"Q4_K_M", Q4_K_M, "q4_K"}, {"Q5_K_S", Q5_K_S, "q5_K"},
     {"Q5_K_M", Q5_K_M, "q5_K"}, {"Q6_K", Q6_K, "q6_K"},
+    {"Q2_K_S", Q2_K_S, "q2_K"}, /* (with an importance matrix only: qd_recipe_requires_imatrix) */
     /* llama-quantize's aliases */
     {"Q3_K", Q3_K_M, "q3_K"},   {"Q4_K", Q4_K_M, "q4_K"},   {"Q5_K", Q5_K_M, "q5_K"},
 };
@@ -36,7 +37,7 @@ const struct qd_gguf_recipe *qd_gguf_recipe_find(const char *name)
 const char *qd_gguf_recipe_names(void)
 {
     return "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K (Q3_K, Q4_K, "
-           "Q5_K: the _M mixes)";
+           "Q5_K: the _M mixes), Q2_K_S (with --imatrix)";
 }
 
 /* An integer key's value (an array's first element), or def. */
@@ -155,6 +156,8 @@ static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor 
     } else if (attn_v_like(c)) {
         if (ft == Q2_K)
             type = s->n_gqa >= 4 ? QD_GGML_Q4_K : QD_GGML_Q3_K;
+        else if (ft == Q2_K_S && s->n_gqa >= 4)
+            type = QD_GGML_Q4_K;
         else if (ft == Q3_K_M)
             type = s->i_attention_wv < 2 ? QD_GGML_Q5_K : QD_GGML_Q4_K;
         else if (ft == Q3_K_L)
@@ -177,7 +180,10 @@ static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor 
             sscanf(name, "blk.%d.", &i);
         if (ft == Q2_K)
             type = QD_GGML_Q3_K;
-        else if (ft == Q3_K_M)
+        else if (ft == Q2_K_S) {
+            if (i < n / 8)
+                type = QD_GGML_Q4_K;
+        } else if (ft == Q3_K_M)
             type = i < n / 16 ? QD_GGML_Q5_K : !s->falcon || use_more_bits(i, n) ? QD_GGML_Q4_K : QD_GGML_Q3_K;
         else if (ft == Q3_K_L)
             type = s->falcon ? QD_GGML_Q4_K : QD_GGML_Q5_K;
@@ -190,6 +196,8 @@ static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor 
             type = QD_GGML_Q6_K;
         else if (ft == Q4_K_S && !s->falcon && i < n / 8)
             type = QD_GGML_Q5_K;
+        else if ((ft == Q4_0 || ft == Q5_0) && s->has_imatrix && i < n / 8)
+            type = ft == Q4_0 ? QD_GGML_Q4_1 : QD_GGML_Q5_1; /* llama.cpp's guard for the first ffn_down layers */
         s->i_ffn_down++;
     } else if (c == ATTN_OUTPUT) {
         if (!s->falcon) {
@@ -262,6 +270,12 @@ uint32_t qd_recipe_type(struct qd_recipe_state *s, const struct qd_gguf_tensor *
     if (!manual && !s->pure)
         type = mix_type(s, t, name, c);
     return fallback_type(type, t->ne[0]);
+}
+
+int qd_recipe_requires_imatrix(const struct qd_recipe_state *s, const char *name, uint32_t type)
+{
+    const enum category c = category(name);
+    return c != OUTPUT && c != TOKEN_EMBD && type == QD_GGML_Q2_K && s->r && s->r->ftype == Q2_K_S;
 }
 
 const struct qd_format *qd_gguf_format_of(uint32_t type)

@@ -29,6 +29,7 @@ struct qd_recipe_state {
     const struct qd_gguf_options *opt;   /* never NULL */
     uint32_t default_type;               /* ggml type id */
     int pure;                            /* no mix rules (--fmt, --pure) */
+    int has_imatrix;                     /* an importance matrix is given (set after init) */
     int falcon, glm5_next, is_70b, tied;
     int n_gqa, n_expert, n_layer;
     int n_attention_wv, i_attention_wv, i_ffn_down;
@@ -43,6 +44,9 @@ void qd_recipe_init(struct qd_recipe_state *s, const struct qd_gguf_recipe *r, u
  * fallback applied; QD_GGUF_TYPE_NONE when a row fits no block and llama.cpp has no fallback
  * for the type. Call once per such tensor, in the loader's order. */
 uint32_t qd_recipe_type(struct qd_recipe_state *s, const struct qd_gguf_tensor *t, const char *name);
+/* tensor_requires_imatrix: whether llama-quantize refuses to write tensor name as type without
+ * an importance matrix (Q2_K_S's Q2_K tensors; among the types quantd writes, only those). */
+int qd_recipe_requires_imatrix(const struct qd_recipe_state *s, const char *name, uint32_t type);
 /* The registry format that writes ggml type id `type`, or NULL. */
 const struct qd_format *qd_gguf_format_of(uint32_t type);
 

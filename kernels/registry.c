@@ -375,7 +375,7 @@ static const char *const fp8_defaults[] = {"granularity=channel", "flow=compress
      .gguf_type = gguf, .gguf_file_type = ftype, .params = ggml_params, .layout = layout_ggml,  \
      .backend = BACKENDS(ggml)}
 #define KQUANT(nm, cd, bytes, gguf, ftype, dc)                                                  \
-    {.name = nm, .family = "kquant", .doc = dc, .block_elems = QD_QK_K, .block_bytes = bytes,  \
+    {.name = nm, .importance = QD_IMPORTANCE_ON(QD_BACKEND_CPU), .family = "kquant", .doc = dc, .block_elems = QD_QK_K, .block_bytes = bytes,  \
      .block_axis = "last", .bits_per_weight = bytes * 8.0 / QD_QK_K, .code = cd,               \
      .gguf_type = gguf, .gguf_file_type = ftype, .params = kquant_params,                      \
      .layout = layout_kquant, .backend = BACKENDS(kquant)}
@@ -391,10 +391,10 @@ static const char *const fp8_defaults[] = {"granularity=channel", "flow=compress
 const struct qd_format qd_formats[] = {
     BNB4("nf4", 0, "bitsandbytes NormalFloat4 (quantize_4bit quant_type='nf4')"),
     BNB4("fp4", 1, "bitsandbytes FP4 (quantize_4bit quant_type='fp4')"),
-    GGML("q4_0", QD_Q4_0, 18, 2, 2, 0, "ggml block_q4_0: f16 d, 32 x 4-bit"),
-    GGML("q4_1", QD_Q4_1, 20, 3, 3, 0, "ggml block_q4_1: f16 d, f16 m, 32 x 4-bit"),
-    GGML("q5_0", QD_Q5_0, 22, 6, 8, 0, "ggml block_q5_0: f16 d, 32 x 5-bit"),
-    GGML("q5_1", QD_Q5_1, 24, 7, 9, 0, "ggml block_q5_1: f16 d, f16 m, 32 x 5-bit"),
+    GGML("q4_0", QD_Q4_0, 18, 2, 2, QD_IMPORTANCE_ON(QD_BACKEND_CPU), "ggml block_q4_0: f16 d, 32 x 4-bit"),
+    GGML("q4_1", QD_Q4_1, 20, 3, 3, QD_IMPORTANCE_ON(QD_BACKEND_CPU), "ggml block_q4_1: f16 d, f16 m, 32 x 4-bit"),
+    GGML("q5_0", QD_Q5_0, 22, 6, 8, QD_IMPORTANCE_ON(QD_BACKEND_CPU), "ggml block_q5_0: f16 d, 32 x 5-bit"),
+    GGML("q5_1", QD_Q5_1, 24, 7, 9, QD_IMPORTANCE_ON(QD_BACKEND_CPU), "ggml block_q5_1: f16 d, f16 m, 32 x 5-bit"),
     GGML("q8_0", QD_Q8_0, 34, 8, 7, ANY_BACKEND /* read and ignored, as ggml does */, "ggml block_q8_0: f16 d, 32 x int8"),
     GGML("q8_1", QD_Q8_1, 36, 9, 0, 0, "ggml block_q8_1: f16 d, f16 s = d*sum(q), 32 x int8"),
     /* llama_ftype of the mix whose default type this is (llama-quantize --pure Q4_K writes 15) */

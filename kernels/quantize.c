@@ -59,6 +59,11 @@ enum qd_status qd_importance_check(enum qd_backend_kind b, const struct qd_forma
                  f->importance ? backend_names[b] : "");
         return QD_EINVAL;
     }
+    if (p->allow_nonfinite) {
+        snprintf(err, len, "allow_nonfinite does not go with an importance: ggml's weighted searches have no "
+                 "defined result on NaN/Inf");
+        return QD_EINVAL;
+    }
     int64_t matrices = in->ndim >= 3 ? in->rows / in->shape[in->ndim - 2] : 1;
     if (p->importance_n != in->cols && (matrices == 1 || p->importance_n != in->cols * matrices)) {
         snprintf(err, len, "importance has %" PRId64 " values; it needs one per column (%" PRId64 ")%s",

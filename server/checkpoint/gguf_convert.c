@@ -515,7 +515,8 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
             continue;
         if (plan_target(p, target, opt, err, errlen))
             goto done;
-        if (p->action != QD_CONVERT_COPY && plan_importance(p, rs.has_imatrix ? &im : NULL, requires, err, errlen))
+        if (p->action != QD_CONVERT_COPY &&
+            plan_importance(p, rs.has_imatrix ? &im : NULL, requires && !(opt && opt->dry_run), err, errlen))
             goto done;
     }
     int nkv = 0;

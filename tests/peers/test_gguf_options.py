@@ -33,9 +33,14 @@ def models(tmp_path_factory):
                        check=True)
         assert sha256(made[name]) == FIX["inputs"][name], \
             f"{name}: the gguf package writes another input than the fixtures were made from: remake them"
+    for name, (model, kind) in FIX["imatrices"].items():
+        subprocess.run([sys.executable, os.path.join(ROOT, "tests", "checkpoint", "tiny_imatrix.py"), str(made[model]),
+                        str(d / name), kind], check=True)
+        assert sha256(d / name) == FIX["inputs"][name], f"{name}: another imatrix than the fixtures': remake them"
     types = d / "types.txt"
     types.write_text(FIX["types_file"])
     made["TYPES_FILE"] = types
+    made["DIR"] = d
     return made
 
 
@@ -51,7 +56,11 @@ def types_of(path):
 def test_option_equals_llama_quantize(models, tmp_path, key):
     case = FIX["cases"][key]
     out = tmp_path / "out.gguf"
-    run_quantd("convert", "--in", models[case["model"]], "--out", out, *options(models, case), "--recipe", case["mix"])
+    # in the models' directory: an imatrix is named relative to it, as the file records it
+    from conftest import QUANTD
+    p = subprocess.run([QUANTD, "convert", "--in", models[case["model"]], "--out", out, *options(models, case),
+                        "--recipe", case["mix"]], capture_output=True, text=True, cwd=models["DIR"])
+    assert p.returncode == 0, p.stderr
     if sha256(out) != case["sha256"]:
         ours = types_of(out)
         differ = sorted(n for n in case["types"] if ours.get(n) != case["types"][n])
@@ -265,3 +274,75 @@ def test_convert_route_refuses_bad_options(service, models, query, says):
     status, r = http("POST", base + "/convert?" + urllib.parse.urlencode([("recipe", "Q4_0")] + query),
                      open(models["llama"], "rb").read(), {"Content-Type": "application/octet-stream"})
     assert status == 400 and says in json.loads(r)["error"]["message"], r
+
+
+def write_bad_imatrix(path, kind):
+    """Malformed importance matrices, each one llama-quantize refuses too."""
+    import struct
+    import numpy as np
+    if kind == "truncated_dat":
+        path.write_bytes(struct.pack("<ii", 1, 19) + b"blk.0.attn_q.weight" + struct.pack("<ii", 1, 256) + b"\0" * 100)
+    elif kind == "empty_dat":
+        path.write_bytes(struct.pack("<i", 0))
+    elif kind == "nan_dat":
+        v = np.ones(256, np.float32)
+        v[5] = np.nan
+        path.write_bytes(struct.pack("<i", 1) + struct.pack("<i", 19) + b"blk.0.attn_q.weight" + struct.pack("<ii", 1, 256)
+                         + v.tobytes())
+    elif kind in ("no_metadata", "no_counts"):
+        w = gguf.GGUFWriter(str(path), arch="")
+        if kind == "no_counts":
+            w.add_array("imatrix.datasets", ["x"])
+            w.add_uint32("imatrix.chunk_count", 1)
+            w.add_uint32("imatrix.chunk_size", 512)
+        w.add_tensor("blk.0.attn_q.weight.in_sum2", np.ones((1, 256), np.float32))
+        if kind == "no_metadata":
+            w.add_tensor("blk.0.attn_q.weight.counts", np.ones((1, 1), np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+
+@pytest.mark.parametrize("kind,says", [
+    ("truncated_dat", "the file ends inside an entry's values"),
+    ("empty_dat", "no entries"),
+    ("nan_dat", "holds a value that is not finite"),
+    ("no_metadata", "missing imatrix metadata"),
+    ("no_counts", "mismatched sums and counts for blk.0.attn_q.weight"),
+])
+def test_bad_imatrix_is_refused(models, tmp_path, kind, says):
+    bad = tmp_path / "bad.imatrix"
+    write_bad_imatrix(bad, kind)
+    out = tmp_path / "out.gguf"
+    p = run_quantd("convert", "--in", models["llama"], "--out", out, "--imatrix", bad, "--recipe", "Q4_K_M", check=False)
+    assert p.returncode == 1 and says in p.stderr and "--imatrix" in p.stderr, p.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--recipe", "Q2_K_S"], "requires an importance matrix"),
+    (["--recipe", "q2_k_s", "--imatrix", "llama.imatrix.gguf", "--include-weights", "ffn"],
+     "the importance matrix has no entry for tensor blk.0.attn_k.weight"),
+    (["--recipe", "Q4_0", "--imatrix", "llama.imatrix.gguf", "--include-weights", "a", "--exclude-weights", "b"],
+     "cannot be used together"),
+    (["--recipe", "Q4_K_M", "--imatrix", "llama-tied.imatrix.dat"], "it was made for another model"),
+    (["--recipe", "Q4_K_M", "--imatrix", "missing.dat"], "--imatrix: missing.dat"),
+])
+def test_imatrix_refusals(models, tmp_path, args, says):
+    """llama-quantize's imatrix rules: Q2_K_S needs one (its Q2_K tensors), an entry for each of
+    them, one kind of weight filter, entries the model's size."""
+    from conftest import QUANTD
+    out = tmp_path / "out.gguf"
+    p = subprocess.run([QUANTD, "convert", "--in", models["llama"], "--out", out, *args], capture_output=True,
+                       text=True, cwd=models["DIR"])
+    assert p.returncode in (1, 2) and says in p.stderr, p.stderr
+    assert not out.exists()
+
+
+def test_dry_run_without_the_imatrix_it_needs(models):
+    """--dry-run plans Q2_K_S without an imatrix (llama-quantize warns that the real run needs one)."""
+    case = FIX["cases"]["imatrix_q2_k_s"]
+    p = run_quantd("convert", "--in", models["llama"], "--dry-run", "--recipe", "Q2_K_S")
+    summary = json.loads(p.stdout.splitlines()[-1])["summary"]
+    assert summary["bytes_out"] < case["bytes"] + 200  # (the imatrix keys are not in it)

@@ -213,15 +213,16 @@ int qd_convert_gguf_option(struct qd_convert_request *r, const char *key, const 
 }
 
 /* A job body's member that is one of llama-quantize's options: a flag as true/false, a value
- * as a string; tensor_type and override_kv also as a list of strings, prune_layers as a list
- * of layer numbers. 1 when it is none, 0 when set, -1 with the 400. */
+ * as a string; the repeatable ones (tensor_type, override_kv, include_weights,
+ * exclude_weights) also as a list of strings, prune_layers as a list of layer numbers. 1 when it is none, 0 when set, -1 with the 400. */
 static int gguf_option_json(struct qd_convert_request *r, const cJSON *it, struct qd_reply *err)
 {
     int takes_value;
     if (!qd_gguf_option_known(it->string, &takes_value))
         return 1;
     const int prune = !strcmp(it->string, "prune_layers");
-    const int repeatable = !strcmp(it->string, "tensor_type") || !strcmp(it->string, "override_kv");
+    const int repeatable = !strcmp(it->string, "tensor_type") || !strcmp(it->string, "override_kv") ||
+                           !strcmp(it->string, "include_weights") || !strcmp(it->string, "exclude_weights");
     if (!takes_value) {
         if (!cJSON_IsBool(it)) {
             qd_reply_error(err, 400, "bad_param", "%.40s takes true or false", it->string);
@@ -372,6 +373,12 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
     struct stat sst;
     if (stat(r->src, &sst) == 0 && S_ISDIR(sst.st_mode) && check_source_dir(root, r->src, source, err))
         goto bad;
+    if (r->gguf && r->gguf->imatrix) { /* opened in the data directory; the file records the name given */
+        free(r->gguf->imatrix_path);
+        r->gguf->imatrix_path = NULL;
+        if (confine(root, "imatrix", r->gguf->imatrix, 1, &r->gguf->imatrix_path, err))
+            goto bad;
+    }
     /* the engine's own check: the source's kind for the format, the destination usable */
     struct qd_convert_opts co = {.src = r->src, .dst = r->dst, .f = r->f, .recipe = r->recipe,
                                  .overwrite = r->overwrite, .root = r->root, .gguf = r->gguf};

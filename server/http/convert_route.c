@@ -156,6 +156,11 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
             *slot = strdup(v);
             continue;
         }
+        if (!strcmp(k, "imatrix")) { /* a second file: a job reads it from --data-dir */
+            qd_reply_error(err, 400, "bad_request", "imatrix names a file: POST /convert takes one, the model; give "
+                           "the imatrix to a conversion job (POST /jobs?op=convert, paths in --data-dir)");
+            goto bad;
+        }
         int gguf_option = qd_convert_gguf_option(r, k, v, err); /* llama-quantize's options */
         if (gguf_option < 0)
             goto bad;

@@ -346,3 +346,24 @@ def test_dry_run_without_the_imatrix_it_needs(models):
     p = run_quantd("convert", "--in", models["llama"], "--dry-run", "--recipe", "Q2_K_S")
     summary = json.loads(p.stdout.splitlines()[-1])["summary"]
     assert summary["bytes_out"] < case["bytes"] + 200  # (the imatrix keys are not in it)
+
+
+def test_job_takes_an_imatrix(service, models):
+    """A job's imatrix is a path in --data-dir, recorded as given; one outside it is refused, and
+    POST /convert (one file in) refuses one."""
+    import shutil
+    base, data = service
+    case = FIX["cases"]["imatrix_dat_q4_k_m"]
+    shutil.copy(models["DIR"] / "llama.imatrix.dat", data / "llama.imatrix.dat")
+    status, r = run_job(base, {"source": "llama.gguf", "destination": "im.gguf", "recipe": "Q4_K_M",
+                               "imatrix": "llama.imatrix.dat", "overwrite": True})
+    assert status == 200, r
+    assert sha256(data / "im.gguf") == case["sha256"]
+    for path, code in (("../llama.imatrix.dat", 403), ("missing.dat", 404)):
+        status, r = http("POST", base + "/jobs?op=convert",
+                         json.dumps({"source": "llama.gguf", "destination": "x.gguf", "recipe": "Q4_0",
+                                     "imatrix": path}).encode(), {"Content-Type": "application/json"})
+        assert status == code, r
+    status, r = http("POST", base + "/convert?recipe=Q4_0&imatrix=x.dat", open(models["llama"], "rb").read(),
+                     {"Content-Type": "application/octet-stream"})
+    assert status == 400 and "POST /convert takes one" in json.loads(r)["error"]["message"], r

@@ -338,6 +338,8 @@ static const struct layout {
      qd_convert_gguf},
     {"kquant", NULL, "llama.cpp GGUF (llama-quantize --pure)", TAKES(QD_INPUT_GGUF) | TAKES(QD_INPUT_OTHER),
      qd_convert_gguf},
+    {"iquant", NULL, "llama.cpp GGUF (llama-quantize --pure)", TAKES(QD_INPUT_GGUF) | TAKES(QD_INPUT_OTHER),
+     qd_convert_gguf},
     {"bnb4", NULL, "transformers + bitsandbytes", TAKES_HF, qd_convert_hf},
     {"ctint", NULL, "compressed-tensors (llm-compressor W4A16, W8A16; int8 is w8a16)", TAKES_HF, qd_convert_hf},
     {NULL, "nvfp4", "compressed-tensors NVFP4A16", TAKES_HF, run_compressed_fp4},

@@ -105,12 +105,23 @@ static int first_nonfinite_f16(const uint8_t *p, uint64_t n_blocks, int block_by
     return 0;
 }
 
-/* Where a block type keeps its f16 scale (d, and dmin: fields 2), as ggml's structs lay them out. */
+/* Where a block type keeps its f16 scale (d, and dmin: fields 2), as ggml's structs lay them out
+ * (ternary: d after the codes; MXFP4: an E8M0 exponent instead, fields 0). */
 static void f16_fields(uint32_t type, int *at, int *fields)
 {
-    *at = type == QD_GGML_Q2_K ? 80 : type == QD_GGML_Q3_K ? 108 : type == QD_GGML_Q6_K ? 208 : 0;
-    *fields = type == QD_GGML_Q4_1 || type == QD_GGML_Q5_1 || type == QD_GGML_Q2_K || type == QD_GGML_Q4_K ||
-                      type == QD_GGML_Q5_K ? 2 : 1;
+    *at = type == QD_GGML_Q2_K ? 80 : type == QD_GGML_Q3_K ? 108 : type == QD_GGML_Q6_K ? 208
+        : type == 34 /* tq1_0 */ ? 52 : type == 35 /* tq2_0 */ ? 64 : 0;
+    *fields = type == 39 /* mxfp4 */ ? 0 : type == QD_GGML_Q4_1 || type == QD_GGML_Q5_1 || type == QD_GGML_Q2_K ||
+              type == QD_GGML_Q4_K || type == QD_GGML_Q5_K ? 2 : 1;
+}
+
+/* MXFP4's validation: no block exponent 0xff (E8M0's NaN). */
+static int invalid_e8m0(uint32_t type, const uint8_t *p, uint64_t n_blocks, int block_bytes)
+{
+    for (uint64_t b = 0; type == 39 && b < n_blocks; b++)
+        if (p[b * (uint64_t)block_bytes] == 0xff)
+            return 1;
+    return 0;
 }
 
 struct plan {
@@ -208,7 +219,8 @@ static enum qd_status process_tensor(void *ctx, int lane, int item, const void *
         }
         int at, fields;
         f16_fields(p->out.type, &at, &fields);
-        if (first_nonfinite_f16(out, out_bytes / (uint64_t)ty->block_bytes, ty->block_bytes, at, fields)) {
+        if (first_nonfinite_f16(out, out_bytes / (uint64_t)ty->block_bytes, ty->block_bytes, at, fields) ||
+            invalid_e8m0(p->out.type, out, out_bytes / (uint64_t)ty->block_bytes, ty->block_bytes)) {
             snprintf(err, errlen, "tensor '%s': a block scale overflows f16 (llama-quantize stops there too: "
                      "\"quantized data validation failed\")", p->src->name);
             return QD_ENONFINITE;
@@ -353,7 +365,7 @@ static int plan_target(struct plan *p, uint32_t target, const struct qd_gguf_opt
     p->f = target == QD_GGML_F16 ? NULL : qd_gguf_format_of(target);
     if (target != QD_GGML_F16 && !p->f) {
         snprintf(err, errlen, "tensor '%s': quantd does not write ggml type %s (it writes f16, q4_0, q4_1, q5_0, "
-                 "q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K)", p->out.name, t->name);
+                 "q5_1, q8_0, q2_K ... q6_K, iq4_nl, iq4_xs, tq1_0, tq2_0, mxfp4)", p->out.name, t->name);
         return -1;
     }
     (void)opt;

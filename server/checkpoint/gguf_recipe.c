@@ -10,7 +10,8 @@
 #include <string.h>
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 7, Q5_0 = 8, Q5_1 = 9, Q2_K = 10, Q3_K_S = 11, Q3_K_M = 12, Q3_K_L = 13,
-       Q4_K_S = 14, Q4_K_M = 15, Q5_K_S = 16, Q5_K_M = 17, Q6_K = 18, Q2_K_S = 21 };
+       Q4_K_S = 14, Q4_K_M = 15, Q5_K_S = 16, Q5_K_M = 17, Q6_K = 18, Q2_K_S = 21, IQ4_NL = 25, IQ4_XS = 30,
+       TQ1_0 = 36, TQ2_0 = 37, MXFP4_MOE = 38 };
 
 static const struct qd_gguf_recipe recipes[] = {
     {"Q4_0", Q4_0, "q4_0"},     {"Q4_1", Q4_1, "q4_1"},     {"Q5_0", Q5_0, "q5_0"},
@@ -19,6 +20,8 @@ static const struct qd_gguf_recipe recipes[] = {
     {"Q4_K_S", Q4_K_S, "q4_K"}, {"Q4_K_M", Q4_K_M, "q4_K"}, {"Q5_K_S", Q5_K_S, "q5_K"},
     {"Q5_K_M", Q5_K_M, "q5_K"}, {"Q6_K", Q6_K, "q6_K"},
     {"Q2_K_S", Q2_K_S, "q2_K"}, /* (with an importance matrix only: qd_recipe_requires_imatrix) */
+    {"IQ4_NL", IQ4_NL, "iq4_nl"}, {"IQ4_XS", IQ4_XS, "iq4_xs"}, {"TQ1_0", TQ1_0, "tq1_0"},
+    {"TQ2_0", TQ2_0, "tq2_0"},     {"MXFP4_MOE", MXFP4_MOE, "mxfp4_ggml"},
     /* llama-quantize's aliases */
     {"Q3_K", Q3_K_M, "q3_K"},   {"Q4_K", Q4_K_M, "q4_K"},   {"Q5_K", Q5_K_M, "q5_K"},
 };
@@ -37,7 +40,7 @@ const struct qd_gguf_recipe *qd_gguf_recipe_find(const char *name)
 const char *qd_gguf_recipe_names(void)
 {
     return "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K (Q3_K, Q4_K, "
-           "Q5_K: the _M mixes), Q2_K_S (with --imatrix)";
+           "Q5_K: the _M mixes), IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE, Q2_K_S (with --imatrix)";
 }
 
 /* An integer key's value (an array's first element), or def. */
@@ -114,6 +117,7 @@ void qd_recipe_init(struct qd_recipe_state *s, const struct qd_gguf_recipe *r, u
     const char *a = arch ? arch : "";
     s->falcon = !strcmp(a, "falcon");
     s->glm5_next = !strcmp(a, "glm5-next");
+    s->bailingmoe3 = !strcmp(a, "bailingmoe3");
     s->n_layer = (int)kv_int(g, opt, a, "block_count", 0);
     int64_t n_head = kv_int(g, opt, a, "attention.head_count", 0);
     int64_t n_head_kv = kv_int(g, opt, a, "attention.head_count_kv", n_head);
@@ -147,12 +151,16 @@ static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor 
     if (c == OUTPUT || (s->tied && c == TOKEN_EMBD)) {
         if (s->opt->output_tensor_type != QD_GGUF_TYPE_NONE)
             type = s->opt->output_tensor_type;
-        else if (s->falcon || t->ne[0] % block_of(type))
+        else if (ft == MXFP4_MOE || s->falcon || t->ne[0] % block_of(type))
             type = QD_GGML_Q8_0;
         else if (type != QD_GGML_Q8_0)
             type = QD_GGML_Q6_K;
+    } else if (ft == MXFP4_MOE) { /* the experts (3-D) MXFP4, the rest Q8_0 */
+        const int ffn = c == FFN_UP || c == FFN_GATE || c == FFN_DOWN;
+        type = t->ne[2] > 1 && (!s->bailingmoe3 || ffn) ? 39 /* mxfp4 */ : QD_GGML_Q8_0;
     } else if (c == TOKEN_EMBD) {
-        /* (only the IQ and ternary mixes change it) */
+        if (ft == TQ1_0 || ft == TQ2_0)
+            type = QD_GGML_Q4_K;
     } else if (attn_v_like(c)) {
         if (ft == Q2_K)
             type = s->n_gqa >= 4 ? QD_GGML_Q4_K : QD_GGML_Q3_K;
@@ -164,6 +172,8 @@ static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor 
             type = QD_GGML_Q5_K;
         else if ((ft == Q4_K_M || ft == Q5_K_M) && use_more_bits(s->i_attention_wv, s->n_attention_wv))
             type = QD_GGML_Q6_K;
+        else if ((ft == IQ4_NL || ft == IQ4_XS) && s->n_gqa >= 4)
+            type = QD_GGML_Q5_K;
         else if (ft == Q4_K_S && s->i_attention_wv < 4)
             type = QD_GGML_Q5_K;
         if (s->is_70b && (type == QD_GGML_Q3_K || type == QD_GGML_Q4_K))
@@ -192,7 +202,9 @@ static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor 
                 type = i < n / 16 ? QD_GGML_Q6_K : use_more_bits(i, n) ? QD_GGML_Q5_K : QD_GGML_Q4_K;
             else if (use_more_bits(i, n))
                 type = QD_GGML_Q6_K;
-        } else if (ft == Q5_K_M && use_more_bits(i, n))
+        } else if (i < n / 8 && (ft == IQ4_NL || ft == IQ4_XS) && !s->has_imatrix)
+            type = QD_GGML_Q5_K;
+        else if (ft == Q5_K_M && use_more_bits(i, n))
             type = QD_GGML_Q6_K;
         else if (ft == Q4_K_S && !s->falcon && i < n / 8)
             type = QD_GGML_Q5_K;
@@ -202,7 +214,8 @@ static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor 
     } else if (c == ATTN_OUTPUT) {
         if (!s->falcon) {
             if (s->n_expert == 8) {
-                if (ft == Q2_K || ft == Q3_K_S || ft == Q3_K_M || ft == Q4_K_S || ft == Q4_K_M)
+                if (ft == Q2_K || ft == Q3_K_S || ft == Q3_K_M || ft == Q4_K_S || ft == Q4_K_M || ft == IQ4_NL ||
+                    ft == IQ4_XS)
                     type = QD_GGML_Q5_K;
             } else if (ft == Q2_K)
                 type = QD_GGML_Q3_K;

@@ -30,7 +30,7 @@ struct qd_recipe_state {
     uint32_t default_type;               /* ggml type id */
     int pure;                            /* no mix rules (--fmt, --pure) */
     int has_imatrix;                     /* an importance matrix is given (set after init) */
-    int falcon, glm5_next, is_70b, tied;
+    int falcon, glm5_next, bailingmoe3, is_70b, tied;
     int n_gqa, n_expert, n_layer;
     int n_attention_wv, i_attention_wv, i_ffn_down;
 };

@@ -51,9 +51,10 @@ static int type_arg(uint32_t *slot, const char *opt, const char *v, char *err, s
 
 /* llama.cpp compiles the pattern as a std::regex (ECMAScript) and searches the name with it;
  * quantd's name filters are POSIX extended regexes, which read the patterns people write for
- * tensor names (literals, '.', classes, groups, alternation, repetition) the same way. \d and
- * \D, which POSIX lacks, become [0-9] and [^0-9]; ECMAScript's own group syntax ((?...)) is
- * refused rather than read differently. */
+ * tensor names (literals, '.', classes, groups, alternation, repetition) the same way. \d, which
+ * POSIX lacks, becomes [0-9] (a \D was lowercased to \d before, as llama-quantize lowercases
+ * the whole pattern); ECMAScript's own group syntax ((?...)) is refused rather than read
+ * differently. */
 static int translate_pattern(const char *in, char *out, size_t cap, char *err, size_t errlen)
 {
     size_t n = 0;

@@ -130,6 +130,8 @@ struct plan {
     enum qd_convert_action action;
     const struct qd_format *f; /* QD_CONVERT_QUANTIZE: the format (the target's, or its fallback) */
     const float *importance;   /* its imatrix entry (ne[0] values per matrix), or NULL */
+    const struct qd_format *requant; /* --allow-requantize: the source's format, dequantized to f32
+                                        first (ggml's to_float), or NULL */
 };
 
 static int same_file(const char *a, const char *b)
@@ -176,7 +178,9 @@ static int64_t rows_per_piece(const struct plan *p, const struct qd_convert_opts
     const int64_t rows = tensor_rows(p);
     if (p->action == QD_CONVERT_COPY || o->report_error || rows <= 1)
         return rows > 1 ? rows : 1;
-    const uint64_t row_in = p->src->bytes / (uint64_t)rows, cap = o->piece_bytes ? o->piece_bytes : PIECE_BYTES;
+    /* a requantized piece is held in f32 too: its size counts */
+    const uint64_t row_in = p->requant ? (uint64_t)p->src->ne[0] * 4 : p->src->bytes / (uint64_t)rows;
+    const uint64_t cap = o->piece_bytes ? o->piece_bytes : PIECE_BYTES;
     int64_t per = cap / row_in > 0 ? (int64_t)(cap / row_in) : 1;
     if (p->importance && p->src->ne[2] > 1) { /* a piece within one expert: one importance vector */
         const int64_t matrix_rows = p->src->ne[1];
@@ -188,16 +192,51 @@ static int64_t rows_per_piece(const struct plan *p, const struct qd_convert_opts
     return per;
 }
 
+static enum qd_status requantized(struct job *j, const struct plan *p, const struct piece *pc, int lane,
+                                  const void *in, enum qd_dtype in_dtype, int64_t rows, void *out,
+                                  uint64_t out_bytes, char *err, size_t errlen);
+
 static enum qd_status process_tensor(void *ctx, int lane, int item, const void *in, void *out, char *err,
                                      size_t errlen)
 {
     struct job *j = ctx;
     const struct piece *pc = &j->pieces[item];
     const struct plan *p = &j->plan[pc->plan];
-    const struct qd_ggml_type *ty = qd_ggml_type(p->out.type);
     const int64_t rows = pc->rows;
     const int64_t all = tensor_rows(p);
     const uint64_t out_bytes = all ? p->out.bytes / (uint64_t)all * (uint64_t)rows : 0;
+    float *widened = NULL;
+    enum qd_dtype in_dtype = p->requant ? QD_F32 : float_dtype(p->src->type);
+    if (p->requant) { /* llama_tensor_dequantize_impl: the quantized rows to f32 first */
+        struct qd_tensor t = {.dtype = QD_F32};
+        int64_t shape[2] = {rows, p->src->ne[0]};
+        struct qd_params dp;
+        qd_params_default(p->requant, &dp);
+        const void *comp[1] = {in};
+        if (!(widened = malloc((size_t)(rows * p->src->ne[0]) * sizeof *widened)))
+            return QD_ENOMEM;
+        t.data = widened;
+        enum qd_status st = qd_tensor_set_shape(&t, 2, shape);
+        if (st == QD_OK)
+            st = qd_dequantize(QD_BACKEND_CPU, p->requant, comp, &dp, &t, err, errlen);
+        if (st != QD_OK) {
+            free(widened);
+            return st;
+        }
+        in = widened;
+    }
+    enum qd_status done = requantized(j, p, pc, lane, in, in_dtype, rows, out, out_bytes, err, errlen);
+    free(widened);
+    return done;
+}
+
+/* process_tensor's work on f32/f16/bf16 rows: the quantizer, or the cast to F16, and llama's
+ * validation of what they wrote. */
+static enum qd_status requantized(struct job *j, const struct plan *p, const struct piece *pc, int lane,
+                                  const void *in, enum qd_dtype in_dtype, int64_t rows, void *out,
+                                  uint64_t out_bytes, char *err, size_t errlen)
+{
+    const struct qd_ggml_type *ty = qd_ggml_type(p->out.type);
     if (p->action == QD_CONVERT_QUANTIZE) {
         struct qd_convert_opts o = *j->o;
         qd_convert_use_lane(&o, lane);
@@ -209,7 +248,7 @@ static enum qd_status process_tensor(void *ctx, int lane, int item, const void *
             o.params.importance = p->importance + pc->row0 / p->src->ne[1] * p->src->ne[0];
             o.params.importance_n = p->src->ne[0];
         }
-        enum qd_status st = qd_convert_quantize(&o, in, float_dtype(p->src->type), rows, p->src->ne[0], out,
+        enum qd_status st = qd_convert_quantize(&o, in, in_dtype, rows, p->src->ne[0], out,
                                                 (int64_t)out_bytes, &j->nmse, NULL, err, errlen);
         if (st != QD_OK) {
             char msg[512];
@@ -230,8 +269,7 @@ static enum qd_status process_tensor(void *ctx, int lane, int item, const void *
     uint64_t count = out_bytes / 2; /* QD_CONVERT_CAST_F16 */
     uint16_t *h = out;
     for (uint64_t k = 0; k < count; k++)
-        h[k] = qd_f32_to_f16(p->src->type == QD_GGML_F32 ? ((const float *)in)[k]
-                                                          : qd_bf16_to_f32(((const uint16_t *)in)[k]));
+        h[k] = qd_f32_to_f16(in_dtype == QD_F32 ? ((const float *)in)[k] : qd_bf16_to_f32(((const uint16_t *)in)[k]));
     if (first_nonfinite_f16(out, count, 2, 0, 1)) {
         snprintf(err, errlen, "tensor '%s': a value is not finite in f16 (llama-quantize stops there too)",
                  p->src->name);
@@ -357,10 +395,19 @@ static int plan_target(struct plan *p, uint32_t target, const struct qd_gguf_opt
         return -1;
     }
     if (!is_float(p->src->type)) {
-        snprintf(err, errlen, "tensor '%s' is %s: requantizing is not supported (llama-quantize refuses it "
-                 "without --allow-requantize); give a model with F32, F16 or BF16 weights", p->out.name,
-                 qd_ggml_type(p->src->type)->name);
-        return -1;
+        const struct qd_format *from = qd_gguf_format_of(p->src->type);
+        if (!opt || !opt->allow_requantize) {
+            snprintf(err, errlen, "tensor '%s' is %s: requantizing it is refused without --allow-requantize (as "
+                     "llama-quantize refuses it; it loses more than quantizing from F32, F16 or BF16)", p->out.name,
+                     qd_ggml_type(p->src->type)->name);
+            return -1;
+        }
+        if (!from || !from->backend[QD_BACKEND_CPU].dequantize) {
+            snprintf(err, errlen, "tensor '%s' is %s, which quantd does not dequantize: it cannot be requantized",
+                     p->out.name, qd_ggml_type(p->src->type)->name);
+            return -1;
+        }
+        p->requant = from;
     }
     p->f = target == QD_GGML_F16 ? NULL : qd_gguf_format_of(target);
     if (target != QD_GGML_F16 && !p->f) {
@@ -368,7 +415,6 @@ static int plan_target(struct plan *p, uint32_t target, const struct qd_gguf_opt
                  "q5_1, q8_0, q2_K ... q6_K, iq4_nl, iq4_xs, tq1_0, tq2_0, mxfp4)", p->out.name, t->name);
         return -1;
     }
-    (void)opt;
     p->action = target == QD_GGML_F16 ? QD_CONVERT_CAST_F16 : QD_CONVERT_QUANTIZE;
     p->out.type = target;
     p->out.bytes = qd_ggml_nbytes(target, p->out.ne);

@@ -33,6 +33,10 @@ def models(tmp_path_factory):
                        check=True)
         assert sha256(made[name]) == FIX["inputs"][name], \
             f"{name}: the gguf package writes another input than the fixtures were made from: remake them"
+    for name, (model, mix) in FIX["quantized"].items():  # llama-quantize's own, which quantd writes byte for byte
+        made[name] = d / f"{name}.gguf"
+        run_quantd("convert", "--in", made[model], "--out", made[name], "--recipe", mix)
+        assert sha256(made[name]) == FIX["inputs"][name], f"{name}: not llama-quantize's file"
     for name, (model, kind) in FIX["imatrices"].items():
         subprocess.run([sys.executable, os.path.join(ROOT, "tests", "checkpoint", "tiny_imatrix.py"), str(made[model]),
                         str(d / name), kind], check=True)
@@ -139,6 +143,12 @@ def test_option_value_missing(models, tmp_path):
     p = run_quantd("convert", "--in", models["llama"], "--out", tmp_path / "o.gguf", "--recipe", "Q4_0",
                    "--token-embedding-type", check=False)
     assert p.returncode == 2 and "--token-embedding-type needs a value" in p.stderr, p.stderr
+
+
+def test_requantize_needs_the_option(models, tmp_path):
+    p = run_quantd("convert", "--in", models["llama-q8_0"], "--out", tmp_path / "o.gguf", "--recipe", "Q4_0",
+                   check=False)
+    assert p.returncode == 1 and "refused without --allow-requantize" in p.stderr, p.stderr
 
 
 def test_options_need_gguf_output(tmp_path):

@@ -214,7 +214,8 @@ int qd_convert_gguf_option(struct qd_convert_request *r, const char *key, const 
 
 /* A job body's member that is one of llama-quantize's options: a flag as true/false, a value
  * as a string; the repeatable ones (tensor_type, override_kv, include_weights,
- * exclude_weights) also as a list of strings, prune_layers as a list of layer numbers. 1 when it is none, 0 when set, -1 with the 400. */
+ * exclude_weights) also as a list of strings, prune_layers as a list of layer numbers,
+ * split_max_tensors as a number. 1 when it is none, 0 when set, -1 with the 400. */
 static int gguf_option_json(struct qd_convert_request *r, const cJSON *it, struct qd_reply *err)
 {
     int takes_value;
@@ -230,8 +231,18 @@ static int gguf_option_json(struct qd_convert_request *r, const cJSON *it, struc
         }
         return qd_convert_gguf_option(r, it->string, cJSON_IsTrue(it) ? "true" : "false", err) < 0 ? -1 : 0;
     }
-    if (cJSON_IsString(it))
+    if (cJSON_IsString(it) && strcmp(it->string, "split_max_tensors"))
         return qd_convert_gguf_option(r, it->string, it->valuestring, err) < 0 ? -1 : 0;
+    if (!strcmp(it->string, "split_max_tensors")) { /* a count */
+        char text[32];
+        if (!cJSON_IsNumber(it) || it->valuedouble < 1 || it->valuedouble > 1e9 ||
+            it->valuedouble != (double)(int)it->valuedouble) {
+            qd_reply_error(err, 400, "bad_param", "split_max_tensors takes a positive integer");
+            return -1;
+        }
+        snprintf(text, sizeof text, "%d", (int)it->valuedouble);
+        return qd_convert_gguf_option(r, it->string, text, err) < 0 ? -1 : 0;
+    }
     if (!cJSON_IsArray(it) || !(prune || repeatable)) {
         qd_reply_error(err, 400, "bad_param", "%.40s takes a string%s", it->string,
                        prune ? " (\"1,5\") or a list of layer numbers" : repeatable ? " or a list of strings" : "");

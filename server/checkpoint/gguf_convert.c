@@ -451,6 +451,49 @@ static int plan_importance(struct plan *p, const struct qd_imatrix *im, int requ
     return 0;
 }
 
+/* gguf-split's split strategy over the output's tensors, in order: a new file every
+ * split_max_tensors tensors, or before a tensor that would take the tensors' padded bytes past
+ * split_max_bytes (a file never empty: a first tensor larger than that is refused, as
+ * gguf-split refuses it). The number of files, or -1 with err. */
+static int assign_splits(const struct plan *plan, int n, const struct qd_gguf_options *opt, int *split_of, char *err,
+                         size_t errlen)
+{
+    int k = 0, in_split = 0;
+    uint64_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        const uint64_t padded = (plan[i].out.bytes + QD_GGUF_DEFAULT_ALIGNMENT - 1) / QD_GGUF_DEFAULT_ALIGNMENT *
+                                QD_GGUF_DEFAULT_ALIGNMENT;
+        int cut = opt->split_max_tensors ? i > 0 && i % opt->split_max_tensors == 0
+                                         : bytes + padded > opt->split_max_bytes;
+        if (cut) {
+            if (!in_split) {
+                snprintf(err, errlen, "--split-max-size: tensor '%s' (%" PRIu64 " bytes) alone is larger than a split "
+                         "may be; give a larger size", plan[i].out.name, padded);
+                return -1;
+            }
+            k++, in_split = 0, bytes = 0;
+        }
+        bytes += padded;
+        in_split++;
+        split_of[i] = k;
+    }
+    return k + 1;
+}
+
+/* The name of split k of n: DST itself for one file; else DST without ".gguf", then
+ * -0000K-of-0000N.gguf (llama_split_path). */
+static void split_path(const char *dst, int k, int n, char *out, size_t len)
+{
+    if (n == 1) {
+        snprintf(out, len, "%s", dst);
+        return;
+    }
+    size_t stem = strlen(dst);
+    if (stem > 5 && !strcmp(dst + stem - 5, ".gguf"))
+        stem -= 5;
+    snprintf(out, len, "%.*s-%05d-of-%05d.gguf", (int)stem, dst, k + 1, n);
+}
+
 /* An --override-kv as gguf_set_val_* writes it: an int as u32 of its magnitude. */
 static struct qd_gguf_new_kv kv_override(const struct qd_gguf_kv_override *k)
 {
@@ -508,13 +551,15 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
     const struct qd_gguf_kv **kv = calloc((size_t)(g.n_kv ? g.n_kv : 1), sizeof *kv);
     struct qd_name_filter *own_nf = o->filter ? NULL : qd_name_filter_new(o->skip, o->only, err, errlen);
     const struct qd_name_filter *nf = o->filter ? o->filter : own_nf;
-    uint8_t *meta = NULL;
-    struct qd_outfile out = {.fd = -1};
     struct qd_pipe_item *items = NULL;
     struct piece *pieces = NULL;
     struct qd_pipe_pool *pool = NULL;
     int src_fd = -1;
     struct qd_imatrix im = {0};
+    int n_split = 1, *split_of = NULL;
+    uint8_t **metas = NULL;
+    size_t *meta_lens = NULL;
+    struct qd_outfile *outs = NULL;
     if (!plan || !order || !kv || !nf) {
         if (nf)
             snprintf(err, errlen, "no memory for %d tensors", n);
@@ -617,19 +662,54 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         if (!drop)
             kv[nkv++] = &g.kv[i];
     }
-    struct qd_gguf_tensor *infos = malloc((size_t)(n ? n : 1) * sizeof *infos);
-    size_t meta_len = 0;
-    if (infos) {
-        for (int i = 0; i < n; i++)
-            infos[i] = plan[i].out;
-        meta = qd_gguf_write_meta(kv, nkv, extra, n_extra, infos, n, QD_GGUF_DEFAULT_ALIGNMENT, &meta_len);
-        free(infos);
-    }
-    if (!meta) {
-        snprintf(err, errlen, "no memory for the output header");
+    /* the output files: one, or gguf-split's splits (--split-max-tensors / --split-max-size) */
+    if (!(split_of = calloc((size_t)(n ? n : 1), sizeof *split_of))) {
+        snprintf(err, errlen, "no memory");
         *status = QD_ENOMEM;
         goto done;
     }
+    if (opt && (opt->split_max_tensors || opt->split_max_bytes) &&
+        (n_split = assign_splits(plan, n, opt, split_of, err, errlen)) < 0) {
+        *status = QD_EINVAL;
+        goto done;
+    }
+    if (!(metas = calloc((size_t)n_split, sizeof *metas)) || !(meta_lens = calloc((size_t)n_split, sizeof *meta_lens)) ||
+        !(outs = calloc((size_t)n_split, sizeof *outs))) {
+        snprintf(err, errlen, "no memory");
+        *status = QD_ENOMEM;
+        goto done;
+    }
+    for (int k = 0; k < n_split; k++)
+        outs[k].fd = -1;
+    struct qd_gguf_tensor *infos = malloc((size_t)(n ? n : 1) * sizeof *infos);
+    for (int k = 0; infos && k < n_split; k++) {
+        int ni = 0;
+        for (int i = 0; i < n; i++)
+            if (split_of[i] == k)
+                infos[ni++] = plan[i].out;
+        /* gguf-split: the first split holds every key; each split then split.no, split.count (a
+         * placeholder, set again last) and split.tensors.count: no, tensors, count */
+        struct qd_gguf_new_kv split_kv[3] = {{"split.no", QD_GGUF_U16, .i = k},
+                                             {"split.tensors.count", QD_GGUF_I32, .i = n},
+                                             {"split.count", QD_GGUF_U16, .i = n_split}};
+        struct qd_gguf_new_kv all[sizeof extra / sizeof *extra + 3];
+        int n_all = 0;
+        for (int e = 0; k == 0 && e < n_extra; e++)
+            all[n_all++] = extra[e];
+        for (int e = 0; n_split > 1 && e < 3; e++)
+            all[n_all++] = split_kv[e];
+        metas[k] = qd_gguf_write_meta(kv, k == 0 ? nkv : 0, all, n_all, infos, ni, QD_GGUF_DEFAULT_ALIGNMENT,
+                                      &meta_lens[k]);
+        if (!metas[k])
+            break;
+    }
+    free(infos);
+    for (int k = 0; k < n_split; k++)
+        if (!metas[k]) {
+            snprintf(err, errlen, "no memory for the output header");
+            *status = QD_ENOMEM;
+            goto done;
+        }
     if (opt && opt->dry_run) { /* each tensor's type and the file's size, no file */
         struct piece *each = calloc((size_t)n + 1, sizeof *each);
         if (!each) {
@@ -638,7 +718,8 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
             goto done;
         }
         struct job dry = {.o = o, .plan = plan, .pieces = each, .s = s, .t0 = qd_pipe_clock_s(), .count = n};
-        s->bytes_out = meta_len;
+        for (int k = 0; k < n_split; k++)
+            s->bytes_out += meta_lens[k];
         for (int i = 0; i < n; i++) {
             dry.in_total += plan[i].src->bytes;
             s->bytes_out += (plan[i].out.bytes + QD_GGUF_DEFAULT_ALIGNMENT - 1) / QD_GGUF_DEFAULT_ALIGNMENT *
@@ -654,14 +735,10 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         *status = QD_OK;
         goto done;
     }
-    if (qd_outfile_open(&out, o->dst, err, errlen)) {
-        *status = QD_EIO;
-        goto done;
-    }
-    /* the items: the header, then each tensor (in pieces of whole rows when it is processed and
-     * large; not with --report-error, whose error is one figure per tensor) padded to the
-     * alignment */
-    int nitems = 1;
+    /* the items: per file its header, then each of its tensors (in pieces of whole rows when it
+     * is processed and large; not with --report-error, whose error is one figure per tensor)
+     * padded to the alignment */
+    int nitems = n_split;
     for (int i = 0; i < n; i++) {
         const int64_t per = rows_per_piece(&plan[i], o);
         const int64_t rows = tensor_rows(&plan[i]);
@@ -669,33 +746,42 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
     }
     items = calloc((size_t)nitems, sizeof *items);
     pieces = calloc((size_t)nitems, sizeof *pieces);
-    src_fd = items && pieces ? qd_open_input(o->src, err, errlen) : -1;
-    if (!items || !pieces || src_fd < 0) {
-        if (!items || !pieces)
+    int *first = calloc((size_t)n_split + 1, sizeof *first); /* each file's first item */
+    src_fd = items && pieces && first ? qd_open_input(o->src, err, errlen) : -1;
+    if (!items || !pieces || !first || src_fd < 0) {
+        if (!items || !pieces || !first)
             snprintf(err, errlen, "no memory");
-        *status = items && pieces ? QD_EIO : QD_ENOMEM;
+        *status = items && pieces && first ? QD_EIO : QD_ENOMEM;
+        free(first);
         goto fail;
     }
-    items[0] = (struct qd_pipe_item){.kind = QD_PIPE_BYTES, .bytes = meta, .out_bytes = meta_len};
-    struct job job = {.o = o, .plan = plan, .pieces = pieces, .s = s, .t0 = qd_pipe_clock_s(), .count = n};
-    int k = 1;
-    for (int i = 0; i < n; i++) {
-        job.in_total += plan[i].src->bytes;
-        const int64_t rows = tensor_rows(&plan[i]), per = rows_per_piece(&plan[i], o);
-        const uint64_t row_in = rows ? plan[i].src->bytes / (uint64_t)rows : 0;
-        const uint64_t row_out = rows ? plan[i].out.bytes / (uint64_t)rows : 0;
-        for (int64_t r = 0; r < rows || (rows == 0 && r == 0); r += per, k++) { /* an empty tensor: one item */
-            const int64_t nr = rows - r < per ? rows - r : per;
-            const int last = r + nr == rows;
-            pieces[k] = (struct piece){.plan = i, .row0 = r, .rows = nr, .last = last};
-            items[k] = (struct qd_pipe_item){.kind = plan[i].action == QD_CONVERT_COPY ? QD_PIPE_COPY : QD_PIPE_PROCESS,
-                                             .src_offset = (uint64_t)(plan[i].src->data - in.data) + (uint64_t)r * row_in,
-                                             .src_bytes = (uint64_t)nr * row_in, .out_bytes = (uint64_t)nr * row_out,
-                                             .pad_to = last ? QD_GGUF_DEFAULT_ALIGNMENT : 0};
+    struct job job = {.o = o, .plan = plan, .s = s, .t0 = qd_pipe_clock_s(), .count = n};
+    int k = 0;
+    for (int sp = 0; sp < n_split; sp++) {
+        first[sp] = k;
+        items[k++] = (struct qd_pipe_item){.kind = QD_PIPE_BYTES, .bytes = metas[sp], .out_bytes = meta_lens[sp]};
+        for (int i = 0; i < n; i++) {
+            if (split_of[i] != sp)
+                continue;
+            job.in_total += plan[i].src->bytes;
+            const int64_t rows = tensor_rows(&plan[i]), per = rows_per_piece(&plan[i], o);
+            const uint64_t row_in = rows ? plan[i].src->bytes / (uint64_t)rows : 0;
+            const uint64_t row_out = rows ? plan[i].out.bytes / (uint64_t)rows : 0;
+            for (int64_t r = 0; r < rows || (rows == 0 && r == 0); r += per, k++) { /* an empty tensor: one item */
+                const int64_t nr = rows - r < per ? rows - r : per;
+                const int last = r + nr == rows;
+                pieces[k] = (struct piece){.plan = i, .row0 = r, .rows = nr, .last = last};
+                items[k] = (struct qd_pipe_item){
+                    .kind = plan[i].action == QD_CONVERT_COPY ? QD_PIPE_COPY : QD_PIPE_PROCESS,
+                    .src_offset = (uint64_t)(plan[i].src->data - in.data) + (uint64_t)r * row_in,
+                    .src_bytes = (uint64_t)nr * row_in, .out_bytes = (uint64_t)nr * row_out,
+                    .pad_to = last ? QD_GGUF_DEFAULT_ALIGNMENT : 0};
+            }
         }
     }
+    first[n_split] = k;
     uint64_t in_cap = 0, out_cap = 0;
-    for (int i = 1; i < nitems; i++)
+    for (int i = 0; i < nitems; i++)
         if (items[i].kind == QD_PIPE_PROCESS) {
             in_cap = items[i].src_bytes > in_cap ? items[i].src_bytes : in_cap;
             out_cap = items[i].out_bytes > out_cap ? items[i].out_bytes : out_cap;
@@ -704,24 +790,54 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         snprintf(err, errlen, "no memory for the pipeline's buffers (%" PRIu64 " + %" PRIu64 " bytes each)", in_cap,
                  out_cap);
         *status = QD_ENOMEM;
+        free(first);
         goto fail;
     }
-    struct qd_pipe pipe = {.src_fd = src_fd, .out = &out, .items = items, .n = nitems, .process = process_tensor,
-                           .handed = tensor_handed, .ctx = &job, .pool = pool, .cancel = o->cancel,
-                           .stats = &s->stages, .lanes = qd_convert_lanes(o)};
-    if (qd_pipe_run(&pipe, status, err, errlen))
-        goto fail;
-    s->bytes_out = out.written;
-    if (qd_outfile_commit(&out, err, errlen)) {
-        *status = qd_status_of_write(errno);
-        goto fail;
+    for (int sp = 0; sp < n_split; sp++) {
+        char path[4200];
+        split_path(o->dst, sp, n_split, path, sizeof path);
+        struct stat st;
+        if (n_split > 1 && !o->overwrite && lstat(path, &st) == 0) {
+            snprintf(err, errlen, "convert: %s exists (give --force to replace it)", path);
+            *status = QD_EINVAL;
+            free(first);
+            goto fail;
+        }
+        if (qd_outfile_open(&outs[sp], path, err, errlen)) {
+            *status = QD_EIO;
+            free(first);
+            goto fail;
+        }
+        job.pieces = pieces + first[sp]; /* the pipeline numbers this file's items from 0 */
+        struct qd_pipe pipe = {.src_fd = src_fd, .out = &outs[sp], .items = items + first[sp],
+                               .n = first[sp + 1] - first[sp], .process = process_tensor, .handed = tensor_handed,
+                               .ctx = &job, .pool = pool, .cancel = o->cancel, .stats = &s->stages,
+                               .lanes = qd_convert_lanes(o)};
+        if (qd_pipe_run(&pipe, status, err, errlen)) {
+            free(first);
+            goto fail;
+        }
+        s->bytes_out += outs[sp].written;
     }
+    free(first);
+    for (int sp = 0; sp < n_split; sp++)
+        if (qd_outfile_commit(&outs[sp], err, errlen)) {
+            *status = qd_status_of_write(errno);
+            goto fail;
+        }
     rc = 0;
     *status = QD_OK;
     goto done;
 fail:
-    qd_outfile_abort(&out);
+    for (int sp = 0; outs && sp < n_split; sp++)
+        qd_outfile_abort(&outs[sp]);
 done:
+    for (int sp = 0; metas && sp < n_split; sp++)
+        free(metas[sp]);
+    free(metas);
+    free(meta_lens);
+    free(outs);
+    free(split_of);
     if (src_fd >= 0)
         close(src_fd);
     qd_pipe_pool_free(pool);
@@ -729,7 +845,6 @@ done:
     free(pieces);
     s->seconds = qd_pipe_clock_s() - t0;
     qd_name_filter_free(own_nf);
-    free(meta);
     free(kv);
     free(order);
     free(plan);

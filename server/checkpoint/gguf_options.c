@@ -269,6 +269,30 @@ static int set_imatrix(struct qd_gguf_options *o, const char *v, char *err, size
     return 0;
 }
 
+/* gguf-split's --split-max-tensors N and --split-max-size N(M|G) (10^6 and 10^9 bytes); one of
+ * them. */
+static int set_split(struct qd_gguf_options *o, int by_size, const char *v, char *err, size_t errlen)
+{
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    const char unit = by_size ? *end : 0;
+    if (end == v || n <= 0 || n > 1000000000L || errno || (by_size ? (unit != 'M' && unit != 'G') || end[1] : *end != 0)) {
+        snprintf(err, errlen, "--split-max-%s: '%.40s' is not %s", by_size ? "size" : "tensors", v,
+                 by_size ? "a positive size in M (10^6 bytes) or G (10^9 bytes): 500M, 4G" : "a positive count");
+        return -1;
+    }
+    if (by_size ? o->split_max_tensors > 0 : o->split_max_bytes > 0) {
+        snprintf(err, errlen, "give --split-max-tensors or --split-max-size, not both (as gguf-split)");
+        return -1;
+    }
+    if (by_size)
+        o->split_max_bytes = (uint64_t)n * (unit == 'M' ? 1000000ull : 1000000000ull);
+    else
+        o->split_max_tensors = (int)n;
+    return 0;
+}
+
 /* A flag's value: absent (the command line, a bare query parameter) or true/false. */
 static int flag(int *slot, const char *opt, const char *v, char *err, size_t errlen)
 {
@@ -284,7 +308,8 @@ static int flag(int *slot, const char *opt, const char *v, char *err, size_t err
 }
 
 enum opt_id { PURE, LEAVE_OUTPUT, ALLOW_REQUANT, DRY_RUN, OUTPUT_TYPE, TOKEN_EMBD_TYPE, TENSOR_TYPE,
-              TENSOR_TYPE_FILE, OVERRIDE_KV, PRUNE, IMATRIX, INCLUDE_WEIGHTS, EXCLUDE_WEIGHTS };
+              TENSOR_TYPE_FILE, OVERRIDE_KV, PRUNE, IMATRIX, INCLUDE_WEIGHTS, EXCLUDE_WEIGHTS, SPLIT_TENSORS,
+              SPLIT_SIZE };
 static const struct {
     const char *name;
     enum opt_id id;
@@ -303,6 +328,8 @@ static const struct {
     {"imatrix", IMATRIX, 1},
     {"include-weights", INCLUDE_WEIGHTS, 1},
     {"exclude-weights", EXCLUDE_WEIGHTS, 1},
+    {"split-max-tensors", SPLIT_TENSORS, 1},
+    {"split-max-size", SPLIT_SIZE, 1},
 };
 #define N_OPTIONS (int)(sizeof options / sizeof *options)
 
@@ -331,7 +358,8 @@ const char *qd_gguf_option_names(void)
 {
     return "--pure --leave-output-tensor --allow-requantize --dry-run --output-tensor-type TYPE "
            "--token-embedding-type TYPE --tensor-type PATTERN=TYPE --tensor-type-file FILE --override-kv KEY=TYPE:VALUE "
-           "--prune-layers L0,L1,... --imatrix FILE --include-weights NAME --exclude-weights NAME";
+           "--prune-layers L0,L1,... --imatrix FILE --include-weights NAME --exclude-weights NAME "
+           "--split-max-tensors N --split-max-size N(M|G)";
 }
 
 int qd_gguf_option_set(struct qd_gguf_options *o, const char *name, const char *v, char *err, size_t errlen)
@@ -362,6 +390,8 @@ int qd_gguf_option_set(struct qd_gguf_options *o, const char *name, const char *
     case IMATRIX: return set_imatrix(o, v, err, errlen);
     case INCLUDE_WEIGHTS: return add_weight_name(o, 1, v, err, errlen);
     case EXCLUDE_WEIGHTS: return add_weight_name(o, 0, v, err, errlen);
+    case SPLIT_TENSORS: return set_split(o, 0, v, err, errlen);
+    case SPLIT_SIZE: return set_split(o, 1, v, err, errlen);
     }
     return -1;
 }

@@ -55,6 +55,8 @@ struct qd_gguf_options {
                                      NULL: imatrix */
     char *include_weights[QD_GGUF_MAX_WEIGHT_NAMES], *exclude_weights[QD_GGUF_MAX_WEIGHT_NAMES];
     int n_include, n_exclude;     /* --include-weights / --exclude-weights NAME: substrings */
+    int split_max_tensors;        /* gguf-split --split-max-tensors N (0: no split by count) */
+    uint64_t split_max_bytes;     /* gguf-split --split-max-size N(M|G), decimal units (0: none) */
     int n_set;                    /* options given: any says the output is a GGUF */
 };
 

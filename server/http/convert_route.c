@@ -175,6 +175,11 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
             goto bad;
         }
     }
+    if (r->gguf && (r->gguf->split_max_tensors || r->gguf->split_max_bytes)) {
+        qd_reply_error(err, 400, "bad_request", "a split output is several files and POST /convert answers one: give "
+                       "split_max_tensors / split_max_size to a conversion job (POST /jobs?op=convert)");
+        goto bad;
+    }
     if (!(r->filter = qd_name_filter_new(r->skip, r->only, msg, sizeof msg))) {
         qd_reply_error(err, 400, "bad_request", "%s", msg);
         goto bad;

@@ -377,3 +377,77 @@ def test_job_takes_an_imatrix(service, models):
     status, r = http("POST", base + "/convert?recipe=Q4_0&imatrix=x.dat", open(models["llama"], "rb").read(),
                      {"Content-Type": "application/octet-stream"})
     assert status == 400 and "POST /convert takes one" in json.loads(r)["error"]["message"], r
+
+
+def fields(path):
+    """key -> (value type, value) of a GGUF's metadata, in order."""
+    r = gguf.GGUFReader(str(path))
+    out = []
+    for f in r.fields.values():
+        if f.name.startswith("GGUF."):
+            continue
+        v = [bytes(f.parts[i]).hex() for i in f.data]
+        out.append((f.name, [int(t) for t in f.types], v))
+    return out
+
+
+@pytest.mark.parametrize("option,value,files", [("--split-max-tensors", "8", 4), ("--split-max-size", "1M", 2)])
+def test_split_output_as_gguf_split_writes_it(models, tmp_path, option, value, files):
+    """gguf-split's layout over llama-quantize's file: -0000N-of-0000M.gguf names, tensors in
+    order cut by count or by their padded bytes, every key in the first split, then split.no
+    (u16), split.tensors.count (i32), split.count (u16) in each; the tensors are llama-quantize's."""
+    case = FIX["cases"]["tensor_type"]
+    whole = tmp_path / "whole.gguf"
+    run_quantd("convert", "--in", models["llama"], "--out", whole, *case["options"], "--recipe", case["mix"])
+    assert sha256(whole) == case["sha256"]
+    run_quantd("convert", "--in", models["llama"], "--out", tmp_path / "split.gguf", option, value,
+               *case["options"], "--recipe", case["mix"])
+    names = sorted(p.name for p in tmp_path.glob("split-*"))
+    assert names == [f"split-{k:05d}-of-{files:05d}.gguf" for k in range(1, files + 1)] and not (tmp_path / "split.gguf").exists()
+    ref = gguf.GGUFReader(str(whole))
+    tensors = [(t.name, t.data.tobytes()) for t in ref.tensors]
+    got, sizes = [], []
+    for k, name in enumerate(names):
+        r = gguf.GGUFReader(str(tmp_path / name))
+        part = [(t.name, t.data.tobytes()) for t in r.tensors]
+        got += part
+        sizes.append(sum(-(-len(b) // 32) * 32 for _, b in part))
+        kv = fields(tmp_path / name)
+        head = fields(whole) if k == 0 else []
+        u16, i32 = gguf.GGUFValueType.UINT16, gguf.GGUFValueType.INT32
+        tail = [("split.no", [u16], [k.to_bytes(2, "little").hex()]),
+                ("split.tensors.count", [i32], [len(tensors).to_bytes(4, "little").hex()]),
+                ("split.count", [u16], [files.to_bytes(2, "little").hex()])]
+        assert kv == head + tail, (name, kv[-4:])
+    assert got == tensors
+    if option == "--split-max-tensors":
+        assert [len(gguf.GGUFReader(str(tmp_path / n)).tensors) for n in names] == [8, 8, 8, 6]
+    else:
+        assert all(s <= 1000000 for s in sizes)
+
+
+def test_split_refusals(models, tmp_path):
+    out = tmp_path / "s.gguf"
+    p = run_quantd("convert", "--in", models["llama"], "--out", out, "--split-max-tensors", "8", "--split-max-size",
+                   "1G", "--recipe", "Q4_0", check=False)
+    assert p.returncode == 2 and "not both" in p.stderr
+    p = run_quantd("convert", "--in", models["llama"], "--out", out, "--split-max-size", "100K", "--recipe", "Q4_0",
+                   check=False)
+    assert p.returncode == 2 and "M (10^6 bytes) or G" in p.stderr
+    (tmp_path / "s-00002-of-00004.gguf").write_bytes(b"mine")
+    p = run_quantd("convert", "--in", models["llama"], "--out", out, "--split-max-tensors", "8", "--recipe", "Q4_0",
+                   check=False)
+    assert p.returncode == 1 and "exists" in p.stderr and (tmp_path / "s-00002-of-00004.gguf").read_bytes() == b"mine"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["s-00002-of-00004.gguf"]
+
+
+def test_job_writes_splits(service):
+    """A job with split_max_tensors writes the splits in --data-dir; POST /convert (one file
+    out) refuses a split."""
+    base, data = service
+    status, r = run_job(base, {"source": "llama.gguf", "destination": "sp.gguf", "recipe": "Q4_0",
+                               "split_max_tensors": 10, "overwrite": True})
+    assert status == 200, r
+    assert sorted(p.name for p in data.glob("sp-*")) == [f"sp-0000{k}-of-00003.gguf" for k in (1, 2, 3)]
+    status, r = http("POST", base + "/convert?recipe=Q4_0&split_max_tensors=10", b"GGUF", {"Content-Type": "application/octet-stream"})
+    assert status == 400 and "several files" in json.loads(r)["error"]["message"], r

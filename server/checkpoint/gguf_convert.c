@@ -314,7 +314,7 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
     /* the importance matrix (--imatrix), narrowed by --include-weights / --exclude-weights; none
      * left is none at all (llama-quantize's prepare_imatrix) */
     if (opt && opt->imatrix_path) {
-        if (qd_imatrix_load(opt->imatrix_path, &im, err, errlen)) {
+        if (qd_gguf_imatrix_load(opt->imatrix_path, &im, err, errlen)) {
             *status = QD_EINVAL;
             goto done;
         }

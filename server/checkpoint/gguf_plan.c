@@ -277,3 +277,19 @@ int qd_gguf_kv_append(struct qd_gguf_new_kv *extra, int n, struct qd_gguf_new_kv
     extra[k++] = e;
     return k;
 }
+
+int qd_gguf_imatrix_load(const char *path, struct qd_imatrix *m, char *err, size_t errlen)
+{
+    struct qd_mapped f;
+    char why[768];
+    memset(m, 0, sizeof *m);
+    if (qd_map_file(path, &f, why, sizeof why)) {
+        snprintf(err, errlen, "--imatrix: %s", why);
+        return -1;
+    }
+    int rc = qd_imatrix_parse(f.data, f.size, m, why, sizeof why);
+    qd_unmap_file(&f);
+    if (rc)
+        snprintf(err, errlen, "--imatrix %s: %s", path, why);
+    return rc;
+}

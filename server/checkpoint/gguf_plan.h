@@ -49,6 +49,9 @@ int qd_gguf_plan_splits(const struct qd_gguf_plan *plan, int n, const struct qd_
                         char *err, size_t errlen);
 /* File k of n: dst itself for one; else dst without ".gguf" and -0000K-of-0000N.gguf. */
 void qd_gguf_split_path(const char *dst, int k, int n, char *out, size_t len);
+/* Reads the importance matrix at path (opened as every input is: confined to a job's data
+ * directory) into m; -1 with err naming the file. */
+int qd_gguf_imatrix_load(const char *path, struct qd_imatrix *m, char *err, size_t errlen);
 /* An --override-kv as gguf_set_val_* writes it (an int as u32 of its magnitude). */
 struct qd_gguf_new_kv qd_gguf_kv_of_override(const struct qd_gguf_kv_override *k);
 /* Appends e to extra[0..n), first removing an earlier one of its key; the new count. */

@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpoint/convert.h"
 #include "checkpoint/gguf.h"
 
 /* Adds (or, for a name met again, replaces: llama.cpp keeps them in a map) an entry of n
@@ -208,30 +207,21 @@ done:
     return rc;
 }
 
-int qd_imatrix_load(const char *path, struct qd_imatrix *m, char *err, size_t errlen)
+int qd_imatrix_parse(const uint8_t *buf, size_t len, struct qd_imatrix *m, char *err, size_t errlen)
 {
     memset(m, 0, sizeof *m);
-    struct qd_mapped f;
-    char why[768];
-    if (qd_map_file(path, &f, why, sizeof why)) {
-        snprintf(err, errlen, "--imatrix: %s", why);
-        return -1;
-    }
-    int rc = f.size >= 4 && !memcmp(f.data, "GGUF", 4) ? load_gguf(f.data, f.size, m, why, sizeof why)
-                                                      : load_legacy(f.data, f.size, m, why, sizeof why);
-    qd_unmap_file(&f);
+    int rc = len >= 4 && !memcmp(buf, "GGUF", 4) ? load_gguf(buf, len, m, err, errlen)
+                                                  : load_legacy(buf, len, m, err, errlen);
     for (int i = 0; !rc && i < m->n; i++)
         for (int64_t k = 0; k < m->e[i].n; k++)
             if (!isfinite(m->e[i].values[k])) {
-                snprintf(why, sizeof why, "entry %.64s holds a value that is not finite (%g at %lld): llama-quantize "
+                snprintf(err, errlen, "entry %.64s holds a value that is not finite (%g at %lld): llama-quantize "
                          "refuses it too", m->e[i].name, m->e[i].values[k], (long long)k);
                 rc = -1;
                 break;
             }
-    if (rc) {
-        snprintf(err, errlen, "--imatrix %s: %s", path, why);
+    if (rc)
         qd_imatrix_free(m);
-    }
     return rc;
 }
 

@@ -28,9 +28,10 @@ struct qd_imatrix {
     char *dataset;     /* the first dataset name, or NULL */
 };
 
-/* Reads path into m. 0, or -1 with a message naming the file's problem (and the entry) in err;
- * values that are not finite once normalized are refused as llama-quantize refuses them. */
-int qd_imatrix_load(const char *path, struct qd_imatrix *m, char *err, size_t errlen);
+/* Reads a whole file held in buf into m. 0, or -1 with a message naming the problem (and the
+ * entry) in err; values that are not finite once normalized are refused as llama-quantize
+ * refuses them. */
+int qd_imatrix_parse(const uint8_t *buf, size_t len, struct qd_imatrix *m, char *err, size_t errlen);
 /* quantize.cpp prepare_imatrix: drops the entries whose name contains any of exclude[], then
  * (include non-empty) keeps only those whose name contains one of include[]. */
 void qd_imatrix_filter(struct qd_imatrix *m, const char *const *include, int n_include, const char *const *exclude,

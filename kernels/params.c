@@ -208,6 +208,9 @@ char *qd_registry_json(void)
             cJSON_AddNumberToObject(blk, "bytes", f->block_bytes);
         cJSON_AddStringToObject(blk, "axis", f->block_axis);
         cJSON_AddNumberToObject(o, "bits_per_weight", f->bits_per_weight);
+        /* /quantize takes an "importance" vector (on any backend: the CPU code runs it where the
+         * GPU's does not read it) */
+        cJSON_AddBoolToObject(o, "importance", f->importance != 0);
         cJSON *ps = cJSON_AddArrayToObject(o, "params");
         for (const char *const *n = f->params; *n; n++)
             cJSON_AddItemToArray(ps, param_json(f, qd_param_find(*n)));

@@ -45,6 +45,42 @@ static enum qd_status nonfinite_error(int64_t bad, char *err, size_t len)
     return QD_ENONFINITE;
 }
 
+static const char *const backend_names[QD_BACKEND_COUNT] = {"cpu", "cuda"};
+
+enum qd_status qd_importance_check(enum qd_backend_kind b, const struct qd_format *f,
+                                   const struct qd_tensor *in, const struct qd_params *p,
+                                   char *err, size_t len)
+{
+    if (!p->importance)
+        return QD_OK;
+    if (!(f->importance & QD_IMPORTANCE_ON(b))) {
+        snprintf(err, len, "format %s takes no importance%s%s (ggml's types do: GET /formats lists "
+                 "\"importance\": true)", f->name, f->importance ? " on the backend " : "",
+                 f->importance ? backend_names[b] : "");
+        return QD_EINVAL;
+    }
+    if (p->allow_nonfinite) {
+        snprintf(err, len, "allow_nonfinite does not go with an importance: ggml's weighted searches have no "
+                 "defined result on NaN/Inf");
+        return QD_EINVAL;
+    }
+    int64_t matrices = in->ndim >= 3 ? in->rows / in->shape[in->ndim - 2] : 1;
+    if (p->importance_n != in->cols && (matrices == 1 || p->importance_n != in->cols * matrices)) {
+        snprintf(err, len, "importance has %" PRId64 " values; it needs one per column (%" PRId64 ")%s",
+                 p->importance_n, in->cols, matrices > 1 ? ", or one per column of each matrix" : "");
+        if (matrices > 1)
+            snprintf(err + strlen(err), len - strlen(err), " (%" PRId64 " x %" PRId64 ")", matrices, in->cols);
+        return QD_EINVAL;
+    }
+    for (int64_t i = 0; i < p->importance_n; i++)
+        if (!(p->importance[i] >= 0.0f && p->importance[i] <= 3.40282347e38f)) {
+            snprintf(err, len, "importance value %" PRId64 " is %g: importance values must be finite and >= 0",
+                     i, (double)p->importance[i]);
+            return QD_EINVAL;
+        }
+    return QD_OK;
+}
+
 enum qd_status qd_quantize(enum qd_backend_kind b, const struct qd_format *f,
                            const struct qd_tensor *in, struct qd_params *p, void *const *out,
                            char *err, size_t len)
@@ -58,8 +94,10 @@ enum qd_status qd_quantize(enum qd_backend_kind b, const struct qd_format *f,
         snprintf(err, len, "format %s has no quantizer on this backend", f->name);
         return QD_EINVAL;
     }
+    enum qd_status s = qd_importance_check(b, f, in, p, err, len);
+    if (s != QD_OK)
+        return s;
     int64_t bad = -1;
-    enum qd_status s;
     if (!p->allow_nonfinite && b == QD_BACKEND_CPU) {
         /* checked inside the format's first pass over the input, on chunks already in cache */
         qd_cpu_scan_begin(&bad);

@@ -8,10 +8,18 @@
 struct cJSON;
 
 /* Quantizes `in` with format f on backend b into out[i] (sized by qd_format_layout). Computed
- * params (offset, global scale) are written back to p. err gets a message on failure. */
+ * params (offset, global scale) are written back to p. p->importance, when set, weights the
+ * search of the formats that take it (struct qd_params). err gets a message on failure. */
 enum qd_status qd_quantize(enum qd_backend_kind b, const struct qd_format *f,
                            const struct qd_tensor *in, struct qd_params *p, void *const *out,
                            char *err, size_t errlen);
+
+/* Checks p->importance against the format, the backend and the input: QD_OK when there is none
+ * or when it fits (importance_n = cols, or cols x prod(shape[:-2]); finite values >= 0),
+ * QD_EINVAL with a message otherwise. qd_quantize calls it; a caller may call it earlier. */
+enum qd_status qd_importance_check(enum qd_backend_kind b, const struct qd_format *f,
+                                   const struct qd_tensor *in, const struct qd_params *p,
+                                   char *err, size_t errlen);
 
 /* On the CUDA backend qd_quantize returns with the work queued on the thread's stream; after
  * the caller has queued its copies, this waits for the stream and reports what the device

@@ -11,6 +11,7 @@
 #include "cpu/cpu.h"
 #include "fp8.h"
 #include "ggml.h"
+#include "iquants.h"
 #include "kquants.h"
 #include "mlx.h"
 #include "mx.h"
@@ -131,6 +132,16 @@ static int layout_ggml(const struct qd_format *f, const struct qd_params *p, int
     if (!cols_multiple(f, cols, QD_GGML_QK, err, len))
         return -1;
     comp(&c[0], "data", QD_U8, 2, rows, cols / QD_GGML_QK * f->block_bytes);
+    return 1;
+}
+
+static int layout_iquant(const struct qd_format *f, const struct qd_params *p, int64_t rows,
+                         int64_t cols, struct qd_component *c, char *err, size_t len)
+{
+    (void)p;
+    if (!cols_multiple(f, cols, f->block_elems, err, len))
+        return -1;
+    comp(&c[0], "data", QD_U8, 2, rows, cols / f->block_elems * f->block_bytes);
     return 1;
 }
 
@@ -367,16 +378,26 @@ static const char *const fp8_defaults[] = {"granularity=channel", "flow=compress
     {.name = nm, .family = "bnb4", .doc = dc, .block_elems = 64, .block_axis = "flat",         \
      .bits_per_weight = 4.0 + 8.0 / 64 + 32.0 / (256 * 64), .code = cd, .params = bnb4_params,  \
      .layout = layout_bnb4, .backend = BACKENDS(bnb4)}
-#define GGML(nm, cd, bytes, gguf, ftype, dc)                                                    \
-    {.name = nm, .family = "ggml", .doc = dc, .block_elems = 32, .block_bytes = bytes,         \
+/* imp: the backends that honour an importance vector (QD_IMPORTANCE_ON bits) */
+#define ANY_BACKEND (QD_IMPORTANCE_ON(QD_BACKEND_CPU) | QD_IMPORTANCE_ON(QD_BACKEND_CUDA))
+#define GGML(nm, cd, bytes, gguf, ftype, imp, dc)                                               \
+    {.name = nm, .importance = imp, .family = "ggml", .doc = dc, .block_elems = 32, .block_bytes = bytes,         \
      .block_axis = "last", .bits_per_weight = bytes * 8.0 / 32, .code = cd,                    \
      .gguf_type = gguf, .gguf_file_type = ftype, .params = ggml_params, .layout = layout_ggml,  \
      .backend = BACKENDS(ggml)}
 #define KQUANT(nm, cd, bytes, gguf, ftype, dc)                                                  \
-    {.name = nm, .family = "kquant", .doc = dc, .block_elems = QD_QK_K, .block_bytes = bytes,  \
+    {.name = nm, .importance = QD_IMPORTANCE_ON(QD_BACKEND_CPU), .family = "kquant", .doc = dc, .block_elems = QD_QK_K, .block_bytes = bytes,  \
      .block_axis = "last", .bits_per_weight = bytes * 8.0 / QD_QK_K, .code = cd,               \
      .gguf_type = gguf, .gguf_file_type = ftype, .params = kquant_params,                      \
      .layout = layout_kquant, .backend = BACKENDS(kquant)}
+/* ggml's iq4_nl/iq4_xs/ternary/MXFP4 (kernels/iquants.h); no CUDA kernels yet: the service runs
+ * their CPU code */
+#define IQUANT(nm, cd, elems, bytes, gguf, ftype, imp, dc)                                      \
+    {.name = nm, .family = "iquant", .doc = dc, .block_elems = elems, .block_bytes = bytes,    \
+     .block_axis = "last", .bits_per_weight = bytes * 8.0 / elems, .code = cd,                 \
+     .gguf_type = gguf, .gguf_file_type = ftype, .params = kquant_params, .importance = imp,   \
+     .layout = layout_iquant,                                                                  \
+     .backend = {[QD_BACKEND_CPU] = {qd_cpu_iquant_quantize, qd_cpu_iquant_dequantize}}}
 #define MLX_FP(nm, cd, group, bits, prm, dflt, dc)                                              \
     {.name = nm, .family = "mlx", .doc = dc, .block_elems = group, .block_axis = "last",        \
      .bits_per_weight = bits + 8.0 / group, .code = cd, .params = prm, .param_defaults = dflt,  \
@@ -389,18 +410,30 @@ static const char *const fp8_defaults[] = {"granularity=channel", "flow=compress
 const struct qd_format qd_formats[] = {
     BNB4("nf4", 0, "bitsandbytes NormalFloat4 (quantize_4bit quant_type='nf4')"),
     BNB4("fp4", 1, "bitsandbytes FP4 (quantize_4bit quant_type='fp4')"),
-    GGML("q4_0", QD_Q4_0, 18, 2, 2, "ggml block_q4_0: f16 d, 32 x 4-bit"),
-    GGML("q4_1", QD_Q4_1, 20, 3, 3, "ggml block_q4_1: f16 d, f16 m, 32 x 4-bit"),
-    GGML("q5_0", QD_Q5_0, 22, 6, 8, "ggml block_q5_0: f16 d, 32 x 5-bit"),
-    GGML("q5_1", QD_Q5_1, 24, 7, 9, "ggml block_q5_1: f16 d, f16 m, 32 x 5-bit"),
-    GGML("q8_0", QD_Q8_0, 34, 8, 7, "ggml block_q8_0: f16 d, 32 x int8"),
-    GGML("q8_1", QD_Q8_1, 36, 9, 0, "ggml block_q8_1: f16 d, f16 s = d*sum(q), 32 x int8"),
+    GGML("q4_0", QD_Q4_0, 18, 2, 2, QD_IMPORTANCE_ON(QD_BACKEND_CPU), "ggml block_q4_0: f16 d, 32 x 4-bit"),
+    GGML("q4_1", QD_Q4_1, 20, 3, 3, QD_IMPORTANCE_ON(QD_BACKEND_CPU), "ggml block_q4_1: f16 d, f16 m, 32 x 4-bit"),
+    GGML("q5_0", QD_Q5_0, 22, 6, 8, QD_IMPORTANCE_ON(QD_BACKEND_CPU), "ggml block_q5_0: f16 d, 32 x 5-bit"),
+    GGML("q5_1", QD_Q5_1, 24, 7, 9, QD_IMPORTANCE_ON(QD_BACKEND_CPU), "ggml block_q5_1: f16 d, f16 m, 32 x 5-bit"),
+    GGML("q8_0", QD_Q8_0, 34, 8, 7, ANY_BACKEND /* read and ignored, as ggml does */, "ggml block_q8_0: f16 d, 32 x int8"),
+    GGML("q8_1", QD_Q8_1, 36, 9, 0, 0, "ggml block_q8_1: f16 d, f16 s = d*sum(q), 32 x int8"),
     /* llama_ftype of the mix whose default type this is (llama-quantize --pure Q4_K writes 15) */
     KQUANT("q2_K", QD_Q2_K, 84, 10, 10, "ggml block_q2_K: 256 elements, 16 x (4-bit scale, 4-bit min), 2-bit codes"),
     KQUANT("q3_K", QD_Q3_K, 110, 11, 12, "ggml block_q3_K: 256 elements, 16 x 6-bit scales, 3-bit codes"),
     KQUANT("q4_K", QD_Q4_K, 144, 12, 15, "ggml block_q4_K: 256 elements, 8 x (6-bit scale, 6-bit min), 4-bit codes"),
     KQUANT("q5_K", QD_Q5_K, 176, 13, 17, "ggml block_q5_K: 256 elements, 8 x (6-bit scale, 6-bit min), 5-bit codes"),
     KQUANT("q6_K", QD_Q6_K, 210, 14, 18, "ggml block_q6_K: 256 elements, 16 x int8 scales, 6-bit codes"),
+    IQUANT("iq4_nl", QD_IQ4_NL, 32, 18, 20, 25, QD_IMPORTANCE_ON(QD_BACKEND_CPU),
+           "ggml block_iq4_nl: f16 d, 32 x 4-bit indices into a 16-value non-linear grid"),
+    IQUANT("iq4_xs", QD_IQ4_XS, 256, 136, 23, 30, QD_IMPORTANCE_ON(QD_BACKEND_CPU),
+           "ggml block_iq4_xs: 256 elements, f16 d, 8 x 6-bit scales, 4-bit non-linear grid indices"),
+    IQUANT("tq1_0", QD_TQ1_0, 256, 54, 34, 36, ANY_BACKEND /* read and ignored, as ggml does */,
+           "ggml block_tq1_0: 256 ternary codes (-1, 0, 1) x f16 d, five per byte"),
+    IQUANT("tq2_0", QD_TQ2_0, 256, 66, 35, 37, ANY_BACKEND /* read and ignored, as ggml does */,
+           "ggml block_tq2_0: 256 ternary codes (-1, 0, 1) x f16 d, two bits each"),
+    /* "mxfp4" is the OCP layout (scales apart, OCP rounding); llama.cpp's own MXFP4 type keeps its
+     * exponent in the block and picks codes by least error: other bytes, hence its own name */
+    IQUANT("mxfp4_ggml", QD_MXFP4_GGML, 32, 17, 39, 38, ANY_BACKEND /* read and ignored, as ggml does */,
+           "ggml block_mxfp4 (llama.cpp's MXFP4, GGUF type 39): an E8M0 exponent, 32 x E2M1 codes"),
     {.name = "awq", .family = "awq", .doc = "AutoAWQ WQLinear_GEMM int4, input W [K, N]",
      .block_elems = 128, .block_axis = "rows", .bits_per_weight = 4.0 + 20.0 / 128,
      .params = awq_params, .layout = layout_awq, .backend = BACKENDS(awq)},

@@ -96,7 +96,26 @@ struct qd_params {
      * 1 for 1-D; fp8 blocks do not cross matrices). */
     int layout_dtype;
     int64_t layout_matrix_rows;
+    /* Not a parameter either: an importance vector, ggml's quant_weights (llama.cpp's importance
+     * matrix, one entry of an imatrix file): importance_n f32 values in host memory on every
+     * backend, NULL for none. Either one per column (importance_n = cols), shared by every row,
+     * or one such vector per matrix (cols x matrices, matrices = prod(shape[:-2]): the experts of
+     * a 3-D MoE tensor, as llama-quantize hands them out). Values finite and >= 0. Only formats
+     * whose entry sets importance for the backend read it; qd_quantize refuses it elsewhere
+     * (qd_importance_check). */
+    const float *importance;
+    int64_t importance_n;
 };
+
+/* The importance vector of row `row` of in (cols values), or NULL when p has none. */
+static inline const float *qd_importance_row(const struct qd_params *p, const struct qd_tensor *in, int64_t row)
+{
+    if (!p->importance)
+        return NULL;
+    if (p->importance_n == in->cols)
+        return p->importance;
+    return p->importance + row / in->shape[in->ndim - 2] * in->cols;
+}
 
 /* QD_PARAM_BLOCK: "RxC", two ints (rows, then cols at the next int) in [min, max] */
 enum qd_param_kind { QD_PARAM_INT, QD_PARAM_BOOL, QD_PARAM_FLOAT, QD_PARAM_ENUM, QD_PARAM_BLOCK };
@@ -163,7 +182,12 @@ struct qd_format {
     struct qd_backend_fns backend[QD_BACKEND_COUNT];
     /* The dtype dequantize gives when the caller names none, from the input's (NULL: that one). */
     enum qd_dtype (*dequant_dtype)(const struct qd_params *p, enum qd_dtype in);
+    /* Backends whose quantizer reads p->importance, a bit (QD_IMPORTANCE_ON) per backend; 0: the
+     * format takes no importance. */
+    unsigned importance;
 };
+
+#define QD_IMPORTANCE_ON(b) (1u << (b))
 
 extern const struct qd_format qd_formats[];
 extern const int qd_format_count;

@@ -1,6 +1,7 @@
 /* llama.cpp / ggml blocks on the CPU: rows of cols % 32 == 0, blocks of 32 along the flattened
  * tensor (a block never crosses a row), each written as ggml's block struct. */
 #include "../ggml.h"
+#include "../imatrix.h"
 #include "cpu.h"
 #include "ggml_avx2.h"
 
@@ -8,6 +9,8 @@ struct ggml_ctx {
     int type, block_bytes;
     uint8_t *data;
     const uint8_t *cdata;
+    const struct qd_params *p; /* with an importance vector: spans of whole rows */
+    const struct qd_tensor *in;
 };
 
 /* The types with AVX2 block code: it checks for NaN/Inf on the way (no separate scan). */
@@ -54,6 +57,23 @@ static void ggml_quantize_span(void *c, int tid, const float *x, int64_t first, 
         qd_ggml_quantize_block(k->type, x + b * QD_GGML_QK, out + b * k->block_bytes);
 }
 
+/* ggml's quantize_row_<type>_impl: each row's mean square first (the weights use it), then its
+ * blocks weighted by the row's importance. */
+static void ggml_importance_span(void *c, int tid, const float *x, int64_t first, int64_t n)
+{
+    struct ggml_ctx *k = c;
+    (void)tid;
+    const int64_t cols = k->in->cols;
+    uint8_t *out = k->data + first / QD_GGML_QK * k->block_bytes;
+    for (int64_t r = 0; r < n / cols; r++) {
+        const float *xr = x + r * cols;
+        const float *qw = qd_importance_row(k->p, k->in, first / cols + r);
+        const float sigma2 = qd_imx_row_sigma2(xr, cols);
+        for (int64_t b = 0; b < cols / QD_GGML_QK; b++, out += k->block_bytes)
+            qd_imx_quantize_legacy(k->type, xr + b * QD_GGML_QK, qw + b * QD_GGML_QK, sigma2, out);
+    }
+}
+
 static void ggml_dequantize_span(void *c, int tid, float *y, int64_t first, int64_t n)
 {
     struct ggml_ctx *k = c;
@@ -66,8 +86,9 @@ static void ggml_dequantize_span(void *c, int tid, float *y, int64_t first, int6
 enum qd_status qd_cpu_ggml_quantize(const struct qd_format *f, const struct qd_tensor *in,
                                     struct qd_params *p, void *const *out)
 {
-    (void)p;
-    struct ggml_ctx k = {.type = f->code, .block_bytes = f->block_bytes, .data = out[0]};
+    struct ggml_ctx k = {.type = f->code, .block_bytes = f->block_bytes, .data = out[0], .p = p, .in = in};
+    if (p->importance && f->code != QD_Q8_0) /* q8_0 has no weighted form: ggml ignores it */
+        return qd_cpu_spans(in, in->cols, ggml_importance_span, &k) < 0 ? QD_ENOMEM : QD_OK;
     int rc = vector_type(f->code) ? qd_cpu_spans_self_checked(in, QD_GGML_QK, ggml_quantize_span, &k)
                                   : qd_cpu_spans(in, QD_GGML_QK, ggml_quantize_span, &k);
     return rc < 0 ? QD_ENOMEM : QD_OK;

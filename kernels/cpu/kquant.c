@@ -2,6 +2,7 @@
  * flattened tensor (one never crosses a row), each written as ggml's block struct. The
  * sub-block searches of a super-block run side by side in AVX2 lanes (kquant_avx2.h: each lane
  * the reference's float operations in order, so the same bits); the threads share the blocks. */
+#include "../imatrix.h"
 #include "../kquants.h"
 #include "cpu.h"
 #include "kquant_avx2.h"
@@ -10,6 +11,8 @@ struct kquant_ctx {
     int type, block_bytes;
     uint8_t *data;
     const uint8_t *cdata;
+    const struct qd_params *p;
+    const struct qd_tensor *in;
 };
 
 static void kquant_quantize_span(void *c, int tid, const float *x, int64_t first, int64_t n)
@@ -49,6 +52,20 @@ static void kquant_quantize_span(void *c, int tid, const float *x, int64_t first
     }
 }
 
+/* ggml's quantize_row_<type>_impl: each super-block weighted by its columns' importance. */
+static void kquant_importance_span(void *c, int tid, const float *x, int64_t first, int64_t n)
+{
+    struct kquant_ctx *k = c;
+    (void)tid;
+    const int64_t cols = k->in->cols;
+    uint8_t *out = k->data + first / QD_QK_K * k->block_bytes;
+    for (int64_t b = 0; b < n / QD_QK_K; b++) {
+        const int64_t e = first + b * QD_QK_K;
+        const float *qw = qd_importance_row(k->p, k->in, e / cols) + e % cols;
+        qd_imx_quantize_kquant(k->type, x + b * QD_QK_K, qw, out + b * k->block_bytes);
+    }
+}
+
 static void kquant_dequantize_span(void *c, int tid, float *y, int64_t first, int64_t n)
 {
     struct kquant_ctx *k = c;
@@ -61,9 +78,9 @@ static void kquant_dequantize_span(void *c, int tid, float *y, int64_t first, in
 enum qd_status qd_cpu_kquant_quantize(const struct qd_format *f, const struct qd_tensor *in,
                                       struct qd_params *p, void *const *out)
 {
-    (void)p;
-    struct kquant_ctx k = {.type = f->code, .block_bytes = f->block_bytes, .data = out[0]};
-    return qd_cpu_spans(in, QD_QK_K, kquant_quantize_span, &k) < 0 ? QD_ENOMEM : QD_OK;
+    struct kquant_ctx k = {.type = f->code, .block_bytes = f->block_bytes, .data = out[0], .p = p, .in = in};
+    return qd_cpu_spans(in, QD_QK_K, p->importance ? kquant_importance_span : kquant_quantize_span, &k) < 0
+               ? QD_ENOMEM : QD_OK;
 }
 
 enum qd_status qd_cpu_kquant_dequantize(const struct qd_format *f, const void *const *in,

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "checkpoint/gguf.h"
+#include "checkpoint/gguf_options.h"
 #include "checkpoint/gguf_recipe.h"
 #include "checkpoint/hf_layout.h"
 
@@ -327,6 +328,8 @@ static const struct layout {
      qd_convert_gguf, NULL, NULL},
     {"kquant", NULL, "llama.cpp GGUF (llama-quantize --pure)", TAKES(QD_INPUT_GGUF) | TAKES(QD_INPUT_OTHER),
      qd_convert_gguf, NULL, NULL},
+    {"iquant", NULL, "llama.cpp GGUF (llama-quantize --pure)", TAKES(QD_INPUT_GGUF) | TAKES(QD_INPUT_OTHER),
+     qd_convert_gguf, NULL, NULL},
     {"bnb4", NULL, "transformers + bitsandbytes", TAKES_HF, NULL, &qd_hf_bnb, NULL},
     {"ctint", NULL, "compressed-tensors (llm-compressor W4A16, W8A16; int8 is w8a16)", TAKES_HF, NULL, &qd_hf_ct_int,
      NULL},
@@ -481,12 +484,21 @@ int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d,
                  f ? f->name : "(none)", qd_convert_layouts_text());
         return -1;
     }
+    if (o->gguf && o->gguf->n_set && l->run != qd_convert_gguf) {
+        snprintf(err, errlen, "convert: llama-quantize's options (%s) apply to GGUF output; %s writes %s",
+                 qd_gguf_option_names(), f->name, l->writes);
+        return -1;
+    }
     const enum qd_convert_input in = qd_convert_input_kind(o->src);
     if (check_input(o, l, in, status, err, errlen))
         return -1;
     if (l->check && l->check(o->src, in, err, errlen)) {
         *status = QD_EINVAL;
         return -1;
+    }
+    if (o->gguf && o->gguf->dry_run) { /* nothing is written: no destination to check */
+        snprintf(d->path, sizeof d->path, "%s", o->dst ? o->dst : "");
+        return 0;
     }
     return qd_convert_check_dest(o->src, o->dst, in, o->overwrite, d, status, err, errlen);
 }

@@ -16,6 +16,7 @@ struct qd_gguf_recipe;
 enum qd_convert_action { QD_CONVERT_COPY, QD_CONVERT_QUANTIZE, QD_CONVERT_CAST_F16 };
 
 struct qd_name_filter;
+struct qd_gguf_options;
 
 /* One tensor's progress, reported after it is written. */
 struct qd_convert_event {
@@ -41,6 +42,8 @@ struct qd_convert_opts {
     const char *skip, *only;  /* POSIX extended regexes over tensor names, or NULL */
     const struct qd_name_filter *filter; /* skip and only compiled already (NULL: compiled here) */
     uint64_t max_header_bytes; /* a safetensors file's header (0: safetensors' own 100 MB) */
+    const struct qd_gguf_options *gguf; /* GGUF: llama-quantize's options (gguf_options.h); NULL:
+                                 none */
     const char *recipe;       /* GGUF: a llama-quantize mix (Q4_K_M ...) choosing each tensor's
                                  type, f its default type (qd_convert sets f); NULL: f for all */
     int report_error;         /* NMSE per quantized tensor (costs a dequantize on the CPU) */
@@ -69,6 +72,7 @@ struct qd_stage_seconds {
 
 struct qd_convert_summary {
     int quantized, copied, cast;
+    int dry_run;         /* GGUF --dry-run: nothing written; bytes_out is what the file would hold */
     uint64_t bytes_in, bytes_out;
     uint64_t params_quantized, params_total;
     double seconds;

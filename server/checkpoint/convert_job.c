@@ -1,5 +1,6 @@
 /* Conversion jobs (convert_job.h). */
 #include "checkpoint/convert_job.h"
+#include "checkpoint/gguf_options.h"
 #include "checkpoint/gguf_recipe.h"
 
 #include <cjson/cJSON.h>
@@ -187,6 +188,87 @@ void qd_convert_name_error(struct qd_reply *err, const char *name, int as_recipe
                        f ? ": spelled " : "", f ? f->name : "");
 }
 
+int qd_convert_gguf_option(struct qd_convert_request *r, const char *key, const char *value, struct qd_reply *err)
+{
+    if (!qd_gguf_option_known(key, NULL))
+        return 1;
+    if (!strcmp(key, "tensor_type_file") || !strcmp(key, "tensor-type-file")) {
+        qd_reply_error(err, 400, "bad_request", "tensor_type_file reads a file of the server's: give the entries as "
+                       "tensor_type (PATTERN=TYPE, repeated)");
+        return -1;
+    }
+    if (!r->gguf) {
+        if (!(r->gguf = malloc(sizeof *r->gguf))) {
+            qd_reply_error(err, 503, "out_of_memory", "no memory");
+            return -1;
+        }
+        qd_gguf_options_init(r->gguf);
+    }
+    char msg[512];
+    if (qd_gguf_option_set(r->gguf, key, value, msg, sizeof msg)) {
+        qd_reply_error(err, 400, "bad_param", "%s", msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* A job body's member that is one of llama-quantize's options: a flag as true/false, a value
+ * as a string; the repeatable ones (tensor_type, override_kv, include_weights,
+ * exclude_weights) also as a list of strings, prune_layers as a list of layer numbers,
+ * split_max_tensors as a number. 1 when it is none, 0 when set, -1 with the 400. */
+static int gguf_option_json(struct qd_convert_request *r, const cJSON *it, struct qd_reply *err)
+{
+    int takes_value;
+    if (!qd_gguf_option_known(it->string, &takes_value))
+        return 1;
+    const int prune = !strcmp(it->string, "prune_layers");
+    const int repeatable = !strcmp(it->string, "tensor_type") || !strcmp(it->string, "override_kv") ||
+                           !strcmp(it->string, "include_weights") || !strcmp(it->string, "exclude_weights");
+    if (!takes_value) {
+        if (!cJSON_IsBool(it)) {
+            qd_reply_error(err, 400, "bad_param", "%.40s takes true or false", it->string);
+            return -1;
+        }
+        return qd_convert_gguf_option(r, it->string, cJSON_IsTrue(it) ? "true" : "false", err) < 0 ? -1 : 0;
+    }
+    if (cJSON_IsString(it) && strcmp(it->string, "split_max_tensors"))
+        return qd_convert_gguf_option(r, it->string, it->valuestring, err) < 0 ? -1 : 0;
+    if (!strcmp(it->string, "split_max_tensors")) { /* a count */
+        char text[32];
+        if (!cJSON_IsNumber(it) || it->valuedouble < 1 || it->valuedouble > 1e9 ||
+            it->valuedouble != (double)(int)it->valuedouble) {
+            qd_reply_error(err, 400, "bad_param", "split_max_tensors takes a positive integer");
+            return -1;
+        }
+        snprintf(text, sizeof text, "%d", (int)it->valuedouble);
+        return qd_convert_gguf_option(r, it->string, text, err) < 0 ? -1 : 0;
+    }
+    if (!cJSON_IsArray(it) || !(prune || repeatable)) {
+        qd_reply_error(err, 400, "bad_param", "%.40s takes a string%s", it->string,
+                       prune ? " (\"1,5\") or a list of layer numbers" : repeatable ? " or a list of strings" : "");
+        return -1;
+    }
+    char layers[4096] = "";
+    size_t at = 0;
+    const cJSON *one;
+    cJSON_ArrayForEach(one, it) {
+        if (prune ? !cJSON_IsNumber(one) || one->valuedouble < 0 || one->valuedouble > 1e6 ||
+                        one->valuedouble != (double)(int)one->valuedouble
+                  : !cJSON_IsString(one)) {
+            qd_reply_error(err, 400, "bad_param", "%.40s: every item is %s", it->string,
+                           prune ? "a layer number (0, 1, ...)" : "a string");
+            return -1;
+        }
+        if (!prune && qd_convert_gguf_option(r, it->string, one->valuestring, err) < 0)
+            return -1;
+        if (prune && at < sizeof layers - 16)
+            at += (size_t)snprintf(layers + at, sizeof layers - at, "%s%d", at ? "," : "", (int)one->valuedouble);
+    }
+    if (prune && at && qd_convert_gguf_option(r, it->string, layers, err) < 0)
+        return -1;
+    return 0;
+}
+
 static int set_param(struct qd_convert_request *r, const char *k, const char *v, struct qd_reply *err)
 {
     char msg[256];
@@ -230,6 +312,12 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
         int known = 0;
         for (const char *const *k = keys; *k; k++)
             known |= !strcmp(it->string, *k);
+        if (!known && strchr(it->string, '-') == NULL) { /* llama-quantize's options, spelled with '_' */
+            int rc = gguf_option_json(r, it, err);
+            if (rc < 0)
+                goto bad;
+            known = rc == 0;
+        }
         if (!known) {
             qd_reply_error(err, 400, "bad_request", "unknown field '%.64s' in the convert request", it->string);
             goto bad;
@@ -296,9 +384,15 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
     struct stat sst;
     if (stat(r->src, &sst) == 0 && S_ISDIR(sst.st_mode) && check_source_dir(root, r->src, source, err))
         goto bad;
+    if (r->gguf && r->gguf->imatrix) { /* opened in the data directory; the file records the name given */
+        free(r->gguf->imatrix_path);
+        r->gguf->imatrix_path = NULL;
+        if (confine(root, "imatrix", r->gguf->imatrix, 1, &r->gguf->imatrix_path, err))
+            goto bad;
+    }
     /* the engine's own check: the source's kind for the format, the destination usable */
     struct qd_convert_opts co = {.src = r->src, .dst = r->dst, .f = r->f, .recipe = r->recipe,
-                                 .overwrite = r->overwrite, .root = r->root};
+                                 .overwrite = r->overwrite, .root = r->root, .gguf = r->gguf};
     struct qd_convert_dest d;
     enum qd_status st;
     char why[1024];
@@ -338,13 +432,26 @@ void qd_convert_request_free(struct qd_convert_request *r)
     free(r->skip);
     free(r->only);
     qd_name_filter_free(r->filter);
+    if (r->gguf)
+        qd_gguf_options_free(r->gguf);
+    free(r->gguf);
     free(r->recipe);
     free(r);
 }
 
+/* A run's progress: the job's counters, and with --dry-run each tensor's type. */
+struct run {
+    struct qd_job *j;
+    cJSON *types; /* {name: type} when a dry run, else NULL */
+};
+
 static void on_tensor(void *ctx, const struct qd_convert_event *ev)
 {
-    struct qd_job *j = ctx;
+    struct run *run = ctx;
+    struct qd_job *j = run->j;
+    if (run->types)
+        cJSON_AddStringToObject(run->types, ev->name, ev->action == QD_CONVERT_QUANTIZE ? ev->fmt
+                                                      : ev->action == QD_CONVERT_CAST_F16 ? "f16" : "copied");
     atomic_store(&j->tensors_total, ev->count);
     atomic_store(&j->tensors_done, ev->index);
     atomic_store(&j->bytes_total, ev->in_total);
@@ -354,10 +461,11 @@ static void on_tensor(void *ctx, const struct qd_convert_event *ev)
 void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
 {
     const struct qd_convert_request *r = j->convert;
+    struct run run = {.j = j, .types = r->gguf && r->gguf->dry_run ? cJSON_CreateObject() : NULL};
     struct qd_convert_opts o = {.src = r->src, .dst = r->dst, .f = r->f, .params = r->params, .skip = r->skip,
-                                .only = r->only, .filter = r->filter, .recipe = r->recipe,
+                                .only = r->only, .filter = r->filter, .recipe = r->recipe, .gguf = r->gguf,
                                 .max_header_bytes = r->max_header_bytes, .backend = b, .worker = worker,
-                                .progress = on_tensor, .progress_ctx = j, .cancel = &j->cancel,
+                                .progress = on_tensor, .progress_ctx = &run, .cancel = &j->cancel,
                                 .overwrite = r->overwrite || r->spooled, .root = r->root};
     char why[256];
     qd_convert_spread(&o, why, sizeof why); /* its tensors go to every device, as the CLI's do */
@@ -376,6 +484,7 @@ void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
                            s.quantized + s.copied + s.cast);
         qd_reply_error(&j->reply, qd_status_http(st), qd_status_code(st), "%s", err);
         free(s.layout_config);
+        cJSON_Delete(run.types);
         return;
     }
     qd_metrics_convert(r->f, "ok", s.bytes_in, s.quantized + s.copied + s.cast);
@@ -395,7 +504,12 @@ void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
         if (s.rule_why[0])
             cJSON_AddStringToObject(sum, "rule_why", s.rule_why);
     }
-    if (!r->spooled) {
+    if (s.dry_run) { /* nothing written: each tensor's type and the size the file would have */
+        cJSON_AddBoolToObject(sum, "dry_run", 1);
+        cJSON_AddItemToObject(sum, "tensors", run.types);
+        run.types = NULL;
+    }
+    if (!r->spooled || s.dry_run) {
         free(config);
         qd_reply_json(&j->reply, 200, sum);
         return;

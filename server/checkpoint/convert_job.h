@@ -18,6 +18,7 @@ struct qd_convert_request {
     char *skip, *only;
     struct qd_name_filter *filter; /* skip and only, compiled once when the request is checked */
     char *recipe;    /* a llama-quantize mix name (GGUF), f then its default type */
+    struct qd_gguf_options *gguf; /* llama-quantize's options (GGUF), or NULL when none is given */
     int overwrite;   /* "overwrite": true: an existing destination may be replaced */
     int spooled;     /* POST /convert: src and dst are temporary; the answer is dst's bytes */
     int spool_fd[2]; /* POST /convert: src's and dst's spool files, held open and locked while
@@ -36,6 +37,11 @@ struct qd_convert_request {
 struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const struct qd_req *q, const char *body,
                                                     size_t len, struct qd_reply *err);
 void qd_convert_request_free(struct qd_convert_request *r);
+/* One of llama-quantize's options (gguf_options.h) given over HTTP as text: a query parameter
+ * of POST /convert (repeated for the repeatable ones) or a member of a job's body. Its name is
+ * spelled with '_' or '-'; tensor_type_file is refused (it would read a file of the server's).
+ * 1 when key is not such an option, 0 when set, -1 with a 400 in err. */
+int qd_convert_gguf_option(struct qd_convert_request *r, const char *key, const char *value, struct qd_reply *err);
 /* The 400 for a format (or, as_recipe, a mix) name quantd does not know, with a hint where the
  * name is the other kind or differs only in case. */
 void qd_convert_name_error(struct qd_reply *err, const char *name, int as_recipe);

@@ -367,7 +367,30 @@ static int put_u32(struct out *o, uint32_t v) { return put(o, &v, 4); }
 static int put_u64(struct out *o, uint64_t v) { return put(o, &v, 8); }
 static int put_str(struct out *o, const char *s) { return put_u64(o, strlen(s)) || put(o, s, strlen(s)); }
 
-uint8_t *qd_gguf_write_meta(const struct qd_gguf_kv *const *kv, int n_kv, const struct qd_gguf_u32_kv *extra,
+/* One extra key/value, typed as gguf_set_val_* writes it. */
+static int put_new_kv(struct out *o, const struct qd_gguf_new_kv *e)
+{
+    if (put_str(o, e->key) || put_u32(o, e->type))
+        return -1;
+    switch (e->type) {
+    case QD_GGUF_U16: case QD_GGUF_I16: {
+        uint16_t v = (uint16_t)e->i;
+        return put(o, &v, 2);
+    }
+    case QD_GGUF_BOOL: case QD_GGUF_U8: case QD_GGUF_I8: {
+        uint8_t v = (uint8_t)e->i;
+        return put(o, &v, 1);
+    }
+    case QD_GGUF_F32: {
+        float v = (float)e->f;
+        return put(o, &v, 4);
+    }
+    case QD_GGUF_STRING: return put_str(o, e->s);
+    default: return put_u32(o, (uint32_t)e->i);
+    }
+}
+
+uint8_t *qd_gguf_write_meta(const struct qd_gguf_kv *const *kv, int n_kv, const struct qd_gguf_new_kv *extra,
                             int n_extra, const struct qd_gguf_tensor *t, int n_tensors, uint32_t alignment,
                             size_t *len)
 {
@@ -377,7 +400,7 @@ uint8_t *qd_gguf_write_meta(const struct qd_gguf_kv *const *kv, int n_kv, const 
     for (int i = 0; !bad && i < n_kv; i++)
         bad = put(&o, kv[i]->entry, kv[i]->entry_bytes);
     for (int i = 0; !bad && i < n_extra; i++)
-        bad = put_str(&o, extra[i].key) || put_u32(&o, QD_GGUF_U32) || put_u32(&o, extra[i].value);
+        bad = put_new_kv(&o, &extra[i]);
     uint64_t offset = 0;
     for (int i = 0; !bad && i < n_tensors; i++) {
         uint32_t nd = qd_gguf_n_dims(t[i].ne);

@@ -79,13 +79,17 @@ uint32_t qd_gguf_n_dims(const int64_t *ne);
 uint64_t qd_ggml_nbytes(uint32_t type, const int64_t *ne);
 
 /* The metadata part of a new GGUF file (header, key/values, tensor infos, padding to the
- * alignment) as gguf_write lays it out: kv entries verbatim, then extra u32 keys; tensor
- * offsets follow from sizes, each padded to `alignment`. malloc'd, *len set; NULL on no memory. */
-struct qd_gguf_u32_kv {
+ * alignment) as gguf_write lays it out: kv entries verbatim, then extra scalar or string keys;
+ * tensor offsets follow from sizes, each padded to `alignment`. malloc'd, *len set; NULL on no
+ * memory. */
+struct qd_gguf_new_kv {
     const char *key;
-    uint32_t value;
+    uint32_t type;  /* QD_GGUF_U16, U32, I32, F32, BOOL or STRING */
+    int64_t i;      /* the integer types and BOOL */
+    double f;       /* F32 */
+    const char *s;  /* STRING */
 };
-uint8_t *qd_gguf_write_meta(const struct qd_gguf_kv *const *kv, int n_kv, const struct qd_gguf_u32_kv *extra,
+uint8_t *qd_gguf_write_meta(const struct qd_gguf_kv *const *kv, int n_kv, const struct qd_gguf_new_kv *extra,
                             int n_extra, const struct qd_gguf_tensor *t, int n_tensors, uint32_t alignment,
                             size_t *len);
 

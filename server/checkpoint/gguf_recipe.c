@@ -1,14 +1,17 @@
-/* The rules of gguf_recipe.h, for the mixes quantd writes. Only the branches those mixes reach
- * are here: the IQ and ternary mixes, imatrix-only rules and user overrides are llama.cpp's
- * alone. */
+/* The rules of gguf_recipe.h, for the mixes quantd writes, with llama-quantize's per-tensor
+ * options (gguf_options.h). Only the branches those mixes reach are here: the IQ and ternary
+ * mixes and the imatrix-only rules are llama.cpp's alone. */
 #include "checkpoint/gguf_recipe.h"
+
+#include "checkpoint/convert.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 7, Q5_0 = 8, Q5_1 = 9, Q2_K = 10, Q3_K_S = 11, Q3_K_M = 12, Q3_K_L = 13,
-       Q4_K_S = 14, Q4_K_M = 15, Q5_K_S = 16, Q5_K_M = 17, Q6_K = 18 };
+       Q4_K_S = 14, Q4_K_M = 15, Q5_K_S = 16, Q5_K_M = 17, Q6_K = 18, Q2_K_S = 21, IQ4_NL = 25, IQ4_XS = 30,
+       TQ1_0 = 36, TQ2_0 = 37, MXFP4_MOE = 38 };
 
 static const struct qd_gguf_recipe recipes[] = {
     {"Q4_0", Q4_0, "q4_0"},     {"Q4_1", Q4_1, "q4_1"},     {"Q5_0", Q5_0, "q5_0"},
@@ -16,14 +19,20 @@ static const struct qd_gguf_recipe recipes[] = {
     {"Q3_K_S", Q3_K_S, "q3_K"}, {"Q3_K_M", Q3_K_M, "q3_K"}, {"Q3_K_L", Q3_K_L, "q3_K"},
     {"Q4_K_S", Q4_K_S, "q4_K"}, {"Q4_K_M", Q4_K_M, "q4_K"}, {"Q5_K_S", Q5_K_S, "q5_K"},
     {"Q5_K_M", Q5_K_M, "q5_K"}, {"Q6_K", Q6_K, "q6_K"},
+    {"Q2_K_S", Q2_K_S, "q2_K"}, /* (with an importance matrix only: qd_recipe_requires_imatrix) */
+    {"IQ4_NL", IQ4_NL, "iq4_nl"}, {"IQ4_XS", IQ4_XS, "iq4_xs"}, {"TQ1_0", TQ1_0, "tq1_0"},
+    {"TQ2_0", TQ2_0, "tq2_0"},     {"MXFP4_MOE", MXFP4_MOE, "mxfp4_ggml"},
     /* llama-quantize's aliases */
     {"Q3_K", Q3_K_M, "q3_K"},   {"Q4_K", Q4_K_M, "q4_K"},   {"Q5_K", Q5_K_M, "q5_K"},
 };
 
 const struct qd_gguf_recipe *qd_gguf_recipe_find(const char *name)
 {
+    int id = -1;
+    if (name && *name && strspn(name, "0123456789") == strlen(name) && strlen(name) < 4)
+        id = atoi(name); /* llama-quantize's numeric ids: the first mix of that ftype, not an alias */
     for (size_t i = 0; name && i < sizeof recipes / sizeof *recipes; i++)
-        if (!strcmp(recipes[i].name, name))
+        if (id >= 0 ? recipes[i].ftype == id : !strcmp(recipes[i].name, name))
             return &recipes[i];
     return NULL;
 }
@@ -31,14 +40,20 @@ const struct qd_gguf_recipe *qd_gguf_recipe_find(const char *name)
 const char *qd_gguf_recipe_names(void)
 {
     return "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K (Q3_K, Q4_K, "
-           "Q5_K: the _M mixes)";
+           "Q5_K: the _M mixes), IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE, Q2_K_S (with --imatrix)";
 }
 
 /* An integer key's value (an array's first element), or def. */
-static int64_t kv_int(const struct qd_gguf *g, const char *arch, const char *suffix, int64_t def)
+/* An --override-kv int reaches the loader's hyperparameters too (llama-quantize hands its
+ * overrides to llama_model_loader). */
+static int64_t kv_int(const struct qd_gguf *g, const struct qd_gguf_options *opt, const char *arch,
+                      const char *suffix, int64_t def)
 {
     char key[160];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    for (int i = opt->n_kv_overrides - 1; i >= 0; i--)
+        if (opt->kv_overrides[i].tag == QD_KVO_INT && !strcmp(opt->kv_overrides[i].key, key))
+            return opt->kv_overrides[i].i;
     const struct qd_gguf_kv *kv = qd_gguf_find(g, key);
     if (!kv)
         return def;
@@ -86,26 +101,35 @@ static enum category category(const char *name)
 
 static int attn_v_like(enum category c) { return c == ATTN_V || c == ATTN_QKV || c == ATTN_KV_B; }
 
-void qd_recipe_init(struct qd_recipe_state *s, const struct qd_gguf_recipe *r, const struct qd_gguf *g)
+static const struct qd_gguf_options no_options = {.output_tensor_type = QD_GGUF_TYPE_NONE,
+                                                  .token_embedding_type = QD_GGUF_TYPE_NONE};
+
+void qd_recipe_init(struct qd_recipe_state *s, const struct qd_gguf_recipe *r, uint32_t default_type,
+                    const struct qd_gguf_options *opt, const struct qd_gguf *g, const char *const *names, int n)
 {
     memset(s, 0, sizeof *s);
     s->r = r;
+    s->opt = opt ? opt : &no_options;
+    s->default_type = default_type;
+    s->pure = !r || s->opt->pure;
+    opt = s->opt;
     char *arch = qd_gguf_string(g, "general.architecture");
     const char *a = arch ? arch : "";
     s->falcon = !strcmp(a, "falcon");
     s->glm5_next = !strcmp(a, "glm5-next");
-    s->n_layer = (int)kv_int(g, a, "block_count", 0);
-    int64_t n_head = kv_int(g, a, "attention.head_count", 0);
-    int64_t n_head_kv = kv_int(g, a, "attention.head_count_kv", n_head);
+    s->bailingmoe3 = !strcmp(a, "bailingmoe3");
+    s->n_layer = (int)kv_int(g, opt, a, "block_count", 0);
+    int64_t n_head = kv_int(g, opt, a, "attention.head_count", 0);
+    int64_t n_head_kv = kv_int(g, opt, a, "attention.head_count_kv", n_head);
     s->n_gqa = n_head_kv ? (int)(n_head / n_head_kv) : 0;
-    s->n_expert = (int)kv_int(g, a, "expert_count", 0);
+    s->n_expert = (int)kv_int(g, opt, a, "expert_count", 0);
     /* the model types whose 70B rule the mixes read (llama.cpp src/models/<arch>.cpp) */
     s->is_70b = (!strcmp(a, "llama") && s->n_layer == 80 && n_head != n_head_kv) ||
                 ((!strcmp(a, "qwen2") || !strcmp(a, "olmo") || !strcmp(a, "deci")) && s->n_layer == 80) ||
                 (!strcmp(a, "jais2") && s->n_layer == 68);
     s->tied = 1; /* until output.weight is seen */
-    for (int64_t i = 0; i < g->n_tensors; i++) {
-        enum category c = category(g->tensors[i].name);
+    for (int i = 0; i < n; i++) {
+        enum category c = category(names[i]);
         s->n_attention_wv += attn_v_like(c);
         if (c == OUTPUT)
             s->tied = 0;
@@ -115,74 +139,162 @@ void qd_recipe_init(struct qd_recipe_state *s, const struct qd_gguf_recipe *r, c
 
 static int use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
-static int block_of(const char *fmt) { return qd_format_find(fmt)->block_elems; }
+static int block_of(uint32_t type) { return qd_ggml_type(type)->block_elems; }
 
-const struct qd_format *qd_recipe_format(struct qd_recipe_state *s, const struct qd_gguf_tensor *t)
+/* llama_tensor_get_type_impl: the mix's rule for a tensor of category c. */
+static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor *t, const char *name, enum category c)
 {
     const int ft = s->r->ftype;
-    const char *type = s->r->fmt;
-    enum category c = category(t->name);
-    if (s->glm5_next && (strstr(t->name, "attn_q_a") || strstr(t->name, "attn_q_b") || strstr(t->name, "nextn.eh_proj")))
-        return qd_format_find("q8_0");
+    uint32_t type = s->default_type;
+    if (s->glm5_next && (strstr(name, "attn_q_a") || strstr(name, "attn_q_b") || strstr(name, "nextn.eh_proj")))
+        return QD_GGML_Q8_0;
     if (c == OUTPUT || (s->tied && c == TOKEN_EMBD)) {
-        if (s->falcon || t->ne[0] % block_of(type))
-            type = "q8_0";
-        else if (strcmp(type, "q8_0"))
-            type = "q6_K";
+        if (s->opt->output_tensor_type != QD_GGUF_TYPE_NONE)
+            type = s->opt->output_tensor_type;
+        else if (ft == MXFP4_MOE || s->falcon || t->ne[0] % block_of(type))
+            type = QD_GGML_Q8_0;
+        else if (type != QD_GGML_Q8_0)
+            type = QD_GGML_Q6_K;
+    } else if (ft == MXFP4_MOE) { /* the experts (3-D) MXFP4, the rest Q8_0 */
+        const int ffn = c == FFN_UP || c == FFN_GATE || c == FFN_DOWN;
+        type = t->ne[2] > 1 && (!s->bailingmoe3 || ffn) ? 39 /* mxfp4 */ : QD_GGML_Q8_0;
     } else if (c == TOKEN_EMBD) {
-        /* (only the IQ and ternary mixes change it) */
+        if (ft == TQ1_0 || ft == TQ2_0)
+            type = QD_GGML_Q4_K;
     } else if (attn_v_like(c)) {
         if (ft == Q2_K)
-            type = s->n_gqa >= 4 ? "q4_K" : "q3_K";
+            type = s->n_gqa >= 4 ? QD_GGML_Q4_K : QD_GGML_Q3_K;
+        else if (ft == Q2_K_S && s->n_gqa >= 4)
+            type = QD_GGML_Q4_K;
         else if (ft == Q3_K_M)
-            type = s->i_attention_wv < 2 ? "q5_K" : "q4_K";
+            type = s->i_attention_wv < 2 ? QD_GGML_Q5_K : QD_GGML_Q4_K;
         else if (ft == Q3_K_L)
-            type = "q5_K";
+            type = QD_GGML_Q5_K;
         else if ((ft == Q4_K_M || ft == Q5_K_M) && use_more_bits(s->i_attention_wv, s->n_attention_wv))
-            type = "q6_K";
+            type = QD_GGML_Q6_K;
+        else if ((ft == IQ4_NL || ft == IQ4_XS) && s->n_gqa >= 4)
+            type = QD_GGML_Q5_K;
         else if (ft == Q4_K_S && s->i_attention_wv < 4)
-            type = "q5_K";
-        if (s->is_70b && (!strcmp(type, "q3_K") || !strcmp(type, "q4_K")))
-            type = "q5_K";
+            type = QD_GGML_Q5_K;
+        if (s->is_70b && (type == QD_GGML_Q3_K || type == QD_GGML_Q4_K))
+            type = QD_GGML_Q5_K;
         if (s->n_expert == 8)
-            type = "q8_0";
+            type = QD_GGML_Q8_0;
         s->i_attention_wv++;
     } else if (c == ATTN_K) {
         if (s->n_expert == 8)
-            type = "q8_0";
+            type = QD_GGML_Q8_0;
     } else if (c == FFN_DOWN) {
         int i = s->i_ffn_down, n = s->n_layer;
         if (s->n_expert > 1) /* experts are not in layer order: the layer is in the name */
-            sscanf(t->name, "blk.%d.", &i);
+            sscanf(name, "blk.%d.", &i);
         if (ft == Q2_K)
-            type = "q3_K";
-        else if (ft == Q3_K_M)
-            type = i < n / 16 ? "q5_K" : !s->falcon || use_more_bits(i, n) ? "q4_K" : "q3_K";
+            type = QD_GGML_Q3_K;
+        else if (ft == Q2_K_S) {
+            if (i < n / 8)
+                type = QD_GGML_Q4_K;
+        } else if (ft == Q3_K_M)
+            type = i < n / 16 ? QD_GGML_Q5_K : !s->falcon || use_more_bits(i, n) ? QD_GGML_Q4_K : QD_GGML_Q3_K;
         else if (ft == Q3_K_L)
-            type = s->falcon ? "q4_K" : "q5_K";
+            type = s->falcon ? QD_GGML_Q4_K : QD_GGML_Q5_K;
         else if (ft == Q4_K_M) {
             if (s->falcon)
-                type = i < n / 16 ? "q6_K" : use_more_bits(i, n) ? "q5_K" : "q4_K";
+                type = i < n / 16 ? QD_GGML_Q6_K : use_more_bits(i, n) ? QD_GGML_Q5_K : QD_GGML_Q4_K;
             else if (use_more_bits(i, n))
-                type = "q6_K";
-        } else if (ft == Q5_K_M && use_more_bits(i, n))
-            type = "q6_K";
+                type = QD_GGML_Q6_K;
+        } else if (i < n / 8 && (ft == IQ4_NL || ft == IQ4_XS) && !s->has_imatrix)
+            type = QD_GGML_Q5_K;
+        else if (ft == Q5_K_M && use_more_bits(i, n))
+            type = QD_GGML_Q6_K;
         else if (ft == Q4_K_S && !s->falcon && i < n / 8)
-            type = "q5_K";
+            type = QD_GGML_Q5_K;
+        else if ((ft == Q4_0 || ft == Q5_0) && s->has_imatrix && i < n / 8)
+            type = ft == Q4_0 ? QD_GGML_Q4_1 : QD_GGML_Q5_1; /* llama.cpp's guard for the first ffn_down layers */
         s->i_ffn_down++;
     } else if (c == ATTN_OUTPUT) {
         if (!s->falcon) {
             if (s->n_expert == 8) {
-                if (ft == Q2_K || ft == Q3_K_S || ft == Q3_K_M || ft == Q4_K_S || ft == Q4_K_M)
-                    type = "q5_K";
+                if (ft == Q2_K || ft == Q3_K_S || ft == Q3_K_M || ft == Q4_K_S || ft == Q4_K_M || ft == IQ4_NL ||
+                    ft == IQ4_XS)
+                    type = QD_GGML_Q5_K;
             } else if (ft == Q2_K)
-                type = "q3_K";
+                type = QD_GGML_Q3_K;
             else if (ft == Q3_K_M)
-                type = "q4_K";
+                type = QD_GGML_Q4_K;
             else if (ft == Q3_K_L)
-                type = "q5_K";
+                type = QD_GGML_Q5_K;
         } else if (ft == Q3_K_L)
-            type = "q4_K";
+            type = QD_GGML_Q4_K;
     }
-    return qd_format_find(type);
+    return type;
+}
+
+/* tensor_type_fallback: the type a row of ncols takes when type's block does not divide it:
+ * the 256-block types name a 32-block one, a 32-block type stays, and F16 where the row fits
+ * neither; QD_GGUF_TYPE_NONE where llama.cpp defines no fallback (it refuses too). */
+static uint32_t fallback_type(uint32_t type, int64_t ncols)
+{
+    static const uint32_t to[][2] = {{QD_GGML_Q2_K, QD_GGML_Q4_0}, {QD_GGML_Q3_K, QD_GGML_Q4_0},
+                                     {QD_GGML_Q4_K, QD_GGML_Q5_0}, {QD_GGML_Q5_K, QD_GGML_Q5_1},
+                                     {QD_GGML_Q6_K, QD_GGML_Q8_0}, {34 /* tq1_0 */, QD_GGML_Q4_0},
+                                     {35 /* tq2_0 */, QD_GGML_Q4_0}, {42 /* q2_0 */, QD_GGML_Q4_0},
+                                     {16, 20}, {17, 20}, {18, 20}, {19, 20}, {21, 20}, {22, 20}, {23, 20},
+                                     {29, 20} /* the IQ 256-block types: iq4_nl */};
+    if (ncols % block_of(type) == 0)
+        return type;
+    uint32_t back = block_of(type) <= 32 ? type : QD_GGUF_TYPE_NONE;
+    for (size_t i = 0; i < sizeof to / sizeof *to; i++)
+        if (to[i][0] == type)
+            back = to[i][1];
+    if (back == QD_GGUF_TYPE_NONE)
+        return back;
+    return ncols % block_of(back) ? QD_GGML_F16 : back;
+}
+
+static int is_quantized(uint32_t type)
+{
+    return type != QD_GGML_F32 && type != QD_GGML_F16 && type != QD_GGML_BF16 && qd_ggml_type(type) &&
+           qd_ggml_type(type)->block_elems > 1;
+}
+
+uint32_t qd_recipe_type(struct qd_recipe_state *s, const struct qd_gguf_tensor *t, const char *name)
+{
+    const struct qd_gguf_options *o = s->opt;
+    const enum category c = category(name);
+    if (o->token_embedding_type != QD_GGUF_TYPE_NONE && c == TOKEN_EMBD) {
+        /* per_layer_token_embd follows it unless a --tensor-type names it */
+        int named = 0;
+        for (int i = 0; !strcmp(name, "per_layer_token_embd.weight") && i < o->n_tensor_types && !named; i++)
+            named = qd_name_filter_keeps(o->tensor_types[i].match, name);
+        if (!named)
+            return o->token_embedding_type;
+    }
+    if (o->output_tensor_type != QD_GGUF_TYPE_NONE && c == OUTPUT)
+        return o->output_tensor_type;
+    uint32_t type = s->default_type;
+    if (!is_quantized(type))
+        return type;
+    int manual = 0;
+    for (int i = 0; i < o->n_tensor_types && !manual; i++)
+        if (qd_name_filter_keeps(o->tensor_types[i].match, name)) {
+            type = o->tensor_types[i].type;
+            manual = 1;
+        }
+    if (!manual && !s->pure)
+        type = mix_type(s, t, name, c);
+    return fallback_type(type, t->ne[0]);
+}
+
+int qd_recipe_requires_imatrix(const struct qd_recipe_state *s, const char *name, uint32_t type)
+{
+    const enum category c = category(name);
+    return c != OUTPUT && c != TOKEN_EMBD && type == QD_GGML_Q2_K && s->r && s->r->ftype == Q2_K_S;
+}
+
+const struct qd_format *qd_gguf_format_of(uint32_t type)
+{
+    for (int i = 0; i < qd_format_count; i++)
+        if (qd_formats[i].gguf_type == (int)type && qd_formats[i].gguf_type)
+            return &qd_formats[i];
+    return NULL;
 }

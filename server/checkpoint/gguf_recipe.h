@@ -7,6 +7,7 @@
 
 #include "../../kernels/registry.h"
 #include "checkpoint/gguf.h"
+#include "checkpoint/gguf_options.h"
 
 struct qd_gguf_recipe {
     const char *name;  /* as llama-quantize spells it: "Q4_K_M" */
@@ -15,7 +16,8 @@ struct qd_gguf_recipe {
 };
 
 /* NULL when llama-quantize has no such name or quantd does not write it (the IQ types, and
- * Q2_K_S, which needs an importance matrix). */
+ * Q2_K_S, which needs an importance matrix). llama-quantize's numeric ids (its llama_ftype:
+ * "15" is Q4_K_M) name the mix too. */
 const struct qd_gguf_recipe *qd_gguf_recipe_find(const char *name);
 /* The names quantd writes, space-separated (for messages and docs). */
 const char *qd_gguf_recipe_names(void);
@@ -23,15 +25,29 @@ const char *qd_gguf_recipe_names(void);
 /* What the rules read from the model; counters advance as tensors are typed in the loader's
  * order. */
 struct qd_recipe_state {
-    const struct qd_gguf_recipe *r;
-    int falcon, glm5_next, is_70b, tied;
+    const struct qd_gguf_recipe *r;      /* NULL: one type for all (--fmt) */
+    const struct qd_gguf_options *opt;   /* never NULL */
+    uint32_t default_type;               /* ggml type id */
+    int pure;                            /* no mix rules (--fmt, --pure) */
+    int has_imatrix;                     /* an importance matrix is given (set after init) */
+    int falcon, glm5_next, bailingmoe3, is_70b, tied;
     int n_gqa, n_expert, n_layer;
     int n_attention_wv, i_attention_wv, i_ffn_down;
 };
 
-void qd_recipe_init(struct qd_recipe_state *s, const struct qd_gguf_recipe *r, const struct qd_gguf *g);
-/* The format for tensor t (one that tensor_allows_quantization lets through), before the shape
- * fallback. Call once per such tensor, in the loader's order. */
-const struct qd_format *qd_recipe_format(struct qd_recipe_state *s, const struct qd_gguf_tensor *t);
+/* r NULL: default_type for every tensor (llama-quantize --pure). opt NULL: the defaults. The
+ * tensors counted are names[0..n) (after --prune-layers). */
+void qd_recipe_init(struct qd_recipe_state *s, const struct qd_gguf_recipe *r, uint32_t default_type,
+                    const struct qd_gguf_options *opt, const struct qd_gguf *g, const char *const *names, int n);
+/* llama_tensor_get_type: the ggml type for tensor t (named name: t's after --prune-layers), one
+ * that tensor_allows_quantization lets through, with the user's overrides and the shape
+ * fallback applied; QD_GGUF_TYPE_NONE when a row fits no block and llama.cpp has no fallback
+ * for the type. Call once per such tensor, in the loader's order. */
+uint32_t qd_recipe_type(struct qd_recipe_state *s, const struct qd_gguf_tensor *t, const char *name);
+/* tensor_requires_imatrix: whether llama-quantize refuses to write tensor name as type without
+ * an importance matrix (Q2_K_S's Q2_K tensors; among the types quantd writes, only those). */
+int qd_recipe_requires_imatrix(const struct qd_recipe_state *s, const char *name, uint32_t type);
+/* The registry format that writes ggml type id `type`, or NULL. */
+const struct qd_format *qd_gguf_format_of(uint32_t type);
 
 #endif

@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "checkpoint/convert.h"
+#include "checkpoint/gguf_options.h"
 #include "checkpoint/gguf_recipe.h"
 #include "checkpoint/pipeline.h"
 #include "cli/cli.h"
@@ -22,7 +23,7 @@ static void usage(FILE *to)
     fprintf(to,
             "usage: quantd convert --in SRC --out DST (--fmt FMT | --recipe MIX) [--param k=v ...]\n"
             "                      [--skip RE] [--only RE] [--force] [--backend auto|cpu|cuda] [--devices LIST]\n"
-            "                      [--report-error]\n"
+            "                      [--report-error] [llama-quantize's options, GGUF out]\n"
             "  --fmt FMT: one format for every tensor the runtime would quantize, in the layout of its\n"
             "  runtime; the input decides which formats apply:\n%s"
             "  --recipe MIX: from a GGUF file, the GGUF llama-quantize writes for MIX, each tensor's type\n"
@@ -32,7 +33,15 @@ static void usage(FILE *to)
             "  --force: replace an existing DST (without it, quantd refuses to overwrite anything).\n"
             "  --skip/--only: POSIX extended regexes narrowing which of the tensors the runtime would\n"
             "  quantize are quantized. --param: the format's parameters (quantd formats lists them).\n"
-            "  --report-error adds each tensor's NMSE. docs/convert.md has the rules of each layout.\n",
+            "  --report-error adds each tensor's NMSE. docs/convert.md has the rules of each layout.\n"
+            "  GGUF out takes llama-quantize's options under its names and with its meaning (types: ggml's\n"
+            "  names in any case; a mix may be given as llama-quantize's number, 15 for Q4_K_M):\n"
+            "    --pure: the mix's default type for every tensor (what --fmt does)\n"
+            "    --output-tensor-type TYPE, --token-embedding-type TYPE, --leave-output-tensor\n"
+            "    --tensor-type PATTERN=TYPE (repeatable; the first pattern found in a name wins),\n"
+            "    --tensor-type-file FILE (PATTERN=TYPE entries separated by white space)\n"
+            "    --override-kv KEY=int:N|float:X|bool:true|str:TEXT (repeatable), --prune-layers L0,L1,...\n"
+            "    --dry-run: each tensor's type and the output's size, nothing written (--out optional)\n",
             qd_convert_layouts_text(), qd_gguf_recipe_names());
 }
 
@@ -54,8 +63,9 @@ static void on_tensor(void *ctx, const struct qd_convert_event *ev)
     if (pr->tty) {
         double s = since(&pr->start), rate = s > 0 ? ev->in_done / s : 0;
         double eta = rate > 0 ? (double)(ev->in_total - ev->in_done) / rate : 0;
-        fprintf(stderr, "\r[%d/%d] %.2f/%.2f GB  %.2f GB/s  ETA %.0f s  %-40.40s", ev->index, ev->count,
-                ev->in_done / 1e9, ev->in_total / 1e9, rate / 1e9, eta, ev->name);
+        const char *what = ev->action == QD_CONVERT_QUANTIZE ? ev->fmt : ev->action == QD_CONVERT_CAST_F16 ? "f16" : "copied";
+        fprintf(stderr, "\r[%d/%d] %.2f/%.2f GB  %.2f GB/s  ETA %.0f s  %-40.40s %-7s", ev->index, ev->count,
+                ev->in_done / 1e9, ev->in_total / 1e9, rate / 1e9, eta, ev->name, what);
         if (ev->index == ev->count)
             fputc('\n', stderr);
         return;
@@ -121,8 +131,22 @@ int qd_cli_convert(int argc, char **argv)
     memset(&o, 0, sizeof o);
     const char *fmt = NULL, *recipe = NULL, *backend_name = "auto", *devices = NULL, *params[64];
     int nparams = 0;
+    static struct qd_gguf_options gguf; /* (large: not on the stack) */
+    qd_gguf_options_init(&gguf);
+    o.gguf = &gguf;
+    char err[1024];
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
+        int takes_value;
+        if (!strncmp(a, "--", 2) && qd_gguf_option_known(a + 2, &takes_value) && !strchr(a, '_')) {
+            const char *v = takes_value ? (i + 1 < argc ? argv[++i] : "") : NULL;
+            if (qd_gguf_option_set(&gguf, a + 2, v, err, sizeof err)) {
+                fprintf(stderr, "quantd convert: %s\n", err);
+                qd_gguf_options_free(&gguf);
+                return 2;
+            }
+            continue;
+        }
         if (!strcmp(a, "--report-error")) {
             o.report_error = 1;
             continue;
@@ -158,12 +182,16 @@ int qd_cli_convert(int argc, char **argv)
         fprintf(stderr, "quantd convert: give --fmt or --recipe, not both (a recipe chooses each tensor's format)\n");
         return 2;
     }
-    if (!o.src || !o.dst || (!fmt && !recipe)) {
+    /* llama-quantize's numeric ids name mixes: --fmt 2 is --pure Q4_0 */
+    if (fmt && strspn(fmt, "0123456789") == strlen(fmt) && qd_convert_recipe_named(fmt)) {
+        recipe = fmt, fmt = NULL;
+        gguf.pure = 1;
+    }
+    if (!o.src || (!o.dst && !gguf.dry_run) || (!fmt && !recipe)) {
         fprintf(stderr, "quantd convert: %s is required (quantd convert --help)\n",
                 !o.src ? "--in SRC" : !o.dst ? "--out DST" : "--fmt FMT or --recipe MIX");
         return 2;
     }
-    char err[1024];
     if (recipe) {
         const struct qd_gguf_recipe *r = qd_convert_recipe_named(recipe);
         const struct qd_format *f = r ? NULL : qd_convert_format_named(recipe);
@@ -286,14 +314,16 @@ int qd_cli_convert(int argc, char **argv)
         cJSON_Delete(a);
     }
     if (o.recipe) /* the mix asked for, before the rest */
-        printf("{\"summary\":{\"recipe\":\"%s\",", o.recipe);
+        printf("{\"summary\":{\"recipe\":\"%s\",%s", o.recipe, gguf.pure ? "\"pure\":true," : "");
     else
         printf("{\"summary\":{");
+    if (s.dry_run) /* nothing written: bytes_out is the size the file would have */
+        printf("\"dry_run\":true,");
     printf("%s\"in\":\"%s\",\"out\":\"%s\",\"fmt\":\"%s\",\"backend\":\"%s\",\"quantized\":%d,"
            "\"copied\":%d,\"cast_f16\":%d,\"bytes_in\":%" PRIu64 ",\"bytes_out\":%" PRIu64 ",\"bits_per_weight\":%.3f,"
            "\"seconds\":%.3f,\"gb_per_s\":%.3f,\"read_s\":%.3f,\"quantize_s\":%.3f,\"write_s\":%.3f,"
            "\"peak_rss_bytes\":%" PRIu64 "}}\n",
-           arch, o.src, o.dst, o.f->name, name, s.quantized, s.copied, s.cast, s.bytes_in, s.bytes_out, bpw, s.seconds,
+           arch, o.src, o.dst ? o.dst : "", o.f->name, name, s.quantized, s.copied, s.cast, s.bytes_in, s.bytes_out, bpw, s.seconds,
            s.seconds > 0 ? s.bytes_in / s.seconds / 1e9 : 0.0, s.stages.read_s, s.stages.process_s, s.stages.write_s,
            peak_rss_bytes());
     return 0;

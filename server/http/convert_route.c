@@ -156,6 +156,16 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
             *slot = strdup(v);
             continue;
         }
+        if (!strcmp(k, "imatrix")) { /* a second file: a job reads it from --data-dir */
+            qd_reply_error(err, 400, "bad_request", "imatrix names a file: POST /convert takes one, the model; give "
+                           "the imatrix to a conversion job (POST /jobs?op=convert, paths in --data-dir)");
+            goto bad;
+        }
+        int gguf_option = qd_convert_gguf_option(r, k, v, err); /* llama-quantize's options */
+        if (gguf_option < 0)
+            goto bad;
+        if (gguf_option == 0)
+            continue;
         if (!qd_param_find(k) || !qd_format_accepts(r->f, k)) {
             qd_reply_error(err, 400, "unknown_param", "unknown parameter '%.32s' for format %s", k, r->f->name);
             goto bad;
@@ -164,6 +174,11 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
             qd_reply_error(err, 400, "bad_param", "%s", msg);
             goto bad;
         }
+    }
+    if (r->gguf && (r->gguf->split_max_tensors || r->gguf->split_max_bytes)) {
+        qd_reply_error(err, 400, "bad_request", "a split output is several files and POST /convert answers one: give "
+                       "split_max_tensors / split_max_size to a conversion job (POST /jobs?op=convert)");
+        goto bad;
     }
     if (!(r->filter = qd_name_filter_new(r->skip, r->only, msg, sizeof msg))) {
         qd_reply_error(err, 400, "bad_request", "%s", msg);

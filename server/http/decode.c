@@ -195,12 +195,48 @@ static int oom(struct qd_reply *err)
     return -1;
 }
 
+/* "importance": {"data": base64 of little-endian f32, "dtype": "f32" (optional)}: one value per
+ * column, or per column of each matrix (struct qd_params); checked against the format and the
+ * shape once both are known. Its "data" stays out of the JSON limit as the tensor's does. */
+static int decode_importance(struct qd_work *w, const struct qd_json_body *jb, const cJSON *imp,
+                             struct qd_reply *err)
+{
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(imp, "data"),
+                *dt = cJSON_GetObjectItemCaseSensitive(imp, "dtype");
+    if (!cJSON_IsObject(imp) || !(cJSON_IsString(data) || cJSON_IsRaw(data)) ||
+        (dt && (!cJSON_IsString(dt) || strcmp(dt->valuestring, "f32")))) {
+        qd_reply_error(err, 400, "bad_importance", "\"importance\" must be an object {\"data\": base64 of "
+                       "little-endian f32 values, one per column} (dtype, if given, f32)");
+        return -1;
+    }
+    size_t n;
+    int no_mem;
+    unsigned char *b = qd_json_body_data(jb, data, &n, &no_mem);
+    if (!b) {
+        if (no_mem)
+            return oom(err);
+        qd_reply_error(err, 400, "bad_base64", "\"importance\" \"data\" is not valid base64 (standard "
+                       "alphabet, padded)");
+        return -1;
+    }
+    if (n == 0 || n % 4) {
+        free(b);
+        qd_reply_error(err, 400, "bad_importance", "\"importance\" holds %zu bytes: it needs a whole "
+                       "number (at least one) of f32 values", n);
+        return -1;
+    }
+    w->importance_owned = (float *)b; /* malloc'd: aligned for float */
+    w->p.importance = w->importance_owned;
+    w->p.importance_n = (int64_t)(n / 4);
+    return 0;
+}
+
 static int decode_quantize(struct qd_work *w, enum qd_body_kind kind, char *body, size_t len,
                            struct qd_reply *err)
 {
     struct qd_req *q = &w->req;
     struct qd_json_body jb = {0};
-    const cJSON *params = NULL;
+    const cJSON *params = NULL, *importance = NULL;
     int rc = -1;
     if (kind == QD_BODY_SAFETENSORS || kind < 0) {
         qd_reply_error(err, 415, "unsupported_media_type", "/quantize takes a raw tensor or JSON");
@@ -223,6 +259,7 @@ static int decode_quantize(struct qd_work *w, enum qd_body_kind kind, char *body
                     *data = cJSON_GetObjectItemCaseSensitive(j, "data"),
                     *fmt = cJSON_GetObjectItemCaseSensitive(j, "fmt");
         params = cJSON_GetObjectItemCaseSensitive(j, "params");
+        importance = cJSON_GetObjectItemCaseSensitive(j, "importance");
         enum qd_dtype t;
         if (dt && (qd_dtype_parse(cJSON_GetStringValue(dt), &t) || !qd_dtype_is_float_input(t))) {
             qd_reply_error(err, 400, "unknown_dtype", "\"dtype\" must be f32, f16 or bf16");
@@ -277,6 +314,16 @@ static int decode_quantize(struct qd_work *w, enum qd_body_kind kind, char *body
     }
     if (resolve_params(w, params, err) || layout(w, &w->in, err))
         goto done;
+    if (importance) {
+        char msg[ERRLEN];
+        /* any backend: one whose kernels do not read it runs the format's CPU code */
+        if (decode_importance(w, &jb, importance, err))
+            goto done;
+        if (qd_importance_check(QD_BACKEND_CPU, w->f, &w->in, &w->p, msg, sizeof msg) != QD_OK) {
+            qd_reply_error(err, 422, "bad_importance", "%s", msg);
+            goto done;
+        }
+    }
     for (int i = 0; i < w->nc; i++) {
         /* from the body pool: pinned on a CUDA backend, so the results come straight back */
         if (!(w->comp[i] = qd_hostmem_get((size_t)w->comps[i].bytes))) {
@@ -471,6 +518,7 @@ int qd_work_precheck(const struct qd_req *q, enum qd_body_kind kind, const char 
 void qd_work_free(struct qd_work *w)
 {
     free(w->in_owned);
+    free(w->importance_owned);
     for (int i = 0; i < w->nc; i++)
         if (w->comp_owned & (1u << i))
             qd_hostmem_put(w->comp[i]);

@@ -290,9 +290,10 @@ static enum qd_status cuda_run(void *worker, struct qd_work *w, char *err, size_
     enum qd_status st;
     int quant = w->req.op == QD_OP_QUANTIZE;
     const struct qd_backend_fns *gpu = &w->f->backend[QD_BACKEND_CUDA];
-    if (quant ? !gpu->quantize : !gpu->dequantize) {
-        /* a format registered without GPU kernels (every format has them today) runs the CPU
-         * code: the same bytes */
+    if (quant ? !gpu->quantize || (w->p.importance && !(w->f->importance & QD_IMPORTANCE_ON(QD_BACKEND_CUDA)))
+              : !gpu->dequantize) {
+        /* a format registered without GPU kernels, or whose GPU kernels do not read an importance
+         * given, runs the CPU code: the same bytes */
         struct timespec a, b;
         clock_gettime(CLOCK_MONOTONIC, &a);
         st = quant ? qd_quantize(QD_BACKEND_CPU, w->f, &w->in, &w->p, w->comp, err, errlen)

@@ -43,6 +43,7 @@ struct qd_work {
     struct qd_params p;
     struct qd_tensor in;  /* quantize input; in.data may point into the request body */
     void *in_owned;       /* decoded input to free, or NULL */
+    float *importance_owned; /* the decoded "importance" (p.importance points at it), or NULL */
     int nc;
     struct qd_component comps[QD_MAX_COMPONENTS];
     void *comp[QD_MAX_COMPONENTS]; /* quantize outputs, dequantize inputs */

@@ -1,4 +1,4 @@
-/* libFuzzer over the checkpoint readers (server/checkpoint/gguf.c, safetensors.c): any bytes
+/* libFuzzer over the checkpoint readers (server/checkpoint/gguf.c, safetensors.c, imatrix.c): any bytes
  * are either a parsed file whose every tensor lies inside the input, or an error message;
  * never a crash, a leak or a read outside the buffer (ASan + UBSan). make fuzz. */
 #include <stdint.h>
@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "checkpoint/gguf.h"
+#include "checkpoint/imatrix.h"
 #include "checkpoint/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -30,5 +31,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 __builtin_trap();
         qd_st_free(&f);
     }
+    struct qd_imatrix m;
+    if (qd_imatrix_parse(data, size, &m, err, sizeof err) == 0) {
+        for (int i = 0; i < m.n; i++)
+            if (!m.e[i].name || m.e[i].n < 1)
+                __builtin_trap();
+        qd_imatrix_free(&m);
+    } else if (!err[0])
+        __builtin_trap();
     return 0;
 }

@@ -21,6 +21,10 @@ static void shape_for(const struct qd_format *f, int64_t *rows, int64_t *cols, c
 
 static double nmse_bound(const struct qd_format *f)
 {
+    /* ternary codes at d = amax are made for ternary weights (BitNet): on N(0,1) nearly every
+     * value rounds to 0 (nmse about 0.65) */
+    if (!strcmp(f->name, "tq1_0") || !strcmp(f->name, "tq2_0"))
+        return 0.75;
     return f->bits_per_weight < 3 ? 0.12 : f->bits_per_weight < 5 ? 0.05 : f->bits_per_weight < 7 ? 0.012 : 0.005;
 }
 
@@ -290,7 +294,7 @@ static void registry_names_are_unique_and_json_lists_them(void **state)
         assert_non_null(strstr(json, needle));
     }
     free(json);
-    assert_int_equal(qd_format_count, 30);
+    assert_int_equal(qd_format_count, 35);
     assert_null(qd_format_find("q4_2"));
 }
 

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -182,6 +183,82 @@ static void body_kinds(void **state)
     assert_int_equal(qd_body_kind(&dq, NULL, st, 10), QD_BODY_SAFETENSORS);
 }
 
+/* A JSON /quantize body for fmt with a [rows, 64] f32 tensor and an "importance" member (text
+ * as written, NULL: none); returns qd_work_decode's result, the work decoded into w. */
+static int decode_with_importance(struct qd_work *w, const char *fmt, int64_t rows, const char *importance,
+                                  struct qd_reply *r)
+{
+    static float x[4 * 64];
+    char data[1400], body[4096];
+    qd_base64_encode((const unsigned char *)x, (size_t)rows * 64 * 4, data);
+    data[qd_base64_encoded_len((size_t)rows * 64 * 4)] = 0;
+    snprintf(body, sizeof body, "{\"fmt\":\"%s\",\"dtype\":\"f32\",\"shape\":[%s%lld,64],\"data\":\"%s\"%s%s}",
+             fmt, rows == 4 ? "2," : "", (long long)(rows == 4 ? 2 : rows), data, importance ? ",\"importance\":" : "",
+             importance ? importance : "");
+    struct qd_req q = {.op = QD_OP_QUANTIZE};
+    memset(w, 0, sizeof *w);
+    memset(r, 0, sizeof *r);
+    return qd_work_decode(w, &q, QD_BODY_JSON, body, strlen(body), r);
+}
+
+/* "importance": base64 f32, one per column or per column of each matrix, checked against the
+ * format (only those that take one) and the shape; p.importance points at the decoded values. */
+static void importance_decoding(void **state)
+{
+    float v[2 * 64];
+    char imp[1000], b64[800];
+    for (int i = 0; i < 2 * 64; i++)
+        v[i] = (float)i;
+    struct { const char *fmt; int64_t rows; int n; int status; const char *code; } cases[] = {
+        {"q8_0", 2, 64, 0, NULL},       /* one per column */
+        {"q8_0", 4, 128, 0, NULL},      /* [2, 2, 64]: one per column of each matrix */
+        {"q8_0", 2, 128, 422, "bad_importance"}, /* a 2-D tensor has one matrix */
+        {"q8_0", 2, 63, 422, "bad_importance"},
+        {"nf4", 2, 64, 422, "bad_importance"},   /* takes none */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct qd_work w;
+        struct qd_reply r;
+        qd_base64_encode((const unsigned char *)v, (size_t)cases[c].n * 4, b64);
+        b64[qd_base64_encoded_len((size_t)cases[c].n * 4)] = 0;
+        snprintf(imp, sizeof imp, "{\"dtype\":\"f32\",\"data\":\"%s\"}", b64);
+        int rc = decode_with_importance(&w, cases[c].fmt, cases[c].rows, imp, &r);
+        if (!cases[c].status) {
+            assert_int_equal(rc, 0);
+            assert_non_null(w.p.importance);
+            assert_int_equal(w.p.importance_n, cases[c].n);
+            assert_memory_equal(w.p.importance, v, (size_t)cases[c].n * 4);
+        } else {
+            assert_int_equal(rc, -1);
+            assert_int_equal(r.status, cases[c].status);
+            assert_non_null(strstr(r.body, cases[c].code));
+        }
+        qd_work_free(&w);
+        qd_reply_free(&r);
+    }
+    const char *bad[] = {"\"AAAA\"", "{\"data\":\"AAA\"}", "{\"data\":\"AAA=\"}",
+                         "{\"dtype\":\"f16\",\"data\":\"AAAAAA==\"}", "{\"data\":\"\"}"};
+    for (size_t c = 0; c < sizeof bad / sizeof bad[0]; c++) {
+        struct qd_work w;
+        struct qd_reply r;
+        assert_int_equal(decode_with_importance(&w, "q8_0", 2, bad[c], &r), -1);
+        assert_int_equal(r.status, 400);
+        qd_work_free(&w);
+        qd_reply_free(&r);
+    }
+    /* a negative or non-finite value */
+    v[5] = -1.0f;
+    qd_base64_encode((const unsigned char *)v, 64 * 4, b64);
+    b64[qd_base64_encoded_len(64 * 4)] = 0;
+    snprintf(imp, sizeof imp, "{\"data\":\"%s\"}", b64);
+    struct qd_work w;
+    struct qd_reply r;
+    assert_int_equal(decode_with_importance(&w, "q8_0", 2, imp, &r), -1);
+    assert_non_null(strstr(r.body, "finite and >= 0"));
+    qd_work_free(&w);
+    qd_reply_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -191,6 +268,7 @@ int main(void)
         cmocka_unit_test(safetensors_round_trip_and_refusals),
         cmocka_unit_test(query_decoding),
         cmocka_unit_test(body_kinds),
+        cmocka_unit_test(importance_decoding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -715,8 +715,8 @@ def soak(a, stats, state):
     for t in threads:
         t.join(timeout=CONN_TIMEOUT * 6)
     time.sleep(CONN_TIMEOUT + 1)  # connections of walked-away clients time out
+    after = proc_stat(server.pid)  # (before idle_gauges' own connections, still closing after it)
     rest = idle_gauges(port, 30)
-    after = proc_stat(server.pid)
     # still serving: /healthz and a real request
     try:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)

@@ -19,6 +19,7 @@
 #   make bench-latency   p50/p90/p99 at fixed request rates with hey (bench/bench_latency.py)
 #   make soak            10 minutes at twice the CPU backend's capacity, hostile clients (tests/soak)
 #   make soak-leak-check the soak with a leak preloaded into the daemon: its verdict must fail
+#   make test-soak-verdict the soak's memory and latency verdicts on made-up series (in make test)
 #   make test-gpu        GPU vs CPU bytes, compute-sanitizer, service tests on CUDA (a GPU machine)
 #   make test-faults     injected device faults against a live daemon (a GPU machine)
 #   make bench-gpu       the kernel, bitsandbytes and service benchmarks on a GPU

@@ -19,6 +19,8 @@
 #   make bench-convert   whole-model conversion against reading the files (bench/bench_convert.py)
 #   make bench-latency   p50/p90/p99 at fixed request rates with hey (bench/bench_latency.py)
 #   make soak            10 minutes at twice the CPU backend's capacity, hostile clients (tests/soak)
+#   make soak-leak-check the soak with a leak preloaded into the daemon: its verdict must fail
+#   make test-soak-verdict the soak's memory and latency verdicts on made-up series (in make test)
 #   make test-gpu        GPU vs CPU bytes, compute-sanitizer, service tests on CUDA (a GPU machine)
 #   make test-faults     injected device faults against a live daemon (a GPU machine)
 #   make bench-gpu       the kernel, bitsandbytes and service benchmarks on a GPU
@@ -73,7 +75,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all help deps venv test test-unit test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-convert bench-latency soak check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all help deps venv test test-unit test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-convert bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 help:
@@ -88,7 +90,7 @@ $(BUILD)/%.o: %.c
 	$(CC) $(CFLAGS) -c -o $@ $<
 
 # the objects that print the version
-$(BUILD)/server/main.o $(BUILD)/server/http/http.o: VERSION
+$(BUILD)/server/main.o $(BUILD)/server/http/http.o $(BUILD)/server/http/listener.o: VERSION
 
 # nvcc writes no dependency files here: every CUDA object depends on every shared header
 $(BUILD)/%.o: %.cu $(wildcard kernels/*.h kernels/cuda/*.h kernels/cuda/*.cuh)
@@ -163,7 +165,7 @@ test-api-fuzz: bin/quantd .venv/ok
 fuzz-api: bin/quantd .venv/ok
 	QUANTD=$(abspath bin/quantd) tests/api/fuzz_api.sh $(or $(FUZZ_API_EXAMPLES),1500) $(or $(SEED),random)
 
-test: all test-unit test-service test-peers test-deploy test-api-fuzz
+test: all test-unit test-service test-peers test-deploy test-api-fuzz test-soak-verdict
 
 # ASan + UBSan: a separate build tree, the same tests.
 sanitize:
@@ -231,6 +233,19 @@ bench-convert: bin/quantd .venv/ok
 # to their end, clients that walk away or trickle, /healthz probed; SOAK_SECONDS (600).
 soak: bin/quantd
 	$(PYTHON) tests/soak/soak.py --seconds $(or $(SOAK_SECONDS),600) --json $(BUILD)/soak.json
+
+# The soak's verdict on made-up series (tests/soak/test_verdict.py), and on a real leak: the
+# daemon with tests/soak/leak.c preloaded (one free() in 4 of blocks under 64 KiB dropped) must fail
+# the soak's leak check.
+test-soak-verdict: .venv/ok
+	.venv/bin/python -m pytest -q tests/soak/test_verdict.py
+$(BUILD)/tests/soak/libleak.so: tests/soak/leak.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -shared -fPIC -Wall -Wextra -Werror -o $@ $<
+soak-leak-check: bin/quantd $(BUILD)/tests/soak/libleak.so
+	$(PYTHON) tests/soak/soak.py --seconds $(or $(SOAK_SECONDS),60) --preload $(abspath $(BUILD))/tests/soak/libleak.so \
+	  --json $(BUILD)/soak-leak.json | tee $(BUILD)/soak-leak.out; \
+	grep -q '^VERDICT: FAIL:.*live heap grew' $(BUILD)/soak-leak.out && echo "soak-leak-check: the leak was caught"
 
 # Latency at fixed rates with hey (bench/bench_latency.py): Debian's hey package, unpacked into
 # build/tools when hey is not installed (no root needed). BENCH_BACKEND=cuda on a GPU machine.

@@ -9,11 +9,18 @@
  * once, that thread and the daemon's stop wait on it forever (no request is served again, and
  * SIGTERM hangs). So quantd counts the connections it handed over (until libmicrohttpd says each
  * closed), answers one beyond --max-connections with a 503 itself and closes it, and gives
- * libmicrohttpd a limit it cannot reach (http.c). */
+ * libmicrohttpd a limit it cannot reach (http.c). A connection over the limit that sends GET
+ * /healthz within QD_PROBE_WAIT_MS is answered 200 by the acceptor itself (listener.c,
+ * wait_or_settle): a flood does not fail the liveness probe. */
 #ifndef QD_LISTENER_H
 #define QD_LISTENER_H
 
 #include <stddef.h>
+
+/* How long a connection over the limit may take to send its request (a probe's GET /healthz),
+ * and how many such connections wait at once (descriptors taken from QD_FD_RESERVE's room). */
+#define QD_PROBE_WAIT_MS 250
+#define QD_PROBE_WAITING 64
 
 struct addrinfo;
 struct MHD_Daemon;
@@ -27,9 +34,11 @@ int qd_listener_start(struct MHD_Daemon *d, int max_connections);
 /* The connection on fd is closing (libmicrohttpd's notification, which comes before it closes
  * the descriptor): its place is free. */
 void qd_listener_closed(int fd);
-/* Connections open now, and those refused for the limit since the start. */
+/* Connections open now, those refused for the limit since the start, and the GET /healthz
+ * answered over the limit. */
 int qd_listener_connections(void);
 long qd_listener_refused(void);
+long qd_listener_probes(void);
 /* Stops accepting; the socket stays open, so clients wait in its backlog rather than being
  * refused, until qd_listener_close. Safe to call twice. */
 void qd_listener_stop(void);

@@ -1,6 +1,7 @@
 /* Metrics storage and the text exposition format (see metrics.h). */
 #include "service/metrics.h"
 
+#include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -126,6 +127,33 @@ void qd_metrics_convert(const struct qd_format *f, const char *outcome, unsigned
     atomic_fetch_add(&convert_tensors, (unsigned long)tensors);
 }
 
+/* glibc's heap as the allocator sees it: bytes in live allocations against bytes it holds free
+ * (and the arenas holding them). Live bytes that climb under a steady load are a leak; free bytes
+ * that climb while live bytes stay level are the allocator keeping memory (fragmentation, arenas
+ * of more threads), which RSS alone cannot tell apart. */
+static void render_heap(FILE *o)
+{
+    struct mallinfo2 mi = mallinfo2();
+    int arenas = 0;
+    char *xml = NULL;
+    size_t xml_len = 0;
+    FILE *x = open_memstream(&xml, &xml_len);
+    if (x) { /* malloc_info lists each arena as a <heap nr="N"> */
+        malloc_info(0, x);
+        fclose(x);
+        for (const char *p = xml; p && (p = strstr(p, "<heap nr=")); p++)
+            arenas++;
+        free(xml);
+    }
+    fprintf(o, "# HELP quantd_heap_in_use_bytes Bytes of live malloc allocations (mmapped ones included).\n"
+               "# TYPE quantd_heap_in_use_bytes gauge\nquantd_heap_in_use_bytes %zu\n"
+               "# HELP quantd_heap_free_bytes Bytes malloc holds free in its arenas (not given back to the system).\n"
+               "# TYPE quantd_heap_free_bytes gauge\nquantd_heap_free_bytes %zu\n"
+               "# HELP quantd_heap_arenas malloc arenas in use (threads share them; M_ARENA_MAX bounds them).\n"
+               "# TYPE quantd_heap_arenas gauge\nquantd_heap_arenas %d\n",
+            mi.uordblks + mi.hblkhd, mi.fordblks, arenas);
+}
+
 char *qd_metrics_render(const struct qd_metrics_gauges *g, size_t *len)
 {
     char *buf = NULL;
@@ -236,6 +264,7 @@ char *qd_metrics_render(const struct qd_metrics_gauges *g, size_t *len)
     for (int i = 0; i < g->devices; i++)
         fprintf(o, "quantd_device_healthy{device=\"%s\",slot=\"%d\"} %d\n", g->device_name[i], i,
                 g->device_healthy[i]);
+    render_heap(o);
     fclose(o);
     return buf;
 }

@@ -4,7 +4,9 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../../kernels/cpu/cpu.h"
@@ -16,6 +18,34 @@
 #include "http/http.h"
 #include "queue/jobs.h"
 #include "service/serve.h"
+
+#define QD_MALLOC_ARENAS 2
+/* Free heap worth giving back once the service is idle. */
+#define QD_TRIM_IDLE_BYTES (16u << 20)
+
+/* Once nothing is received, queued or running, the free memory a burst left in the arenas goes
+ * back to the system (malloc_trim, up to a few ms for hundreds of MB): under load the heap is
+ * reused as it is, so trimming waits for a quiet moment rather than faulting pages in again on
+ * the next request. Once per quiet spell: the heap's figures unchanged since the last trim
+ * mean nothing was allocated since (the trimmed chunks stay free in the arenas, so the free
+ * bytes alone would call for a trim every second). */
+static void trim_when_idle(void)
+{
+    static size_t trimmed_at[2];
+    struct qd_jobs_stats js;
+    struct qd_hostmem_inflight in;
+    qd_jobs_stats(&js);
+    qd_hostmem_inflight(&in);
+    if (in.bytes || js.depth || js.running || js.convert_depth || js.convert_running)
+        return;
+    struct mallinfo2 mi = mallinfo2();
+    if (mi.fordblks < QD_TRIM_IDLE_BYTES || (mi.uordblks == trimmed_at[0] && mi.arena == trimmed_at[1]))
+        return;
+    malloc_trim(0);
+    mi = mallinfo2();
+    trimmed_at[0] = mi.uordblks;
+    trimmed_at[1] = mi.arena;
+}
 
 /* --max-inflight-bytes 0: a quarter of the memory the service may use (its cgroup's limit
  * when it has one, else the machine's), leaving the rest to answers, kernels and the page cache. */
@@ -60,6 +90,15 @@ int qd_serve_main(int argc, char **argv)
      * of mapped and unmapped, or trimmed and faulted in again, on every request */
     mallopt(M_MMAP_THRESHOLD, 4 << 20);
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
+    /* glibc gives each new thread an arena of its own, up to 8 per core, and each arena keeps
+     * the free memory of the requests its threads took (up to the trim threshold at its top,
+     * and the holes below): with 16 HTTP threads, the workers and the kernels' threads, RSS
+     * goes on rising for minutes as arena after arena meets a peak of the load, while the live
+     * heap does not (docs/security.md, the soak). Two arenas hold what the load's peak needs
+     * and reach it early; the threads' allocations (a few per request, none in the kernels'
+     * loops) barely contend. MALLOC_ARENA_MAX in the environment still decides. */
+    if (!getenv("MALLOC_ARENA_MAX"))
+        mallopt(M_ARENA_MAX, QD_MALLOC_ARENAS);
     if (cfg.cpu_threads)
         qd_cpu_set_threads(cfg.cpu_threads);
     if (!cfg.max_inflight_bytes)
@@ -112,8 +151,10 @@ int qd_serve_main(int argc, char **argv)
             cfg.listen, qd_http_port(), qd_jobs_backend_name(), backend.info, jc.workers, jc.depth,
             qd_http_max_connections(), *cfg.token ? "true" : "false");
 
-    int sig = 0;
-    sigwait(&stop, &sig);
+    int sig;
+    struct timespec tick = {.tv_sec = 1};
+    while ((sig = sigtimedwait(&stop, NULL, &tick)) < 0)
+        trim_when_idle();
     fprintf(stderr, "{\"msg\":\"%s: draining\",\"timeout_s\":%d}\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
             cfg.drain_timeout_s);
     int drained = qd_http_drain(cfg.drain_timeout_s) == 0;

@@ -2,11 +2,11 @@
 """make soak: quantd serve under twice its capacity, hostile clients and probes, for a bounded time.
 The daemon runs on the upper half of the cores, the clients on the lower half.
 
-usage: soak.py [--seconds 600] [--json OUT] [--quantd bin/quantd]   (make soak SOAK_SECONDS=N)
+usage: soak.py [--seconds 600] [--json OUT] [--quantd bin/quantd] [--preload LIB]   (make soak SOAK_SECONDS=N)
 
 One daemon on loopback (CPU backend, a small queue so that overload shows, --conn-timeout 3,
---max-connections 512, --max-body-bytes 64 MiB, --max-convert-bytes 16 MiB, its spool files in
-a TMPDIR of its own). First the capacity of a mix of requests is measured (closed loop, 15 s);
+--max-connections 512, --max-body-bytes 64 MiB, --max-convert-bytes 16 MiB,
+--max-inflight-bytes 256 MiB, its spool files in a TMPDIR of its own). First the capacity of a mix of requests is measured (closed loop, 15 s);
 then, for --seconds:
 - the mix at twice that rate, open loop (a request leaves on its schedule whether or not the
   last one came back): formats of every family, 64x64 to 1024x1024, f32/f16/bf16, raw, JSON
@@ -23,13 +23,16 @@ then, for --seconds:
   /quantize and to /convert (413 once past the limit);
 - connection floods: every 20 s, twice --max-connections idle connections held 1.5 s (those
   past the limit get a JSON 503 too_many_connections), then closed;
-- /healthz every 20 ms on a fresh connection, from a process of its own.
+- /healthz every 20 ms on a fresh connection, from a process of its own (past the limit, during
+  a flood, the acceptor itself answers it; a probe refused all the same is counted apart).
 A wedge (no 200 from /healthz for 10 s) stops the run at once: the daemon is killed and the
 verdict says so. Checks (the exit status is 1 when one fails): every answer is 200, or 503 with
 Retry-After (overload, or a connection past the limit), or the 404/409 a job's life explains;
 every hostile request gets its JSON error; every accepted job is answered or cancelled;
-/healthz p99 < 10 ms; RSS never above RSS_LIMIT_MB, and flat after warm-up (the last quarter's
-median within 5 % + 16 MiB of the second quarter's); the daemon serves at the end (/healthz
+/healthz p99 < 10 ms (reported apart during floods and between them); RSS never above
+RSS_LIMIT_MB; no leak: the live heap (/metrics quantd_heap_in_use_bytes) with the daemon idle
+after the soak within LEAK_MB of what it was idle after the capacity run; RSS levels off (the
+last quarter's median within 5 % + 16 MiB of the third quarter's); the daemon serves at the end (/healthz
 and a /quantize); open fds and threads after the run equal those before it; slow clients are
 cut off within the timeout (+ 2 s); SIGTERM at the end exits 0 within 30 s; no spool or
 temporary file is left in the daemon's TMPDIR. The last line printed is the verdict:
@@ -58,12 +61,17 @@ CONN_TIMEOUT = 3
 MAX_CONNECTIONS = 512           # --max-connections; a flood opens twice as many
 MAX_BODY = 64 << 20             # --max-body-bytes: over the mix's largest body (11 MB of JSON)
 MAX_CONVERT = 16 << 20          # --max-convert-bytes
+MAX_INFLIGHT = 256 << 20        # --max-inflight-bytes: what the RSS bound is made of, set here
+                                # (the default, a quarter of the machine's memory, differs by host)
 FLOOD_EVERY_S = 20
 WEDGE_S = 10                    # /healthz without a 200 this long: wedged
-# What the daemon may hold at most under this soak: the heap glibc keeps of request-sized
-# buffers (bodies and answers of up to 11 MB, a queue of 8 and the requests being received),
-# and libmicrohttpd's 256 KiB buffer of each of 512 connections (128 MiB)
+# What the daemon may hold at most under this soak: the bodies in flight (MAX_INFLIGHT), the
+# answers of the queue of 8 and its workers (up to 11 MB each), libmicrohttpd's 256 KiB buffer
+# of each of 512 connections (128 MiB) and the free memory glibc keeps in its two arenas
+# (up to the 64 MiB trim threshold at the top of each)
 RSS_LIMIT_MB = 640
+LEAK_MB = 8                     # live heap the soak may leave over what the capacity run left
+HEALTHZ_P99_MS = 10
 MODEL = os.path.join(ROOT, "tests", "checkpoint", "fuzz_seeds", "small.gguf")  # a GGUF for /convert
 FORMATS = ["nf4", "fp4", "q4_0", "q8_0", "q5_1", "awq", "nvfp4", "mxfp4", "mxfp8_e4m3", "int8", "uint8"]
 SHAPES = [(256, 256), (512, 1024), (1024, 1024), (1024, 2048)]  # awq takes groups of 128 rows
@@ -312,7 +320,7 @@ def prober(port, stop, wedged, out):
     """/healthz every 20 ms on a fresh connection, in a process of its own (this one's GIL
     would add its own waits to the latency), ahead of the generator's threads where the system
     allows it: sends back the latencies (ms), the refusals for the connection limit (a flood
-    is on) and failures. No 200 for WEDGE_S seconds sets `wedged` and ends the probe."""
+    is on) and failures; each latency with the time it was taken. No 200 for WEDGE_S seconds sets `wedged` and ends the probe."""
     try:
         os.nice(-10)
     except OSError:
@@ -328,7 +336,7 @@ def prober(port, stop, wedged, out):
             body = r.read()
             c.close()
             if r.status == 200:
-                lat.append((time.perf_counter() - t) * 1e3)
+                lat.append((time.time(), (time.perf_counter() - t) * 1e3))
                 last_ok = time.time()
             elif r.status == 503 and b"too_many_connections" in body and r.getheader("Retry-After"):
                 refused += 1
@@ -421,10 +429,12 @@ def hostile(port, stats, kind, model):
         stats.fail(f"hostile ({kind}) transport: {e!r}")
 
 
-def flood(port, stats):
+def flood(port, stats, windows):
     """Twice --max-connections idle connections, held 1.5 s: the last ones must have been
-    answered 503 too_many_connections (JSON, Retry-After) and closed."""
+    answered 503 too_many_connections (JSON, Retry-After) and closed. Appends to windows the
+    flood's start and the time its connections were all closed."""
     socks = []
+    t0 = time.time()
     try:
         for _ in range(2 * MAX_CONNECTIONS):
             socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
@@ -448,10 +458,100 @@ def flood(port, stats):
     finally:
         for s in socks:
             s.close()
+        windows.append((t0, time.time()))
+
+
+def quantile(values, q):
+    return statistics.quantiles(values, n=100)[q - 1] if len(values) > 100 else float("nan")
+
+
+def healthz_figures(health, windows):
+    """/healthz latencies (ms): all of them, and apart those taken while a flood held its
+    connections or closed them (from its start to a second after its last close)."""
+    during = [ms for t, ms in health if any(a <= t <= b + 1 for a, b in windows)]
+    calm = [ms for t, ms in health if not any(a <= t <= b + 1 for a, b in windows)]
+    every = [ms for _, ms in health]
+    return {"n": len(every), "p50": statistics.median(every) if every else None, "p99": quantile(every, 99),
+            "max": max(every) if every else None,
+            "floods": {"n": len(during), "p99": quantile(during, 99), "max": max(during) if during else None},
+            "between_floods": {"n": len(calm), "p99": quantile(calm, 99), "max": max(calm) if calm else None}}
+
+
+def memory_verdict(rss, warm, rest):
+    """The memory checks: rss, the RSS samples (MB) of the run; warm and rest, the /metrics
+    gauges with the daemon idle after the capacity run and after the soak. Returns the failures
+    and the figures.
+    - RSS never above RSS_LIMIT_MB.
+    - No leak: the bytes of live allocations, idle after the soak, within LEAK_MB of what they
+      were idle before it. A leak, or a cache without a bound, keeps what it takes; the
+      allocator's free memory (arenas, fragmentation) is not counted, whatever RSS says.
+    - RSS levels off: the last quarter's median within 5 % + 16 MB of the third quarter's. The
+      allocator keeping more free memory as more of its arenas meet the load's peaks grows
+      less and less and passes; growth that goes on to the end fails."""
+    failures, figures = [], {"max": max(rss) if rss else None, "bound": RSS_LIMIT_MB}
+    if rss and max(rss) > RSS_LIMIT_MB:
+        failures.append(f"RSS reached {max(rss):.0f} MB (bound {RSS_LIMIT_MB} MB)")
+    live = [g.get("quantd_heap_in_use_bytes") if g else None for g in (warm, rest)]
+    if None in live:
+        failures.append("no heap figures from /metrics (quantd_heap_in_use_bytes) with the daemon idle")
+    else:
+        figures["live_heap_idle"] = [round(v / 2**20, 1) for v in live]
+        figures["free_heap_idle"] = [round(g.get("quantd_heap_free_bytes", 0) / 2**20, 1) for g in (warm, rest)]
+        grown = (live[1] - live[0]) / 2**20
+        if grown > LEAK_MB:
+            failures.append(f"live heap grew by {grown:.1f} MB over the soak (idle: {live[0] / 2**20:.1f} MB "
+                            f"before, {live[1] / 2**20:.1f} MB after; limit {LEAK_MB} MB): a leak or a cache "
+                            "without a bound")
+    q = len(rss) // 4
+    if q >= 2:
+        third, last = statistics.median(rss[2 * q:3 * q]), statistics.median(rss[3 * q:])
+        figures["quarter_medians"] = [round(statistics.median(rss[i * q:(i + 1) * q if i < 3 else None]), 1)
+                                      for i in range(4)]
+        if last > third * 1.05 + 16:
+            failures.append(f"RSS still growing: median {third:.0f} MB in the third quarter, {last:.0f} MB in "
+                            "the last")
+    return failures, figures
 
 
 def spool_files(tmpdir):
     return sorted(os.listdir(tmpdir)) if os.path.isdir(tmpdir) else []
+
+
+HEAP_GAUGES = ("quantd_heap_in_use_bytes", "quantd_heap_free_bytes", "quantd_heap_arenas", "quantd_jobs_stored",
+               "quantd_jobs_stored_bytes", "quantd_inflight_requests", "quantd_queue_depth", "quantd_jobs_running",
+               "quantd_convert_queue_depth", "quantd_convert_jobs_running")
+
+
+def gauges(port):
+    """The heap and queue gauges of /metrics, or None (refused during a flood, or no answer)."""
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        status, _, text = request(c, "GET", "/metrics")
+        c.close()
+    except (OSError, Refused, http.client.HTTPException):
+        return None
+    if status != 200:
+        return None
+    out = {}
+    for line in text.decode().splitlines():
+        name, _, value = line.partition(" ")
+        if name in HEAP_GAUGES:
+            out[name] = float(value)
+    return out
+
+
+def idle_gauges(port, timeout):
+    """The gauges once nothing is received, queued, running or stored (the /metrics request
+    itself is the one in flight), or the last ones seen when that does not come within timeout."""
+    g, end = None, time.time() + timeout
+    while time.time() < end:
+        g = gauges(port)
+        if g and g.get("quantd_inflight_requests", 0) <= 1 and not any(
+                g.get(k) for k in ("quantd_jobs_stored", "quantd_queue_depth", "quantd_jobs_running",
+                                   "quantd_convert_queue_depth", "quantd_convert_jobs_running")):
+            return g
+        time.sleep(0.5)
+    return g
 
 
 def proc_stat(pid):
@@ -485,8 +585,8 @@ def soak(a, stats, state):
         ["taskset", "-c", ",".join(map(str, daemon_cores)), a.quantd, "serve", "--listen", f"127.0.0.1:{port}",
          "--backend", "cpu", "--queue-depth", "8", "--conn-timeout", str(CONN_TIMEOUT), "--max-jobs", "256",
          "--result-ttl", "60", "--max-connections", str(MAX_CONNECTIONS), "--max-body-bytes", str(MAX_BODY),
-         "--max-convert-bytes", str(MAX_CONVERT)],
-        stderr=log, env={**os.environ, "TMPDIR": tmpdir})
+         "--max-convert-bytes", str(MAX_CONVERT), "--max-inflight-bytes", str(MAX_INFLIGHT)],
+        stderr=log, env={**os.environ, "TMPDIR": tmpdir, **({"LD_PRELOAD": a.preload} if a.preload else {})})
     for _ in range(500):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
@@ -510,6 +610,9 @@ def soak(a, stats, state):
     [t.start() for t in ts]
     [t.join() for t in ts]
     capacity = done[0] / 15
+    # the heap once the capacity run's requests are all answered: every path has been taken,
+    # so what first use allocates for good is in it; a leak is what the soak adds to it
+    warm = idle_gauges(port, 30)
     rate = 2 * capacity
     print(f"# capacity of the mix: {capacity:.1f} req/s; soaking at {rate:.1f} req/s for {a.seconds} s", flush=True)
 
@@ -522,6 +625,10 @@ def soak(a, stats, state):
         while running[0]:
             st = proc_stat(server.pid)
             st["t"] = time.time() - t0
+            g = gauges(port) or {}
+            st.update(heap_mb=g.get("quantd_heap_in_use_bytes", float("nan")) / 2**20,
+                      heap_free_mb=g.get("quantd_heap_free_bytes", float("nan")) / 2**20,
+                      arenas=g.get("quantd_heap_arenas"))
             samples.append(st)
             time.sleep(2)
 
@@ -557,13 +664,14 @@ def soak(a, stats, state):
             i += 1
             time.sleep(0.5)
 
+    flood_windows = []
     def flood_loop():
         while running[0]:
             for _ in range(FLOOD_EVERY_S * 10):
                 if not running[0]:
                     return
                 time.sleep(0.1)
-            flood(port, stats)
+            flood(port, stats, flood_windows)
 
     for fn in (sampler, slow_loop, hostile_loop, flood_loop):
         t = threading.Thread(target=fn, daemon=True)
@@ -607,7 +715,8 @@ def soak(a, stats, state):
     for t in threads:
         t.join(timeout=CONN_TIMEOUT * 6)
     time.sleep(CONN_TIMEOUT + 1)  # connections of walked-away clients time out
-    after = proc_stat(server.pid)
+    after = proc_stat(server.pid)  # (before idle_gauges' own connections, still closing after it)
+    rest = idle_gauges(port, 30)
     # still serving: /healthz and a real request
     try:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -634,19 +743,14 @@ def soak(a, stats, state):
     lost = stats.accepted - stats.answered - stats.cancelled
     if lost:
         stats.fail(f"{len(lost)} accepted jobs neither answered nor cancelled, e.g. {sorted(lost)[:3]}", first=True)
-    hp99 = statistics.quantiles(health, n=100)[98] if len(health) > 100 else float("nan")
-    if not hp99 < 10:
-        stats.fail(f"/healthz p99 {hp99:.2f} ms (limit 10)")
+    latency = healthz_figures(health, flood_windows)
+    hp99 = latency["p99"]
+    if not hp99 < HEALTHZ_P99_MS:
+        stats.fail(f"/healthz p99 {hp99:.2f} ms (limit {HEALTHZ_P99_MS})")
     rss = [s["rss_mb"] for s in samples]
-    if rss and max(rss) > RSS_LIMIT_MB:
-        stats.fail(f"RSS reached {max(rss):.0f} MB (bound {RSS_LIMIT_MB} MB)", first=True)
-    q = len(rss) // 4
-    flat = None
-    if q >= 2:
-        second, last = statistics.median(rss[q:2 * q]), statistics.median(rss[3 * q:])
-        flat = (second, last)
-        if last > second * 1.05 + 16:
-            stats.fail(f"RSS grew: median {second:.0f} MB in the second quarter, {last:.0f} MB in the last")
+    memory_failures, memory = memory_verdict(rss, warm, rest)
+    for f in memory_failures:
+        stats.fail(f, first=not f.startswith("RSS still growing"))  # a bound or a leak decides alone
     if after["fds"] != before["fds"]:
         stats.fail(f"open fds {before['fds']} before, {after['fds']} after")
     if after["threads"] != before["threads"]:
@@ -660,14 +764,13 @@ def soak(a, stats, state):
     result.update({"counts": stats.counts,
                    "jobs": {"accepted": len(stats.accepted), "answered": len(stats.answered),
                             "cancelled": len(stats.cancelled), "lost": len(lost)},
-                   "healthz_ms": {"n": len(health), "p50": statistics.median(health) if health else None,
-                                  "p99": hp99, "max": max(health) if health else None,
-                                  "refused_during_floods": health_refused},
-                   "rss_mb": {"at_rest": before["rss_mb"], "max": max(rss) if rss else None, "bound": RSS_LIMIT_MB,
-                              "second_quarter_median": flat[0] if flat else None,
-                              "last_quarter_median": flat[1] if flat else None,
+                   "healthz_ms": {**latency, "refused_during_floods": health_refused},
+                   "rss_mb": {"at_rest": before["rss_mb"], "idle_after": after["rss_mb"], **memory,
                               # one sample in ten, to see whether it levels off
                               "series": [round(v, 1) for v in rss[::10]]},
+                   "heap_mb": {"in_use": [round(s["heap_mb"], 1) for s in samples[::10]],
+                               "free": [round(s["heap_free_mb"], 1) for s in samples[::10]],
+                               "arenas": [s["arenas"] for s in samples[::10]]},
                    "fds": [before["fds"], after["fds"]], "threads": [before["threads"], after["threads"]],
                    "slow_clients": {k: [round(t, 2) for kk, t in slow_times if kk == k] for k in
                                     ("trickled headers", "trickled body", "stalled body", "unread answer")},
@@ -680,6 +783,8 @@ def main():
     ap.add_argument("--seconds", type=int, default=int(os.environ.get("SOAK_SECONDS", 600)))
     ap.add_argument("--json")
     ap.add_argument("--quantd", default=os.environ.get("QUANTD", os.path.join(ROOT, "bin", "quantd")))
+    ap.add_argument("--preload", help="a library the daemon is started with (LD_PRELOAD): make soak-leak-check "
+                    "gives it tests/soak/leak.c, a leak the verdict must catch")
     a = ap.parse_args()
     stats, state, result = Stats(), {}, {"seconds": a.seconds}
     try:

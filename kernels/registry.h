@@ -60,7 +60,7 @@ enum qd_status qd_shape_parse(const char *text, int *ndim, int64_t *shape, char 
 enum qd_scale_layout { QD_LAYOUT_LINEAR, QD_LAYOUT_SWIZZLED };
 enum qd_scale_rounding { QD_ROUND_FLOOR, QD_ROUND_RCEIL, QD_ROUND_EVEN };
 /* Whose arithmetic: nvfp4 takes torchao's nvfp4_quantize or llm-compressor's NVFP4A16 observer
- * and compressed-tensors' compressor (kernels/ctfp.h); fp8_e4m3 takes compressed-tensors' (the
+ * and compressed-tensors' compressor (kernels/mx.h); fp8_e4m3 takes compressed-tensors' (the
  * weight's dtype) or transformers' FineGrainedFP8 (f32, inverse scales: kernels/fp8.h). */
 enum qd_nvfp4_flow { QD_FLOW_TORCHAO, QD_FLOW_COMPRESSED_TENSORS, QD_FLOW_TRANSFORMERS };
 /* int8/uint8 take tensor or row; fp8_e4m3 tensor, channel (one scale per row) or block */

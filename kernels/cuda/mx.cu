@@ -5,8 +5,7 @@
  * are those of convert.cuh (Hopper's fp8 cvt where it gives the same bits). Blocks holding
  * NaN/Inf (allowed by the caller) take the reference block code of mx.h. compressed-tensors'
  * arithmetic (mxfp4 scale_rounding=even, nvfp4 flow=compressed_tensors) runs the block code of
- * ctfp.h, shared with the CPU. */
-#include "../ctfp.h"
+ * mx.h, shared with the CPU. */
 #include "../mx.h"
 #include "convert.cuh"
 #include "tile.cuh"
@@ -15,7 +14,7 @@
 
 struct mx_geom {
     int elem, rceil, unpacked, swizzled, data_bytes;
-    int even; /* scale_rounding=even: compressed-tensors' MXFP4 (kernels/ctfp.h), by the input's dtype */
+    int even; /* scale_rounding=even: compressed-tensors' MXFP4 (kernels/mx.h), by the input's dtype */
     int64_t scale_cols;
 };
 
@@ -99,7 +98,7 @@ __global__ void __launch_bounds__(MX_THREADS) mx_quantize_kernel(struct mx_geom 
         uint8_t scale;
         int n;
         if (ELEM == QD_E2M1 && g.even && top < 0x7f800000u) {
-            /* ctfp.h's qd_ct_mx_block with the e2m1 pairs of convert.cuh: a code whose value
+            /* mx.h's qd_ct_mx_block with the e2m1 pairs of convert.cuh: a code whose value
              * the weight's dtype rounds to zero (or -0.0) loses its sign bit */
             int sb = qd_ct_mx_scale(qd_bits_f32(top), DT);
             if (sb < 0 && bad)
@@ -117,7 +116,7 @@ __global__ void __launch_bounds__(MX_THREADS) mx_quantize_kernel(struct mx_geom 
             n = mx_pack_words<ELEM>(pair, g.unpacked, w);
         } else if (top >= 0x7f800000u) {
             /* NaN/Inf (allowed): the reference block code, exactly the CPU's (compressed-tensors'
-             * for scale_rounding=even, ctfp.h's) */
+             * for scale_rounding=even, mx.h's) */
             qd_note_first_nonfinite<QD_MX_BLOCK>(bad, v, b * QD_MX_BLOCK);
             uint8_t packed[32];
             if (ELEM == QD_E2M1 && g.even) {
@@ -447,7 +446,7 @@ __global__ void __launch_bounds__(MX_THREADS) nvfp4_dequantize_kernel(float pts,
                                    nvalid);
 }
 
-/* flow=compressed_tensors: thread per block, kernels/ctfp.h's block code (its IEEE divisions
+/* flow=compressed_tensors: thread per block, kernels/mx.h's block code (its IEEE divisions
  * as they are), scales linear or swizzled. */
 template <int DT>
 __global__ void __launch_bounds__(MX_THREADS) nvfp4_ct_quantize_kernel(float gs, const float *gsd, int swizzled,

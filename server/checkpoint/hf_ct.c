@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "../../kernels/cpu/cpu.h"
-#include "../../kernels/ctfp.h"
+#include "../../kernels/mx.h"
 #include "checkpoint/hf_layout.h"
 
 /* The 4-bit float presets differ in data only. */

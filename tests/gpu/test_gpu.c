@@ -317,7 +317,7 @@ static void gpu_params_variants(void **state)
                                   * multiply path is off); 3e38: amax / 6 / pts overflows */
                                  {"nvfp4", "global_scale", "1"}, {"nvfp4", "global_scale", "2e-38"},
                                  {"nvfp4", "global_scale", "3e38"},
-                                 /* llm-compressor's NVFP4A16 / MXFP4A16 arithmetic (kernels/ctfp.h) */
+                                 /* llm-compressor's NVFP4A16 / MXFP4A16 arithmetic (kernels/mx.h) */
                                  {"nvfp4", "flow", "compressed_tensors"}, {"mxfp4", "scale_rounding", "even"},
                                  /* MLX: every code width (groups of 64, the default), the other group
                                   * sizes (4-bit), nvfp4 global scales: mlx-lm's kind, one that saturates

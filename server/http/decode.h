@@ -20,8 +20,6 @@ struct qd_kv {
 int qd_req_from_query(struct qd_req *q, const struct qd_kv *kv, int n, int allow_op,
                       struct qd_reply *err);
 
-enum qd_body_kind { QD_BODY_RAW, QD_BODY_JSON, QD_BODY_SAFETENSORS };
-
 /* The body kind for a request and its Content-Type (NULL when absent); -1 for a type quantd
  * does not take (415). curl's default form type is taken as untyped, as curl --data-binary
  * sends it without -H. */

@@ -33,7 +33,8 @@
 #include "http/encode.h"
 #include "queue/hostmem.h"
 #include "queue/jobs.h"
-#include "checkpoint/convert_job.h"
+#include "http/convert_job.h"
+#include "http/work_job.h"
 #include "http/convert_route.h"
 #include "http/listener.h"
 #include "http/watchdog.h"
@@ -456,9 +457,10 @@ static void job_json_reply(struct qd_reply *r, int status, struct qd_job *j)
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", j->id);
     cJSON_AddStringToObject(o, "op", ops[j->req.op]);
-    if (j->req.f || j->convert)
-        cJSON_AddStringToObject(o, "fmt", j->convert ? j->convert->f->name : j->req.f->name);
-    if (j->convert) { /* tensors and bytes done, the rate so far and what it leaves */
+    const struct qd_convert_request *conv = qd_convert_job_request(j);
+    if (j->req.f || conv)
+        cJSON_AddStringToObject(o, "fmt", conv ? conv->f->name : j->req.f->name);
+    if (conv) { /* tensors and bytes done, the rate so far and what it leaves */
         cJSON *p = cJSON_AddObjectToObject(o, "progress");
         double done = (double)atomic_load(&j->bytes_done), total = (double)atomic_load(&j->bytes_total);
         double secs = j->started_us > 0 ? ((st == QD_JOB_DONE ? j->done_us : qd_now_us()) - j->started_us) / 1e6 : 0;
@@ -530,7 +532,8 @@ static enum MHD_Result start_work(struct MHD_Connection *mc, struct conn *c)
         qd_reply_error(&c->reply, 503, "out_of_memory", "no memory for a job");
         return send_reply(mc, c, &c->reply, 1);
     }
-    j->convert = conv;
+    j->type = conv ? &qd_convert_job_type : &qd_work_job_type;
+    j->payload = conv;
     j->req = c->req;
     j->kind = (enum qd_body_kind)kind;
     if (!conv) { /* (a conversion's JSON is read: it stays with the connection) */

@@ -17,7 +17,7 @@
 
 #include "checkpoint/convert.h"
 #include "http/work_job.h"
-#include "service/metrics.h"
+#include "common/metrics.h"
 
 /* rel resolved under root (a real path): no absolute path, no "..", and after following
  * symlinks still inside root. must_exist: the path itself (the source); else its directory

@@ -38,7 +38,7 @@
 #include "http/convert_route.h"
 #include "http/listener.h"
 #include "http/watchdog.h"
-#include "service/metrics.h"
+#include "common/metrics.h"
 
 #ifndef QD_VERSION /* the Makefile sets it from the VERSION file */
 #define QD_VERSION "unknown"

@@ -9,7 +9,7 @@
 #include "http/decode.h"
 #include "http/encode.h"
 #include "http/reply.h"
-#include "service/metrics.h"
+#include "common/metrics.h"
 
 static void work_run(struct qd_job *j, struct qd_backend *b, void *worker)
 {

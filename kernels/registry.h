@@ -163,6 +163,10 @@ struct qd_format {
     struct qd_backend_fns backend[QD_BACKEND_COUNT];
     /* The dtype dequantize gives when the caller names none, from the input's (NULL: that one). */
     enum qd_dtype (*dequant_dtype)(const struct qd_params *p, enum qd_dtype in);
+    int matrix_only;         /* takes a 2-D weight only (awq: its layout is of W [K, N]) */
+    /* The format a checkpoint conversion writes when asked for this one (NULL: itself): int8
+     * names llm-compressor's W8A16 layout there. */
+    const char *checkpoint_as;
 };
 
 extern const struct qd_format qd_formats[];

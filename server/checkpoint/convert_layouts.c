@@ -14,7 +14,7 @@
 
 const struct qd_format *qd_convert_format(const struct qd_format *f)
 {
-    return f && !strcmp(f->name, "int8") ? qd_format_find("w8a16") : f;
+    return f && f->checkpoint_as ? qd_format_find(f->checkpoint_as) : f;
 }
 
 const struct qd_format *qd_convert_format_named(const char *name)

@@ -136,11 +136,18 @@ const struct qd_hf_layout_desc qd_hf_ct_int = {
 static void float_component(const struct ct_float *fp, const struct qd_st_entry *t, const struct qd_component *c,
                             struct qd_hf_out *out)
 {
-    const char *name = !strcmp(c->name, "data") ? "weight_packed" : !strcmp(c->name, "scales") ? "weight_scale"
-                     : !strcmp(c->name, "global_scale") ? "weight_global_scale" : c->name;
+    static const struct {
+        const char *quantd, *ct;
+        int scales;
+    } names[] = {{"data", "weight_packed", 0}, {"scales", "weight_scale", 1}, {"global_scale", "weight_global_scale", 0}};
+    const char *name = c->name;
+    int scales = 0;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (!strcmp(c->name, names[i].quantd))
+            name = names[i].ct, scales = names[i].scales;
     out->name = qd_hf_module_name(t->name, name);
-    out->dtype = fp->scales_st && !strcmp(c->name, "scales") ? fp->scales_st /* the e4m3 bytes, as
-                     torch.float8_e4m3fn saves them */ : qd_hf_dtype_to_st(c->dtype);
+    /* the scales' e4m3 bytes as torch.float8_e4m3fn saves them, where the preset says so */
+    out->dtype = fp->scales_st && scales ? fp->scales_st : qd_hf_dtype_to_st(c->dtype);
     out->ndim = c->ndim;
     out->shape[0] = c->shape[0], out->shape[1] = c->shape[1];
 }

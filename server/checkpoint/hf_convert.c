@@ -120,6 +120,15 @@ char *qd_hf_module_name(const char *weight, const char *suffix)
     return s;
 }
 
+void qd_hf_module_component(const struct qd_convert_opts *o, const struct qd_st_entry *t,
+                            const struct qd_component *c, int k, struct qd_hf_out *out)
+{
+    out->name = qd_hf_module_name(t->name, c->name);
+    out->dtype = qd_hf_dtype_to_st(c->dtype);
+    out->ndim = 2;
+    out->shape[0] = c->shape[0], out->shape[1] = c->shape[1];
+}
+
 /* The plan of one shard: its output tensors, from its header alone. */
 static int plan_shard(const struct qd_hf_layout_desc *l, const struct qd_convert_opts *o, struct qd_hf_shard *sh,
                       const struct qd_arch_rules *rules, const struct qd_name_filter *nf, char *err, size_t errlen)

@@ -97,15 +97,6 @@ CONFIG_OF(&mxfp4, mxfp4_config)
 
 /* ---- integers (pack-quantized): quantd's component names, then weight_shape --------------- */
 
-static void int_component(const struct qd_convert_opts *o, const struct qd_st_entry *t, const struct qd_component *c,
-                          int k, struct qd_hf_out *out)
-{
-    out->name = qd_hf_module_name(t->name, c->name);
-    out->dtype = qd_hf_dtype_to_st(c->dtype);
-    out->ndim = 2;
-    out->shape[0] = c->shape[0], out->shape[1] = c->shape[1];
-}
-
 static int weight_shape(const struct qd_convert_opts *o, const struct qd_st_entry *t, const struct qd_params *p,
                         struct qd_hf_out *out)
 {
@@ -125,7 +116,7 @@ static enum qd_status fill_weight_shape(const struct qd_convert_opts *o, const s
 const struct qd_hf_layout_desc qd_hf_ct_int = {
     .tool = "compressed-tensors",
     .arch = QD_HF_CT,
-    .component = int_component,
+    .component = qd_hf_module_component,
     .trailer = weight_shape,
     .fill_trailer = fill_weight_shape,
     .quantization_config = int_config,

@@ -4,7 +4,7 @@
  * through the pipeline, then config.json with the layout's quantization_config and keys.
  *
  * Adding a layout: one file (hf_<tool>.c) defining a `const struct qd_hf_layout_desc` with these
- * fields, and one row naming it in the layout table (layouts[] in convert.c), which says which
+ * fields, and one row naming it in the layout table (layouts[] in convert_layouts.c), which says which
  * formats it writes. */
 #ifndef QD_HF_LAYOUT_H
 #define QD_HF_LAYOUT_H

@@ -102,7 +102,8 @@ static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, cons
 /* The largest body a request may send: a model to /convert, a tensor or a job elsewhere. */
 static unsigned long long body_limit(const struct conn *c)
 {
-    return (unsigned long long)(c->route == QD_ROUTE_CONVERT ? qd_srv.config->max_convert_bytes : qd_srv.config->max_body_bytes);
+    const long long limit = c->r && c->r->model_body ? qd_srv.config->max_convert_bytes : qd_srv.config->max_body_bytes;
+    return (unsigned long long)limit;
 }
 
 static void first_call(struct MHD_Connection *mc, struct conn *c, const char *url, const char *method)
@@ -134,7 +135,7 @@ static void first_call(struct MHD_Connection *mc, struct conn *c, const char *ur
     unsigned long long length = cl ? strtoull(cl, NULL, 10) : 0; /* (libmicrohttpd refused a malformed one) */
     if (length > body_limit(c)) {
         qd_reply_error(&c->reply, 413, "body_too_large", "the body (%llu bytes) is over the limit of %llu bytes (%s)",
-                       length, body_limit(c), c->route == QD_ROUTE_CONVERT ? "--max-convert-bytes" : "--max-body-bytes");
+                       length, body_limit(c), r->model_body ? "--max-convert-bytes" : "--max-body-bytes");
         return;
     }
     if (!r->open && !token_ok(mc)) {

@@ -66,9 +66,9 @@ static void precheck_work(struct MHD_Connection *mc, struct conn *c)
     struct query q = {.n = 0};
     if (!query_of(mc, c, &q))
         return;
-    c->req.op = c->route == QD_ROUTE_DEQUANTIZE ? QD_OP_DEQUANTIZE : QD_OP_QUANTIZE;
+    c->req.op = c->r->op;
     c->req.json_limit = qd_srv.config->max_json_bytes;
-    if (qd_req_from_query(&c->req, q.kv, q.n, c->route == QD_ROUTE_JOBS, &c->reply))
+    if (qd_req_from_query(&c->req, q.kv, q.n, c->r->async, &c->reply))
         return;
     const char *accept = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
     c->req.binary_out = accept && strstr(accept, "application/octet-stream") != NULL;
@@ -173,7 +173,7 @@ static enum MHD_Result start_work(struct MHD_Connection *mc, struct conn *c, con
     const char *ct = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
     int kind = qd_body_kind(&c->req, ct, c->body, c->len);
     struct qd_convert_request *conv = NULL;
-    if (c->route == QD_ROUTE_CONVERT) { /* the spooled model; the answer is the converted file */
+    if (c->r->model_body) { /* the spooled model; the answer is the converted file */
         conv = qd_convert_upload_finish(c->upload, &c->reply);
         c->upload = NULL;
         if (!conv)
@@ -187,7 +187,7 @@ static enum MHD_Result start_work(struct MHD_Connection *mc, struct conn *c, con
         return qd_conn_send(mc, c, &c->reply, 1);
     if (conv)
         conv->max_header_bytes = (uint64_t)qd_srv.config->max_safetensors_header_bytes;
-    if (c->route == QD_ROUTE_JOBS && !conv && /* checked before it is accepted, as sync calls are */
+    if (c->r->async && !conv && /* checked before it is accepted, as sync calls are */
         qd_work_precheck(&c->req, (enum qd_body_kind)kind, c->body, c->len, &c->label_f, &c->reply))
         return qd_conn_send(mc, c, &c->reply, 1);
     struct qd_job *j = qd_job_new();
@@ -208,7 +208,7 @@ static enum MHD_Result start_work(struct MHD_Connection *mc, struct conn *c, con
         c->reserved = 0;
     }
     j->received_us = qd_now_us();
-    if (c->route == QD_ROUTE_JOBS) {
+    if (c->r->async) {
         enum qd_status s = qd_jobs_store(j);
         if (s == QD_OK && (s = qd_jobs_submit(j)) != QD_OK)
             qd_jobs_remove(j->id);
@@ -344,21 +344,23 @@ static enum MHD_Result readyz_get(struct MHD_Connection *mc, struct conn *c, con
 }
 
 /* The table (paths also under /v1). Adding a route: its handler above and one row. */
+#define ROUTE(p, i, m, a, o, pre, h) .path = p, .id = i, .methods = m, .allow = a, .open = o, .precheck = pre, .answer = h
 static const struct qd_http_route routes[] = {
-    {"/quantize", QD_ROUTE_QUANTIZE, "POST", "POST", 0, precheck_work, start_work},
-    {"/dequantize", QD_ROUTE_DEQUANTIZE, "POST", "POST", 0, precheck_work, start_work},
-    {"/jobs", QD_ROUTE_JOBS, "POST", "POST", 0, precheck_work, start_work},
-    {"/convert", QD_ROUTE_CONVERT, "POST", "POST", 0, precheck_convert, start_work},
-    {"/formats", QD_ROUTE_FORMATS, "GET HEAD", "GET, HEAD", 0, NULL, formats_get},
-    {"/healthz", QD_ROUTE_HEALTHZ, "GET HEAD", "GET, HEAD", 1, NULL, healthz_get},
-    {"/readyz", QD_ROUTE_READYZ, "GET HEAD", "GET, HEAD", 1, NULL, readyz_get},
-    {"/metrics", QD_ROUTE_METRICS, "GET HEAD", "GET, HEAD", 1, NULL, metrics_get},
-    {"/version", QD_ROUTE_VERSION, "GET HEAD", "GET, HEAD", 1, NULL, version_get},
+    {ROUTE("/quantize", QD_ROUTE_QUANTIZE, "POST", "POST", 0, precheck_work, start_work), .op = QD_OP_QUANTIZE},
+    {ROUTE("/dequantize", QD_ROUTE_DEQUANTIZE, "POST", "POST", 0, precheck_work, start_work), .op = QD_OP_DEQUANTIZE},
+    {ROUTE("/jobs", QD_ROUTE_JOBS, "POST", "POST", 0, precheck_work, start_work), .op = QD_OP_QUANTIZE, .async = 1},
+    {ROUTE("/convert", QD_ROUTE_CONVERT, "POST", "POST", 0, precheck_convert, start_work), .op = QD_OP_CONVERT,
+     .model_body = 1},
+    {ROUTE("/formats", QD_ROUTE_FORMATS, "GET HEAD", "GET, HEAD", 0, NULL, formats_get)},
+    {ROUTE("/healthz", QD_ROUTE_HEALTHZ, "GET HEAD", "GET, HEAD", 1, NULL, healthz_get)},
+    {ROUTE("/readyz", QD_ROUTE_READYZ, "GET HEAD", "GET, HEAD", 1, NULL, readyz_get)},
+    {ROUTE("/metrics", QD_ROUTE_METRICS, "GET HEAD", "GET, HEAD", 1, NULL, metrics_get)},
+    {ROUTE("/version", QD_ROUTE_VERSION, "GET HEAD", "GET, HEAD", 1, NULL, version_get)},
 };
-static const struct qd_http_route job_route = {"/jobs/{id}", QD_ROUTE_JOBS, "GET HEAD DELETE", "GET, HEAD, DELETE", 0,
-                                               NULL, jobs_get},
-                                  result_route = {"/jobs/{id}/result", QD_ROUTE_JOBS, "GET HEAD", "GET, HEAD", 0,
-                                                  NULL, jobs_get};
+static const struct qd_http_route job_route = {ROUTE("/jobs/{id}", QD_ROUTE_JOBS, "GET HEAD DELETE", "GET, HEAD, DELETE",
+                                                     0, NULL, jobs_get)},
+                                  result_route = {ROUTE("/jobs/{id}/result", QD_ROUTE_JOBS, "GET HEAD", "GET, HEAD", 0,
+                                                        NULL, jobs_get)};
 
 int qd_http_method_in(const char *method, const char *list)
 {

@@ -15,6 +15,9 @@ struct qd_http_route {
     void (*precheck)(struct MHD_Connection *mc, struct conn *c);
     /* the answer once the body is in (or a job queued and the connection suspended) */
     enum MHD_Result (*answer)(struct MHD_Connection *mc, struct conn *c, const char *method);
+    enum qd_op op;        /* POST: the work it asks for (/jobs: unless its query names another) */
+    int async;            /* POST /jobs: answered 202, the job kept in the store */
+    int model_body;       /* the body is a model file (--max-convert-bytes, spooled to disk) */
 };
 
 /* The route of path (with or without /v1); job paths fill id and *sub (0: /jobs/{id}, 1:

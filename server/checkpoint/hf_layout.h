@@ -4,8 +4,9 @@
  * through the pipeline, then config.json with the layout's quantization_config and keys.
  *
  * Adding a layout: one file (hf_<tool>.c) defining a `const struct qd_hf_layout_desc` with these
- * fields, and one row naming it in the layout table (layouts[] in convert_layouts.c), which says which
- * formats it writes. */
+ * fields (declared on the extern line below), and one row naming it in the layout table (layouts[]
+ * in convert_layouts.c), which says which formats it writes. A layout that needs what no field
+ * says adds an optional field or hook here, NULL/0 for the others. */
 #ifndef QD_HF_LAYOUT_H
 #define QD_HF_LAYOUT_H
 

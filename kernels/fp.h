@@ -18,6 +18,13 @@
 #define QD_RESTRICT restrict /* packed bytes never alias the input: lets loops vectorize */
 #endif
 
+/* A size checked where a block is declared (ggml-common.h's way), in C and CUDA alike. */
+#ifdef __cplusplus
+#define QD_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define QD_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+
 QD_HD uint32_t qd_f32_bits(float f)
 {
 #ifdef __CUDA_ARCH__
@@ -319,6 +326,9 @@ QD_HD int64_t qd_swizzle_offset(int64_t r, int64_t c, int64_t cols)
     int64_t rr = r % 128, cc = c % 4;
     return tile * 512 + (rr % 32) * 16 + (rr / 32) * 4 + cc;
 }
+
+/* Whether the 128 x 4 tiles of a swizzled scale matrix hold padding (zeros by the layout). */
+QD_HD int qd_swizzle_padded(int64_t rows, int64_t scale_cols) { return rows % 128 || scale_cols % 4; }
 
 QD_HD int64_t qd_swizzle_bytes(int64_t rows, int64_t cols)
 {

@@ -148,8 +148,8 @@ int qd_params_get(const struct qd_params *p, const struct qd_param_desc *d, char
 int qd_format_layout(const struct qd_format *f, const struct qd_params *p,
                      const struct qd_tensor *in, struct qd_component *comps, char *err, size_t len)
 {
-    if (!strcmp(f->family, "awq") && in->ndim != 2) {
-        snprintf(err, len, "awq needs a 2-D weight [K, N] (got %d dimensions)", in->ndim);
+    if (f->matrix_only && in->ndim != 2) {
+        snprintf(err, len, "%s needs a 2-D weight [K, N] (got %d dimensions)", f->name, in->ndim);
         return -1;
     }
     struct qd_params q = *p; /* what the layout may know of the tensor beyond rows x cols */

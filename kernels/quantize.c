@@ -12,7 +12,7 @@
 #include "cuda/cuda.h"
 #endif
 #include "awq.h"
-#include "ctfp.h"
+#include "mx.h"
 #include "fp.h"
 
 static const char *device_error(void)

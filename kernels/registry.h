@@ -60,7 +60,7 @@ enum qd_status qd_shape_parse(const char *text, int *ndim, int64_t *shape, char 
 enum qd_scale_layout { QD_LAYOUT_LINEAR, QD_LAYOUT_SWIZZLED };
 enum qd_scale_rounding { QD_ROUND_FLOOR, QD_ROUND_RCEIL, QD_ROUND_EVEN };
 /* Whose arithmetic: nvfp4 takes torchao's nvfp4_quantize or llm-compressor's NVFP4A16 observer
- * and compressed-tensors' compressor (kernels/ctfp.h); fp8_e4m3 takes compressed-tensors' (the
+ * and compressed-tensors' compressor (kernels/mx.h); fp8_e4m3 takes compressed-tensors' (the
  * weight's dtype) or transformers' FineGrainedFP8 (f32, inverse scales: kernels/fp8.h). */
 enum qd_nvfp4_flow { QD_FLOW_TORCHAO, QD_FLOW_COMPRESSED_TENSORS, QD_FLOW_TRANSFORMERS };
 /* int8/uint8 take tensor or row; fp8_e4m3 tensor, channel (one scale per row) or block */
@@ -185,6 +185,10 @@ struct qd_format {
     /* Backends whose quantizer reads p->importance, a bit (QD_IMPORTANCE_ON) per backend; 0: the
      * format takes no importance. */
     unsigned importance;
+    int matrix_only;         /* takes a 2-D weight only (awq: its layout is of W [K, N]) */
+    /* The format a checkpoint conversion writes when asked for this one (NULL: itself): int8
+     * names llm-compressor's W8A16 layout there. */
+    const char *checkpoint_as;
 };
 
 #define QD_IMPORTANCE_ON(b) (1u << (b))

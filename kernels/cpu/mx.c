@@ -3,7 +3,6 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "../ctfp.h"
 #include "../mx.h"
 #include "cpu.h"
 

@@ -1,10 +1,9 @@
 /* NVFP4 on the CPU: 16-element blocks along the last dim with E4M3 scales and an f32
  * per-tensor scale (torchao nvfp4_quantize), or with flow=compressed_tensors llm-compressor's
- * NVFP4A16 arithmetic (kernels/ctfp.h). Without a given scale the tensor's amax is read first:
+ * NVFP4A16 arithmetic (kernels/mx.h). Without a given scale the tensor's amax is read first:
  * two passes over the input. */
 #include <string.h>
 
-#include "../ctfp.h"
 #include "../mx.h"
 #include "cpu.h"
 #include "nvfp4_avx2.h"
@@ -58,7 +57,7 @@ static void nvfp4_quantize_span(void *c, int tid, const float *x, int64_t first,
         quantize_one(k, x + b * QD_NVFP4_BLOCK, first_block + b);
 }
 
-/* flow=compressed_tensors: kernels/ctfp.h, block by block (IEEE divisions, no vector path) */
+/* flow=compressed_tensors: kernels/mx.h, block by block (IEEE divisions, no vector path) */
 static void nvfp4_ct_quantize_span(void *c, int tid, const float *x, int64_t first, int64_t n)
 {
     struct nvfp4_ctx *k = c;

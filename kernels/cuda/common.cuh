@@ -23,6 +23,9 @@ void qd_cuda_note_error(cudaError_t e, const char *file, int line);
         }                                                                                       \
     } while (0)
 #define CUDA_LAUNCHED() CUDA_CHECK(cudaGetLastError())
+/* The default arm of every *_SWITCH dispatch: a code this backend has no kernel for (the registry
+ * and the backend disagree) is refused with file:line, never run as another kernel. */
+#define QD_SWITCH_UNKNOWN() CUDA_CHECK(cudaErrorInvalidValue)
 
 static inline cudaStream_t qd_stream(void) { return (cudaStream_t)qd_cuda_ctx_get()->stream; }
 
@@ -290,7 +293,8 @@ __device__ __forceinline__ struct qd_range qd_range_warp(struct qd_range r)
     switch (dt) {                                                                               \
     case QD_F32: { constexpr int DT = QD_F32; __VA_ARGS__; } break;                             \
     case QD_F16: { constexpr int DT = QD_F16; __VA_ARGS__; } break;                             \
-    default: { constexpr int DT = QD_BF16; __VA_ARGS__; } break;                                \
+    case QD_BF16: { constexpr int DT = QD_BF16; __VA_ARGS__; } break;                           \
+    default: QD_SWITCH_UNKNOWN();                                                               \
     }
 
 /* Dispatches on a runtime flag with a compile-time constant. */
@@ -369,5 +373,33 @@ __device__ __forceinline__ void qd_grid_release(void)
  * when given, and ignores NaN. */
 enum qd_status qd_cuda_range_async(const struct qd_tensor *in, unsigned long long *flag);
 
+
+/* Where block b's scale goes: its index, or its place in the swizzled tiling. b must be the
+ * CTA's first block + threadIdx.x (32-bit division when the block count allows: 64-bit
+ * division costs tens of instructions). */
+__device__ __forceinline__ int64_t qd_scale_pos(int64_t b, int64_t scale_cols, int swizzled)
+{
+    if (!swizzled)
+        return b;
+    /* row and column of block b: one division for the CTA's first block (the same in every
+     * thread), then at most one wrap when a row holds at least a CTA's worth of blocks */
+    int64_t first = b - threadIdx.x, r, c;
+    if (first < 0xffffffffll && scale_cols < 0xffffffffll) {
+        r = (uint32_t)first / (uint32_t)scale_cols;
+        c = (uint32_t)first - (uint32_t)r * (uint32_t)scale_cols;
+    } else {
+        r = first / scale_cols;
+        c = first % scale_cols;
+    }
+    c += threadIdx.x;
+    if (scale_cols >= blockDim.x) {
+        if (c >= scale_cols)
+            c -= scale_cols, r++;
+    } else {
+        r += c / scale_cols;
+        c %= scale_cols;
+    }
+    return qd_swizzle_offset(r, c, scale_cols);
+}
 
 #endif

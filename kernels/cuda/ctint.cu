@@ -162,12 +162,10 @@ __global__ void __launch_bounds__(32 * CT_WARPS)
 }
 
 #define CT_BITS_SWITCH(bits, BITS, ...)                                                         \
-    if (bits == 8) {                                                                            \
-        constexpr int BITS = 8;                                                                 \
-        __VA_ARGS__;                                                                            \
-    } else {                                                                                    \
-        constexpr int BITS = 4;                                                                 \
-        __VA_ARGS__;                                                                            \
+    switch (bits) {                                                                             \
+    case 4: { constexpr int BITS = 4; __VA_ARGS__; } break;                                     \
+    case 8: { constexpr int BITS = 8; __VA_ARGS__; } break;                                     \
+    default: QD_SWITCH_UNKNOWN();                                                               \
     }
 
 extern "C" enum qd_status qd_cuda_ctint_quantize(const struct qd_format *f, const struct qd_tensor *in,

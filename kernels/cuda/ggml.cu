@@ -54,7 +54,8 @@ __global__ void ggml_dequantize_kernel(int bytes, const uint8_t *in, int64_t nbl
     case QD_Q5_0: { constexpr int TYPE = QD_Q5_0; __VA_ARGS__; } break;                         \
     case QD_Q5_1: { constexpr int TYPE = QD_Q5_1; __VA_ARGS__; } break;                         \
     case QD_Q8_0: { constexpr int TYPE = QD_Q8_0; __VA_ARGS__; } break;                         \
-    default: { constexpr int TYPE = QD_Q8_1; __VA_ARGS__; } break;                              \
+    case QD_Q8_1: { constexpr int TYPE = QD_Q8_1; __VA_ARGS__; } break;                         \
+    default: QD_SWITCH_UNKNOWN();                                                               \
     }
 
 extern "C" enum qd_status qd_cuda_ggml_quantize(const struct qd_format *f, const struct qd_tensor *in,

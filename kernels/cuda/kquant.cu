@@ -21,8 +21,9 @@ template <int TYPE> struct kq {
     static constexpr int NS = (TYPE == QD_Q4_K || TYPE == QD_Q5_K) ? 8 : 16; /* sub-blocks */
     static constexpr int S = QD_QK_K / NS;                                    /* their size */
     static constexpr int SB = KQ_THREADS / NS;                                /* super-blocks per CTA */
-    static constexpr int BYTES = TYPE == QD_Q2_K ? 84 : TYPE == QD_Q3_K ? 110 : TYPE == QD_Q4_K ? 144
-                                 : TYPE == QD_Q5_K ? 176 : 210;
+    static constexpr int BYTES = TYPE == QD_Q2_K ? sizeof(qd_block_q2_K) : TYPE == QD_Q3_K ? sizeof(qd_block_q3_K)
+                                 : TYPE == QD_Q4_K ? sizeof(qd_block_q4_K) : TYPE == QD_Q5_K ? sizeof(qd_block_q5_K)
+                                                   : sizeof(qd_block_q6_K);
 };
 
 /* Sub-block j's search over x[0, S), as qd_kq_search_q45 / qd_kq_quantize_q2 / _q3 / _q6 run it
@@ -228,7 +229,8 @@ template <int DT, int TYPE> __global__ void kquant_dequantize_kernel(const uint8
     case QD_Q3_K: { constexpr int TYPE = QD_Q3_K; __VA_ARGS__; } break;                         \
     case QD_Q4_K: { constexpr int TYPE = QD_Q4_K; __VA_ARGS__; } break;                         \
     case QD_Q5_K: { constexpr int TYPE = QD_Q5_K; __VA_ARGS__; } break;                         \
-    default: { constexpr int TYPE = QD_Q6_K; __VA_ARGS__; } break;                              \
+    case QD_Q6_K: { constexpr int TYPE = QD_Q6_K; __VA_ARGS__; } break;                         \
+    default: QD_SWITCH_UNKNOWN();                                                               \
     }
 
 extern "C" enum qd_status qd_cuda_kquant_quantize(const struct qd_format *f, const struct qd_tensor *in,

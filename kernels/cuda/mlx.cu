@@ -194,14 +194,16 @@ __global__ void __launch_bounds__(MLX_THREADS) mlx_fp_dequantize_kernel(float in
     case 4: { constexpr int BITS = 4; __VA_ARGS__; } break;                                     \
     case 5: { constexpr int BITS = 5; __VA_ARGS__; } break;                                     \
     case 6: { constexpr int BITS = 6; __VA_ARGS__; } break;                                     \
-    default: { constexpr int BITS = 8; __VA_ARGS__; } break;                                    \
+    case 8: { constexpr int BITS = 8; __VA_ARGS__; } break;                                     \
+    default: QD_SWITCH_UNKNOWN();                                                               \
     }
 
 #define MLX_MODE_SWITCH(m, MODE, ...)                                                           \
     switch (m) {                                                                                \
     case QD_MLX_MXFP4: { constexpr int MODE = QD_MLX_MXFP4; __VA_ARGS__; } break;               \
     case QD_MLX_NVFP4: { constexpr int MODE = QD_MLX_NVFP4; __VA_ARGS__; } break;               \
-    default: { constexpr int MODE = QD_MLX_MXFP8; __VA_ARGS__; } break;                         \
+    case QD_MLX_MXFP8: { constexpr int MODE = QD_MLX_MXFP8; __VA_ARGS__; } break;               \
+    default: QD_SWITCH_UNKNOWN();                                                               \
     }
 
 static struct mlx_geom mlx_setup(const struct qd_format *f, const struct qd_params *p)

@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "checkpoint/convert_files.h"
 #include "queue/backend.h"
 
 struct qd_gguf_recipe;
@@ -88,15 +89,17 @@ struct qd_convert_summary {
     char rule_why[256];
 };
 
-/* Converts o->src into o->dst for o->f; which container and layout follow from the input and
- * the format (GGUF in and a GGML block format: llama.cpp's GGUF). 0, or -1 with a message;
- * *status says which kind of failure (QD_EINVAL bad input/request, QD_ENOMEM, QD_EDEVICE,
- * QD_ECANCELED ...). */
+/* ---- the dispatch: the layout table, the check, the run (convert_layouts.c) ----------------- */
+
 /* The format a conversion writes for a format name's entry: f itself, but int8, which as a
  * checkpoint layout names llm-compressor's W8A16 (the w8a16 format, what its preset writes);
  * NULL stays NULL. */
 const struct qd_format *qd_convert_format(const struct qd_format *f);
 
+/* Converts o->src into o->dst for o->f; which container and layout follow from the input and
+ * the format (GGUF in and a GGML block format: llama.cpp's GGUF). 0, or -1 with a message;
+ * *status says which kind of failure (QD_EINVAL bad input/request, QD_ENOMEM, QD_EDEVICE,
+ * QD_ECANCELED ...). */
 int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status, char *err,
                size_t errlen);
 
@@ -108,31 +111,7 @@ const struct qd_format *qd_convert_format_named(const char *name);
 /* A llama-quantize mix by name, in any case ("q4_k_m"); NULL when there is none. */
 const struct qd_gguf_recipe *qd_convert_recipe_named(const char *name);
 
-/* What a path holds, from its kind and first bytes (a FIFO is never opened). */
-enum qd_convert_input {
-    QD_INPUT_MISSING,
-    QD_INPUT_GGUF,        /* a file starting with the GGUF magic */
-    QD_INPUT_SAFETENSORS, /* a file starting with a safetensors header (its length, then '{') */
-    QD_INPUT_HF_DIR,      /* a directory: a Hugging Face model (config.json, safetensors weights) */
-    QD_INPUT_OTHER,       /* another regular file */
-    QD_INPUT_SPECIAL,     /* a FIFO, device or socket */
-};
-enum qd_convert_input qd_convert_input_kind(const char *path);
 
-/* The formats a conversion writes from an input kind, space-separated, from the layout table
- * and the registry (GGUF, safetensors/directory). */
-const char *qd_convert_formats_from(enum qd_convert_input in);
-/* Every layout, one line each: its formats, what it reads and what it writes (--help). */
-const char *qd_convert_layouts_text(void);
-
-/* The destination as checked: usable, or refused with the reason. */
-struct qd_convert_dest {
-    int out_dir;           /* the output is a directory (a Hugging Face directory in) */
-    int exists;            /* something is there that the output replaces; an empty directory
-                              does not count */
-    int conflict;          /* refused because of it (no overwrite) */
-    char path[4096];       /* the destination without trailing slashes */
-};
 /* Decides, before anything is converted, whether o can run: the format has a layout, the input
  * is what that layout reads (with a pointer to what does read it when not: llama.cpp's
  * convert_hf_to_gguf.py, another format), and the destination can take the output: its
@@ -142,66 +121,13 @@ struct qd_convert_dest {
  * QD_ENOTFOUND) and a message naming o's paths; d->conflict tells a refused overwrite. */
 int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d, enum qd_status *status, char *err,
                      size_t errlen);
-/* The destination part of qd_convert_check, for an input of kind in (a directory: a directory
- * out; else a file). */
-int qd_convert_check_dest(const char *src, const char *dst, enum qd_convert_input in, int overwrite,
-                          struct qd_convert_dest *d, enum qd_status *status, char *err, size_t errlen);
+/* The formats a conversion writes from an input kind, space-separated, from the layout table
+ * and the registry (GGUF, safetensors/directory). */
+const char *qd_convert_formats_from(enum qd_convert_input in);
+/* Every layout, one line each: its formats, what it reads and what it writes (--help). */
+const char *qd_convert_layouts_text(void);
 
-/* Removes every temporary file and directory this process's conversions have open, and keeps
- * any from being renamed into place after (for a stop that cannot wait for the pipeline: a
- * second signal, the service's drain deadline). Returns how many were removed. */
-int qd_convert_remove_temporaries(void);
-
-/* ---- for targets ------------------------------------------------------------------------------ */
-
-/* A read-only mapping of a whole file (for headers: tensor data goes through the pipeline). */
-struct qd_mapped {
-    const uint8_t *data;
-    size_t size;
-};
-int qd_map_file(const char *path, struct qd_mapped *m, char *err, size_t errlen);
-/* Opens an input file for reading: without blocking (a FIFO is refused, never waited on), a
- * regular file only, and inside the data directory the conversion is confined to, if any
- * (qd_convert_confine, set by qd_convert from o->root). The fd, or -1 with err. */
-int qd_open_input(const char *path, char *err, size_t errlen);
-void qd_convert_confine(const char *root);
-void qd_unmap_file(struct qd_mapped *m);
-/* Lets this process's mapping of the pages under [p, p + n) go (the page cache keeps them):
- * what a pass over mapped input has read stops counting as resident. */
-void qd_release_pages(const void *p, size_t n);
-
-
-/* An output file being written under a temporary name in its destination's directory. */
-struct qd_outfile {
-    int fd;
-    char *path, *tmp;
-    uint64_t written;
-};
-int qd_outfile_open(struct qd_outfile *f, const char *path, char *err, size_t errlen);
-int qd_outfile_write(struct qd_outfile *f, const void *p, size_t n, char *err, size_t errlen);
-int qd_outfile_pad(struct qd_outfile *f, uint32_t alignment, char *err, size_t errlen);
-/* fsync and rename into place (commit), or remove (abort). */
-int qd_outfile_commit(struct qd_outfile *f, char *err, size_t errlen);
-/* The status of a failed write or commit by its errno: QD_ENOSPC when the storage is full (a
- * full disk, a quota, the file-size limit: the service answers 507), else QD_EIO. */
-enum qd_status qd_status_of_write(int err_no);
-void qd_outfile_abort(struct qd_outfile *f);
-
-/* An output directory being built under a temporary name: beside path (then renamed into
- * place), or inside path when it exists (then its files are moved in, config.json last). */
-struct qd_outdir {
-    char *path, *tmp;
-    int into;
-};
-int qd_outdir_open(struct qd_outdir *d, const char *path, char *err, size_t errlen);
-int qd_outdir_commit(struct qd_outdir *d, char *err, size_t errlen);
-void qd_outdir_abort(struct qd_outdir *d);
-
-/* The registry of temporaries (qd_convert_remove_temporaries): add and forget a path, and
- * rename one into place unless a forced stop came first (-1, errno ECANCELED). */
-void qd_temp_add(const char *path, int dir);
-void qd_temp_forget(const char *path);
-int qd_temp_rename(const char *tmp, const char *path);
+/* ---- for targets (files: convert_files.h; the pipeline and its lanes: pipeline.h) ----------- */
 
 /* Name selection: whether a tensor the target's rule would quantize stays quantized under
  * --skip / --only. Each pattern at most QD_NAME_FILTER_MAX_BYTES long, at most
@@ -214,9 +140,6 @@ struct qd_name_filter *qd_name_filter_new(const char *skip, const char *only, ch
 int qd_name_filter_keeps(const struct qd_name_filter *nf, const char *name);
 void qd_name_filter_free(struct qd_name_filter *nf);
 
-/* The pipeline lanes o asks for (see workers), and a copy of o made lane L's (its worker). */
-int qd_convert_lanes(const struct qd_convert_opts *o);
-void qd_convert_use_lane(struct qd_convert_opts *o, int lane);
 /* Spreads a conversion over the backend's devices: workers[0] is o->worker, then a worker on
  * each other healthy device slot. Returns how many devices were left out (their worker would
  * not open; err says why); qd_convert_unspread closes the workers it opened. */

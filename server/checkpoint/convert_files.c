@@ -1,8 +1,9 @@
-/* The files a conversion touches (convert.h): what the input is, whether the destination can
- * take the output (decided before anything is converted), inputs opened without blocking and
- * inside the service's data directory, output directories built under a temporary name, and
- * every temporary of this process, for a stop that cannot wait for the pipeline. */
-#include "checkpoint/convert.h"
+/* The files a conversion touches (convert_files.h): what the input is, whether the destination
+ * can take the output (decided before anything is converted), mapped input, inputs opened without
+ * blocking and inside the service's data directory, output files and directories built under a
+ * temporary name, and every temporary of this process, for a stop that cannot wait for the
+ * pipeline. */
+#include "checkpoint/convert_files.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -428,4 +430,153 @@ void qd_outdir_abort(struct qd_outdir *d)
     free(d->tmp);
     free(d->path);
     memset(d, 0, sizeof *d);
+}
+
+/* ---- mapped input and output files ----------------------------------------------------- */
+
+int qd_map_file(const char *path, struct qd_mapped *m, char *err, size_t errlen)
+{
+    memset(m, 0, sizeof *m);
+    int fd = qd_open_input(path, err, errlen);
+    struct stat st;
+    if (fd < 0)
+        return -1;
+    if (fstat(fd, &st) < 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    m->size = (size_t)st.st_size;
+    if (m->size) {
+        void *p = mmap(NULL, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            snprintf(err, errlen, "%s: mmap: %s", path, strerror(errno));
+            close(fd);
+            return -1;
+        }
+        madvise(p, m->size, MADV_SEQUENTIAL); /* one pass, front to back */
+        m->data = p;
+    }
+    close(fd);
+    return 0;
+}
+
+void qd_unmap_file(struct qd_mapped *m)
+{
+    if (m->data)
+        munmap((void *)m->data, m->size);
+    memset(m, 0, sizeof *m);
+}
+
+void qd_release_pages(const void *p, size_t n)
+{
+    if (!n)
+        return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p / page * page;
+    uintptr_t hi = ((uintptr_t)p + n + page - 1) / page * page; /* (a mapping's last page is whole) */
+    madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+int qd_outfile_open(struct qd_outfile *f, const char *path, char *err, size_t errlen)
+{
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
+    /* the temporary name sits in the destination's directory: the rename stays on one file
+     * system, and a crash leaves a name that says what it is */
+    char *dir = strdup(path), *base = strdup(path);
+    size_t n = strlen(path) + 32;
+    char *tmp = malloc(n);
+    f->path = strdup(path);
+    if (!dir || !base || !tmp || !f->path) {
+        snprintf(err, errlen, "no memory");
+        free(dir), free(base), free(tmp);
+        qd_outfile_abort(f);
+        return -1;
+    }
+    snprintf(tmp, n, "%s/.%s.quantd-XXXXXX", dirname(dir), basename(base));
+    free(dir), free(base);
+    f->fd = mkstemp(tmp);
+    if (f->fd < 0) {
+        snprintf(err, errlen, "%s: cannot create a file there: %s", path, strerror(errno));
+        free(tmp);
+        qd_outfile_abort(f);
+        return -1;
+    }
+    f->tmp = tmp;
+    qd_temp_add(tmp, 0);
+    fchmod(f->fd, 0644);
+    return 0;
+}
+
+int qd_outfile_write(struct qd_outfile *f, const void *p, size_t n, char *err, size_t errlen)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t w = write(f->fd, c, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            snprintf(err, errlen, "%s: write: %s", f->path, w < 0 ? strerror(errno) : "no progress");
+            return -1;
+        }
+        c += w, n -= (size_t)w;
+        f->written += (uint64_t)w;
+    }
+    return 0;
+}
+
+int qd_outfile_pad(struct qd_outfile *f, uint32_t alignment, char *err, size_t errlen)
+{
+    static const uint8_t zeros[256];
+    size_t pad = (alignment - f->written % alignment) % alignment;
+    return pad ? qd_outfile_write(f, zeros, pad, err, errlen) : 0;
+}
+
+enum qd_status qd_status_of_write(int err_no)
+{
+    return err_no == ENOSPC || err_no == EDQUOT || err_no == EFBIG ? QD_ENOSPC : QD_EIO;
+}
+
+int qd_outfile_commit(struct qd_outfile *f, char *err, size_t errlen)
+{
+    if (fsync(f->fd) < 0 || close(f->fd) < 0) {
+        int e = errno;
+        snprintf(err, errlen, "%s: %s", f->path, strerror(e));
+        f->fd = -1;
+        qd_outfile_abort(f);
+        errno = e; /* (for qd_status_of_write) */
+        return -1;
+    }
+    f->fd = -1;
+    if (qd_temp_rename(f->tmp, f->path) < 0) {
+        snprintf(err, errlen, "%s: rename: %s", f->path, strerror(errno));
+        qd_outfile_abort(f);
+        return -1;
+    }
+    /* the directory entry too, so the renamed file survives a crash */
+    char *dir = strdup(f->path);
+    int dfd = dir ? open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    free(dir);
+    free(f->tmp);
+    free(f->path);
+    f->tmp = f->path = NULL;
+    return 0;
+}
+
+void qd_outfile_abort(struct qd_outfile *f)
+{
+    if (f->fd >= 0)
+        close(f->fd);
+    if (f->tmp) {
+        unlink(f->tmp);
+        qd_temp_forget(f->tmp);
+    }
+    free(f->tmp);
+    free(f->path);
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
 }

@@ -6,15 +6,6 @@
  * one) says float16 and use_cache is false. */
 #include "checkpoint/hf_layout.h"
 
-static void component(const struct qd_convert_opts *o, const struct qd_st_entry *t, const struct qd_component *c,
-                      int k, struct qd_hf_out *out)
-{
-    out->name = qd_hf_module_name(t->name, c->name);
-    out->dtype = qd_hf_dtype_to_st(c->dtype);
-    out->ndim = 2;
-    out->shape[0] = c->shape[0], out->shape[1] = c->shape[1];
-}
-
 /* AwqConfig.to_transformers_dict(), in its order */
 static cJSON *quantization_config(const struct qd_convert_opts *o, const struct qd_arch_rules *rules,
                                   const struct qd_hf_shard *sh, int nshards, const char *compute_dtype)
@@ -47,6 +38,6 @@ const struct qd_hf_layout_desc qd_hf_awq = {
     .config_newline = 1,
     .config_keys = keys,
     .nconfig_keys = sizeof keys / sizeof *keys,
-    .component = component,
+    .component = qd_hf_module_component,
     .quantization_config = quantization_config,
 };

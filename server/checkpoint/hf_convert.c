@@ -120,6 +120,15 @@ char *qd_hf_module_name(const char *weight, const char *suffix)
     return s;
 }
 
+void qd_hf_module_component(const struct qd_convert_opts *o, const struct qd_st_entry *t,
+                            const struct qd_component *c, int k, struct qd_hf_out *out)
+{
+    out->name = qd_hf_module_name(t->name, c->name);
+    out->dtype = qd_hf_dtype_to_st(c->dtype);
+    out->ndim = 2;
+    out->shape[0] = c->shape[0], out->shape[1] = c->shape[1];
+}
+
 /* The plan of one shard: its output tensors, from its header alone. */
 static int plan_shard(const struct qd_hf_layout_desc *l, const struct qd_convert_opts *o, struct qd_hf_shard *sh,
                       const struct qd_arch_rules *rules, const struct qd_name_filter *nf, char *err, size_t errlen)
@@ -510,6 +519,114 @@ static int cmp_out_name(const void *a, const void *b)
     return strcmp((*(const struct qd_hf_out *const *)a)->name, (*(const struct qd_hf_out *const *)b)->name);
 }
 
+/* The pipeline's buffers, for the largest weight: in, out, and the transposed weight. */
+static void pipeline_caps(const struct qd_hf_shard *sh, int nshards, uint64_t *in_cap, uint64_t *out_cap,
+                          uint64_t *scratch_cap)
+{
+    *in_cap = *out_cap = *scratch_cap = 0;
+    for (int k = 0; k < nshards; k++)
+        for (int i = 0; i < sh[k].n; i++)
+            if (sh[k].t[i].quantize || sh[k].t[i].ew) {
+                const struct qd_hf_out *t = &sh[k].t[i];
+                uint64_t ib = t->src->end - t->src->begin;
+                if (t->ew && ib > CAST_PIECE)
+                    ib = CAST_PIECE;
+                const uint64_t ob = t->quantize ? t->qbytes + trailer_bytes(t, sh[k].t + sh[k].n)
+                                                : ew_out_bytes(t->ew, ib, t->src->elem_bits);
+                *in_cap = ib > *in_cap ? ib : *in_cap;
+                *out_cap = ob > *out_cap ? ob : *out_cap;
+                if (t->quantize)
+                    *scratch_cap = ib > *scratch_cap ? ib : *scratch_cap;
+            }
+}
+
+/* Weights the architecture table's entry does not list: the generic rule decided them, and the
+ * summary says how many. */
+static void note_unlisted(const struct qd_hf_shard *sh, int nshards, struct qd_convert_summary *s)
+{
+    int unlisted = 0;
+    for (int k = 0; k < nshards; k++)
+        for (int i = 0; i < sh[k].n; i++)
+            unlisted += sh[k].t[i].quantize && sh[k].t[i].generic;
+    if (unlisted)
+        snprintf(s->rule_why, sizeof s->rule_why, "%d weight%s that the %s entry of the architecture table "
+                 "does not list went by the generic rule", unlisted, unlisted == 1 ? "" : "s", s->arch);
+}
+
+/* model.safetensors.index.json in dir, its weight_map (wm, consumed) sorted by name as transformers
+ * writes it: 0, or -1 with err. */
+static int write_index(const char *dir, const struct qd_hf_shard *sh, int nshards, cJSON *wm, char *err, size_t errlen)
+{
+    uint64_t total = 0;
+    int n = 0;
+    for (int k = 0; k < nshards; k++)
+        n += sh[k].n;
+    const struct qd_hf_out **all = malloc((size_t)(n ? n : 1) * sizeof *all);
+    n = 0;
+    for (int k = 0; all && k < nshards; k++)
+        for (int i = 0; i < sh[k].n; i++) {
+            all[n++] = &sh[k].t[i];
+            total += sh[k].t[i].bytes;
+        }
+    qsort(all, (size_t)n, sizeof *all, cmp_out_name);
+    for (int i = 0; all && i < n; i++)
+        for (int k = 0; k < nshards; k++)
+            if (all[i] >= sh[k].t && all[i] < sh[k].t + sh[k].n)
+                cJSON_AddStringToObject(wm, all[i]->name, sh[k].out_name);
+    free(all);
+    cJSON *ix = cJSON_CreateObject(), *md = cJSON_AddObjectToObject(ix, "metadata");
+    cJSON_AddNumberToObject(md, "total_size", (double)total);
+    cJSON_AddItemToObject(ix, "weight_map", wm);
+    char *text = qd_json_py_text(ix), *p = join(dir, "model.safetensors.index.json");
+    int r = text && p ? write_text(p, text, err, errlen) : -1;
+    free(text), free(p);
+    cJSON_Delete(ix);
+    return r;
+}
+
+/* config.json in dir: the source's members as they were spelled, quantization_config (qc) and
+ * the layout's own keys set. 0, or -1 with err. */
+static int write_config(const struct qd_hf_layout_desc *l, const char *dir, const cJSON *config, const char *config_text,
+                        size_t config_n, const cJSON *qc, char *err, size_t errlen)
+{
+    struct qd_config_set sets[1 + QD_HF_MAX_CONFIG_KEYS] = {{"quantization_config", qc}};
+    cJSON *values[QD_HF_MAX_CONFIG_KEYS] = {0};
+    int nsets = 1, parsed = 1;
+    for (int k = 0; k < l->nconfig_keys; k++)
+        if (!l->config_keys[k].if_present || cJSON_GetObjectItemCaseSensitive(config, l->config_keys[k].key)) {
+            parsed &= (values[k] = cJSON_Parse(l->config_keys[k].json)) != NULL;
+            sets[nsets++] = (struct qd_config_set){l->config_keys[k].key, values[k]};
+        }
+    char *ctext = parsed ? qd_hf_config_rewrite(config_text, config_n, sets, nsets, l->config_newline, err, errlen) : NULL;
+    char *cpath = join(dir, "config.json");
+    for (int k = 0; k < l->nconfig_keys; k++)
+        cJSON_Delete(values[k]);
+    if (!parsed)
+        snprintf(err, errlen, "no memory for config.json");
+    int r = ctext && cpath ? write_text(cpath, ctext, err, errlen) : -1;
+    free(ctext), free(cpath);
+    return r;
+}
+
+/* The other files of the model's directory (tokenizer, generation config, ...) into dir. */
+static int copy_others(const char *src, const char *dir, char *err, size_t errlen)
+{
+    DIR *d = opendir(src);
+    struct dirent *e;
+    int r = 0;
+    while (d && !r && (e = readdir(d))) {
+        char *from = join(src, e->d_name), *to = join(dir, e->d_name);
+        struct stat fs;
+        int copy = from && to && e->d_name[0] != '.' && !is_weights_file(e->d_name) && stat(from, &fs) == 0 &&
+                   S_ISREG(fs.st_mode);
+        r = copy ? copy_file(from, to, err, errlen) : 0;
+        free(from), free(to);
+    }
+    if (d)
+        closedir(d);
+    return r;
+}
+
 int qd_convert_hf(const struct qd_hf_layout_desc *l, const struct qd_convert_opts *request, struct qd_convert_summary *s,
                   enum qd_status *status, char *err, size_t errlen)
 {
@@ -626,30 +743,10 @@ int qd_convert_hf(const struct qd_hf_layout_desc *l, const struct qd_convert_opt
         *status = QD_ENOMEM;
         goto done;
     }
-    uint64_t in_cap = 0, out_cap = 0, scratch_cap = 0; /* the pipeline's buffers, for the largest weight */
-    for (int k = 0; k < nshards; k++)
-        for (int i = 0; i < sh[k].n; i++)
-            if (sh[k].t[i].quantize || sh[k].t[i].ew) {
-                const struct qd_hf_out *t = &sh[k].t[i];
-                uint64_t ib = t->src->end - t->src->begin;
-                if (t->ew && ib > CAST_PIECE)
-                    ib = CAST_PIECE;
-                const uint64_t ob = t->quantize ? t->qbytes + trailer_bytes(t, sh[k].t + sh[k].n)
-                                                : ew_out_bytes(t->ew, ib, t->src->elem_bits);
-                in_cap = ib > in_cap ? ib : in_cap;
-                out_cap = ob > out_cap ? ob : out_cap;
-                if (t->quantize)
-                    scratch_cap = ib > scratch_cap ? ib : scratch_cap;
-            }
-    if (rules) { /* weights the table's entry does not list: the generic rule decided them */
-        int unlisted = 0;
-        for (int k = 0; k < nshards; k++)
-            for (int i = 0; i < sh[k].n; i++)
-                unlisted += sh[k].t[i].quantize && sh[k].t[i].generic;
-        if (unlisted)
-            snprintf(s->rule_why, sizeof s->rule_why, "%d weight%s that the %s entry of the architecture table "
-                     "does not list went by the generic rule", unlisted, unlisted == 1 ? "" : "s", s->arch);
-    }
+    uint64_t in_cap, out_cap, scratch_cap;
+    pipeline_caps(sh, nshards, &in_cap, &out_cap, &scratch_cap);
+    if (rules)
+        note_unlisted(sh, nshards, s);
     qc = l->quantization_config(o, rules, sh, nshards, compute_dtype ? compute_dtype : "float32");
     s->layout_config = qc ? cJSON_PrintUnformatted(qc) : NULL;
     pool = qd_pipe_pool_new(o->backend, in_cap, out_cap, hf_lanes(l, o));
@@ -681,7 +778,6 @@ int qd_convert_hf(const struct qd_hf_layout_desc *l, const struct qd_convert_opt
     cJSON *meta = cJSON_CreateObject();
     cJSON_AddStringToObject(meta, "format", "pt");
     cJSON *wm = index ? cJSON_CreateObject() : NULL;
-    uint64_t total = 0;
     for (int k = 0; k < nshards; k++) {
         char *path = join(tmpdir, sh[k].out_name);
         int r = path ? write_shard(l, o, &sh[k], path, meta, pool, scratch, s, &done_tensors, count, in_total, status, err,
@@ -694,69 +790,12 @@ int qd_convert_hf(const struct qd_hf_layout_desc *l, const struct qd_convert_opt
         }
     }
     cJSON_Delete(meta);
-    if (wm) { /* the index, its weight_map sorted by name as transformers writes it */
-        int n = 0;
-        for (int k = 0; k < nshards; k++)
-            n += sh[k].n;
-        struct qd_hf_out **all = malloc((size_t)(n ? n : 1) * sizeof *all);
-        n = 0;
-        for (int k = 0; all && k < nshards; k++)
-            for (int i = 0; i < sh[k].n; i++) {
-                all[n++] = &sh[k].t[i];
-                total += sh[k].t[i].bytes;
-            }
-        qsort(all, (size_t)n, sizeof *all, cmp_out_name);
-        for (int i = 0; all && i < n; i++)
-            for (int k = 0; k < nshards; k++)
-                if (all[i] >= sh[k].t && all[i] < sh[k].t + sh[k].n)
-                    cJSON_AddStringToObject(wm, all[i]->name, sh[k].out_name);
-        free(all);
-        cJSON *ix = cJSON_CreateObject(), *md = cJSON_AddObjectToObject(ix, "metadata");
-        cJSON_AddNumberToObject(md, "total_size", (double)total);
-        cJSON_AddItemToObject(ix, "weight_map", wm);
-        char *text = qd_json_py_text(ix), *p = join(tmpdir, "model.safetensors.index.json");
-        int r = text && p ? write_text(p, text, err, errlen) : -1;
-        free(text), free(p);
-        cJSON_Delete(ix);
-        if (r)
-            goto fail_dir;
-    }
-    /* config.json: the source's members as they were spelled, quantization_config and the
-     * layout's own keys set */
-    struct qd_config_set sets[1 + QD_HF_MAX_CONFIG_KEYS] = {{"quantization_config", qc}};
-    cJSON *values[QD_HF_MAX_CONFIG_KEYS] = {0};
-    int nsets = 1, parsed = 1;
-    for (int k = 0; k < l->nconfig_keys; k++)
-        if (!l->config_keys[k].if_present || cJSON_GetObjectItemCaseSensitive(config, l->config_keys[k].key)) {
-            parsed &= (values[k] = cJSON_Parse(l->config_keys[k].json)) != NULL;
-            sets[nsets++] = (struct qd_config_set){l->config_keys[k].key, values[k]};
-        }
-    char *ctext = parsed ? qd_hf_config_rewrite(config_text, config_n, sets, nsets, l->config_newline, err, errlen) : NULL;
-    char *cpath = join(tmpdir, "config.json");
-    for (int k = 0; k < l->nconfig_keys; k++)
-        cJSON_Delete(values[k]);
-    if (!parsed)
-        snprintf(err, errlen, "no memory for config.json");
-    int r = ctext && cpath ? write_text(cpath, ctext, err, errlen) : -1;
-    free(ctext), free(cpath);
-    if (r)
+    if (wm && write_index(tmpdir, sh, nshards, wm, err, errlen))
         goto fail_dir;
-    DIR *d = opendir(o->src);
-    struct dirent *e;
-    while (d && (e = readdir(d))) { /* tokenizer, generation config, ... */
-        char *from = join(o->src, e->d_name), *to = join(tmpdir, e->d_name);
-        struct stat fs;
-        int copy = from && to && e->d_name[0] != '.' && !is_weights_file(e->d_name) && stat(from, &fs) == 0 &&
-                   S_ISREG(fs.st_mode);
-        r = copy ? copy_file(from, to, err, errlen) : 0;
-        free(from), free(to);
-        if (r) {
-            closedir(d);
-            goto fail_dir;
-        }
-    }
-    if (d)
-        closedir(d);
+    if (write_config(l, tmpdir, config, config_text, config_n, qc, err, errlen))
+        goto fail_dir;
+    if (copy_others(o->src, tmpdir, err, errlen))
+        goto fail_dir;
     if (qd_outdir_commit(&od, err, errlen)) {
         *status = QD_EIO;
         goto done;

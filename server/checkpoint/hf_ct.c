@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "../../kernels/cpu/cpu.h"
-#include "../../kernels/ctfp.h"
+#include "../../kernels/mx.h"
 #include "checkpoint/hf_layout.h"
 
 /* The 4-bit float presets differ in data only. */
@@ -97,15 +97,6 @@ CONFIG_OF(&mxfp4, mxfp4_config)
 
 /* ---- integers (pack-quantized): quantd's component names, then weight_shape --------------- */
 
-static void int_component(const struct qd_convert_opts *o, const struct qd_st_entry *t, const struct qd_component *c,
-                          int k, struct qd_hf_out *out)
-{
-    out->name = qd_hf_module_name(t->name, c->name);
-    out->dtype = qd_hf_dtype_to_st(c->dtype);
-    out->ndim = 2;
-    out->shape[0] = c->shape[0], out->shape[1] = c->shape[1];
-}
-
 static int weight_shape(const struct qd_convert_opts *o, const struct qd_st_entry *t, const struct qd_params *p,
                         struct qd_hf_out *out)
 {
@@ -125,7 +116,7 @@ static enum qd_status fill_weight_shape(const struct qd_convert_opts *o, const s
 const struct qd_hf_layout_desc qd_hf_ct_int = {
     .tool = "compressed-tensors",
     .arch = QD_HF_CT,
-    .component = int_component,
+    .component = qd_hf_module_component,
     .trailer = weight_shape,
     .fill_trailer = fill_weight_shape,
     .quantization_config = int_config,
@@ -136,11 +127,18 @@ const struct qd_hf_layout_desc qd_hf_ct_int = {
 static void float_component(const struct ct_float *fp, const struct qd_st_entry *t, const struct qd_component *c,
                             struct qd_hf_out *out)
 {
-    const char *name = !strcmp(c->name, "data") ? "weight_packed" : !strcmp(c->name, "scales") ? "weight_scale"
-                     : !strcmp(c->name, "global_scale") ? "weight_global_scale" : c->name;
+    static const struct {
+        const char *quantd, *ct;
+        int scales;
+    } names[] = {{"data", "weight_packed", 0}, {"scales", "weight_scale", 1}, {"global_scale", "weight_global_scale", 0}};
+    const char *name = c->name;
+    int scales = 0;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (!strcmp(c->name, names[i].quantd))
+            name = names[i].ct, scales = names[i].scales;
     out->name = qd_hf_module_name(t->name, name);
-    out->dtype = fp->scales_st && !strcmp(c->name, "scales") ? fp->scales_st /* the e4m3 bytes, as
-                     torch.float8_e4m3fn saves them */ : qd_hf_dtype_to_st(c->dtype);
+    /* the scales' e4m3 bytes as torch.float8_e4m3fn saves them, where the preset says so */
+    out->dtype = fp->scales_st && scales ? fp->scales_st : qd_hf_dtype_to_st(c->dtype);
     out->ndim = c->ndim;
     out->shape[0] = c->shape[0], out->shape[1] = c->shape[1];
 }

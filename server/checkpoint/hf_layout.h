@@ -4,8 +4,9 @@
  * through the pipeline, then config.json with the layout's quantization_config and keys.
  *
  * Adding a layout: one file (hf_<tool>.c) defining a `const struct qd_hf_layout_desc` with these
- * fields, and one row naming it in the layout table (layouts[] in convert.c), which says which
- * formats it writes. */
+ * fields (declared on the extern line below), and one row naming it in the layout table (layouts[]
+ * in convert_layouts.c), which says which formats it writes. A layout that needs what no field
+ * says adds an optional field or hook here, NULL/0 for the others. */
 #ifndef QD_HF_LAYOUT_H
 #define QD_HF_LAYOUT_H
 
@@ -114,6 +115,10 @@ const char *qd_hf_dtype_to_st(enum qd_dtype d);
 char *qd_hf_concat(const char *a, const char *sep, const char *b);
 /* <m>.weight -> <m><suffix> (the names that replace the weight) */
 char *qd_hf_module_name(const char *weight, const char *suffix);
+/* A component named <m>.<quantd's name> in place of <m>.weight, 2-D as quantd lays it out
+ * (AutoAWQ's qweight/qzeros/scales, compressed-tensors' integer weight_packed/...). */
+void qd_hf_module_component(const struct qd_convert_opts *o, const struct qd_st_entry *t,
+                            const struct qd_component *c, int k, struct qd_hf_out *out);
 /* compressed-tensors' "ignore" for the model's tensors (qd_arch_ignore_list) */
 cJSON *qd_hf_ct_ignore(const struct qd_arch_rules *rules, const struct qd_hf_shard *sh, int nshards);
 

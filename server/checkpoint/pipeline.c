@@ -716,3 +716,15 @@ done:
     *status = r.failed ? r.status : QD_OK;
     return r.failed ? -1 : 0;
 }
+
+int qd_convert_lanes(const struct qd_convert_opts *o)
+{
+    int n = o->nworkers > QD_PIPE_MAX_LANES ? QD_PIPE_MAX_LANES : o->nworkers;
+    return n > 1 && !o->report_error ? n : 1;
+}
+
+void qd_convert_use_lane(struct qd_convert_opts *o, int lane)
+{
+    if (o->nworkers > 1 && lane < o->nworkers)
+        o->worker = o->workers[lane];
+}

@@ -69,4 +69,8 @@ void qd_pipe_trace(const char *stage, int item, double t0, double t1, uint64_t b
 /* A monotonic clock in seconds: the converters' and the pipeline's timings. */
 double qd_pipe_clock_s(void);
 
+/* The pipeline lanes o asks for (see workers), and a copy of o made lane L's (its worker). */
+int qd_convert_lanes(const struct qd_convert_opts *o);
+void qd_convert_use_lane(struct qd_convert_opts *o, int lane);
+
 #endif

@@ -8,7 +8,7 @@
 #include <immintrin.h>
 #endif
 
-#include "http/decode.h"
+#include "http/base64.h"
 
 static const char enc_table[64] =
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include "checkpoint/convert_job.h"
+#include "http/convert_job.h"
 #include "http/decode.h"
 #include "http/reply.h"
 

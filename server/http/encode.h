@@ -4,6 +4,7 @@
 #define QD_ENCODE_H
 
 #include "http/decode.h"
+#include "http/safetensors.h"
 #include "http/reply.h"
 #include "queue/work.h"
 
@@ -19,14 +20,5 @@ struct cJSON *qd_report_json(const struct qd_error_report *r);
 
 /* {"queue_us":..} */
 struct cJSON *qd_timing_json(const struct qd_timing *t);
-
-const char *qd_safetensors_dtype(enum qd_dtype t);
-/* A container of n tensors with string-valued metadata, in a buffer from qd_hostmem_get (free
- * it with qd_hostmem_put); NULL on no memory. */
-char *qd_safetensors_build(const struct qd_st_tensor *t, int n, const struct cJSON *metadata,
-                           size_t *out_len);
-/* Its first part alone: the length and the JSON header for those tensors (malloc'd), the data
- * to follow in order; NULL on no memory. */
-char *qd_safetensors_header(const struct qd_st_tensor *t, int n, const struct cJSON *metadata, size_t *len);
 
 #endif

@@ -3,7 +3,7 @@
 #ifndef QD_HTTP_H
 #define QD_HTTP_H
 
-#include "service/config.h"
+#include "common/config.h"
 
 struct qd_backend;
 

@@ -8,7 +8,8 @@
 #include <string.h>
 
 #include "checkpoint/json_span.h"
-#include "http/decode.h"
+#include "http/base64.h"
+#include "http/json_body.h"
 
 /* Objects deeper than this are parsed whole by cJSON: the root, "tensors" and a component are
  * the levels whose "data" members decode reads. */

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "http/decode.h"
-#include "http/encode.h"
+#include "http/json_body.h"
+#include "http/safetensors.h"
 #include "checkpoint/safetensors.h"
 #include "queue/hostmem.h"
 

@@ -13,10 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "checkpoint/convert_job.h"
-#include "http/encode.h"
 #include "queue/hostmem.h"
-#include "service/metrics.h"
 
 double qd_now_us(void)
 {
@@ -48,8 +45,7 @@ void qd_job_unref(struct qd_job *j)
 {
     if (j && atomic_fetch_sub(&j->refs, 1) == 1) {
         body_free(j);
-        qd_reply_free(&j->reply);
-        qd_convert_request_free(j->convert);
+        j->type->free(j);
         free(j);
     }
 }
@@ -92,39 +88,15 @@ static struct {
        .convert = {.nonempty = PTHREAD_COND_INITIALIZER, .nice = 10},
        .store_lock = PTHREAD_MUTEX_INITIALIZER};
 
-/* Decode, run and encode one job on worker wk; the answer (or error) lands in j->reply. */
+/* Runs one job on worker wk (as its type says); the answer (or error) lands in j->reply. */
 static void job_execute(struct worker *wk, struct qd_job *j)
 {
-    double start = qd_now_us();
-    if (j->req.op == QD_OP_CONVERT) { /* a whole model, files in and out (checkpoint/) */
-        snprintf(j->backend, sizeof j->backend, "%s", wk->name);
-        qd_convert_job_run(j, q.backend, wk->ctx);
-        j->timing.queue_us = start - j->enqueued_us;
-        j->timing.total_us = qd_now_us() - j->received_us;
-        qd_metrics_device_job(wk->name, (qd_now_us() - start) / 1e6);
-        return;
-    }
-    struct qd_work w;
-    memset(&w, 0, sizeof w);
-    snprintf(w.backend, sizeof w.backend, "%s", wk->name);
+    j->started_us = qd_now_us();
     snprintf(j->backend, sizeof j->backend, "%s", wk->name);
-    if (qd_work_decode(&w, &j->req, j->kind, j->body, j->body_len, &j->reply) == 0) {
-        char err[1024] = "";
-        j->fmt = w.f;
-        enum qd_status s = q.backend->run(wk->ctx, &w, err, sizeof err);
-        if (s != QD_OK)
-            qd_reply_error(&j->reply, qd_status_http(s), qd_status_code(s), "%s", err);
-        else {
-            w.t.queue_us = start - j->enqueued_us;
-            w.t.total_us = qd_now_us() - j->received_us;
-            qd_metrics_kernel(w.f, w.t.kernel_us / 1e6);
-            qd_encode_result(&w, &j->reply);
-        }
-    }
-    j->timing = w.t;
-    qd_work_free(&w);
+    j->type->run(j, q.backend, wk->ctx);
     body_free(j);
-    qd_metrics_device_job(wk->name, (qd_now_us() - start) / 1e6);
+    if (q.config.ran)
+        q.config.ran(wk->name, (qd_now_us() - j->started_us) / 1e6);
 }
 
 static void store_finished(struct qd_job *j);
@@ -228,7 +200,7 @@ int qd_jobs_start(const struct qd_jobs_config *c, struct qd_backend *b, char *er
 /* The pool a job goes to. */
 static struct pool *pool_of(const struct qd_job *j)
 {
-    return j->req.op == QD_OP_CONVERT && q.convert.nworkers ? &q.convert : &q.main;
+    return j->type->own_pool && q.convert.nworkers ? &q.convert : &q.main;
 }
 
 /* Bodies up to this run on the HTTP thread when a worker is idle: at most a millisecond or two
@@ -239,7 +211,7 @@ int qd_jobs_run_here(struct qd_job *j)
 {
     struct pool *p = &q.main;
     if (!p->nworkers || strcmp(q.backend->kind, "cpu") || j->body_len > QD_RUN_HERE_MAX_BYTES ||
-        (j->req.op != QD_OP_QUANTIZE && j->req.op != QD_OP_DEQUANTIZE))
+        j->type->own_pool)
         return 0;
     pthread_mutex_lock(&q.lock);
     int idle = !q.draining && !p->count && p->running < p->nworkers;
@@ -441,9 +413,7 @@ static void store_finished(struct qd_job *j)
         present |= it == j;
     if (present) {
         if (j->reply.len > q.config.result_max_bytes)
-            qd_reply_error(&j->reply, 507, "result_too_large",
-                           "the result (%zu bytes) is larger than the job store keeps (%zu); "
-                           "use the synchronous endpoint", j->reply.len, q.config.result_max_bytes);
+            j->type->too_large(j, q.config.result_max_bytes);
         j->store_bytes = j->reply.len;
         q.stored_bytes += j->store_bytes;
         while (q.stored_bytes > q.config.result_max_bytes) {

@@ -7,11 +7,24 @@
 #include <stdatomic.h>
 #include <stddef.h>
 
+#include "queue/answer.h"
 #include "queue/backend.h"
-#include "http/decode.h"
-#include "http/reply.h"
+#include "queue/work.h"
 
-struct qd_convert_request;
+struct qd_job;
+
+/* What a job is and how a worker runs it, set by the layer that made the job, so the queue knows
+ * nothing of the work: http/work_job.c (/quantize, /dequantize), http/convert_job.c (a model). */
+struct qd_job_type {
+    int own_pool; /* runs on the conversions' pool (--convert-workers) when there is one */
+    /* Runs j on a worker of b (worker: its backend context, j->started_us: when it began); the
+     * answer lands in j->reply. */
+    void (*run)(struct qd_job *j, struct qd_backend *b, void *worker);
+    /* Frees j->reply and what the job's maker left in j->payload. */
+    void (*free)(struct qd_job *j);
+    /* Replaces j's answer, longer than the store keeps (limit bytes), by an error saying so. */
+    void (*too_large)(struct qd_job *j, size_t limit);
+};
 
 enum qd_job_state { QD_JOB_QUEUED, QD_JOB_RUNNING, QD_JOB_DONE, QD_JOB_CANCELLED };
 
@@ -38,8 +51,9 @@ struct qd_job {
     double created_unix, done_us;
     size_t store_bytes;        /* bytes of reply counted in the store's total */
     struct qd_job *store_next;
-    /* conversions (req.op == QD_OP_CONVERT) */
-    struct qd_convert_request *convert;
+    const struct qd_job_type *type;
+    void *payload;                         /* the type's own data (a conversion's request) */
+    /* conversions */
     volatile int cancel;                   /* DELETE of a running conversion */
     atomic_int tensors_done, tensors_total;
     atomic_ullong bytes_done, bytes_total;
@@ -56,6 +70,8 @@ struct qd_jobs_config {
     size_t result_max_bytes; /* async results kept, all together */
     int result_ttl_s;
     int max_stored;          /* async jobs known at once */
+    /* called after each job a worker ran (device: the worker's name), for the metrics */
+    void (*ran)(const char *device, double seconds);
 };
 
 /* Starts the workers on backend b; -1 with err when no worker could open. */

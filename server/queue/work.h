@@ -33,6 +33,9 @@ struct qd_req {
                                   safetensors body's header (0: QD_JSON_LIMIT_DEFAULT) */
 };
 
+/* How a request's body carries its tensor. */
+enum qd_body_kind { QD_BODY_RAW, QD_BODY_JSON, QD_BODY_SAFETENSORS };
+
 struct qd_timing {
     double queue_us, h2d_us, kernel_us, d2h_us, total_us;
 };

@@ -14,7 +14,8 @@
 #include "http/convert_route.h"
 #include "queue/backend.h"
 #include "queue/hostmem.h"
-#include "service/config.h"
+#include "common/config.h"
+#include "common/metrics.h"
 #include "http/http.h"
 #include "queue/jobs.h"
 #include "service/serve.h"
@@ -133,6 +134,7 @@ int qd_serve_main(int argc, char **argv)
         .result_max_bytes = (size_t)cfg.result_max_bytes,
         .result_ttl_s = cfg.result_ttl_s,
         .max_stored = cfg.max_jobs,
+        .ran = qd_metrics_device_job,
     };
     if (qd_jobs_start(&jc, &backend, err, sizeof err)) {
         fprintf(stderr, "quantd serve: no worker could start: %s\n", err);

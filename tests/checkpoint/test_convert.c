@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "checkpoint/convert.h"
+#include "checkpoint/pipeline.h"
 
 static struct qd_backend cpu;
 static void *worker;

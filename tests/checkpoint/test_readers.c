@@ -17,40 +17,11 @@
 #include <cmocka.h>
 
 #include "checkpoint/gguf.h"
+#include "gguf_bytes.h"
 #include "checkpoint/names.h"
 #include "checkpoint/safetensors.h"
 
 /* ---- building files ------------------------------------------------------------------------ */
-
-struct buf {
-    uint8_t *p;
-    size_t n, cap;
-};
-
-static void put(struct buf *b, const void *src, size_t n)
-{
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2;
-        assert_non_null(b->p = realloc(b->p, b->cap));
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-static void put_u32(struct buf *b, uint32_t v) { put(b, &v, 4); }
-static void put_u64(struct buf *b, uint64_t v) { put(b, &v, 8); }
-static void put_str(struct buf *b, const char *s)
-{
-    put_u64(b, strlen(s));
-    put(b, s, strlen(s));
-}
-
-static void gguf_header(struct buf *b, uint64_t n_tensors, uint64_t n_kv)
-{
-    put(b, "GGUF", 4);
-    put_u32(b, 3);
-    put_u64(b, n_tensors);
-    put_u64(b, n_kv);
-}
 
 static void gguf_u32_kv(struct buf *b, const char *key, uint32_t v)
 {

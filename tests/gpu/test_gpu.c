@@ -132,6 +132,16 @@ static int same_values(const void *a, const void *b, int64_t n, enum qd_dtype dt
     return 1;
 }
 
+/* The components of a CPU and a GPU run of the same case, and their shared input. */
+static void free_pair(struct qd_work *wc, struct qd_work *wg)
+{
+    for (int i = 0; i < wc->nc; i++) {
+        free(wc->comp[i]);
+        free(wg->comp[i]);
+    }
+    free(wc->in.data);
+}
+
 static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct shape *sh, int nonfinite)
 {
     struct qd_work wc, wg;
@@ -239,11 +249,7 @@ static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct s
         free(dg.out.data);
     }
 done:
-    for (int i = 0; i < wc.nc; i++) {
-        free(wc.comp[i]);
-        free(wg.comp[i]);
-    }
-    free(wc.in.data);
+    free_pair(&wc, &wg);
 }
 
 static void gpu_bytes_equal_cpu_bytes_for_every_format(void **state)
@@ -317,7 +323,7 @@ static void gpu_params_variants(void **state)
                                   * multiply path is off); 3e38: amax / 6 / pts overflows */
                                  {"nvfp4", "global_scale", "1"}, {"nvfp4", "global_scale", "2e-38"},
                                  {"nvfp4", "global_scale", "3e38"},
-                                 /* llm-compressor's NVFP4A16 / MXFP4A16 arithmetic (kernels/ctfp.h) */
+                                 /* llm-compressor's NVFP4A16 / MXFP4A16 arithmetic (kernels/mx.h) */
                                  {"nvfp4", "flow", "compressed_tensors"}, {"mxfp4", "scale_rounding", "even"},
                                  /* MLX: every code width (groups of 64, the default), the other group
                                   * sizes (4-bit), nvfp4 global scales: mlx-lm's kind, one that saturates
@@ -525,11 +531,7 @@ static void gpu_equals_cpu_on_ctint_half_quotients(void **state)
                         free(dc.out.data);
                         free(dg.out.data);
                     }
-                    for (int i = 0; i < wc.nc; i++) {
-                        free(wc.comp[i]);
-                        free(wg.comp[i]);
-                    }
-                    free(wc.in.data);
+                    free_pair(&wc, &wg);
                     compared++;
                 }
     printf("# ctint: %lld cases equal, %lld values whose quotient is .5 in bf16/f16 only\n", (long long)compared,
@@ -674,11 +676,7 @@ static void gpu_fp8_variants(void **state)
                         free(dc.out.data);
                         free(dg.out.data);
                     }
-                    for (int i = 0; i < wc.nc; i++) {
-                        free(wc.comp[i]);
-                        free(wg.comp[i]);
-                    }
-                    free(wc.in.data);
+                    free_pair(&wc, &wg);
                     n_cases++;
                 }
     }

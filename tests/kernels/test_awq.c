@@ -176,6 +176,25 @@ static void awq_subnormal_f16_scales(void **state)
     tq_release(&q);
 }
 
+/* awq's layout is of a 2-D W [K, N]: any other rank is refused by name (the registry's
+ * matrix_only), while 2-D lays out. */
+static void awq_takes_only_a_matrix(void **state)
+{
+    const struct qd_format *f = qd_format_find("awq");
+    struct qd_params p;
+    qd_params_default(f, &p);
+    struct qd_component c[QD_MAX_COMPONENTS];
+    char err[160] = "";
+    struct qd_tensor t = {.dtype = QD_F16};
+    int64_t three[3] = {2, 128, 128}, two[2] = {128, 128};
+    qd_tensor_set_shape(&t, 3, three);
+    assert_int_equal(qd_format_layout(f, &p, &t, c, err, sizeof err), -1);
+    assert_string_equal(err, "awq needs a 2-D weight [K, N] (got 3 dimensions)");
+    qd_tensor_set_shape(&t, 2, two);
+    assert_true(qd_format_layout(f, &p, &t, c, err, sizeof err) > 0);
+    assert_false(qd_format_find("w4a16")->matrix_only);
+}
+
 int main(void)
 {
     test_seed();
@@ -187,6 +206,7 @@ int main(void)
         cmocka_unit_test(awq_weights_are_halved_before_the_statistics),
         cmocka_unit_test(awq_f16_overflow_is_refused_naming_the_group),
         cmocka_unit_test(awq_subnormal_f16_scales),
+        cmocka_unit_test(awq_takes_only_a_matrix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

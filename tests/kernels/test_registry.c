@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "../../kernels/cpu/cpu.h"
-#include "../../kernels/ctfp.h"
+#include "../../kernels/mx.h"
 #include "helpers.h"
 
 static const enum qd_dtype dtypes[] = {QD_F32, QD_F16, QD_BF16};

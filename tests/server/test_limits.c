@@ -21,6 +21,7 @@
 
 #include <cmocka.h>
 
+#include "../checkpoint/gguf_bytes.h"
 #include "service.h"
 
 static const char *const json_h[] = {"Content-Type: application/json", NULL};
@@ -265,36 +266,11 @@ static void bodies_in_flight_are_bounded(void **state)
 
 /* ---- conversions -------------------------------------------------------------------------- */
 
-struct buf {
-    char *p;
-    size_t n, cap;
-};
-
-static void put(struct buf *b, const void *src, size_t n)
-{
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2;
-        assert_non_null(b->p = realloc(b->p, b->cap));
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-static void put_u32(struct buf *b, uint32_t v) { put(b, &v, 4); }
-static void put_u64(struct buf *b, uint64_t v) { put(b, &v, 8); }
-static void put_str(struct buf *b, const char *s)
-{
-    put_u64(b, strlen(s));
-    put(b, s, strlen(s));
-}
-
 /* A GGUF of n_kv u32 keys and one f32 tensor "blk.0.ffn_up.weight" of rows x 4096. */
 static struct buf gguf(int n_kv, uint64_t rows)
 {
     struct buf b = {0};
-    put(&b, "GGUF", 4);
-    put_u32(&b, 3);
-    put_u64(&b, 1);
-    put_u64(&b, (uint64_t)n_kv);
+    gguf_header(&b, 1, (uint64_t)n_kv);
     char key[32];
     for (int i = 0; i < n_kv; i++) {
         snprintf(key, sizeof key, "k.%d", i);

@@ -1,5 +1,5 @@
 /* Metrics storage and the text exposition format (see metrics.h). */
-#include "service/metrics.h"
+#include "common/metrics.h"
 
 #include <malloc.h>
 #include <pthread.h>

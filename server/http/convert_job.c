@@ -1,5 +1,5 @@
 /* Conversion jobs (convert_job.h). */
-#include "checkpoint/convert_job.h"
+#include "http/convert_job.h"
 #include "checkpoint/gguf_options.h"
 #include "checkpoint/gguf_recipe.h"
 
@@ -17,7 +17,8 @@
 #include <unistd.h>
 
 #include "checkpoint/convert.h"
-#include "service/metrics.h"
+#include "http/work_job.h"
+#include "common/metrics.h"
 
 /* rel resolved under root (a real path): no absolute path, no "..", and after following
  * symlinks still inside root. must_exist: the path itself (the source); else its directory
@@ -458,9 +459,9 @@ static void on_tensor(void *ctx, const struct qd_convert_event *ev)
     atomic_store(&j->bytes_done, ev->in_done);
 }
 
-void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
+static void convert(struct qd_job *j, struct qd_backend *b, void *worker)
 {
-    const struct qd_convert_request *r = j->convert;
+    const struct qd_convert_request *r = j->payload;
     struct run run = {.j = j, .types = r->gguf && r->gguf->dry_run ? cJSON_CreateObject() : NULL};
     struct qd_convert_opts o = {.src = r->src, .dst = r->dst, .f = r->f, .params = r->params, .skip = r->skip,
                                 .only = r->only, .filter = r->filter, .recipe = r->recipe, .gguf = r->gguf,
@@ -533,4 +534,26 @@ void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
     j->reply.summary_header = cJSON_PrintUnformatted(sum);
     j->reply.config_header = config;
     cJSON_Delete(sum);
+}
+
+static void convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
+{
+    const double start = j->started_us;
+    convert(j, b, worker);
+    j->timing.queue_us = start - j->enqueued_us;
+    j->timing.total_us = qd_now_us() - j->received_us;
+}
+
+static void convert_job_free(struct qd_job *j)
+{
+    qd_convert_request_free(j->payload);
+    qd_job_answer_free(j);
+}
+
+const struct qd_job_type qd_convert_job_type = {
+    .own_pool = 1, .run = convert_job_run, .free = convert_job_free, .too_large = qd_job_answer_too_large};
+
+const struct qd_convert_request *qd_convert_job_request(const struct qd_job *j)
+{
+    return j->type == &qd_convert_job_type ? j->payload : NULL;
 }

@@ -1,5 +1,5 @@
 /* The option table of quantd serve (see config.h). */
-#include "service/config.h"
+#include "common/config.h"
 
 #include <errno.h>
 #include <stdlib.h>

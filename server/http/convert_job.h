@@ -46,7 +46,10 @@ int qd_convert_gguf_option(struct qd_convert_request *r, const char *key, const 
  * name is the other kind or differs only in case. */
 void qd_convert_name_error(struct qd_reply *err, const char *name, int as_recipe);
 
-/* Runs j's conversion on a worker of b; the summary (200) or the error lands in j->reply. */
-void qd_convert_job_run(struct qd_job *j, struct qd_backend *b, void *worker);
+/* A conversion's job type (jobs.h): j->payload is its request; run puts the summary (200) or
+ * the error in j->reply. */
+extern const struct qd_job_type qd_convert_job_type;
+/* j's conversion request, or NULL when j is not a conversion. */
+const struct qd_convert_request *qd_convert_job_request(const struct qd_job *j);
 
 #endif

@@ -330,6 +330,7 @@ static const struct layout {
     {NULL, "nvfp4", "compressed-tensors NVFP4A16", TAKES_HF, NULL, &qd_hf_ct_nvfp4},
     {NULL, "mxfp4", "compressed-tensors MXFP4A16", TAKES_HF, NULL, &qd_hf_ct_mxfp4},
     {"awq", NULL, "AutoAWQ GEMM", TAKES_HF, NULL, &qd_hf_awq},
+    {"fp8", NULL, "compressed-tensors FP8_DYNAMIC, FP8_BLOCK, W8A8; FineGrainedFP8", TAKES_HF, NULL, &qd_hf_ct_fp8},
 };
 
 static const struct layout *layout_of(const struct qd_format *f)
@@ -474,6 +475,8 @@ int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d,
                  f ? f->name : "(none)", qd_convert_layouts_text());
         return -1;
     }
+    if (l->hf && l->hf->pick && !l->hf->pick(f, &o->params, err, errlen))
+        return -1;
     const enum qd_convert_input in = qd_convert_input_kind(o->src);
     if (check_input(o, l, in, status, err, errlen))
         return -1;
@@ -502,7 +505,8 @@ int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, en
     }
     qd_convert_confine(o->root);
     const struct layout *l = layout_of(run.f);
-    int rc = l->hf ? qd_convert_hf(l->hf, &run, s, status, err, errlen) : l->run(&run, s, status, err, errlen);
+    const struct qd_hf_layout_desc *hf = l->hf && l->hf->pick ? l->hf->pick(run.f, &run.params, err, errlen) : l->hf;
+    int rc = hf ? qd_convert_hf(hf, &run, s, status, err, errlen) : l->run(&run, s, status, err, errlen);
     qd_convert_confine(NULL);
     return rc;
 }

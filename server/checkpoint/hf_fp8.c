@@ -154,6 +154,7 @@ static const struct {
     {"mixtral", EXPERTS_PLAN},
     {"deepseek_v3", EXPERTS_PLAN},
     {"qwen2_moe", EXPERTS_PLAN},
+    {"qwen3_moe", EXPERTS_PLAN},
 #undef EXPERTS_PLAN
 };
 

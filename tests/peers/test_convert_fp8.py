@@ -41,7 +41,10 @@ ARGS = {"FP8_DYNAMIC": ["--fmt", "fp8_e4m3"],
         "FP8_BLOCK": ["--fmt", "fp8_e4m3", "--param", "granularity=block"],
         "W8A8": ["--fmt", "w8a8"],
         "FineGrainedFP8": ["--fmt", "fp8_e4m3", "--param", "flow=transformers"]}
-CASES = [(n, s) for n in OBSERVATIONS for s in ARGS]
+# (qwen3_moe: transformers' FineGrainedFP8 alone; llm-compressor's run of its 107 modules in
+# Triton's interpreter was not made: make_fp8_convert_fixtures.py qwen3_moe on a CUDA machine)
+CASES = [(n, s) for n, o in OBSERVATIONS.items() for s in ARGS
+         if s in o.get("llm_compressor", {}) or (s == "FineGrainedFP8" and "finegrained_fp8" in o)]
 # FineGrainedFP8 weights whose shape 128 does not divide: transformers' Fp8Quantize passes them
 # through (its save holds their e4m3 cast, unscaled, and the weight_scale_inv parameter as
 # torch.empty left it); quantd writes partial blocks, as DeepSeek-V3's own checkpoints have them

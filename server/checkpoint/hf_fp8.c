@@ -17,12 +17,12 @@
 #include "../../kernels/fp8.h"
 #include "checkpoint/hf_layout.h"
 
-/* The 8-bit schemes differ in data only. */
+/* compressed-tensors' 8-bit presets differ in data only. */
 struct scheme {
-    const char *format;     /* compressed-tensors' format; NULL: FineGrainedFP8 */
-    const char *type;       /* "float" or "int" */
+    const char *format;       /* compressed-tensors' format */
+    const char *type;         /* "float" or "int" */
     const char *act_strategy; /* the dynamic input activations' strategy */
-    int act_group;          /* their group size (0: null) */
+    int act_group;            /* their group size (0: null) */
 };
 static const struct scheme fp8_dynamic = {"float-quantized", "float", "token", 0};
 static const struct scheme fp8_block = {"float-quantized", "float", "group", 128};
@@ -184,7 +184,6 @@ const struct qd_hf_layout_desc qd_hf_fp8_transformers = {
     .quantization_config = fg_config,
 };
 
-extern const struct qd_hf_layout_desc qd_hf_ct_fp8;
 static const struct qd_hf_layout_desc *pick(const struct qd_format *f, const struct qd_params *p, char *err,
                                             size_t errlen)
 {

@@ -70,6 +70,8 @@ static const struct layout {
     {NULL, "nvfp4", "compressed-tensors NVFP4A16", TAKES_HF, NULL, &qd_hf_ct_nvfp4, NULL},
     {NULL, "mxfp4", "compressed-tensors MXFP4A16", TAKES_HF, NULL, &qd_hf_ct_mxfp4, NULL},
     {"awq", NULL, "AutoAWQ GEMM", TAKES_HF, NULL, &qd_hf_awq, NULL},
+    {"fp8", NULL, "compressed-tensors FP8_DYNAMIC, FP8_BLOCK, W8A8; FineGrainedFP8", TAKES_HF, NULL, &qd_hf_ct_fp8,
+     NULL},
     /* its own run, not an hf layout: mlx-lm's model classes rename, drop and stack tensors, and
      * its files are not the source's shards (mlx_convert.c) */
     {"mlx", NULL, "MLX (mlx_lm.convert -q; a directory with a tokenizer)", TAKES(QD_INPUT_HF_DIR), qd_convert_mlx,
@@ -218,6 +220,8 @@ int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d,
                  f ? f->name : "(none)", qd_convert_layouts_text());
         return -1;
     }
+    if (l->hf && l->hf->pick && !l->hf->pick(f, &o->params, err, errlen))
+        return -1;
     if (o->gguf && o->gguf->n_set && l->run != qd_convert_gguf) {
         snprintf(err, errlen, "convert: llama-quantize's options (%s) apply to GGUF output; %s writes %s",
                  qd_gguf_option_names(), f->name, l->writes);
@@ -259,7 +263,8 @@ int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, en
     }
     qd_convert_confine(o->root);
     const struct layout *l = layout_of(run.f);
-    int rc = l->hf ? qd_convert_hf(l->hf, &run, s, status, err, errlen) : l->run(&run, s, status, err, errlen);
+    const struct qd_hf_layout_desc *hf = l->hf && l->hf->pick ? l->hf->pick(run.f, &run.params, err, errlen) : l->hf;
+    int rc = hf ? qd_convert_hf(hf, &run, s, status, err, errlen) : l->run(&run, s, status, err, errlen);
     qd_convert_confine(NULL);
     return rc;
 }

@@ -145,7 +145,7 @@ static int plan_shard(const struct qd_hf_layout_desc *l, const struct qd_convert
                 c.ew = QD_EW_F16, c.dtype = "F16";
             else if (rules && is_float && strcmp(t->dtype, "F32") && qd_arch_find_pattern(rules->to_f32, t->name) >= 0)
                 c.ew = QD_EW_F32, c.dtype = "F32";
-            else if (rules && is_float && qd_arch_find_pattern(rules->offset_norm, t->name) >= 0)
+            else if (rules && !l->plain_norms && is_float && qd_arch_find_pattern(rules->offset_norm, t->name) >= 0)
                 c.ew = QD_EW_OFFSET_NORM;
             c.bytes = ew_out_bytes(c.ew, t->end - t->begin, t->elem_bits);
             if (t->ndim > 2) { /* copied tensors keep their shape: only 2 dims fit the plan */
@@ -589,9 +589,13 @@ static int write_index(const char *dir, const struct qd_hf_shard *sh, int nshard
 static int write_config(const struct qd_hf_layout_desc *l, const char *dir, const cJSON *config, const char *config_text,
                         size_t config_n, const cJSON *qc, char *err, size_t errlen)
 {
-    struct qd_config_set sets[1 + QD_HF_MAX_CONFIG_KEYS] = {{"quantization_config", qc}};
+    struct qd_config_set sets[2 + QD_HF_MAX_CONFIG_KEYS] = {{"quantization_config", qc}};
     cJSON *values[QD_HF_MAX_CONFIG_KEYS] = {0};
+    const char *extra_key = NULL;
+    cJSON *extra = l->config_extra ? l->config_extra(config, &extra_key) : NULL;
     int nsets = 1, parsed = 1;
+    if (extra)
+        sets[nsets++] = (struct qd_config_set){extra_key, extra};
     for (int k = 0; k < l->nconfig_keys; k++)
         if (!l->config_keys[k].if_present || cJSON_GetObjectItemCaseSensitive(config, l->config_keys[k].key)) {
             parsed &= (values[k] = cJSON_Parse(l->config_keys[k].json)) != NULL;
@@ -601,6 +605,7 @@ static int write_config(const struct qd_hf_layout_desc *l, const char *dir, cons
     char *cpath = join(dir, "config.json");
     for (int k = 0; k < l->nconfig_keys; k++)
         cJSON_Delete(values[k]);
+    cJSON_Delete(extra);
     if (!parsed)
         snprintf(err, errlen, "no memory for config.json");
     int r = ctext && cpath ? write_text(cpath, ctext, err, errlen) : -1;

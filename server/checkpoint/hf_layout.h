@@ -93,6 +93,16 @@ struct qd_hf_layout_desc {
                                    const struct qd_params *p, void *out, uint64_t bytes, char *err, size_t errlen);
     /* A pass over the plan before any tensor is written (NULL: none); -1 without memory. */
     int (*prepass)(struct qd_hf_shard *sh, int nshards);
+    /* The tool does not touch Gemma's offset norms (the architecture column's offset_norm is
+     * llm-compressor's round trip). */
+    int plain_norms;
+    /* One more top-level key of config.json the tool sets from the source's (NULL, or NULL
+     * returned: none): a new cJSON value, its name in *key. */
+    cJSON *(*config_extra)(const cJSON *config, const char **key);
+    /* The layout the format's params choose among the table row's (NULL: this one), or NULL with
+     * why: a scheme quantd cannot write, refused before anything is converted. */
+    const struct qd_hf_layout_desc *(*pick)(const struct qd_format *f, const struct qd_params *p, char *err,
+                                            size_t errlen);
     /* quantization_config (a new cJSON object, NULL without memory); compute_dtype is the torch
      * name of the first quantized weight's dtype. */
     cJSON *(*quantization_config)(const struct qd_convert_opts *o, const struct qd_arch_rules *rules,
@@ -100,6 +110,7 @@ struct qd_hf_layout_desc {
 };
 
 extern const struct qd_hf_layout_desc qd_hf_bnb, qd_hf_ct_int, qd_hf_ct_nvfp4, qd_hf_ct_mxfp4, qd_hf_awq;
+extern const struct qd_hf_layout_desc qd_hf_ct_fp8, qd_hf_fp8_transformers;
 
 /* Runs the conversion into layout l (hf_convert.c). */
 int qd_convert_hf(const struct qd_hf_layout_desc *l, const struct qd_convert_opts *o, struct qd_convert_summary *s,

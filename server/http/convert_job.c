@@ -392,8 +392,8 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
             goto bad;
     }
     /* the engine's own check: the source's kind for the format, the destination usable */
-    struct qd_convert_opts co = {.src = r->src, .dst = r->dst, .f = r->f, .recipe = r->recipe,
-                                 .overwrite = r->overwrite, .root = r->root, .gguf = r->gguf};
+    struct qd_convert_opts co = {.src = r->src, .dst = r->dst, .f = r->f, .params = r->params,
+                                 .recipe = r->recipe, .overwrite = r->overwrite, .root = r->root, .gguf = r->gguf};
     struct qd_convert_dest d;
     enum qd_status st;
     char why[1024];

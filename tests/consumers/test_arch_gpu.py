@@ -36,7 +36,9 @@ for fn in sorted(os.listdir(ARCH_DIR)):
         o = json.load(open(os.path.join(ARCH_DIR, fn)))
         OBSERVATIONS[o["name"]] = o
 LAYOUTS = {"nf4": ["nf4"], "fp4": ["fp4"], "W4A16": ["w4a16"], "W4A16_ASYM": ["w4a16", "--param", "symmetric=false"],
-           "W8A16": ["w8a16"], "NVFP4A16": ["nvfp4"], "MXFP4A16": ["mxfp4"], "awq": ["awq"]}
+           "W8A16": ["w8a16"], "NVFP4A16": ["nvfp4"], "MXFP4A16": ["mxfp4"], "awq": ["awq"],
+           "FP8_DYNAMIC": ["fp8_e4m3"], "FP8_BLOCK": ["fp8_e4m3", "--param", "granularity=block"], "W8A8": ["w8a8"],
+           "FineGrainedFP8": ["fp8_e4m3", "--param", "flow=transformers"]}
 CPU_CUDA = [(n, lay) for n, o in OBSERVATIONS.items() for lay in LAYOUTS if lay != "awq" or o["autoawq"]["supported"]]
 BNB = [(n, fmt) for n in OBSERVATIONS for fmt in ("nf4", "fp4")]
 

@@ -310,6 +310,31 @@ static int has_temporary(const char *d)
     return system(cmd) == 0;
 }
 
+/* The 8-bit layouts as jobs: the format's params choose the layout (FP8_DYNAMIC by default,
+ * FineGrainedFP8 with flow=transformers), and FP8's static input scale is refused before the job. */
+static void convert_job_fp8_layouts(void **state)
+{
+    char id[64], p[400];
+    write_hf("hf8");
+    assert_int_equal(convert("/jobs?op=convert", "{\"source\": \"hf8\", \"destination\": \"hf8-fp8\", "
+                             "\"fmt\": \"fp8_e4m3\"}", id, sizeof id), 200);
+    snprintf(p, sizeof p, "%s/hf8-fp8/config.json", dir);
+    size_t n;
+    char *cfg = read_file(p, &n);
+    assert_non_null(cfg);
+    assert_non_null(strstr(cfg, "\"float-quantized\""));
+    free(cfg);
+    assert_int_equal(convert("/jobs?op=convert", "{\"source\": \"hf8\", \"destination\": \"hf8-fg\", "
+                             "\"fmt\": \"fp8_e4m3\", \"params\": {\"flow\": \"transformers\"}}", id, sizeof id), 200);
+    snprintf(p, sizeof p, "%s/hf8-fg/config.json", dir);
+    cfg = read_file(p, &n);
+    assert_non_null(cfg);
+    assert_non_null(strstr(cfg, "\"weight_block_size\""));
+    free(cfg);
+    expect_refusal(400, "bad_request", "{\"source\": \"hf8\", \"destination\": \"hf8-static\", \"fmt\": "
+                   "\"fp8_e4m3\", \"params\": {\"granularity\": \"tensor\"}}", "static per-tensor input scale");
+}
+
 /* The data directory's confinement has no gaps: every refusal comes before the job (no 202
  * then a 500), and no answer names a server path. */
 static void convert_job_confinement_has_no_gaps(void **state)
@@ -640,6 +665,7 @@ int main(void)
         cmocka_unit_test(convert_refusals_come_before_the_job),
         cmocka_unit_test(convert_route_answers_the_converted_file),
         cmocka_unit_test(convert_job_confinement_has_no_gaps),
+        cmocka_unit_test(convert_job_fp8_layouts),
         cmocka_unit_test(convert_route_names_no_server_path),
         cmocka_unit_test(convert_job_writes_mlx_as_the_cli),
         cmocka_unit_test(stale_spool_files_are_swept_at_start),

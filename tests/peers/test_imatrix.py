@@ -62,9 +62,9 @@ def post(base, path, body):
         return e.code, json.loads(e.read())
 
 
-def quantize(base, fmt, x, imp):
-    body = {"fmt": fmt, "dtype": "f32", "shape": list(x.shape),
-            "data": base64.b64encode(np.ascontiguousarray(x, np.float32).tobytes()).decode()}
+def quantize(base, fmt, x, imp, raw=None, dtype="f32"):
+    body = {"fmt": fmt, "dtype": dtype, "shape": list(x.shape),
+            "data": base64.b64encode(raw or np.ascontiguousarray(x, np.float32).tobytes()).decode()}
     if imp is not None:
         body["importance"] = {"dtype": "f32", "data": base64.b64encode(imp.astype(np.float32).tobytes()).decode()}
     return post(base, "/quantize", body)
@@ -87,8 +87,9 @@ def test_bytes_and_values_equal_ggml(service, case):
         imp = imp.reshape(-1)
     else:
         x = mk.rows()
-        imp = None if kind == "none" else mk.importances()[kind]
-    status, r = quantize(service, fmt, x, imp)
+        imp = None if kind == "none" else mk.importances()[kind.removeprefix("bf16-")]
+    raw = mk.bf16_round(x)[1] if kind.startswith("bf16-") else None
+    status, r = quantize(service, fmt, x, imp, raw, "bf16" if raw else "f32")
     assert status == 200, r
     got = base64.b64decode(r["tensors"]["data"]["data"])
     assert sha(got) == EXPECT["cases"][case]["bytes"], f"{case}: bytes differ from ggml's"

@@ -320,7 +320,7 @@ enum qd_status qd_cuda_bad_end(unsigned long long *flag);
  * order (*dev NULL when p has none); the caller frees it with cudaFreeAsync after its kernels.
  * kernels/cuda/imatrix.cu. */
 enum qd_status qd_cuda_importance(const struct qd_params *p, float **dev);
-/* The rows of one matrix when p's importance holds a vector per matrix, else 0. */
+/* The rows sharing one vector when p's importance holds several, else 0. */
 int64_t qd_cuda_importance_matrix_rows(const struct qd_params *p, const struct qd_tensor *in);
 /* The weighted searches (imatrix.cu) the ggml and kquant entry points hand a quantize with an
  * importance to. */

@@ -27,7 +27,7 @@ enum qd_status qd_cuda_importance(const struct qd_params *p, float **dev)
     return QD_OK;
 }
 
-/* Where row `row`'s importance starts: one vector for all rows, or one per matrix of mrows rows. */
+/* Where row `row`'s importance starts: one vector for all rows, or one per run of mrows rows. */
 __device__ __forceinline__ const float *imx_row(const float *imp, int64_t per_matrix_rows, int64_t row, int64_t cols)
 {
     return per_matrix_rows ? imp + row / per_matrix_rows * cols : imp;
@@ -35,7 +35,7 @@ __device__ __forceinline__ const float *imx_row(const float *imp, int64_t per_ma
 
 int64_t qd_cuda_importance_matrix_rows(const struct qd_params *p, const struct qd_tensor *in)
 {
-    return p->importance_n == in->cols ? 0 : in->shape[in->ndim - 2];
+    return p->importance_n == in->cols ? 0 : qd_importance_run(p, in);
 }
 
 template <int DT> __global__ void imx_row_sigma2_kernel(const void *x, int64_t rows, int64_t cols, float *sigma2)

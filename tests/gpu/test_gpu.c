@@ -114,8 +114,9 @@ static const struct shape shapes[] = {{1, 32, 0},     {3, 96, 0},     {7, 160, 0
 static int64_t cases, skipped, nonfinite_mismatches, awq_f16_overflows, nonfinite_variant_cases;
 
 /* 1: quantize with an importance vector (random, a zero column in 7 and a zero 32-block now and
- * then); 2: the same on a [2, rows/2, cols] tensor with one vector per matrix. The GPU must run
- * its own weighted kernels (not the CPU fallback). */
+ * then); 2: the same on a [2, rows/2, cols] tensor with one vector per matrix; 3: two vectors on
+ * the 2-D tensor (two runs of rows/2 rows). The GPU must run its own weighted kernels (not the
+ * CPU fallback). */
 static int importance_case;
 
 /* Dequantized outputs: the same bits, or NaN in both (0 * inf from a scale that overflowed to
@@ -160,7 +161,7 @@ static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct s
         qd_tensor_set_shape(&wc.in, sh->rows == 1 ? 1 : 2, sh->rows == 1 ? dims + 1 : dims);
     float *importance = NULL;
     if (importance_case) {
-        wc.p.importance_n = sh->cols * (importance_case == 2 ? 2 : 1);
+        wc.p.importance_n = sh->cols * (importance_case >= 2 ? 2 : 1);
         wc.p.importance = importance = malloc((size_t)wc.p.importance_n * sizeof(float));
         for (int64_t i = 0; i < wc.p.importance_n; i++)
             importance[i] = rand_r(&seed) % 7 == 0 || (i / 32) % 13 == 4 ? 0.0f
@@ -282,7 +283,7 @@ static void gpu_bytes_equal_cpu_bytes_for_every_format(void **state)
 
 /* ggml's importance-weighted searches (q4_0 .. q5_1, the K-quants, iq4_nl/iq4_xs) and the types
  * that read and ignore it: GPU bytes equal CPU bytes, with one vector and one per matrix of a 3-D
- * tensor, on every input dtype, and NaN/Inf named alike. */
+ * tensor (and two runs of a 2-D one), on every input dtype, and NaN/Inf named alike. */
 static void gpu_equals_cpu_with_importance(void **state)
 {
     int small = getenv("QUANTD_GPU_SMALL") != NULL;
@@ -291,7 +292,7 @@ static void gpu_equals_cpu_with_importance(void **state)
         if (!(f->importance & QD_IMPORTANCE_ON(QD_BACKEND_CUDA)))
             continue;
         int64_t before = cases;
-        for (importance_case = 1; importance_case <= 2; importance_case++)
+        for (importance_case = 1; importance_case <= 3; importance_case++)
             for (int dt = QD_F32; dt <= QD_BF16; dt++)
                 for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
                     if (!shapes[s].big || (!small && dt == QD_F32 && shapes[s].big == 2))

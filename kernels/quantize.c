@@ -64,12 +64,12 @@ enum qd_status qd_importance_check(enum qd_backend_kind b, const struct qd_forma
                  "defined result on NaN/Inf");
         return QD_EINVAL;
     }
-    int64_t matrices = in->ndim >= 3 ? in->rows / in->shape[in->ndim - 2] : 1;
-    if (p->importance_n != in->cols && (matrices == 1 || p->importance_n != in->cols * matrices)) {
-        snprintf(err, len, "importance has %" PRId64 " values; it needs one per column (%" PRId64 ")%s",
-                 p->importance_n, in->cols, matrices > 1 ? ", or one per column of each matrix" : "");
-        if (matrices > 1)
-            snprintf(err + strlen(err), len - strlen(err), " (%" PRId64 " x %" PRId64 ")", matrices, in->cols);
+    int64_t k = p->importance_n / in->cols;
+    if (p->importance_n % in->cols || k < 1 || in->rows % k) {
+        int64_t matrices = in->ndim >= 3 ? in->rows / in->shape[in->ndim - 2] : 1;
+        snprintf(err, len, "importance has %" PRId64 " values; it needs one per column (%" PRId64 "), or one per "
+                 "column for each of k equal runs of rows (k dividing the %" PRId64 " rows%s)",
+                 p->importance_n, in->cols, in->rows, matrices > 1 ? ": the tensor's matrices, one vector each" : "");
         return QD_EINVAL;
     }
     for (int64_t i = 0; i < p->importance_n; i++)

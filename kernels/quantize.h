@@ -15,7 +15,7 @@ enum qd_status qd_quantize(enum qd_backend_kind b, const struct qd_format *f,
                            char *err, size_t errlen);
 
 /* Checks p->importance against the format, the backend and the input: QD_OK when there is none
- * or when it fits (importance_n = cols, or cols x prod(shape[:-2]); finite values >= 0),
+ * or when it fits (importance_n = cols x k, k dividing rows; finite values >= 0),
  * QD_EINVAL with a message otherwise. qd_quantize calls it; a caller may call it earlier. */
 enum qd_status qd_importance_check(enum qd_backend_kind b, const struct qd_format *f,
                                    const struct qd_tensor *in, const struct qd_params *p,

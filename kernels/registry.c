@@ -386,18 +386,16 @@ static const char *const fp8_defaults[] = {"granularity=channel", "flow=compress
      .gguf_type = gguf, .gguf_file_type = ftype, .params = ggml_params, .layout = layout_ggml,  \
      .backend = BACKENDS(ggml)}
 #define KQUANT(nm, cd, bytes, gguf, ftype, dc)                                                  \
-    {.name = nm, .importance = QD_IMPORTANCE_ON(QD_BACKEND_CPU), .family = "kquant", .doc = dc, .block_elems = QD_QK_K, .block_bytes = bytes,  \
+    {.name = nm, .importance = ANY_BACKEND, .family = "kquant", .doc = dc, .block_elems = QD_QK_K, .block_bytes = bytes,  \
      .block_axis = "last", .bits_per_weight = bytes * 8.0 / QD_QK_K, .code = cd,               \
      .gguf_type = gguf, .gguf_file_type = ftype, .params = kquant_params,                      \
      .layout = layout_kquant, .backend = BACKENDS(kquant)}
-/* ggml's iq4_nl/iq4_xs/ternary/MXFP4 (kernels/iquants.h); no CUDA kernels yet: the service runs
- * their CPU code */
+/* ggml's iq4_nl/iq4_xs/ternary/MXFP4 (kernels/iquants.h) */
 #define IQUANT(nm, cd, elems, bytes, gguf, ftype, imp, dc)                                      \
     {.name = nm, .family = "iquant", .doc = dc, .block_elems = elems, .block_bytes = bytes,    \
      .block_axis = "last", .bits_per_weight = bytes * 8.0 / elems, .code = cd,                 \
      .gguf_type = gguf, .gguf_file_type = ftype, .params = kquant_params, .importance = imp,   \
-     .layout = layout_iquant,                                                                  \
-     .backend = {[QD_BACKEND_CPU] = {qd_cpu_iquant_quantize, qd_cpu_iquant_dequantize}}}
+     .layout = layout_iquant, .backend = BACKENDS(iquant)}
 #define MLX_FP(nm, cd, group, bits, prm, dflt, dc)                                              \
     {.name = nm, .family = "mlx", .doc = dc, .block_elems = group, .block_axis = "last",        \
      .bits_per_weight = bits + 8.0 / group, .code = cd, .params = prm, .param_defaults = dflt,  \
@@ -410,10 +408,10 @@ static const char *const fp8_defaults[] = {"granularity=channel", "flow=compress
 const struct qd_format qd_formats[] = {
     BNB4("nf4", 0, "bitsandbytes NormalFloat4 (quantize_4bit quant_type='nf4')"),
     BNB4("fp4", 1, "bitsandbytes FP4 (quantize_4bit quant_type='fp4')"),
-    GGML("q4_0", QD_Q4_0, sizeof(struct qd_block_q4_0), 2, 2, QD_IMPORTANCE_ON(QD_BACKEND_CPU), "ggml block_q4_0: f16 d, 32 x 4-bit"),
-    GGML("q4_1", QD_Q4_1, sizeof(struct qd_block_q4_1), 3, 3, QD_IMPORTANCE_ON(QD_BACKEND_CPU), "ggml block_q4_1: f16 d, f16 m, 32 x 4-bit"),
-    GGML("q5_0", QD_Q5_0, sizeof(struct qd_block_q5_0), 6, 8, QD_IMPORTANCE_ON(QD_BACKEND_CPU), "ggml block_q5_0: f16 d, 32 x 5-bit"),
-    GGML("q5_1", QD_Q5_1, sizeof(struct qd_block_q5_1), 7, 9, QD_IMPORTANCE_ON(QD_BACKEND_CPU), "ggml block_q5_1: f16 d, f16 m, 32 x 5-bit"),
+    GGML("q4_0", QD_Q4_0, sizeof(struct qd_block_q4_0), 2, 2, ANY_BACKEND, "ggml block_q4_0: f16 d, 32 x 4-bit"),
+    GGML("q4_1", QD_Q4_1, sizeof(struct qd_block_q4_1), 3, 3, ANY_BACKEND, "ggml block_q4_1: f16 d, f16 m, 32 x 4-bit"),
+    GGML("q5_0", QD_Q5_0, sizeof(struct qd_block_q5_0), 6, 8, ANY_BACKEND, "ggml block_q5_0: f16 d, 32 x 5-bit"),
+    GGML("q5_1", QD_Q5_1, sizeof(struct qd_block_q5_1), 7, 9, ANY_BACKEND, "ggml block_q5_1: f16 d, f16 m, 32 x 5-bit"),
     GGML("q8_0", QD_Q8_0, sizeof(struct qd_block_q8_0), 8, 7, ANY_BACKEND /* read and ignored, as ggml does */, "ggml block_q8_0: f16 d, 32 x int8"),
     GGML("q8_1", QD_Q8_1, sizeof(struct qd_block_q8_1), 9, 0, 0, "ggml block_q8_1: f16 d, f16 s = d*sum(q), 32 x int8"),
     /* llama_ftype of the mix whose default type this is (llama-quantize --pure Q4_K writes 15) */
@@ -422,14 +420,20 @@ const struct qd_format qd_formats[] = {
     KQUANT("q4_K", QD_Q4_K, sizeof(struct qd_block_q4_K), 12, 15, "ggml block_q4_K: 256 elements, 8 x (6-bit scale, 6-bit min), 4-bit codes"),
     KQUANT("q5_K", QD_Q5_K, sizeof(struct qd_block_q5_K), 13, 17, "ggml block_q5_K: 256 elements, 8 x (6-bit scale, 6-bit min), 5-bit codes"),
     KQUANT("q6_K", QD_Q6_K, sizeof(struct qd_block_q6_K), 14, 18, "ggml block_q6_K: 256 elements, 16 x int8 scales, 6-bit codes"),
-    IQUANT("iq4_nl", QD_IQ4_NL, 32, 18, 20, 25, QD_IMPORTANCE_ON(QD_BACKEND_CPU),
+    IQUANT("iq4_nl", QD_IQ4_NL, 32, 18, 20, 25, ANY_BACKEND,
            "ggml block_iq4_nl: f16 d, 32 x 4-bit indices into a 16-value non-linear grid"),
-    IQUANT("iq4_xs", QD_IQ4_XS, 256, 136, 23, 30, QD_IMPORTANCE_ON(QD_BACKEND_CPU),
+    IQUANT("iq4_xs", QD_IQ4_XS, 256, 136, 23, 30, ANY_BACKEND,
            "ggml block_iq4_xs: 256 elements, f16 d, 8 x 6-bit scales, 4-bit non-linear grid indices"),
     IQUANT("tq1_0", QD_TQ1_0, 256, 54, 34, 36, ANY_BACKEND /* read and ignored, as ggml does */,
            "ggml block_tq1_0: 256 ternary codes (-1, 0, 1) x f16 d, five per byte"),
     IQUANT("tq2_0", QD_TQ2_0, 256, 66, 35, 37, ANY_BACKEND /* read and ignored, as ggml does */,
            "ggml block_tq2_0: 256 ternary codes (-1, 0, 1) x f16 d, two bits each"),
+    /* no CUDA kernels: the service runs its CPU code */
+    {.name = "iq3_s", .family = "iq3s", .doc = "ggml block_iq3_s: 256 elements, f16 d, 8 x 4-bit scales, "
+     "4-tuples of |x| as points of a 512-point grid, signs apart", .block_elems = 256, .block_bytes = 110,
+     .block_axis = "last", .bits_per_weight = 110 * 8.0 / 256, .gguf_type = 21, .gguf_file_type = 26,
+     .params = kquant_params, .importance = QD_IMPORTANCE_ON(QD_BACKEND_CPU), .layout = layout_iquant,
+     .backend = {[QD_BACKEND_CPU] = {qd_cpu_iq3s_quantize, qd_cpu_iq3s_dequantize}}},
     /* "mxfp4" is the OCP layout (scales apart, OCP rounding); llama.cpp's own MXFP4 type keeps its
      * exponent in the block and picks codes by least error: other bytes, hence its own name */
     IQUANT("mxfp4_ggml", QD_MXFP4_GGML, 32, 17, 39, 38, ANY_BACKEND /* read and ignored, as ggml does */,

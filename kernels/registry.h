@@ -98,23 +98,27 @@ struct qd_params {
     int64_t layout_matrix_rows;
     /* Not a parameter either: an importance vector, ggml's quant_weights (llama.cpp's importance
      * matrix, one entry of an imatrix file): importance_n f32 values in host memory on every
-     * backend, NULL for none. Either one per column (importance_n = cols), shared by every row,
-     * or one such vector per matrix (cols x matrices, matrices = prod(shape[:-2]): the experts of
-     * a 3-D MoE tensor, as llama-quantize hands them out). Values finite and >= 0. Only formats
-     * whose entry sets importance for the backend read it; qd_quantize refuses it elsewhere
-     * (qd_importance_check). */
+     * backend, NULL for none. cols x k values: k vectors of one per column, for k equal runs of
+     * consecutive rows (k divides rows). k = 1: one vector shared by every row; k = the experts
+     * of a MoE tensor ([E, R, C], or flattened to [E*R, C]): one per expert, as llama-quantize
+     * hands them out. Values finite and >= 0. Only formats whose entry sets importance for the
+     * backend read it; qd_quantize refuses it elsewhere (qd_importance_check). */
     const float *importance;
     int64_t importance_n;
 };
+
+/* The rows that share one importance vector (rows / k; rows when there is one vector). */
+static inline int64_t qd_importance_run(const struct qd_params *p, const struct qd_tensor *in)
+{
+    return in->rows / (p->importance_n / in->cols);
+}
 
 /* The importance vector of row `row` of in (cols values), or NULL when p has none. */
 static inline const float *qd_importance_row(const struct qd_params *p, const struct qd_tensor *in, int64_t row)
 {
     if (!p->importance)
         return NULL;
-    if (p->importance_n == in->cols)
-        return p->importance;
-    return p->importance + row / in->shape[in->ndim - 2] * in->cols;
+    return p->importance + row / qd_importance_run(p, in) * in->cols;
 }
 
 /* QD_PARAM_BLOCK: "RxC", two ints (rows, then cols at the next int) in [min, max] */

@@ -320,6 +320,19 @@ enum qd_status qd_cuda_bad_begin(int check, unsigned long long **flag);
  * stream order, without waiting; qd_cuda_finish reads them once the stream has run. */
 enum qd_status qd_cuda_bad_end(unsigned long long *flag);
 
+/* The importance vector of a quantize (host memory in p) copied to new device memory in stream
+ * order (*dev NULL when p has none); the caller frees it with cudaFreeAsync after its kernels.
+ * kernels/cuda/imatrix.cu. */
+enum qd_status qd_cuda_importance(const struct qd_params *p, float **dev);
+/* The rows sharing one vector when p's importance holds several, else 0. */
+int64_t qd_cuda_importance_matrix_rows(const struct qd_params *p, const struct qd_tensor *in);
+/* The weighted searches (imatrix.cu) the ggml and kquant entry points hand a quantize with an
+ * importance to. */
+enum qd_status qd_cuda_ggml_importance_quantize(const struct qd_format *f, const struct qd_tensor *in,
+                                                struct qd_params *p, void *const *out);
+enum qd_status qd_cuda_kquant_importance_quantize(const struct qd_format *f, const struct qd_tensor *in,
+                                                  struct qd_params *p, void *const *out);
+
 /* Multiprocessors of the current device (1 when it cannot be read). */
 int qd_cuda_sm_count(void);
 

@@ -61,6 +61,8 @@ __global__ void ggml_dequantize_kernel(int bytes, const uint8_t *in, int64_t nbl
 extern "C" enum qd_status qd_cuda_ggml_quantize(const struct qd_format *f, const struct qd_tensor *in,
                                                 struct qd_params *p, void *const *out)
 {
+    if (p->importance && f->code != QD_Q8_0) /* q8_0 has no weighted form: ggml ignores it */
+        return qd_cuda_ggml_importance_quantize(f, in, p, out);
     int64_t nblocks = qd_tensor_numel(in) / QD_GGML_QK;
     unsigned long long *bad;
     enum qd_status s = qd_cuda_bad_begin(!p->allow_nonfinite, &bad);

@@ -236,6 +236,8 @@ template <int DT, int TYPE> __global__ void kquant_dequantize_kernel(const uint8
 extern "C" enum qd_status qd_cuda_kquant_quantize(const struct qd_format *f, const struct qd_tensor *in,
                                                   struct qd_params *p, void *const *out)
 {
+    if (p->importance)
+        return qd_cuda_kquant_importance_quantize(f, in, p, out);
     int64_t nblocks = qd_tensor_numel(in) / QD_QK_K;
     unsigned long long *bad;
     enum qd_status s = qd_cuda_bad_begin(!p->allow_nonfinite, &bad);

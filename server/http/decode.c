@@ -196,7 +196,7 @@ static int oom(struct qd_reply *err)
 }
 
 /* "importance": {"data": base64 of little-endian f32, "dtype": "f32" (optional)}: one value per
- * column, or per column of each matrix (struct qd_params); checked against the format and the
+ * column, or per column for each of k equal runs of rows (struct qd_params); checked against the format and the
  * shape once both are known. Its "data" stays out of the JSON limit as the tensor's does. */
 static int decode_importance(struct qd_work *w, const struct qd_json_body *jb, const cJSON *imp,
                              struct qd_reply *err)

@@ -113,6 +113,12 @@ static const struct shape shapes[] = {{1, 32, 0},     {3, 96, 0},     {7, 160, 0
 
 static int64_t cases, skipped, nonfinite_mismatches, awq_f16_overflows, nonfinite_variant_cases;
 
+/* 1: quantize with an importance vector (random, a zero column in 7 and a zero 32-block now and
+ * then); 2: the same on a [2, rows/2, cols] tensor with one vector per matrix; 3: two vectors on
+ * the 2-D tensor (two runs of rows/2 rows). The GPU must run its own weighted kernels (not the
+ * CPU fallback). */
+static int importance_case;
+
 /* Dequantized outputs: the same bits, or NaN in both (0 * inf from a scale that overflowed to
  * inf is the hardware's NaN: x86 sets the sign, the GPU does not; docs/formats.md). */
 static int same_values(const void *a, const void *b, int64_t n, enum qd_dtype dt)
@@ -157,9 +163,20 @@ static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct s
             return;
         wc.p.allow_nonfinite = 1;
     }
-    int64_t dims[2] = {sh->rows, sh->cols};
+    int64_t dims[2] = {sh->rows, sh->cols}, dims3[3] = {2, sh->rows / 2, sh->cols};
     wc.in.dtype = dt;
-    qd_tensor_set_shape(&wc.in, sh->rows == 1 ? 1 : 2, sh->rows == 1 ? dims + 1 : dims);
+    if (importance_case == 2)
+        qd_tensor_set_shape(&wc.in, 3, dims3);
+    else
+        qd_tensor_set_shape(&wc.in, sh->rows == 1 ? 1 : 2, sh->rows == 1 ? dims + 1 : dims);
+    float *importance = NULL;
+    if (importance_case) {
+        wc.p.importance_n = sh->cols * (importance_case >= 2 ? 2 : 1);
+        wc.p.importance = importance = malloc((size_t)wc.p.importance_n * sizeof(float));
+        for (int64_t i = 0; i < wc.p.importance_n; i++)
+            importance[i] = rand_r(&seed) % 7 == 0 || (i / 32) % 13 == 4 ? 0.0f
+                                                                          : (float)(rand_r(&seed) % 4096) / 256.0f;
+    }
     char err[512], err2[512];
     wc.nc = qd_format_layout(f, &wc.p, &wc.in, wc.comps, err, sizeof err);
     if (wc.nc < 0) {
@@ -203,6 +220,8 @@ static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct s
         awq_f16_overflows++;
     }
     cases++;
+    if (importance_case && !strcmp(wg.backend, "cpu")) /* the worker's fallback names itself */
+        fail_msg("%s with importance ran on the CPU, not the GPU's kernels", f->name);
     if (nonfinite == 1) {
         assert_int_equal(sc, QD_ENONFINITE);
         goto done;
@@ -250,6 +269,7 @@ static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct s
     }
 done:
     free_pair(&wc, &wg);
+    free(importance);
 }
 
 static void gpu_bytes_equal_cpu_bytes_for_every_format(void **state)
@@ -263,6 +283,31 @@ static void gpu_bytes_equal_cpu_bytes_for_every_format(void **state)
                 if (!(shapes[s].big && (small || (shapes[s].big == 1 && dt != QD_F32))))
                     one_case(f, (enum qd_dtype)dt, &shapes[s], 0);
         printf("# %-12s %lld cases equal\n", f->name, (long long)(cases - before));
+        fflush(stdout);
+    }
+}
+
+/* ggml's importance-weighted searches (q4_0 .. q5_1, the K-quants, iq4_nl/iq4_xs) and the types
+ * that read and ignore it: GPU bytes equal CPU bytes, with one vector and one per matrix of a 3-D
+ * tensor (and two runs of a 2-D one), on every input dtype, and NaN/Inf named alike. */
+static void gpu_equals_cpu_with_importance(void **state)
+{
+    int small = getenv("QUANTD_GPU_SMALL") != NULL;
+    for (int fi = 0; fi < qd_format_count; fi++) {
+        const struct qd_format *f = &qd_formats[fi];
+        if (!(f->importance & QD_IMPORTANCE_ON(QD_BACKEND_CUDA)))
+            continue;
+        int64_t before = cases;
+        for (importance_case = 1; importance_case <= 3; importance_case++)
+            for (int dt = QD_F32; dt <= QD_BF16; dt++)
+                for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                    if (!shapes[s].big || (!small && dt == QD_F32 && shapes[s].big == 2))
+                        if (importance_case == 1 || shapes[s].rows % 2 == 0)
+                            one_case(f, (enum qd_dtype)dt, &shapes[s], 0);
+        importance_case = 1;
+        one_case(f, QD_F32, &shapes[5], 1);
+        importance_case = 0;
+        printf("# %-12s %lld cases equal with importance\n", f->name, (long long)(cases - before));
         fflush(stdout);
     }
 }
@@ -689,6 +734,7 @@ int main(void)
         cmocka_unit_test(device_encoders_equal_software_on_every_f32),
         cmocka_unit_test(gpu_bytes_equal_cpu_bytes_for_every_format),
         cmocka_unit_test(gpu_names_the_first_nonfinite_element_like_the_cpu),
+        cmocka_unit_test(gpu_equals_cpu_with_importance),
         cmocka_unit_test_teardown(gpu_equals_cpu_on_ties, random_data_again),
         cmocka_unit_test(gpu_equals_cpu_on_allowed_nonfinite_input),
         cmocka_unit_test(gpu_params_variants),

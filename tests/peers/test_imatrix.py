@@ -4,7 +4,8 @@ itself produced (tests/fixtures/imatrix/ggml_quantize.json, made by
 tests/fixtures/make_imatrix_fixtures.py through ggml_quantize_chunk, the call llama-quantize
 makes with --imatrix). The inputs are planted hard rows (zeros, an outlier, subnormals, tiny
 runs, a constant) and N(0, 0.02) rows; the importance vectors random positive, and random with
-zero columns and zero blocks; a 3-D tensor of two experts takes one vector per expert."""
+zero columns and zero blocks; a 3-D tensor of two experts (and the same flattened to 2-D) takes
+one vector per expert."""
 import base64
 import hashlib
 import json
@@ -62,9 +63,9 @@ def post(base, path, body):
         return e.code, json.loads(e.read())
 
 
-def quantize(base, fmt, x, imp):
-    body = {"fmt": fmt, "dtype": "f32", "shape": list(x.shape),
-            "data": base64.b64encode(np.ascontiguousarray(x, np.float32).tobytes()).decode()}
+def quantize(base, fmt, x, imp, raw=None, dtype="f32"):
+    body = {"fmt": fmt, "dtype": dtype, "shape": list(x.shape),
+            "data": base64.b64encode(raw or np.ascontiguousarray(x, np.float32).tobytes()).decode()}
     if imp is not None:
         body["importance"] = {"dtype": "f32", "data": base64.b64encode(imp.astype(np.float32).tobytes()).decode()}
     return post(base, "/quantize", body)
@@ -87,20 +88,24 @@ def test_bytes_and_values_equal_ggml(service, case):
         imp = imp.reshape(-1)
     else:
         x = mk.rows()
-        imp = None if kind == "none" else mk.importances()[kind]
-    status, r = quantize(service, fmt, x, imp)
-    assert status == 200, r
-    got = base64.b64decode(r["tensors"]["data"]["data"])
-    assert sha(got) == EXPECT["cases"][case]["bytes"], f"{case}: bytes differ from ggml's"
-    status, d = post(service, "/dequantize?dtype=f32", r)
-    assert status == 200, d
-    assert sha(base64.b64decode(d["data"])) == EXPECT["cases"][case]["dequantized"], f"{case}: values differ"
+        imp = None if kind == "none" else mk.importances()[kind.removeprefix("bf16-")]
+    raw = mk.bf16_round(x)[1] if kind.startswith("bf16-") else None
+    # the experts also flattened to [8, 512] (as a conversion hands a 3-D tensor over): two runs
+    for shaped in [x] + ([x.reshape(-1, x.shape[-1])] if kind == "experts" else []):
+        status, r = quantize(service, fmt, shaped, imp, raw, "bf16" if raw else "f32")
+        assert status == 200, r
+        got = base64.b64decode(r["tensors"]["data"]["data"])
+        assert sha(got) == EXPECT["cases"][case]["bytes"], f"{case} {shaped.shape}: bytes differ from ggml's"
+        status, d = post(service, "/dequantize?dtype=f32", r)
+        assert status == 200, d
+        assert sha(base64.b64decode(d["data"])) == EXPECT["cases"][case]["dequantized"], f"{case}: values differ"
 
 
 def test_importance_refusals(service):
     x = mk.rows()
     imp = mk.importances()["positive"]
     for fmt, vec, what in [("nf4", imp, "takes no importance"), ("q4_K", imp[:256], "one per column"),
+                           ("q4_K", np.tile(imp, 3), "equal runs of rows"),
                            ("q4_K", np.where(np.arange(512) == 3, np.nan, imp), "finite"),
                            ("q4_K", -imp, ">= 0")]:
         status, r = quantize(service, fmt, x, vec)

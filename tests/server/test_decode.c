@@ -212,7 +212,8 @@ static void importance_decoding(void **state)
     struct { const char *fmt; int64_t rows; int n; int status; const char *code; } cases[] = {
         {"q8_0", 2, 64, 0, NULL},       /* one per column */
         {"q8_0", 4, 128, 0, NULL},      /* [2, 2, 64]: one per column of each matrix */
-        {"q8_0", 2, 128, 422, "bad_importance"}, /* a 2-D tensor has one matrix */
+        {"q8_0", 2, 128, 0, NULL},      /* [2, 64] flattened experts: one per row */
+        {"q8_0", 3, 128, 422, "bad_importance"}, /* two runs do not divide three rows */
         {"q8_0", 2, 63, 422, "bad_importance"},
         {"nf4", 2, 64, 422, "bad_importance"},   /* takes none */
     };

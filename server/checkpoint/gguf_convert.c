@@ -327,7 +327,7 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         p->action = QD_CONVERT_COPY;
         s->params_total += p->src->bytes / (uint64_t)qd_ggml_type(p->src->type)->block_bytes *
                            (uint64_t)qd_ggml_type(p->src->type)->block_elems;
-        if (!qd_gguf_allows_quantization(&p->out, arch, opt))
+        if (!qd_gguf_allows_quantization(&p->out, rs.arch, opt))
             continue;
         /* the mix's counters advance over every tensor it types, kept or not by --skip/--only */
         const uint32_t target = qd_recipe_type(&rs, p->src, p->out.name);

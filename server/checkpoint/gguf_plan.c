@@ -22,21 +22,8 @@ static const char *const keep_if_contains[] = {
     "mm.a.code_embd", NULL};
 /* ... and these whole names (positional embeddings, BERT's token types) */
 static const char *const keep_if_named[] = {"position_embd.weight", "token_types.weight", NULL};
-/* ... and for the glm5-next architecture, these too */
-static const char *const keep_if_contains_glm5_next[] = {
-    "hc_", "indexer.attn_q_b", "indexer.attn_k", "indexer.proj", "indexer_compressor_gate",
-    "indexer_compressor_ape", "ssm_f_a.weight", "ssm_f_b.weight", "ssm_g_a.weight", "ssm_g_b.weight",
-    "ssm_beta.weight", "attn_kv_a_mqa.weight", "attn_k_b.weight", "attn_v_b.weight", NULL};
-
-static int contains_any(const char *name, const char *const *list)
-{
-    for (; *list; list++)
-        if (strstr(name, *list))
-            return 1;
-    return 0;
-}
-
-int qd_gguf_allows_quantization(const struct qd_gguf_tensor *t, const char *arch, const struct qd_gguf_options *opt)
+int qd_gguf_allows_quantization(const struct qd_gguf_tensor *t, const struct qd_gguf_arch *arch,
+                                const struct qd_gguf_options *opt)
 {
     size_t n = strlen(t->name);
     if (qd_gguf_n_dims(t->ne) < 2 || n < 6 || strcmp(t->name + n - 6, "weight"))
@@ -46,9 +33,9 @@ int qd_gguf_allows_quantization(const struct qd_gguf_tensor *t, const char *arch
     for (const char *const *k = keep_if_named; *k; k++)
         if (!strcmp(t->name, *k))
             return 0;
-    if (contains_any(t->name, keep_if_contains))
+    if (qd_gguf_arch_names_any(t->name, keep_if_contains))
         return 0;
-    return !(arch && !strcmp(arch, "glm5-next") && contains_any(t->name, keep_if_contains_glm5_next));
+    return !qd_gguf_arch_names_any(t->name, arch->keep);
 }
 
 /* llama_model_loader's weights_map order: by the layer number of "blk.%d." (-1 for others),

@@ -7,6 +7,7 @@
 
 #include "../../kernels/registry.h"
 #include "checkpoint/gguf.h"
+#include "checkpoint/gguf_arch.h"
 #include "checkpoint/gguf_options.h"
 
 struct qd_gguf_recipe {
@@ -30,7 +31,8 @@ struct qd_recipe_state {
     uint32_t default_type;               /* ggml type id */
     int pure;                            /* no mix rules (--fmt, --pure) */
     int has_imatrix;                     /* an importance matrix is given (set after init) */
-    int falcon, glm5_next, bailingmoe3, is_70b, tied;
+    const struct qd_gguf_arch *arch;     /* never NULL */
+    int is_70b, tied;
     int n_gqa, n_expert, n_layer;
     int n_attention_wv, i_attention_wv, i_ffn_down;
 };

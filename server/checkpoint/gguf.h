@@ -32,6 +32,8 @@ struct qd_ggml_type {
     const char *name;
     int block_elems, block_bytes;
     uint32_t fallback;
+    int ftype; /* the llama_ftype llama_model_loader guesses for a file mostly of this type (0, ALL_F32,
+                  where it knows none) */
 };
 const struct qd_ggml_type *qd_ggml_type(uint32_t type);
 

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,7 +163,7 @@ static enum qd_status process_tensor(void *ctx, int lane, int item, const void *
     return done;
 }
 
-/* process_tensor's work on f32/f16/bf16 rows: the quantizer, or the cast to F16, and llama's
+/* process_tensor's work on f32/f16/bf16 rows: the quantizer, or the cast to a float type, and llama's
  * validation of what they wrote. */
 static enum qd_status requantized(struct job *j, const struct qd_gguf_plan *p, const struct piece *pc, int lane,
                                   const void *in, enum qd_dtype in_dtype, int64_t rows, void *out,
@@ -198,13 +199,30 @@ static enum qd_status requantized(struct job *j, const struct qd_gguf_plan *p, c
         }
         return QD_OK;
     }
-    uint64_t count = out_bytes / 2; /* QD_CONVERT_CAST_F16 */
-    uint16_t *h = out;
-    for (uint64_t k = 0; k < count; k++)
-        h[k] = qd_f32_to_f16(in_dtype == QD_F32 ? ((const float *)in)[k] : qd_bf16_to_f32(((const uint16_t *)in)[k]));
-    if (first_nonfinite_f16(out, count, 2, 0, 1)) {
-        snprintf(err, errlen, "tensor '%s': a value is not finite in f16 (llama-quantize stops there too)",
-                 p->src->name);
+    /* QD_CONVERT_CAST: widened to f32 (exact), then ggml_quantize_chunk's conversion to the
+     * float type; ggml_validate_row_data refuses a value that is not finite in it */
+    const uint64_t count = out_bytes / (uint64_t)ty->block_bytes;
+    int nonfinite = 0;
+    for (uint64_t k = 0; k < count; k++) {
+        const float v = in_dtype == QD_F32   ? ((const float *)in)[k]
+                        : in_dtype == QD_F16 ? qd_f16_to_f32(((const uint16_t *)in)[k])
+                                             : qd_bf16_to_f32(((const uint16_t *)in)[k]);
+        if (p->out.type == QD_GGML_F32) {
+            ((float *)out)[k] = v;
+            nonfinite |= !isfinite(v);
+        } else if (p->out.type == QD_GGML_BF16) {
+            const uint16_t b = qd_f32_to_bf16(v);
+            ((uint16_t *)out)[k] = b;
+            nonfinite |= (b & 0x7f80) == 0x7f80;
+        } else {
+            const uint16_t h = qd_f32_to_f16(v);
+            ((uint16_t *)out)[k] = h;
+            nonfinite |= (h & 0x7c00) == 0x7c00;
+        }
+    }
+    if (nonfinite) {
+        snprintf(err, errlen, "tensor '%s': a value is not finite in %s (llama-quantize stops there too)",
+                 p->src->name, ty->name);
         return QD_ENONFINITE;
     }
     return QD_OK;
@@ -223,11 +241,12 @@ static void tensor_handed(void *ctx, int item)
         s->params_quantized += p->src->bytes / (uint64_t)qd_ggml_type(p->src->type)->block_bytes *
                                (uint64_t)qd_ggml_type(p->src->type)->block_elems;
     } else
-        p->action == QD_CONVERT_CAST_F16 ? s->cast++ : s->copied++;
+        p->action == QD_CONVERT_CAST ? s->cast++ : s->copied++;
     double now = qd_pipe_clock_s();
     if (j->o->progress) {
         struct qd_convert_event ev = {.index = j->pieces[item].plan + 1, .count = j->count, .name = p->out.name, .action = p->action,
-                                      .fmt = p->f ? p->f->name : j->o->f->name, .ms = (now - (j->last ? j->last : j->t0)) * 1e3,
+                                      .fmt = p->action == QD_CONVERT_CAST ? qd_ggml_type(p->out.type)->name
+                                              : p->f ? p->f->name : j->o->f ? j->o->f->name : "", .ms = (now - (j->last ? j->last : j->t0)) * 1e3,
                                       .has_nmse = j->o->report_error && p->action == QD_CONVERT_QUANTIZE,
                                       .nmse = j->nmse, .in_done = s->bytes_in, .in_total = j->in_total};
         uint32_t nd = qd_gguf_n_dims(p->src->ne);
@@ -237,6 +256,33 @@ static void tensor_handed(void *ctx, int item)
         j->o->progress(j->o->progress_ctx, &ev);
     }
     j->last = now;
+}
+
+/* COPY's file type: llama_model_loader's, general.file_type when the input has it, else its
+ * guess from the type most tensors have (the first to reach the largest count, in the loader's
+ * order), marked LLAMA_FTYPE_GUESSED (1024). */
+static uint32_t input_file_type(const struct qd_gguf *g)
+{
+    const struct qd_gguf_kv *kv = qd_gguf_find(g, "general.file_type");
+    if (kv && kv->type == QD_GGUF_U32) {
+        uint32_t v;
+        memcpy(&v, kv->value, 4);
+        return v;
+    }
+    const int n = (int)g->n_tensors;
+    const struct qd_gguf_tensor **order = calloc((size_t)(n ? n : 1), sizeof *order);
+    uint32_t count[QD_GGML_TYPE_COUNT] = {0}, most = 0, type_max = QD_GGML_F32;
+    for (int i = 0; order && i < n; i++)
+        order[i] = &g->tensors[i];
+    if (order)
+        qsort(order, (size_t)n, sizeof *order, qd_gguf_loader_order);
+    for (int i = 0; order && i < n; i++) {
+        const uint32_t t = order[i]->type;
+        if (t < QD_GGML_TYPE_COUNT && most < ++count[t])
+            most = count[t], type_max = t;
+    }
+    free(order);
+    return (uint32_t)qd_ggml_type(type_max)->ftype | 1024u;
 }
 
 /* One conversion's state, shared by its steps; convert_free releases all of it. */
@@ -287,6 +333,8 @@ static int no_memory(struct convert *c)
  * none at all, as llama-quantize's prepare_imatrix has it) and the user's selection. */
 static int plan_tensors(struct convert *c, const struct qd_gguf_recipe *recipe)
 {
+    const uint32_t default_type = recipe && !recipe->fmt ? recipe->type : (uint32_t)c->o->f->gguf_type;
+    const int copy_all = recipe && recipe->copy; /* tensor_allows_quantization says no to every tensor */
     const struct qd_gguf_options *opt = c->opt;
     const int all = (int)c->g.n_tensors;
     c->plan = calloc((size_t)(all ? all : 1), sizeof *c->plan);
@@ -315,7 +363,7 @@ static int plan_tensors(struct convert *c, const struct qd_gguf_recipe *recipe)
     }
     for (int i = 0; i < c->n; i++)
         names[i] = c->plan[i].out.name;
-    qd_recipe_init(&c->rs, recipe, (uint32_t)c->o->f->gguf_type, opt, &c->g, names, c->n);
+    qd_recipe_init(&c->rs, recipe, default_type, opt, &c->g, names, c->n);
     free(names);
     if (opt && opt->imatrix_path) {
         if (qd_gguf_imatrix_load(opt->imatrix_path, &c->im, c->err, c->errlen)) {
@@ -332,7 +380,7 @@ static int plan_tensors(struct convert *c, const struct qd_gguf_recipe *recipe)
         const struct qd_ggml_type *src = qd_ggml_type(p->src->type);
         p->action = QD_CONVERT_COPY;
         c->s->params_total += p->src->bytes / (uint64_t)src->block_bytes * (uint64_t)src->block_elems;
-        if (!qd_gguf_allows_quantization(&p->out, c->rs.arch, opt))
+        if (copy_all || !qd_gguf_allows_quantization(&p->out, c->rs.arch, opt))
             continue;
         /* the mix's counters advance over every tensor it types, kept or not by --skip/--only */
         const uint32_t target = qd_recipe_type(&c->rs, p->src, p->out.name);
@@ -609,8 +657,8 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
     double t0 = qd_pipe_clock_s();
     const struct qd_format *f = o->f;
     const struct qd_gguf_recipe *recipe = o->recipe ? qd_gguf_recipe_find(o->recipe) : NULL;
-    const uint32_t file_type = recipe ? (uint32_t)recipe->ftype : (uint32_t)f->gguf_file_type;
-    if (!f->gguf_file_type) {
+    uint32_t file_type = recipe ? (uint32_t)recipe->ftype : (uint32_t)f->gguf_file_type;
+    if (!(recipe && !recipe->fmt) && !f->gguf_file_type) {
         snprintf(err, errlen, "convert: %s has no llama.cpp file type (llama-quantize does not write it); "
                  "use q4_0, q4_1, q5_0, q5_1, q8_0 or a K-quant (q2_K ... q6_K)", f->name);
         return -1;
@@ -641,6 +689,8 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
     }
     c->parsed = 1;
     c->arch = qd_gguf_string(&c->g, "general.architecture");
+    if (recipe && recipe->copy)
+        file_type = input_file_type(&c->g);
     int rc = plan_tensors(c, recipe);
     if (rc == 0) {
         plan_keys(c, file_type);

@@ -126,7 +126,7 @@ int qd_gguf_plan_prune(const struct qd_gguf_tensor *const *order, int n, const s
 }
 
 /* What the plan does with a tensor of ggml type `target`: copy it (its own type), cast it to
- * F16, or quantize it with the registry's format for that type. -1 with err when quantd does
+ * F32, F16 or BF16, or quantize it with the registry's format for that type. -1 with err when quantd does
  * not write that type or the tensor cannot become it. */
 int qd_gguf_plan_target(struct qd_gguf_plan *p, uint32_t target, const struct qd_gguf_options *opt, char *err, size_t errlen)
 {
@@ -158,13 +158,13 @@ int qd_gguf_plan_target(struct qd_gguf_plan *p, uint32_t target, const struct qd
         }
         p->requant = from;
     }
-    p->f = target == QD_GGML_F16 ? NULL : qd_gguf_format_of(target);
-    if (target != QD_GGML_F16 && !p->f) {
-        snprintf(err, errlen, "tensor '%s': quantd does not write ggml type %s (it writes f16, q4_0, q4_1, q5_0, "
-                 "q5_1, q8_0, q2_K ... q6_K, iq4_nl, iq4_xs, tq1_0, tq2_0, mxfp4)", p->out.name, t->name);
+    p->f = is_float(target) ? NULL : qd_gguf_format_of(target);
+    if (!is_float(target) && !p->f) {
+        snprintf(err, errlen, "tensor '%s': quantd does not write ggml type %s (it writes f32, f16, bf16, q4_0, q4_1, "
+                 "q5_0, q5_1, q8_0, q2_K ... q6_K, iq4_nl, iq4_xs, tq1_0, tq2_0, mxfp4)", p->out.name, t->name);
         return -1;
     }
-    p->action = target == QD_GGML_F16 ? QD_CONVERT_CAST_F16 : QD_CONVERT_QUANTIZE;
+    p->action = is_float(target) ? QD_CONVERT_CAST : QD_CONVERT_QUANTIZE;
     p->out.type = target;
     p->out.bytes = qd_ggml_nbytes(target, p->out.ne);
     return 0;

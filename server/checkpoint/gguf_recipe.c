@@ -13,17 +13,21 @@ enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 7, Q5_0 = 8, Q5_1 = 9, Q2_K = 10, Q3_K_S = 11,
        Q4_K_S = 14, Q4_K_M = 15, Q5_K_S = 16, Q5_K_M = 17, Q6_K = 18, Q2_K_S = 21, IQ4_NL = 25, IQ4_XS = 30,
        TQ1_0 = 36, TQ2_0 = 37, MXFP4_MOE = 38 };
 
+#define MIX(name, ftype, fmt) {name, ftype, fmt, 0, 0}
 static const struct qd_gguf_recipe recipes[] = {
-    {"Q4_0", Q4_0, "q4_0"},     {"Q4_1", Q4_1, "q4_1"},     {"Q5_0", Q5_0, "q5_0"},
-    {"Q5_1", Q5_1, "q5_1"},     {"Q8_0", Q8_0, "q8_0"},     {"Q2_K", Q2_K, "q2_K"},
-    {"Q3_K_S", Q3_K_S, "q3_K"}, {"Q3_K_M", Q3_K_M, "q3_K"}, {"Q3_K_L", Q3_K_L, "q3_K"},
-    {"Q4_K_S", Q4_K_S, "q4_K"}, {"Q4_K_M", Q4_K_M, "q4_K"}, {"Q5_K_S", Q5_K_S, "q5_K"},
-    {"Q5_K_M", Q5_K_M, "q5_K"}, {"Q6_K", Q6_K, "q6_K"},
-    {"Q2_K_S", Q2_K_S, "q2_K"}, /* (with an importance matrix only: qd_recipe_requires_imatrix) */
-    {"IQ4_NL", IQ4_NL, "iq4_nl"}, {"IQ4_XS", IQ4_XS, "iq4_xs"}, {"TQ1_0", TQ1_0, "tq1_0"},
-    {"TQ2_0", TQ2_0, "tq2_0"},     {"MXFP4_MOE", MXFP4_MOE, "mxfp4_ggml"},
+    MIX("Q4_0", Q4_0, "q4_0"),     MIX("Q4_1", Q4_1, "q4_1"),     MIX("Q5_0", Q5_0, "q5_0"),
+    MIX("Q5_1", Q5_1, "q5_1"),     MIX("Q8_0", Q8_0, "q8_0"),     MIX("Q2_K", Q2_K, "q2_K"),
+    MIX("Q3_K_S", Q3_K_S, "q3_K"), MIX("Q3_K_M", Q3_K_M, "q3_K"), MIX("Q3_K_L", Q3_K_L, "q3_K"),
+    MIX("Q4_K_S", Q4_K_S, "q4_K"), MIX("Q4_K_M", Q4_K_M, "q4_K"), MIX("Q5_K_S", Q5_K_S, "q5_K"),
+    MIX("Q5_K_M", Q5_K_M, "q5_K"), MIX("Q6_K", Q6_K, "q6_K"),
+    MIX("Q2_K_S", Q2_K_S, "q2_K"), /* (with an importance matrix only: qd_recipe_requires_imatrix) */
+    MIX("IQ4_NL", IQ4_NL, "iq4_nl"), MIX("IQ4_XS", IQ4_XS, "iq4_xs"), MIX("TQ1_0", TQ1_0, "tq1_0"),
+    MIX("TQ2_0", TQ2_0, "tq2_0"),     MIX("MXFP4_MOE", MXFP4_MOE, "mxfp4_ggml"),
+    /* every quantizable tensor converted to one float type; COPY after F32, whose id (0) it shares */
+    {"F16", 1, NULL, QD_GGML_F16, 0}, {"BF16", 32, NULL, QD_GGML_BF16, 0}, {"F32", 0, NULL, QD_GGML_F32, 0},
+    {"COPY", 0, NULL, QD_GGML_F32, 1},
     /* llama-quantize's aliases */
-    {"Q3_K", Q3_K_M, "q3_K"},   {"Q4_K", Q4_K_M, "q4_K"},   {"Q5_K", Q5_K_M, "q5_K"},
+    MIX("Q3_K", Q3_K_M, "q3_K"),   MIX("Q4_K", Q4_K_M, "q4_K"),   MIX("Q5_K", Q5_K_M, "q5_K"),
 };
 
 const struct qd_gguf_recipe *qd_gguf_recipe_find(const char *name)
@@ -40,7 +44,7 @@ const struct qd_gguf_recipe *qd_gguf_recipe_find(const char *name)
 const char *qd_gguf_recipe_names(void)
 {
     return "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K (Q3_K, Q4_K, "
-           "Q5_K: the _M mixes), IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE, Q2_K_S (with --imatrix)";
+           "Q5_K: the _M mixes), IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE, Q2_K_S (with --imatrix), F16 BF16 F32 COPY (quantd convert)";
 }
 
 /* An integer key's value (an array's first element), or def. */

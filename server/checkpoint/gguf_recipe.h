@@ -13,7 +13,9 @@
 struct qd_gguf_recipe {
     const char *name;  /* as llama-quantize spells it: "Q4_K_M" */
     int ftype;         /* llama_ftype: general.file_type */
-    const char *fmt;   /* the default type, quantd's format name */
+    const char *fmt;   /* the default type, quantd's format name; NULL for the float mixes and COPY */
+    uint32_t type;     /* the float mixes: their ggml type (F32, F16, BF16) */
+    int copy;          /* COPY: every tensor as it is, the input's file type */
 };
 
 /* NULL when llama-quantize has no such name or quantd does not write it (the IQ types, and

@@ -14,7 +14,8 @@
 
 struct qd_gguf_recipe;
 
-enum qd_convert_action { QD_CONVERT_COPY, QD_CONVERT_QUANTIZE, QD_CONVERT_CAST_F16 };
+/* CAST: to another float type (f16, bf16, f32), through f32 as llama-quantize converts */
+enum qd_convert_action { QD_CONVERT_COPY, QD_CONVERT_QUANTIZE, QD_CONVERT_CAST };
 
 struct qd_name_filter;
 struct qd_gguf_options;
@@ -24,7 +25,7 @@ struct qd_convert_event {
     int index, count;          /* 1-based tensor index, tensors in all */
     const char *name;
     enum qd_convert_action action;
-    const char *fmt;           /* the format when quantized */
+    const char *fmt;           /* the format when quantized, the ggml type when cast */
     int ndim;
     int64_t shape[4];          /* as the source lists it, outermost first */
     double ms;

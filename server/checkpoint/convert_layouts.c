@@ -88,6 +88,15 @@ static const struct layout *layout_of(const struct qd_format *f)
     return NULL;
 }
 
+/* The layout of format f, or for mix r (not NULL) GGUF's: a float mix or COPY names no format. */
+static const struct layout *layout_for(const struct qd_gguf_recipe *r, const struct qd_format *f)
+{
+    for (size_t i = 0; r && !r->fmt && i < sizeof layouts / sizeof *layouts; i++)
+        if (layouts[i].run == qd_convert_gguf)
+            return &layouts[i];
+    return layout_of(f);
+}
+
 /* The names of the formats whose layout takes input kind in (or, with in < 0, writes what l
  * writes), registry order, space-separated. */
 static void format_names(int in, const struct layout *l, char *out, size_t len)
@@ -208,8 +217,8 @@ int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d,
         snprintf(err, errlen, "convert: unknown recipe '%.40s' (quantd writes %s)", o->recipe, qd_gguf_recipe_names());
         return -1;
     }
-    const struct qd_format *f = r ? qd_format_find(r->fmt) : o->f;
-    const struct layout *l = layout_of(f);
+    const struct qd_format *f = r ? (r->fmt ? qd_format_find(r->fmt) : NULL) : o->f;
+    const struct layout *l = layout_for(r, f);
     if (!l && f && f->gguf_type) {
         snprintf(err, errlen, "convert: %s has no llama.cpp file type (llama-quantize does not write it); use %s",
                  f->name, qd_convert_formats_from(QD_INPUT_GGUF));
@@ -257,12 +266,14 @@ int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, en
     }
     struct qd_convert_opts run = *o;
     run.dst = d.path;
-    if (o->recipe) { /* a llama-quantize mix: GGUF out, its default type as the format */
-        run.f = qd_format_find(qd_gguf_recipe_find(o->recipe)->fmt);
-        qd_params_default(run.f, &run.params);
+    const struct qd_gguf_recipe *r = o->recipe ? qd_gguf_recipe_find(o->recipe) : NULL;
+    if (r) { /* a llama-quantize mix: GGUF out, its default type as the format (none: a float mix) */
+        run.f = r->fmt ? qd_format_find(r->fmt) : NULL;
+        if (run.f)
+            qd_params_default(run.f, &run.params);
     }
     qd_convert_confine(o->root);
-    const struct layout *l = layout_of(run.f);
+    const struct layout *l = layout_for(r, run.f);
     const struct qd_hf_layout_desc *hf = l->hf && l->hf->pick ? l->hf->pick(run.f, &run.params, err, errlen) : l->hf;
     int rc = hf ? qd_convert_hf(hf, &run, s, status, err, errlen) : l->run(&run, s, status, err, errlen);
     qd_convert_confine(NULL);

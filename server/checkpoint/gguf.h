@@ -21,13 +21,19 @@
 enum {
     QD_GGML_F32 = 0, QD_GGML_F16 = 1, QD_GGML_Q4_0 = 2, QD_GGML_Q4_1 = 3, QD_GGML_Q5_0 = 6,
     QD_GGML_Q5_1 = 7, QD_GGML_Q8_0 = 8, QD_GGML_Q8_1 = 9, QD_GGML_Q2_K = 10, QD_GGML_Q3_K = 11,
-    QD_GGML_Q4_K = 12, QD_GGML_Q5_K = 13, QD_GGML_Q6_K = 14, QD_GGML_BF16 = 30, QD_GGML_TYPE_COUNT = 43
+    QD_GGML_Q4_K = 12, QD_GGML_Q5_K = 13, QD_GGML_Q6_K = 14, QD_GGML_IQ4_NL = 20, QD_GGML_BF16 = 30, QD_GGML_TYPE_COUNT = 43
 };
 
-/* A ggml type's name and block geometry; NULL for ids that are not (or no longer) types. */
+/* A ggml type's name and block geometry; NULL for ids that are not (or no longer) types.
+ * fallback: the 32-block type llama-quantize writes instead where a row does not split into
+ * this type's 256-blocks (llama-quant.cpp tensor_type_fallback); 0 where it names none (f32 is
+ * never a fallback). */
 struct qd_ggml_type {
     const char *name;
     int block_elems, block_bytes;
+    uint32_t fallback;
+    int ftype; /* the llama_ftype llama_model_loader guesses for a file mostly of this type (0, ALL_F32,
+                  where it knows none) */
 };
 const struct qd_ggml_type *qd_ggml_type(uint32_t type);
 

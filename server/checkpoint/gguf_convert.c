@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,7 +163,7 @@ static enum qd_status process_tensor(void *ctx, int lane, int item, const void *
     return done;
 }
 
-/* process_tensor's work on f32/f16/bf16 rows: the quantizer, or the cast to F16, and llama's
+/* process_tensor's work on f32/f16/bf16 rows: the quantizer, or the cast to a float type, and llama's
  * validation of what they wrote. */
 static enum qd_status requantized(struct job *j, const struct qd_gguf_plan *p, const struct piece *pc, int lane,
                                   const void *in, enum qd_dtype in_dtype, int64_t rows, void *out,
@@ -198,13 +199,30 @@ static enum qd_status requantized(struct job *j, const struct qd_gguf_plan *p, c
         }
         return QD_OK;
     }
-    uint64_t count = out_bytes / 2; /* QD_CONVERT_CAST_F16 */
-    uint16_t *h = out;
-    for (uint64_t k = 0; k < count; k++)
-        h[k] = qd_f32_to_f16(in_dtype == QD_F32 ? ((const float *)in)[k] : qd_bf16_to_f32(((const uint16_t *)in)[k]));
-    if (first_nonfinite_f16(out, count, 2, 0, 1)) {
-        snprintf(err, errlen, "tensor '%s': a value is not finite in f16 (llama-quantize stops there too)",
-                 p->src->name);
+    /* QD_CONVERT_CAST: widened to f32 (exact), then ggml_quantize_chunk's conversion to the
+     * float type; ggml_validate_row_data refuses a value that is not finite in it */
+    const uint64_t count = out_bytes / (uint64_t)ty->block_bytes;
+    int nonfinite = 0;
+    for (uint64_t k = 0; k < count; k++) {
+        const float v = in_dtype == QD_F32   ? ((const float *)in)[k]
+                        : in_dtype == QD_F16 ? qd_f16_to_f32(((const uint16_t *)in)[k])
+                                             : qd_bf16_to_f32(((const uint16_t *)in)[k]);
+        if (p->out.type == QD_GGML_F32) {
+            ((float *)out)[k] = v;
+            nonfinite |= !isfinite(v);
+        } else if (p->out.type == QD_GGML_BF16) {
+            const uint16_t b = qd_f32_to_bf16(v);
+            ((uint16_t *)out)[k] = b;
+            nonfinite |= (b & 0x7f80) == 0x7f80;
+        } else {
+            const uint16_t h = qd_f32_to_f16(v);
+            ((uint16_t *)out)[k] = h;
+            nonfinite |= (h & 0x7c00) == 0x7c00;
+        }
+    }
+    if (nonfinite) {
+        snprintf(err, errlen, "tensor '%s': a value is not finite in %s (llama-quantize stops there too)",
+                 p->src->name, ty->name);
         return QD_ENONFINITE;
     }
     return QD_OK;
@@ -223,11 +241,12 @@ static void tensor_handed(void *ctx, int item)
         s->params_quantized += p->src->bytes / (uint64_t)qd_ggml_type(p->src->type)->block_bytes *
                                (uint64_t)qd_ggml_type(p->src->type)->block_elems;
     } else
-        p->action == QD_CONVERT_CAST_F16 ? s->cast++ : s->copied++;
+        p->action == QD_CONVERT_CAST ? s->cast++ : s->copied++;
     double now = qd_pipe_clock_s();
     if (j->o->progress) {
         struct qd_convert_event ev = {.index = j->pieces[item].plan + 1, .count = j->count, .name = p->out.name, .action = p->action,
-                                      .fmt = p->f ? p->f->name : j->o->f->name, .ms = (now - (j->last ? j->last : j->t0)) * 1e3,
+                                      .fmt = p->action == QD_CONVERT_CAST ? qd_ggml_type(p->out.type)->name
+                                              : p->f ? p->f->name : j->o->f ? j->o->f->name : "", .ms = (now - (j->last ? j->last : j->t0)) * 1e3,
                                       .has_nmse = j->o->report_error && p->action == QD_CONVERT_QUANTIZE,
                                       .nmse = j->nmse, .in_done = s->bytes_in, .in_total = j->in_total};
         uint32_t nd = qd_gguf_n_dims(p->src->ne);
@@ -239,14 +258,407 @@ static void tensor_handed(void *ctx, int item)
     j->last = now;
 }
 
+/* COPY's file type: llama_model_loader's, general.file_type when the input has it, else its
+ * guess from the type most tensors have (the first to reach the largest count, in the loader's
+ * order), marked LLAMA_FTYPE_GUESSED (1024). */
+static uint32_t input_file_type(const struct qd_gguf *g)
+{
+    const struct qd_gguf_kv *kv = qd_gguf_find(g, "general.file_type");
+    if (kv && kv->type == QD_GGUF_U32) {
+        uint32_t v;
+        memcpy(&v, kv->value, 4);
+        return v;
+    }
+    const int n = (int)g->n_tensors;
+    const struct qd_gguf_tensor **order = calloc((size_t)(n ? n : 1), sizeof *order);
+    uint32_t count[QD_GGML_TYPE_COUNT] = {0}, most = 0, type_max = QD_GGML_F32;
+    for (int i = 0; order && i < n; i++)
+        order[i] = &g->tensors[i];
+    if (order)
+        qsort(order, (size_t)n, sizeof *order, qd_gguf_loader_order);
+    for (int i = 0; order && i < n; i++) {
+        const uint32_t t = order[i]->type;
+        if (t < QD_GGML_TYPE_COUNT && most < ++count[t])
+            most = count[t], type_max = t;
+    }
+    free(order);
+    return (uint32_t)qd_ggml_type(type_max)->ftype | 1024u;
+}
+
+/* One conversion's state, shared by its steps; convert_free releases all of it. */
+struct convert {
+    const struct qd_convert_opts *o;
+    const struct qd_gguf_options *opt;
+    struct qd_convert_summary *s;
+    enum qd_status *status;
+    char *err;
+    size_t errlen;
+    struct qd_mapped in;
+    struct qd_gguf g;
+    int parsed;
+    char *arch;
+    struct qd_gguf_plan *plan;
+    const struct qd_gguf_tensor **order;
+    int n, n_blocks; /* the tensors kept (after --prune-layers), the block count left */
+    struct qd_name_filter *own_nf;
+    const struct qd_name_filter *nf;
+    struct qd_recipe_state rs;
+    struct qd_imatrix im;
+    const struct qd_gguf_kv **kv; /* the input's keys kept, in order */
+    int nkv;
+    struct qd_gguf_new_kv extra[2 + QD_GGUF_MAX_KV_OVERRIDES + 5]; /* the keys set, in order */
+    int n_extra;
+    char imatrix_file[128], imatrix_dataset[128]; /* llama-quantize's 127-byte values */
+    char block_count_key[160];
+    int n_split, *split_of;
+    uint8_t **metas; /* per file: its header */
+    size_t *meta_lens;
+    struct qd_outfile *outs;
+    struct qd_pipe_item *items; /* per file: its header, then its tensors' pieces */
+    struct piece *pieces;
+    int *first; /* each file's first item; [n_split]: the end */
+    struct qd_pipe_pool *pool;
+    int src_fd;
+};
+
+static int no_memory(struct convert *c)
+{
+    snprintf(c->err, c->errlen, "no memory");
+    *c->status = QD_ENOMEM;
+    return -1;
+}
+
+/* The plan: every output tensor and its type, from the headers alone; the mix's rules, the
+ * importance matrix (--imatrix, narrowed by --include-weights / --exclude-weights; none left is
+ * none at all, as llama-quantize's prepare_imatrix has it) and the user's selection. */
+static int plan_tensors(struct convert *c, const struct qd_gguf_recipe *recipe)
+{
+    const uint32_t default_type = recipe && !recipe->fmt ? recipe->type : (uint32_t)c->o->f->gguf_type;
+    const int copy_all = recipe && recipe->copy; /* tensor_allows_quantization says no to every tensor */
+    const struct qd_gguf_options *opt = c->opt;
+    const int all = (int)c->g.n_tensors;
+    c->plan = calloc((size_t)(all ? all : 1), sizeof *c->plan);
+    c->order = calloc((size_t)(all ? all : 1), sizeof *c->order);
+    c->kv = calloc((size_t)(c->g.n_kv ? c->g.n_kv : 1), sizeof *c->kv);
+    c->own_nf = c->o->filter ? NULL : qd_name_filter_new(c->o->skip, c->o->only, c->err, c->errlen);
+    c->nf = c->o->filter ? c->o->filter : c->own_nf;
+    if (!c->plan || !c->order || !c->kv || !c->nf) {
+        if (c->nf)
+            snprintf(c->err, c->errlen, "no memory for %d tensors", all);
+        *c->status = c->nf ? QD_ENOMEM : QD_EINVAL;
+        return -1;
+    }
+    for (int i = 0; i < all; i++)
+        c->order[i] = &c->g.tensors[i];
+    qsort(c->order, (size_t)all, sizeof *c->order, qd_gguf_loader_order);
+    if (qd_gguf_plan_prune(c->order, all, opt, c->plan, &c->n, &c->n_blocks, c->err, c->errlen)) {
+        *c->status = QD_ENOMEM;
+        return -1;
+    }
+    const char **names = calloc((size_t)(c->n ? c->n : 1), sizeof *names);
+    if (!names) {
+        snprintf(c->err, c->errlen, "no memory for %d tensors", all);
+        *c->status = QD_ENOMEM;
+        return -1;
+    }
+    for (int i = 0; i < c->n; i++)
+        names[i] = c->plan[i].out.name;
+    qd_recipe_init(&c->rs, recipe, default_type, opt, &c->g, names, c->n);
+    free(names);
+    if (opt && opt->imatrix_path) {
+        if (qd_gguf_imatrix_load(opt->imatrix_path, &c->im, c->err, c->errlen)) {
+            *c->status = QD_EINVAL;
+            return -1;
+        }
+        qd_imatrix_filter(&c->im, (const char *const *)opt->include_weights, opt->n_include,
+                          (const char *const *)opt->exclude_weights, opt->n_exclude);
+        c->rs.has_imatrix = c->im.n > 0;
+    }
+    const int dry = opt && opt->dry_run;
+    for (int i = 0; i < c->n; i++) {
+        struct qd_gguf_plan *p = &c->plan[i];
+        const struct qd_ggml_type *src = qd_ggml_type(p->src->type);
+        p->action = QD_CONVERT_COPY;
+        c->s->params_total += p->src->bytes / (uint64_t)src->block_bytes * (uint64_t)src->block_elems;
+        if (copy_all || !qd_gguf_allows_quantization(&p->out, c->rs.arch, opt))
+            continue;
+        /* the mix's counters advance over every tensor it types, kept or not by --skip/--only */
+        const uint32_t target = qd_recipe_type(&c->rs, p->src, p->out.name);
+        const int requires = qd_recipe_requires_imatrix(&c->rs, p->out.name, target);
+        if (requires && !c->rs.has_imatrix && !dry) {
+            snprintf(c->err, c->errlen, "this quantization requires an importance matrix (--imatrix FILE, made by "
+                     "llama-imatrix): tensor '%s' would be %s", p->out.name, qd_ggml_type(target)->name);
+            return -1;
+        }
+        if (!qd_name_filter_keeps(c->nf, p->out.name))
+            continue;
+        if (qd_gguf_plan_target(p, target, opt, c->err, c->errlen))
+            return -1;
+        if (p->action != QD_CONVERT_COPY &&
+            qd_gguf_plan_importance(p, c->rs.has_imatrix ? &c->im : NULL, requires && !dry, c->err, c->errlen))
+            return -1;
+    }
+    return 0;
+}
+
+/* The keys: gguf_set_val_* removes a key and appends it, so the keys set (quantization version,
+ * file type, the overrides in order, what llama-quantize records of the importance matrix, the
+ * block count after --prune-layers) follow the input's others, which keep their order. */
+static void plan_keys(struct convert *c, uint32_t file_type)
+{
+    const struct qd_gguf_options *opt = c->opt;
+    struct qd_gguf_new_kv *extra = c->extra;
+    int n = 0;
+    extra[n++] = (struct qd_gguf_new_kv){"general.quantization_version", QD_GGUF_U32, .i = 2};
+    extra[n++] = (struct qd_gguf_new_kv){"general.file_type", QD_GGUF_U32, .i = file_type};
+    for (int i = 0; opt && i < opt->n_kv_overrides; i++)
+        n = qd_gguf_kv_append(extra, n, qd_gguf_kv_of_override(&opt->kv_overrides[i]));
+    if (c->rs.has_imatrix) {
+        snprintf(c->imatrix_file, sizeof c->imatrix_file, "%s", opt->imatrix);
+        n = qd_gguf_kv_append(extra, n, (struct qd_gguf_new_kv){"quantize.imatrix.file", QD_GGUF_STRING,
+                                                                .s = c->imatrix_file});
+        if (c->im.dataset) {
+            snprintf(c->imatrix_dataset, sizeof c->imatrix_dataset, "%s", c->im.dataset);
+            n = qd_gguf_kv_append(extra, n, (struct qd_gguf_new_kv){"quantize.imatrix.dataset", QD_GGUF_STRING,
+                                                                    .s = c->imatrix_dataset});
+        }
+        n = qd_gguf_kv_append(extra, n, (struct qd_gguf_new_kv){"quantize.imatrix.entries_count", QD_GGUF_U32,
+                                                                .i = c->im.n});
+        if (c->im.chunk_count > 0)
+            n = qd_gguf_kv_append(extra, n, (struct qd_gguf_new_kv){"quantize.imatrix.chunks_count", QD_GGUF_U32,
+                                                                    .i = c->im.chunk_count});
+    }
+    if (opt && opt->n_prune) {
+        snprintf(c->block_count_key, sizeof c->block_count_key, "%s.block_count", c->arch ? c->arch : "");
+        n = qd_gguf_kv_append(extra, n, (struct qd_gguf_new_kv){c->block_count_key, QD_GGUF_U32, .i = c->n_blocks});
+    }
+    c->n_extra = n;
+    static const char *const dropped[] = {"general.quantization_version", "general.file_type", "split.no",
+                                          "split.count", "split.tensors.count", NULL};
+    for (int64_t i = 0; i < c->g.n_kv; i++) {
+        int drop = 0;
+        for (const char *const *d = dropped; *d; d++)
+            drop |= !strcmp(c->g.kv[i].key, *d);
+        for (int e = 0; e < n; e++)
+            drop |= !strcmp(c->g.kv[i].key, extra[e].key);
+        if (!drop)
+            c->kv[c->nkv++] = &c->g.kv[i];
+    }
+}
+
+/* The output files, one or gguf-split's splits (--split-max-tensors / --split-max-size), and
+ * each one's header. */
+static int plan_files(struct convert *c)
+{
+    const struct qd_gguf_options *opt = c->opt;
+    const int n = c->n;
+    c->n_split = 1;
+    if (!(c->split_of = calloc((size_t)(n ? n : 1), sizeof *c->split_of)))
+        return no_memory(c);
+    if (opt && (opt->split_max_tensors || opt->split_max_bytes) &&
+        (c->n_split = qd_gguf_plan_splits(c->plan, n, opt, c->split_of, c->err, c->errlen)) < 0) {
+        c->n_split = 0;
+        *c->status = QD_EINVAL;
+        return -1;
+    }
+    const int n_split = c->n_split;
+    if (!(c->metas = calloc((size_t)n_split, sizeof *c->metas)) ||
+        !(c->meta_lens = calloc((size_t)n_split, sizeof *c->meta_lens)) ||
+        !(c->outs = calloc((size_t)n_split, sizeof *c->outs)))
+        return no_memory(c);
+    for (int k = 0; k < n_split; k++)
+        c->outs[k].fd = -1;
+    struct qd_gguf_tensor *infos = malloc((size_t)(n ? n : 1) * sizeof *infos);
+    for (int k = 0; infos && k < n_split; k++) {
+        int ni = 0;
+        for (int i = 0; i < n; i++)
+            if (c->split_of[i] == k)
+                infos[ni++] = c->plan[i].out;
+        /* gguf-split: the first split holds every key; each split then split.no, split.count (a
+         * placeholder, set again last) and split.tensors.count: no, tensors, count */
+        struct qd_gguf_new_kv split_kv[3] = {{"split.no", QD_GGUF_U16, .i = k},
+                                             {"split.tensors.count", QD_GGUF_I32, .i = n},
+                                             {"split.count", QD_GGUF_U16, .i = n_split}};
+        struct qd_gguf_new_kv all[sizeof c->extra / sizeof *c->extra + 3];
+        int n_all = 0;
+        for (int e = 0; k == 0 && e < c->n_extra; e++)
+            all[n_all++] = c->extra[e];
+        for (int e = 0; n_split > 1 && e < 3; e++)
+            all[n_all++] = split_kv[e];
+        c->metas[k] = qd_gguf_write_meta(c->kv, k == 0 ? c->nkv : 0, all, n_all, infos, ni,
+                                         QD_GGUF_DEFAULT_ALIGNMENT, &c->meta_lens[k]);
+        if (!c->metas[k])
+            break;
+    }
+    free(infos);
+    for (int k = 0; k < n_split; k++)
+        if (!c->metas[k]) {
+            snprintf(c->err, c->errlen, "no memory for the output header");
+            *c->status = QD_ENOMEM;
+            return -1;
+        }
+    return 0;
+}
+
+/* --dry-run: each tensor's type (through the progress callback) and the file's size, no file. */
+static int dry_run(struct convert *c)
+{
+    struct piece *each = calloc((size_t)c->n + 1, sizeof *each);
+    if (!each)
+        return no_memory(c);
+    struct qd_convert_summary *s = c->s;
+    struct job dry = {.o = c->o, .plan = c->plan, .pieces = each, .s = s, .t0 = qd_pipe_clock_s(), .count = c->n};
+    for (int k = 0; k < c->n_split; k++)
+        s->bytes_out += c->meta_lens[k];
+    for (int i = 0; i < c->n; i++) {
+        dry.in_total += c->plan[i].src->bytes;
+        s->bytes_out += (c->plan[i].out.bytes + QD_GGUF_DEFAULT_ALIGNMENT - 1) / QD_GGUF_DEFAULT_ALIGNMENT *
+                        QD_GGUF_DEFAULT_ALIGNMENT;
+    }
+    for (int i = 0; i < c->n; i++) {
+        each[i + 1] = (struct piece){.plan = i, .rows = tensor_rows(&c->plan[i]), .last = 1};
+        tensor_handed(&dry, i + 1);
+    }
+    free(each);
+    s->dry_run = 1;
+    *c->status = QD_OK;
+    return 0;
+}
+
+/* The pipeline's items: per file its header, then each of its tensors (in pieces of whole rows
+ * when it is processed and large; not with --report-error, whose error is one figure per
+ * tensor) padded to the alignment; and the buffers the largest processed piece needs. */
+static int plan_items(struct convert *c, struct job *job)
+{
+    const struct qd_convert_opts *o = c->o;
+    const struct qd_gguf_plan *plan = c->plan;
+    int nitems = c->n_split;
+    for (int i = 0; i < c->n; i++) {
+        const int64_t per = rows_per_piece(&plan[i], o);
+        const int64_t rows = tensor_rows(&plan[i]);
+        nitems += rows ? (int)((rows + per - 1) / per) : 1;
+    }
+    c->items = calloc((size_t)nitems, sizeof *c->items);
+    c->pieces = calloc((size_t)nitems, sizeof *c->pieces);
+    c->first = calloc((size_t)c->n_split + 1, sizeof *c->first);
+    if (!c->items || !c->pieces || !c->first)
+        return no_memory(c);
+    if ((c->src_fd = qd_open_input(o->src, c->err, c->errlen)) < 0) {
+        *c->status = QD_EIO;
+        return -1;
+    }
+    int k = 0;
+    for (int sp = 0; sp < c->n_split; sp++) {
+        c->first[sp] = k;
+        c->items[k++] = (struct qd_pipe_item){.kind = QD_PIPE_BYTES, .bytes = c->metas[sp], .out_bytes = c->meta_lens[sp]};
+        for (int i = 0; i < c->n; i++) {
+            if (c->split_of[i] != sp)
+                continue;
+            job->in_total += plan[i].src->bytes;
+            const int64_t rows = tensor_rows(&plan[i]), per = rows_per_piece(&plan[i], o);
+            const uint64_t row_in = rows ? plan[i].src->bytes / (uint64_t)rows : 0;
+            const uint64_t row_out = rows ? plan[i].out.bytes / (uint64_t)rows : 0;
+            for (int64_t r = 0; r < rows || (rows == 0 && r == 0); r += per, k++) { /* an empty tensor: one item */
+                const int64_t nr = rows - r < per ? rows - r : per;
+                const int last = r + nr == rows;
+                c->pieces[k] = (struct piece){.plan = i, .row0 = r, .rows = nr, .last = last};
+                c->items[k] = (struct qd_pipe_item){
+                    .kind = plan[i].action == QD_CONVERT_COPY ? QD_PIPE_COPY : QD_PIPE_PROCESS,
+                    .src_offset = (uint64_t)(plan[i].src->data - c->in.data) + (uint64_t)r * row_in,
+                    .src_bytes = (uint64_t)nr * row_in, .out_bytes = (uint64_t)nr * row_out,
+                    .pad_to = last ? QD_GGUF_DEFAULT_ALIGNMENT : 0};
+            }
+        }
+    }
+    c->first[c->n_split] = k;
+    uint64_t in_cap = 0, out_cap = 0;
+    for (int i = 0; i < nitems; i++)
+        if (c->items[i].kind == QD_PIPE_PROCESS) {
+            in_cap = c->items[i].src_bytes > in_cap ? c->items[i].src_bytes : in_cap;
+            out_cap = c->items[i].out_bytes > out_cap ? c->items[i].out_bytes : out_cap;
+        }
+    if (!(c->pool = qd_pipe_pool_new(o->backend, in_cap, out_cap, qd_convert_lanes(o)))) {
+        snprintf(c->err, c->errlen, "no memory for the pipeline's buffers (%" PRIu64 " + %" PRIu64 " bytes each)",
+                 in_cap, out_cap);
+        *c->status = QD_ENOMEM;
+        return -1;
+    }
+    return 0;
+}
+
+/* Runs the pipeline into each file and commits them all once every one is written; on failure
+ * none is left behind. */
+static int write_files(struct convert *c, struct job *job)
+{
+    const struct qd_convert_opts *o = c->o;
+    for (int sp = 0; sp < c->n_split; sp++) {
+        char path[4200];
+        qd_gguf_split_path(o->dst, sp, c->n_split, path, sizeof path);
+        struct stat st;
+        if (c->n_split > 1 && !o->overwrite && lstat(path, &st) == 0) {
+            snprintf(c->err, c->errlen, "convert: %s exists (give --force to replace it)", path);
+            *c->status = QD_EINVAL;
+            goto fail;
+        }
+        if (qd_outfile_open(&c->outs[sp], path, c->err, c->errlen)) {
+            *c->status = QD_EIO;
+            goto fail;
+        }
+        job->pieces = c->pieces + c->first[sp]; /* the pipeline numbers this file's items from 0 */
+        struct qd_pipe pipe = {.src_fd = c->src_fd, .out = &c->outs[sp], .items = c->items + c->first[sp],
+                               .n = c->first[sp + 1] - c->first[sp], .process = process_tensor,
+                               .handed = tensor_handed, .ctx = job, .pool = c->pool, .cancel = o->cancel,
+                               .stats = &c->s->stages, .lanes = qd_convert_lanes(o)};
+        if (qd_pipe_run(&pipe, c->status, c->err, c->errlen))
+            goto fail;
+        c->s->bytes_out += c->outs[sp].written;
+    }
+    for (int sp = 0; sp < c->n_split; sp++)
+        if (qd_outfile_commit(&c->outs[sp], c->err, c->errlen)) {
+            *c->status = qd_status_of_write(errno);
+            goto fail;
+        }
+    *c->status = QD_OK;
+    return 0;
+fail:
+    for (int sp = 0; sp < c->n_split; sp++)
+        qd_outfile_abort(&c->outs[sp]);
+    return -1;
+}
+
+static void convert_free(struct convert *c)
+{
+    for (int sp = 0; c->metas && sp < c->n_split; sp++)
+        free(c->metas[sp]);
+    free(c->metas);
+    free(c->meta_lens);
+    free(c->outs);
+    free(c->split_of);
+    if (c->src_fd >= 0)
+        close(c->src_fd);
+    qd_pipe_pool_free(c->pool);
+    free(c->items);
+    free(c->pieces);
+    free(c->first);
+    qd_name_filter_free(c->own_nf);
+    free(c->kv);
+    free(c->order);
+    free(c->plan);
+    free(c->arch);
+    qd_imatrix_free(&c->im);
+    if (c->parsed)
+        qd_gguf_free(&c->g);
+    qd_unmap_file(&c->in);
+}
+
 int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
                     char *err, size_t errlen)
 {
     double t0 = qd_pipe_clock_s();
     const struct qd_format *f = o->f;
     const struct qd_gguf_recipe *recipe = o->recipe ? qd_gguf_recipe_find(o->recipe) : NULL;
-    const uint32_t file_type = recipe ? (uint32_t)recipe->ftype : (uint32_t)f->gguf_file_type;
-    if (!f->gguf_file_type) {
+    uint32_t file_type = recipe ? (uint32_t)recipe->ftype : (uint32_t)f->gguf_file_type;
+    if (!(recipe && !recipe->fmt) && !f->gguf_file_type) {
         snprintf(err, errlen, "convert: %s has no llama.cpp file type (llama-quantize does not write it); "
                  "use q4_0, q4_1, q5_0, q5_1, q8_0 or a K-quant (q2_K ... q6_K)", f->name);
         return -1;
@@ -255,325 +667,45 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         snprintf(err, errlen, "convert: the output %s is the input", o->dst);
         return -1;
     }
-    struct qd_mapped in;
-    if (qd_map_file(o->src, &in, err, errlen)) {
-        *status = QD_ENOTFOUND;
+    struct convert *c = calloc(1, sizeof *c);
+    if (!c) {
+        snprintf(err, errlen, "no memory");
+        *status = QD_ENOMEM;
         return -1;
     }
-    struct qd_gguf g;
-    if (qd_gguf_parse(in.data, in.size, &g, o->cancel, err, errlen)) {
+    *c = (struct convert){.o = o, .opt = o->gguf, .s = s, .status = status, .err = err, .errlen = errlen,
+                          .src_fd = -1};
+    if (qd_map_file(o->src, &c->in, err, errlen)) {
+        *status = QD_ENOTFOUND;
+        free(c);
+        return -1;
+    }
+    if (qd_gguf_parse(c->in.data, c->in.size, &c->g, o->cancel, err, errlen)) {
         if (o->cancel && *o->cancel)
             *status = QD_ECANCELED;
-        qd_unmap_file(&in);
+        convert_free(c);
+        free(c);
         return -1;
     }
-    int rc = -1, n = (int)g.n_tensors;
-    char *arch = qd_gguf_string(&g, "general.architecture");
-    struct qd_gguf_plan *plan = calloc((size_t)(n ? n : 1), sizeof *plan);
-    const struct qd_gguf_tensor **order = calloc((size_t)(n ? n : 1), sizeof *order);
-    const struct qd_gguf_kv **kv = calloc((size_t)(g.n_kv ? g.n_kv : 1), sizeof *kv);
-    struct qd_name_filter *own_nf = o->filter ? NULL : qd_name_filter_new(o->skip, o->only, err, errlen);
-    const struct qd_name_filter *nf = o->filter ? o->filter : own_nf;
-    struct qd_pipe_item *items = NULL;
-    struct piece *pieces = NULL;
-    struct qd_pipe_pool *pool = NULL;
-    int src_fd = -1;
-    struct qd_imatrix im = {0};
-    int n_split = 1, *split_of = NULL;
-    uint8_t **metas = NULL;
-    size_t *meta_lens = NULL;
-    struct qd_outfile *outs = NULL;
-    if (!plan || !order || !kv || !nf) {
-        if (nf)
-            snprintf(err, errlen, "no memory for %d tensors", n);
-        *status = nf ? QD_ENOMEM : QD_EINVAL;
-        goto done;
+    c->parsed = 1;
+    c->arch = qd_gguf_string(&c->g, "general.architecture");
+    if (recipe && recipe->copy)
+        file_type = input_file_type(&c->g);
+    int rc = plan_tensors(c, recipe);
+    if (rc == 0) {
+        plan_keys(c, file_type);
+        rc = plan_files(c);
     }
-    /* the plan: every output tensor, from the headers alone */
-    for (int i = 0; i < n; i++)
-        order[i] = &g.tensors[i];
-    qsort(order, (size_t)n, sizeof *order, qd_gguf_loader_order);
-    const struct qd_gguf_options *opt = o->gguf;
-    int kept = 0, n_blocks = 0;
-    if (qd_gguf_plan_prune(order, n, opt, plan, &kept, &n_blocks, err, errlen)) {
-        *status = QD_ENOMEM;
-        goto done;
+    if (rc == 0 && c->opt && c->opt->dry_run)
+        rc = dry_run(c);
+    else if (rc == 0) {
+        struct job job = {.o = o, .plan = c->plan, .s = s, .t0 = qd_pipe_clock_s(), .count = c->n};
+        rc = plan_items(c, &job);
+        if (rc == 0)
+            rc = write_files(c, &job);
     }
-    const char **names = calloc((size_t)(kept ? kept : 1), sizeof *names);
-    if (!names) {
-        snprintf(err, errlen, "no memory for %d tensors", n);
-        *status = QD_ENOMEM;
-        goto done;
-    }
-    for (int i = 0; i < kept; i++)
-        names[i] = plan[i].out.name;
-    struct qd_recipe_state rs;
-    qd_recipe_init(&rs, recipe, (uint32_t)f->gguf_type, opt, &g, names, kept);
-    free(names);
-    n = kept;
-    /* the importance matrix (--imatrix), narrowed by --include-weights / --exclude-weights; none
-     * left is none at all (llama-quantize's prepare_imatrix) */
-    if (opt && opt->imatrix_path) {
-        if (qd_gguf_imatrix_load(opt->imatrix_path, &im, err, errlen)) {
-            *status = QD_EINVAL;
-            goto done;
-        }
-        qd_imatrix_filter(&im, (const char *const *)opt->include_weights, opt->n_include,
-                          (const char *const *)opt->exclude_weights, opt->n_exclude);
-        rs.has_imatrix = im.n > 0;
-    }
-    for (int i = 0; i < n; i++) {
-        struct qd_gguf_plan *p = &plan[i];
-        p->action = QD_CONVERT_COPY;
-        s->params_total += p->src->bytes / (uint64_t)qd_ggml_type(p->src->type)->block_bytes *
-                           (uint64_t)qd_ggml_type(p->src->type)->block_elems;
-        if (!qd_gguf_allows_quantization(&p->out, arch, opt))
-            continue;
-        /* the mix's counters advance over every tensor it types, kept or not by --skip/--only */
-        const uint32_t target = qd_recipe_type(&rs, p->src, p->out.name);
-        const int requires = qd_recipe_requires_imatrix(&rs, p->out.name, target);
-        if (requires && !rs.has_imatrix && !(opt && opt->dry_run)) {
-            snprintf(err, errlen, "this quantization requires an importance matrix (--imatrix FILE, made by "
-                     "llama-imatrix): tensor '%s' would be %s", p->out.name, qd_ggml_type(target)->name);
-            goto done;
-        }
-        if (!qd_name_filter_keeps(nf, p->out.name))
-            continue;
-        if (qd_gguf_plan_target(p, target, opt, err, errlen))
-            goto done;
-        if (p->action != QD_CONVERT_COPY &&
-            qd_gguf_plan_importance(p, rs.has_imatrix ? &im : NULL, requires && !(opt && opt->dry_run), err, errlen))
-            goto done;
-    }
-    int nkv = 0;
-    static const char *const dropped[] = {"general.quantization_version", "general.file_type", "split.no",
-                                          "split.count", "split.tensors.count", NULL};
-    /* gguf_set_val_* removes the key and appends it: quantization version, file type, the
-     * overrides in order, the block count after --prune-layers */
-    struct qd_gguf_new_kv extra[2 + QD_GGUF_MAX_KV_OVERRIDES + 5];
-    int n_extra = 0;
-    extra[n_extra++] = (struct qd_gguf_new_kv){"general.quantization_version", QD_GGUF_U32, .i = 2};
-    extra[n_extra++] = (struct qd_gguf_new_kv){"general.file_type", QD_GGUF_U32, .i = file_type};
-    for (int i = 0; opt && i < opt->n_kv_overrides; i++)
-        n_extra = qd_gguf_kv_append(extra, n_extra, qd_gguf_kv_of_override(&opt->kv_overrides[i]));
-    if (rs.has_imatrix) { /* what llama-quantize records of the importance matrix, after the user's */
-        static char file[128], dataset[128]; /* (its 127-byte values) */
-        snprintf(file, sizeof file, "%s", opt->imatrix);
-        n_extra = qd_gguf_kv_append(extra, n_extra, (struct qd_gguf_new_kv){"quantize.imatrix.file", QD_GGUF_STRING, .s = file});
-        if (im.dataset) {
-            snprintf(dataset, sizeof dataset, "%s", im.dataset);
-            n_extra = qd_gguf_kv_append(extra, n_extra,
-                                (struct qd_gguf_new_kv){"quantize.imatrix.dataset", QD_GGUF_STRING, .s = dataset});
-        }
-        n_extra = qd_gguf_kv_append(extra, n_extra, (struct qd_gguf_new_kv){"quantize.imatrix.entries_count", QD_GGUF_U32,
-                                                                    .i = im.n});
-        if (im.chunk_count > 0)
-            n_extra = qd_gguf_kv_append(extra, n_extra, (struct qd_gguf_new_kv){"quantize.imatrix.chunks_count", QD_GGUF_U32,
-                                                                        .i = im.chunk_count});
-    }
-    char block_count[160];
-    if (opt && opt->n_prune) {
-        snprintf(block_count, sizeof block_count, "%s.block_count", arch ? arch : "");
-        n_extra = qd_gguf_kv_append(extra, n_extra, (struct qd_gguf_new_kv){block_count, QD_GGUF_U32, .i = n_blocks});
-    }
-    for (int64_t i = 0; i < g.n_kv; i++) {
-        int drop = 0;
-        for (const char *const *d = dropped; *d; d++)
-            drop |= !strcmp(g.kv[i].key, *d);
-        for (int e = 0; e < n_extra; e++)
-            drop |= !strcmp(g.kv[i].key, extra[e].key);
-        if (!drop)
-            kv[nkv++] = &g.kv[i];
-    }
-    /* the output files: one, or gguf-split's splits (--split-max-tensors / --split-max-size) */
-    if (!(split_of = calloc((size_t)(n ? n : 1), sizeof *split_of))) {
-        snprintf(err, errlen, "no memory");
-        *status = QD_ENOMEM;
-        goto done;
-    }
-    if (opt && (opt->split_max_tensors || opt->split_max_bytes) &&
-        (n_split = qd_gguf_plan_splits(plan, n, opt, split_of, err, errlen)) < 0) {
-        *status = QD_EINVAL;
-        goto done;
-    }
-    if (!(metas = calloc((size_t)n_split, sizeof *metas)) || !(meta_lens = calloc((size_t)n_split, sizeof *meta_lens)) ||
-        !(outs = calloc((size_t)n_split, sizeof *outs))) {
-        snprintf(err, errlen, "no memory");
-        *status = QD_ENOMEM;
-        goto done;
-    }
-    for (int k = 0; k < n_split; k++)
-        outs[k].fd = -1;
-    struct qd_gguf_tensor *infos = malloc((size_t)(n ? n : 1) * sizeof *infos);
-    for (int k = 0; infos && k < n_split; k++) {
-        int ni = 0;
-        for (int i = 0; i < n; i++)
-            if (split_of[i] == k)
-                infos[ni++] = plan[i].out;
-        /* gguf-split: the first split holds every key; each split then split.no, split.count (a
-         * placeholder, set again last) and split.tensors.count: no, tensors, count */
-        struct qd_gguf_new_kv split_kv[3] = {{"split.no", QD_GGUF_U16, .i = k},
-                                             {"split.tensors.count", QD_GGUF_I32, .i = n},
-                                             {"split.count", QD_GGUF_U16, .i = n_split}};
-        struct qd_gguf_new_kv all[sizeof extra / sizeof *extra + 3];
-        int n_all = 0;
-        for (int e = 0; k == 0 && e < n_extra; e++)
-            all[n_all++] = extra[e];
-        for (int e = 0; n_split > 1 && e < 3; e++)
-            all[n_all++] = split_kv[e];
-        metas[k] = qd_gguf_write_meta(kv, k == 0 ? nkv : 0, all, n_all, infos, ni, QD_GGUF_DEFAULT_ALIGNMENT,
-                                      &meta_lens[k]);
-        if (!metas[k])
-            break;
-    }
-    free(infos);
-    for (int k = 0; k < n_split; k++)
-        if (!metas[k]) {
-            snprintf(err, errlen, "no memory for the output header");
-            *status = QD_ENOMEM;
-            goto done;
-        }
-    if (opt && opt->dry_run) { /* each tensor's type and the file's size, no file */
-        struct piece *each = calloc((size_t)n + 1, sizeof *each);
-        if (!each) {
-            snprintf(err, errlen, "no memory");
-            *status = QD_ENOMEM;
-            goto done;
-        }
-        struct job dry = {.o = o, .plan = plan, .pieces = each, .s = s, .t0 = qd_pipe_clock_s(), .count = n};
-        for (int k = 0; k < n_split; k++)
-            s->bytes_out += meta_lens[k];
-        for (int i = 0; i < n; i++) {
-            dry.in_total += plan[i].src->bytes;
-            s->bytes_out += (plan[i].out.bytes + QD_GGUF_DEFAULT_ALIGNMENT - 1) / QD_GGUF_DEFAULT_ALIGNMENT *
-                            QD_GGUF_DEFAULT_ALIGNMENT;
-        }
-        for (int i = 0; i < n; i++) {
-            each[i + 1] = (struct piece){.plan = i, .rows = tensor_rows(&plan[i]), .last = 1};
-            tensor_handed(&dry, i + 1);
-        }
-        free(each);
-        s->dry_run = 1;
-        rc = 0;
-        *status = QD_OK;
-        goto done;
-    }
-    /* the items: per file its header, then each of its tensors (in pieces of whole rows when it
-     * is processed and large; not with --report-error, whose error is one figure per tensor)
-     * padded to the alignment */
-    int nitems = n_split;
-    for (int i = 0; i < n; i++) {
-        const int64_t per = rows_per_piece(&plan[i], o);
-        const int64_t rows = tensor_rows(&plan[i]);
-        nitems += rows ? (int)((rows + per - 1) / per) : 1;
-    }
-    items = calloc((size_t)nitems, sizeof *items);
-    pieces = calloc((size_t)nitems, sizeof *pieces);
-    int *first = calloc((size_t)n_split + 1, sizeof *first); /* each file's first item */
-    src_fd = items && pieces && first ? qd_open_input(o->src, err, errlen) : -1;
-    if (!items || !pieces || !first || src_fd < 0) {
-        if (!items || !pieces || !first)
-            snprintf(err, errlen, "no memory");
-        *status = items && pieces && first ? QD_EIO : QD_ENOMEM;
-        free(first);
-        goto fail;
-    }
-    struct job job = {.o = o, .plan = plan, .s = s, .t0 = qd_pipe_clock_s(), .count = n};
-    int k = 0;
-    for (int sp = 0; sp < n_split; sp++) {
-        first[sp] = k;
-        items[k++] = (struct qd_pipe_item){.kind = QD_PIPE_BYTES, .bytes = metas[sp], .out_bytes = meta_lens[sp]};
-        for (int i = 0; i < n; i++) {
-            if (split_of[i] != sp)
-                continue;
-            job.in_total += plan[i].src->bytes;
-            const int64_t rows = tensor_rows(&plan[i]), per = rows_per_piece(&plan[i], o);
-            const uint64_t row_in = rows ? plan[i].src->bytes / (uint64_t)rows : 0;
-            const uint64_t row_out = rows ? plan[i].out.bytes / (uint64_t)rows : 0;
-            for (int64_t r = 0; r < rows || (rows == 0 && r == 0); r += per, k++) { /* an empty tensor: one item */
-                const int64_t nr = rows - r < per ? rows - r : per;
-                const int last = r + nr == rows;
-                pieces[k] = (struct piece){.plan = i, .row0 = r, .rows = nr, .last = last};
-                items[k] = (struct qd_pipe_item){
-                    .kind = plan[i].action == QD_CONVERT_COPY ? QD_PIPE_COPY : QD_PIPE_PROCESS,
-                    .src_offset = (uint64_t)(plan[i].src->data - in.data) + (uint64_t)r * row_in,
-                    .src_bytes = (uint64_t)nr * row_in, .out_bytes = (uint64_t)nr * row_out,
-                    .pad_to = last ? QD_GGUF_DEFAULT_ALIGNMENT : 0};
-            }
-        }
-    }
-    first[n_split] = k;
-    uint64_t in_cap = 0, out_cap = 0;
-    for (int i = 0; i < nitems; i++)
-        if (items[i].kind == QD_PIPE_PROCESS) {
-            in_cap = items[i].src_bytes > in_cap ? items[i].src_bytes : in_cap;
-            out_cap = items[i].out_bytes > out_cap ? items[i].out_bytes : out_cap;
-        }
-    if (!(pool = qd_pipe_pool_new(o->backend, in_cap, out_cap, qd_convert_lanes(o)))) {
-        snprintf(err, errlen, "no memory for the pipeline's buffers (%" PRIu64 " + %" PRIu64 " bytes each)", in_cap,
-                 out_cap);
-        *status = QD_ENOMEM;
-        free(first);
-        goto fail;
-    }
-    for (int sp = 0; sp < n_split; sp++) {
-        char path[4200];
-        qd_gguf_split_path(o->dst, sp, n_split, path, sizeof path);
-        struct stat st;
-        if (n_split > 1 && !o->overwrite && lstat(path, &st) == 0) {
-            snprintf(err, errlen, "convert: %s exists (give --force to replace it)", path);
-            *status = QD_EINVAL;
-            free(first);
-            goto fail;
-        }
-        if (qd_outfile_open(&outs[sp], path, err, errlen)) {
-            *status = QD_EIO;
-            free(first);
-            goto fail;
-        }
-        job.pieces = pieces + first[sp]; /* the pipeline numbers this file's items from 0 */
-        struct qd_pipe pipe = {.src_fd = src_fd, .out = &outs[sp], .items = items + first[sp],
-                               .n = first[sp + 1] - first[sp], .process = process_tensor, .handed = tensor_handed,
-                               .ctx = &job, .pool = pool, .cancel = o->cancel, .stats = &s->stages,
-                               .lanes = qd_convert_lanes(o)};
-        if (qd_pipe_run(&pipe, status, err, errlen)) {
-            free(first);
-            goto fail;
-        }
-        s->bytes_out += outs[sp].written;
-    }
-    free(first);
-    for (int sp = 0; sp < n_split; sp++)
-        if (qd_outfile_commit(&outs[sp], err, errlen)) {
-            *status = qd_status_of_write(errno);
-            goto fail;
-        }
-    rc = 0;
-    *status = QD_OK;
-    goto done;
-fail:
-    for (int sp = 0; outs && sp < n_split; sp++)
-        qd_outfile_abort(&outs[sp]);
-done:
-    for (int sp = 0; metas && sp < n_split; sp++)
-        free(metas[sp]);
-    free(metas);
-    free(meta_lens);
-    free(outs);
-    free(split_of);
-    if (src_fd >= 0)
-        close(src_fd);
-    qd_pipe_pool_free(pool);
-    free(items);
-    free(pieces);
     s->seconds = qd_pipe_clock_s() - t0;
-    qd_name_filter_free(own_nf);
-    free(kv);
-    free(order);
-    free(plan);
-    free(arch);
-    qd_imatrix_free(&im);
-    qd_gguf_free(&g);
-    qd_unmap_file(&in);
+    convert_free(c);
+    free(c);
     return rc;
 }

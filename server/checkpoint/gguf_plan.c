@@ -22,21 +22,8 @@ static const char *const keep_if_contains[] = {
     "mm.a.code_embd", NULL};
 /* ... and these whole names (positional embeddings, BERT's token types) */
 static const char *const keep_if_named[] = {"position_embd.weight", "token_types.weight", NULL};
-/* ... and for the glm5-next architecture, these too */
-static const char *const keep_if_contains_glm5_next[] = {
-    "hc_", "indexer.attn_q_b", "indexer.attn_k", "indexer.proj", "indexer_compressor_gate",
-    "indexer_compressor_ape", "ssm_f_a.weight", "ssm_f_b.weight", "ssm_g_a.weight", "ssm_g_b.weight",
-    "ssm_beta.weight", "attn_kv_a_mqa.weight", "attn_k_b.weight", "attn_v_b.weight", NULL};
-
-static int contains_any(const char *name, const char *const *list)
-{
-    for (; *list; list++)
-        if (strstr(name, *list))
-            return 1;
-    return 0;
-}
-
-int qd_gguf_allows_quantization(const struct qd_gguf_tensor *t, const char *arch, const struct qd_gguf_options *opt)
+int qd_gguf_allows_quantization(const struct qd_gguf_tensor *t, const struct qd_gguf_arch *arch,
+                                const struct qd_gguf_options *opt)
 {
     size_t n = strlen(t->name);
     if (qd_gguf_n_dims(t->ne) < 2 || n < 6 || strcmp(t->name + n - 6, "weight"))
@@ -46,9 +33,9 @@ int qd_gguf_allows_quantization(const struct qd_gguf_tensor *t, const char *arch
     for (const char *const *k = keep_if_named; *k; k++)
         if (!strcmp(t->name, *k))
             return 0;
-    if (contains_any(t->name, keep_if_contains))
+    if (qd_gguf_arch_names_any(t->name, keep_if_contains))
         return 0;
-    return !(arch && !strcmp(arch, "glm5-next") && contains_any(t->name, keep_if_contains_glm5_next));
+    return !qd_gguf_arch_names_any(t->name, arch->keep);
 }
 
 /* llama_model_loader's weights_map order: by the layer number of "blk.%d." (-1 for others),
@@ -139,7 +126,7 @@ int qd_gguf_plan_prune(const struct qd_gguf_tensor *const *order, int n, const s
 }
 
 /* What the plan does with a tensor of ggml type `target`: copy it (its own type), cast it to
- * F16, or quantize it with the registry's format for that type. -1 with err when quantd does
+ * F32, F16 or BF16, or quantize it with the registry's format for that type. -1 with err when quantd does
  * not write that type or the tensor cannot become it. */
 int qd_gguf_plan_target(struct qd_gguf_plan *p, uint32_t target, const struct qd_gguf_options *opt, char *err, size_t errlen)
 {
@@ -171,13 +158,13 @@ int qd_gguf_plan_target(struct qd_gguf_plan *p, uint32_t target, const struct qd
         }
         p->requant = from;
     }
-    p->f = target == QD_GGML_F16 ? NULL : qd_gguf_format_of(target);
-    if (target != QD_GGML_F16 && !p->f) {
-        snprintf(err, errlen, "tensor '%s': quantd does not write ggml type %s (it writes f16, q4_0, q4_1, q5_0, "
-                 "q5_1, q8_0, q2_K ... q6_K, iq4_nl, iq4_xs, tq1_0, tq2_0, mxfp4)", p->out.name, t->name);
+    p->f = is_float(target) ? NULL : qd_gguf_format_of(target);
+    if (!is_float(target) && !p->f) {
+        snprintf(err, errlen, "tensor '%s': quantd does not write ggml type %s (it writes f32, f16, bf16, q4_0, q4_1, "
+                 "q5_0, q5_1, q8_0, q2_K ... q6_K, iq4_nl, iq4_xs, tq1_0, tq2_0, mxfp4)", p->out.name, t->name);
         return -1;
     }
-    p->action = target == QD_GGML_F16 ? QD_CONVERT_CAST_F16 : QD_CONVERT_QUANTIZE;
+    p->action = is_float(target) ? QD_CONVERT_CAST : QD_CONVERT_QUANTIZE;
     p->out.type = target;
     p->out.bytes = qd_ggml_nbytes(target, p->out.ne);
     return 0;

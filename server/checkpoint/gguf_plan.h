@@ -11,6 +11,7 @@
 
 #include "checkpoint/convert.h"
 #include "checkpoint/gguf.h"
+#include "checkpoint/gguf_arch.h"
 #include "checkpoint/gguf_options.h"
 #include "checkpoint/imatrix.h"
 
@@ -24,9 +25,10 @@ struct qd_gguf_plan {
                                         first (ggml's to_float), or NULL */
 };
 
-/* tensor_allows_quantization for tensor t of a model of architecture arch (NULL: unknown),
+/* tensor_allows_quantization for tensor t of a model of architecture arch (qd_gguf_arch_find),
  * with --leave-output-tensor from opt (NULL: none). */
-int qd_gguf_allows_quantization(const struct qd_gguf_tensor *t, const char *arch, const struct qd_gguf_options *opt);
+int qd_gguf_allows_quantization(const struct qd_gguf_tensor *t, const struct qd_gguf_arch *arch,
+                                const struct qd_gguf_options *opt);
 /* llama_model_loader's weights_map order, a qsort comparator over const struct qd_gguf_tensor
  * pointers: by the layer number of "blk.%d." (-1 for others), then by name. */
 int qd_gguf_loader_order(const void *a, const void *b);

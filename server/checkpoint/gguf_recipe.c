@@ -13,17 +13,21 @@ enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 7, Q5_0 = 8, Q5_1 = 9, Q2_K = 10, Q3_K_S = 11,
        Q4_K_S = 14, Q4_K_M = 15, Q5_K_S = 16, Q5_K_M = 17, Q6_K = 18, Q2_K_S = 21, IQ4_NL = 25, IQ4_XS = 30,
        TQ1_0 = 36, TQ2_0 = 37, MXFP4_MOE = 38 };
 
+#define MIX(name, ftype, fmt) {name, ftype, fmt, 0, 0}
 static const struct qd_gguf_recipe recipes[] = {
-    {"Q4_0", Q4_0, "q4_0"},     {"Q4_1", Q4_1, "q4_1"},     {"Q5_0", Q5_0, "q5_0"},
-    {"Q5_1", Q5_1, "q5_1"},     {"Q8_0", Q8_0, "q8_0"},     {"Q2_K", Q2_K, "q2_K"},
-    {"Q3_K_S", Q3_K_S, "q3_K"}, {"Q3_K_M", Q3_K_M, "q3_K"}, {"Q3_K_L", Q3_K_L, "q3_K"},
-    {"Q4_K_S", Q4_K_S, "q4_K"}, {"Q4_K_M", Q4_K_M, "q4_K"}, {"Q5_K_S", Q5_K_S, "q5_K"},
-    {"Q5_K_M", Q5_K_M, "q5_K"}, {"Q6_K", Q6_K, "q6_K"},
-    {"Q2_K_S", Q2_K_S, "q2_K"}, /* (with an importance matrix only: qd_recipe_requires_imatrix) */
-    {"IQ4_NL", IQ4_NL, "iq4_nl"}, {"IQ4_XS", IQ4_XS, "iq4_xs"}, {"TQ1_0", TQ1_0, "tq1_0"},
-    {"TQ2_0", TQ2_0, "tq2_0"},     {"MXFP4_MOE", MXFP4_MOE, "mxfp4_ggml"},
+    MIX("Q4_0", Q4_0, "q4_0"),     MIX("Q4_1", Q4_1, "q4_1"),     MIX("Q5_0", Q5_0, "q5_0"),
+    MIX("Q5_1", Q5_1, "q5_1"),     MIX("Q8_0", Q8_0, "q8_0"),     MIX("Q2_K", Q2_K, "q2_K"),
+    MIX("Q3_K_S", Q3_K_S, "q3_K"), MIX("Q3_K_M", Q3_K_M, "q3_K"), MIX("Q3_K_L", Q3_K_L, "q3_K"),
+    MIX("Q4_K_S", Q4_K_S, "q4_K"), MIX("Q4_K_M", Q4_K_M, "q4_K"), MIX("Q5_K_S", Q5_K_S, "q5_K"),
+    MIX("Q5_K_M", Q5_K_M, "q5_K"), MIX("Q6_K", Q6_K, "q6_K"),
+    MIX("Q2_K_S", Q2_K_S, "q2_K"), /* (with an importance matrix only: qd_recipe_requires_imatrix) */
+    MIX("IQ4_NL", IQ4_NL, "iq4_nl"), MIX("IQ4_XS", IQ4_XS, "iq4_xs"), MIX("TQ1_0", TQ1_0, "tq1_0"),
+    MIX("TQ2_0", TQ2_0, "tq2_0"),     MIX("MXFP4_MOE", MXFP4_MOE, "mxfp4_ggml"),
+    /* every quantizable tensor converted to one float type; COPY after F32, whose id (0) it shares */
+    {"F16", 1, NULL, QD_GGML_F16, 0}, {"BF16", 32, NULL, QD_GGML_BF16, 0}, {"F32", 0, NULL, QD_GGML_F32, 0},
+    {"COPY", 0, NULL, QD_GGML_F32, 1},
     /* llama-quantize's aliases */
-    {"Q3_K", Q3_K_M, "q3_K"},   {"Q4_K", Q4_K_M, "q4_K"},   {"Q5_K", Q5_K_M, "q5_K"},
+    MIX("Q3_K", Q3_K_M, "q3_K"),   MIX("Q4_K", Q4_K_M, "q4_K"),   MIX("Q5_K", Q5_K_M, "q5_K"),
 };
 
 const struct qd_gguf_recipe *qd_gguf_recipe_find(const char *name)
@@ -40,7 +44,7 @@ const struct qd_gguf_recipe *qd_gguf_recipe_find(const char *name)
 const char *qd_gguf_recipe_names(void)
 {
     return "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K (Q3_K, Q4_K, "
-           "Q5_K: the _M mixes), IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE, Q2_K_S (with --imatrix)";
+           "Q5_K: the _M mixes), IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE, Q2_K_S (with --imatrix), F16 BF16 F32 COPY (quantd convert)";
 }
 
 /* An integer key's value (an array's first element), or def. */
@@ -115,18 +119,14 @@ void qd_recipe_init(struct qd_recipe_state *s, const struct qd_gguf_recipe *r, u
     opt = s->opt;
     char *arch = qd_gguf_string(g, "general.architecture");
     const char *a = arch ? arch : "";
-    s->falcon = !strcmp(a, "falcon");
-    s->glm5_next = !strcmp(a, "glm5-next");
-    s->bailingmoe3 = !strcmp(a, "bailingmoe3");
+    s->arch = qd_gguf_arch_find(arch);
     s->n_layer = (int)kv_int(g, opt, a, "block_count", 0);
     int64_t n_head = kv_int(g, opt, a, "attention.head_count", 0);
     int64_t n_head_kv = kv_int(g, opt, a, "attention.head_count_kv", n_head);
     s->n_gqa = n_head_kv ? (int)(n_head / n_head_kv) : 0;
     s->n_expert = (int)kv_int(g, opt, a, "expert_count", 0);
-    /* the model types whose 70B rule the mixes read (llama.cpp src/models/<arch>.cpp) */
-    s->is_70b = (!strcmp(a, "llama") && s->n_layer == 80 && n_head != n_head_kv) ||
-                ((!strcmp(a, "qwen2") || !strcmp(a, "olmo") || !strcmp(a, "deci")) && s->n_layer == 80) ||
-                (!strcmp(a, "jais2") && s->n_layer == 68);
+    s->is_70b = s->arch->layers_70b && s->n_layer == s->arch->layers_70b &&
+                (!s->arch->layers_70b_with_gqa || n_head != n_head_kv);
     s->tied = 1; /* until output.weight is seen */
     for (int i = 0; i < n; i++) {
         enum category c = category(names[i]);
@@ -146,18 +146,19 @@ static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor 
 {
     const int ft = s->r->ftype;
     uint32_t type = s->default_type;
-    if (s->glm5_next && (strstr(name, "attn_q_a") || strstr(name, "attn_q_b") || strstr(name, "nextn.eh_proj")))
+    const int falcon = s->arch->falcon_rules;
+    if (qd_gguf_arch_names_any(name, s->arch->q8_0))
         return QD_GGML_Q8_0;
     if (c == OUTPUT || (s->tied && c == TOKEN_EMBD)) {
         if (s->opt->output_tensor_type != QD_GGUF_TYPE_NONE)
             type = s->opt->output_tensor_type;
-        else if (ft == MXFP4_MOE || s->falcon || t->ne[0] % block_of(type))
+        else if (ft == MXFP4_MOE || falcon || t->ne[0] % block_of(type))
             type = QD_GGML_Q8_0;
         else if (type != QD_GGML_Q8_0)
             type = QD_GGML_Q6_K;
     } else if (ft == MXFP4_MOE) { /* the experts (3-D) MXFP4, the rest Q8_0 */
         const int ffn = c == FFN_UP || c == FFN_GATE || c == FFN_DOWN;
-        type = t->ne[2] > 1 && (!s->bailingmoe3 || ffn) ? 39 /* mxfp4 */ : QD_GGML_Q8_0;
+        type = t->ne[2] > 1 && (!s->arch->mxfp4_ffn_experts_only || ffn) ? 39 /* mxfp4 */ : QD_GGML_Q8_0;
     } else if (c == TOKEN_EMBD) {
         if (ft == TQ1_0 || ft == TQ2_0)
             type = QD_GGML_Q4_K;
@@ -194,11 +195,11 @@ static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor 
             if (i < n / 8)
                 type = QD_GGML_Q4_K;
         } else if (ft == Q3_K_M)
-            type = i < n / 16 ? QD_GGML_Q5_K : !s->falcon || use_more_bits(i, n) ? QD_GGML_Q4_K : QD_GGML_Q3_K;
+            type = i < n / 16 ? QD_GGML_Q5_K : !falcon || use_more_bits(i, n) ? QD_GGML_Q4_K : QD_GGML_Q3_K;
         else if (ft == Q3_K_L)
-            type = s->falcon ? QD_GGML_Q4_K : QD_GGML_Q5_K;
+            type = falcon ? QD_GGML_Q4_K : QD_GGML_Q5_K;
         else if (ft == Q4_K_M) {
-            if (s->falcon)
+            if (falcon)
                 type = i < n / 16 ? QD_GGML_Q6_K : use_more_bits(i, n) ? QD_GGML_Q5_K : QD_GGML_Q4_K;
             else if (use_more_bits(i, n))
                 type = QD_GGML_Q6_K;
@@ -206,13 +207,13 @@ static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor 
             type = QD_GGML_Q5_K;
         else if (ft == Q5_K_M && use_more_bits(i, n))
             type = QD_GGML_Q6_K;
-        else if (ft == Q4_K_S && !s->falcon && i < n / 8)
+        else if (ft == Q4_K_S && !falcon && i < n / 8)
             type = QD_GGML_Q5_K;
         else if ((ft == Q4_0 || ft == Q5_0) && s->has_imatrix && i < n / 8)
             type = ft == Q4_0 ? QD_GGML_Q4_1 : QD_GGML_Q5_1; /* llama.cpp's guard for the first ffn_down layers */
         s->i_ffn_down++;
     } else if (c == ATTN_OUTPUT) {
-        if (!s->falcon) {
+        if (!falcon) {
             if (s->n_expert == 8) {
                 if (ft == Q2_K || ft == Q3_K_S || ft == Q3_K_M || ft == Q4_K_S || ft == Q4_K_M || ft == IQ4_NL ||
                     ft == IQ4_XS)
@@ -234,18 +235,10 @@ static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor 
  * neither; QD_GGUF_TYPE_NONE where llama.cpp defines no fallback (it refuses too). */
 static uint32_t fallback_type(uint32_t type, int64_t ncols)
 {
-    static const uint32_t to[][2] = {{QD_GGML_Q2_K, QD_GGML_Q4_0}, {QD_GGML_Q3_K, QD_GGML_Q4_0},
-                                     {QD_GGML_Q4_K, QD_GGML_Q5_0}, {QD_GGML_Q5_K, QD_GGML_Q5_1},
-                                     {QD_GGML_Q6_K, QD_GGML_Q8_0}, {34 /* tq1_0 */, QD_GGML_Q4_0},
-                                     {35 /* tq2_0 */, QD_GGML_Q4_0}, {42 /* q2_0 */, QD_GGML_Q4_0},
-                                     {16, 20}, {17, 20}, {18, 20}, {19, 20}, {21, 20}, {22, 20}, {23, 20},
-                                     {29, 20} /* the IQ 256-block types: iq4_nl */};
-    if (ncols % block_of(type) == 0)
+    const struct qd_ggml_type *t = qd_ggml_type(type);
+    if (ncols % t->block_elems == 0)
         return type;
-    uint32_t back = block_of(type) <= 32 ? type : QD_GGUF_TYPE_NONE;
-    for (size_t i = 0; i < sizeof to / sizeof *to; i++)
-        if (to[i][0] == type)
-            back = to[i][1];
+    const uint32_t back = t->fallback ? t->fallback : t->block_elems <= 32 ? type : QD_GGUF_TYPE_NONE;
     if (back == QD_GGUF_TYPE_NONE)
         return back;
     return ncols % block_of(back) ? QD_GGML_F16 : back;

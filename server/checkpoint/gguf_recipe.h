@@ -7,12 +7,15 @@
 
 #include "../../kernels/registry.h"
 #include "checkpoint/gguf.h"
+#include "checkpoint/gguf_arch.h"
 #include "checkpoint/gguf_options.h"
 
 struct qd_gguf_recipe {
     const char *name;  /* as llama-quantize spells it: "Q4_K_M" */
     int ftype;         /* llama_ftype: general.file_type */
-    const char *fmt;   /* the default type, quantd's format name */
+    const char *fmt;   /* the default type, quantd's format name; NULL for the float mixes and COPY */
+    uint32_t type;     /* the float mixes: their ggml type (F32, F16, BF16) */
+    int copy;          /* COPY: every tensor as it is, the input's file type */
 };
 
 /* NULL when llama-quantize has no such name or quantd does not write it (the IQ types, and
@@ -30,7 +33,8 @@ struct qd_recipe_state {
     uint32_t default_type;               /* ggml type id */
     int pure;                            /* no mix rules (--fmt, --pure) */
     int has_imatrix;                     /* an importance matrix is given (set after init) */
-    int falcon, glm5_next, bailingmoe3, is_70b, tied;
+    const struct qd_gguf_arch *arch;     /* never NULL */
+    int is_70b, tied;
     int n_gqa, n_expert, n_layer;
     int n_attention_wv, i_attention_wv, i_ffn_down;
 };

@@ -12,8 +12,8 @@
 #include <sys/stat.h>
 
 #include "../../kernels/quantize.h"
-#include "http/encode.h"
 #include "cli/files.h"
+#include "common/report_json.h"
 
 #define ERRLEN 8192
 

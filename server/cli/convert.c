@@ -63,7 +63,7 @@ static void on_tensor(void *ctx, const struct qd_convert_event *ev)
     if (pr->tty) {
         double s = since(&pr->start), rate = s > 0 ? ev->in_done / s : 0;
         double eta = rate > 0 ? (double)(ev->in_total - ev->in_done) / rate : 0;
-        const char *what = ev->action == QD_CONVERT_QUANTIZE ? ev->fmt : ev->action == QD_CONVERT_CAST_F16 ? "f16" : "copied";
+        const char *what = ev->action == QD_CONVERT_QUANTIZE ? ev->fmt : ev->action == QD_CONVERT_CAST ? ev->fmt : "copied";
         fprintf(stderr, "\r[%d/%d] %.2f/%.2f GB  %.2f GB/s  ETA %.0f s  %-40.40s %-7s", ev->index, ev->count,
                 ev->in_done / 1e9, ev->in_total / 1e9, rate / 1e9, eta, ev->name, what);
         if (ev->index == ev->count)
@@ -73,7 +73,7 @@ static void on_tensor(void *ctx, const struct qd_convert_event *ev)
     char shape[96] = "";
     for (int d = 0, at = 0; d < ev->ndim && at < (int)sizeof shape - 24; d++)
         at += snprintf(shape + at, sizeof shape - (size_t)at, "%s%" PRId64, d ? "," : "", ev->shape[d]);
-    const char *what = ev->action == QD_CONVERT_QUANTIZE ? ev->fmt : ev->action == QD_CONVERT_CAST_F16 ? "f16" : "copied";
+    const char *what = ev->action == QD_CONVERT_QUANTIZE ? ev->fmt : ev->action == QD_CONVERT_CAST ? ev->fmt : "copied";
     printf("{\"tensor\":%d,\"of\":%d,\"name\":\"%s\",\"fmt\":\"%s\",\"shape\":[%s],\"ms\":%.3f", ev->index, ev->count,
            ev->name, what, shape, ev->ms);
     if (ev->has_nmse)
@@ -206,10 +206,17 @@ int qd_cli_convert(int argc, char **argv)
         }
         o.recipe = r->name;
         fmt = r->fmt;
+        if (!fmt && nparams) { /* F16, BF16, F32, COPY: no quantizer to take parameters */
+            fprintf(stderr, "quantd convert: --param does not apply to the %s mix (it quantizes nothing)\n", r->name);
+            return 2;
+        }
     }
-    if (!(o.f = qd_convert_format_named(fmt))) {
+    if ((fmt || !recipe) && !(o.f = qd_convert_format_named(fmt))) {
         const struct qd_gguf_recipe *r = qd_convert_recipe_named(fmt);
-        if (r)
+        if (r && !r->fmt)
+            fprintf(stderr, "quantd convert: '%s' is a llama-quantize mix, not a format: use --recipe %s\n", fmt,
+                    r->name);
+        else if (r)
             fprintf(stderr, "quantd convert: '%s' is a llama-quantize mix, not one format: use --recipe %s (--fmt "
                     "gives every quantized tensor one type, such as %s)\n", fmt, r->name, r->fmt);
         else
@@ -217,8 +224,9 @@ int qd_cli_convert(int argc, char **argv)
                     qd_convert_layouts_text());
         return 2;
     }
-    qd_params_default(o.f, &o.params);
-    for (int i = 0; i < nparams; i++) {
+    if (o.f)
+        qd_params_default(o.f, &o.params);
+    for (int i = 0; o.f && i < nparams; i++) {
         char key[64];
         const char *eq = strchr(params[i], '=');
         if (!eq || (size_t)(eq - params[i]) >= sizeof key) {
@@ -323,7 +331,7 @@ int qd_cli_convert(int argc, char **argv)
            "\"copied\":%d,\"cast_f16\":%d,\"bytes_in\":%" PRIu64 ",\"bytes_out\":%" PRIu64 ",\"bits_per_weight\":%.3f,"
            "\"seconds\":%.3f,\"gb_per_s\":%.3f,\"read_s\":%.3f,\"quantize_s\":%.3f,\"write_s\":%.3f,"
            "\"peak_rss_bytes\":%" PRIu64 "}}\n",
-           arch, o.src, o.dst ? o.dst : "", o.f->name, name, s.quantized, s.copied, s.cast, s.bytes_in, s.bytes_out, bpw, s.seconds,
+           arch, o.src, o.dst ? o.dst : "", o.f ? o.f->name : o.recipe, name, s.quantized, s.copied, s.cast, s.bytes_in, s.bytes_out, bpw, s.seconds,
            s.seconds > 0 ? s.bytes_in / s.seconds / 1e9 : 0.0, s.stages.read_s, s.stages.process_s, s.stages.write_s,
            peak_rss_bytes());
     return 0;

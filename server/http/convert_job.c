@@ -181,6 +181,9 @@ void qd_convert_name_error(struct qd_reply *err, const char *name, int as_recipe
     else if (as_recipe)
         qd_reply_error(err, 400, "unknown_recipe", "unknown recipe '%.40s'%s%s (quantd writes %s)", name,
                        mix ? ": spelled " : "", mix ? mix->name : "", qd_gguf_recipe_names());
+    else if (mix && !f && !mix->fmt)
+        qd_reply_error(err, 400, "unknown_format", "fmt '%.40s' is llama-quantize's %s mix, not a format (quantd "
+                       "convert --recipe %s writes it)", name, mix->name, mix->name);
     else if (mix && !f)
         qd_reply_error(err, 400, "unknown_format", "fmt '%.40s' is a llama-quantize mix, not one format: give recipe "
                        "%s (fmt gives every quantized tensor one type, such as %s)", name, mix->name, mix->fmt);
@@ -340,6 +343,11 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
             qd_reply_error(err, 400, "bad_request", "give fmt or recipe, not both (a recipe chooses each tensor's format)");
             goto bad;
         }
+        if (!mix->fmt) {
+            qd_reply_error(err, 400, "unknown_recipe", "recipe %s (no tensor quantized) is written by the CLI, "
+                           "quantd convert --recipe %s; jobs take the quantizing mixes", mix->name, mix->name);
+            goto bad;
+        }
         r->recipe = strdup(mix->name);
         fmt = mix->fmt;
     }
@@ -452,7 +460,7 @@ static void on_tensor(void *ctx, const struct qd_convert_event *ev)
     struct qd_job *j = run->j;
     if (run->types)
         cJSON_AddStringToObject(run->types, ev->name, ev->action == QD_CONVERT_QUANTIZE ? ev->fmt
-                                                      : ev->action == QD_CONVERT_CAST_F16 ? "f16" : "copied");
+                                                      : ev->action == QD_CONVERT_CAST ? ev->fmt : "copied");
     atomic_store(&j->tensors_total, ev->count);
     atomic_store(&j->tensors_done, ev->index);
     atomic_store(&j->bytes_total, ev->in_total);

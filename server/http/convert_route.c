@@ -130,6 +130,11 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
                 qd_convert_name_error(err, v, 1);
                 goto bad;
             }
+            if (!mix->fmt) {
+                qd_reply_error(err, 400, "unknown_recipe", "recipe %s (no tensor quantized) is written by the CLI, "
+                               "quantd convert --recipe %s; this route takes the quantizing mixes", mix->name, mix->name);
+                goto bad;
+            }
             free(r->recipe);
             r->recipe = strdup(mix->name);
         }

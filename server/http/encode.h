@@ -3,6 +3,7 @@
 #ifndef QD_ENCODE_H
 #define QD_ENCODE_H
 
+#include "common/report_json.h"
 #include "http/decode.h"
 #include "http/safetensors.h"
 #include "http/reply.h"
@@ -12,11 +13,6 @@ struct cJSON;
 
 /* The answer to a finished /quantize or /dequantize, in the form w->req asked for. */
 void qd_encode_result(struct qd_work *w, struct qd_reply *r); /* may take w->out.data */
-
-/* [d0, d1, ...] and {"nmse", "sqnr_db" (null when exact), "max_abs"}: shared with the CLI's
- * meta.json. */
-struct cJSON *qd_shape_json(int ndim, const int64_t *shape);
-struct cJSON *qd_report_json(const struct qd_error_report *r);
 
 /* {"queue_us":..} */
 struct cJSON *qd_timing_json(const struct qd_timing *t);

@@ -65,6 +65,8 @@ def main():
     ap.add_argument("--vocab", type=int, default=0, help="pad the vocabulary to N tokens")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--cases", action="store_true")
+    ap.add_argument("--no-file-type", action="store_true",
+                    help="leave general.file_type out (llama.cpp's loader then guesses it)")
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
     pieces = ["▁the", "▁a", "▁of", "▁and", "▁to", "▁in", "▁is", "▁quant", "ize", "▁model"]
@@ -87,7 +89,8 @@ def main():
     w.add_rope_dimension_count(hd)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
-    w.add_file_type({"f32": 0, "f16": 1, "bf16": 32}[a.dtype])
+    if not a.no_file_type:
+        w.add_file_type({"f32": 0, "f16": 1, "bf16": 32}[a.dtype])
     w.add_vocab_size(vocab)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")

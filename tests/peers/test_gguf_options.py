@@ -151,6 +151,42 @@ def test_requantize_needs_the_option(models, tmp_path):
     assert p.returncode == 1 and "refused without --allow-requantize" in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("mix", ["F16", "bf16", "32", "F32"])
+def test_float_mix_requantize_needs_the_option(models, tmp_path, mix):
+    """llama-quantize's float mixes dequantize a quantized input only with --allow-requantize
+    (tensor by tensor: "requantizing from type q8_0 is disabled"); COPY needs none."""
+    p = run_quantd("convert", "--in", models["llama-q8_0"], "--out", tmp_path / "o.gguf", "--recipe", mix,
+                   check=False)
+    assert p.returncode == 1 and "refused without --allow-requantize" in p.stderr, p.stderr
+    assert not (tmp_path / "o.gguf").exists()
+
+
+@pytest.mark.parametrize("spelling,case", [("1", "mix_f16"), ("f16", "mix_f16"), ("Copy", "mix_copy")])
+def test_float_mix_by_number_or_any_case(models, tmp_path, spelling, case):
+    """The float mixes and COPY by llama-quantize's id (1: F16) or any case; --fmt 1 is the F16 mix."""
+    fix = FIX["cases"][case]
+    out = tmp_path / "out.gguf"
+    run_quantd("convert", "--in", models[fix["model"]], "--out", out, "--recipe", spelling)
+    assert sha256(out) == fix["sha256"]
+    if spelling == "1":
+        out.unlink()
+        run_quantd("convert", "--in", models[fix["model"]], "--out", out, "--fmt", "1")
+        assert sha256(out) == fix["sha256"]
+
+
+def test_float_mix_takes_no_param(models, tmp_path):
+    p = run_quantd("convert", "--in", models["llama"], "--out", tmp_path / "o.gguf", "--recipe", "F16",
+                   "--param", "group_size=32", check=False)
+    assert p.returncode == 2 and "--param does not apply to the F16 mix" in p.stderr, p.stderr
+
+
+def test_float_mix_line_names_the_type(models, tmp_path):
+    """The per-tensor line names the float type written."""
+    p = run_quantd("convert", "--in", models["llama"], "--out", tmp_path / "o.gguf", "--recipe", "BF16")
+    lines = {l["name"]: l["fmt"] for l in map(json.loads, p.stdout.splitlines()[:-1])}
+    assert lines["blk.0.attn_q.weight"] == "bf16" and lines["output_norm.weight"] == "copied", lines
+
+
 def test_options_need_gguf_output(tmp_path):
     from conftest import TINY_HF
     src = tmp_path / "hf"
@@ -284,6 +320,17 @@ def test_convert_route_refuses_bad_options(service, models, query, says):
     status, r = http("POST", base + "/convert?" + urllib.parse.urlencode([("recipe", "Q4_0")] + query),
                      open(models["llama"], "rb").read(), {"Content-Type": "application/octet-stream"})
     assert status == 400 and says in json.loads(r)["error"]["message"], r
+
+
+def test_float_mix_is_for_the_cli(service, models):
+    """The float mixes and COPY are written by quantd convert; the route and jobs say so."""
+    base, _ = service
+    status, r = http("POST", base + "/convert?recipe=F16", open(models["llama"], "rb").read(),
+                     {"Content-Type": "application/octet-stream"})
+    assert status == 400 and "quantd convert --recipe F16" in json.loads(r)["error"]["message"], r
+    body = {"source": "llama.gguf", "destination": "f16.gguf", "recipe": "COPY"}
+    status, r = http("POST", base + "/jobs?op=convert", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    assert status == 400 and "quantd convert --recipe COPY" in json.loads(r)["error"]["message"], r
 
 
 def write_bad_imatrix(path, kind):

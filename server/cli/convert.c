@@ -207,7 +207,11 @@ int qd_cli_convert(int argc, char **argv)
         o.recipe = r->name;
         fmt = r->fmt;
     }
-    if (!(o.f = qd_convert_format_named(fmt))) {
+    if (!(o.f = qd_convert_format_named(fmt)) && (o.to_float = qd_convert_to_float_named(fmt)) && nparams) {
+        fprintf(stderr, "quantd convert: --fmt %s (back to float) takes no --param\n", o.to_float);
+        return 2;
+    }
+    if (!o.f && !o.to_float) {
         const struct qd_gguf_recipe *r = qd_convert_recipe_named(fmt);
         if (r)
             fprintf(stderr, "quantd convert: '%s' is a llama-quantize mix, not one format: use --recipe %s (--fmt "
@@ -217,7 +221,8 @@ int qd_cli_convert(int argc, char **argv)
                     qd_convert_layouts_text());
         return 2;
     }
-    qd_params_default(o.f, &o.params);
+    if (o.f)
+        qd_params_default(o.f, &o.params);
     for (int i = 0; i < nparams; i++) {
         char key[64];
         const char *eq = strchr(params[i], '=');
@@ -323,7 +328,7 @@ int qd_cli_convert(int argc, char **argv)
            "\"copied\":%d,\"cast_f16\":%d,\"bytes_in\":%" PRIu64 ",\"bytes_out\":%" PRIu64 ",\"bits_per_weight\":%.3f,"
            "\"seconds\":%.3f,\"gb_per_s\":%.3f,\"read_s\":%.3f,\"quantize_s\":%.3f,\"write_s\":%.3f,"
            "\"peak_rss_bytes\":%" PRIu64 "}}\n",
-           arch, o.src, o.dst ? o.dst : "", o.f->name, name, s.quantized, s.copied, s.cast, s.bytes_in, s.bytes_out, bpw, s.seconds,
+           arch, o.src, o.dst ? o.dst : "", o.f ? o.f->name : o.to_float, name, s.quantized, s.copied, s.cast, s.bytes_in, s.bytes_out, bpw, s.seconds,
            s.seconds > 0 ? s.bytes_in / s.seconds / 1e9 : 0.0, s.stages.read_s, s.stages.process_s, s.stages.write_s,
            peak_rss_bytes());
     return 0;

@@ -1,0 +1,161 @@
+"""quantd convert --fmt bf16|f16|f32: a quantized checkpoint back to the unquantized layout
+(server/checkpoint/hf_dequant.c), against the peers' arithmetic written here in numpy:
+
+- transformers' FineGrainedFP8 (quant_method "fp8", DeepSeek-V3 / Qwen3-FP8 layout): DeepSeek's
+  fp8_cast_bf16 (weight_dequant: the e4m3 code as f32 times its 128x128 block's weight_scale_inv,
+  in f32, then cast to the output dtype once), partial edge blocks included;
+- compressed-tensors float-quantized / int-quantized (FP8_DYNAMIC, FP8_BLOCK, W8A8):
+  compressed-tensors' decompress, x_q.to(scale.dtype) * scale (one rounding to the scale's dtype),
+  then the cast to the output dtype.
+
+Round trips on every architecture of the table: the source quantized by quantd into each 8-bit
+layout, then back to bf16, equals the peer's dequantization of that same directory; the scales
+are gone, every other tensor is the quantized directory's bytes, and config.json is the source's
+text without quantization_config, with the output's dtype (what transformers 5.17's save_pretrained
+writes for the model loaded with dequantize=True: checked byte for byte on the Llama, see
+docs/convert.md). A source that is not quantized, or quantized in a layout not read back, is
+refused naming what is."""
+import json
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, load_safetensors_dir, run_quantd
+
+import sys
+sys.path.insert(0, os.path.join(os.path.dirname(FIXTURES), "checkpoint"))
+import tiny_hf  # noqa: E402
+
+SOURCES = os.path.join(FIXTURES, "arch")
+NAMES = sorted(fn[:-len(".json")] for fn in os.listdir(SOURCES) if fn.endswith(".json") and fn != "decisions.json")
+LAYOUTS = {"FP8_DYNAMIC": ["--fmt", "fp8_e4m3"],
+           "FP8_BLOCK": ["--fmt", "fp8_e4m3", "--param", "granularity=block"],
+           "W8A8": ["--fmt", "w8a8"],
+           "FineGrainedFP8": ["--fmt", "fp8_e4m3", "--param", "flow=transformers"]}
+OUT = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}
+TORCH = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    made = {}
+
+    def get(name):
+        if name not in made:
+            made[name] = tmp_path_factory.mktemp(name.replace(".", "_"))
+            with open(os.path.join(SOURCES, name + ".json")) as f:
+                tiny_hf.write_arch(json.load(f)["source"], made[name])
+        return made[name]
+    return get
+
+
+def grid(scale, rows, cols, block):
+    """The scale of every element: per tensor, per row or per block (a MoE expert's FineGrainedFP8
+    grid may be saved 1-D)."""
+    s = scale.astype(np.float32)
+    br, bc = block
+    if s.ndim == 1 and s.size > 1:
+        s = s.reshape(-1, 1) if -(-rows // br) == s.size else s.reshape(1, -1)
+    s = s.reshape(s.shape[0] if s.ndim == 2 else 1, -1)
+    r = 1 if s.shape[0] == rows else rows if s.shape[0] == 1 else br
+    c = 1 if s.shape[1] == cols else cols if s.shape[1] == 1 else bc
+    return np.repeat(np.repeat(s, r, 0), c, 1)[:rows, :cols]
+
+
+def peer_dequant(q, scale, block, finegrained, out):
+    codes = q.astype(np.float32)  # e4m3 and int8 are exact in f32 (and in bf16 / f16)
+    product = codes * grid(scale, q.shape[0], q.shape[1], block)  # f32, as fp8_cast_bf16 multiplies
+    if not finegrained:  # x_q.to(scale.dtype) * scale: rounded once to the scale's dtype
+        product = product.astype(scale.dtype)
+    return product.astype(out)
+
+
+def block_of(cfg):
+    q = cfg["quantization_config"]
+    b = q.get("weight_block_size") or next(
+        (g["weights"].get("block_structure") for g in q.get("config_groups", {}).values()
+         if g["weights"].get("block_structure")), None)
+    return tuple(b or (128, 128))
+
+
+def convert_back(tmp_path, src, layout, to):
+    q, back = tmp_path / "q", tmp_path / to
+    run_quantd("convert", "--in", src, "--out", q, "--backend", "cpu", *LAYOUTS[layout])
+    p = run_quantd("convert", "--in", q, "--out", back, "--fmt", to, "--backend", "cpu")
+    return q, back, json.loads(p.stdout.splitlines()[-1])["summary"]
+
+
+def check_equal(q, back, to):
+    cfg = json.loads((q / "config.json").read_text())
+    finegrained = cfg["quantization_config"]["quant_method"] == "fp8"
+    suffix = ".weight_scale_inv" if finegrained else ".weight_scale"
+    qt, ours = load_safetensors_dir(q), load_safetensors_dir(back)
+    scales = {k for k in qt if k.endswith(suffix)}
+    assert sorted(ours) == sorted(set(qt) - scales)
+    converted = 0
+    for k, v in ours.items():
+        if k + suffix[len(".weight"):] in qt and k.endswith(".weight"):
+            want = peer_dequant(qt[k], qt[k + suffix[len(".weight"):]], block_of(cfg), finegrained, OUT[to])
+            assert v.dtype == want.dtype and v.shape == want.shape, k
+            assert v.tobytes() == want.tobytes(), f"{k}: {np.count_nonzero(v.view(np.uint8) != want.view(np.uint8))} bytes differ"
+            converted += 1
+        else:
+            assert v.dtype == qt[k].dtype and v.tobytes() == qt[k].tobytes(), k
+    assert converted == len(scales) > 0
+    return cfg
+
+
+def expected_config(q, to):
+    """The quantized directory's config.json without quantization_config, with "dtype" the
+    output's (transformers' save_pretrained); every other key as it is."""
+    src = json.loads((q / "config.json").read_text())
+    src.pop("quantization_config")
+    src["dtype"] = TORCH[to]
+    return src
+
+
+CASES = [(n, l) for n in NAMES for l in LAYOUTS]
+
+
+@pytest.mark.parametrize("name,layout", CASES, ids=[f"{n}-{l}" for n, l in CASES])
+def test_round_trip_bf16(tmp_path, source, name, layout):
+    q, back, summary = convert_back(tmp_path, source(name), layout, "bf16")
+    check_equal(q, back, "bf16")
+    assert summary["fmt"] == "bf16" and summary["quantized"] > 0
+    assert json.loads((back / "config.json").read_text()) == expected_config(q, "bf16")
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("to", ["f16", "f32"])
+def test_other_dtypes(tmp_path, source, layout, to):
+    q, back, _ = convert_back(tmp_path, source("deepseek_v3"), layout, to)
+    check_equal(q, back, to)
+    assert json.loads((back / "config.json").read_text()) == expected_config(q, to)
+
+
+def test_config_bytes_are_transformers_save(tmp_path, source):
+    """The Llama's source config.json is transformers' own save (dtype bfloat16); its
+    dequantized save writes the same text back, so bf16 out is the source's bytes."""
+    src = source("llama")
+    for layout in LAYOUTS:
+        (tmp_path / layout).mkdir()
+        _, back, _ = convert_back(tmp_path / layout, src, layout, "bf16")
+        assert (back / "config.json").read_bytes() == (src / "config.json").read_bytes(), layout
+
+
+def test_refusals(tmp_path, source):
+    src = source("llama")
+    p = run_quantd("convert", "--in", src, "--out", tmp_path / "a", "--fmt", "bf16", check=False)
+    assert p.returncode == 1 and "not quantized" in p.stderr and "FineGrainedFP8" in p.stderr, p.stderr
+    q = tmp_path / "nv"
+    run_quantd("convert", "--in", src, "--out", q, "--fmt", "nvfp4", "--backend", "cpu")
+    p = run_quantd("convert", "--in", q, "--out", tmp_path / "b", "--fmt", "BF16", check=False)
+    assert p.returncode == 1 and "nvfp4-pack-quantized" in p.stderr and "float-quantized" in p.stderr, p.stderr
+    assert not (tmp_path / "b").exists()
+    p = run_quantd("convert", "--in", q, "--out", tmp_path / "c", "--fmt", "bf16", "--param", "x=1", check=False)
+    assert p.returncode == 2 and "no --param" in p.stderr, p.stderr
+    p = run_quantd("convert", "--in", q / "model.safetensors", "--out", tmp_path / "d.safetensors", "--fmt", "f32",
+                   check=False)
+    assert p.returncode == 1 and "model directory" in p.stderr, p.stderr

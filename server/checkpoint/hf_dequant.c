@@ -7,7 +7,9 @@
  *   rounded once to the output dtype;
  * - compressed-tensors "float-quantized" / "int-quantized" (FP8_DYNAMIC, FP8_BLOCK, W8A8):
  *   <m>.weight e4m3 / int8 and <m>.weight_scale (per tensor, channel or block), decompressed as
- *   compressed-tensors does, x_q.to(scale.dtype) * scale, then cast to the output dtype.
+ *   compressed-tensors does in a model of the output dtype (transformers' from_pretrained with
+ *   dtype=...: the scale parameter is that dtype), x_q.to(scale.dtype) * scale: the scale cast to
+ *   the output dtype, the product rounded once to it.
  * Every other tensor is copied as it is, the scales are dropped, and config.json loses
  * quantization_config and says the output dtype (transformers' save_pretrained of the model
  * loaded with dequantize=True). */
@@ -23,11 +25,12 @@ struct source {
     const char *quant_method, *format; /* format NULL: any */
     const char *scale_suffix;          /* the scale tensor beside <m>.weight */
     const char *block_key;             /* where the block's [rows, cols] is (NULL: none) */
+    int scale_cast;                    /* the scale is cast to the output dtype (qd_hf_out) */
 };
 static const struct source sources[] = {
-    {"fp8", NULL, "weight_scale_inv", "weight_block_size"},
-    {"compressed-tensors", "float-quantized", "weight_scale", "block_structure"},
-    {"compressed-tensors", "int-quantized", "weight_scale", "block_structure"},
+    {"fp8", NULL, "weight_scale_inv", "weight_block_size", 0},
+    {"compressed-tensors", "float-quantized", "weight_scale", "block_structure", 1},
+    {"compressed-tensors", "int-quantized", "weight_scale", "block_structure", 1},
 };
 static const char supported[] = "transformers' FineGrainedFP8 (quant_method \"fp8\": DeepSeek-V3, Qwen3-FP8) and "
                                 "compressed-tensors float-quantized / int-quantized (FP8_DYNAMIC, FP8_BLOCK, W8A8)";
@@ -158,6 +161,7 @@ static int plan_tensor(const struct qd_convert_opts *o, const cJSON *config, con
     out->shape[0] = rows, out->shape[1] = cols;
     out->bytes = (uint64_t)(rows * cols) * (dt[1] == '3' ? 4 : 2);
     out->scale = s;
+    out->scale_cast = src->scale_cast;
     return out->name ? 1 : -1;
 }
 
@@ -177,16 +181,19 @@ static enum qd_status process(const struct qd_hf_out *t, const void *in, void *o
 {
     const struct qd_st_entry *w = t->src, *s = t->scale;
     const int int8 = !strcmp(w->dtype, "I8");
-    /* the product rounded to the scale's dtype (exact for FineGrainedFP8's f32 scales but for
-     * f32's own rounding), then to the output's */
-    const int sdt = qd_fp8_dtype_code(qd_hf_st_to_dtype(s->dtype));
+    /* FineGrainedFP8: the product in f32, then one cast to the output dtype; compressed-tensors:
+     * the scale in the output dtype, the product rounded to it (the codes are exact there) */
     const enum qd_dtype odt = qd_hf_st_to_dtype(t->dtype);
+    const int odc = qd_fp8_dtype_code(odt), sdt = t->scale_cast ? odc : 0;
     const int64_t rows = w->shape[0], cols = w->shape[1], sc = cdiv(cols, t->block[1]);
     const uint8_t *q = in;
     for (int64_t r = 0; r < rows; r++) {
         const int64_t srow = (r / t->block[0]) * sc;
         for (int64_t c = 0; c < cols; c++) {
-            const float v = qd_fp8_value(q[r * cols + c], scale_at(s, srow + c / t->block[1]), int8, sdt);
+            float scale = scale_at(s, srow + c / t->block[1]);
+            if (t->scale_cast)
+                scale = qd_ct_round(scale, odc);
+            const float v = qd_fp8_value(q[r * cols + c], scale, int8, sdt);
             const size_t k = (size_t)(r * cols + c);
             if (odt == QD_F32)
                 memcpy((char *)out + k * 4, &v, 4);

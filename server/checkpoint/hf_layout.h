@@ -47,6 +47,8 @@ struct qd_hf_out {
     float amax;
     const struct qd_st_entry *scale; /* back to float (hf_dequant.c): the weight's scale tensor */
     int block[2];      /* back to float: rows and columns one scale covers */
+    int scale_cast;    /* back to float: the scale is cast to the output dtype before the product
+                          (compressed-tensors' decompress in a model of that dtype) */
     uint64_t qbytes;   /* that weight's components, back to back */
 };
 

@@ -5,8 +5,9 @@
   fp8_cast_bf16 (weight_dequant: the e4m3 code as f32 times its 128x128 block's weight_scale_inv,
   in f32, then cast to the output dtype once), partial edge blocks included;
 - compressed-tensors float-quantized / int-quantized (FP8_DYNAMIC, FP8_BLOCK, W8A8):
-  compressed-tensors' decompress, x_q.to(scale.dtype) * scale (one rounding to the scale's dtype),
-  then the cast to the output dtype.
+  compressed-tensors' decompress in a model of the output dtype (transformers' from_pretrained with
+  that dtype holds the scale in it), x_q.to(scale.dtype) * scale: the scale cast to the output
+  dtype, the product rounded once to it.
 
 Round trips on every architecture of the table: the source quantized by quantd into each 8-bit
 layout, then back to bf16, equals the peer's dequantization of that same directory; the scales
@@ -66,10 +67,11 @@ def grid(scale, rows, cols, block):
 
 def peer_dequant(q, scale, block, finegrained, out):
     codes = q.astype(np.float32)  # e4m3 and int8 are exact in f32 (and in bf16 / f16)
-    product = codes * grid(scale, q.shape[0], q.shape[1], block)  # f32, as fp8_cast_bf16 multiplies
-    if not finegrained:  # x_q.to(scale.dtype) * scale: rounded once to the scale's dtype
-        product = product.astype(scale.dtype)
-    return product.astype(out)
+    if not finegrained:  # the scale parameter in the model's dtype
+        scale = scale.astype(out)
+    # f32 products (fp8_cast_bf16 multiplies in f32; a bf16/f16 product of an exact code is exact
+    # in f32 too), then one rounding to the output dtype
+    return (codes * grid(scale, q.shape[0], q.shape[1], block)).astype(out)
 
 
 def block_of(cfg):

@@ -252,6 +252,11 @@ int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d,
     }
     if (l->hf && l->hf->pick && !l->hf->pick(f, &o->params, err, errlen))
         return -1;
+    if (o->to_float && (o->skip || o->only || o->filter)) { /* a weight left quantized would keep its scale */
+        snprintf(err, errlen, "convert: --skip and --only choose weights to quantize; back to float (%s) turns every "
+                 "quantized weight back", o->to_float);
+        return -1;
+    }
     if (o->gguf && o->gguf->n_set && l->run != qd_convert_gguf) {
         snprintf(err, errlen, "convert: llama-quantize's options (%s) apply to GGUF output; %s writes %s",
                  qd_gguf_option_names(), f ? f->name : o->to_float, l->writes);

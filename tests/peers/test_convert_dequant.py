@@ -158,6 +158,8 @@ def test_refusals(tmp_path, source):
     assert not (tmp_path / "b").exists()
     p = run_quantd("convert", "--in", q, "--out", tmp_path / "c", "--fmt", "bf16", "--param", "x=1", check=False)
     assert p.returncode == 2 and "no --param" in p.stderr, p.stderr
+    p = run_quantd("convert", "--in", q, "--out", tmp_path / "e", "--fmt", "bf16", "--skip", "q_proj", check=False)
+    assert p.returncode == 1 and "every quantized weight back" in p.stderr, p.stderr
     p = run_quantd("convert", "--in", q / "model.safetensors", "--out", tmp_path / "d.safetensors", "--fmt", "f32",
                    check=False)
     assert p.returncode == 1 and "model directory" in p.stderr, p.stderr

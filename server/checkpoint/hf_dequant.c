@@ -9,7 +9,10 @@
  *   <m>.weight e4m3 / int8 and <m>.weight_scale (per tensor, channel or block), decompressed as
  *   compressed-tensors does in a model of the output dtype (transformers' from_pretrained with
  *   dtype=...: the scale parameter is that dtype), x_q.to(scale.dtype) * scale: the scale cast to
- *   the output dtype, the product rounded once to it.
+ *   the output dtype, the product rounded once to it;
+ * - compressed-tensors "pack-quantized" without zero points (W4A16, W8A16): <m>.weight_packed
+ *   (int32 words, each row's codes packed densely from bit 0, offset by 2^(bits-1)),
+ *   <m>.weight_scale per group or channel, <m>.weight_shape; decompressed the same way.
  * Every other tensor is copied as it is, the scales are dropped, and config.json loses
  * quantization_config and says the output dtype (transformers' save_pretrained of the model
  * loaded with dequantize=True). */
@@ -26,18 +29,20 @@ struct source {
     const char *scale_suffix;          /* the scale tensor beside <m>.weight */
     const char *block_key;             /* where the block's [rows, cols] is (NULL: none) */
     int scale_cast;                    /* the scale is cast to the output dtype (qd_hf_out) */
+    int packed;                        /* <m>.weight_packed and <m>.weight_shape for <m>.weight */
 };
 static const struct source sources[] = {
-    {"fp8", NULL, "weight_scale_inv", "weight_block_size", 0},
-    {"compressed-tensors", "float-quantized", "weight_scale", "block_structure", 1},
-    {"compressed-tensors", "int-quantized", "weight_scale", "block_structure", 1},
+    {"fp8", NULL, "weight_scale_inv", "weight_block_size", 0, 0},
+    {"compressed-tensors", "float-quantized", "weight_scale", "block_structure", 1, 0},
+    {"compressed-tensors", "int-quantized", "weight_scale", "block_structure", 1, 0},
+    {"compressed-tensors", "pack-quantized", "weight_scale", "block_structure", 1, 1},
 };
 static const char supported[] = "transformers' FineGrainedFP8 (quant_method \"fp8\": DeepSeek-V3, Qwen3-FP8) and "
-                                "compressed-tensors float-quantized / int-quantized (FP8_DYNAMIC, FP8_BLOCK, W8A8)";
+                                "compressed-tensors float-quantized / int-quantized (FP8_DYNAMIC, FP8_BLOCK, W8A8) "
+                                "and symmetric pack-quantized (W4A16, W8A16)";
 
 /* Tensors of a quantized module that this reader does not turn back into a weight. */
-static const char *const unsupported_suffixes[] = {"weight_zero_point", "weight_global_scale", "weight_packed",
-                                                   "input_scale", NULL};
+static const char *const unsupported_suffixes[] = {"weight_zero_point", "weight_global_scale", "input_scale", NULL};
 
 static const cJSON *member(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
 
@@ -74,6 +79,11 @@ static void config_block(const cJSON *config, const struct source *src, int bloc
                 b = s;
         }
     block[0] = block[1] = 128;
+    cJSON_ArrayForEach(g, member(q, "config_groups")) { /* group strategy: one scale per group of a row */
+        const cJSON *gs = member(member(g, "weights"), "group_size");
+        if (!b && cJSON_IsNumber(gs) && gs->valueint > 0)
+            block[0] = 1, block[1] = gs->valueint;
+    }
     if (cJSON_GetArraySize(b) == 2 && cJSON_IsNumber(cJSON_GetArrayItem(b, 0)) &&
         cJSON_IsNumber(cJSON_GetArrayItem(b, 1)) && cJSON_GetArrayItem(b, 0)->valueint > 0 &&
         cJSON_GetArrayItem(b, 1)->valueint > 0) {
@@ -91,7 +101,8 @@ static int ends_with(const char *s, const char *end)
 /* The tensor named <module of weight>.<suffix> in the shard, or NULL. */
 static const struct qd_st_entry *sibling(const struct qd_hf_shard *sh, const char *weight, const char *suffix)
 {
-    const size_t m = strlen(weight) - strlen("weight");
+    const char *dot = strrchr(weight, '.');
+    const size_t m = dot ? (size_t)(dot - weight) + 1 : 0;
     for (int k = 0; k < sh->st.n; k++) {
         const char *n = sh->st.t[k].name;
         if (!strncmp(n, weight, m) && !strcmp(n + m, suffix))
@@ -115,13 +126,14 @@ static int plan_tensor(const struct qd_convert_opts *o, const cJSON *config, con
                      supported, *u);
             return -1;
         }
-    if (ends_with(t->name, src->scale_suffix))
+    if (ends_with(t->name, src->scale_suffix) || (src->packed && ends_with(t->name, "weight_shape")))
         return 2;
-    if (!ends_with(t->name, "weight"))
+    if (!ends_with(t->name, src->packed ? "weight_packed" : "weight"))
         return 0;
     const int fp8 = !strcmp(t->dtype, "F8_E4M3"), int8 = !strcmp(t->dtype, "I8");
+    const int packed = src->packed && !strcmp(t->dtype, "I32");
     const struct qd_st_entry *s = sibling(sh, t->name, src->scale_suffix);
-    if (!fp8 && !int8)
+    if (!fp8 && !int8 && !packed)
         return 0; /* a weight left unquantized (the head, embeddings, norms, an ignored module) */
     if (!s) {
         snprintf(err, errlen, "convert: tensor '%.200s' (%s) has no %s beside it in its shard: quantd reads a "
@@ -135,7 +147,24 @@ static int plan_tensor(const struct qd_convert_opts *o, const cJSON *config, con
     }
     /* the scale grid: [rows, 1] per channel, [1, 1] or [1] per tensor, [ceil(rows/br), ceil(cols/bc)]
      * per block (transformers saves a MoE expert's [1, n] or [n, 1] grid as [n]) */
-    const int64_t rows = t->shape[0], cols = t->shape[1];
+    int64_t rows = t->shape[0], cols = t->shape[1];
+    if (packed) { /* the weight's shape is weight_shape's; the bits, config's num_bits */
+        const struct qd_st_entry *ws = sibling(sh, t->name, "weight_shape");
+        const cJSON *g, *nb = NULL;
+        cJSON_ArrayForEach(g, member(member(config, "quantization_config"), "config_groups"))
+            nb = nb ? nb : member(member(g, "weights"), "num_bits");
+        out->packed_bits = cJSON_IsNumber(nb) ? nb->valueint : 0;
+        int64_t shape[2] = {0, 0};
+        if (ws && !strcmp(ws->dtype, "I64") && ws->ndim == 1 && ws->shape[0] == 2)
+            memcpy(shape, ws->data, sizeof shape);
+        if ((out->packed_bits != 4 && out->packed_bits != 8) || shape[0] != rows || shape[1] < 1 ||
+            (shape[1] * out->packed_bits + 31) / 32 != cols) {
+            snprintf(err, errlen, "convert: tensor '%.200s': back to float reads pack-quantized weights of 4 or 8 "
+                     "bits with their weight_shape beside them in the same file", t->name);
+            return -1;
+        }
+        cols = shape[1];
+    }
     int64_t n = 1;
     for (int d = 0; d < s->ndim; d++)
         n *= s->shape[d];
@@ -155,7 +184,9 @@ static int plan_tensor(const struct qd_convert_opts *o, const cJSON *config, con
         return -1;
     }
     const char *dt = !strcmp(o->to_float, "f32") ? "F32" : !strcmp(o->to_float, "f16") ? "F16" : "BF16";
-    out->name = strdup(t->name);
+    out->name = packed ? qd_hf_concat("", "", t->name) : strdup(t->name);
+    if (packed && out->name) /* <m>.weight_packed -> <m>.weight */
+        out->name[strlen(out->name) - strlen("_packed")] = 0;
     out->dtype = dt;
     out->ndim = 2;
     out->shape[0] = rows, out->shape[1] = cols;
@@ -180,12 +211,13 @@ static float scale_at(const struct qd_st_entry *s, int64_t k)
 static enum qd_status process(const struct qd_hf_out *t, const void *in, void *out, char *err, size_t errlen)
 {
     const struct qd_st_entry *w = t->src, *s = t->scale;
-    const int int8 = !strcmp(w->dtype, "I8");
+    const int int8 = !strcmp(w->dtype, "I8"), bits = t->packed_bits;
     /* FineGrainedFP8: the product in f32, then one cast to the output dtype; compressed-tensors:
      * the scale in the output dtype, the product rounded to it (the codes are exact there) */
     const enum qd_dtype odt = qd_hf_st_to_dtype(t->dtype);
     const int odc = qd_fp8_dtype_code(odt), sdt = t->scale_cast ? odc : 0;
-    const int64_t rows = w->shape[0], cols = w->shape[1], sc = cdiv(cols, t->block[1]);
+    const int64_t rows = t->shape[0], cols = t->shape[1], sc = cdiv(cols, t->block[1]);
+    const int64_t words = bits ? cdiv(cols * bits, 32) : 0;
     const uint8_t *q = in;
     for (int64_t r = 0; r < rows; r++) {
         const int64_t srow = (r / t->block[0]) * sc;
@@ -193,7 +225,14 @@ static enum qd_status process(const struct qd_hf_out *t, const void *in, void *o
             float scale = scale_at(s, srow + c / t->block[1]);
             if (t->scale_cast)
                 scale = qd_ct_round(scale, odc);
-            const float v = qd_fp8_value(q[r * cols + c], scale, int8, sdt);
+            float v;
+            if (bits) { /* code c of the row: bits c*bits.. of its words, less the offset */
+                uint32_t word;
+                memcpy(&word, q + (size_t)(r * words + c * bits / 32) * 4, 4);
+                const int code = (int)((word >> (c * bits % 32)) & ((1u << bits) - 1)) - (1 << (bits - 1));
+                v = qd_ct_round((float)code * scale, sdt);
+            } else
+                v = qd_fp8_value(q[r * cols + c], scale, int8, sdt);
             const size_t k = (size_t)(r * cols + c);
             if (odt == QD_F32)
                 memcpy((char *)out + k * 4, &v, 4);

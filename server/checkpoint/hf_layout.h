@@ -49,6 +49,8 @@ struct qd_hf_out {
     int block[2];      /* back to float: rows and columns one scale covers */
     int scale_cast;    /* back to float: the scale is cast to the output dtype before the product
                           (compressed-tensors' decompress in a model of that dtype) */
+    int packed_bits;   /* back to float: codes packed densely in int32 words (pack-quantized: 4, 8);
+                          0: one byte each */
     uint64_t qbytes;   /* that weight's components, back to back */
 };
 

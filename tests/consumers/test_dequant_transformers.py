@@ -26,7 +26,9 @@ ARCHS = ["llama", "qwen3", "phi3", "gemma2"]
 LAYOUTS = {"FP8_DYNAMIC": ["--fmt", "fp8_e4m3"],
            "FP8_BLOCK": ["--fmt", "fp8_e4m3", "--param", "granularity=block"],
            "W8A8": ["--fmt", "w8a8"],
-           "FineGrainedFP8": ["--fmt", "fp8_e4m3", "--param", "flow=transformers"]}
+           "FineGrainedFP8": ["--fmt", "fp8_e4m3", "--param", "flow=transformers"],
+           "W4A16": ["--fmt", "w4a16"],
+           "W8A16": ["--fmt", "w8a16"]}
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 

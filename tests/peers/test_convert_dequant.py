@@ -7,7 +7,8 @@
 - compressed-tensors float-quantized / int-quantized (FP8_DYNAMIC, FP8_BLOCK, W8A8):
   compressed-tensors' decompress in a model of the output dtype (transformers' from_pretrained with
   that dtype holds the scale in it), x_q.to(scale.dtype) * scale: the scale cast to the output
-  dtype, the product rounded once to it.
+  dtype, the product rounded once to it; for pack-quantized (W4A16, W8A16) the codes first
+  unpacked from the int32 words (each row densely from bit 0, offset by 2^(bits-1)).
 
 Round trips on every architecture of the table: the source quantized by quantd into each 8-bit
 layout, then back to bf16, equals the peer's dequantization of that same directory; the scales
@@ -34,7 +35,9 @@ NAMES = sorted(fn[:-len(".json")] for fn in os.listdir(SOURCES) if fn.endswith("
 LAYOUTS = {"FP8_DYNAMIC": ["--fmt", "fp8_e4m3"],
            "FP8_BLOCK": ["--fmt", "fp8_e4m3", "--param", "granularity=block"],
            "W8A8": ["--fmt", "w8a8"],
-           "FineGrainedFP8": ["--fmt", "fp8_e4m3", "--param", "flow=transformers"]}
+           "FineGrainedFP8": ["--fmt", "fp8_e4m3", "--param", "flow=transformers"],
+           "W4A16": ["--fmt", "w4a16"],
+           "W8A16": ["--fmt", "w8a16"]}
 OUT = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}
 TORCH = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 
@@ -76,10 +79,20 @@ def peer_dequant(q, scale, block, finegrained, out):
 
 def block_of(cfg):
     q = cfg["quantization_config"]
-    b = q.get("weight_block_size") or next(
-        (g["weights"].get("block_structure") for g in q.get("config_groups", {}).values()
-         if g["weights"].get("block_structure")), None)
+    weights = [g["weights"] for g in q.get("config_groups", {}).values()]
+    b = q.get("weight_block_size") or next((w["block_structure"] for w in weights if w.get("block_structure")), None)
+    if not b and weights and weights[0].get("group_size"):
+        b = (1, weights[0]["group_size"])
     return tuple(b or (128, 128))
+
+
+def unpack(words, bits, shape):
+    """compressed-tensors' unpack_from_int32 (packed_dim 1): code c of a row at bits c*bits of its
+    words, less 2^(bits-1)."""
+    w = words.view(np.uint32).astype(np.uint64)
+    c = np.arange(shape[1])
+    word, shift = (c * bits) // 32, (c * bits) % 32
+    return ((w[:, word] >> shift.astype(np.uint64)) & ((1 << bits) - 1)).astype(np.int64) - (1 << (bits - 1))
 
 
 def convert_back(tmp_path, src, layout, to):
@@ -92,9 +105,15 @@ def convert_back(tmp_path, src, layout, to):
 def check_equal(q, back, to):
     cfg = json.loads((q / "config.json").read_text())
     finegrained = cfg["quantization_config"]["quant_method"] == "fp8"
+    packed = cfg["quantization_config"].get("format") == "pack-quantized"
     suffix = ".weight_scale_inv" if finegrained else ".weight_scale"
     qt, ours = load_safetensors_dir(q), load_safetensors_dir(back)
     scales = {k for k in qt if k.endswith(suffix)}
+    if packed:  # <m>.weight_packed, weight_scale, weight_shape -> <m>.weight
+        bits = next(iter(cfg["quantization_config"]["config_groups"].values()))["weights"]["num_bits"]
+        for k in [k for k in qt if k.endswith(".weight_packed")]:
+            m = k[:-len("_packed")]
+            qt[m] = unpack(qt.pop(k), bits, tuple(qt.pop(m + "_shape")))
     assert sorted(ours) == sorted(set(qt) - scales)
     converted = 0
     for k, v in ours.items():
@@ -155,6 +174,10 @@ def test_refusals(tmp_path, source):
     run_quantd("convert", "--in", src, "--out", q, "--fmt", "nvfp4", "--backend", "cpu")
     p = run_quantd("convert", "--in", q, "--out", tmp_path / "b", "--fmt", "BF16", check=False)
     assert p.returncode == 1 and "nvfp4-pack-quantized" in p.stderr and "float-quantized" in p.stderr, p.stderr
+    asym = tmp_path / "asym"
+    run_quantd("convert", "--in", src, "--out", asym, "--fmt", "w4a16", "--param", "symmetric=false", "--backend", "cpu")
+    p = run_quantd("convert", "--in", asym, "--out", tmp_path / "b", "--fmt", "bf16", check=False)
+    assert p.returncode == 1 and "weight_zero_point" in p.stderr, p.stderr
     assert not (tmp_path / "b").exists()
     p = run_quantd("convert", "--in", q, "--out", tmp_path / "c", "--fmt", "bf16", "--param", "x=1", check=False)
     assert p.returncode == 2 and "no --param" in p.stderr, p.stderr

@@ -196,16 +196,17 @@ static int plan_tensor(const struct qd_convert_opts *o, const cJSON *config, con
     return out->name ? 1 : -1;
 }
 
-static float scale_at(const struct qd_st_entry *s, int64_t k)
+/* scale k of s, whose dtype is dt */
+static float scale_at(const struct qd_st_entry *s, enum qd_dtype dt, int64_t k)
 {
-    if (!strcmp(s->dtype, "F32")) {
+    if (dt == QD_F32) {
         float f;
         memcpy(&f, s->data + k * 4, 4);
         return f;
     }
     uint16_t h;
     memcpy(&h, s->data + k * 2, 2);
-    return !strcmp(s->dtype, "F16") ? qd_f16_to_f32(h) : qd_bf16_to_f32(h);
+    return dt == QD_F16 ? qd_f16_to_f32(h) : qd_bf16_to_f32(h);
 }
 
 static enum qd_status process(const struct qd_hf_out *t, const void *in, void *out, char *err, size_t errlen)
@@ -214,7 +215,7 @@ static enum qd_status process(const struct qd_hf_out *t, const void *in, void *o
     const int int8 = !strcmp(w->dtype, "I8"), bits = t->packed_bits;
     /* FineGrainedFP8: the product in f32, then one cast to the output dtype; compressed-tensors:
      * the scale in the output dtype, the product rounded to it (the codes are exact there) */
-    const enum qd_dtype odt = qd_hf_st_to_dtype(t->dtype);
+    const enum qd_dtype odt = qd_hf_st_to_dtype(t->dtype), sdtype = qd_hf_st_to_dtype(s->dtype);
     const int odc = qd_fp8_dtype_code(odt), sdt = t->scale_cast ? odc : 0;
     const int64_t rows = t->shape[0], cols = t->shape[1], sc = cdiv(cols, t->block[1]);
     const int64_t words = bits ? cdiv(cols * bits, 32) : 0;
@@ -222,7 +223,7 @@ static enum qd_status process(const struct qd_hf_out *t, const void *in, void *o
     for (int64_t r = 0; r < rows; r++) {
         const int64_t srow = (r / t->block[0]) * sc;
         for (int64_t c = 0; c < cols; c++) {
-            float scale = scale_at(s, srow + c / t->block[1]);
+            float scale = scale_at(s, sdtype, srow + c / t->block[1]);
             if (t->scale_cast)
                 scale = qd_ct_round(scale, odc);
             float v;

@@ -44,7 +44,7 @@ const struct qd_gguf_recipe *qd_convert_recipe_named(const char *name)
 #define TAKES_HF (TAKES(QD_INPUT_HF_DIR) | TAKES(QD_INPUT_SAFETENSORS) | TAKES(QD_INPUT_OTHER))
 
 static const char to_float_writes[] = "the unquantized Hugging Face layout, from a FineGrainedFP8 or compressed-tensors "
-                                      "float-/int-/pack-quantized directory";
+                                      "float-/int-/pack-/fp4-pack-quantized directory";
 
 /* The layout table: a format converts through the first entry naming its family (or the format
  * itself). GGUF out needs a llama.cpp file type (q8_1 has none). Another OTHER file goes to the

@@ -12,7 +12,10 @@
  *   the output dtype, the product rounded once to it;
  * - compressed-tensors "pack-quantized" without zero points (W4A16, W8A16): <m>.weight_packed
  *   (int32 words, each row's codes packed densely from bit 0, offset by 2^(bits-1)),
- *   <m>.weight_scale per group or channel, <m>.weight_shape; decompressed the same way.
+ *   <m>.weight_scale per group or channel, <m>.weight_shape; decompressed the same way;
+ * - compressed-tensors nvfp4-/mxfp4-pack-quantized (NVFP4A16, MXFP4A16): two e2m1 codes a byte
+ *   (low nibble first) times the group's scale in f32 (e4m3 / weight_global_scale, or e8m0),
+ *   then one cast to the output dtype (transformers' decompressed bf16 model).
  * Every other tensor is copied as it is, the scales are dropped, and config.json loses
  * quantization_config and says the output dtype (transformers' save_pretrained of the model
  * loaded with dequantize=True). */
@@ -30,16 +33,21 @@ struct source {
     const char *block_key;             /* where the block's [rows, cols] is (NULL: none) */
     int scale_cast;                    /* the scale is cast to the output dtype (qd_hf_out) */
     int packed;                        /* <m>.weight_packed and <m>.weight_shape for <m>.weight */
+    int fp4;                           /* <m>.weight_packed: two e2m1 codes a byte; 1 NVFP4 (e4m3 group
+                                          scales over weight_global_scale), 2 MXFP4 (e8m0 scales) */
 };
 static const struct source sources[] = {
-    {"fp8", NULL, "weight_scale_inv", "weight_block_size", 0, 0},
-    {"compressed-tensors", "float-quantized", "weight_scale", "block_structure", 1, 0},
-    {"compressed-tensors", "int-quantized", "weight_scale", "block_structure", 1, 0},
-    {"compressed-tensors", "pack-quantized", "weight_scale", "block_structure", 1, 1},
+    {"fp8", NULL, "weight_scale_inv", "weight_block_size", 0, 0, 0},
+    {"compressed-tensors", "float-quantized", "weight_scale", "block_structure", 1, 0, 0},
+    {"compressed-tensors", "int-quantized", "weight_scale", "block_structure", 1, 0, 0},
+    {"compressed-tensors", "pack-quantized", "weight_scale", "block_structure", 1, 1, 0},
+    {"compressed-tensors", "nvfp4-pack-quantized", "weight_scale", "block_structure", 0, 0, 1},
+    {"compressed-tensors", "mxfp4-pack-quantized", "weight_scale", "block_structure", 0, 0, 2},
 };
 static const char supported[] = "transformers' FineGrainedFP8 (quant_method \"fp8\": DeepSeek-V3, Qwen3-FP8) and "
                                 "compressed-tensors float-quantized / int-quantized (FP8_DYNAMIC, FP8_BLOCK, W8A8) "
-                                "and symmetric pack-quantized (W4A16, W8A16)";
+                                "and symmetric pack-quantized (W4A16, W8A16), nvfp4-pack-quantized (NVFP4A16), "
+                                "mxfp4-pack-quantized (MXFP4A16)";
 
 /* Tensors of a quantized module that this reader does not turn back into a weight. */
 static const char *const unsupported_suffixes[] = {"weight_zero_point", "weight_global_scale", "input_scale", NULL};
@@ -120,6 +128,8 @@ static int plan_tensor(const struct qd_convert_opts *o, const cJSON *config, con
     const struct qd_st_entry *t = &sh->st.t[i];
     if (!src)
         return -1;
+    if (src->fp4 == 1 && ends_with(t->name, "weight_global_scale"))
+        return 2;
     for (const char *const *u = unsupported_suffixes; *u; u++)
         if (ends_with(t->name, *u)) {
             snprintf(err, errlen, "convert: tensor '%.200s': back to float reads %s, without %s tensors", t->name,
@@ -128,19 +138,21 @@ static int plan_tensor(const struct qd_convert_opts *o, const cJSON *config, con
         }
     if (ends_with(t->name, src->scale_suffix) || (src->packed && ends_with(t->name, "weight_shape")))
         return 2;
-    if (!ends_with(t->name, src->packed ? "weight_packed" : "weight"))
+    if (!ends_with(t->name, src->packed || src->fp4 ? "weight_packed" : "weight"))
         return 0;
     const int fp8 = !strcmp(t->dtype, "F8_E4M3"), int8 = !strcmp(t->dtype, "I8");
-    const int packed = src->packed && !strcmp(t->dtype, "I32");
+    const int packed = src->packed && !strcmp(t->dtype, "I32"), fp4 = src->fp4 && !strcmp(t->dtype, "U8");
     const struct qd_st_entry *s = sibling(sh, t->name, src->scale_suffix);
-    if (!fp8 && !int8 && !packed)
+    if (!fp8 && !int8 && !packed && !fp4)
         return 0; /* a weight left unquantized (the head, embeddings, norms, an ignored module) */
     if (!s) {
         snprintf(err, errlen, "convert: tensor '%.200s' (%s) has no %s beside it in its shard: quantd reads a "
                  "quantized weight's scale from the same .safetensors file", t->name, t->dtype, src->scale_suffix);
         return -1;
     }
-    if (t->ndim != 2 || (strcmp(s->dtype, "F32") && strcmp(s->dtype, "F16") && strcmp(s->dtype, "BF16"))) {
+    const char *want_scale = src->fp4 == 1 ? "F8_E4M3" : src->fp4 == 2 ? "U8" : NULL;
+    if (t->ndim != 2 || (want_scale ? strcmp(s->dtype, want_scale)
+                                    : strcmp(s->dtype, "F32") && strcmp(s->dtype, "F16") && strcmp(s->dtype, "BF16"))) {
         snprintf(err, errlen, "convert: tensor '%.200s': back to float reads 2-D weights with F32/F16/BF16 scales "
                  "(it has %d dimensions, its scale %s)", t->name, t->ndim, s->dtype);
         return -1;
@@ -165,6 +177,20 @@ static int plan_tensor(const struct qd_convert_opts *o, const cJSON *config, con
         }
         cols = shape[1];
     }
+    if (fp4) {
+        cols *= 2;
+        out->packed_bits = -src->fp4;
+        if (src->fp4 == 1) { /* the global scale, one f32 */
+            const struct qd_st_entry *g = sibling(sh, t->name, "weight_global_scale");
+            if (!g || strcmp(g->dtype, "F32") || g->end - g->begin != 4) {
+                snprintf(err, errlen, "convert: tensor '%.200s': an NVFP4 weight needs its weight_global_scale "
+                         "(one F32) beside it in the same file", t->name);
+                return -1;
+            }
+            memcpy(&out->gs, g->data, 4);
+            out->has_gs = 1;
+        }
+    }
     int64_t n = 1;
     for (int d = 0; d < s->ndim; d++)
         n *= s->shape[d];
@@ -184,8 +210,8 @@ static int plan_tensor(const struct qd_convert_opts *o, const cJSON *config, con
         return -1;
     }
     const char *dt = !strcmp(o->to_float, "f32") ? "F32" : !strcmp(o->to_float, "f16") ? "F16" : "BF16";
-    out->name = packed ? qd_hf_concat("", "", t->name) : strdup(t->name);
-    if (packed && out->name) /* <m>.weight_packed -> <m>.weight */
+    out->name = strdup(t->name);
+    if ((packed || fp4) && out->name) /* <m>.weight_packed -> <m>.weight */
         out->name[strlen(out->name) - strlen("_packed")] = 0;
     out->dtype = dt;
     out->ndim = 2;
@@ -209,31 +235,40 @@ static float scale_at(const struct qd_st_entry *s, enum qd_dtype dt, int64_t k)
     return dt == QD_F16 ? qd_f16_to_f32(h) : qd_bf16_to_f32(h);
 }
 
+/* the scale of a float-/int-/pack-quantized weight, cast to the output dtype where it is */
+static float scale_of(const struct qd_hf_out *t, const struct qd_st_entry *s, enum qd_dtype dt, int64_t k, int odc)
+{
+    const float scale = scale_at(s, dt, k);
+    return t->scale_cast ? qd_ct_round(scale, odc) : scale;
+}
+
 static enum qd_status process(const struct qd_hf_out *t, const void *in, void *out, char *err, size_t errlen)
 {
     const struct qd_st_entry *w = t->src, *s = t->scale;
-    const int int8 = !strcmp(w->dtype, "I8"), bits = t->packed_bits;
+    const int int8 = !strcmp(w->dtype, "I8"), bits = t->packed_bits; /* (< 0: fp4) */
     /* FineGrainedFP8: the product in f32, then one cast to the output dtype; compressed-tensors:
      * the scale in the output dtype, the product rounded to it (the codes are exact there) */
     const enum qd_dtype odt = qd_hf_st_to_dtype(t->dtype), sdtype = qd_hf_st_to_dtype(s->dtype);
     const int odc = qd_fp8_dtype_code(odt), sdt = t->scale_cast ? odc : 0;
     const int64_t rows = t->shape[0], cols = t->shape[1], sc = cdiv(cols, t->block[1]);
-    const int64_t words = bits ? cdiv(cols * bits, 32) : 0;
+    const int64_t words = bits > 0 ? cdiv(cols * bits, 32) : 0;
+    static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
     const uint8_t *q = in;
     for (int64_t r = 0; r < rows; r++) {
         const int64_t srow = (r / t->block[0]) * sc;
         for (int64_t c = 0; c < cols; c++) {
-            float scale = scale_at(s, sdtype, srow + c / t->block[1]);
-            if (t->scale_cast)
-                scale = qd_ct_round(scale, odc);
             float v;
-            if (bits) { /* code c of the row: bits c*bits.. of its words, less the offset */
+            if (bits < 0) { /* fp4: code c is byte c/2's low (even c) or high nibble; the product in f32 */
+                const uint8_t b = q[r * (cols / 2) + c / 2], sb = s->data[srow + c / t->block[1]];
+                const float scale = bits == -1 ? qd_e4m3_to_f32(sb) / t->gs : qd_e8m0_to_f32(sb);
+                v = e2m1[c & 1 ? b >> 4 : b & 15] * scale;
+            } else if (bits) { /* code c of the row: bits c*bits.. of its words, less the offset */
                 uint32_t word;
                 memcpy(&word, q + (size_t)(r * words + c * bits / 32) * 4, 4);
                 const int code = (int)((word >> (c * bits % 32)) & ((1u << bits) - 1)) - (1 << (bits - 1));
-                v = qd_ct_round((float)code * scale, sdt);
+                v = qd_ct_round((float)code * scale_of(t, s, sdtype, srow + c / t->block[1], odc), sdt);
             } else
-                v = qd_fp8_value(q[r * cols + c], scale, int8, sdt);
+                v = qd_fp8_value(q[r * cols + c], scale_of(t, s, sdtype, srow + c / t->block[1], odc), int8, sdt);
             const size_t k = (size_t)(r * cols + c);
             if (odt == QD_F32)
                 memcpy((char *)out + k * 4, &v, 4);

@@ -50,7 +50,8 @@ struct qd_hf_out {
     int scale_cast;    /* back to float: the scale is cast to the output dtype before the product
                           (compressed-tensors' decompress in a model of that dtype) */
     int packed_bits;   /* back to float: codes packed densely in int32 words (pack-quantized: 4, 8);
-                          0: one byte each */
+                          -1 NVFP4, -2 MXFP4 (two e2m1 a byte; gs: NVFP4's global scale); 0: one
+                          byte each */
     uint64_t qbytes;   /* that weight's components, back to back */
 };
 

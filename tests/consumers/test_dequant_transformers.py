@@ -28,7 +28,11 @@ LAYOUTS = {"FP8_DYNAMIC": ["--fmt", "fp8_e4m3"],
            "W8A8": ["--fmt", "w8a8"],
            "FineGrainedFP8": ["--fmt", "fp8_e4m3", "--param", "flow=transformers"],
            "W4A16": ["--fmt", "w4a16"],
-           "W8A16": ["--fmt", "w8a16"]}
+           "W8A16": ["--fmt", "w8a16"],
+           "NVFP4A16": ["--fmt", "nvfp4"],
+           "MXFP4A16": ["--fmt", "mxfp4"]}
+# transformers keeps a decompressed NVFP4/MXFP4 weight in the checkpoint's dtype (bf16) whatever
+# dtype it is asked for: bf16 is the comparison there
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
@@ -47,7 +51,7 @@ def quantized(tmp_path_factory):
     return get
 
 
-CASES = [(a, l, t) for a in ARCHS for l in LAYOUTS for t in DTYPES]
+CASES = [(a, l, t) for a in ARCHS for l in LAYOUTS for t in DTYPES if "FP4" not in l or t == "bf16"]
 
 
 @pytest.mark.parametrize("arch,layout,to", CASES, ids=[f"{a}-{l}-{t}" for a, l, t in CASES])
@@ -60,6 +64,7 @@ def test_equals_transformers_dequantized(tmp_path, quantized, arch, layout, to):
     run_quantd("convert", "--in", q, "--out", tmp_path / "back", "--fmt", to, "--backend", "cpu")
     ours = torch_tensors(tmp_path / "back")
     scales = [k for k in torch_tensors(q) if k.endswith(("weight_scale", "weight_scale_inv"))]
+    assert not any(k.endswith(("_packed", "_global_scale", "_shape")) for k in ours)
     checked = 0
     for k in scales:
         w = k[:k.rindex(".weight_scale")] + ".weight"

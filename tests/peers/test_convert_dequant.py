@@ -8,7 +8,11 @@
   compressed-tensors' decompress in a model of the output dtype (transformers' from_pretrained with
   that dtype holds the scale in it), x_q.to(scale.dtype) * scale: the scale cast to the output
   dtype, the product rounded once to it; for pack-quantized (W4A16, W8A16) the codes first
-  unpacked from the int32 words (each row densely from bit 0, offset by 2^(bits-1)).
+  unpacked from the int32 words (each row densely from bit 0, offset by 2^(bits-1));
+- compressed-tensors nvfp4-pack-quantized / mxfp4-pack-quantized (NVFP4A16, MXFP4A16): two e2m1
+  codes a byte (low nibble first) times the group's scale in f32 (NVFP4: the e4m3 scale divided
+  by weight_global_scale; MXFP4: 2^(e - 127)), then the cast to the output dtype (transformers'
+  bf16 model holds exactly that).
 
 Round trips on every architecture of the table: the source quantized by quantd into each 8-bit
 layout, then back to bf16, equals the peer's dequantization of that same directory; the scales
@@ -37,7 +41,9 @@ LAYOUTS = {"FP8_DYNAMIC": ["--fmt", "fp8_e4m3"],
            "W8A8": ["--fmt", "w8a8"],
            "FineGrainedFP8": ["--fmt", "fp8_e4m3", "--param", "flow=transformers"],
            "W4A16": ["--fmt", "w4a16"],
-           "W8A16": ["--fmt", "w8a16"]}
+           "W8A16": ["--fmt", "w8a16"],
+           "NVFP4A16": ["--fmt", "nvfp4"],
+           "MXFP4A16": ["--fmt", "mxfp4"]}
 OUT = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}
 TORCH = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 
@@ -102,8 +108,37 @@ def convert_back(tmp_path, src, layout, to):
     return q, back, json.loads(p.stdout.splitlines()[-1])["summary"]
 
 
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+
+def fp4_dequant(packed, scale, global_scale, group, out):
+    codes = np.stack([packed & 15, packed >> 4], -1).reshape(packed.shape[0], -1)
+    if global_scale is None:  # e8m0
+        s = np.ldexp(np.float32(1), scale.astype(np.int32) - 127).astype(np.float32)
+    else:
+        s = scale.astype(np.float32) / global_scale.astype(np.float32)
+    return (E2M1[codes] * np.repeat(s, group, 1)).astype(out)
+
+
 def check_equal(q, back, to):
     cfg = json.loads((q / "config.json").read_text())
+    fmt = cfg["quantization_config"].get("format", "")
+    if fmt.endswith("fp4-pack-quantized"):
+        qt, ours = load_safetensors_dir(q), load_safetensors_dir(back)
+        group = next(iter(cfg["quantization_config"]["config_groups"].values()))["weights"]["group_size"]
+        mods = [k[:-len(".weight_packed")] for k in qt if k.endswith(".weight_packed")]
+        dropped = {m + s for m in mods for s in (".weight_packed", ".weight_scale", ".weight_global_scale")}
+        assert sorted(ours) == sorted((set(qt) - dropped) | {m + ".weight" for m in mods})
+        for k, v in ours.items():
+            m = k[:-len(".weight")]
+            if m in mods:
+                want = fp4_dequant(qt[m + ".weight_packed"], qt[m + ".weight_scale"],
+                                   qt.get(m + ".weight_global_scale"), group, OUT[to])
+                assert v.dtype == want.dtype and v.tobytes() == want.tobytes(), k
+            else:
+                assert v.dtype == qt[k].dtype and v.tobytes() == qt[k].tobytes(), k
+        assert mods
+        return cfg
     finegrained = cfg["quantization_config"]["quant_method"] == "fp8"
     packed = cfg["quantization_config"].get("format") == "pack-quantized"
     suffix = ".weight_scale_inv" if finegrained else ".weight_scale"
@@ -171,9 +206,9 @@ def test_refusals(tmp_path, source):
     p = run_quantd("convert", "--in", src, "--out", tmp_path / "a", "--fmt", "bf16", check=False)
     assert p.returncode == 1 and "not quantized" in p.stderr and "FineGrainedFP8" in p.stderr, p.stderr
     q = tmp_path / "nv"
-    run_quantd("convert", "--in", src, "--out", q, "--fmt", "nvfp4", "--backend", "cpu")
+    run_quantd("convert", "--in", src, "--out", q, "--fmt", "nf4", "--backend", "cpu")
     p = run_quantd("convert", "--in", q, "--out", tmp_path / "b", "--fmt", "BF16", check=False)
-    assert p.returncode == 1 and "nvfp4-pack-quantized" in p.stderr and "float-quantized" in p.stderr, p.stderr
+    assert p.returncode == 1 and "bitsandbytes" in p.stderr and "float-quantized" in p.stderr, p.stderr
     asym = tmp_path / "asym"
     run_quantd("convert", "--in", src, "--out", asym, "--fmt", "w4a16", "--param", "symmetric=false", "--backend", "cpu")
     p = run_quantd("convert", "--in", asym, "--out", tmp_path / "b", "--fmt", "bf16", check=False)

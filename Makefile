@@ -342,7 +342,8 @@ test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(
 	  .venv/bin/python -m pytest -q tests/consumers/test_llama_cpp.py tests/consumers/test_mlx_lm.py
 	QUANTD=$(abspath bin/quantd) $(CONSUMERS_PY) -m pytest -q -p no:cacheprovider \
 	  tests/consumers/test_compressed_tensors.py tests/consumers/test_ct_codes.py tests/consumers/test_transformers_bnb.py \
-	  tests/consumers/test_arch_transformers.py tests/consumers/test_arch_gpu.py tests/consumers/test_fp8_transformers.py
+	  tests/consumers/test_arch_transformers.py tests/consumers/test_arch_gpu.py tests/consumers/test_fp8_transformers.py \
+	  tests/consumers/test_dequant_transformers.py
 
 check-cuda:
 	@test "$(WITH_CUDA)" = 1 || { echo "no nvcc: the CUDA backend is not built"; exit 1; }

@@ -41,6 +41,8 @@ struct qd_convert_opts {
     const char *src, *dst;
     const struct qd_format *f;
     struct qd_params params;
+    const char *to_float;     /* "bf16", "f16" or "f32": a quantized Hugging Face checkpoint back to
+                                 the unquantized layout in that dtype (f NULL; hf_dequant.c) */
     const char *skip, *only;  /* POSIX extended regexes over tensor names, or NULL */
     const struct qd_name_filter *filter; /* skip and only compiled already (NULL: compiled here) */
     uint64_t max_header_bytes; /* a safetensors file's header (0: safetensors' own 100 MB) */
@@ -109,6 +111,11 @@ int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, en
 /* A format by name for a conversion, in any case ("Q4_0", "NF4"), int8 as qd_convert_format
  * maps it; NULL when there is none. */
 const struct qd_format *qd_convert_format_named(const char *name);
+/* "bf16", "f16" or "f32" for that name in any case (back to float: qd_convert_opts.to_float);
+ * NULL for another. */
+const char *qd_convert_to_float_named(const char *name);
+/* The back-to-float row's check of the input's config.json (hf_dequant.c). */
+int qd_convert_hf_dequant_check(const char *src, enum qd_convert_input in, char *err, size_t errlen);
 /* A llama-quantize mix by name, in any case ("q4_k_m"); NULL when there is none. */
 const struct qd_gguf_recipe *qd_convert_recipe_named(const char *name);
 

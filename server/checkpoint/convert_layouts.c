@@ -43,6 +43,9 @@ const struct qd_gguf_recipe *qd_convert_recipe_named(const char *name)
 #define TAKES(k) (1u << (k))
 #define TAKES_HF (TAKES(QD_INPUT_HF_DIR) | TAKES(QD_INPUT_SAFETENSORS) | TAKES(QD_INPUT_OTHER))
 
+static const char to_float_writes[] = "the unquantized Hugging Face layout, from a FineGrainedFP8 or compressed-tensors "
+                                      "float-/int-/pack-/fp4-pack-quantized directory";
+
 /* The layout table: a format converts through the first entry naming its family (or the format
  * itself). GGUF out needs a llama.cpp file type (q8_1 has none). Another OTHER file goes to the
  * HF reader, whose message names what is wrong with its header; a GGUF reader names a bad magic.
@@ -57,40 +60,60 @@ static const struct layout {
     const struct qd_hf_layout_desc *hf; /* a Hugging Face layout (run NULL) */
     /* what the layout needs of an input beyond its kind (NULL: nothing): 0, or -1 with the reason */
     int (*check)(const char *src, enum qd_convert_input in, char *err, size_t errlen);
+    int to_float; /* name is an output dtype (--fmt bf16): a quantized checkpoint back to float */
 } layouts[] = {
     {"ggml", NULL, "llama.cpp GGUF (llama-quantize --pure)", TAKES(QD_INPUT_GGUF) | TAKES(QD_INPUT_OTHER),
-     qd_convert_gguf, NULL, NULL},
+     qd_convert_gguf, NULL, NULL, 0},
     {"kquant", NULL, "llama.cpp GGUF (llama-quantize --pure)", TAKES(QD_INPUT_GGUF) | TAKES(QD_INPUT_OTHER),
-     qd_convert_gguf, NULL, NULL},
+     qd_convert_gguf, NULL, NULL, 0},
     {"iquant", NULL, "llama.cpp GGUF (llama-quantize --pure)", TAKES(QD_INPUT_GGUF) | TAKES(QD_INPUT_OTHER),
-     qd_convert_gguf, NULL, NULL},
-    {"bnb4", NULL, "transformers + bitsandbytes", TAKES_HF, NULL, &qd_hf_bnb, NULL},
+     qd_convert_gguf, NULL, NULL, 0},
+    {"bnb4", NULL, "transformers + bitsandbytes", TAKES_HF, NULL, &qd_hf_bnb, NULL, 0},
     {"ctint", NULL, "compressed-tensors (llm-compressor W4A16, W8A16; int8 is w8a16)", TAKES_HF, NULL, &qd_hf_ct_int,
-     NULL},
-    {NULL, "nvfp4", "compressed-tensors NVFP4A16", TAKES_HF, NULL, &qd_hf_ct_nvfp4, NULL},
-    {NULL, "mxfp4", "compressed-tensors MXFP4A16", TAKES_HF, NULL, &qd_hf_ct_mxfp4, NULL},
-    {"awq", NULL, "AutoAWQ GEMM", TAKES_HF, NULL, &qd_hf_awq, NULL},
+     NULL, 0},
+    {NULL, "nvfp4", "compressed-tensors NVFP4A16", TAKES_HF, NULL, &qd_hf_ct_nvfp4, NULL, 0},
+    {NULL, "mxfp4", "compressed-tensors MXFP4A16", TAKES_HF, NULL, &qd_hf_ct_mxfp4, NULL, 0},
+    {"awq", NULL, "AutoAWQ GEMM", TAKES_HF, NULL, &qd_hf_awq, NULL, 0},
     {"fp8", NULL, "compressed-tensors FP8_DYNAMIC, FP8_BLOCK, W8A8; FineGrainedFP8", TAKES_HF, NULL, &qd_hf_ct_fp8,
-     NULL},
+     NULL, 0},
     /* its own run, not an hf layout: mlx-lm's model classes rename, drop and stack tensors, and
      * its files are not the source's shards (mlx_convert.c) */
     {"mlx", NULL, "MLX (mlx_lm.convert -q; a directory with a tokenizer)", TAKES(QD_INPUT_HF_DIR), qd_convert_mlx,
-     NULL, qd_convert_mlx_check},
+     NULL, qd_convert_mlx_check, 0},
+    /* back to float: not formats of the registry, but the dtype of the unquantized layout */
+    {NULL, "bf16", to_float_writes, TAKES(QD_INPUT_HF_DIR), NULL, &qd_hf_dequant_bf16, qd_convert_hf_dequant_check, 1},
+    {NULL, "f16", to_float_writes, TAKES(QD_INPUT_HF_DIR), NULL, &qd_hf_dequant_f16, qd_convert_hf_dequant_check, 1},
+    {NULL, "f32", to_float_writes, TAKES(QD_INPUT_HF_DIR), NULL, &qd_hf_dequant_f32, qd_convert_hf_dequant_check, 1},
 };
+
+const char *qd_convert_to_float_named(const char *name)
+{
+    for (size_t i = 0; name && i < sizeof layouts / sizeof *layouts; i++)
+        if (layouts[i].to_float && !strcasecmp(layouts[i].name, name))
+            return layouts[i].name;
+    return NULL;
+}
 
 static const struct layout *layout_of(const struct qd_format *f)
 {
     for (size_t i = 0; f && i < sizeof layouts / sizeof *layouts; i++) {
         const struct layout *l = &layouts[i];
+        if (l->to_float)
+            continue;
         if (l->name ? !strcmp(l->name, f->name) : !strcmp(l->family, f->family))
             return l->run == qd_convert_gguf && !f->gguf_file_type ? NULL : l;
     }
     return NULL;
 }
 
-/* The layout of format f, or for mix r (not NULL) GGUF's: a float mix or COPY names no format. */
-static const struct layout *layout_for(const struct qd_gguf_recipe *r, const struct qd_format *f)
+/* The layout a conversion writes: back to float, GGUF for mix r (not NULL; a float mix or COPY
+ * names no format), or f's */
+static const struct layout *layout_for(const struct qd_convert_opts *o, const struct qd_gguf_recipe *r,
+                                       const struct qd_format *f)
 {
+    for (size_t i = 0; o->to_float && i < sizeof layouts / sizeof *layouts; i++)
+        if (layouts[i].to_float && !strcmp(layouts[i].name, o->to_float))
+            return &layouts[i];
     for (size_t i = 0; r && !r->fmt && i < sizeof layouts / sizeof *layouts; i++)
         if (layouts[i].run == qd_convert_gguf)
             return &layouts[i];
@@ -108,6 +131,9 @@ static void format_names(int in, const struct layout *l, char *out, size_t len)
         if (fl && (in >= 0 ? (fl->takes & TAKES(in)) && in != QD_INPUT_OTHER : fl->writes == l->writes))
             n += (size_t)snprintf(out + n, len - n, "%s%s", n ? " " : "", qd_formats[k].name);
     }
+    for (size_t i = 0; i < sizeof layouts / sizeof *layouts && n < len; i++)
+        if (layouts[i].to_float && (in >= 0 ? (layouts[i].takes & TAKES(in)) != 0 : layouts[i].writes == l->writes))
+            n += (size_t)snprintf(out + n, len - n, "%s%s", n ? " " : "", layouts[i].name);
 }
 
 static char formats_from[QD_INPUT_SPECIAL + 1][256], layouts_text[1536];
@@ -154,7 +180,7 @@ const char *qd_convert_layouts_text(void)
 static int check_input(const struct qd_convert_opts *o, const struct layout *l, enum qd_convert_input in,
                        enum qd_status *status, char *err, size_t errlen)
 {
-    const char *fmt = o->recipe ? o->recipe : o->f->name, *src = o->src;
+    const char *fmt = o->recipe ? o->recipe : o->f ? o->f->name : o->to_float, *src = o->src;
     const int gguf_out = l->run == qd_convert_gguf;
     static const char hf_model[] = "a Hugging Face model (a directory with config.json and .safetensors weights, "
                                    "or one .safetensors file)";
@@ -218,7 +244,7 @@ int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d,
         return -1;
     }
     const struct qd_format *f = r ? (r->fmt ? qd_format_find(r->fmt) : NULL) : o->f;
-    const struct layout *l = layout_for(r, f);
+    const struct layout *l = layout_for(o, r, f);
     if (!l && f && f->gguf_type) {
         snprintf(err, errlen, "convert: %s has no llama.cpp file type (llama-quantize does not write it); use %s",
                  f->name, qd_convert_formats_from(QD_INPUT_GGUF));
@@ -231,9 +257,14 @@ int qd_convert_check(const struct qd_convert_opts *o, struct qd_convert_dest *d,
     }
     if (l->hf && l->hf->pick && !l->hf->pick(f, &o->params, err, errlen))
         return -1;
+    if (o->to_float && (o->skip || o->only || o->filter)) { /* a weight left quantized would keep its scale */
+        snprintf(err, errlen, "convert: --skip and --only choose weights to quantize; back to float (%s) turns every "
+                 "quantized weight back", o->to_float);
+        return -1;
+    }
     if (o->gguf && o->gguf->n_set && l->run != qd_convert_gguf) {
         snprintf(err, errlen, "convert: llama-quantize's options (%s) apply to GGUF output; %s writes %s",
-                 qd_gguf_option_names(), f->name, l->writes);
+                 qd_gguf_option_names(), f ? f->name : o->to_float, l->writes);
         return -1;
     }
     const enum qd_convert_input in = qd_convert_input_kind(o->src);
@@ -273,7 +304,7 @@ int qd_convert(const struct qd_convert_opts *o, struct qd_convert_summary *s, en
             qd_params_default(run.f, &run.params);
     }
     qd_convert_confine(o->root);
-    const struct layout *l = layout_for(r, run.f);
+    const struct layout *l = layout_for(&run, r, run.f);
     const struct qd_hf_layout_desc *hf = l->hf && l->hf->pick ? l->hf->pick(run.f, &run.params, err, errlen) : l->hf;
     int rc = hf ? qd_convert_hf(hf, &run, s, status, err, errlen) : l->run(&run, s, status, err, errlen);
     qd_convert_confine(NULL);

@@ -130,14 +130,26 @@ void qd_hf_module_component(const struct qd_convert_opts *o, const struct qd_st_
 }
 
 /* The plan of one shard: its output tensors, from its header alone. */
-static int plan_shard(const struct qd_hf_layout_desc *l, const struct qd_convert_opts *o, struct qd_hf_shard *sh,
-                      const struct qd_arch_rules *rules, const struct qd_name_filter *nf, char *err, size_t errlen)
+static int plan_shard(const struct qd_hf_layout_desc *l, const struct qd_convert_opts *o, const cJSON *config,
+                      struct qd_hf_shard *sh, const struct qd_arch_rules *rules, const struct qd_name_filter *nf,
+                      char *err, size_t errlen)
 {
     int cap = 0;
     for (int i = 0; i < sh->st.n; i++) {
         const struct qd_st_entry *t = &sh->st.t[i];
-        int generic;
-        if (!quantized_weight(rules, t, &generic) || !qd_name_filter_keeps(nf, t->name)) {
+        int generic = 0, back = 0;
+        struct qd_hf_out f = {0};
+        if (l->plan_tensor && (back = l->plan_tensor(o, config, sh, i, &f, err, errlen)) < 0)
+            return -1;
+        if (back == 2) /* a scale: part of its weight */
+            continue;
+        if (back == 1) { /* a quantized weight, back to float */
+            f.src = t, f.quantize = 1, f.qbytes = f.bytes;
+            if (add(sh, &cap, f))
+                goto nomem;
+            continue;
+        }
+        if (l->plan_tensor || !quantized_weight(rules, t, &generic) || !qd_name_filter_keeps(nf, t->name)) {
             struct qd_hf_out c = {.name = strdup(t->name), .dtype = t->dtype, .ndim = t->ndim, .bytes = t->end - t->begin,
                                    .src = t, .generic = !rules};
             const int is_float = float_dtype(t->dtype);
@@ -259,6 +271,15 @@ static enum qd_status process_weight(void *ctx, int lane, int item, const void *
     const struct qd_hf_out *t = j->src[item];
     const struct qd_st_entry *e = t->src;
     struct qd_params p;
+    if (t->quantize && j->l->process) { /* back to float */
+        enum qd_status st = j->l->process(t, in, out, err, errlen);
+        if (st != QD_OK) {
+            char msg[600];
+            snprintf(msg, sizeof msg, "tensor '%s': %s", e->name, err);
+            snprintf(err, errlen, "%s", msg);
+        }
+        return st;
+    }
     enum qd_dtype dt = qd_hf_st_to_dtype(e->dtype);
     if (t->ew) { /* torch's .half() / .float() / the offset-norm round trip, each step rounded to nearest even;
                     element by element through memcpy: a piece sits at any byte offset of its buffers */
@@ -340,8 +361,9 @@ static void weight_handed(void *ctx, int item)
     double now = qd_pipe_clock_s();
     if (j->o->progress) {
         struct qd_convert_event ev = {.index = *j->index, .count = j->count, .name = e->name,
-                                      .action = t->quantize ? QD_CONVERT_QUANTIZE : QD_CONVERT_COPY, .fmt = j->o->f->name,
-                                      .rule = t->generic ? "generic" : "table",
+                                      .action = t->quantize ? QD_CONVERT_QUANTIZE : QD_CONVERT_COPY,
+                                      .fmt = j->o->f ? j->o->f->name : j->o->to_float,
+                                      .rule = j->l->plan_tensor ? NULL : t->generic ? "generic" : "table",
                                       .ndim = e->ndim, .ms = (now - j->last) * 1e3, .has_nmse = j->o->report_error && t->quantize,
                                       .nmse = j->nmse, .in_done = s->bytes_in, .in_total = j->in_total};
         for (int d = 0; d < e->ndim && d < 4; d++)
@@ -497,6 +519,8 @@ static const struct qd_arch_rules *arch_rules(const struct qd_hf_layout_desc *l,
     const char *model_type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(config, "model_type"));
     const struct qd_arch *a = qd_arch_find(model_type);
     snprintf(s->arch, sizeof s->arch, "%s", model_type ? model_type : "");
+    if (l->plan_tensor) /* back to float: the input's scales say which weights were quantized */
+        return NULL;
     s->rule = "generic";
     if (!config)
         snprintf(s->rule_why, sizeof s->rule_why, "a single .safetensors file carries no config.json (no "
@@ -589,7 +613,7 @@ static int write_index(const char *dir, const struct qd_hf_shard *sh, int nshard
 static int write_config(const struct qd_hf_layout_desc *l, const char *dir, const cJSON *config, const char *config_text,
                         size_t config_n, const cJSON *qc, char *err, size_t errlen)
 {
-    struct qd_config_set sets[2 + QD_HF_MAX_CONFIG_KEYS] = {{"quantization_config", qc}};
+    struct qd_config_set sets[2 + QD_HF_MAX_CONFIG_KEYS] = {{"quantization_config", l->plan_tensor ? NULL : qc}};
     cJSON *values[QD_HF_MAX_CONFIG_KEYS] = {0};
     const char *extra_key = NULL;
     cJSON *extra = l->config_extra ? l->config_extra(config, &extra_key) : NULL;
@@ -732,7 +756,7 @@ int qd_convert_hf(const struct qd_hf_layout_desc *l, const struct qd_convert_opt
             goto done;
         }
         if (qd_st_parse(sh[k].m.data, sh[k].m.size, o->max_header_bytes, sh[k].in_path, &sh[k].st, err, errlen) ||
-            plan_shard(l, o, &sh[k], rules, nf, err, errlen))
+            plan_shard(l, o, config, &sh[k], rules, nf, err, errlen))
             goto done;
         for (int i = 0; i < sh[k].st.n; i++) {
             in_total += sh[k].st.t[i].end - sh[k].st.t[i].begin;
@@ -753,7 +777,7 @@ int qd_convert_hf(const struct qd_hf_layout_desc *l, const struct qd_convert_opt
     if (rules)
         note_unlisted(sh, nshards, s);
     qc = l->quantization_config(o, rules, sh, nshards, compute_dtype ? compute_dtype : "float32");
-    s->layout_config = qc ? cJSON_PrintUnformatted(qc) : NULL;
+    s->layout_config = qc && !l->plan_tensor ? cJSON_PrintUnformatted(qc) : NULL;
     pool = qd_pipe_pool_new(o->backend, in_cap, out_cap, hf_lanes(l, o));
     if (l->transpose && scratch_cap) /* pinned where the backend has it: the GPU reads it directly */
         scratch = o->backend && o->backend->host_alloc ? o->backend->host_alloc(scratch_cap) : malloc(scratch_cap);

@@ -45,6 +45,13 @@ struct qd_hf_out {
     float gs;
     int has_amax;      /* nvfp4: a fused group member's largest |x|, read before the pass */
     float amax;
+    const struct qd_st_entry *scale; /* back to float (hf_dequant.c): the weight's scale tensor */
+    int block[2];      /* back to float: rows and columns one scale covers */
+    int scale_cast;    /* back to float: the scale is cast to the output dtype before the product
+                          (compressed-tensors' decompress in a model of that dtype) */
+    int packed_bits;   /* back to float: codes packed densely in int32 words (pack-quantized: 4, 8);
+                          -1 NVFP4, -2 MXFP4 (two e2m1 a byte; gs: NVFP4's global scale); 0: one
+                          byte each */
     uint64_t qbytes;   /* that weight's components, back to back */
 };
 
@@ -107,10 +114,19 @@ struct qd_hf_layout_desc {
      * name of the first quantized weight's dtype. */
     cJSON *(*quantization_config)(const struct qd_convert_opts *o, const struct qd_arch_rules *rules,
                                   const struct qd_hf_shard *sh, int nshards, const char *compute_dtype);
+    /* Back to float (hf_dequant.c): the input is a quantized checkpoint, and the layout decides
+     * each tensor itself instead of the architecture table and the format. plan_tensor says what
+     * becomes of sh->st.t[i]: 0 copied, 1 converted (*out filled: name a new string, dtype, shape,
+     * bytes, and what process needs), 2 dropped (a scale), -1 refused with err. process turns
+     * that tensor's source bytes into out. config.json loses quantization_config. */
+    int (*plan_tensor)(const struct qd_convert_opts *o, const cJSON *config, const struct qd_hf_shard *sh, int i,
+                       struct qd_hf_out *out, char *err, size_t errlen);
+    enum qd_status (*process)(const struct qd_hf_out *t, const void *in, void *out, char *err, size_t errlen);
 };
 
 extern const struct qd_hf_layout_desc qd_hf_bnb, qd_hf_ct_int, qd_hf_ct_nvfp4, qd_hf_ct_mxfp4, qd_hf_awq;
 extern const struct qd_hf_layout_desc qd_hf_ct_fp8, qd_hf_fp8_transformers;
+extern const struct qd_hf_layout_desc qd_hf_dequant_bf16, qd_hf_dequant_f16, qd_hf_dequant_f32;
 
 /* Runs the conversion into layout l (hf_convert.c). */
 int qd_convert_hf(const struct qd_hf_layout_desc *l, const struct qd_convert_opts *o, struct qd_convert_summary *s,

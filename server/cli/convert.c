@@ -211,7 +211,12 @@ int qd_cli_convert(int argc, char **argv)
             return 2;
         }
     }
-    if ((fmt || !recipe) && !(o.f = qd_convert_format_named(fmt))) {
+    const int named = fmt || !recipe; /* a format (or back to float), not a mix */
+    if (named && !(o.f = qd_convert_format_named(fmt)) && (o.to_float = qd_convert_to_float_named(fmt)) && nparams) {
+        fprintf(stderr, "quantd convert: --fmt %s (back to float) takes no --param\n", o.to_float);
+        return 2;
+    }
+    if (named && !o.f && !o.to_float) {
         const struct qd_gguf_recipe *r = qd_convert_recipe_named(fmt);
         if (r && !r->fmt)
             fprintf(stderr, "quantd convert: '%s' is a llama-quantize mix, not a format: use --recipe %s\n", fmt,
@@ -331,7 +336,7 @@ int qd_cli_convert(int argc, char **argv)
            "\"copied\":%d,\"cast_f16\":%d,\"bytes_in\":%" PRIu64 ",\"bytes_out\":%" PRIu64 ",\"bits_per_weight\":%.3f,"
            "\"seconds\":%.3f,\"gb_per_s\":%.3f,\"read_s\":%.3f,\"quantize_s\":%.3f,\"write_s\":%.3f,"
            "\"peak_rss_bytes\":%" PRIu64 "}}\n",
-           arch, o.src, o.dst ? o.dst : "", o.f ? o.f->name : o.recipe, name, s.quantized, s.copied, s.cast, s.bytes_in, s.bytes_out, bpw, s.seconds,
+           arch, o.src, o.dst ? o.dst : "", o.f ? o.f->name : o.to_float ? o.to_float : o.recipe, name, s.quantized, s.copied, s.cast, s.bytes_in, s.bytes_out, bpw, s.seconds,
            s.seconds > 0 ? s.bytes_in / s.seconds / 1e9 : 0.0, s.stages.read_s, s.stages.process_s, s.stages.write_s,
            peak_rss_bytes());
     return 0;

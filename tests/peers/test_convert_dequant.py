@@ -1,0 +1,223 @@
+"""quantd convert --fmt bf16|f16|f32: a quantized checkpoint back to the unquantized layout
+(server/checkpoint/hf_dequant.c), against the peers' arithmetic written here in numpy:
+
+- transformers' FineGrainedFP8 (quant_method "fp8", DeepSeek-V3 / Qwen3-FP8 layout): DeepSeek's
+  fp8_cast_bf16 (weight_dequant: the e4m3 code as f32 times its 128x128 block's weight_scale_inv,
+  in f32, then cast to the output dtype once), partial edge blocks included;
+- compressed-tensors float-quantized / int-quantized (FP8_DYNAMIC, FP8_BLOCK, W8A8):
+  compressed-tensors' decompress in a model of the output dtype (transformers' from_pretrained with
+  that dtype holds the scale in it), x_q.to(scale.dtype) * scale: the scale cast to the output
+  dtype, the product rounded once to it; for pack-quantized (W4A16, W8A16) the codes first
+  unpacked from the int32 words (each row densely from bit 0, offset by 2^(bits-1));
+- compressed-tensors nvfp4-pack-quantized / mxfp4-pack-quantized (NVFP4A16, MXFP4A16): two e2m1
+  codes a byte (low nibble first) times the group's scale in f32 (NVFP4: the e4m3 scale divided
+  by weight_global_scale; MXFP4: 2^(e - 127)), then the cast to the output dtype (transformers'
+  bf16 model holds exactly that).
+
+Round trips on every architecture of the table: the source quantized by quantd into each 8-bit
+layout, then back to bf16, equals the peer's dequantization of that same directory; the scales
+are gone, every other tensor is the quantized directory's bytes, and config.json is the source's
+text without quantization_config, with the output's dtype (what transformers 5.17's save_pretrained
+writes for the model loaded with dequantize=True: checked byte for byte on the Llama, see
+docs/convert.md). A source that is not quantized, or quantized in a layout not read back, is
+refused naming what is."""
+import json
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, load_safetensors_dir, run_quantd
+
+import sys
+sys.path.insert(0, os.path.join(os.path.dirname(FIXTURES), "checkpoint"))
+import tiny_hf  # noqa: E402
+
+SOURCES = os.path.join(FIXTURES, "arch")
+NAMES = sorted(fn[:-len(".json")] for fn in os.listdir(SOURCES) if fn.endswith(".json") and fn != "decisions.json")
+LAYOUTS = {"FP8_DYNAMIC": ["--fmt", "fp8_e4m3"],
+           "FP8_BLOCK": ["--fmt", "fp8_e4m3", "--param", "granularity=block"],
+           "W8A8": ["--fmt", "w8a8"],
+           "FineGrainedFP8": ["--fmt", "fp8_e4m3", "--param", "flow=transformers"],
+           "W4A16": ["--fmt", "w4a16"],
+           "W8A16": ["--fmt", "w8a16"],
+           "NVFP4A16": ["--fmt", "nvfp4"],
+           "MXFP4A16": ["--fmt", "mxfp4"]}
+OUT = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}
+TORCH = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    made = {}
+
+    def get(name):
+        if name not in made:
+            made[name] = tmp_path_factory.mktemp(name.replace(".", "_"))
+            with open(os.path.join(SOURCES, name + ".json")) as f:
+                tiny_hf.write_arch(json.load(f)["source"], made[name])
+        return made[name]
+    return get
+
+
+def grid(scale, rows, cols, block):
+    """The scale of every element: per tensor, per row or per block (a MoE expert's FineGrainedFP8
+    grid may be saved 1-D)."""
+    s = scale.astype(np.float32)
+    br, bc = block
+    if s.ndim == 1 and s.size > 1:
+        s = s.reshape(-1, 1) if -(-rows // br) == s.size else s.reshape(1, -1)
+    s = s.reshape(s.shape[0] if s.ndim == 2 else 1, -1)
+    r = 1 if s.shape[0] == rows else rows if s.shape[0] == 1 else br
+    c = 1 if s.shape[1] == cols else cols if s.shape[1] == 1 else bc
+    return np.repeat(np.repeat(s, r, 0), c, 1)[:rows, :cols]
+
+
+def peer_dequant(q, scale, block, finegrained, out):
+    codes = q.astype(np.float32)  # e4m3 and int8 are exact in f32 (and in bf16 / f16)
+    if not finegrained:  # the scale parameter in the model's dtype
+        scale = scale.astype(out)
+    # f32 products (fp8_cast_bf16 multiplies in f32; a bf16/f16 product of an exact code is exact
+    # in f32 too), then one rounding to the output dtype
+    return (codes * grid(scale, q.shape[0], q.shape[1], block)).astype(out)
+
+
+def block_of(cfg):
+    q = cfg["quantization_config"]
+    weights = [g["weights"] for g in q.get("config_groups", {}).values()]
+    b = q.get("weight_block_size") or next((w["block_structure"] for w in weights if w.get("block_structure")), None)
+    if not b and weights and weights[0].get("group_size"):
+        b = (1, weights[0]["group_size"])
+    return tuple(b or (128, 128))
+
+
+def unpack(words, bits, shape):
+    """compressed-tensors' unpack_from_int32 (packed_dim 1): code c of a row at bits c*bits of its
+    words, less 2^(bits-1)."""
+    w = words.view(np.uint32).astype(np.uint64)
+    c = np.arange(shape[1])
+    word, shift = (c * bits) // 32, (c * bits) % 32
+    return ((w[:, word] >> shift.astype(np.uint64)) & ((1 << bits) - 1)).astype(np.int64) - (1 << (bits - 1))
+
+
+def convert_back(tmp_path, src, layout, to):
+    q, back = tmp_path / "q", tmp_path / to
+    run_quantd("convert", "--in", src, "--out", q, "--backend", "cpu", *LAYOUTS[layout])
+    p = run_quantd("convert", "--in", q, "--out", back, "--fmt", to, "--backend", "cpu")
+    return q, back, json.loads(p.stdout.splitlines()[-1])["summary"]
+
+
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+
+def fp4_dequant(packed, scale, global_scale, group, out):
+    codes = np.stack([packed & 15, packed >> 4], -1).reshape(packed.shape[0], -1)
+    if global_scale is None:  # e8m0
+        s = np.ldexp(np.float32(1), scale.astype(np.int32) - 127).astype(np.float32)
+    else:
+        s = scale.astype(np.float32) / global_scale.astype(np.float32)
+    return (E2M1[codes] * np.repeat(s, group, 1)).astype(out)
+
+
+def check_equal(q, back, to):
+    cfg = json.loads((q / "config.json").read_text())
+    fmt = cfg["quantization_config"].get("format", "")
+    if fmt.endswith("fp4-pack-quantized"):
+        qt, ours = load_safetensors_dir(q), load_safetensors_dir(back)
+        group = next(iter(cfg["quantization_config"]["config_groups"].values()))["weights"]["group_size"]
+        mods = [k[:-len(".weight_packed")] for k in qt if k.endswith(".weight_packed")]
+        dropped = {m + s for m in mods for s in (".weight_packed", ".weight_scale", ".weight_global_scale")}
+        assert sorted(ours) == sorted((set(qt) - dropped) | {m + ".weight" for m in mods})
+        for k, v in ours.items():
+            m = k[:-len(".weight")]
+            if m in mods:
+                want = fp4_dequant(qt[m + ".weight_packed"], qt[m + ".weight_scale"],
+                                   qt.get(m + ".weight_global_scale"), group, OUT[to])
+                assert v.dtype == want.dtype and v.tobytes() == want.tobytes(), k
+            else:
+                assert v.dtype == qt[k].dtype and v.tobytes() == qt[k].tobytes(), k
+        assert mods
+        return cfg
+    finegrained = cfg["quantization_config"]["quant_method"] == "fp8"
+    packed = cfg["quantization_config"].get("format") == "pack-quantized"
+    suffix = ".weight_scale_inv" if finegrained else ".weight_scale"
+    qt, ours = load_safetensors_dir(q), load_safetensors_dir(back)
+    scales = {k for k in qt if k.endswith(suffix)}
+    if packed:  # <m>.weight_packed, weight_scale, weight_shape -> <m>.weight
+        bits = next(iter(cfg["quantization_config"]["config_groups"].values()))["weights"]["num_bits"]
+        for k in [k for k in qt if k.endswith(".weight_packed")]:
+            m = k[:-len("_packed")]
+            qt[m] = unpack(qt.pop(k), bits, tuple(qt.pop(m + "_shape")))
+    assert sorted(ours) == sorted(set(qt) - scales)
+    converted = 0
+    for k, v in ours.items():
+        if k + suffix[len(".weight"):] in qt and k.endswith(".weight"):
+            want = peer_dequant(qt[k], qt[k + suffix[len(".weight"):]], block_of(cfg), finegrained, OUT[to])
+            assert v.dtype == want.dtype and v.shape == want.shape, k
+            assert v.tobytes() == want.tobytes(), f"{k}: {np.count_nonzero(v.view(np.uint8) != want.view(np.uint8))} bytes differ"
+            converted += 1
+        else:
+            assert v.dtype == qt[k].dtype and v.tobytes() == qt[k].tobytes(), k
+    assert converted == len(scales) > 0
+    return cfg
+
+
+def expected_config(q, to):
+    """The quantized directory's config.json without quantization_config, with "dtype" the
+    output's (transformers' save_pretrained); every other key as it is."""
+    src = json.loads((q / "config.json").read_text())
+    src.pop("quantization_config")
+    src["dtype"] = TORCH[to]
+    return src
+
+
+CASES = [(n, l) for n in NAMES for l in LAYOUTS]
+
+
+@pytest.mark.parametrize("name,layout", CASES, ids=[f"{n}-{l}" for n, l in CASES])
+def test_round_trip_bf16(tmp_path, source, name, layout):
+    q, back, summary = convert_back(tmp_path, source(name), layout, "bf16")
+    check_equal(q, back, "bf16")
+    assert summary["fmt"] == "bf16" and summary["quantized"] > 0
+    assert json.loads((back / "config.json").read_text()) == expected_config(q, "bf16")
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("to", ["f16", "f32"])
+def test_other_dtypes(tmp_path, source, layout, to):
+    q, back, _ = convert_back(tmp_path, source("deepseek_v3"), layout, to)
+    check_equal(q, back, to)
+    assert json.loads((back / "config.json").read_text()) == expected_config(q, to)
+
+
+def test_config_bytes_are_transformers_save(tmp_path, source):
+    """The Llama's source config.json is transformers' own save (dtype bfloat16); its
+    dequantized save writes the same text back, so bf16 out is the source's bytes."""
+    src = source("llama")
+    for layout in LAYOUTS:
+        (tmp_path / layout).mkdir()
+        _, back, _ = convert_back(tmp_path / layout, src, layout, "bf16")
+        assert (back / "config.json").read_bytes() == (src / "config.json").read_bytes(), layout
+
+
+def test_refusals(tmp_path, source):
+    src = source("llama")
+    p = run_quantd("convert", "--in", src, "--out", tmp_path / "a", "--fmt", "bf16", check=False)
+    assert p.returncode == 1 and "not quantized" in p.stderr and "FineGrainedFP8" in p.stderr, p.stderr
+    q = tmp_path / "nv"
+    run_quantd("convert", "--in", src, "--out", q, "--fmt", "nf4", "--backend", "cpu")
+    p = run_quantd("convert", "--in", q, "--out", tmp_path / "b", "--fmt", "BF16", check=False)
+    assert p.returncode == 1 and "bitsandbytes" in p.stderr and "float-quantized" in p.stderr, p.stderr
+    asym = tmp_path / "asym"
+    run_quantd("convert", "--in", src, "--out", asym, "--fmt", "w4a16", "--param", "symmetric=false", "--backend", "cpu")
+    p = run_quantd("convert", "--in", asym, "--out", tmp_path / "b", "--fmt", "bf16", check=False)
+    assert p.returncode == 1 and "weight_zero_point" in p.stderr, p.stderr
+    assert not (tmp_path / "b").exists()
+    p = run_quantd("convert", "--in", q, "--out", tmp_path / "c", "--fmt", "bf16", "--param", "x=1", check=False)
+    assert p.returncode == 2 and "no --param" in p.stderr, p.stderr
+    p = run_quantd("convert", "--in", q, "--out", tmp_path / "e", "--fmt", "bf16", "--skip", "q_proj", check=False)
+    assert p.returncode == 1 and "every quantized weight back" in p.stderr, p.stderr
+    p = run_quantd("convert", "--in", q / "model.safetensors", "--out", tmp_path / "d.safetensors", "--fmt", "f32",
+                   check=False)
+    assert p.returncode == 1 and "model directory" in p.stderr, p.stderr

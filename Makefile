@@ -189,7 +189,8 @@ test-unit-san: $(TEST_BINS) .venv/ok $(BUILD)/tests/libqdfp.so
 FUZZ_SECONDS ?= 20
 FUZZ_SRCS := tests/server/fuzz_decode.c server/http/decode.c server/http/base64.c server/http/safetensors.c server/http/json_body.c \
              server/checkpoint/safetensors.c server/checkpoint/json_span.c server/checkpoint/names.c \
-             server/http/reply.c server/http/encode.c server/queue/hostmem.c $(wildcard kernels/*.c kernels/cpu/*.c)
+             server/http/reply.c server/http/encode.c server/common/report_json.c server/queue/hostmem.c \
+             $(wildcard kernels/*.c kernels/cpu/*.c)
 $(BUILD)/fuzz/fuzz_decode: $(FUZZ_SRCS)
 	@mkdir -p $(dir $@)
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \

@@ -580,3 +580,16 @@ void qd_outfile_abort(struct qd_outfile *f)
     memset(f, 0, sizeof *f);
     f->fd = -1;
 }
+
+int qd_copy_file(const char *from, const char *to, char *err, size_t errlen)
+{
+    struct qd_mapped m;
+    struct qd_outfile out;
+    if (qd_map_file(from, &m, err, errlen))
+        return -1;
+    int rc = qd_outfile_open(&out, to, err, errlen);
+    if (!rc && (qd_outfile_write(&out, m.data, m.size, err, errlen) || qd_outfile_commit(&out, err, errlen)))
+        rc = -1, qd_outfile_abort(&out);
+    qd_unmap_file(&m);
+    return rc;
+}

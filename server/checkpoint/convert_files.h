@@ -62,6 +62,8 @@ struct qd_outfile {
     char *path, *tmp;
     uint64_t written;
 };
+/* A whole file copied through an output file (temporary name, fsync, rename): 0, or -1 with err */
+int qd_copy_file(const char *from, const char *to, char *err, size_t errlen);
 int qd_outfile_open(struct qd_outfile *f, const char *path, char *err, size_t errlen);
 int qd_outfile_write(struct qd_outfile *f, const void *p, size_t n, char *err, size_t errlen);
 int qd_outfile_pad(struct qd_outfile *f, uint32_t alignment, char *err, size_t errlen);

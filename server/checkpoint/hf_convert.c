@@ -470,19 +470,6 @@ done:
     return rc;
 }
 
-static int copy_file(const char *from, const char *to, char *err, size_t errlen)
-{
-    struct qd_mapped m;
-    struct qd_outfile out;
-    if (qd_map_file(from, &m, err, errlen))
-        return -1;
-    int rc = qd_outfile_open(&out, to, err, errlen);
-    if (!rc && (qd_outfile_write(&out, m.data, m.size, err, errlen) || qd_outfile_commit(&out, err, errlen)))
-        rc = -1, qd_outfile_abort(&out);
-    qd_unmap_file(&m);
-    return rc;
-}
-
 static int write_text(const char *path, const char *text, char *err, size_t errlen)
 {
     struct qd_outfile out;
@@ -648,7 +635,7 @@ static int copy_others(const char *src, const char *dir, char *err, size_t errle
         struct stat fs;
         int copy = from && to && e->d_name[0] != '.' && !is_weights_file(e->d_name) && stat(from, &fs) == 0 &&
                    S_ISREG(fs.st_mode);
-        r = copy ? copy_file(from, to, err, errlen) : 0;
+        r = copy ? qd_copy_file(from, to, err, errlen) : 0;
         free(from), free(to);
     }
     if (d)

@@ -22,6 +22,22 @@ static const struct ct_float nvfp4 = {"nvfp4-pack-quantized", "torch.float8_e4m3
 static const struct ct_float mxfp4 = {"mxfp4-pack-quantized", "torch.uint8", "group", NULL};
 
 
+/* The members every compressed-tensors quantization_config ends with, after config_groups (the
+ * keys in the order json.dump sorts them; q is returned) */
+cJSON *qd_hf_ct_config_close(cJSON *q, const char *format, cJSON *ignore)
+{
+    cJSON_AddStringToObject(q, "format", format);
+    cJSON_AddNullToObject(q, "global_compression_ratio");
+    cJSON_AddItemToObject(q, "ignore", ignore);
+    cJSON_AddNullToObject(q, "kv_cache_scheme");
+    cJSON_AddStringToObject(q, "quant_method", "compressed-tensors");
+    cJSON_AddStringToObject(q, "quantization_status", "compressed");
+    cJSON_AddObjectToObject(q, "sparsity_config");
+    cJSON_AddObjectToObject(q, "transform_config");
+    cJSON_AddStringToObject(q, "version", "0.19.0"); /* the compressed-tensors whose layout this is */
+    return q;
+}
+
 cJSON *qd_hf_ct_ignore(const struct qd_arch_rules *rules, const struct qd_hf_shard *sh, int nshards)
 {
     size_t n = 0;
@@ -73,16 +89,7 @@ static cJSON *quantization_config(const struct qd_convert_opts *o, const struct 
         cJSON_AddNullToObject(w, "zp_dtype");
     else
         cJSON_AddStringToObject(w, "zp_dtype", "torch.int8");
-    cJSON_AddStringToObject(q, "format", format);
-    cJSON_AddNullToObject(q, "global_compression_ratio");
-    cJSON_AddItemToObject(q, "ignore", ignore);
-    cJSON_AddNullToObject(q, "kv_cache_scheme");
-    cJSON_AddStringToObject(q, "quant_method", "compressed-tensors");
-    cJSON_AddStringToObject(q, "quantization_status", "compressed");
-    cJSON_AddObjectToObject(q, "sparsity_config");
-    cJSON_AddObjectToObject(q, "transform_config");
-    cJSON_AddStringToObject(q, "version", "0.19.0"); /* the compressed-tensors whose layout this is */
-    return q;
+    return qd_hf_ct_config_close(q, format, ignore);
 }
 
 #define CONFIG_OF(preset, fn)                                                                                   \

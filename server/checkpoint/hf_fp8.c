@@ -112,16 +112,7 @@ static cJSON *ct_config(const struct qd_convert_opts *o, const struct qd_arch_ru
     cJSON_AddItemToObject(g, "targets", cJSON_CreateStringArray((const char *[]){"Linear"}, 1));
     cJSON_AddItemToObject(g, "weights", args(s->type, 0, 0, block ? "block" : "channel", block ? &o->params : NULL,
                                              "memoryless_minmax"));
-    cJSON_AddStringToObject(q, "format", s->format);
-    cJSON_AddNullToObject(q, "global_compression_ratio");
-    cJSON_AddItemToObject(q, "ignore", ignore);
-    cJSON_AddNullToObject(q, "kv_cache_scheme");
-    cJSON_AddStringToObject(q, "quant_method", "compressed-tensors");
-    cJSON_AddStringToObject(q, "quantization_status", "compressed");
-    cJSON_AddObjectToObject(q, "sparsity_config");
-    cJSON_AddObjectToObject(q, "transform_config");
-    cJSON_AddStringToObject(q, "version", "0.19.0"); /* the compressed-tensors whose layout this is */
-    return q;
+    return qd_hf_ct_config_close(q, s->format, ignore);
 }
 
 /* FineGrainedFP8Config's to_dict as save_pretrained writes it (keys sorted) */

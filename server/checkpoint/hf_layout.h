@@ -148,5 +148,7 @@ void qd_hf_module_component(const struct qd_convert_opts *o, const struct qd_st_
                             const struct qd_component *c, int k, struct qd_hf_out *out);
 /* compressed-tensors' "ignore" for the model's tensors (qd_arch_ignore_list) */
 cJSON *qd_hf_ct_ignore(const struct qd_arch_rules *rules, const struct qd_hf_shard *sh, int nshards);
+/* quantization_config's closing members, after config_groups (hf_ct.c) */
+cJSON *qd_hf_ct_config_close(cJSON *q, const char *format, cJSON *ignore);
 
 #endif

@@ -244,15 +244,7 @@ static int copy_file(const char *from_dir, const char *to_dir, const char *name,
     char from[4400], to[4400];
     snprintf(from, sizeof from, "%s/%s", from_dir, name);
     snprintf(to, sizeof to, "%s/%s", to_dir, name);
-    struct qd_mapped m;
-    struct qd_outfile out;
-    if (qd_map_file(from, &m, err, errlen))
-        return -1;
-    int rc = qd_outfile_open(&out, to, err, errlen);
-    if (!rc && (qd_outfile_write(&out, m.data, m.size, err, errlen) || qd_outfile_commit(&out, err, errlen)))
-        rc = -1, qd_outfile_abort(&out);
-    qd_unmap_file(&m);
-    return rc;
+    return qd_copy_file(from, to, err, errlen);
 }
 
 /* Python's truth of a JSON value (generation_config's eos_token_id replaces the config's when

@@ -14,8 +14,11 @@ hf:   a Llama-shaped bf16 checkpoint of random weights in 5 GB shards (transform
 gguf: the same shapes as a BF16 GGUF (written with the gguf package); times `cat`, `quantd
       convert --fmt q4_0`, `--fmt q8_0` and `--recipe Q4_K_M`, and llama-quantize (LLAMA_CPP_BIN)
       on all cores for the same three (`--pure Q4_0`, `--pure Q8_0`, `Q4_K_M`).
+fp8_bf16: quantd writes the model as FineGrainedFP8 (DeepSeek-V3's layout), then times `quantd
+      convert --fmt bf16` of that back to bf16 against `cat` of the FP8 shards and `dd` writing
+      the output's size durably (buffered + fsync, and O_DIRECT).
 --targets picks some of nf4 w4a16 w8a16 nvfp4 mxfp4 awq transformers mlx_affine mlx_mxfp4 mlx_lm
-q4_0 q8_0 Q4_K_M (default all but the MLX ones);
+fp8_bf16 q4_0 q8_0 Q4_K_M (default all but the MLX and FP8 ones);
 --devices 0,1 passes --devices to the CUDA runs (one run per device list: the scaling over GPUs).
 Every figure is the median of REPEAT runs (default 3) after one warm-up (llama-quantize: none,
 the runs before it have warmed the page cache; LQ_REPEAT sets its run count), each run after a sync
@@ -169,6 +172,34 @@ def main():
                                         "-q", "--q-mode", mode], int(os.environ.get("MLX_REPEAT", a.repeat)),
                                        cleanup=lambda: shutil.rmtree(out, ignore_errors=True), warm_up=False),
                                  bytes=size))
+                shutil.rmtree(out, ignore_errors=True)
+        if "fp8_bf16" in targets:
+            # FP8 -> bf16: a FineGrainedFP8 checkpoint (DeepSeek-V3's layout, written by quantd
+            # from the bf16 model) back to bf16, against reading it and against writing its
+            # output durably (dd: buffered + fsync, and O_DIRECT), whichever bounds it
+            fp8 = os.path.join(a.work, f"hf-{a.size}-fp8")
+            if not os.path.exists(os.path.join(fp8, "config.json")):
+                subprocess.run([QUANTD, "convert", "--in", src, "--out", fp8, "--fmt", "fp8_e4m3", "--param",
+                                "flow=transformers", "--backend", backends[-1]], check=True, stdout=subprocess.DEVNULL)
+            fshards = sorted(os.path.join(fp8, f) for f in os.listdir(fp8) if f.endswith(".safetensors"))
+            fsize = sum(os.path.getsize(f) for f in fshards)
+            rows.append(dict(timed("hf fp8: cat shards > /dev/null", ["sh", "-c", "cat \"$@\" > /dev/null", "cat",
+                                                                       *fshards], a.repeat), bytes=fsize))
+            blocks = (size + (16 << 20) - 1) >> 24  # the bf16 output is the source's size
+            sink = os.path.join(a.work, "dd.out")
+            for flag, label in (("conv=fsync", "buffered + fsync"), ("oflag=direct", "O_DIRECT")):
+                rows.append(dict(timed(f"hf fp8: dd {gb(blocks << 24):.2f} GB ({label})",
+                                       ["dd", "if=/dev/zero", f"of={sink}", "bs=16M", f"count={blocks}", flag,
+                                        "status=none"], a.repeat, cleanup=lambda: os.path.exists(sink) and
+                                       os.unlink(sink)), bytes=fsize))
+            if os.path.exists(sink):
+                os.unlink(sink)
+            for b in backends:
+                rows.append(dict(timed(f"hf fp8: quantd convert --fmt bf16 ({backend_label(b, a.devices)})",
+                                       [QUANTD, "convert", "--in", fp8, "--out", out, "--fmt", "bf16", "--backend", b,
+                                        *devices_args(b, a.devices)],
+                                       a.repeat, cleanup=lambda: shutil.rmtree(out, ignore_errors=True)),
+                                 bytes=fsize))
                 shutil.rmtree(out, ignore_errors=True)
         if "cuda" in backends and "transformers" in targets:
             if importlib.util.find_spec("bitsandbytes"):

@@ -25,6 +25,7 @@
 #include "../../kernels/fp.h"
 #include "../../kernels/fp8.h"
 #include "checkpoint/hf_layout.h"
+#include "checkpoint/pipeline.h"
 
 /* The input layouts read back, by config.json's quantization_config. */
 struct source {
@@ -242,19 +243,30 @@ static float scale_of(const struct qd_hf_out *t, const struct qd_st_entry *s, en
     return t->scale_cast ? qd_ct_round(scale, odc) : scale;
 }
 
-static enum qd_status process(const struct qd_hf_out *t, const void *in, void *out, char *err, size_t errlen)
+struct rows_job {
+    const struct qd_hf_out *t;
+    const void *in;
+    void *out;
+};
+
+/* rows [r0, r1) of one weight */
+static int process_rows(void *ctx, int64_t r0, int64_t r1)
 {
+    const struct rows_job *job = ctx;
+    const struct qd_hf_out *t = job->t;
+    const void *in = job->in;
+    void *out = job->out;
     const struct qd_st_entry *w = t->src, *s = t->scale;
     const int int8 = !strcmp(w->dtype, "I8"), bits = t->packed_bits; /* (< 0: fp4) */
     /* FineGrainedFP8: the product in f32, then one cast to the output dtype; compressed-tensors:
      * the scale in the output dtype, the product rounded to it (the codes are exact there) */
     const enum qd_dtype odt = qd_hf_st_to_dtype(t->dtype), sdtype = qd_hf_st_to_dtype(s->dtype);
     const int odc = qd_fp8_dtype_code(odt), sdt = t->scale_cast ? odc : 0;
-    const int64_t rows = t->shape[0], cols = t->shape[1], sc = cdiv(cols, t->block[1]);
+    const int64_t cols = t->shape[1], sc = cdiv(cols, t->block[1]);
     const int64_t words = bits > 0 ? cdiv(cols * bits, 32) : 0;
     static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
     const uint8_t *q = in;
-    for (int64_t r = 0; r < rows; r++) {
+    for (int64_t r = r0; r < r1; r++) {
         const int64_t srow = (r / t->block[0]) * sc;
         for (int64_t c = 0; c < cols; c++) {
             float v;
@@ -278,6 +290,18 @@ static enum qd_status process(const struct qd_hf_out *t, const void *in, void *o
             }
         }
     }
+    return 0;
+}
+
+/* A weight's rows go to every core: one core alone turns an 8B FP8 model back to bf16 slower
+ * than a disk writes it. */
+static enum qd_status process(const struct qd_hf_out *t, const void *in, void *out, char *err, size_t errlen)
+{
+    (void)err, (void)errlen;
+    struct rows_job job = {t, in, out};
+    /* spans of at least 1 Mi outputs: threads only where they pay for their start */
+    const int64_t min_rows = (((int64_t)1 << 20) + t->shape[1] - 1) / t->shape[1];
+    qd_pipe_rows(t->shape[0], min_rows, process_rows, &job);
     return QD_OK;
 }
 

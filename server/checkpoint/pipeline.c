@@ -728,3 +728,47 @@ void qd_convert_use_lane(struct qd_convert_opts *o, int lane)
     if (o->nworkers > 1 && lane < o->nworkers)
         o->worker = o->workers[lane];
 }
+
+#define QD_PIPE_ROW_THREADS 64
+
+struct row_span {
+    int (*fn)(void *ctx, int64_t r0, int64_t r1);
+    void *ctx;
+    int64_t r0, r1;
+    int rc;
+};
+
+static void *row_span_main(void *arg)
+{
+    struct row_span *s = arg;
+    s->rc = s->fn(s->ctx, s->r0, s->r1);
+    return NULL;
+}
+
+int qd_pipe_rows(int64_t rows, int64_t min_rows, int (*fn)(void *ctx, int64_t r0, int64_t r1), void *ctx)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int64_t n = min_rows > 0 ? rows / min_rows : rows;
+    n = n < cores ? n : cores;
+    n = n < QD_PIPE_ROW_THREADS ? n : QD_PIPE_ROW_THREADS;
+    if (n <= 1)
+        return fn(ctx, 0, rows);
+    struct row_span spans[QD_PIPE_ROW_THREADS];
+    pthread_t tid[QD_PIPE_ROW_THREADS];
+    int started[QD_PIPE_ROW_THREADS] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        spans[i] = (struct row_span){fn, ctx, rows * i / n, rows * (i + 1) / n, 0};
+        /* span 0 runs here; a thread that cannot start runs its span here too */
+        started[i] = i > 0 && !pthread_create(&tid[i], NULL, row_span_main, &spans[i]);
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (!started[i])
+            row_span_main(&spans[i]);
+    int rc = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (started[i])
+            pthread_join(tid[i], NULL);
+        rc = rc ? rc : spans[i].rc;
+    }
+    return rc;
+}

@@ -66,6 +66,12 @@ int qd_pipe_run(const struct qd_pipe *p, enum qd_status *status, char *err, size
  * from the first span traced): where a conversion's wall time goes. */
 void qd_pipe_trace(const char *stage, int item, double t0, double t1, uint64_t bytes);
 
+/* Runs fn over [0, rows) in consecutive spans on up to one thread per online core (spans of at
+ * least min_rows; fewer rows run on the calling thread): for host-side work on one item that is
+ * worth spreading, such as turning a quantized weight back into floats. fn returns 0 or -1;
+ * the first failure's -1 is returned (every span runs to its end either way). */
+int qd_pipe_rows(int64_t rows, int64_t min_rows, int (*fn)(void *ctx, int64_t r0, int64_t r1), void *ctx);
+
 /* A monotonic clock in seconds: the converters' and the pipeline's timings. */
 double qd_pipe_clock_s(void);
 

@@ -221,3 +221,27 @@ def test_refusals(tmp_path, source):
     p = run_quantd("convert", "--in", q / "model.safetensors", "--out", tmp_path / "d.safetensors", "--fmt", "f32",
                    check=False)
     assert p.returncode == 1 and "model directory" in p.stderr, p.stderr
+
+
+WIDE_FFN = 8320  # 65 groups of 128; the gate/up rows split between two threads mid-block
+
+
+@pytest.fixture(scope="module")
+def wide_source(tmp_path_factory):
+    """The Llama with an FFN wide enough that a weight's rows are spread over threads (spans of
+    at least 1 Mi outputs: [8320, 256] and [256, 8320] make two), the cut inside a 128-row block."""
+    with open(os.path.join(SOURCES, "llama.json")) as f:
+        spec = json.load(f)["source"]
+    spec["files"]["config.json"] = spec["files"]["config.json"].replace(
+        '"intermediate_size": 512', f'"intermediate_size": {WIDE_FFN}')
+    for name, e in spec["tensors"].items():
+        e["shape"] = [WIDE_FFN if d == 512 else d for d in e["shape"]]
+    out = tmp_path_factory.mktemp("wide")
+    tiny_hf.write_arch(spec, out)
+    return out
+
+
+@pytest.mark.parametrize("layout", ["FineGrainedFP8", "FP8_BLOCK", "W4A16", "NVFP4A16"])
+def test_wide_weights_spread_over_threads(tmp_path, wide_source, layout):
+    q, back, _ = convert_back(tmp_path, wide_source, layout, "bf16")
+    check_equal(q, back, "bf16")

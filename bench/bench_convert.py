@@ -18,7 +18,9 @@ fp8_bf16: quantd writes the model as FineGrainedFP8 (DeepSeek-V3's layout), then
       convert --fmt bf16` of that back to bf16 against `cat` of the FP8 shards and `dd` writing
       the output's size durably (buffered + fsync, and O_DIRECT).
 --targets picks some of nf4 w4a16 w8a16 nvfp4 mxfp4 awq transformers mlx_affine mlx_mxfp4 mlx_lm
-fp8_bf16 q4_0 q8_0 Q4_K_M (default all but the MLX and FP8 ones);
+fp8_bf16 q4_0 q8_0 Q4_K_M, or any other quantd format (lower case: --fmt, llama-quantize --pure) or
+llama-quantize mix (upper case: --recipe) such as IQ4_XS (default all but the MLX and FP8 ones);
+--imatrix gives both tools a synthetic importance matrix (tests/checkpoint/tiny_imatrix.py);
 --devices 0,1 passes --devices to the CUDA runs (one run per device list: the scaling over GPUs).
 Every figure is the median of REPEAT runs (default 3) after one warm-up (llama-quantize: none,
 the runs before it have warmed the page cache; LQ_REPEAT sets its run count), each run after a sync
@@ -129,6 +131,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--targets", default="nf4,w4a16,w8a16,nvfp4,mxfp4,awq,transformers,q4_0,q8_0,Q4_K_M")
     ap.add_argument("--backends", default="cpu,cuda", help="quantd backends to time (cuda only with a GPU)")
+    ap.add_argument("--imatrix", action="store_true",
+                    help="gguf: both tools quantize with a synthetic importance matrix (tests/checkpoint/tiny_imatrix.py)")
     ap.add_argument("--devices", help="the CUDA runs' --devices (e.g. 0,1: the scaling over GPUs)")
     a = ap.parse_args()
     targets = a.targets.split(",")
@@ -221,20 +225,29 @@ m.save_pretrained({out!r})
         size = os.path.getsize(src)
         rows.append(dict(timed("gguf: cat > /dev/null", ["sh", "-c", f"cat '{src}' > /dev/null"], a.repeat), bytes=size))
         out = os.path.join(a.work, "out.gguf")
-        for t in (t for t in ("q4_0", "q8_0", "Q4_K_M") if t in targets):
+        imx = []
+        if a.imatrix:  # a synthetic importance matrix over the model's weights, both tools given it
+            imx_path = os.path.join(a.work, f"{a.size}.imatrix.gguf")
+            if not os.path.exists(imx_path):
+                subprocess.run([sys.executable, os.path.join(ROOT, "tests", "checkpoint", "tiny_imatrix.py"), src,
+                                imx_path, "gguf"], check=True)
+            imx = ["--imatrix", imx_path]
+        hf_targets = ("nf4", "w4a16", "w8a16", "nvfp4", "mxfp4", "awq", "transformers", "mlx_affine", "mlx_mxfp4",
+                      "mlx_lm", "fp8_bf16")
+        for t in (t for t in targets if t not in hf_targets):
             pure = t.islower()  # a format: --fmt / --pure; a mix: --recipe / llama-quantize's rules
             for b in backends:
-                rows.append(dict(timed(f"gguf: quantd convert {'--fmt' if pure else '--recipe'} {t} "
+                rows.append(dict(timed(f"gguf: quantd convert {'--fmt' if pure else '--recipe'} {t}{' --imatrix' * bool(imx)} "
                                        f"({backend_label(b, a.devices)})",
                                        [QUANTD, "convert", "--in", src, "--out", out, "--fmt" if pure else "--recipe",
-                                        t, "--force", "--backend", b, *devices_args(b, a.devices)], a.repeat),
+                                        t, "--force", "--backend", b, *imx, *devices_args(b, a.devices)], a.repeat),
                             bytes=size))
             lq = os.path.join(os.environ.get("LLAMA_CPP_BIN", ""), "llama-quantize")
             if os.path.exists(lq):
                 lq_args = ["--pure"] if pure else []
-                rows.append(dict(timed(f"gguf: llama-quantize {' '.join(lq_args + [t.upper()])} "
+                rows.append(dict(timed(f"gguf: llama-quantize {' '.join(lq_args + imx[:1] + [t.upper()])} "
                                        f"({os.cpu_count()} threads)",
-                                       [lq, *lq_args, src, out, t.upper(), str(os.cpu_count())],
+                                       [lq, *lq_args, *imx, src, out, t.upper(), str(os.cpu_count())],
                                        int(os.environ.get("LQ_REPEAT", a.repeat)), warm_up=False), bytes=size))
         if os.path.exists(out):
             os.unlink(out)

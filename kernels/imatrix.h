@@ -20,54 +20,6 @@ QD_HD float qd_imx_row_sigma2(const float *x, int64_t n)
     return s / (float)n;
 }
 
-/* make_qx_quants with rmse_type 1 and weights qw: as qd_kq_make_qx with w = qw[i]. */
-QD_HD float qd_imx_make_qx(int n, int nmax, const float *x, int8_t *L, const float *qw)
-{
-    float max = 0.0f, amax = 0.0f;
-    for (int i = 0; i < n; i++) {
-        float ax = qd_absf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
-    if (amax < QD_KQ_EPS) {
-        for (int i = 0; i < n; i++)
-            L[i] = 0;
-        return 0.0f;
-    }
-    float iscale = (float)-nmax / max;
-    float sumlx = 0.0f, suml2 = 0.0f;
-    for (int i = 0; i < n; i++) {
-        int l = qd_kq_clampi(qd_kq_round(iscale * x[i]), -nmax, nmax - 1);
-        L[i] = (int8_t)(l + nmax);
-        float w = qw[i];
-        sumlx += w * x[i] * (float)l;
-        suml2 += w * (float)l * (float)l;
-    }
-    float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
-    float best = scale * sumlx;
-    for (int is = -9; is <= 9; is++) {
-        if (is == 0)
-            continue;
-        iscale = -((float)nmax + 0.1f * (float)is) / max;
-        sumlx = suml2 = 0.0f;
-        for (int i = 0; i < n; i++) {
-            int l = qd_kq_clampi(qd_kq_round(iscale * x[i]), -nmax, nmax - 1);
-            float w = qw[i];
-            sumlx += w * x[i] * (float)l;
-            suml2 += w * (float)l * (float)l;
-        }
-        if (suml2 > 0.0f && sumlx * sumlx > best * suml2) {
-            for (int i = 0; i < n; i++)
-                L[i] = (int8_t)(nmax + qd_kq_clampi(qd_kq_round(iscale * x[i]), -nmax, nmax - 1));
-            scale = sumlx / suml2;
-            best = scale * sumlx;
-        }
-    }
-    return scale;
-}
-
 /* make_qp_quants: codes in [0, nmax] for non-negative values (the sub-block scales or minimums
  * of a super-block), the scale from nine trials, then up to five passes moving single codes,
  * all weighted by qw. Codes are stored as ggml's uint8_t L stores them (a negative value, which
@@ -165,7 +117,7 @@ QD_HD void qd_imx_quantize_legacy(int type, const float *QD_RESTRICT x, const fl
         qd_put_f16(blk, d);
         qd_put_f16(blk + 2, -min);
     } else {
-        float d = qd_imx_make_qx(QD_GGML_QK, five ? 16 : 8, x, (int8_t *)L, weight);
+        float d = qd_kq_make_qx(QD_GGML_QK, five ? 16 : 8, x, (int8_t *)L, weight);
         qd_put_f16(blk, d);
     }
     uint8_t *qs = blk + 2 + (affine ? 2 : 0) + (five ? 4 : 0);
@@ -234,12 +186,12 @@ QD_HD void qd_imx_quantize_q3(const float *QD_RESTRICT x, const float *QD_RESTRI
     const float sigma2 = qd_imx_block_sigma2(x, 2.0f);
     for (int j = 0; j < 16; j++) {
         sw[j] = qd_imx_weights(x + 16 * j, qw + 16 * j, sigma2, 16, weight);
-        scales[j] = qd_imx_make_qx(16, 4, x + 16 * j, L + 16 * j, weight);
+        scales[j] = qd_kq_make_qx(16, 4, x + 16 * j, L + 16 * j, weight);
     }
     uint8_t *sc = blk + 96;
     for (int i = 0; i < 12; i++)
         sc[i] = 0;
-    float d_block = qd_imx_make_qx(16, 32, scales, Ls, sw);
+    float d_block = qd_kq_make_qx(16, 32, scales, Ls, sw);
     for (int j = 0; j < 16; j++) {
         int l = Ls[j];
         if (j < 8)
@@ -301,7 +253,7 @@ QD_HD void qd_imx_quantize_q6(const float *QD_RESTRICT x, const float *QD_RESTRI
     int8_t L[QD_QK_K];
     float scales[16];
     for (int ib = 0; ib < 16; ib++)
-        scales[ib] = qd_imx_make_qx(16, 32, x + 16 * ib, L + 16 * ib, qw + 16 * ib);
+        scales[ib] = qd_kq_make_qx(16, 32, x + 16 * ib, L + 16 * ib, qw + 16 * ib);
     qd_kq_finish_q6(x, scales, L, blk);
 }
 

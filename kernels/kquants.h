@@ -60,9 +60,10 @@ QD_HD int qd_kq_round(float v)
 QD_HD int qd_kq_clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
 /* Symmetric codes in [-nmax, nmax) around the value of largest magnitude, then nine tries
- * either side of nmax for the scale that minimizes the x^2-weighted error (make_qx_quants with
- * rmse_type 1, no importance weights). L gets code + nmax; returns the scale. */
-QD_HD float qd_kq_make_qx(int n, int nmax, const float *x, int8_t *L)
+ * either side of nmax for the scale that minimizes the weighted error (make_qx_quants with
+ * rmse_type 1): weight qw[i] with an importance vector (quantize_row_*_impl), x[i]^2 without
+ * one (qw NULL). L gets code + nmax; returns the scale. */
+QD_HD float qd_kq_make_qx(int n, int nmax, const float *x, int8_t *L, const float *qw)
 {
     float max = 0.0f, amax = 0.0f;
     for (int i = 0; i < n; i++) {
@@ -82,7 +83,7 @@ QD_HD float qd_kq_make_qx(int n, int nmax, const float *x, int8_t *L)
     for (int i = 0; i < n; i++) {
         int l = qd_kq_clampi(qd_kq_round(iscale * x[i]), -nmax, nmax - 1);
         L[i] = (int8_t)(l + nmax);
-        float w = x[i] * x[i];
+        float w = qw ? qw[i] : x[i] * x[i];
         sumlx += w * x[i] * (float)l;
         suml2 += w * (float)l * (float)l;
     }
@@ -95,7 +96,7 @@ QD_HD float qd_kq_make_qx(int n, int nmax, const float *x, int8_t *L)
         sumlx = suml2 = 0.0f;
         for (int i = 0; i < n; i++) {
             int l = qd_kq_clampi(qd_kq_round(iscale * x[i]), -nmax, nmax - 1);
-            float w = x[i] * x[i];
+            float w = qw ? qw[i] : x[i] * x[i];
             sumlx += w * x[i] * (float)l;
             suml2 += w * (float)l * (float)l;
         }
@@ -428,7 +429,7 @@ QD_HD void qd_kq_quantize_q6(const float *QD_RESTRICT x, uint8_t *QD_RESTRICT bl
     int8_t L[QD_QK_K];
     float scales[16];
     for (int ib = 0; ib < 16; ib++)
-        scales[ib] = qd_kq_make_qx(16, 32, x + 16 * ib, L + 16 * ib);
+        scales[ib] = qd_kq_make_qx(16, 32, x + 16 * ib, L + 16 * ib, NULL);
     qd_kq_finish_q6(x, scales, L, blk);
 }
 

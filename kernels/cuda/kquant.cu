@@ -51,7 +51,7 @@ template <int TYPE> __device__ __forceinline__ void kq_search(const float *x, ui
     } else if (TYPE == QD_Q3_K)
         *scale = qd_kq_make_q3(16, 4, x, (int8_t *)L);
     else
-        *scale = qd_kq_make_qx(16, 32, x, (int8_t *)L);
+        *scale = qd_kq_make_qx(16, 32, x, (int8_t *)L, NULL);
 }
 
 template <int DT, int TYPE>

@@ -129,7 +129,7 @@ static void q6_searches_equal_scalar(void **state)
         float ws[8], gs[8];
         int8_t wl[128], gl[128];
         for (int j = 0; j < 8; j++)
-            ws[j] = qd_kq_make_qx(16, 32, x + 16 * j, wl + 16 * j);
+            ws[j] = qd_kq_make_qx(16, 32, x + 16 * j, wl + 16 * j, NULL);
         qd_kq_search_q6_avx2(x, gs, gl);
         for (int j = 0; j < 8; j++)
             if (qd_f32_bits(ws[j]) != qd_f32_bits(gs[j]) || memcmp(wl + 16 * j, gl + 16 * j, 16)) {

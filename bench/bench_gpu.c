@@ -159,7 +159,7 @@ int main(int argc, char **argv)
         {"q4_1", NULL, NULL, "", 1}, {"q5_0", NULL, NULL, "", 1}, {"q5_1", NULL, NULL, "", 1},
         {"q8_0", NULL, NULL, "", 1}, {"q8_1", NULL, NULL, "", 1}, {"q2_K", NULL, NULL, "", 1},
         {"q3_K", NULL, NULL, "", 1}, {"q4_K", NULL, NULL, "", 1}, {"q5_K", NULL, NULL, "", 1},
-        {"q6_K", NULL, NULL, "", 1}, {"awq", NULL, NULL, "g128", 1},
+        {"q6_K", NULL, NULL, "", 1}, {"iq3_s", NULL, NULL, "", 1}, {"awq", NULL, NULL, "g128", 1},
         {"w4a16", NULL, NULL, "g128", 1}, {"w4a16", "symmetric", "false", "g128 asym", 1}, {"w8a16", NULL, NULL, "g128", 1},
         {"nvfp4", NULL, NULL, "swizzled, amax pass", 2}, {"nvfp4", "global_scale", "500", "global_scale given", 1},
         {"nvfp4", "scale_layout", "linear", "linear, amax pass", 2}, {"nvfp4", "flow", "compressed_tensors",

@@ -428,12 +428,10 @@ const struct qd_format qd_formats[] = {
            "ggml block_tq1_0: 256 ternary codes (-1, 0, 1) x f16 d, five per byte"),
     IQUANT("tq2_0", QD_TQ2_0, 256, 66, 35, 37, ANY_BACKEND /* read and ignored, as ggml does */,
            "ggml block_tq2_0: 256 ternary codes (-1, 0, 1) x f16 d, two bits each"),
-    /* no CUDA kernels: the service runs its CPU code */
     {.name = "iq3_s", .family = "iq3s", .doc = "ggml block_iq3_s: 256 elements, f16 d, 8 x 4-bit scales, "
      "4-tuples of |x| as points of a 512-point grid, signs apart", .block_elems = 256, .block_bytes = 110,
      .block_axis = "last", .bits_per_weight = 110 * 8.0 / 256, .gguf_type = 21, .gguf_file_type = 26,
-     .params = kquant_params, .importance = QD_IMPORTANCE_ON(QD_BACKEND_CPU), .layout = layout_iquant,
-     .backend = {[QD_BACKEND_CPU] = {qd_cpu_iq3s_quantize, qd_cpu_iq3s_dequantize}}},
+     .params = kquant_params, .importance = ANY_BACKEND, .layout = layout_iquant, .backend = BACKENDS(iq3s)},
     /* "mxfp4" is the OCP layout (scales apart, OCP rounding); llama.cpp's own MXFP4 type keeps its
      * exponent in the block and picks codes by least error: other bytes, hence its own name */
     IQUANT("mxfp4_ggml", QD_MXFP4_GGML, 32, 17, 39, 38, ANY_BACKEND /* read and ignored, as ggml does */,

@@ -47,6 +47,7 @@ extern "C" void qd_cuda_ctx_free(struct qd_cuda_ctx *c)
     if (c->stream)
         cudaStreamDestroy((cudaStream_t)c->stream);
     cudaFree(c->scratch);
+    cudaFree(c->iq3s_tables);
     cudaFreeHost(c->host_scratch);
     memset(c, 0, sizeof *c);
 }

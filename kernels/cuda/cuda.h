@@ -31,6 +31,7 @@ struct qd_cuda_ctx {
                                           leaves it); a check then sets it first */
     int bins_dirty;                    /* the offset bins may hold a sum (clean: the offset kernel
                                         * zeroes them as it reads them) */
+    void *iq3s_tables;                 /* device: IQ3_S's grid tables, copied on first use (iq3s.cu) */
 };
 
 #define QD_CUDA_SCRATCH_BYTES (64 * 1024)
@@ -71,6 +72,7 @@ QD_CUDA_FAMILY(nvfp4)
 QD_CUDA_FAMILY(int8)
 QD_CUDA_FAMILY(kquant)
 QD_CUDA_FAMILY(iquant)
+QD_CUDA_FAMILY(iq3s)
 QD_CUDA_FAMILY(ctint)
 QD_CUDA_FAMILY(mlx)
 QD_CUDA_FAMILY(fp8)

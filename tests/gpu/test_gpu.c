@@ -53,9 +53,40 @@ static int teardown(void **state)
  * +-3e38 (f16: +-65504), 1e-38 or 0 (AWQ refuses the first three as f16 overflow: compared
  * with allow_nonfinite, its division path), 5 = tiny values, up to +-2.4e-4 in odd columns
  * and +-4.5e-6 in even ones (AWQ's f16 weights and scales subnormal; in the even columns the
- * halving to f16 changes bf16 and f32 weights) */
+ * halving to f16 changes bf16 and f32 weights), 6 = ggml's hard rows (ggml_hard_value) */
 static int pattern;
 static int64_t pattern_cols;
+
+/* Row r % 16 of the ggml hard rows, the kind tests/fixtures/make_imatrix_fixtures.py plants
+ * for ggml itself, for the types' searches (the IQ grids' neighbour lists above all): zeros, an
+ * outlier, subnormals, tiny runs in zeros, a zero super-block beside a plain one, a constant, a
+ * loud block, maxima one ulp below a power of two, scales past f16's range, one zero 32-block
+ * in each super-block and every other one zero (iq3_s writes the next sub-block's codes in a
+ * zero one's place), values near f32's largest (every grid distance overflows), half-integers,
+ * all negative, -0.0 with one value; the rest a deterministic spread (k). */
+static float ggml_hard_value(int64_t i, int64_t cols)
+{
+    const int64_t r = i / cols % 16, c = i % cols, k = i * 7919 % 509 - 254;
+    const float spread = (float)k * 0.01f;
+    switch (r) {
+    case 0: return 0.0f;
+    case 1: return c == 77 ? 30.0f : spread * 0.01f;
+    case 2: return spread * 1e-40f;
+    case 3: return c >= 40 && c < 44 ? 1e-6f : c >= 300 && c < 310 ? -3e-7f : 0.0f;
+    case 4: return c < 256 ? 0.0f : spread;
+    case 5: return 0.01f;
+    case 6: return c >= 128 && c < 160 ? spread * -50.0f : spread;
+    case 7: return c % 32 == 0 ? ldexpf(2.0f - 0x1p-23f, (int)(c / 32 % 16) - 10) : spread * 1e-3f;
+    case 8: return spread * 3e4f;
+    case 9: return c % 256 / 32 == 3 ? 0.0f : spread;
+    case 10: return c % 2 ? (float)k / 254.0f * 3.4e38f : spread;
+    case 11: return c / 32 % 2 ? 0.0f : spread;
+    case 12: return (float)(k % 31 - 15) * 0.5f;
+    case 13: return -qd_absf(spread) - 1e-3f;
+    case 14: return c == 5 ? 0.5f : -0.0f;
+    default: return spread;
+    }
+}
 
 /* Random values with a spread of magnitudes, some zero blocks and outliers (or a pattern). */
 static void fill(void *data, enum qd_dtype dt, int64_t n)
@@ -70,6 +101,7 @@ static void fill(void *data, enum qd_dtype dt, int64_t n)
                 : pattern == 2 ? (float)(i == 0 ? 510 : k % 511) * 0.5f
                 : pattern == 3 ? (float)((i / pattern_cols + col) % 31) * 0.5f
                 : pattern == 5 ? (float)(k % 509 - 254) * (col % 2 ? 0x1p-20f : 0x1.3p-26f)
+                : pattern == 6 ? ggml_hard_value(i, pattern_cols)
                 : col % 16 == 3  ? 1e30f
                 : col % 16 == 5  ? -3e38f
                 : col % 16 == 9  ? 3e38f
@@ -220,8 +252,9 @@ static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct s
         awq_f16_overflows++;
     }
     cases++;
-    if (importance_case && !strcmp(wg.backend, "cpu")) /* the worker's fallback names itself */
-        fail_msg("%s with importance ran on the CPU, not the GPU's kernels", f->name);
+    /* the worker's fallback names itself: a format with CUDA kernels must run them */
+    if ((importance_case || f->backend[QD_BACKEND_CUDA].quantize) && !strcmp(wg.backend, "cpu"))
+        fail_msg("%s%s ran on the CPU, not the GPU's kernels", f->name, importance_case ? " with importance" : "");
     if (nonfinite == 1) {
         assert_int_equal(sc, QD_ENONFINITE);
         goto done;
@@ -326,10 +359,33 @@ static void gpu_equals_cpu_on_ties(void **state)
     pattern = 0;
 }
 
+/* ggml's hard rows (pattern 6) for every format that reads an importance on the GPU (the legacy,
+ * K and IQ types), with none, one vector and one per matrix: GPU bytes equal CPU bytes. */
+static void gpu_equals_cpu_on_ggml_hard_rows(void **state)
+{
+    const struct shape sh = {32, 1024, 0};
+    pattern_cols = sh.cols;
+    pattern = 6;
+    for (int fi = 0; fi < qd_format_count; fi++) {
+        const struct qd_format *f = &qd_formats[fi];
+        if (!(f->importance & QD_IMPORTANCE_ON(QD_BACKEND_CUDA)))
+            continue;
+        int64_t before = cases;
+        for (importance_case = 0; importance_case <= 2; importance_case++)
+            for (int dt = QD_F32; dt <= QD_BF16; dt++)
+                one_case(f, (enum qd_dtype)dt, &sh, 0);
+        printf("# %-12s %lld cases equal on ggml's hard rows\n", f->name, (long long)(cases - before));
+        fflush(stdout);
+    }
+    importance_case = 0;
+    pattern = 0;
+}
+
 /* After a failed pattern test too: the tests after it use random data. */
 static int random_data_again(void **state)
 {
     pattern = 0;
+    importance_case = 0;
     return 0;
 }
 
@@ -736,6 +792,7 @@ int main(void)
         cmocka_unit_test(gpu_names_the_first_nonfinite_element_like_the_cpu),
         cmocka_unit_test(gpu_equals_cpu_with_importance),
         cmocka_unit_test_teardown(gpu_equals_cpu_on_ties, random_data_again),
+        cmocka_unit_test_teardown(gpu_equals_cpu_on_ggml_hard_rows, random_data_again),
         cmocka_unit_test(gpu_equals_cpu_on_allowed_nonfinite_input),
         cmocka_unit_test(gpu_params_variants),
         cmocka_unit_test(gpu_equals_cpu_on_ctint_half_quotients),

@@ -39,8 +39,8 @@ static int teardown(void **state)
 }
 
 /* The service tests run on the CPU backend, or on CUDA on a GPU machine (make test-gpu), where
- * a format without CUDA kernels (iq3_s) is served by the CUDA worker running the CPU code, and
- * the answer names that. */
+ * a format without CUDA kernels is served by the CUDA worker running the CPU code, and the
+ * answer names that. */
 static const char *expected_backend(const struct qd_format *f)
 {
     const char *b = getenv("QUANTD_TEST_BACKEND");

@@ -74,6 +74,9 @@ struct qd_hf_shard {
     struct qd_st_file st;
     struct qd_hf_out *t;
     int n;
+    int dropped;            /* back to float: input tensors read with their weight (scales, zero
+                               points), which have no output and no progress event of their own */
+    uint64_t dropped_bytes;
 };
 
 /* A top-level key of config.json the layout's tool sets. */

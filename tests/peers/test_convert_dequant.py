@@ -12,10 +12,15 @@
 - compressed-tensors nvfp4-pack-quantized / mxfp4-pack-quantized (NVFP4A16, MXFP4A16): two e2m1
   codes a byte (low nibble first) times the group's scale in f32 (NVFP4: the e4m3 scale divided
   by weight_global_scale; MXFP4: 2^(e - 127)), then the cast to the output dtype (transformers'
-  bf16 model holds exactly that).
+  bf16 model holds exactly that);
+- W4A16_ASYM: the zero points unpacked down each column (packed_dim 0), x_q - zero_point exact in
+  the output dtype, then as pack-quantized;
+- transformers + bitsandbytes 4-bit (nf4, fp4, double quant or not): bitsandbytes 0.50's CPU
+  dequantize_4bit (bnb_dequant below), then transformers' cast to the output dtype;
+- AutoAWQ GEMM: AutoAWQ's dequantize_gemm (awq_dequant below), then the cast.
 
-Round trips on every architecture of the table: the source quantized by quantd into each 8-bit
-layout, then back to bf16, equals the peer's dequantization of that same directory; the scales
+Round trips on every architecture of the table (AutoAWQ: those it has a model class for): the
+source quantized by quantd into each layout, then back to bf16, equals the peer's dequantization of that same directory; the scales
 are gone, every other tensor is the quantized directory's bytes, and config.json is the source's
 text without quantization_config, with the output's dtype (what transformers 5.17's save_pretrained
 writes for the model loaded with dequantize=True: checked byte for byte on the Llama, see

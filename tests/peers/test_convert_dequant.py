@@ -28,6 +28,7 @@ docs/convert.md). A source that is not quantized, or quantized in a layout not r
 refused naming what is."""
 import json
 import os
+import shutil
 
 import ml_dtypes
 import numpy as np
@@ -283,6 +284,24 @@ def test_other_dtypes(tmp_path, source, layout, to):
     q, back, _ = convert_back(tmp_path, source("deepseek_v3"), layout, to)
     check_equal(q, back, to)
     assert json.loads((back / "config.json").read_text()) == expected_config(q, to)
+
+
+@pytest.mark.parametrize("layout", ["nf4", "fp4-single", "W4A16_ASYM"])
+@pytest.mark.parametrize("src_dtype", ["float16", "float32"])
+def test_source_dtypes(tmp_path, source, layout, src_dtype):
+    """A float16 or float32 source: bitsandbytes dequantizes into the quant_state's dtype (the
+    source's) before the cast to bf16, compressed-tensors into bf16 directly."""
+    src = tmp_path / "src"
+    shutil.copytree(source("llama"), src)
+    t = load_safetensors_dir(src)
+    save_file({k: v.astype(np.float32).astype(np.dtype(src_dtype)) for k, v in t.items()},
+              str(src / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "dtype": src_dtype}))
+    q, back, _ = convert_back(tmp_path, src, layout, "bf16")
+    if layout != "W4A16_ASYM":
+        assert src_dtype in next(bytes(v).decode() for k, v in load_safetensors_dir(q).items() if "quant_state" in k)
+    check_equal(q, back, "bf16")
 
 
 def test_config_bytes_are_transformers_save(tmp_path, source):

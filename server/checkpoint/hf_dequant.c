@@ -123,7 +123,6 @@ int qd_hf_ends_with(const char *s, const char *end)
     size_t n = strlen(s), m = strlen(end);
     return n >= m && !strcmp(s + n - m, end) && (n == m || s[n - m - 1] == '.');
 }
-#define ends_with qd_hf_ends_with
 
 const struct qd_st_entry *qd_hf_tensor_named(const struct qd_hf_shard *sh, const char *name)
 {
@@ -173,19 +172,19 @@ static int plan_scaled(const cJSON *config, const struct source *src, const stru
 {
     const struct qd_st_entry *t = &sh->st.t[i];
     const int asym = src->packed && cJSON_IsFalse(member(group_weights(config), "symmetric"));
-    if (src->fp4 == 1 && ends_with(t->name, "weight_global_scale"))
+    if (src->fp4 == 1 && qd_hf_ends_with(t->name, "weight_global_scale"))
         return 2;
-    if (asym && ends_with(t->name, "weight_zero_point")) /* read with its weight */
+    if (asym && qd_hf_ends_with(t->name, "weight_zero_point")) /* read with its weight */
         return 2;
     for (const char *const *u = unsupported_suffixes; *u; u++)
-        if (ends_with(t->name, *u)) {
+        if (qd_hf_ends_with(t->name, *u)) {
             snprintf(err, errlen, "convert: tensor '%.200s': back to float reads %s, without %s tensors", t->name,
                      supported, *u);
             return -1;
         }
-    if (ends_with(t->name, src->scale_suffix) || (src->packed && ends_with(t->name, "weight_shape")))
+    if (qd_hf_ends_with(t->name, src->scale_suffix) || (src->packed && qd_hf_ends_with(t->name, "weight_shape")))
         return 2;
-    if (!ends_with(t->name, src->packed || src->fp4 ? "weight_packed" : "weight"))
+    if (!qd_hf_ends_with(t->name, src->packed || src->fp4 ? "weight_packed" : "weight"))
         return 0;
     const int fp8 = !strcmp(t->dtype, "F8_E4M3"), int8 = !strcmp(t->dtype, "I8");
     const int packed = src->packed && !strcmp(t->dtype, "I32"), fp4 = src->fp4 && !strcmp(t->dtype, "U8");

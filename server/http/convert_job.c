@@ -409,8 +409,9 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
             goto bad;
     }
     /* the engine's own check: the source's kind for the format, the destination usable */
-    struct qd_convert_opts co = {.src = r->src, .dst = r->dst, .f = r->f, .to_float = r->to_float, .params = r->params,
-                                 .skip = r->skip, .only = r->only, .recipe = r->recipe, .overwrite = r->overwrite, .root = r->root, .gguf = r->gguf};
+    struct qd_convert_opts co = {.src = r->src, .dst = r->dst, .f = r->f, .to_float = r->to_float,
+                                 .params = r->params, .skip = r->skip, .only = r->only, .recipe = r->recipe,
+                                 .overwrite = r->overwrite, .root = r->root, .gguf = r->gguf};
     struct qd_convert_dest d;
     enum qd_status st;
     char why[1024];
@@ -480,9 +481,10 @@ static void convert(struct qd_job *j, struct qd_backend *b, void *worker)
 {
     const struct qd_convert_request *r = j->payload;
     struct run run = {.j = j, .types = r->gguf && r->gguf->dry_run ? cJSON_CreateObject() : NULL};
+    /* (the filter exists without skip and only too: back to float, which takes neither, gets none) */
     struct qd_convert_opts o = {.src = r->src, .dst = r->dst, .f = r->f, .to_float = r->to_float,
                                 .params = r->params, .skip = r->skip, .only = r->only,
-                                .filter = r->to_float ? NULL : r->filter, /* (skip/only refused there) */ .recipe = r->recipe, .gguf = r->gguf,
+                                .filter = r->to_float ? NULL : r->filter, .recipe = r->recipe, .gguf = r->gguf,
                                 .max_header_bytes = r->max_header_bytes, .backend = b, .worker = worker,
                                 .progress = on_tensor, .progress_ctx = &run, .cancel = &j->cancel,
                                 .overwrite = r->overwrite || r->spooled, .root = r->root};

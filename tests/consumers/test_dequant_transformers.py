@@ -4,10 +4,11 @@ W8A16, NVFP4A16, MXFP4A16; FineGrainedFP8) is loaded by transformers with dequan
 output's dtype (compressed-tensors' decompress; FineGrainedFP8's Fp8Dequantize), a
 transformers + bitsandbytes 4-bit one (nf4, fp4, with and without double quant) is loaded and
 then model.dequantize(dtype) (bitsandbytes 0.50's dequantize_4bit on the CPU, then the cast), and
-every weight quantd writes back equals the model's parameter bit for bit. The save transformers makes of that model is not the reference for
-the weights: FineGrainedFP8's save quantizes them again (and both keep the scale tensors); its
-config.json is, and tests/peers/test_convert_dequant.py checks it. Architectures whose tiny models
-transformers loads in all four layouts on a CPU (docs/convert.md)."""
+every weight quantd writes back equals the model's parameter bit for bit. The save transformers
+makes of that model is not the reference for the weights: FineGrainedFP8's save quantizes them
+again (and both keep the scale tensors); its config.json is, and
+tests/peers/test_convert_dequant.py checks it. Architectures whose tiny models transformers loads
+in every layout on a CPU (docs/convert.md)."""
 import json
 import os
 import sys

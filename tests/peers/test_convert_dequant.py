@@ -20,8 +20,9 @@
 - AutoAWQ GEMM: AutoAWQ's dequantize_gemm (awq_dequant below), then the cast.
 
 Round trips on every architecture of the table (AutoAWQ: those it has a model class for): the
-source quantized by quantd into each layout, then back to bf16, equals the peer's dequantization of that same directory; the scales
-are gone, every other tensor is the quantized directory's bytes, and config.json is the source's
+source quantized by quantd into each layout, then back to bf16, equals the peer's dequantization
+of that same directory; the scales are gone, every other tensor is the quantized directory's
+bytes, and config.json is the source's
 text without quantization_config, with the output's dtype (what transformers 5.17's save_pretrained
 writes for the model loaded with dequantize=True: checked byte for byte on the Llama, see
 docs/convert.md). A source that is not quantized, or quantized in a layout not read back, is

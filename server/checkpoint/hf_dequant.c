@@ -24,6 +24,7 @@
  * loaded with dequantize=True). */
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "../../kernels/fp.h"
 #include "../../kernels/fp8.h"
@@ -78,7 +79,7 @@ static const struct source *source_of(const cJSON *config, char *err, size_t err
         if (strcmp(r->quant_method, method))
             continue;
         format = cJSON_GetStringValue(member(q, r->format_key ? r->format_key : "format"));
-        if (r->format && (!format || strcmp(r->format, format)))
+        if (r->format && (!format || strcasecmp(r->format, format))) /* (AutoAWQ's older configs say "GEMM") */
             continue;
         if (r->must_be_true && !cJSON_IsTrue(member(q, r->must_be_true))) {
             flag = r->must_be_true;

@@ -79,7 +79,7 @@ static const struct source *source_of(const cJSON *config, char *err, size_t err
         if (strcmp(r->quant_method, method))
             continue;
         format = cJSON_GetStringValue(member(q, r->format_key ? r->format_key : "format"));
-        if (r->format && (!format || strcasecmp(r->format, format))) /* (AutoAWQ's older configs say "GEMM") */
+        if (r->format && (!format || strcasecmp(r->format, format))) /* (AutoAWQ spells it "GEMM" in its quant_config) */
             continue;
         if (r->must_be_true && !cJSON_IsTrue(member(q, r->must_be_true))) {
             flag = r->must_be_true;

@@ -43,8 +43,9 @@ const struct qd_gguf_recipe *qd_convert_recipe_named(const char *name)
 #define TAKES(k) (1u << (k))
 #define TAKES_HF (TAKES(QD_INPUT_HF_DIR) | TAKES(QD_INPUT_SAFETENSORS) | TAKES(QD_INPUT_OTHER))
 
-static const char to_float_writes[] = "the unquantized Hugging Face layout, from a FineGrainedFP8 or compressed-tensors "
-                                      "float-/int-/pack-/fp4-pack-quantized directory";
+static const char to_float_writes[] = "the unquantized Hugging Face layout, from a FineGrainedFP8, compressed-tensors "
+                                      "float-/int-/pack-/fp4-pack-quantized, transformers + bitsandbytes 4-bit or "
+                                      "AutoAWQ GEMM directory";
 
 /* The layout table: a format converts through the first entry naming its family (or the format
  * itself). GGUF out needs a llama.cpp file type (q8_1 has none). Another OTHER file goes to the

@@ -44,7 +44,7 @@ const struct qd_gguf_recipe *qd_gguf_recipe_find(const char *name)
 const char *qd_gguf_recipe_names(void)
 {
     return "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K (Q3_K, Q4_K, "
-           "Q5_K: the _M mixes), IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE, Q2_K_S (with --imatrix), F16 BF16 F32 COPY (quantd convert)";
+           "Q5_K: the _M mixes), IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE, Q2_K_S (with --imatrix), F16 BF16 F32 COPY";
 }
 
 /* An integer key's value (an array's first element), or def. */

@@ -141,8 +141,11 @@ static int plan_shard(const struct qd_hf_layout_desc *l, const struct qd_convert
         struct qd_hf_out f = {0};
         if (l->plan_tensor && (back = l->plan_tensor(o, config, sh, i, &f, err, errlen)) < 0)
             return -1;
-        if (back == 2) /* a scale: part of its weight */
+        if (back == 2) { /* a scale: part of its weight */
+            sh->dropped++;
+            sh->dropped_bytes += t->end - t->begin;
             continue;
+        }
         if (back == 1) { /* a quantized weight, back to float */
             f.src = t, f.quantize = 1, f.qbytes = f.bytes;
             if (add(sh, &cap, f))
@@ -750,6 +753,8 @@ int qd_convert_hf(const struct qd_hf_layout_desc *l, const struct qd_convert_opt
             count++;
             s->params_total += (sh[k].st.t[i].end - sh[k].st.t[i].begin) * 8 / (uint64_t)sh[k].st.t[i].elem_bits;
         }
+        count -= sh[k].dropped; /* (the progress counts what each tensor written reads) */
+        in_total -= sh[k].dropped_bytes;
         for (int i = 0; !compute_dtype && i < sh[k].n; i++)
             if (sh[k].t[i].quantize)
                 compute_dtype = qd_hf_torch_dtype(sh[k].t[i].src->dtype);

@@ -1,6 +1,7 @@
 /* Back to float: a quantized Hugging Face checkpoint in, the unquantized layout transformers
  * loads out (`--fmt bf16|f16|f32`). The input's kind comes from config.json's
- * quantization_config:
+ * quantization_config (sources[] below); this file turns back these, hf_dequant_bnb.c and
+ * hf_dequant_awq.c their families:
  * - transformers' FineGrainedFP8 (quant_method "fp8"; DeepSeek-V3, Qwen3-FP8): <m>.weight e4m3
  *   and <m>.weight_scale_inv f32, one per weight_block_size block (partial edge blocks):
  *   DeepSeek's fp8_cast_bf16 arithmetic, code (e4m3 -> f32) times the block's scale in f32,
@@ -10,9 +11,11 @@
  *   compressed-tensors does in a model of the output dtype (transformers' from_pretrained with
  *   dtype=...: the scale parameter is that dtype), x_q.to(scale.dtype) * scale: the scale cast to
  *   the output dtype, the product rounded once to it;
- * - compressed-tensors "pack-quantized" without zero points (W4A16, W8A16): <m>.weight_packed
- *   (int32 words, each row's codes packed densely from bit 0, offset by 2^(bits-1)),
- *   <m>.weight_scale per group or channel, <m>.weight_shape; decompressed the same way;
+ * - compressed-tensors "pack-quantized" (W4A16, W4A16_ASYM, W8A16): <m>.weight_packed (int32
+ *   words, each row's codes packed densely from bit 0, offset by 2^(bits-1)), <m>.weight_scale
+ *   per group or channel, <m>.weight_shape, and without symmetry <m>.weight_zero_point (the same
+ *   packing down each column of the [rows, groups] zero points); decompressed the same way,
+ *   (x_q - zero_point) in the output dtype (exact) times the scale;
  * - compressed-tensors nvfp4-/mxfp4-pack-quantized (NVFP4A16, MXFP4A16): two e2m1 codes a byte
  *   (low nibble first) times the group's scale in f32 (e4m3 / weight_global_scale, or e8m0),
  *   then one cast to the output dtype (transformers' decompressed bf16 model).
@@ -21,15 +24,19 @@
  * loaded with dequantize=True). */
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "../../kernels/fp.h"
 #include "../../kernels/fp8.h"
-#include "checkpoint/hf_layout.h"
+#include "checkpoint/hf_dequant.h"
 #include "checkpoint/pipeline.h"
 
 /* The input layouts read back, by config.json's quantization_config. */
 struct source {
     const char *quant_method, *format; /* format NULL: any */
+    const char *format_key;            /* where quantization_config names the format (NULL: "format") */
+    const char *must_be_true;          /* a key of quantization_config that must be true (NULL: none) */
+    const struct qd_hf_dequant_family *family; /* its own plan (NULL: this file's, with the fields below) */
     const char *scale_suffix;          /* the scale tensor beside <m>.weight */
     const char *block_key;             /* where the block's [rows, cols] is (NULL: none) */
     int scale_cast;                    /* the scale is cast to the output dtype (qd_hf_out) */
@@ -38,17 +45,20 @@ struct source {
                                           scales over weight_global_scale), 2 MXFP4 (e8m0 scales) */
 };
 static const struct source sources[] = {
-    {"fp8", NULL, "weight_scale_inv", "weight_block_size", 0, 0, 0},
-    {"compressed-tensors", "float-quantized", "weight_scale", "block_structure", 1, 0, 0},
-    {"compressed-tensors", "int-quantized", "weight_scale", "block_structure", 1, 0, 0},
-    {"compressed-tensors", "pack-quantized", "weight_scale", "block_structure", 1, 1, 0},
-    {"compressed-tensors", "nvfp4-pack-quantized", "weight_scale", "block_structure", 0, 0, 1},
-    {"compressed-tensors", "mxfp4-pack-quantized", "weight_scale", "block_structure", 0, 0, 2},
+    {"fp8", NULL, NULL, NULL, NULL, "weight_scale_inv", "weight_block_size", 0, 0, 0},
+    {"compressed-tensors", "float-quantized", NULL, NULL, NULL, "weight_scale", "block_structure", 1, 0, 0},
+    {"compressed-tensors", "int-quantized", NULL, NULL, NULL, "weight_scale", "block_structure", 1, 0, 0},
+    {"compressed-tensors", "pack-quantized", NULL, NULL, NULL, "weight_scale", "block_structure", 1, 1, 0},
+    {"compressed-tensors", "nvfp4-pack-quantized", NULL, NULL, NULL, "weight_scale", "block_structure", 0, 0, 1},
+    {"compressed-tensors", "mxfp4-pack-quantized", NULL, NULL, NULL, "weight_scale", "block_structure", 0, 0, 2},
+    {"bitsandbytes", NULL, NULL, "load_in_4bit", &qd_hf_dequant_bnb, NULL, NULL, 0, 0, 0},
+    {"awq", "gemm", "version", NULL, &qd_hf_dequant_awq, NULL, NULL, 0, 0, 0},
 };
-static const char supported[] = "transformers' FineGrainedFP8 (quant_method \"fp8\": DeepSeek-V3, Qwen3-FP8) and "
-                                "compressed-tensors float-quantized / int-quantized (FP8_DYNAMIC, FP8_BLOCK, W8A8) "
-                                "and symmetric pack-quantized (W4A16, W8A16), nvfp4-pack-quantized (NVFP4A16), "
-                                "mxfp4-pack-quantized (MXFP4A16)";
+static const char supported[] = "transformers' FineGrainedFP8 (quant_method \"fp8\": DeepSeek-V3, Qwen3-FP8), "
+                                "compressed-tensors float-quantized / int-quantized (FP8_DYNAMIC, FP8_BLOCK, W8A8), "
+                                "pack-quantized (W4A16, W4A16_ASYM, W8A16), nvfp4-pack-quantized (NVFP4A16), "
+                                "mxfp4-pack-quantized (MXFP4A16), transformers + bitsandbytes 4-bit (nf4, fp4) and "
+                                "AutoAWQ GEMM";
 
 /* Tensors of a quantized module that this reader does not turn back into a weight. */
 static const char *const unsupported_suffixes[] = {"weight_zero_point", "weight_global_scale", "input_scale", NULL};
@@ -64,14 +74,23 @@ static const struct source *source_of(const cJSON *config, char *err, size_t err
                  "there is nothing to convert back (quantd reads back %s)", supported);
         return NULL;
     }
-    const char *method = cJSON_GetStringValue(member(q, "quant_method"));
-    const char *format = cJSON_GetStringValue(member(q, "format"));
-    for (size_t i = 0; method && i < sizeof sources / sizeof *sources; i++)
-        if (!strcmp(sources[i].quant_method, method) && (!sources[i].format || (format && !strcmp(sources[i].format, format))))
-            return &sources[i];
-    snprintf(err, errlen, "convert: back to float is not supported from quant_method '%.40s'%s%.40s%s; quantd "
-             "reads back %s", method ? method : "(none)", format ? " (format '" : "", format ? format : "",
-             format ? "')" : "", supported);
+    const char *method = cJSON_GetStringValue(member(q, "quant_method")), *format = NULL, *flag = NULL;
+    for (size_t i = 0; method && i < sizeof sources / sizeof *sources; i++) {
+        const struct source *r = &sources[i];
+        if (strcmp(r->quant_method, method))
+            continue;
+        format = cJSON_GetStringValue(member(q, r->format_key ? r->format_key : "format"));
+        if (r->format && (!format || strcasecmp(r->format, format))) /* (AutoAWQ spells it "GEMM" in its quant_config) */
+            continue;
+        if (r->must_be_true && !cJSON_IsTrue(member(q, r->must_be_true))) {
+            flag = r->must_be_true;
+            continue;
+        }
+        return r;
+    }
+    snprintf(err, errlen, "convert: back to float is not supported from quant_method '%.40s'%s%.40s%s%s%.40s%s; "
+             "quantd reads back %s", method ? method : "(none)", format ? " (format '" : "", format ? format : "",
+             format ? "')" : "", flag ? " (" : "", flag ? flag : "", flag ? " is not true)" : "", supported);
     return NULL;
 }
 
@@ -101,10 +120,28 @@ static void config_block(const cJSON *config, const struct source *src, int bloc
     }
 }
 
-static int ends_with(const char *s, const char *end)
+int qd_hf_ends_with(const char *s, const char *end)
 {
     size_t n = strlen(s), m = strlen(end);
     return n >= m && !strcmp(s + n - m, end) && (n == m || s[n - m - 1] == '.');
+}
+
+const struct qd_st_entry *qd_hf_tensor_named(const struct qd_hf_shard *sh, const char *name)
+{
+    for (int k = 0; k < sh->st.n; k++)
+        if (!strcmp(sh->st.t[k].name, name))
+            return &sh->st.t[k];
+    return NULL;
+}
+
+void qd_hf_store(void *out, size_t k, float v, enum qd_dtype odt)
+{
+    if (odt == QD_F32)
+        memcpy((char *)out + k * 4, &v, 4);
+    else {
+        const uint16_t h = odt == QD_F16 ? qd_f32_to_f16(v) : qd_f32_to_bf16(v);
+        memcpy((char *)out + k * 2, &h, 2);
+    }
 }
 
 /* The tensor named <module of weight>.<suffix> in the shard, or NULL. */
@@ -122,24 +159,34 @@ static const struct qd_st_entry *sibling(const struct qd_hf_shard *sh, const cha
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-static int plan_tensor(const struct qd_convert_opts *o, const cJSON *config, const struct qd_hf_shard *sh, int i,
+/* The weights config's group 0 quantizes (compressed-tensors' config_groups), or NULL */
+static const cJSON *group_weights(const cJSON *config)
+{
+    const cJSON *g, *w = NULL;
+    cJSON_ArrayForEach(g, member(member(config, "quantization_config"), "config_groups"))
+        w = w ? w : member(g, "weights");
+    return w;
+}
+
+/* plan_tensor for the sources of this file: a weight and its scale (and zero point) */
+static int plan_scaled(const cJSON *config, const struct source *src, const struct qd_hf_shard *sh, int i,
                        struct qd_hf_out *out, char *err, size_t errlen)
 {
-    const struct source *src = source_of(config, err, errlen);
     const struct qd_st_entry *t = &sh->st.t[i];
-    if (!src)
-        return -1;
-    if (src->fp4 == 1 && ends_with(t->name, "weight_global_scale"))
+    const int asym = src->packed && cJSON_IsFalse(member(group_weights(config), "symmetric"));
+    if (src->fp4 == 1 && qd_hf_ends_with(t->name, "weight_global_scale"))
+        return 2;
+    if (asym && qd_hf_ends_with(t->name, "weight_zero_point")) /* read with its weight */
         return 2;
     for (const char *const *u = unsupported_suffixes; *u; u++)
-        if (ends_with(t->name, *u)) {
+        if (qd_hf_ends_with(t->name, *u)) {
             snprintf(err, errlen, "convert: tensor '%.200s': back to float reads %s, without %s tensors", t->name,
                      supported, *u);
             return -1;
         }
-    if (ends_with(t->name, src->scale_suffix) || (src->packed && ends_with(t->name, "weight_shape")))
+    if (qd_hf_ends_with(t->name, src->scale_suffix) || (src->packed && qd_hf_ends_with(t->name, "weight_shape")))
         return 2;
-    if (!ends_with(t->name, src->packed || src->fp4 ? "weight_packed" : "weight"))
+    if (!qd_hf_ends_with(t->name, src->packed || src->fp4 ? "weight_packed" : "weight"))
         return 0;
     const int fp8 = !strcmp(t->dtype, "F8_E4M3"), int8 = !strcmp(t->dtype, "I8");
     const int packed = src->packed && !strcmp(t->dtype, "I32"), fp4 = src->fp4 && !strcmp(t->dtype, "U8");
@@ -163,9 +210,7 @@ static int plan_tensor(const struct qd_convert_opts *o, const cJSON *config, con
     int64_t rows = t->shape[0], cols = t->shape[1];
     if (packed) { /* the weight's shape is weight_shape's; the bits, config's num_bits */
         const struct qd_st_entry *ws = sibling(sh, t->name, "weight_shape");
-        const cJSON *g, *nb = NULL;
-        cJSON_ArrayForEach(g, member(member(config, "quantization_config"), "config_groups"))
-            nb = nb ? nb : member(member(g, "weights"), "num_bits");
+        const cJSON *nb = member(group_weights(config), "num_bits");
         out->packed_bits = cJSON_IsNumber(nb) ? nb->valueint : 0;
         int64_t shape[2] = {0, 0};
         if (ws && !strcmp(ws->dtype, "I64") && ws->ndim == 1 && ws->shape[0] == 2)
@@ -210,17 +255,41 @@ static int plan_tensor(const struct qd_convert_opts *o, const cJSON *config, con
                  (long long)n, block[0], block[1]);
         return -1;
     }
-    const char *dt = !strcmp(o->to_float, "f32") ? "F32" : !strcmp(o->to_float, "f16") ? "F16" : "BF16";
+    if (asym) { /* [ceil(rows * bits / 32), groups] int32: each column's zero points packed down it */
+        const struct qd_st_entry *z = sibling(sh, t->name, "weight_zero_point");
+        if (!z || strcmp(z->dtype, "I32") || z->ndim != 2 || z->shape[0] != cdiv(rows * out->packed_bits, 32) ||
+            z->shape[1] != sc) {
+            snprintf(err, errlen, "convert: tensor '%.200s': an asymmetric pack-quantized weight needs its "
+                     "weight_zero_point beside it in the same file, I32 [%lld, %lld] (packed as compressed-tensors "
+                     "packs it)", t->name, (long long)cdiv(rows * out->packed_bits, 32), (long long)sc);
+            return -1;
+        }
+        out->zero = z;
+    }
     out->name = strdup(t->name);
     if ((packed || fp4) && out->name) /* <m>.weight_packed -> <m>.weight */
         out->name[strlen(out->name) - strlen("_packed")] = 0;
-    out->dtype = dt;
-    out->ndim = 2;
     out->shape[0] = rows, out->shape[1] = cols;
-    out->bytes = (uint64_t)(rows * cols) * (dt[1] == '3' ? 4 : 2);
     out->scale = s;
     out->scale_cast = src->scale_cast;
     return out->name ? 1 : -1;
+}
+
+static int plan_tensor(const struct qd_convert_opts *o, const cJSON *config, const struct qd_hf_shard *sh, int i,
+                       struct qd_hf_out *out, char *err, size_t errlen)
+{
+    const struct source *src = source_of(config, err, errlen);
+    if (!src)
+        return -1;
+    const int r = src->family ? src->family->plan(member(config, "quantization_config"), sh, i, out, err, errlen)
+                              : plan_scaled(config, src, sh, i, out, err, errlen);
+    if (r == 1) {
+        const char *dt = !strcmp(o->to_float, "f32") ? "F32" : !strcmp(o->to_float, "f16") ? "F16" : "BF16";
+        out->dtype = dt;
+        out->ndim = 2;
+        out->bytes = (uint64_t)(out->shape[0] * out->shape[1]) * (dt[1] == '3' ? 4 : 2);
+    }
+    return r;
 }
 
 /* scale k of s, whose dtype is dt */
@@ -241,6 +310,16 @@ static float scale_of(const struct qd_hf_out *t, const struct qd_st_entry *s, en
 {
     const float scale = scale_at(s, dt, k);
     return t->scale_cast ? qd_ct_round(scale, odc) : scale;
+}
+
+/* zero point r of column g of a pack-quantized weight (bits each, packed down the columns) */
+static int zero_at(const struct qd_hf_out *t, int64_t r, int64_t g)
+{
+    const int bits = t->packed_bits;
+    const int64_t groups = t->zero->shape[1], w = r * bits / 32;
+    uint32_t word;
+    memcpy(&word, t->zero->data + (size_t)(w * groups + g) * 4, 4);
+    return (int)((word >> (r * bits % 32)) & ((1u << bits) - 1)) - (1 << (bits - 1));
 }
 
 struct rows_job {
@@ -277,17 +356,13 @@ static int process_rows(void *ctx, int64_t r0, int64_t r1)
             } else if (bits) { /* code c of the row: bits c*bits.. of its words, less the offset */
                 uint32_t word;
                 memcpy(&word, q + (size_t)(r * words + c * bits / 32) * 4, 4);
-                const int code = (int)((word >> (c * bits % 32)) & ((1u << bits) - 1)) - (1 << (bits - 1));
+                int code = (int)((word >> (c * bits % 32)) & ((1u << bits) - 1)) - (1 << (bits - 1));
+                if (t->zero) /* x_q - zero_point: exact in every output dtype (|.| < 2^bits) */
+                    code -= zero_at(t, r, c / t->block[1]);
                 v = qd_ct_round((float)code * scale_of(t, s, sdtype, srow + c / t->block[1], odc), sdt);
             } else
                 v = qd_fp8_value(q[r * cols + c], scale_of(t, s, sdtype, srow + c / t->block[1], odc), int8, sdt);
-            const size_t k = (size_t)(r * cols + c);
-            if (odt == QD_F32)
-                memcpy((char *)out + k * 4, &v, 4);
-            else {
-                const uint16_t h = odt == QD_F16 ? qd_f32_to_f16(v) : qd_f32_to_bf16(v);
-                memcpy((char *)out + k * 2, &h, 2);
-            }
+            qd_hf_store(out, (size_t)(r * cols + c), v, odt);
         }
     }
     return 0;
@@ -298,6 +373,8 @@ static int process_rows(void *ctx, int64_t r0, int64_t r1)
 static enum qd_status process(const struct qd_hf_out *t, const void *in, void *out, char *err, size_t errlen)
 {
     (void)err, (void)errlen;
+    if (t->dequant) /* (bitsandbytes, AutoAWQ: their own loops, on this thread) */
+        return t->dequant(t, in, out);
     struct rows_job job = {t, in, out};
     /* spans of at least 1 Mi outputs: threads only where they pay for their start */
     const int64_t min_rows = (((int64_t)1 << 20) + t->shape[1] - 1) / t->shape[1];

@@ -52,6 +52,18 @@ struct qd_hf_out {
     int packed_bits;   /* back to float: codes packed densely in int32 words (pack-quantized: 4, 8);
                           -1 NVFP4, -2 MXFP4 (two e2m1 a byte; gs: NVFP4's global scale); 0: one
                           byte each */
+    const struct qd_st_entry *zero; /* back to float: the zero points (compressed-tensors'
+                          weight_zero_point, packed along rows; AutoAWQ's qzeros) */
+    const struct qd_st_entry *nested[2]; /* back to float, bitsandbytes double quant: nested_absmax,
+                          nested_quant_map (the absmax codes' own scale and map) */
+    float offset;      /* back to float, bitsandbytes double quant: nested_offset */
+    int blocksize;     /* back to float, bitsandbytes: elements per absmax (of the flat weight) */
+    int nf4;           /* back to float, bitsandbytes: nf4 (1) or fp4 (0) codes */
+    enum qd_dtype mid; /* back to float: the dtype the peer dequantizes into before the cast to
+                          dtype (bitsandbytes' quant_state dtype, AutoAWQ's f16) */
+    /* back to float: the source family's arithmetic (NULL: hf_dequant.c's own), from the
+       weight's source bytes in into out (dtype, shape) */
+    enum qd_status (*dequant)(const struct qd_hf_out *t, const void *in, void *out);
     uint64_t qbytes;   /* that weight's components, back to back */
 };
 
@@ -62,6 +74,9 @@ struct qd_hf_shard {
     struct qd_st_file st;
     struct qd_hf_out *t;
     int n;
+    int dropped;            /* back to float: input tensors read with their weight (scales, zero
+                               points), which have no output and no progress event of their own */
+    uint64_t dropped_bytes;
 };
 
 /* A top-level key of config.json the layout's tool sets. */

@@ -42,10 +42,17 @@ static struct {
     atomic_ulong jobs, busy_ns;
 } device_jobs[MAX_DEVICE_NAMES];
 static atomic_int ndevice_names;
-static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER; /* (and convert_names) */
 
 static const char *const convert_outcomes[] = {"ok", "failed", "cancelled"};
 static atomic_ulong conversions[MAX_FMTS + 1][3], convert_bytes, convert_tensors;
+/* conversions whose fmt names no format (back to float, float mixes), by that name */
+#define MAX_CONVERT_NAMES 16
+static struct {
+    char name[32];
+    atomic_ulong n[3];
+} convert_names[MAX_CONVERT_NAMES];
+static atomic_int nconvert_names;
 
 static int fmt_slot(const struct qd_format *f)
 {
@@ -117,12 +124,38 @@ static void render_hist(FILE *o, const char *name, const char *label, const char
     fprintf(o, "%s_count{%s=\"%s\"} %lu\n", name, label, value, atomic_load(&h->count));
 }
 
-void qd_metrics_convert(const struct qd_format *f, const char *outcome, unsigned long long bytes, int tensors)
+/* The slot of a conversion's fmt that names no format (bf16|f16|f32 back to float, a float
+ * llama-quantize mix), added the first time it is seen; -1 when the table is full. */
+static int convert_name_slot(const char *name)
+{
+    int n = atomic_load(&nconvert_names), k = 0;
+    while (k < n && strcmp(convert_names[k].name, name))
+        k++;
+    if (k == n) {
+        pthread_mutex_lock(&device_lock);
+        n = atomic_load(&nconvert_names);
+        for (k = 0; k < n && strcmp(convert_names[k].name, name); k++)
+            ;
+        if (k == n && n < MAX_CONVERT_NAMES) {
+            snprintf(convert_names[k].name, sizeof convert_names[k].name, "%s", name);
+            atomic_store(&nconvert_names, n + 1);
+        }
+        pthread_mutex_unlock(&device_lock);
+    }
+    return k < MAX_CONVERT_NAMES ? k : -1;
+}
+
+void qd_metrics_convert(const char *fmt, const char *outcome, unsigned long long bytes, int tensors)
 {
     int o = 0;
     while (o < 2 && strcmp(convert_outcomes[o], outcome))
         o++;
-    atomic_fetch_add(&conversions[fmt_slot(f)][o], 1);
+    const struct qd_format *f = qd_format_find(fmt);
+    const int named = f ? -1 : convert_name_slot(fmt);
+    if (f || named < 0)
+        atomic_fetch_add(&conversions[fmt_slot(f)][o], 1);
+    else
+        atomic_fetch_add(&convert_names[named].n[o], 1);
     atomic_fetch_add(&convert_bytes, bytes);
     atomic_fetch_add(&convert_tensors, (unsigned long)tensors);
 }
@@ -202,6 +235,11 @@ char *qd_metrics_render(const struct qd_metrics_gauges *g, size_t *len)
             if (atomic_load(&conversions[f][k]))
                 fprintf(o, "quantd_conversions_total{fmt=\"%s\",outcome=\"%s\"} %lu\n", qd_formats[f].name,
                         convert_outcomes[k], atomic_load(&conversions[f][k]));
+    for (int f = 0; f < atomic_load(&nconvert_names); f++)
+        for (int k = 0; k < 3; k++)
+            if (atomic_load(&convert_names[f].n[k]))
+                fprintf(o, "quantd_conversions_total{fmt=\"%s\",outcome=\"%s\"} %lu\n", convert_names[f].name,
+                        convert_outcomes[k], atomic_load(&convert_names[f].n[k]));
     fprintf(o, "# HELP quantd_convert_bytes_total Model bytes read by conversions.\n"
                "# TYPE quantd_convert_bytes_total counter\nquantd_convert_bytes_total %lu\n"
                "# HELP quantd_convert_tensors_total Tensors written by conversions.\n"

@@ -21,8 +21,10 @@ void qd_metrics_request(enum qd_route r, const struct qd_format *f, int status, 
 void qd_metrics_kernel(const struct qd_format *f, double seconds);
 /* One job run by a worker of `device` (its name: "cpu", "cuda:N") for `seconds`. */
 void qd_metrics_device_job(const char *device, double seconds);
-/* A finished conversion: its outcome ("ok", "failed", "cancelled"), input bytes and tensors. */
-void qd_metrics_convert(const struct qd_format *f, const char *outcome, unsigned long long bytes, int tensors);
+/* A finished conversion: what it wrote (its summary's fmt: a format's name, or bf16|f16|f32 back
+ * to float, or a llama-quantize mix that quantizes nothing), its outcome ("ok", "failed",
+ * "cancelled"), input bytes and tensors. */
+void qd_metrics_convert(const char *fmt, const char *outcome, unsigned long long bytes, int tensors);
 
 /* The gauges that /metrics reads at render time. */
 struct qd_metrics_gauges {

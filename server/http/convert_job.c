@@ -329,7 +329,9 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
     }
     const char *fmt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "fmt"));
     const cJSON *recipe = cJSON_GetObjectItemCaseSensitive(o, "recipe");
-    if (recipe) { /* a llama-quantize mix: its default type is the format */
+    if (q->fmt_name[0]) /* the query's fmt, which names no format (the query wins) */
+        fmt = q->fmt_name;
+    if (recipe) { /* a llama-quantize mix: its default type is the format (none for F16, BF16, F32, COPY) */
         const struct qd_gguf_recipe *mix = qd_gguf_recipe_find(cJSON_GetStringValue(recipe));
         if (!mix) {
             if (cJSON_IsString(recipe))
@@ -343,31 +345,38 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
             qd_reply_error(err, 400, "bad_request", "give fmt or recipe, not both (a recipe chooses each tensor's format)");
             goto bad;
         }
-        if (!mix->fmt) {
-            qd_reply_error(err, 400, "unknown_recipe", "recipe %s (no tensor quantized) is written by the CLI, "
-                           "quantd convert --recipe %s; jobs take the quantizing mixes", mix->name, mix->name);
-            goto bad;
-        }
         r->recipe = strdup(mix->name);
         fmt = mix->fmt;
     }
-    r->f = qd_convert_format(q->f ? q->f : fmt ? qd_format_find(fmt) : NULL);
-    if (!r->f) {
+    /* bf16|f16|f32: back to float, no format */
+    if (!q->f && fmt && !qd_convert_format_named(fmt))
+        r->to_float = qd_convert_to_float_named(fmt);
+    r->f = r->to_float ? NULL : qd_convert_format(q->f ? q->f : fmt ? qd_format_find(fmt) : NULL);
+    if (!r->f && !r->to_float && !r->recipe) {
         if (fmt)
             qd_convert_name_error(err, fmt, 0);
         else
             qd_reply_error(err, 400, "unknown_format", "fmt (or recipe) is missing (GET /formats lists them)");
         goto bad;
     }
-    qd_params_default(r->f, &r->params);
     char msg[512];
-    if (qd_params_from_json(r->f, &r->params, cJSON_GetObjectItemCaseSensitive(o, "params"), msg, sizeof msg) != QD_OK) {
-        qd_reply_error(err, 400, "bad_param", "%s", msg);
-        goto bad;
-    }
-    for (int i = 0; i < q->nparams; i++) /* the query wins, as on the other routes */
-        if (set_param(r, q->param_key[i], q->param_value[i], err))
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(o, "params");
+    if (!r->f) { /* nothing is quantized: no quantizer to take parameters */
+        if (q->nparams || (params && !(cJSON_IsObject(params) && !params->child))) {
+            qd_reply_error(err, 400, "bad_param", "%s%s takes no params (it quantizes nothing)",
+                           r->to_float ? "fmt " : "the recipe ", r->to_float ? r->to_float : r->recipe);
             goto bad;
+        }
+    } else {
+        qd_params_default(r->f, &r->params);
+        if (qd_params_from_json(r->f, &r->params, params, msg, sizeof msg) != QD_OK) {
+            qd_reply_error(err, 400, "bad_param", "%s", msg);
+            goto bad;
+        }
+        for (int i = 0; i < q->nparams; i++) /* the query wins, as on the other routes */
+            if (set_param(r, q->param_key[i], q->param_value[i], err))
+                goto bad;
+    }
     const cJSON *skip = cJSON_GetObjectItemCaseSensitive(o, "skip"), *only = cJSON_GetObjectItemCaseSensitive(o, "only");
     if ((skip && !cJSON_IsString(skip)) || (only && !cJSON_IsString(only))) {
         qd_reply_error(err, 400, "bad_request", "skip and only must be strings (POSIX extended regexes)");
@@ -400,8 +409,9 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
             goto bad;
     }
     /* the engine's own check: the source's kind for the format, the destination usable */
-    struct qd_convert_opts co = {.src = r->src, .dst = r->dst, .f = r->f, .params = r->params,
-                                 .recipe = r->recipe, .overwrite = r->overwrite, .root = r->root, .gguf = r->gguf};
+    struct qd_convert_opts co = {.src = r->src, .dst = r->dst, .f = r->f, .to_float = r->to_float,
+                                 .params = r->params, .skip = r->skip, .only = r->only, .recipe = r->recipe,
+                                 .overwrite = r->overwrite, .root = r->root, .gguf = r->gguf};
     struct qd_convert_dest d;
     enum qd_status st;
     char why[1024];
@@ -471,8 +481,10 @@ static void convert(struct qd_job *j, struct qd_backend *b, void *worker)
 {
     const struct qd_convert_request *r = j->payload;
     struct run run = {.j = j, .types = r->gguf && r->gguf->dry_run ? cJSON_CreateObject() : NULL};
-    struct qd_convert_opts o = {.src = r->src, .dst = r->dst, .f = r->f, .params = r->params, .skip = r->skip,
-                                .only = r->only, .filter = r->filter, .recipe = r->recipe, .gguf = r->gguf,
+    /* (the filter exists without skip and only too: back to float, which takes neither, gets none) */
+    struct qd_convert_opts o = {.src = r->src, .dst = r->dst, .f = r->f, .to_float = r->to_float,
+                                .params = r->params, .skip = r->skip, .only = r->only,
+                                .filter = r->to_float ? NULL : r->filter, .recipe = r->recipe, .gguf = r->gguf,
                                 .max_header_bytes = r->max_header_bytes, .backend = b, .worker = worker,
                                 .progress = on_tensor, .progress_ctx = &run, .cancel = &j->cancel,
                                 .overwrite = r->overwrite || r->spooled, .root = r->root};
@@ -489,17 +501,19 @@ static void convert(struct qd_job *j, struct qd_backend *b, void *worker)
     malloc_trim(0);
     if (failed) {
         scrub_request(r, err, sizeof err);
-        qd_metrics_convert(r->f, st == QD_ECANCELED ? "cancelled" : "failed", s.bytes_in,
+        qd_metrics_convert(qd_convert_request_fmt(r), st == QD_ECANCELED ? "cancelled" : "failed", s.bytes_in,
                            s.quantized + s.copied + s.cast);
         qd_reply_error(&j->reply, qd_status_http(st), qd_status_code(st), "%s", err);
         free(s.layout_config);
         cJSON_Delete(run.types);
         return;
     }
-    qd_metrics_convert(r->f, "ok", s.bytes_in, s.quantized + s.copied + s.cast);
+    qd_metrics_convert(qd_convert_request_fmt(r), "ok", s.bytes_in, s.quantized + s.copied + s.cast);
     char *config = s.layout_config;
     cJSON *sum = cJSON_CreateObject();
-    cJSON_AddStringToObject(sum, "fmt", r->f->name);
+    if (r->recipe) /* the mix asked for, as the CLI's summary has it */
+        cJSON_AddStringToObject(sum, "recipe", r->recipe);
+    cJSON_AddStringToObject(sum, "fmt", qd_convert_request_fmt(r));
     cJSON_AddNumberToObject(sum, "quantized", s.quantized);
     cJSON_AddNumberToObject(sum, "copied", s.copied);
     cJSON_AddNumberToObject(sum, "cast_f16", s.cast);
@@ -560,6 +574,11 @@ static void convert_job_free(struct qd_job *j)
 
 const struct qd_job_type qd_convert_job_type = {
     .own_pool = 1, .run = convert_job_run, .free = convert_job_free, .too_large = qd_job_answer_too_large};
+
+const char *qd_convert_request_fmt(const struct qd_convert_request *r)
+{
+    return r->f ? r->f->name : r->to_float ? r->to_float : r->recipe;
+}
 
 const struct qd_convert_request *qd_convert_job_request(const struct qd_job *j)
 {

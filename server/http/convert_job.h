@@ -13,7 +13,8 @@
 struct qd_convert_request {
     char *src, *dst; /* real paths inside the data directory, or POST /convert's spool files */
     char *root;      /* the data directory's real path (NULL for POST /convert) */
-    const struct qd_format *f;
+    const struct qd_format *f; /* NULL: nothing quantized (to_float, or a float mix) */
+    const char *to_float;      /* "bf16", "f16", "f32": a quantized Hugging Face model back to float */
     struct qd_params params;
     char *skip, *only;
     struct qd_name_filter *filter; /* skip and only, compiled once when the request is checked */
@@ -49,6 +50,9 @@ void qd_convert_name_error(struct qd_reply *err, const char *name, int as_recipe
 /* A conversion's job type (jobs.h): j->payload is its request; run puts the summary (200) or
  * the error in j->reply. */
 extern const struct qd_job_type qd_convert_job_type;
+/* What a conversion writes, as its summary's fmt says: the format, the dtype back to float, or
+ * the llama-quantize mix that quantizes nothing (F16, BF16, F32, COPY). */
+const char *qd_convert_request_fmt(const struct qd_convert_request *r);
 /* j's conversion request, or NULL when j is not a conversion. */
 const struct qd_convert_request *qd_convert_job_request(const struct qd_job *j);
 

@@ -120,7 +120,8 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
     r->spooled = 1;
     for (int i = 0; i < n; i++) {
         const char *v = kv[i].value ? kv[i].value : "";
-        if (!strcmp(kv[i].key, "fmt") && !(r->f = qd_convert_format(qd_format_find(v)))) {
+        if (!strcmp(kv[i].key, "fmt") && !(r->f = qd_convert_format(qd_format_find(v))) &&
+            !(r->to_float = qd_convert_to_float_named(v))) { /* (bf16|f16|f32: back to float) */
             qd_convert_name_error(err, v, 0);
             goto bad;
         }
@@ -130,26 +131,23 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
                 qd_convert_name_error(err, v, 1);
                 goto bad;
             }
-            if (!mix->fmt) {
-                qd_reply_error(err, 400, "unknown_recipe", "recipe %s (no tensor quantized) is written by the CLI, "
-                               "quantd convert --recipe %s; this route takes the quantizing mixes", mix->name, mix->name);
-                goto bad;
-            }
             free(r->recipe);
             r->recipe = strdup(mix->name);
         }
     }
-    if (r->recipe && r->f) {
+    if (r->recipe && (r->f || r->to_float)) {
         qd_reply_error(err, 400, "bad_request", "give fmt or recipe, not both (a recipe chooses each tensor's format)");
         goto bad;
     }
-    if (r->recipe)
-        r->f = qd_format_find(qd_gguf_recipe_find(r->recipe)->fmt);
-    if (!r->f) {
+    const char *mix_fmt = r->recipe ? qd_gguf_recipe_find(r->recipe)->fmt : NULL;
+    if (mix_fmt) /* (F16, BF16, F32 and COPY quantize nothing: no format) */
+        r->f = qd_format_find(mix_fmt);
+    if (!r->f && !r->to_float && !r->recipe) {
         qd_reply_error(err, 400, "missing_format", "fmt (or recipe) is required (GET /formats lists them)");
         goto bad;
     }
-    qd_params_default(r->f, &r->params);
+    if (r->f)
+        qd_params_default(r->f, &r->params);
     char msg[512];
     for (int i = 0; i < n; i++) {
         const char *k = kv[i].key, *v = kv[i].value ? kv[i].value : "";
@@ -171,6 +169,11 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
             goto bad;
         if (gguf_option == 0)
             continue;
+        if (!r->f) { /* nothing is quantized: no quantizer to take parameters */
+            qd_reply_error(err, 400, "bad_param", "%s%s takes no parameters ('%.32s'): it quantizes nothing",
+                           r->to_float ? "fmt " : "the recipe ", r->to_float ? r->to_float : r->recipe, k);
+            goto bad;
+        }
         if (!qd_param_find(k) || !qd_format_accepts(r->f, k)) {
             qd_reply_error(err, 400, "unknown_param", "unknown parameter '%.32s' for format %s", k, r->f->name);
             goto bad;

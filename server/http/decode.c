@@ -20,10 +20,14 @@ int qd_req_from_query(struct qd_req *q, const struct qd_kv *kv, int n, int allow
     for (int i = 0; i < n; i++) {
         const char *k = kv[i].key, *v = kv[i].value ? kv[i].value : "";
         if (!strcmp(k, "fmt")) {
-            if (!(q->f = qd_format_find(v))) {
+            /* a conversion job's fmt may name no format (bf16|f16|f32: back to float); the job
+             * resolves it (op may come after fmt: checked below) */
+            if (!(q->f = qd_format_find(v)) && !(allow_op && strlen(v) < sizeof q->fmt_name)) {
                 qd_reply_error(err, 400, "unknown_format", "unknown format '%.64s' (GET /formats lists them)", v);
                 return -1;
             }
+            if (!q->f)
+                strcpy(q->fmt_name, v);
         } else if (!strcmp(k, "op") && allow_op) {
             if (!strcmp(v, "quantize"))
                 q->op = QD_OP_QUANTIZE;
@@ -36,6 +40,10 @@ int qd_req_from_query(struct qd_req *q, const struct qd_kv *kv, int n, int allow
                 return -1;
             }
         }
+    }
+    if (q->fmt_name[0] && q->op != QD_OP_CONVERT) {
+        qd_reply_error(err, 400, "unknown_format", "unknown format '%.64s' (GET /formats lists them)", q->fmt_name);
+        return -1;
     }
     struct qd_params scratch;
     if (q->f)

@@ -123,7 +123,7 @@ static void job_json_reply(struct qd_reply *r, int status, struct qd_job *j)
     cJSON_AddStringToObject(o, "op", ops[j->req.op]);
     const struct qd_convert_request *conv = qd_convert_job_request(j);
     if (j->req.f || conv)
-        cJSON_AddStringToObject(o, "fmt", conv ? conv->f->name : j->req.f->name);
+        cJSON_AddStringToObject(o, "fmt", conv ? qd_convert_request_fmt(conv) : j->req.f->name);
     if (conv) { /* tensors and bytes done, the rate so far and what it leaves */
         cJSON *p = cJSON_AddObjectToObject(o, "progress");
         double done = (double)atomic_load(&j->bytes_done), total = (double)atomic_load(&j->bytes_total);

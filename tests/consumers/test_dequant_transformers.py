@@ -1,11 +1,14 @@
 """quantd convert --fmt bf16|f16|f32 against transformers 5.17's own dequantization (CPU): each
-8-bit directory quantd writes (compressed-tensors FP8_DYNAMIC, FP8_BLOCK, W8A8; FineGrainedFP8)
-is loaded by transformers with dequantize=True in the output's dtype (compressed-tensors'
-decompress; FineGrainedFP8's Fp8Dequantize), and every weight quantd writes back equals the loaded
-model's parameter bit for bit. The save transformers makes of that model is not the reference for
-the weights: FineGrainedFP8's save quantizes them again (and both keep the scale tensors); its
-config.json is, and tests/peers/test_convert_dequant.py checks it. Architectures whose tiny models
-transformers loads in all four layouts on a CPU (docs/convert.md)."""
+directory quantd writes (compressed-tensors FP8_DYNAMIC, FP8_BLOCK, W8A8, W4A16, W4A16_ASYM,
+W8A16, NVFP4A16, MXFP4A16; FineGrainedFP8) is loaded by transformers with dequantize=True in the
+output's dtype (compressed-tensors' decompress; FineGrainedFP8's Fp8Dequantize), a
+transformers + bitsandbytes 4-bit one (nf4, fp4, with and without double quant) is loaded and
+then model.dequantize(dtype) (bitsandbytes 0.50's dequantize_4bit on the CPU, then the cast), and
+every weight quantd writes back equals the model's parameter bit for bit. The save transformers
+makes of that model is not the reference for the weights: FineGrainedFP8's save quantizes them
+again (and both keep the scale tensors); its config.json is, and
+tests/peers/test_convert_dequant.py checks it. Architectures whose tiny models transformers loads
+in every layout on a CPU (docs/convert.md)."""
 import json
 import os
 import sys
@@ -29,8 +32,14 @@ LAYOUTS = {"FP8_DYNAMIC": ["--fmt", "fp8_e4m3"],
            "FineGrainedFP8": ["--fmt", "fp8_e4m3", "--param", "flow=transformers"],
            "W4A16": ["--fmt", "w4a16"],
            "W8A16": ["--fmt", "w8a16"],
+           "W4A16_ASYM": ["--fmt", "w4a16", "--param", "symmetric=false"],
            "NVFP4A16": ["--fmt", "nvfp4"],
-           "MXFP4A16": ["--fmt", "mxfp4"]}
+           "MXFP4A16": ["--fmt", "mxfp4"],
+           "nf4": ["--fmt", "nf4"],
+           "fp4": ["--fmt", "fp4"],
+           "nf4-single": ["--fmt", "nf4", "--param", "double_quant=false"],
+           "fp4-single": ["--fmt", "fp4", "--param", "double_quant=false"]}
+BNB = ("nf4", "fp4", "nf4-single", "fp4-single")
 # transformers keeps a decompressed NVFP4/MXFP4 weight in the checkpoint's dtype (bf16) whatever
 # dtype it is asked for: bf16 is the comparison there
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -57,17 +66,26 @@ CASES = [(a, l, t) for a in ARCHS for l in LAYOUTS for t in DTYPES if "FP4" not 
 @pytest.mark.parametrize("arch,layout,to", CASES, ids=[f"{a}-{l}-{t}" for a, l, t in CASES])
 def test_equals_transformers_dequantized(tmp_path, quantized, arch, layout, to):
     q = quantized(arch, layout)
-    config = (transformers.FineGrainedFP8Config(dequantize=True) if layout == "FineGrainedFP8"
-              else transformers.CompressedTensorsConfig(run_compressed=False))
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(q), quantization_config=config, dtype=DTYPES[to])
+    if layout in BNB:  # bitsandbytes: loaded quantized, then transformers' dequantize in that dtype
+        pytest.importorskip("bitsandbytes")
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(q), dtype=DTYPES[to])
+        model = model.dequantize(dtype=DTYPES[to])
+    else:
+        config = (transformers.FineGrainedFP8Config(dequantize=True) if layout == "FineGrainedFP8"
+                  else transformers.CompressedTensorsConfig(run_compressed=False))
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(q), quantization_config=config,
+                                                                  dtype=DTYPES[to])
     params = model.state_dict()
     run_quantd("convert", "--in", q, "--out", tmp_path / "back", "--fmt", to, "--backend", "cpu")
     ours = torch_tensors(tmp_path / "back")
-    scales = [k for k in torch_tensors(q) if k.endswith(("weight_scale", "weight_scale_inv"))]
-    assert not any(k.endswith(("_packed", "_global_scale", "_shape")) for k in ours)
-    checked = 0
-    for k in scales:
-        w = k[:k.rindex(".weight_scale")] + ".weight"
+    source = torch_tensors(q)
+    if layout in BNB:  # <m>.weight with its quant_state beside it
+        quantized_weights = [k[:k.index(".quant_state.")] for k in source if ".quant_state.bitsandbytes__" in k]
+    else:
+        quantized_weights = [k[:k.rindex(".weight_scale")] + ".weight" for k in source
+                             if k.endswith(("weight_scale", "weight_scale_inv"))]
+    assert not any(k.endswith(("_packed", "_global_scale", "_shape", "_zero_point", ".absmax", "quant_map"))
+                   or "quant_state" in k or "weight_scale" in k for k in ours)
+    for w in quantized_weights:
         assert ours[w].dtype == params[w].dtype and torch.equal(ours[w], params[w]), w
-        checked += 1
-    assert checked > 0 and not any(k in ours for k in scales)
+    assert quantized_weights

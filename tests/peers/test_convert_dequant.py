@@ -12,21 +12,29 @@
 - compressed-tensors nvfp4-pack-quantized / mxfp4-pack-quantized (NVFP4A16, MXFP4A16): two e2m1
   codes a byte (low nibble first) times the group's scale in f32 (NVFP4: the e4m3 scale divided
   by weight_global_scale; MXFP4: 2^(e - 127)), then the cast to the output dtype (transformers'
-  bf16 model holds exactly that).
+  bf16 model holds exactly that);
+- W4A16_ASYM: the zero points unpacked down each column (packed_dim 0), x_q - zero_point exact in
+  the output dtype, then as pack-quantized;
+- transformers + bitsandbytes 4-bit (nf4, fp4, double quant or not): bitsandbytes 0.50's CPU
+  dequantize_4bit (bnb_dequant below), then transformers' cast to the output dtype;
+- AutoAWQ GEMM: AutoAWQ's dequantize_gemm (awq_dequant below), then the cast.
 
-Round trips on every architecture of the table: the source quantized by quantd into each 8-bit
-layout, then back to bf16, equals the peer's dequantization of that same directory; the scales
-are gone, every other tensor is the quantized directory's bytes, and config.json is the source's
+Round trips on every architecture of the table (AutoAWQ: those it has a model class for): the
+source quantized by quantd into each layout, then back to bf16, equals the peer's dequantization
+of that same directory; the scales are gone, every other tensor is the quantized directory's
+bytes, and config.json is the source's
 text without quantization_config, with the output's dtype (what transformers 5.17's save_pretrained
 writes for the model loaded with dequantize=True: checked byte for byte on the Llama, see
 docs/convert.md). A source that is not quantized, or quantized in a layout not read back, is
 refused naming what is."""
 import json
 import os
+import shutil
 
 import ml_dtypes
 import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 from conftest import FIXTURES, load_safetensors_dir, run_quantd
 
@@ -42,8 +50,14 @@ LAYOUTS = {"FP8_DYNAMIC": ["--fmt", "fp8_e4m3"],
            "FineGrainedFP8": ["--fmt", "fp8_e4m3", "--param", "flow=transformers"],
            "W4A16": ["--fmt", "w4a16"],
            "W8A16": ["--fmt", "w8a16"],
+           "W4A16_ASYM": ["--fmt", "w4a16", "--param", "symmetric=false"],
            "NVFP4A16": ["--fmt", "nvfp4"],
-           "MXFP4A16": ["--fmt", "mxfp4"]}
+           "MXFP4A16": ["--fmt", "mxfp4"],
+           "nf4": ["--fmt", "nf4"],
+           "fp4": ["--fmt", "fp4"],
+           "nf4-single": ["--fmt", "nf4", "--param", "double_quant=false"],
+           "fp4-single": ["--fmt", "fp4", "--param", "double_quant=false"],
+           "AWQ": ["--fmt", "awq"]}
 OUT = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f32": np.float32}
 TORCH = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 
@@ -120,8 +134,77 @@ def fp4_dequant(packed, scale, global_scale, group, out):
     return (E2M1[codes] * np.repeat(s, group, 1)).astype(out)
 
 
+BNB_DTYPE = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
+
+
+def bnb_dequant(qt, w, out):
+    """bitsandbytes 0.50's dequantize_4bit on the CPU, then transformers' .to(dtype): two codes a
+    byte (the first in the high nibble) of the flattened weight; with double quant the absmax is
+    nested_quant_map[code] * nested_absmax (per 256 blocks) + nested_offset, each in f32; the
+    value (bitsandbytes' table, which is the file's quant_map) times the block's absmax in f32,
+    rounded to the quant_state's dtype, then cast to the output dtype."""
+    qs = next(k for k in qt if k.startswith(w + ".quant_state.bitsandbytes__"))
+    st = json.loads(bytes(qt[qs]).decode())
+    n, bs = st["shape"][0] * st["shape"][1], st["blocksize"]
+    data = qt[w].reshape(-1)
+    codes = np.stack([data >> 4, data & 15], -1).reshape(-1)[:n]
+    absmax = qt[w + ".absmax"]
+    if "nested_offset" in st:
+        absmax = qt[w + ".nested_quant_map"][absmax] * np.repeat(qt[w + ".nested_absmax"], 256)[:absmax.size]
+        absmax = (absmax + np.float32(st["nested_offset"])).astype(np.float32)
+    v = qt[w + ".quant_map"].astype(np.float32)[codes] * np.repeat(absmax, bs)[:n]
+    return v.astype(BNB_DTYPE[st["dtype"]]).astype(out).reshape(st["shape"])
+
+
+AWQ_NIBBLE = [0, 4, 1, 5, 2, 6, 3, 7]  # column 8j + k of a word sits in nibble AWQ_NIBBLE[k]
+
+
+def awq_unpack(words):
+    w = words.view(np.uint32)
+    shifts = np.array([4 * AWQ_NIBBLE[k] for k in range(8)], np.uint32)
+    return ((w[:, :, None] >> shifts) & 15).reshape(w.shape[0], -1).astype(np.int32)
+
+
+def awq_dequant(qweight, qzeros, scales, group, out):
+    """AutoAWQ's dequantize_gemm: nibbles back in column order, (q - z) * scale as a torch f16
+    op (the product of exact values rounded once to f16), [in, out] transposed to the Linear's
+    [out, in], then the cast to the output dtype."""
+    d = awq_unpack(qweight) - np.repeat(awq_unpack(qzeros), group, 0)
+    v = (d.astype(np.float32) * np.repeat(scales, group, 0).astype(np.float32)).astype(np.float16)
+    return np.ascontiguousarray(v.T).astype(out)
+
+
+def check_family(q, back, to, cfg):
+    """bitsandbytes and AutoAWQ: each quantized weight's components become <m>.weight, equal to
+    the peer's dequantization; every other tensor is the quantized directory's bytes."""
+    qt, ours = load_safetensors_dir(q), load_safetensors_dir(back)
+    want, dropped = {}, set()
+    if cfg["quantization_config"]["quant_method"] == "bitsandbytes":
+        for k in [k for k in qt if ".quant_state.bitsandbytes__" in k]:
+            w = k[:k.index(".quant_state.")]
+            want[w] = bnb_dequant(qt, w, OUT[to])
+            dropped |= {k} | {w + s for s in (".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map")}
+    else:
+        group = cfg["quantization_config"]["group_size"]
+        for k in [k for k in qt if k.endswith(".qweight")]:
+            m = k[:-len(".qweight")]
+            want[m + ".weight"] = awq_dequant(qt[k], qt[m + ".qzeros"], qt[m + ".scales"], group, OUT[to])
+            dropped |= {k, m + ".qzeros", m + ".scales"}
+    assert want and sorted(ours) == sorted((set(qt) - dropped) | set(want))
+    for k, v in ours.items():
+        if k in want:
+            assert v.dtype == want[k].dtype and v.shape == want[k].shape, k
+            assert v.tobytes() == want[k].tobytes(), \
+                f"{k}: {np.count_nonzero(v.view(np.uint8) != want[k].view(np.uint8))} bytes differ"
+        else:
+            assert v.dtype == qt[k].dtype and v.tobytes() == qt[k].tobytes(), k
+    return cfg
+
+
 def check_equal(q, back, to):
     cfg = json.loads((q / "config.json").read_text())
+    if cfg["quantization_config"]["quant_method"] in ("bitsandbytes", "awq"):
+        return check_family(q, back, to, cfg)
     fmt = cfg["quantization_config"].get("format", "")
     if fmt.endswith("fp4-pack-quantized"):
         qt, ours = load_safetensors_dir(q), load_safetensors_dir(back)
@@ -144,16 +227,22 @@ def check_equal(q, back, to):
     suffix = ".weight_scale_inv" if finegrained else ".weight_scale"
     qt, ours = load_safetensors_dir(q), load_safetensors_dir(back)
     scales = {k for k in qt if k.endswith(suffix)}
-    if packed:  # <m>.weight_packed, weight_scale, weight_shape -> <m>.weight
+    if packed:  # <m>.weight_packed, weight_scale, weight_shape (, weight_zero_point) -> <m>.weight
         bits = next(iter(cfg["quantization_config"]["config_groups"].values()))["weights"]["num_bits"]
         for k in [k for k in qt if k.endswith(".weight_packed")]:
             m = k[:-len("_packed")]
-            qt[m] = unpack(qt.pop(k), bits, tuple(qt.pop(m + "_shape")))
-    assert sorted(ours) == sorted(set(qt) - scales)
+            shape = tuple(qt.pop(m + "_shape"))
+            qt[m] = unpack(qt.pop(k), bits, shape)
+            if m + "_zero_point" in qt:  # packed down each column (packed_dim 0), then x_q - zp
+                zp = qt.pop(m + "_zero_point")
+                zp = unpack(np.ascontiguousarray(zp.T), bits, (zp.shape[1], shape[0])).T
+                qt[m] = (qt[m], np.repeat(zp, shape[1] // zp.shape[1], 1))
+    assert sorted(ours) == sorted(set(qt) - scales)  # the zero points are gone too
     converted = 0
     for k, v in ours.items():
         if k + suffix[len(".weight"):] in qt and k.endswith(".weight"):
-            want = peer_dequant(qt[k], qt[k + suffix[len(".weight"):]], block_of(cfg), finegrained, OUT[to])
+            codes = qt[k][0] - qt[k][1] if isinstance(qt[k], tuple) else qt[k]  # exact in every dtype
+            want = peer_dequant(codes, qt[k + suffix[len(".weight"):]], block_of(cfg), finegrained, OUT[to])
             assert v.dtype == want.dtype and v.shape == want.shape, k
             assert v.tobytes() == want.tobytes(), f"{k}: {np.count_nonzero(v.view(np.uint8) != want.view(np.uint8))} bytes differ"
             converted += 1
@@ -172,7 +261,14 @@ def expected_config(q, to):
     return src
 
 
-CASES = [(n, l) for n in NAMES for l in LAYOUTS]
+def awq_supported(name):
+    """AutoAWQ has a model class for the architecture (the table's observation; quantd writes
+    AWQ for those)."""
+    with open(os.path.join(SOURCES, name + ".json")) as f:
+        return json.load(f)["autoawq"]["supported"]
+
+
+CASES = [(n, l) for n in NAMES for l in LAYOUTS if l != "AWQ" or awq_supported(n)]
 
 
 @pytest.mark.parametrize("name,layout", CASES, ids=[f"{n}-{l}" for n, l in CASES])
@@ -191,11 +287,29 @@ def test_other_dtypes(tmp_path, source, layout, to):
     assert json.loads((back / "config.json").read_text()) == expected_config(q, to)
 
 
+@pytest.mark.parametrize("layout", ["nf4", "fp4-single", "W4A16_ASYM"])
+@pytest.mark.parametrize("src_dtype", ["float16", "float32"])
+def test_source_dtypes(tmp_path, source, layout, src_dtype):
+    """A float16 or float32 source: bitsandbytes dequantizes into the quant_state's dtype (the
+    source's) before the cast to bf16, compressed-tensors into bf16 directly."""
+    src = tmp_path / "src"
+    shutil.copytree(source("llama"), src)
+    t = load_safetensors_dir(src)
+    save_file({k: v.astype(np.float32).astype(np.dtype(src_dtype)) for k, v in t.items()},
+              str(src / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "dtype": src_dtype}))
+    q, back, _ = convert_back(tmp_path, src, layout, "bf16")
+    if layout != "W4A16_ASYM":
+        assert src_dtype in next(bytes(v).decode() for k, v in load_safetensors_dir(q).items() if "quant_state" in k)
+    check_equal(q, back, "bf16")
+
+
 def test_config_bytes_are_transformers_save(tmp_path, source):
     """The Llama's source config.json is transformers' own save (dtype bfloat16); its
     dequantized save writes the same text back, so bf16 out is the source's bytes."""
     src = source("llama")
-    for layout in LAYOUTS:
+    for layout in [l for l in LAYOUTS if l != "AWQ"]:  # AutoAWQ's saved config says use_cache false
         (tmp_path / layout).mkdir()
         _, back, _ = convert_back(tmp_path / layout, src, layout, "bf16")
         assert (back / "config.json").read_bytes() == (src / "config.json").read_bytes(), layout
@@ -207,12 +321,23 @@ def test_refusals(tmp_path, source):
     assert p.returncode == 1 and "not quantized" in p.stderr and "FineGrainedFP8" in p.stderr, p.stderr
     q = tmp_path / "nv"
     run_quantd("convert", "--in", src, "--out", q, "--fmt", "nf4", "--backend", "cpu")
-    p = run_quantd("convert", "--in", q, "--out", tmp_path / "b", "--fmt", "BF16", check=False)
-    assert p.returncode == 1 and "bitsandbytes" in p.stderr and "float-quantized" in p.stderr, p.stderr
+    cfg = json.loads((q / "config.json").read_text())
+    for method, edit, says in [("gptq", {"quant_method": "gptq"}, "'gptq'"),
+                               ("8-bit", {"load_in_4bit": False, "load_in_8bit": True}, "load_in_4bit is not true")]:
+        other = tmp_path / method
+        other.mkdir()
+        (other / "model.safetensors").symlink_to(q / "model.safetensors")
+        (other / "config.json").write_text(json.dumps({**cfg, "quantization_config": {**cfg["quantization_config"],
+                                                                                      **edit}}))
+        p = run_quantd("convert", "--in", other, "--out", tmp_path / "b", "--fmt", "BF16", check=False)
+        assert p.returncode == 1 and says in p.stderr and "float-quantized" in p.stderr, p.stderr
     asym = tmp_path / "asym"
     run_quantd("convert", "--in", src, "--out", asym, "--fmt", "w4a16", "--param", "symmetric=false", "--backend", "cpu")
+    t = load_safetensors_dir(asym)  # a zero point missing: its weight cannot be turned back
+    del t[next(k for k in t if k.endswith(".weight_zero_point"))]
+    save_file(t, str(asym / "model.safetensors"), metadata={"format": "pt"})
     p = run_quantd("convert", "--in", asym, "--out", tmp_path / "b", "--fmt", "bf16", check=False)
-    assert p.returncode == 1 and "weight_zero_point" in p.stderr, p.stderr
+    assert p.returncode == 1 and "needs its weight_zero_point" in p.stderr, p.stderr
     assert not (tmp_path / "b").exists()
     p = run_quantd("convert", "--in", q, "--out", tmp_path / "c", "--fmt", "bf16", "--param", "x=1", check=False)
     assert p.returncode == 2 and "no --param" in p.stderr, p.stderr

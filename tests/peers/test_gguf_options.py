@@ -322,15 +322,28 @@ def test_convert_route_refuses_bad_options(service, models, query, says):
     assert status == 400 and says in json.loads(r)["error"]["message"], r
 
 
-def test_float_mix_is_for_the_cli(service, models):
-    """The float mixes and COPY are written by quantd convert; the route and jobs say so."""
-    base, _ = service
-    status, r = http("POST", base + "/convert?recipe=F16", open(models["llama"], "rb").read(),
+FLOAT_MIXES = sorted(k for k, c in FIX["cases"].items() if c["mix"] in ("F16", "BF16", "F32", "COPY"))
+
+
+@pytest.mark.parametrize("key", FLOAT_MIXES)
+def test_float_mix_over_http(service, models, key):
+    """The float mixes and COPY as a job and over POST /convert: llama-quantize's own file, the
+    summary's fmt the mix's name."""
+    import shutil
+    base, data = service
+    case = FIX["cases"][key]
+    shutil.copy(models[case["model"]], data / f"{key}-in.gguf")
+    requantize = "--allow-requantize" in case["options"]
+    body = {"source": f"{key}-in.gguf", "destination": f"{key}.gguf", "recipe": case["mix"], "overwrite": True}
+    if requantize:
+        body["allow_requantize"] = True
+    status, r = run_job(base, body)
+    assert status == 200 and r["fmt"] == case["mix"] and r["recipe"] == case["mix"], r
+    assert sha256(data / f"{key}.gguf") == case["sha256"]
+    query = f"recipe={case['mix']}" + ("&allow_requantize=true" if requantize else "")
+    status, r = http("POST", base + "/convert?" + query, open(models[case["model"]], "rb").read(),
                      {"Content-Type": "application/octet-stream"})
-    assert status == 400 and "quantd convert --recipe F16" in json.loads(r)["error"]["message"], r
-    body = {"source": "llama.gguf", "destination": "f16.gguf", "recipe": "COPY"}
-    status, r = http("POST", base + "/jobs?op=convert", json.dumps(body).encode(), {"Content-Type": "application/json"})
-    assert status == 400 and "quantd convert --recipe COPY" in json.loads(r)["error"]["message"], r
+    assert status == 200 and hashlib.sha256(r).hexdigest() == case["sha256"], r[:200]
 
 
 def write_bad_imatrix(path, kind):

@@ -520,6 +520,131 @@ static void convert_job_writes_mlx_as_the_cli(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+static void assert_files_equal(const char *x_path, const char *y_path)
+{
+    size_t a, b;
+    void *x = read_file(x_path, &a), *y = read_file(y_path, &b);
+    if (!x || !y)
+        fail_msg("missing: %s or %s", x_path, y_path);
+    assert_int_equal(a, b);
+    assert_memory_equal(x, y, a);
+    free(x), free(y);
+}
+
+/* The string member key of GET path's JSON ("" when absent). */
+static void get_string(const char *path, const char *key, char *out, size_t len)
+{
+    struct http r;
+    http_do(&srv, "GET", path, NULL, NULL, 0, &r);
+    cJSON *j = cJSON_ParseWithLength(r.body, r.len);
+    const char *v = cJSON_GetStringValue(cJSON_GetObjectItem(j, key));
+    snprintf(out, len, "%s", v ? v : "");
+    cJSON_Delete(j);
+    http_free(&r);
+}
+
+static void expect_job_fmt(const char *id, const char *fmt)
+{
+    char path[96], got[64];
+    snprintf(path, sizeof path, "/jobs/%s", id);
+    get_string(path, "fmt", got, sizeof got);
+    assert_string_equal(got, fmt);
+    snprintf(path, sizeof path, "/jobs/%s/result", id);
+    get_string(path, "fmt", got, sizeof got);
+    assert_string_equal(got, fmt);
+}
+
+/* Conversions that quantize nothing, as jobs and over POST /convert, write what the CLI writes:
+ * a quantized Hugging Face model back to float (fmt bf16|f16|f32, in the body or the query) and
+ * llama-quantize's float mixes (F16, BF16, F32, COPY); the job, its summary and the metrics name
+ * what they wrote; params, skip and only are refused before the job. */
+static void convert_back_to_float_and_float_mixes(void **state)
+{
+    char id[64], x[500], y[500], ref[400], cmd[1400];
+    write_hf("hfb");
+    assert_int_equal(convert("/jobs?op=convert", "{\"source\": \"hfb\", \"destination\": \"hfb-w8\", "
+                             "\"fmt\": \"w8a8\"}", id, sizeof id), 200);
+    assert_int_equal(convert("/jobs?op=convert", "{\"source\": \"hfb-w8\", \"destination\": \"hfb-bf16\", "
+                             "\"fmt\": \"bf16\"}", id, sizeof id), 200);
+    expect_job_fmt(id, "bf16");
+    assert_int_equal(convert("/jobs?op=convert&fmt=f32", "{\"source\": \"hfb-w8\", \"destination\": "
+                             "\"hfb-f32\"}", id, sizeof id), 200);
+    expect_job_fmt(id, "f32");
+    static const char *const to[] = {"bf16", "f32"}, *const files[] = {"model.safetensors", "config.json"};
+    for (int t = 0; t < 2; t++) {
+        snprintf(ref, sizeof ref, "%s-%s-ref", dir, to[t]);
+        snprintf(cmd, sizeof cmd, "%s convert --in %s/hfb-w8 --out %s --fmt %s > /dev/null", quantd_bin(), dir, ref,
+                 to[t]);
+        assert_int_equal(system(cmd), 0);
+        for (int k = 0; k < 2; k++) {
+            snprintf(x, sizeof x, "%s/hfb-%s/%s", dir, to[t], files[k]);
+            snprintf(y, sizeof y, "%s/%s", ref, files[k]);
+            assert_files_equal(x, y);
+        }
+        snprintf(cmd, sizeof cmd, "rm -rf %s", ref);
+        assert_int_equal(system(cmd), 0);
+    }
+    expect_refusal(400, "bad_param", "{\"source\": \"hfb-w8\", \"destination\": \"b2\", \"fmt\": \"bf16\", "
+                   "\"params\": {\"blocksize\": 64}}", "takes no params");
+    expect_refusal(400, "bad_request", "{\"source\": \"hfb-w8\", \"destination\": \"b2\", \"fmt\": \"bf16\", "
+                   "\"skip\": \"up_proj\"}", "every quantized weight back");
+    expect_refusal(400, "bad_request", "{\"source\": \"hfb\", \"destination\": \"b2\", \"fmt\": \"f16\"}",
+                   "not quantized");
+    expect_refusal(400, "bad_request", "{\"source\": \"model.gguf\", \"destination\": \"b2\", \"fmt\": \"bf16\"}",
+                   "GGUF");
+    expect_refusal(400, "bad_param", "{\"source\": \"model.gguf\", \"destination\": \"b2.gguf\", \"recipe\": "
+                   "\"F16\", \"params\": {\"blocksize\": 64}}", "quantizes nothing");
+    expect_error(&srv, 400, "unknown_format", "/jobs?op=quantize&fmt=bf16", "{}");
+    /* llama-quantize's float mixes as jobs: the CLI's file */
+    static const char *const mixes[] = {"F16", "BF16", "F32", "COPY"};
+    for (int m = 0; m < 4; m++) {
+        char body[200];
+        snprintf(body, sizeof body, "{\"source\": \"model.gguf\", \"destination\": \"sub/%s.gguf\", "
+                 "\"recipe\": \"%s\"}", mixes[m], mixes[m]);
+        assert_int_equal(convert("/jobs?op=convert", body, id, sizeof id), 200);
+        expect_job_fmt(id, mixes[m]);
+        snprintf(ref, sizeof ref, "%s/mix-ref.gguf", dir);
+        snprintf(cmd, sizeof cmd, "%s convert --in %s/model.gguf --out %s --recipe %s --force > /dev/null",
+                 quantd_bin(), dir, ref, mixes[m]);
+        assert_int_equal(system(cmd), 0);
+        snprintf(x, sizeof x, "%s/sub/%s.gguf", dir, mixes[m]);
+        assert_files_equal(x, ref);
+    }
+    /* POST /convert: a float mix of the uploaded GGUF; back to float needs a directory */
+    size_t n, m;
+    void *model = read_file("tests/checkpoint/fuzz_seeds/small.gguf", &n);
+    struct http r;
+    http_do(&srv, "POST", "/convert?recipe=BF16", raw_h, model, n, &r);
+    if (r.status != 200)
+        fail_msg("POST /convert?recipe=BF16: %ld %s", r.status, r.body);
+    snprintf(cmd, sizeof cmd, "%s convert --in %s/model.gguf --out %s --recipe BF16 --force > /dev/null", quantd_bin(),
+             dir, ref);
+    assert_int_equal(system(cmd), 0);
+    void *want = read_file(ref, &m);
+    assert_int_equal(r.len, m);
+    assert_memory_equal(r.body, want, m);
+    free(want);
+    unlink(ref);
+    http_free(&r);
+    free(model);
+    expect_error(&srv, 400, "bad_param", "/convert?recipe=F16&blocksize=64", "GGUF");
+    expect_error(&srv, 400, "bad_param", "/convert?fmt=bf16&blocksize=64", "GGUF");
+    snprintf(x, sizeof x, "%s/hfb-w8/model.safetensors", dir);
+    model = read_file(x, &n);
+    http_do(&srv, "POST", "/convert?fmt=bf16", raw_h, model, n, &r);
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.body, "model directory"));
+    assert_no_server_path(r.body);
+    http_free(&r);
+    free(model);
+    http_do(&srv, "GET", "/metrics", NULL, NULL, 0, &r);
+    assert_non_null(strstr(r.body, "quantd_conversions_total{fmt=\"bf16\",outcome=\"ok\"} 1"));
+    assert_non_null(strstr(r.body, "quantd_conversions_total{fmt=\"F16\",outcome=\"ok\"} 1"));
+    assert_non_null(strstr(r.body, "quantd_conversions_total{fmt=\"BF16\",outcome=\"ok\"} 2"));
+    assert_non_null(strstr(r.body, "quantd_conversions_total{fmt=\"bf16\",outcome=\"failed\"} 1"));
+    http_free(&r);
+}
+
 /* Spool files a killed quantd left are removed when the next one starts: quantd's own names
  * only, and not one a live quantd holds (locked). */
 static void stale_spool_files_are_swept_at_start(void **state)
@@ -668,6 +793,7 @@ int main(void)
         cmocka_unit_test(convert_job_fp8_layouts),
         cmocka_unit_test(convert_route_names_no_server_path),
         cmocka_unit_test(convert_job_writes_mlx_as_the_cli),
+        cmocka_unit_test(convert_back_to_float_and_float_mixes),
         cmocka_unit_test(stale_spool_files_are_swept_at_start),
         cmocka_unit_test(drain_deadline_cancels_conversions),
     };

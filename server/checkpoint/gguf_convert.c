@@ -8,7 +8,9 @@
  *   K-quants (256-blocks) to a 32-block type, then to F16 where 32 does not divide it either;
  * - every input key/value in order, general.quantization_version (2) and general.file_type
  *   re-set (removed and appended, as gguf_set_val does), split.* removed;
- * - data aligned to 32 (GGUF_DEFAULT_ALIGNMENT), each tensor zero-padded to it. */
+ * - data aligned to 32 (GGUF_DEFAULT_ALIGNMENT), each tensor zero-padded to it;
+ * - a split input (its first shard) read as one model (gguf_shards.c); the output one file, cut
+ *   as gguf-split cuts it (--split-max-*), or one per input shard (--keep-split). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -484,11 +486,10 @@ static int plan_files(struct convert *c)
          * llama-quantize --keep-split sets them in that order, gguf-split sets split.count first as
          * a placeholder and again last (no, tensors, count) */
         const int keep = c->opt && c->opt->keep_split;
-        struct qd_gguf_new_kv split_kv[3] = {{"split.no", QD_GGUF_U16, .i = k},
-                                             {keep ? "split.count" : "split.tensors.count", keep ? QD_GGUF_U16 : QD_GGUF_I32,
-                                              .i = keep ? n_split : n},
-                                             {keep ? "split.tensors.count" : "split.count", keep ? QD_GGUF_I32 : QD_GGUF_U16,
-                                              .i = keep ? n : n_split}};
+        const struct qd_gguf_new_kv count = {"split.count", QD_GGUF_U16, .i = n_split},
+                                    tensors = {"split.tensors.count", QD_GGUF_I32, .i = n};
+        struct qd_gguf_new_kv split_kv[3] = {{"split.no", QD_GGUF_U16, .i = k}, keep ? count : tensors,
+                                             keep ? tensors : count};
         struct qd_gguf_new_kv all[sizeof c->extra / sizeof *c->extra + 3];
         int n_all = 0;
         for (int e = 0; k == 0 && e < c->n_extra; e++)

@@ -62,19 +62,12 @@ static int read_shard(struct qd_gguf_model *m, int i, const volatile int *cancel
 
 /* The other shards' paths: the first's name less -00001-of-0000N.gguf, then each one's
  * (llama_split_prefix, llama_split_path). */
-static int shard_paths(struct qd_gguf_model *m, int one_file, char *err, size_t errlen)
+static int shard_paths(struct qd_gguf_model *m, char *err, size_t errlen)
 {
     const char *first = m->paths[0], *name = base_name(first);
     char postfix[32];
     snprintf(postfix, sizeof postfix, "-%05d-of-%05d.gguf", 1, m->n_files);
     const size_t n = strlen(first), np = strlen(postfix);
-    if (one_file) {
-        snprintf(err, errlen, "the model is shard 1 of a split model of %d files (split.count %d): a conversion "
-                 "answered in one request takes one file; merge the shards first (llama-gguf-split --merge "
-                 "NAME%s merged.gguf), or give the first shard to a conversion job (its shards beside it in "
-                 "--data-dir)", m->n_files, m->n_files, postfix);
-        return -1;
-    }
     if (n <= np || strcmp(first + n - np, postfix)) {
         snprintf(err, errlen, "split model: %s is the first of %d shards (split.count %d) but is not named "
                  "NAME%s, the name llama.cpp finds the other shards by: rename the shards as llama-gguf-split "
@@ -174,6 +167,14 @@ int qd_gguf_model_open(const char *path, int one_file, struct qd_gguf_model *m, 
         snprintf(err, errlen, "%s: split.count is not a u16 (llama.cpp refuses it too)", base_name(path));
         return -1;
     }
+    if (n > 1 && one_file) { /* (its name is a spool file's: not named) */
+        key_u16(&m->files[0], "split.no", &no);
+        snprintf(err, errlen, "the model is shard %d of a split model of %d files (split.count %d): a conversion "
+                 "answered in one request takes one file; merge the shards first (llama-gguf-split --merge "
+                 "NAME-00001-of-%05d.gguf merged.gguf), or give the first shard to a conversion job (its shards "
+                 "beside it in --data-dir)", no + 1, n, n, n);
+        return -1;
+    }
     if (n > 1) { /* the loader's: the first shard given, the others found by name */
         if (key_u16(&m->files[0], "split.no", &no) <= 0 || no != 0) {
             char what[48];
@@ -200,7 +201,7 @@ int qd_gguf_model_open(const char *path, int one_file, struct qd_gguf_model *m, 
         memset(m->maps + 1, 0, (n - 1) * sizeof *maps);
         memset(m->paths + 1, 0, (n - 1) * sizeof *paths);
         m->n_files = n;
-        if (shard_paths(m, one_file, err, errlen))
+        if (shard_paths(m, err, errlen))
             return -1;
         for (int i = 1; i < n; i++)
             if (read_shard(m, i, cancel, status, err, errlen) || check_shard(m, i, err, errlen))

@@ -262,5 +262,8 @@ def test_convert_route_refuses_a_shard(service):
     msg = json.loads(r)["error"]["message"]
     assert status == 400 and "shard 1 of a split model of 4 files" in msg and "llama-gguf-split --merge" in msg, msg
     assert ".quantd-upload" not in msg and str(data) not in msg
+    status, r = http("POST", base + "/convert?recipe=Q4_0", (data / "llama-split4-00003-of-00004.gguf").read_bytes())
+    msg = json.loads(r)["error"]["message"]
+    assert status == 400 and "shard 3 of a split model of 4 files" in msg and ".quantd-upload" not in msg, msg
     status, r = http("POST", base + "/convert?recipe=Q4_0&keep_split=true", body)
     assert status == 400 and "give keep_split to a conversion job" in json.loads(r)["error"]["message"], r

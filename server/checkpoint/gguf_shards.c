@@ -145,8 +145,9 @@ static int check_model(struct qd_gguf_model *m, char *err, size_t errlen)
     return dup ? -1 : 0;
 }
 
-int qd_gguf_model_open(const char *path, int one_file, struct qd_gguf_model *m, const volatile int *cancel,
-                       enum qd_status *status, char *err, size_t errlen)
+/* The model, *status untouched on success (the caller's stands for failures after). */
+static int model_open(const char *path, int one_file, struct qd_gguf_model *m, const volatile int *cancel,
+                      enum qd_status *status, char *err, size_t errlen)
 {
     memset(m, 0, sizeof *m);
     *status = QD_EINVAL;
@@ -224,7 +225,17 @@ int qd_gguf_model_open(const char *path, int one_file, struct qd_gguf_model *m, 
         }
     if (m->n_files > 1 && check_model(m, err, errlen))
         return -1;
-    *status = QD_OK;
+    return 0;
+}
+
+int qd_gguf_model_open(const char *path, int one_file, struct qd_gguf_model *m, const volatile int *cancel,
+                       enum qd_status *status, char *err, size_t errlen)
+{
+    enum qd_status st;
+    if (model_open(path, one_file, m, cancel, &st, err, errlen)) {
+        *status = st;
+        return -1;
+    }
     return 0;
 }
 

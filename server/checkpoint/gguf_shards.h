@@ -21,7 +21,7 @@ struct qd_gguf_model {
 /* Reads the model at path (its first shard). one_file: the input is one uploaded file, so a
  * shard of a split model is refused with what to do instead. 0, or -1 with *status
  * (QD_ENOTFOUND for a missing file, QD_EINVAL, QD_ECANCELED) and err naming the shard by its
- * file name. qd_gguf_model_close frees m either way. */
+ * file name (*status is left as it was on success). qd_gguf_model_close frees m either way. */
 int qd_gguf_model_open(const char *path, int one_file, struct qd_gguf_model *m, const volatile int *cancel,
                        enum qd_status *status, char *err, size_t errlen);
 void qd_gguf_model_close(struct qd_gguf_model *m);

@@ -318,8 +318,8 @@ bench-gpu: check-cuda bin/quantd $(BUILD)/bench/bench_gpu $(BUILD)/bench/bench_s
 	python3 bench/plot_service.py $(BUILD)/bench-service.svg $(BUILD)/bench-service.json
 
 # ---- consumers: the runtimes themselves load quantd's files (tests/consumers) -----------------
-# llama.cpp's source ships in the llama-cpp-python sdist on PyPI; llama-quantize and
-# llama-completion are built from it (cmake, g++) under build/consumers.
+# llama.cpp's source ships in the llama-cpp-python sdist on PyPI; llama-quantize,
+# llama-completion and llama-gguf-split are built from it (cmake, g++) under build/consumers.
 LLAMA_CPP_PYTHON ?= 0.3.36
 LLAMA_CPP_DIR := $(BUILD)/consumers/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
 $(LLAMA_CPP_DIR)/build/bin/llama-quantize:
@@ -328,7 +328,10 @@ $(LLAMA_CPP_DIR)/build/bin/llama-quantize:
 	  llama-cpp-python==$(LLAMA_CPP_PYTHON) && tar xzf llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
 	cmake -S $(LLAMA_CPP_DIR) -B $(LLAMA_CPP_DIR)/build -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
 	  -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null
-	cmake --build $(LLAMA_CPP_DIR)/build -j$$(nproc) --target llama-quantize llama-completion >/dev/null
+	cmake --build $(LLAMA_CPP_DIR)/build -j$$(nproc) --target llama-quantize llama-completion llama-gguf-split >/dev/null
+# (a build made before llama-gguf-split was part of it gets it here)
+$(LLAMA_CPP_DIR)/build/bin/llama-gguf-split: | $(LLAMA_CPP_DIR)/build/bin/llama-quantize
+	cmake --build $(LLAMA_CPP_DIR)/build -j$$(nproc) --target llama-gguf-split >/dev/null
 
 # The torch runtimes (transformers, llm-compressor, bitsandbytes where built) run from their own
 # venv; CONSUMERS_PY picks another interpreter (a machine whose Python already has them).
@@ -338,9 +341,10 @@ CONSUMERS_PY ?= .venv-torch/bin/python
 	.venv-torch/bin/pip install -q -r tests/requirements-torch.txt
 	touch $@
 
-test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(if $(filter .venv-torch/bin/python,$(CONSUMERS_PY)),.venv-torch/ok)
+test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(LLAMA_CPP_DIR)/build/bin/llama-gguf-split $(if $(filter .venv-torch/bin/python,$(CONSUMERS_PY)),.venv-torch/ok)
 	LLAMA_CPP_BIN=$(abspath $(LLAMA_CPP_DIR)/build/bin) QUANTD=$(abspath bin/quantd) \
-	  .venv/bin/python -m pytest -q tests/consumers/test_llama_cpp.py tests/consumers/test_mlx_lm.py
+	  .venv/bin/python -m pytest -q tests/consumers/test_llama_cpp.py tests/consumers/test_llama_cpp_split.py \
+	  tests/consumers/test_mlx_lm.py
 	QUANTD=$(abspath bin/quantd) $(CONSUMERS_PY) -m pytest -q -p no:cacheprovider \
 	  tests/consumers/test_compressed_tensors.py tests/consumers/test_ct_codes.py tests/consumers/test_transformers_bnb.py \
 	  tests/consumers/test_arch_transformers.py tests/consumers/test_arch_gpu.py tests/consumers/test_fp8_transformers.py \

@@ -67,6 +67,8 @@ struct qd_convert_opts {
     int overwrite;            /* an existing destination may be replaced (--force; "overwrite") */
     const char *root;         /* a service's --data-dir (a real path): every input file opened
                                  must lie inside it, whatever links lead there; NULL: anywhere */
+    int one_file;             /* the input is one uploaded file (POST /convert): a split model's
+                                 first shard is refused (its others cannot come with it) */
 };
 
 /* Each pipeline stage's busy time (the stages overlap, so they add up to more than the wall). */

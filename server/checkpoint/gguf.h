@@ -59,6 +59,7 @@ struct qd_gguf_tensor {
     uint64_t offset;              /* within the data section */
     uint64_t bytes;
     const uint8_t *data;
+    int file;                     /* the shard holding it in a split model (gguf_shards.h); 0 */
 };
 
 struct qd_gguf {

@@ -8,7 +8,9 @@
  *   K-quants (256-blocks) to a 32-block type, then to F16 where 32 does not divide it either;
  * - every input key/value in order, general.quantization_version (2) and general.file_type
  *   re-set (removed and appended, as gguf_set_val does), split.* removed;
- * - data aligned to 32 (GGUF_DEFAULT_ALIGNMENT), each tensor zero-padded to it. */
+ * - data aligned to 32 (GGUF_DEFAULT_ALIGNMENT), each tensor zero-padded to it;
+ * - a split input (its first shard) read as one model (gguf_shards.c); the output one file, cut
+ *   as gguf-split cuts it (--split-max-*), or one per input shard (--keep-split). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -26,6 +28,7 @@
 #include "checkpoint/gguf_plan.h"
 #include "checkpoint/imatrix.h"
 #include "checkpoint/gguf_recipe.h"
+#include "checkpoint/gguf_shards.h"
 #include "checkpoint/pipeline.h"
 
 static enum qd_dtype float_dtype(uint32_t type)
@@ -293,9 +296,7 @@ struct convert {
     enum qd_status *status;
     char *err;
     size_t errlen;
-    struct qd_mapped in;
-    struct qd_gguf g;
-    int parsed;
+    struct qd_gguf_model model; /* the input: one file or a split model's shards */
     char *arch;
     struct qd_gguf_plan *plan;
     const struct qd_gguf_tensor **order;
@@ -311,6 +312,7 @@ struct convert {
     char imatrix_file[128], imatrix_dataset[128]; /* llama-quantize's 127-byte values */
     char block_count_key[160];
     int n_split, *split_of;
+    int split_names; /* the files are named DST-0000K-of-0000N.gguf (a split, or --keep-split) */
     uint8_t **metas; /* per file: its header */
     size_t *meta_lens;
     struct qd_outfile *outs;
@@ -318,7 +320,7 @@ struct convert {
     struct piece *pieces;
     int *first; /* each file's first item; [n_split]: the end */
     struct qd_pipe_pool *pool;
-    int src_fd;
+    int *src_fds; /* per input file */
 };
 
 static int no_memory(struct convert *c)
@@ -336,10 +338,10 @@ static int plan_tensors(struct convert *c, const struct qd_gguf_recipe *recipe)
     const uint32_t default_type = recipe && !recipe->fmt ? recipe->type : (uint32_t)c->o->f->gguf_type;
     const int copy_all = recipe && recipe->copy; /* tensor_allows_quantization says no to every tensor */
     const struct qd_gguf_options *opt = c->opt;
-    const int all = (int)c->g.n_tensors;
+    const int all = (int)c->model.g.n_tensors;
     c->plan = calloc((size_t)(all ? all : 1), sizeof *c->plan);
     c->order = calloc((size_t)(all ? all : 1), sizeof *c->order);
-    c->kv = calloc((size_t)(c->g.n_kv ? c->g.n_kv : 1), sizeof *c->kv);
+    c->kv = calloc((size_t)(c->model.g.n_kv ? c->model.g.n_kv : 1), sizeof *c->kv);
     c->own_nf = c->o->filter ? NULL : qd_name_filter_new(c->o->skip, c->o->only, c->err, c->errlen);
     c->nf = c->o->filter ? c->o->filter : c->own_nf;
     if (!c->plan || !c->order || !c->kv || !c->nf) {
@@ -349,12 +351,14 @@ static int plan_tensors(struct convert *c, const struct qd_gguf_recipe *recipe)
         return -1;
     }
     for (int i = 0; i < all; i++)
-        c->order[i] = &c->g.tensors[i];
+        c->order[i] = &c->model.g.tensors[i];
     qsort(c->order, (size_t)all, sizeof *c->order, qd_gguf_loader_order);
     if (qd_gguf_plan_prune(c->order, all, opt, c->plan, &c->n, &c->n_blocks, c->err, c->errlen)) {
         *c->status = QD_ENOMEM;
         return -1;
     }
+    if (opt && opt->keep_split) /* each shard's tensors together, in its file's order; the mix counts them so */
+        qsort(c->plan, (size_t)c->n, sizeof *c->plan, qd_gguf_shard_order);
     const char **names = calloc((size_t)(c->n ? c->n : 1), sizeof *names);
     if (!names) {
         snprintf(c->err, c->errlen, "no memory for %d tensors", all);
@@ -363,7 +367,7 @@ static int plan_tensors(struct convert *c, const struct qd_gguf_recipe *recipe)
     }
     for (int i = 0; i < c->n; i++)
         names[i] = c->plan[i].out.name;
-    qd_recipe_init(&c->rs, recipe, default_type, opt, &c->g, names, c->n);
+    qd_recipe_init(&c->rs, recipe, default_type, opt, &c->model.g, names, c->n);
     free(names);
     if (opt && opt->imatrix_path) {
         if (qd_gguf_imatrix_load(opt->imatrix_path, &c->im, c->err, c->errlen)) {
@@ -435,14 +439,14 @@ static void plan_keys(struct convert *c, uint32_t file_type)
     c->n_extra = n;
     static const char *const dropped[] = {"general.quantization_version", "general.file_type", "split.no",
                                           "split.count", "split.tensors.count", NULL};
-    for (int64_t i = 0; i < c->g.n_kv; i++) {
+    for (int64_t i = 0; i < c->model.g.n_kv; i++) {
         int drop = 0;
         for (const char *const *d = dropped; *d; d++)
-            drop |= !strcmp(c->g.kv[i].key, *d);
+            drop |= !strcmp(c->model.g.kv[i].key, *d);
         for (int e = 0; e < n; e++)
-            drop |= !strcmp(c->g.kv[i].key, extra[e].key);
+            drop |= !strcmp(c->model.g.kv[i].key, extra[e].key);
         if (!drop)
-            c->kv[c->nkv++] = &c->g.kv[i];
+            c->kv[c->nkv++] = &c->model.g.kv[i];
     }
 }
 
@@ -455,12 +459,16 @@ static int plan_files(struct convert *c)
     c->n_split = 1;
     if (!(c->split_of = calloc((size_t)(n ? n : 1), sizeof *c->split_of)))
         return no_memory(c);
-    if (opt && (opt->split_max_tensors || opt->split_max_bytes) &&
-        (c->n_split = qd_gguf_plan_splits(c->plan, n, opt, c->split_of, c->err, c->errlen)) < 0) {
+    if (opt && opt->keep_split)
+        c->n_split = qd_gguf_plan_keep_split(c->plan, n, c->split_of, c->err, c->errlen);
+    else if (opt && (opt->split_max_tensors || opt->split_max_bytes))
+        c->n_split = qd_gguf_plan_splits(c->plan, n, opt, c->split_of, c->err, c->errlen);
+    if (c->n_split < 0) {
         c->n_split = 0;
         *c->status = QD_EINVAL;
         return -1;
     }
+    c->split_names = c->n_split > 1 || (opt && opt->keep_split);
     const int n_split = c->n_split;
     if (!(c->metas = calloc((size_t)n_split, sizeof *c->metas)) ||
         !(c->meta_lens = calloc((size_t)n_split, sizeof *c->meta_lens)) ||
@@ -474,11 +482,14 @@ static int plan_files(struct convert *c)
         for (int i = 0; i < n; i++)
             if (c->split_of[i] == k)
                 infos[ni++] = c->plan[i].out;
-        /* gguf-split: the first split holds every key; each split then split.no, split.count (a
-         * placeholder, set again last) and split.tensors.count: no, tensors, count */
-        struct qd_gguf_new_kv split_kv[3] = {{"split.no", QD_GGUF_U16, .i = k},
-                                             {"split.tensors.count", QD_GGUF_I32, .i = n},
-                                             {"split.count", QD_GGUF_U16, .i = n_split}};
+        /* the first file holds every key; each then split.no, split.count and split.tensors.count:
+         * llama-quantize --keep-split sets them in that order, gguf-split sets split.count first as
+         * a placeholder and again last (no, tensors, count) */
+        const int keep = c->opt && c->opt->keep_split;
+        const struct qd_gguf_new_kv count = {"split.count", QD_GGUF_U16, .i = n_split},
+                                    tensors = {"split.tensors.count", QD_GGUF_I32, .i = n};
+        struct qd_gguf_new_kv split_kv[3] = {{"split.no", QD_GGUF_U16, .i = k}, keep ? count : tensors,
+                                             keep ? tensors : count};
         struct qd_gguf_new_kv all[sizeof c->extra / sizeof *c->extra + 3];
         int n_all = 0;
         for (int e = 0; k == 0 && e < c->n_extra; e++)
@@ -543,10 +554,15 @@ static int plan_items(struct convert *c, struct job *job)
     c->first = calloc((size_t)c->n_split + 1, sizeof *c->first);
     if (!c->items || !c->pieces || !c->first)
         return no_memory(c);
-    if ((c->src_fd = qd_open_input(o->src, c->err, c->errlen)) < 0) {
-        *c->status = QD_EIO;
-        return -1;
-    }
+    if (!(c->src_fds = malloc((size_t)c->model.n_files * sizeof *c->src_fds)))
+        return no_memory(c);
+    for (int i = 0; i < c->model.n_files; i++)
+        c->src_fds[i] = -1;
+    for (int i = 0; i < c->model.n_files; i++)
+        if ((c->src_fds[i] = qd_open_input(c->model.paths[i], c->err, c->errlen)) < 0) {
+            *c->status = QD_EIO;
+            return -1;
+        }
     int k = 0;
     for (int sp = 0; sp < c->n_split; sp++) {
         c->first[sp] = k;
@@ -564,7 +580,9 @@ static int plan_items(struct convert *c, struct job *job)
                 c->pieces[k] = (struct piece){.plan = i, .row0 = r, .rows = nr, .last = last};
                 c->items[k] = (struct qd_pipe_item){
                     .kind = plan[i].action == QD_CONVERT_COPY ? QD_PIPE_COPY : QD_PIPE_PROCESS,
-                    .src_offset = (uint64_t)(plan[i].src->data - c->in.data) + (uint64_t)r * row_in,
+                    .src = plan[i].src->file,
+                    .src_offset = (uint64_t)(plan[i].src->data - c->model.maps[plan[i].src->file].data) +
+                                  (uint64_t)r * row_in,
                     .src_bytes = (uint64_t)nr * row_in, .out_bytes = (uint64_t)nr * row_out,
                     .pad_to = last ? QD_GGUF_DEFAULT_ALIGNMENT : 0};
             }
@@ -588,24 +606,50 @@ static int plan_items(struct convert *c, struct job *job)
 
 /* Runs the pipeline into each file and commits them all once every one is written; on failure
  * none is left behind. */
+static void file_path(const struct convert *c, int sp, char *path, size_t len)
+{
+    if (c->split_names)
+        qd_gguf_split_path(c->o->dst, sp, c->n_split, path, len);
+    else
+        snprintf(path, len, "%s", c->o->dst);
+}
+
+/* Before anything is written: no output is one of the input's files, and none of a split's
+ * is replaced without --force. */
+static int check_files(struct convert *c)
+{
+    for (int sp = 0; sp < c->n_split; sp++) {
+        char path[4200];
+        struct stat st;
+        file_path(c, sp, path, sizeof path);
+        for (int f = 0; f < c->model.n_files; f++)
+            if (same_file(path, c->model.paths[f])) {
+                snprintf(c->err, c->errlen, "convert: the output %s is the input's %s: give another destination",
+                         path, c->model.n_files > 1 ? "shard" : "file");
+                *c->status = QD_EINVAL;
+                return -1;
+            }
+        if (c->split_names && !c->o->overwrite && lstat(path, &st) == 0) {
+            snprintf(c->err, c->errlen, "convert: %s exists (give --force to replace it)", path);
+            *c->status = QD_EINVAL;
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int write_files(struct convert *c, struct job *job)
 {
     const struct qd_convert_opts *o = c->o;
     for (int sp = 0; sp < c->n_split; sp++) {
         char path[4200];
-        qd_gguf_split_path(o->dst, sp, c->n_split, path, sizeof path);
-        struct stat st;
-        if (c->n_split > 1 && !o->overwrite && lstat(path, &st) == 0) {
-            snprintf(c->err, c->errlen, "convert: %s exists (give --force to replace it)", path);
-            *c->status = QD_EINVAL;
-            goto fail;
-        }
+        file_path(c, sp, path, sizeof path);
         if (qd_outfile_open(&c->outs[sp], path, c->err, c->errlen)) {
             *c->status = QD_EIO;
             goto fail;
         }
         job->pieces = c->pieces + c->first[sp]; /* the pipeline numbers this file's items from 0 */
-        struct qd_pipe pipe = {.src_fd = c->src_fd, .out = &c->outs[sp], .items = c->items + c->first[sp],
+        struct qd_pipe pipe = {.src_fds = c->src_fds, .n_src = c->model.n_files, .out = &c->outs[sp], .items = c->items + c->first[sp],
                                .n = c->first[sp + 1] - c->first[sp], .process = process_tensor,
                                .handed = tensor_handed, .ctx = job, .pool = c->pool, .cancel = o->cancel,
                                .stats = &c->s->stages, .lanes = qd_convert_lanes(o)};
@@ -634,8 +678,10 @@ static void convert_free(struct convert *c)
     free(c->meta_lens);
     free(c->outs);
     free(c->split_of);
-    if (c->src_fd >= 0)
-        close(c->src_fd);
+    for (int i = 0; c->src_fds && i < c->model.n_files; i++)
+        if (c->src_fds[i] >= 0)
+            close(c->src_fds[i]);
+    free(c->src_fds);
     qd_pipe_pool_free(c->pool);
     free(c->items);
     free(c->pieces);
@@ -646,9 +692,7 @@ static void convert_free(struct convert *c)
     free(c->plan);
     free(c->arch);
     qd_imatrix_free(&c->im);
-    if (c->parsed)
-        qd_gguf_free(&c->g);
-    qd_unmap_file(&c->in);
+    qd_gguf_model_close(&c->model);
 }
 
 int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *s, enum qd_status *status,
@@ -673,24 +717,15 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         *status = QD_ENOMEM;
         return -1;
     }
-    *c = (struct convert){.o = o, .opt = o->gguf, .s = s, .status = status, .err = err, .errlen = errlen,
-                          .src_fd = -1};
-    if (qd_map_file(o->src, &c->in, err, errlen)) {
-        *status = QD_ENOTFOUND;
-        free(c);
-        return -1;
-    }
-    if (qd_gguf_parse(c->in.data, c->in.size, &c->g, o->cancel, err, errlen)) {
-        if (o->cancel && *o->cancel)
-            *status = QD_ECANCELED;
+    *c = (struct convert){.o = o, .opt = o->gguf, .s = s, .status = status, .err = err, .errlen = errlen};
+    if (qd_gguf_model_open(o->src, o->one_file, &c->model, o->cancel, status, err, errlen)) {
         convert_free(c);
         free(c);
         return -1;
     }
-    c->parsed = 1;
-    c->arch = qd_gguf_string(&c->g, "general.architecture");
+    c->arch = qd_gguf_string(&c->model.g, "general.architecture");
     if (recipe && recipe->copy)
-        file_type = input_file_type(&c->g);
+        file_type = input_file_type(&c->model.g);
     int rc = plan_tensors(c, recipe);
     if (rc == 0) {
         plan_keys(c, file_type);
@@ -700,7 +735,9 @@ int qd_convert_gguf(const struct qd_convert_opts *o, struct qd_convert_summary *
         rc = dry_run(c);
     else if (rc == 0) {
         struct job job = {.o = o, .plan = c->plan, .s = s, .t0 = qd_pipe_clock_s(), .count = c->n};
-        rc = plan_items(c, &job);
+        rc = check_files(c);
+        if (rc == 0)
+            rc = plan_items(c, &job);
         if (rc == 0)
             rc = write_files(c, &job);
     }

@@ -286,6 +286,11 @@ static int set_split(struct qd_gguf_options *o, int by_size, const char *v, char
         snprintf(err, errlen, "give --split-max-tensors or --split-max-size, not both (as gguf-split)");
         return -1;
     }
+    if (o->keep_split) {
+        snprintf(err, errlen, "give --keep-split (the input's shards) or --split-max-%s (a new cut), not both",
+                 by_size ? "size" : "tensors");
+        return -1;
+    }
     if (by_size)
         o->split_max_bytes = (uint64_t)n * (unit == 'M' ? 1000000ull : 1000000000ull);
     else
@@ -309,7 +314,7 @@ static int flag(int *slot, const char *opt, const char *v, char *err, size_t err
 
 enum opt_id { PURE, LEAVE_OUTPUT, ALLOW_REQUANT, DRY_RUN, OUTPUT_TYPE, TOKEN_EMBD_TYPE, TENSOR_TYPE,
               TENSOR_TYPE_FILE, OVERRIDE_KV, PRUNE, IMATRIX, INCLUDE_WEIGHTS, EXCLUDE_WEIGHTS, SPLIT_TENSORS,
-              SPLIT_SIZE };
+              SPLIT_SIZE, KEEP_SPLIT };
 static const struct {
     const char *name;
     enum opt_id id;
@@ -330,6 +335,7 @@ static const struct {
     {"exclude-weights", EXCLUDE_WEIGHTS, 1},
     {"split-max-tensors", SPLIT_TENSORS, 1},
     {"split-max-size", SPLIT_SIZE, 1},
+    {"keep-split", KEEP_SPLIT, 0},
 };
 #define N_OPTIONS (int)(sizeof options / sizeof *options)
 
@@ -359,7 +365,7 @@ const char *qd_gguf_option_names(void)
     return "--pure --leave-output-tensor --allow-requantize --dry-run --output-tensor-type TYPE "
            "--token-embedding-type TYPE --tensor-type PATTERN=TYPE --tensor-type-file FILE --override-kv KEY=TYPE:VALUE "
            "--prune-layers L0,L1,... --imatrix FILE --include-weights NAME --exclude-weights NAME "
-           "--split-max-tensors N --split-max-size N(M|G)";
+           "--split-max-tensors N --split-max-size N(M|G) --keep-split";
 }
 
 int qd_gguf_option_set(struct qd_gguf_options *o, const char *name, const char *v, char *err, size_t errlen)
@@ -392,6 +398,15 @@ int qd_gguf_option_set(struct qd_gguf_options *o, const char *name, const char *
     case EXCLUDE_WEIGHTS: return add_weight_name(o, 0, v, err, errlen);
     case SPLIT_TENSORS: return set_split(o, 0, v, err, errlen);
     case SPLIT_SIZE: return set_split(o, 1, v, err, errlen);
+    case KEEP_SPLIT:
+        if (flag(&o->keep_split, "--keep-split", v, err, errlen))
+            return -1;
+        if (o->keep_split && (o->split_max_tensors || o->split_max_bytes)) {
+            snprintf(err, errlen, "give --keep-split (the input's shards) or --split-max-%s (a new cut), not both",
+                     o->split_max_bytes ? "size" : "tensors");
+            return -1;
+        }
+        return 0;
     }
     return -1;
 }

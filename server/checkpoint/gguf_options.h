@@ -57,6 +57,7 @@ struct qd_gguf_options {
     int n_include, n_exclude;     /* --include-weights / --exclude-weights NAME: substrings */
     int split_max_tensors;        /* gguf-split --split-max-tensors N (0: no split by count) */
     uint64_t split_max_bytes;     /* gguf-split --split-max-size N(M|G), decimal units (0: none) */
+    int keep_split;               /* --keep-split: a split input's shards, each its own file */
     int n_set;                    /* options given: any says the output is a GGUF */
 };
 

@@ -229,14 +229,40 @@ int qd_gguf_plan_splits(const struct qd_gguf_plan *plan, int n, const struct qd_
     return k + 1;
 }
 
-/* The name of split k of n: DST itself for one file; else DST without ".gguf", then
- * -0000K-of-0000N.gguf (llama_split_path). */
+/* llama-quantize --keep-split: each tensor in the file of the shard it came from (the plan in
+ * shard order); the number of files, or -1 with err where a shard has
+ * no tensor left (--prune-layers took them all: llama-quantize stops on an assertion there). */
+int qd_gguf_plan_keep_split(const struct qd_gguf_plan *plan, int n, int *split_of, char *err, size_t errlen)
+{
+    int n_split = 1;
+    for (int i = 0; i < n; i++) {
+        split_of[i] = plan[i].src->file;
+        n_split = split_of[i] + 1 > n_split ? split_of[i] + 1 : n_split;
+    }
+    for (int k = 0, i = 0; k < n_split; k++) {
+        while (i < n && split_of[i] < k)
+            i++;
+        if (i == n || split_of[i] != k) {
+            snprintf(err, errlen, "--keep-split: no tensor of shard %d is left (--prune-layers took them all), so "
+                     "its file would be empty: prune fewer layers or leave out --keep-split", k + 1);
+            return -1;
+        }
+    }
+    return n_split;
+}
+
+/* llama_split_path's order for --keep-split: by shard, then by place in the shard's file. */
+int qd_gguf_shard_order(const void *a, const void *b)
+{
+    const struct qd_gguf_tensor *x = ((const struct qd_gguf_plan *)a)->src, *y = ((const struct qd_gguf_plan *)b)->src;
+    if (x->file != y->file)
+        return x->file < y->file ? -1 : 1;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* The name of file k of n: DST without ".gguf", then -0000K-of-0000N.gguf (llama_split_path). */
 void qd_gguf_split_path(const char *dst, int k, int n, char *out, size_t len)
 {
-    if (n == 1) {
-        snprintf(out, len, "%s", dst);
-        return;
-    }
     size_t stem = strlen(dst);
     if (stem > 5 && !strcmp(dst + stem - 5, ".gguf"))
         stem -= 5;

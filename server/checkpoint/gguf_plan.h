@@ -49,7 +49,12 @@ int qd_gguf_plan_importance(struct qd_gguf_plan *p, const struct qd_imatrix *im,
  * number of files, or -1 with err. */
 int qd_gguf_plan_splits(const struct qd_gguf_plan *plan, int n, const struct qd_gguf_options *opt, int *split_of,
                         char *err, size_t errlen);
-/* File k of n: dst itself for one; else dst without ".gguf" and -0000K-of-0000N.gguf. */
+/* --keep-split: split_of[i] the shard plan[i] came from (plan in qd_gguf_shard_order); the
+ * number of files, or -1 with err where a shard has no tensor left. */
+int qd_gguf_plan_keep_split(const struct qd_gguf_plan *plan, int n, int *split_of, char *err, size_t errlen);
+/* A qsort comparator over struct qd_gguf_plan: by the source's shard, then its offset in it. */
+int qd_gguf_shard_order(const void *a, const void *b);
+/* File k of n: dst without ".gguf" and -0000K-of-0000N.gguf. */
 void qd_gguf_split_path(const char *dst, int k, int n, char *out, size_t len);
 /* Reads the importance matrix at path (opened as every input is: confined to a job's data
  * directory) into m; -1 with err naming the file. */

@@ -166,8 +166,9 @@ struct run {
     char *err;
     size_t errlen;
     double read_s, process_s, write_s; /* busy time per stage, summed over its threads */
-    const uint8_t *map;               /* the source, mapped (pool->mapped) */
-    size_t map_size;
+    const uint8_t **maps;             /* each source, mapped (pool->mapped), or NULL */
+    size_t *map_sizes;
+    int n_src;
     int dfd;                          /* the output opened with O_DIRECT, or -1 */
     uint64_t *edge_block;             /* blocks shared between items (or partial), ascending */
     uint8_t *edge_buf;                /* their bytes, DIO_ALIGN each, zeros where no item is */
@@ -253,8 +254,22 @@ static int write_fully(int fd, const void *buf, uint64_t n, uint64_t off)
     return 0;
 }
 
-/* Lets the mapped range [off, off + n) go (the page cache keeps it). */
-static void map_release(const struct run *r, uint64_t off, uint64_t n) { qd_release_pages(r->map + off, n); }
+static int src_fd(const struct qd_pipe *p, const struct qd_pipe_item *it)
+{
+    return p->src_fds ? p->src_fds[it->src] : p->src_fd;
+}
+
+/* The item's source bytes from off, mapped. */
+static const uint8_t *mapped(const struct run *r, const struct qd_pipe_item *it, uint64_t off)
+{
+    return r->maps[r->p->src_fds ? it->src : 0] + it->src_offset + off;
+}
+
+/* Lets the mapped range [off, off + n) of the item's source go (the page cache keeps it). */
+static void map_release(const struct run *r, const struct qd_pipe_item *it, uint64_t off, uint64_t n)
+{
+    qd_release_pages(mapped(r, it, off), n);
+}
 
 struct reader_arg {
     struct run *r;
@@ -278,7 +293,7 @@ static void *reader(void *arg)
             fail(r, QD_ENOMEM, "no memory for the pipeline's input buffers");
             return NULL;
         }
-        int bad = read_fully(p->src_fd, slot, it->src_bytes, it->src_offset);
+        int bad = read_fully(src_fd(p, it), slot, it->src_bytes, it->src_offset);
         double t1 = qd_pipe_clock_s();
         if (bad) {
             char msg[160];
@@ -299,12 +314,12 @@ static void *reader(void *arg)
 
 /* A range of the input to the output in the kernel, or through a buffer where the file
  * systems cannot (copy_file_range's EXDEV and kin). */
-static int copy_range(const struct qd_pipe *p, uint64_t off, uint64_t n, uint64_t to)
+static int copy_range(const struct qd_pipe *p, int fd, uint64_t off, uint64_t n, uint64_t to)
 {
     char *buf = NULL;
     while (n) {
         loff_t in_off = (loff_t)off, out_off = (loff_t)to;
-        ssize_t c = buf ? -1 : copy_file_range(p->src_fd, &in_off, p->out->fd, &out_off, n, 0);
+        ssize_t c = buf ? -1 : copy_file_range(fd, &in_off, p->out->fd, &out_off, n, 0);
         if (c > 0) {
             off += (uint64_t)c, to += (uint64_t)c, n -= (uint64_t)c;
             continue;
@@ -314,7 +329,7 @@ static int copy_range(const struct qd_pipe *p, uint64_t off, uint64_t n, uint64_
         if (!buf && !(buf = malloc(8u << 20)))
             return -1;
         uint64_t step = n < (8u << 20) ? n : (8u << 20);
-        if (read_fully(p->src_fd, buf, step, off) || write_fully(p->out->fd, buf, step, to)) {
+        if (read_fully(fd, buf, step, off) || write_fully(p->out->fd, buf, step, to)) {
             free(buf);
             return -1;
         }
@@ -375,10 +390,10 @@ static int emit_staged(const struct run *r, uint8_t *scratch, const struct qd_pi
         uint8_t *dst = scratch + (c0 - f);
         if (it->kind == QD_PIPE_BYTES)
             memcpy(dst, (const uint8_t *)it->bytes + in, c1 - c0);
-        else if (r->map) {
-            memcpy(dst, r->map + it->src_offset + in, c1 - c0);
-            map_release(r, it->src_offset + in, c1 - c0);
-        } else if (read_fully(p->src_fd, dst, c1 - c0, it->src_offset + in))
+        else if (r->maps) {
+            memcpy(dst, mapped(r, it, in), c1 - c0);
+            map_release(r, it, in, c1 - c0);
+        } else if (read_fully(src_fd(p, it), dst, c1 - c0, it->src_offset + in))
             return -1;
         if (emit(r, scratch, c0, c1))
             return -1;
@@ -480,7 +495,7 @@ static void *writer(void *arg)
             if (it->kind == QD_PIPE_BYTES)
                 bad = write_fully(p->out->fd, (const uint8_t *)it->bytes + lo, hi - lo, at + lo);
             else if (it->kind == QD_PIPE_COPY)
-                bad = copy_range(p, it->src_offset + lo, hi - lo, at + lo);
+                bad = copy_range(p, src_fd(p, it), it->src_offset + lo, hi - lo, at + lo);
             else
                 bad = write_fully(p->out->fd, slot + at % DIO_ALIGN, it->out_bytes, at);
             uint64_t end = at + it->out_bytes;
@@ -524,7 +539,7 @@ static int process_one(struct run *r, int lane, int k)
     if (stop)
         return -1;
     const struct qd_pipe_item *it = &p->items[i];
-    const void *in = r->map ? r->map + it->src_offset : p->pool->in[k % p->pool->in_slots];
+    const void *in = r->maps ? mapped(r, it, 0) : p->pool->in[k % p->pool->in_slots];
     uint8_t *slot = pool_slot(p->pool, 1, k % p->pool->out_slots);
     if (!slot) {
         fail(r, QD_ENOMEM, "no memory for the pipeline's output buffers");
@@ -537,8 +552,8 @@ static int process_one(struct run *r, int lane, int k)
     enum qd_status s = p->process(p->ctx, lane, i, in, out, msg, sizeof msg);
     double t1 = qd_pipe_clock_s();
     qd_pipe_trace("process", i, t0, t1, it->src_bytes);
-    if (r->map)
-        map_release(r, it->src_offset, it->src_bytes);
+    if (r->maps)
+        map_release(r, it, 0, it->src_bytes);
     if (s != QD_OK) {
         fail(r, s, msg);
         return -1;
@@ -573,22 +588,34 @@ static void *lane_main(void *arg)
 
 static int was_processed(struct run *r, int k) { return r->done[k]; }
 
+/* Maps every source (an empty one stays NULL: no item reads from it). */
 static int map_source(struct run *r, char *err, size_t errlen)
 {
-    struct stat st;
-    if (fstat(r->p->src_fd, &st) < 0) {
-        snprintf(err, errlen, "the input: %s", strerror(errno));
+    const struct qd_pipe *p = r->p;
+    r->n_src = p->src_fds ? p->n_src : 1;
+    r->maps = calloc((size_t)r->n_src, sizeof *r->maps);
+    r->map_sizes = calloc((size_t)r->n_src, sizeof *r->map_sizes);
+    if (!r->maps || !r->map_sizes) {
+        snprintf(err, errlen, "no memory");
         return -1;
     }
-    r->map_size = (size_t)st.st_size;
-    if (!r->map_size)
-        return 0;
-    void *m = mmap(NULL, r->map_size, PROT_READ, MAP_SHARED, r->p->src_fd, 0);
-    if (m == MAP_FAILED) {
-        snprintf(err, errlen, "the input: mmap: %s", strerror(errno));
-        return -1;
+    for (int i = 0; i < r->n_src; i++) {
+        const int fd = p->src_fds ? p->src_fds[i] : p->src_fd;
+        struct stat st;
+        if (fstat(fd, &st) < 0) {
+            snprintf(err, errlen, "the input: %s", strerror(errno));
+            return -1;
+        }
+        if (!st.st_size)
+            continue;
+        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED) {
+            snprintf(err, errlen, "the input: mmap: %s", strerror(errno));
+            return -1;
+        }
+        r->maps[i] = m;
+        r->map_sizes[i] = (size_t)st.st_size;
     }
-    r->map = m;
     return 0;
 }
 
@@ -638,9 +665,9 @@ int qd_pipe_run(const struct qd_pipe *p, enum qd_status *status, char *err, size
     direct_open(&r, at);
     pthread_mutex_init(&r.lock, NULL);
     pthread_cond_init(&r.moved, NULL);
-    if (r.map) /* nothing to read ahead: the input is there */
+    if (r.maps) /* nothing to read ahead: the input is there */
         memset(r.read_done, 1, n1);
-    int readers = r.map ? 0 : p->pool->readers;
+    int readers = r.maps ? 0 : p->pool->readers;
     for (; nr < readers; nr++) {
         ra[nr] = (struct reader_arg){&r, nr};
         if (pthread_create(&rt[nr], NULL, reader, &ra[nr]))
@@ -703,8 +730,11 @@ join:
 done:
     if (r.dfd >= 0)
         close(r.dfd);
-    if (r.map)
-        munmap((void *)r.map, r.map_size);
+    for (int i = 0; r.maps && i < r.n_src; i++)
+        if (r.maps[i])
+            munmap((void *)r.maps[i], r.map_sizes[i]);
+    free(r.maps);
+    free(r.map_sizes);
     free(r.edge_block);
     free(r.edge_buf);
     free(r.ordinal);

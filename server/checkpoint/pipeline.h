@@ -26,6 +26,7 @@ struct qd_pipe_item {
     const void *bytes;
     uint64_t src_offset, src_bytes, out_bytes;
     uint32_t pad_to;  /* zeros after the item up to this alignment (0: none) */
+    int src;          /* COPY, PROCESS: the source file the range is in (qd_pipe.src_fds[src]) */
 };
 
 /* Host buffers for one conversion (all its files): allocated once, reused. */
@@ -40,6 +41,9 @@ int qd_pipe_pool_modes(struct qd_pipe_pool *pool, int mapped_input, int direct_o
 
 struct qd_pipe {
     int src_fd;
+    /* Several source files (a model in shards): items name theirs by index; NULL: src_fd alone. */
+    const int *src_fds;
+    int n_src;
     struct qd_outfile *out; /* written at offsets from 0; out->written is the file size after */
     const struct qd_pipe_item *items;
     int n;

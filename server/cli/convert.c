@@ -41,7 +41,10 @@ static void usage(FILE *to)
             "    --tensor-type PATTERN=TYPE (repeatable; the first pattern found in a name wins),\n"
             "    --tensor-type-file FILE (PATTERN=TYPE entries separated by white space)\n"
             "    --override-kv KEY=int:N|float:X|bool:true|str:TEXT (repeatable), --prune-layers L0,L1,...\n"
-            "    --dry-run: each tensor's type and the output's size, nothing written (--out optional)\n",
+            "    --dry-run: each tensor's type and the output's size, nothing written (--out optional)\n"
+            "    --split-max-tensors N, --split-max-size N(M|G): the output cut as llama-gguf-split cuts it\n"
+            "    --keep-split: a split input's shards, each its own file, as llama-quantize keeps them\n"
+            "  A split GGUF (llama-gguf-split's NAME-00001-of-0000N.gguf ...) is given as its first shard.\n",
             qd_convert_layouts_text(), qd_gguf_recipe_names());
 }
 

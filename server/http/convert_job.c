@@ -487,7 +487,7 @@ static void convert(struct qd_job *j, struct qd_backend *b, void *worker)
                                 .filter = r->to_float ? NULL : r->filter, .recipe = r->recipe, .gguf = r->gguf,
                                 .max_header_bytes = r->max_header_bytes, .backend = b, .worker = worker,
                                 .progress = on_tensor, .progress_ctx = &run, .cancel = &j->cancel,
-                                .overwrite = r->overwrite || r->spooled, .root = r->root};
+                                .overwrite = r->overwrite || r->spooled, .root = r->root, .one_file = r->spooled};
     char why[256];
     qd_convert_spread(&o, why, sizeof why); /* its tensors go to every device, as the CLI's do */
     struct qd_convert_summary s;

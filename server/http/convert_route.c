@@ -188,6 +188,12 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
                        "split_max_tensors / split_max_size to a conversion job (POST /jobs?op=convert)");
         goto bad;
     }
+    if (r->gguf && r->gguf->keep_split) {
+        qd_reply_error(err, 400, "bad_request", "keep_split keeps a split model's shards, several files, and POST "
+                       "/convert takes and answers one: give keep_split to a conversion job (POST /jobs?op=convert, "
+                       "source the first shard in --data-dir)");
+        goto bad;
+    }
     if (!(r->filter = qd_name_filter_new(r->skip, r->only, msg, sizeof msg))) {
         qd_reply_error(err, 400, "bad_request", "%s", msg);
         goto bad;

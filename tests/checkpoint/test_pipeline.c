@@ -4,8 +4,8 @@
  * every mode the pipeline has: the input read into buffers or through a mapping, the output
  * written plainly or with O_DIRECT (where the build directory's file system allows it; the
  * test says which it got), each with one processing lane and with three (items processed at
- * once, finishing out of order). A failing item leaves no file. QD_PIPE_SEED=N repeats a
- * random run.
+ * once, finishing out of order). Items may come from two source files (a split model's
+ * shards). A failing item leaves no file. QD_PIPE_SEED=N repeats a random run.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -37,7 +37,8 @@ static uint64_t next(void)
 }
 
 struct model {
-    uint8_t *src;
+    uint8_t *src, *src2; /* the sources: src2 only where sources is 2 (same size) */
+    int sources;
     size_t src_size;
     struct qd_pipe_item items[64];
     uint8_t *bytes[64];
@@ -75,6 +76,8 @@ static uint64_t pick_size(void)
 static void make_model(struct model *m, int n, size_t src_size)
 {
     m->src_size = src_size;
+    m->sources = 1;
+    m->src2 = NULL;
     m->src = malloc(m->src_size);
     for (size_t j = 0; j < m->src_size; j++)
         m->src[j] = (uint8_t)next();
@@ -110,6 +113,18 @@ static void free_model(struct model *m)
     for (int i = 0; i < m->n; i++)
         free(m->bytes[i]);
     free(m->src);
+    free(m->src2);
+}
+
+/* A second source file, and each copied or processed item from either. */
+static void two_sources(struct model *m)
+{
+    m->sources = 2;
+    m->src2 = malloc(m->src_size);
+    for (size_t j = 0; j < m->src_size; j++)
+        m->src2[j] = (uint8_t)next();
+    for (int i = 0; i < m->n; i++)
+        m->items[i].src = m->items[i].kind == QD_PIPE_BYTES ? 0 : (int)(next() % 2);
 }
 
 /* The file the items describe, written one after the other. */
@@ -125,13 +140,14 @@ static uint8_t *expected(const struct model *m, uint64_t *size)
     at = 0;
     for (int i = 0; i < m->n; i++) {
         const struct qd_pipe_item *it = &m->items[i];
+        const uint8_t *src = it->src ? m->src2 : m->src;
         if (it->kind == QD_PIPE_BYTES)
             memcpy(e + at, it->bytes, it->out_bytes);
         else if (it->kind == QD_PIPE_COPY)
-            memcpy(e + at, m->src + it->src_offset, it->src_bytes);
+            memcpy(e + at, src + it->src_offset, it->src_bytes);
         else
             for (uint64_t j = 0; j < it->out_bytes; j++)
-                e[at + j] = (uint8_t)(m->src[it->src_offset + j % it->src_bytes] + i + j);
+                e[at + j] = (uint8_t)(src[it->src_offset + j % it->src_bytes] + i + j);
         at += it->out_bytes;
         if (it->pad_to)
             at += (it->pad_to - at % it->pad_to) % it->pad_to;
@@ -158,11 +174,14 @@ static uint8_t *slurp(const char *path, uint64_t *size)
 static int run_model(struct model *m, int mapped, int direct, int lanes, const char *out_path, enum qd_status *st,
                      char *err, size_t errlen)
 {
-    char src_path[600];
-    snprintf(src_path, sizeof src_path, "%s/pipe-src-XXXXXX", dir);
-    int fd = mkstemp(src_path);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, m->src, m->src_size), (ssize_t)m->src_size);
+    char src_path[2][600];
+    int fds[2] = {-1, -1};
+    for (int k = 0; k < m->sources; k++) {
+        snprintf(src_path[k], sizeof src_path[k], "%s/pipe-src-XXXXXX", dir);
+        fds[k] = mkstemp(src_path[k]);
+        assert_true(fds[k] >= 0);
+        assert_int_equal(write(fds[k], k ? m->src2 : m->src, m->src_size), (ssize_t)m->src_size);
+    }
     uint64_t in_cap = 1, out_cap = 1;
     for (int i = 0; i < m->n; i++)
         if (m->items[i].kind == QD_PIPE_PROCESS) {
@@ -174,16 +193,20 @@ static int run_model(struct model *m, int mapped, int direct, int lanes, const c
     assert_int_equal(qd_pipe_pool_modes(pool, mapped, direct), 0);
     struct qd_outfile out;
     assert_int_equal(qd_outfile_open(&out, out_path, err, errlen), 0);
-    struct qd_pipe p = {.src_fd = fd, .out = &out, .items = m->items, .n = m->n, .process = process, .ctx = m,
+    struct qd_pipe p = {.src_fd = fds[0], .out = &out, .items = m->items, .n = m->n, .process = process, .ctx = m,
                         .pool = pool, .lanes = lanes};
+    if (m->sources > 1)
+        p.src_fds = fds, p.n_src = m->sources;
     int rc = qd_pipe_run(&p, st, err, errlen);
     if (rc)
         qd_outfile_abort(&out);
     else
         assert_int_equal(qd_outfile_commit(&out, err, errlen), 0);
     qd_pipe_pool_free(pool);
-    close(fd);
-    unlink(src_path);
+    for (int k = 0; k < m->sources; k++) {
+        close(fds[k]);
+        unlink(src_path[k]);
+    }
     return rc;
 }
 
@@ -254,6 +277,20 @@ static void random_item_lists(void **state)
         }
 }
 
+/* Items from two source files (qd_pipe.src_fds): each read, mapped or copied from its own. */
+static void items_from_two_sources(void **state)
+{
+    for (int s = 0; s < 3; s++)
+        for (int mode = 0; mode < 8; mode++) {
+            rng = 101 + (uint64_t)s;
+            struct model m;
+            make_model(&m, 2 + (int)(next() % 40), 24u << 20);
+            two_sources(&m);
+            check_model(&m, mode, 101 + (uint64_t)s);
+            free_model(&m);
+        }
+}
+
 /* Copies longer than the pipeline's copy piece (64 MiB) are written by several writers, piece
  * by piece: the pieces must tile the item exactly, on and off block boundaries. */
 static void big_copies_go_in_pieces(void **state)
@@ -304,6 +341,7 @@ int main(int argc, char **argv)
     snprintf(dir, sizeof dir, "%s", dirname(self));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(random_item_lists),
+        cmocka_unit_test(items_from_two_sources),
         cmocka_unit_test(big_copies_go_in_pieces),
         cmocka_unit_test(a_failing_item_leaves_no_file),
     };

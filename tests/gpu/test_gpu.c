@@ -220,6 +220,10 @@ static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct s
         awq_f16_overflows++;
     }
     cases++;
+    if (f->needs_importance && !importance_case) { /* iq1_s: refused alike without one */
+        assert_int_equal(sc, QD_EINVAL);
+        goto done;
+    }
     if (importance_case && !strcmp(wg.backend, "cpu")) /* the worker's fallback names itself */
         fail_msg("%s with importance ran on the CPU, not the GPU's kernels", f->name);
     if (nonfinite == 1) {

@@ -21,16 +21,14 @@ struct qd_iq_grid {
     size_t neighbours_len;
 };
 
-#ifndef __CUDACC__
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* The tables, built once on first use (thread-safe); NULL when memory ran out. */
+/* The host tables, built once on first use (thread-safe); NULL when memory ran out. */
 const struct qd_iq_grid *qd_iq3xxs_grid(void); /* ggml's kgrid_256: 256 points, 4 x 3 bits */
 const struct qd_iq_grid *qd_iq1_grid(void);    /* ggml's kgrid_1bit_2048: 2048 points, 8 x 2 bits */
 #ifdef __cplusplus
 }
-#endif
 #endif
 
 /* f32 maxima as ggml writes them (FLT_MAX) */

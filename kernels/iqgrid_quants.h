@@ -36,12 +36,10 @@ QD_HD void qd_iqgrid_dequantize_block(int type, const struct qd_iq_grid *g, cons
         qd_iq1m_dequantize(g, blk, y);
 }
 
-#ifndef __CUDACC__
 /* the host tables of a type, built on first use; NULL when memory ran out */
 static inline const struct qd_iq_grid *qd_iqgrid_tables(int type)
 {
     return type == QD_IQ3_XXS ? qd_iq3xxs_grid() : qd_iq1_grid();
 }
-#endif
 
 #endif

@@ -53,7 +53,7 @@ enum qd_status qd_importance_check(enum qd_backend_kind b, const struct qd_forma
 {
     if (!p->importance && f->needs_importance) {
         snprintf(err, len, "format %s needs an importance vector (ggml quantizes it only with one): give "
-                 "\"importance\" (one value per column), or quantize with an imatrix", f->name);
+                 "\"importance\" to /quantize (one value per column), or convert with --imatrix", f->name);
         return QD_EINVAL;
     }
     if (!p->importance)

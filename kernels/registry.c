@@ -402,8 +402,8 @@ static const char *const fp8_defaults[] = {"granularity=channel", "flow=compress
     {.name = nm, .family = "iqgrid", .doc = dc, .block_elems = QD_QK_K, .block_bytes = bytes,  \
      .block_axis = "last", .bits_per_weight = bytes * 8.0 / QD_QK_K, .code = cd,               \
      .gguf_type = gguf, .gguf_file_type = ftype, .params = kquant_params,                      \
-     .importance = QD_IMPORTANCE_ON(QD_BACKEND_CPU), .needs_importance = needs,                \
-     .layout = layout_iquant, .backend = {[QD_BACKEND_CPU] = {qd_cpu_iqgrid_quantize, qd_cpu_iqgrid_dequantize}}}
+     .importance = ANY_BACKEND, .needs_importance = needs, .layout = layout_iquant,             \
+     .backend = BACKENDS(iqgrid)}
 #define MLX_FP(nm, cd, group, bits, prm, dflt, dc)                                              \
     {.name = nm, .family = "mlx", .doc = dc, .block_elems = group, .block_axis = "last",        \
      .bits_per_weight = bits + 8.0 / group, .code = cd, .params = prm, .param_defaults = dflt,  \
@@ -442,7 +442,6 @@ const struct qd_format qd_formats[] = {
      .block_axis = "last", .bits_per_weight = 110 * 8.0 / 256, .gguf_type = 21, .gguf_file_type = 26,
      .params = kquant_params, .importance = QD_IMPORTANCE_ON(QD_BACKEND_CPU), .layout = layout_iquant,
      .backend = {[QD_BACKEND_CPU] = {qd_cpu_iq3s_quantize, qd_cpu_iq3s_dequantize}}},
-    /* no CUDA kernels yet: the service runs their CPU code */
     IQGRID("iq3_xxs", QD_IQ3_XXS, 98, 18, 23, 0, "ggml block_iq3_xxs: 256 elements, f16 d, 8 x 4-bit scales, "
            "4-tuples of |x| as points of a 256-point grid, 7 sign bits per 8 values"),
     IQGRID("iq1_s", QD_IQ1_S, 50, 19, 24, 1, "ggml block_iq1_s: 256 elements, f16 d, 8 x (3-bit scale, shift sign), "

@@ -219,6 +219,7 @@ def service(models, tmp_path_factory):
     data = tmp_path_factory.mktemp("data")
     for name in ("llama", "qwen2"):
         shutil.copy(models[name], data / f"{name}.gguf")
+    shutil.copy(models["DIR"] / "llama.imatrix.gguf", data / "llama.imatrix.gguf")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -262,7 +263,8 @@ def run_job(base, body):
     raise AssertionError("the job did not finish")
 
 
-@pytest.mark.parametrize("key", ["tensor_type", "override_kv", "prune_layers", "leave_output_tied"])
+@pytest.mark.parametrize("key", ["tensor_type", "override_kv", "prune_layers", "leave_output_tied", "mix_iq3_s",
+                                 "imatrix_pure_iq1_s"])
 def test_job_takes_the_options(service, key):
     """A conversion job with the options as members (llama-quantize's names, '_' for '-'; a
     repeatable one as a list) writes llama-quantize's file."""

@@ -51,6 +51,11 @@ enum qd_status qd_importance_check(enum qd_backend_kind b, const struct qd_forma
                                    const struct qd_tensor *in, const struct qd_params *p,
                                    char *err, size_t len)
 {
+    if (!p->importance && f->needs_importance) {
+        snprintf(err, len, "format %s needs an importance vector (ggml quantizes it only with one): give "
+                 "\"importance\" to /quantize (one value per column), or convert with --imatrix", f->name);
+        return QD_EINVAL;
+    }
     if (!p->importance)
         return QD_OK;
     if (!(f->importance & QD_IMPORTANCE_ON(b))) {

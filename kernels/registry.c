@@ -11,6 +11,7 @@
 #include "cpu/cpu.h"
 #include "fp8.h"
 #include "ggml.h"
+#include "iqgrid_quants.h"
 #include "iquants.h"
 #include "kquants.h"
 #include "mlx.h"
@@ -396,6 +397,13 @@ static const char *const fp8_defaults[] = {"granularity=channel", "flow=compress
      .block_axis = "last", .bits_per_weight = bytes * 8.0 / elems, .code = cd,                 \
      .gguf_type = gguf, .gguf_file_type = ftype, .params = kquant_params, .importance = imp,   \
      .layout = layout_iquant, .backend = BACKENDS(iquant)}
+/* ggml's grid-searched iq3_xxs/iq1_s/iq1_m (kernels/iqgrid_quants.h) */
+#define IQGRID(nm, cd, bytes, gguf, ftype, needs, dc)                                          \
+    {.name = nm, .family = "iqgrid", .doc = dc, .block_elems = QD_QK_K, .block_bytes = bytes,  \
+     .block_axis = "last", .bits_per_weight = bytes * 8.0 / QD_QK_K, .code = cd,               \
+     .gguf_type = gguf, .gguf_file_type = ftype, .params = kquant_params,                      \
+     .importance = ANY_BACKEND, .needs_importance = needs, .layout = layout_iquant,             \
+     .backend = BACKENDS(iqgrid)}
 #define MLX_FP(nm, cd, group, bits, prm, dflt, dc)                                              \
     {.name = nm, .family = "mlx", .doc = dc, .block_elems = group, .block_axis = "last",        \
      .bits_per_weight = bits + 8.0 / group, .code = cd, .params = prm, .param_defaults = dflt,  \
@@ -432,6 +440,12 @@ const struct qd_format qd_formats[] = {
      "4-tuples of |x| as points of a 512-point grid, signs apart", .block_elems = 256, .block_bytes = 110,
      .block_axis = "last", .bits_per_weight = 110 * 8.0 / 256, .gguf_type = 21, .gguf_file_type = 26,
      .params = kquant_params, .importance = ANY_BACKEND, .layout = layout_iquant, .backend = BACKENDS(iq3s)},
+    IQGRID("iq3_xxs", QD_IQ3_XXS, 98, 18, 23, 0, "ggml block_iq3_xxs: 256 elements, f16 d, 8 x 4-bit scales, "
+           "4-tuples of |x| as points of a 256-point grid, 7 sign bits per 8 values"),
+    IQGRID("iq1_s", QD_IQ1_S, 50, 19, 24, 1, "ggml block_iq1_s: 256 elements, f16 d, 8 x (3-bit scale, shift sign), "
+           "8-tuples of ternary values as points of a 2048-point grid (importance required)"),
+    IQGRID("iq1_m", QD_IQ1_M, 56, 29, 31, 0, "ggml block_iq1_m: 256 elements, 16 x (3-bit scale), 32 shift signs, "
+           "8-tuples of ternary values as points of a 2048-point grid, f16 d spread over the scales"),
     /* "mxfp4" is the OCP layout (scales apart, OCP rounding); llama.cpp's own MXFP4 type keeps its
      * exponent in the block and picks codes by least error: other bytes, hence its own name */
     IQUANT("mxfp4_ggml", QD_MXFP4_GGML, 32, 17, 39, 38, ANY_BACKEND /* read and ignored, as ggml does */,

@@ -51,21 +51,29 @@ static int first_nonfinite_f16(const uint8_t *p, uint64_t n_blocks, int block_by
 }
 
 /* Where a block type keeps its f16 scale (d, and dmin: fields 2), as ggml's structs lay them out
- * (ternary: d after the codes; MXFP4: an E8M0 exponent instead, fields 0). */
+ * (ternary: d after the codes; MXFP4: an E8M0 exponent instead, and IQ1_M's d spread over its
+ * scales: fields 0, checked apart). */
 static void f16_fields(uint32_t type, int *at, int *fields)
 {
     *at = type == QD_GGML_Q2_K ? 80 : type == QD_GGML_Q3_K ? 108 : type == QD_GGML_Q6_K ? 208
         : type == 34 /* tq1_0 */ ? 52 : type == 35 /* tq2_0 */ ? 64 : 0;
-    *fields = type == 39 /* mxfp4 */ ? 0 : type == QD_GGML_Q4_1 || type == QD_GGML_Q5_1 || type == QD_GGML_Q2_K ||
+    *fields = type == 39 /* mxfp4 */ || type == 29 /* iq1_m */ ? 0 : type == QD_GGML_Q4_1 || type == QD_GGML_Q5_1 || type == QD_GGML_Q2_K ||
               type == QD_GGML_Q4_K || type == QD_GGML_Q5_K ? 2 : 1;
 }
 
-/* MXFP4's validation: no block exponent 0xff (E8M0's NaN). */
+/* MXFP4's validation: no block exponent 0xff (E8M0's NaN); IQ1_M's: its d (the top 4 bits of
+ * each of the 4 scale words at byte 48) finite. */
 static int invalid_e8m0(uint32_t type, const uint8_t *p, uint64_t n_blocks, int block_bytes)
 {
     for (uint64_t b = 0; type == 39 && b < n_blocks; b++)
         if (p[b * (uint64_t)block_bytes] == 0xff)
             return 1;
+    for (uint64_t b = 0; type == 29 && b < n_blocks; b++) {
+        const uint8_t *sc = p + b * (uint64_t)block_bytes + 48;
+        const unsigned d = (unsigned)(sc[1] >> 4 | (sc[3] & 0xf0) | (sc[5] >> 4) << 8 | (sc[7] & 0xf0) << 8);
+        if ((d & 0x7c00) == 0x7c00)
+            return 1;
+    }
     return 0;
 }
 

@@ -1,6 +1,6 @@
 /* The rules of gguf_recipe.h, for the mixes quantd writes, with llama-quantize's per-tensor
- * options (gguf_options.h). Only the branches those mixes reach are here: the IQ and ternary
- * mixes and the imatrix-only rules are llama.cpp's alone. */
+ * options (gguf_options.h). Only the branches those mixes reach are here (and the IQ2 mixes',
+ * which share the IQ1 mixes' branch). */
 #include "checkpoint/gguf_recipe.h"
 
 #include "checkpoint/convert.h"
@@ -11,7 +11,10 @@
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 7, Q5_0 = 8, Q5_1 = 9, Q2_K = 10, Q3_K_S = 11, Q3_K_M = 12, Q3_K_L = 13,
        Q4_K_S = 14, Q4_K_M = 15, Q5_K_S = 16, Q5_K_M = 17, Q6_K = 18, Q2_K_S = 21, IQ4_NL = 25, IQ4_XS = 30,
-       TQ1_0 = 36, TQ2_0 = 37, MXFP4_MOE = 38 };
+       TQ1_0 = 36, TQ2_0 = 37, MXFP4_MOE = 38, IQ2_XXS = 19, IQ2_XS = 20, IQ3_XS = 22, IQ3_XXS = 23, IQ1_S = 24,
+       IQ3_S = 26, IQ3_M = 27, IQ2_S = 28, IQ2_M = 29, IQ1_M = 31 };
+/* ggml type ids the IQ rules name */
+enum { T_IQ2_XXS = 16, T_IQ3_XXS = 18, T_IQ3_S = 21, T_IQ2_S = 22 };
 
 #define MIX(name, ftype, fmt) {name, ftype, fmt, 0, 0}
 static const struct qd_gguf_recipe recipes[] = {
@@ -23,6 +26,10 @@ static const struct qd_gguf_recipe recipes[] = {
     MIX("Q2_K_S", Q2_K_S, "q2_K"), /* (with an importance matrix only: qd_recipe_requires_imatrix) */
     MIX("IQ4_NL", IQ4_NL, "iq4_nl"), MIX("IQ4_XS", IQ4_XS, "iq4_xs"), MIX("TQ1_0", TQ1_0, "tq1_0"),
     MIX("TQ2_0", TQ2_0, "tq2_0"),     MIX("MXFP4_MOE", MXFP4_MOE, "mxfp4_ggml"),
+    MIX("IQ3_S", IQ3_S, "iq3_s"),     MIX("IQ3_M", IQ3_M, "iq3_s"),
+    /* (with an importance matrix only: their IQ3_XXS and IQ1 tensors) */
+    MIX("IQ3_XXS", IQ3_XXS, "iq3_xxs"), MIX("IQ3_XS", IQ3_XS, "iq3_s"), MIX("IQ1_S", IQ1_S, "iq1_s"),
+    MIX("IQ1_M", IQ1_M, "iq1_m"),
     /* every quantizable tensor converted to one float type; COPY after F32, whose id (0) it shares */
     {"F16", 1, NULL, QD_GGML_F16, 0}, {"BF16", 32, NULL, QD_GGML_BF16, 0}, {"F32", 0, NULL, QD_GGML_F32, 0},
     {"COPY", 0, NULL, QD_GGML_F32, 1},
@@ -44,7 +51,8 @@ const struct qd_gguf_recipe *qd_gguf_recipe_find(const char *name)
 const char *qd_gguf_recipe_names(void)
 {
     return "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K (Q3_K, Q4_K, "
-           "Q5_K: the _M mixes), IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE, Q2_K_S (with --imatrix), F16 BF16 F32 COPY";
+           "Q5_K: the _M mixes), IQ4_NL IQ4_XS IQ3_S IQ3_M TQ1_0 TQ2_0 MXFP4_MOE, Q2_K_S IQ3_XXS IQ3_XS IQ1_S IQ1_M (with "
+           "--imatrix), F16 BF16 F32 COPY";
 }
 
 /* An integer key's value (an array's first element), or def. */
@@ -141,6 +149,23 @@ static int use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (
 
 static int block_of(uint32_t type) { return qd_ggml_type(type)->block_elems; }
 
+/* the IQ1 and IQ2 mixes, which llama.cpp types by rules of their own */
+static int low_bit(int ft)
+{
+    return ft == IQ2_XXS || ft == IQ2_XS || ft == IQ1_S || ft == IQ2_S || ft == IQ2_M || ft == IQ1_M;
+}
+
+static int iq2_sm(int ft) { return ft == IQ2_S || ft == IQ2_M; }
+
+/* the layer of an ffn tensor: its counter's, or for experts (not in layer order) its name's */
+static int ffn_layer(const struct qd_recipe_state *s, const char *name, int counter)
+{
+    int i = counter;
+    if (s->n_expert > 1)
+        sscanf(name, "blk.%d.", &i);
+    return i;
+}
+
 /* llama_tensor_get_type_impl: the mix's rule for a tensor of category c. */
 static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor *t, const char *name, enum category c)
 {
@@ -154,18 +179,48 @@ static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor 
             type = s->opt->output_tensor_type;
         else if (ft == MXFP4_MOE || falcon || t->ne[0] % block_of(type))
             type = QD_GGML_Q8_0;
+        else if (low_bit(ft) || ft == IQ3_XXS)
+            type = QD_GGML_Q5_K;
         else if (type != QD_GGML_Q8_0)
             type = QD_GGML_Q6_K;
     } else if (ft == MXFP4_MOE) { /* the experts (3-D) MXFP4, the rest Q8_0 */
         const int ffn = c == FFN_UP || c == FFN_GATE || c == FFN_DOWN;
         type = t->ne[2] > 1 && (!s->arch->mxfp4_ffn_experts_only || ffn) ? 39 /* mxfp4 */ : QD_GGML_Q8_0;
     } else if (c == TOKEN_EMBD) {
-        if (ft == TQ1_0 || ft == TQ2_0)
+        if (ft == IQ2_XXS || ft == IQ2_XS || ft == IQ1_S || ft == IQ1_M)
+            type = QD_GGML_Q2_K;
+        else if (iq2_sm(ft) || ft == IQ3_XXS)
+            type = T_IQ3_S;
+        else if (ft == TQ1_0 || ft == TQ2_0)
             type = QD_GGML_Q4_K;
+    } else if (low_bit(ft)) {
+        if (attn_v_like(c)) {
+            type = s->n_gqa >= 4 || s->n_expert >= 4 ? QD_GGML_Q4_K : iq2_sm(ft) ? T_IQ3_S : QD_GGML_Q2_K;
+            s->i_attention_wv++;
+        } else if (s->n_expert == 8 && c == ATTN_K) {
+            type = QD_GGML_Q4_K;
+        } else if (c == FFN_DOWN) { /* by the counter alone, experts or not */
+            if (s->i_ffn_down < s->n_layer / 8)
+                type = iq2_sm(ft) ? T_IQ3_S : QD_GGML_Q2_K;
+            s->i_ffn_down++;
+        } else if (c == ATTN_OUTPUT) {
+            if (s->n_expert == 8)
+                type = QD_GGML_Q5_K;
+            else if (ft == IQ1_S || ft == IQ1_M)
+                type = T_IQ2_XXS;
+            else if (iq2_sm(ft))
+                type = T_IQ3_S;
+        }
     } else if (attn_v_like(c)) {
         if (ft == Q2_K)
             type = s->n_gqa >= 4 ? QD_GGML_Q4_K : QD_GGML_Q3_K;
         else if (ft == Q2_K_S && s->n_gqa >= 4)
+            type = QD_GGML_Q4_K;
+        else if (ft == IQ3_XXS)
+            type = s->n_gqa >= 4 ? QD_GGML_Q4_K : !s->has_imatrix ? T_IQ3_S : T_IQ3_XXS;
+        else if ((ft == IQ3_XS || ft == IQ3_S) && s->n_gqa >= 4)
+            type = QD_GGML_Q4_K;
+        else if (ft == IQ3_M)
             type = QD_GGML_Q4_K;
         else if (ft == Q3_K_M)
             type = s->i_attention_wv < 2 ? QD_GGML_Q5_K : QD_GGML_Q4_K;
@@ -185,17 +240,28 @@ static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor 
     } else if (c == ATTN_K) {
         if (s->n_expert == 8)
             type = QD_GGML_Q8_0;
+        else if (ft == IQ3_XS)
+            type = T_IQ3_XXS;
+        else if (ft == IQ3_XXS)
+            type = T_IQ2_S;
+    } else if (c == ATTN_Q) {
+        if (ft == IQ3_XS)
+            type = T_IQ3_XXS;
+        else if (ft == IQ3_XXS)
+            type = T_IQ2_S;
     } else if (c == FFN_DOWN) {
-        int i = s->i_ffn_down, n = s->n_layer;
-        if (s->n_expert > 1) /* experts are not in layer order: the layer is in the name */
-            sscanf(name, "blk.%d.", &i);
+        const int i = ffn_layer(s, name, s->i_ffn_down), n = s->n_layer;
         if (ft == Q2_K)
             type = QD_GGML_Q3_K;
         else if (ft == Q2_K_S) {
             if (i < n / 8)
                 type = QD_GGML_Q4_K;
-        } else if (ft == Q3_K_M)
+        } else if (ft == IQ3_XXS && !s->has_imatrix)
+            type = i < n / 8 ? QD_GGML_Q4_K : QD_GGML_Q3_K;
+        else if (ft == Q3_K_M)
             type = i < n / 16 ? QD_GGML_Q5_K : !falcon || use_more_bits(i, n) ? QD_GGML_Q4_K : QD_GGML_Q3_K;
+        else if (ft == IQ3_M && (i < n / 8 || (s->n_expert == 8 && use_more_bits(i, n))))
+            type = QD_GGML_Q4_K;
         else if (ft == Q3_K_L)
             type = falcon ? QD_GGML_Q4_K : QD_GGML_Q5_K;
         else if (ft == Q4_K_M) {
@@ -216,16 +282,24 @@ static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor 
         if (!falcon) {
             if (s->n_expert == 8) {
                 if (ft == Q2_K || ft == Q3_K_S || ft == Q3_K_M || ft == Q4_K_S || ft == Q4_K_M || ft == IQ4_NL ||
-                    ft == IQ4_XS)
+                    ft == IQ4_XS || ft == IQ3_XS || ft == IQ3_XXS || ft == IQ3_S || ft == IQ3_M)
                     type = QD_GGML_Q5_K;
             } else if (ft == Q2_K)
                 type = QD_GGML_Q3_K;
-            else if (ft == Q3_K_M)
+            else if (ft == IQ3_XXS)
+                type = T_IQ3_S;
+            else if (ft == Q3_K_M || ft == IQ3_M)
                 type = QD_GGML_Q4_K;
             else if (ft == Q3_K_L)
                 type = QD_GGML_Q5_K;
         } else if (ft == Q3_K_L)
             type = QD_GGML_Q4_K;
+    } else if (c == FFN_GATE || c == FFN_UP) { /* IQ3_XS: the middle layers IQ3_XXS */
+        int *counter = c == FFN_GATE ? &s->i_ffn_gate : &s->i_ffn_up;
+        const int i = ffn_layer(s, name, *counter), n = s->n_layer;
+        if (ft == IQ3_XS && i >= n / 8 && i < 7 * n / 8)
+            type = T_IQ3_XXS;
+        (*counter)++;
     }
     return type;
 }
@@ -281,7 +355,11 @@ uint32_t qd_recipe_type(struct qd_recipe_state *s, const struct qd_gguf_tensor *
 int qd_recipe_requires_imatrix(const struct qd_recipe_state *s, const char *name, uint32_t type)
 {
     const enum category c = category(name);
-    return c != OUTPUT && c != TOKEN_EMBD && type == QD_GGML_Q2_K && s->r && s->r->ftype == Q2_K_S;
+    if (c == OUTPUT || c == TOKEN_EMBD)
+        return 0;
+    /* iq2_xxs iq2_xs iq3_xxs iq1_s iq2_s iq1_m, and Q2_K_S's q2_K */
+    return type == 16 || type == 17 || type == 18 || type == 19 || type == 22 || type == 29 ||
+           (type == QD_GGML_Q2_K && s->r && s->r->ftype == Q2_K_S);
 }
 
 const struct qd_format *qd_gguf_format_of(uint32_t type)

@@ -252,6 +252,10 @@ static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct s
         awq_f16_overflows++;
     }
     cases++;
+    if (f->needs_importance && !importance_case) { /* iq1_s: refused alike without one */
+        assert_int_equal(sc, QD_EINVAL);
+        goto done;
+    }
     /* the worker's fallback names itself: a format with CUDA kernels must run them */
     if ((importance_case || f->backend[QD_BACKEND_CUDA].quantize) && !strcmp(wg.backend, "cpu"))
         fail_msg("%s%s ran on the CPU, not the GPU's kernels", f->name, importance_case ? " with importance" : "");

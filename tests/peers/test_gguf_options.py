@@ -139,6 +139,20 @@ def test_bad_option_is_refused(models, tmp_path, args, says):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("mix,tensor_type", [("IQ1_S", "iq1_s"), ("iq1_m", "iq1_m"), ("IQ3_XXS", "iq2_s"),
+                                             ("IQ3_XS", "iq3_xxs")])
+def test_imatrix_mix_needs_imatrix(models, tmp_path, mix, tensor_type):
+    """The mixes whose tensors llama-quantize writes only with an importance matrix are refused
+    without one, naming the first such tensor and its type as llama-quantize does (its
+    "offending tensor: blk.0.attn_k.weight, target type: ..."), and the fix; no file."""
+    out = tmp_path / "out.gguf"
+    p = run_quantd("convert", "--in", models["llama"], "--out", out, "--recipe", mix, check=False)
+    assert p.returncode == 1, p.stderr
+    assert "requires an importance matrix (--imatrix FILE" in p.stderr, p.stderr
+    assert f"tensor 'blk.0.attn_k.weight' would be {tensor_type}" in p.stderr, p.stderr
+    assert not out.exists()
+
+
 def test_option_value_missing(models, tmp_path):
     p = run_quantd("convert", "--in", models["llama"], "--out", tmp_path / "o.gguf", "--recipe", "Q4_0",
                    "--token-embedding-type", check=False)
@@ -205,6 +219,7 @@ def service(models, tmp_path_factory):
     data = tmp_path_factory.mktemp("data")
     for name in ("llama", "qwen2"):
         shutil.copy(models[name], data / f"{name}.gguf")
+    shutil.copy(models["DIR"] / "llama.imatrix.gguf", data / "llama.imatrix.gguf")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -248,7 +263,8 @@ def run_job(base, body):
     raise AssertionError("the job did not finish")
 
 
-@pytest.mark.parametrize("key", ["tensor_type", "override_kv", "prune_layers", "leave_output_tied"])
+@pytest.mark.parametrize("key", ["tensor_type", "override_kv", "prune_layers", "leave_output_tied", "mix_iq3_s",
+                                 "imatrix_pure_iq1_s"])
 def test_job_takes_the_options(service, key):
     """A conversion job with the options as members (llama-quantize's names, '_' for '-'; a
     repeatable one as a list) writes llama-quantize's file."""

@@ -107,7 +107,8 @@ def test_importance_refusals(service):
     for fmt, vec, what in [("nf4", imp, "takes no importance"), ("q4_K", imp[:256], "one per column"),
                            ("q4_K", np.tile(imp, 3), "equal runs of rows"),
                            ("q4_K", np.where(np.arange(512) == 3, np.nan, imp), "finite"),
-                           ("q4_K", -imp, ">= 0")]:
+                           ("q4_K", -imp, ">= 0"),
+                           ("iq1_s", None, "needs an importance")]:  # ggml asserts one
         status, r = quantize(service, fmt, x, vec)
         assert status == 422, (fmt, r)
         assert r["error"]["code"] == "bad_importance" and what in r["error"]["message"], r

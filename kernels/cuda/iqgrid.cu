@@ -1,0 +1,117 @@
+/* ggml's iq3_xxs, iq1_s and iq1_m on the GPU, with the CPU's super-block code
+ * (kernels/iqgrid_quants.h, built without FMA contraction): one thread per 256-element
+ * super-block, for quantize (weighted by the importance when one is given) and dequantize,
+ * over a device copy of the grid tables the host built (kernels/iqgrid.c), made per call in
+ * stream order and freed after the kernels (about 1 MB for the IQ1 grid). */
+#include "../iqgrid_quants.h"
+#include "tile.cuh"
+
+#define IQG_THREADS 64
+
+template <int DT, int TYPE>
+__global__ void __launch_bounds__(IQG_THREADS) iqgrid_quantize_kernel(const void *x, int64_t nblocks, int64_t cols,
+                                                                     const float *imp, int64_t mrows,
+                                                                     struct qd_iq_grid g, uint8_t *out,
+                                                                     unsigned long long *bad)
+{
+    const int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (b >= nblocks)
+        return;
+    const int64_t e0 = b * QD_QK_K;
+    float v[QD_QK_K];
+    if (qd_load_block_top<DT, QD_QK_K>(x, e0, v) >= 0x7f800000u)
+        qd_note_first_nonfinite<QD_QK_K>(bad, v, e0);
+    const float *qw = imp ? (mrows ? imp + e0 / cols / mrows * cols : imp) + e0 % cols : NULL;
+    qd_iqgrid_quantize_block(TYPE, &g, v, qw, out + b * qd_iqgrid_block_bytes(TYPE));
+}
+
+template <int DT, int TYPE>
+__global__ void __launch_bounds__(IQG_THREADS) iqgrid_dequantize_kernel(const uint8_t *in, int64_t nblocks,
+                                                                       struct qd_iq_grid g, void *y)
+{
+    const int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (b >= nblocks)
+        return;
+    float v[QD_QK_K];
+    qd_iqgrid_dequantize_block(TYPE, &g, in + b * qd_iqgrid_block_bytes(TYPE), v);
+    qd_store_block<DT, QD_QK_K>(y, b * QD_QK_K, v);
+}
+
+#define IQGRID_TYPE_SWITCH(t, TYPE, ...)                                                        \
+    switch (t) {                                                                                \
+    case QD_IQ3_XXS: { constexpr int TYPE = QD_IQ3_XXS; __VA_ARGS__; } break;                   \
+    case QD_IQ1_S: { constexpr int TYPE = QD_IQ1_S; __VA_ARGS__; } break;                       \
+    case QD_IQ1_M: { constexpr int TYPE = QD_IQ1_M; __VA_ARGS__; } break;                       \
+    default: QD_SWITCH_UNKNOWN();                                                               \
+    }
+
+/* The type's tables in new device memory *mem (map, neighbour lists, levels), pointed to by *d. */
+static enum qd_status upload_grid(int type, struct qd_iq_grid *d, uint8_t **mem)
+{
+    const struct qd_iq_grid *h = qd_iqgrid_tables(type);
+    if (!h)
+        return QD_ENOMEM;
+    const size_t map_b = (size_t)h->map_size * sizeof(int32_t), nb_b = h->neighbours_len * sizeof(uint16_t);
+    const size_t lv_b = (size_t)h->n * (size_t)h->dim;
+    CUDA_CHECK(cudaMallocAsync((void **)mem, map_b + nb_b + lv_b, qd_stream()));
+    /* from pageable memory: staged before each call returns */
+    cudaError_t e = cudaMemcpyAsync(*mem, h->map, map_b, cudaMemcpyHostToDevice, qd_stream());
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(*mem + map_b, h->neighbours, nb_b, cudaMemcpyHostToDevice, qd_stream());
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(*mem + map_b + nb_b, h->levels, lv_b, cudaMemcpyHostToDevice, qd_stream());
+    if (e != cudaSuccess) {
+        cudaFreeAsync(*mem, qd_stream());
+        *mem = NULL;
+        CUDA_CHECK(e);
+    }
+    *d = *h;
+    d->map = (const int32_t *)*mem;
+    d->neighbours = (const uint16_t *)(*mem + map_b);
+    d->levels = *mem + map_b + nb_b;
+    return QD_OK;
+}
+
+extern "C" enum qd_status qd_cuda_iqgrid_quantize(const struct qd_format *f, const struct qd_tensor *in,
+                                                  struct qd_params *p, void *const *out)
+{
+    const int64_t nblocks = qd_tensor_numel(in) / QD_QK_K;
+    const int64_t mrows = p->importance ? qd_cuda_importance_matrix_rows(p, in) : 0;
+    float *imp = NULL;
+    uint8_t *mem = NULL;
+    struct qd_iq_grid g;
+    unsigned long long *bad;
+    enum qd_status s = qd_cuda_bad_begin(1, &bad);
+    if (s != QD_OK || (s = upload_grid(f->code, &g, &mem)) != QD_OK)
+        return s;
+    if ((s = qd_cuda_importance(p, &imp)) != QD_OK) {
+        cudaFreeAsync(mem, qd_stream());
+        return s;
+    }
+    QD_DTYPE_SWITCH(in->dtype, DT, IQGRID_TYPE_SWITCH(f->code, TYPE,
+                    iqgrid_quantize_kernel<DT, TYPE><<<qd_grid(nblocks, IQG_THREADS), IQG_THREADS, 0, qd_stream()>>>(
+                        in->data, nblocks, in->cols, imp, mrows, g, (uint8_t *)out[0], bad)));
+    CUDA_LAUNCHED();
+    if (imp)
+        CUDA_CHECK(cudaFreeAsync(imp, qd_stream()));
+    CUDA_CHECK(cudaFreeAsync(mem, qd_stream()));
+    return qd_cuda_bad_end(bad);
+}
+
+extern "C" enum qd_status qd_cuda_iqgrid_dequantize(const struct qd_format *f, const void *const *in,
+                                                    const struct qd_params *p, struct qd_tensor *out)
+{
+    (void)p;
+    const int64_t nblocks = qd_tensor_numel(out) / QD_QK_K;
+    uint8_t *mem = NULL;
+    struct qd_iq_grid g;
+    enum qd_status s = upload_grid(f->code, &g, &mem);
+    if (s != QD_OK)
+        return s;
+    QD_DTYPE_SWITCH(out->dtype, DT, IQGRID_TYPE_SWITCH(f->code, TYPE,
+                    iqgrid_dequantize_kernel<DT, TYPE><<<qd_grid(nblocks, IQG_THREADS), IQG_THREADS, 0, qd_stream()>>>(
+                        (const uint8_t *)in[0], nblocks, g, out->data)));
+    CUDA_LAUNCHED();
+    CUDA_CHECK(cudaFreeAsync(mem, qd_stream()));
+    return QD_OK;
+}

@@ -1,0 +1,367 @@
+/* ggml's IQ1_S and IQ1_M, one 256-element super-block at a time, for every backend: each 8-tuple
+ * of x coded as a point of a 2048-point grid of ternary values (-1, 0, 1) shifted by +-1/8 per
+ * sub-block, the shift and a 3-bit scale per sub-block (32 elements in IQ1_S, 16 in IQ1_M) and
+ * one f16 scale per super-block (IQ1_M spreads its bits over the four scale words). The
+ * contract is quantize_iq1_s (which ggml runs only with an importance: ggml_quantize_chunk
+ * asserts one) and quantize_iq1_m (with or without), and dequantize_row_iq1_s/_m; the same
+ * float operations in the same order (built without FMA contraction). The grid tables:
+ * kernels/iqgrid.h, levels 0..2 standing for -1..1. */
+#ifndef QD_IQ1_H
+#define QD_IQ1_H
+
+#include "iqgrid.h"
+#include "kquants.h"
+
+#define QD_IQ1S_BYTES 50 /* f16 d, 32 low index bytes, 8 x u16 of 4 x 3 high bits, a 3-bit scale, the shift sign */
+#define QD_IQ1M_BYTES 56 /* 32 low index bytes, 16 of 2 x (3 high bits, shift sign), 4 x u16 scales and d */
+#define QD_IQ1_DELTA 0.125f /* IQ1S_DELTA and IQ1M_DELTA */
+
+/* Sorts idx[0..n) by x[idx] ascending, equal values in index order: what glibc's qsort (a
+ * stable merge sort for arrays this small) gives ggml's compare of the values alone. */
+QD_HD void qd_iq1_sort(const float *x, int n, int *idx)
+{
+    for (int j = 0; j < n; j++) {
+        int i = j;
+        for (; i > 0 && x[idx[i - 1]] > x[j]; i--)
+            idx[i] = idx[i - 1];
+        idx[i] = j;
+    }
+}
+
+/* iq1_find_best_neighbour2: the neighbour of off-grid tuple u whose values xx[level] at this
+ * scale come nearest xval, weighted (the first of equals); its levels into L, its index. ggml
+ * searches the whole grid where no distance is below FLT_MAX, reading past the 8 values (and
+ * aborts if still none); quantd takes the first neighbour there. */
+QD_HD int qd_iq1_best_neighbour(const struct qd_iq_grid *g, int u, const float *xval, const float *w, float scale,
+                                const float *xx, int8_t *L)
+{
+    const uint16_t *nb = qd_iq_neighbours(g, u);
+    float best_d2 = QD_IQ_FLT_MAX;
+    int best = -1;
+    for (int j = 1; j <= nb[0]; j++) {
+        const uint8_t *p = qd_iq_point(g, nb[j]);
+        float d2 = 0.0f;
+        for (int i = 0; i < 8; i++) {
+            const float diff = scale * xx[p[i]] - xval[i];
+            d2 += w[i] * diff * diff;
+        }
+        if (d2 < best_d2) {
+            best_d2 = d2;
+            best = nb[j];
+        }
+    }
+    if (best < 0)
+        best = nb[1];
+    for (int i = 0; i < 8; i++)
+        L[i] = (int8_t)qd_iq_point(g, best)[i];
+    return best;
+}
+
+/* One sub-block of n (32 or 16) values after the exhaustive split search: the grid points of its
+ * n/8 tuples (index), on-grid or the best neighbour at scale, and the scale refitted when any
+ * was off the grid. xx_of(k) picks tuple k's shifted values. Returns the scale. */
+QD_HD float qd_iq1_codes(const struct qd_iq_grid *g, int n, const float *xb, const float *w, int8_t *L, float scale,
+                         const float *const *xxk, uint16_t *index)
+{
+    int all_on_grid = 1;
+    for (int k = 0; k < n / 8; k++) {
+        const int u = qd_iq_tuple(g, L + 8 * k);
+        int gi = g->map[u];
+        if (gi < 0) {
+            all_on_grid = 0;
+            gi = qd_iq1_best_neighbour(g, u, xb + 8 * k, w + 8 * k, scale, xxk[k], L + 8 * k);
+        }
+        index[k] = (uint16_t)gi;
+    }
+    if (!all_on_grid) {
+        float sumqx = 0.0f, sumq2 = 0.0f;
+        for (int k = 0; k < n / 8; k++) {
+            const uint8_t *p = qd_iq_point(g, index[k]);
+            for (int j = 0; j < 8; j++) {
+                const float wj = w[8 * k + j], q = xxk[k][p[j]];
+                sumqx += wj * q * xb[8 * k + j];
+                sumq2 += wj * q * q;
+            }
+        }
+        if (sumqx > 0.0f && sumq2 > 0.0f)
+            scale = sumqx / sumq2;
+    }
+    return scale;
+}
+
+/* quantize_row_iq1_s_impl for one super-block; qw is required (ggml asserts it). */
+QD_HD void qd_iq1s_quantize(const struct qd_iq_grid *QD_RESTRICT g, const float *QD_RESTRICT x,
+                            const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
+{
+    const float x_p[3] = {-1.0f + QD_IQ1_DELTA, QD_IQ1_DELTA, 1.0f + QD_IQ1_DELTA};
+    const float x_m[3] = {-1.0f - QD_IQ1_DELTA, -QD_IQ1_DELTA, 1.0f - QD_IQ1_DELTA};
+    uint8_t *qs = blk + 2, *qhb = blk + 34;
+    uint16_t qh[8];
+    float scales[8], weight[32], sumx[33], sumw[33];
+    int8_t L[32], shifts[8];
+    int idx[32];
+    uint16_t index[4];
+    for (int i = 0; i < 48; i++)
+        qs[i] = 0;
+    for (int ib = 0; ib < 8; ib++)
+        qh[ib] = 0;
+    qd_put_f16(blk, 0.0f);
+    float sumx2 = 0.0f;
+    for (int i = 0; i < QD_QK_K; i++)
+        sumx2 += x[i] * x[i];
+    const float sigma2 = 2.0f * sumx2 / (float)QD_QK_K;
+    float max_scale = 0.0f;
+    for (int ib = 0; ib < 8; ib++) {
+        const float *xb = x + 32 * ib;
+        for (int i = 0; i < 32; i++)
+            weight[i] = qw[32 * ib + i] * sqrtf(sigma2 + xb[i] * xb[i]);
+        float max = qd_absf(xb[0]);
+        for (int i = 1; i < 32; i++)
+            max = max > qd_absf(xb[i]) ? max : qd_absf(xb[i]);
+        scales[ib] = 0.0f;
+        shifts[ib] = 1;
+        if (max < 1e-12f) /* GROUP_MAX_EPS_IQ1_S */
+            continue;
+        /* every split of the sorted values into -1, 0, 1, for either shift */
+        qd_iq1_sort(xb, 32, idx);
+        sumx[0] = sumw[0] = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            const int i = idx[j];
+            sumx[j + 1] = sumx[j] + weight[i] * xb[i];
+            sumw[j + 1] = sumw[j] + weight[i];
+        }
+        float best_score = -QD_IQ_FLT_MAX, scale = max;
+        int besti1 = -1, besti2 = -1, best_shift = 0;
+        for (int i1 = 0; i1 <= 32; i1++)
+            for (int i2 = i1; i2 <= 32; i2++)
+                for (int m = 0; m < 2; m++) {
+                    const float *v = m ? x_m : x_p;
+                    const float sumqx = (sumx[i1] - sumx[0]) * v[0] + (sumx[i2] - sumx[i1]) * v[1] +
+                                        (sumx[32] - sumx[i2]) * v[2];
+                    const float sumq2 = (sumw[i1] - sumw[0]) * v[0] * v[0] + (sumw[i2] - sumw[i1]) * v[1] * v[1] +
+                                        (sumw[32] - sumw[i2]) * v[2] * v[2];
+                    if (sumq2 > 0.0f && sumqx * sumqx > best_score * sumq2) {
+                        scale = sumqx / sumq2;
+                        best_score = scale * sumqx;
+                        besti1 = i1;
+                        besti2 = i2;
+                        best_shift = m ? -1 : 1;
+                    }
+                }
+        if (besti1 < 0 || besti2 < 0 || best_shift == 0)
+            continue;
+        for (int j = 0; j < 32; j++)
+            L[idx[j]] = (int8_t)(j < besti1 ? 0 : j < besti2 ? 1 : 2);
+        if (scale < 0.0f) {
+            for (int j = 0; j < 32; j++)
+                L[j] = (int8_t)(2 - L[j]);
+            scale = -scale;
+            best_shift = -best_shift;
+        }
+        const float *xx = best_shift == 1 ? x_p : x_m;
+        const float *xxk[4] = {xx, xx, xx, xx};
+        scale = qd_iq1_codes(g, 32, xb, weight, L, scale, xxk, index);
+        uint16_t h = 0;
+        for (int k = 0; k < 4; k++) {
+            qs[4 * ib + k] = (uint8_t)(index[k] & 255);
+            h |= (uint16_t)((index[k] >> 8) << 3 * k);
+        }
+        qh[ib] = h;
+        scales[ib] = scale;
+        shifts[ib] = (int8_t)best_shift;
+        max_scale = max_scale > scale ? max_scale : scale;
+    }
+    if (max_scale != 0.0f) {
+        const float d = max_scale / 15.0f;
+        qd_put_f16(blk, d * 1.125f);
+        const float id = 1.0f / d;
+        for (int ib = 0; ib < 8; ib++) {
+            int l = qd_kq_clampi(qd_kq_round(0.5f * (id * scales[ib] - 1.0f)), 0, 7);
+            if (shifts[ib] == -1)
+                l |= 8;
+            qh[ib] |= (uint16_t)(l << 12);
+        }
+    }
+    for (int ib = 0; ib < 8; ib++) {
+        qhb[2 * ib] = (uint8_t)qh[ib];
+        qhb[2 * ib + 1] = (uint8_t)(qh[ib] >> 8);
+    }
+}
+
+/* quantize_row_iq1_m_impl for one super-block; without qw the weights are x^2. */
+QD_HD void qd_iq1m_quantize(const struct qd_iq_grid *QD_RESTRICT g, const float *QD_RESTRICT x,
+                            const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
+{
+    const float x_p[3] = {-1.0f + QD_IQ1_DELTA, QD_IQ1_DELTA, 1.0f + QD_IQ1_DELTA};
+    const float x_m[3] = {-1.0f - QD_IQ1_DELTA, -QD_IQ1_DELTA, 1.0f - QD_IQ1_DELTA};
+    const uint8_t masks[4] = {0x00, 0x80, 0x08, 0x88};
+    uint8_t *qs = blk, *qh = blk + 32;
+    uint16_t sc[4] = {0, 0, 0, 0};
+    float scales[16], weight[16];
+    int8_t L[16], shifts[16];
+    int idx[16];
+    uint16_t index[2];
+    for (int i = 0; i < QD_IQ1M_BYTES; i++)
+        blk[i] = 0;
+    float sumx2 = 0.0f;
+    for (int i = 0; i < QD_QK_K; i++)
+        sumx2 += x[i] * x[i];
+    const float sigma2 = 2.0f * sumx2 / (float)QD_QK_K;
+    float max_scale = 0.0f;
+    for (int ib = 0; ib < 16; ib++) {
+        const float *xb = x + 16 * ib;
+        for (int i = 0; i < 16; i++)
+            weight[i] = qw ? qw[16 * ib + i] * sqrtf(sigma2 + xb[i] * xb[i]) : xb[i] * xb[i];
+        float max = qd_absf(xb[0]);
+        for (int i = 1; i < 16; i++)
+            max = max > qd_absf(xb[i]) ? max : qd_absf(xb[i]);
+        scales[ib] = 0.0f;
+        shifts[ib] = 0;
+        if (max < 1e-7f) /* GROUP_MAX_EPS_IQ1_M */
+            continue;
+        qd_iq1_sort(xb, 16, idx);
+        /* prefix sums per half (each half takes its own shift); k = 2 * (first half shifted down)
+         * + (second half shifted down) */
+        float px[2][17], pw[2][17];
+        px[0][0] = px[1][0] = pw[0][0] = pw[1][0] = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            const int i = idx[j], h = i < 8 ? 0 : 1;
+            px[h][j + 1] = px[h][j] + weight[i] * xb[i];
+            px[1 - h][j + 1] = px[1 - h][j];
+            pw[h][j + 1] = pw[h][j] + weight[i];
+            pw[1 - h][j + 1] = pw[1 - h][j];
+        }
+        const float txs[2] = {px[0][16], px[1][16]}, tws[2] = {pw[0][16], pw[1][16]};
+        const float p2 = x_p[2], m2 = x_m[2];
+        const float cp1 = x_p[0] * x_p[0] - x_p[1] * x_p[1], cp2 = x_p[1] * x_p[1] - x_p[2] * x_p[2];
+        const float cm1 = x_m[0] * x_m[0] - x_m[1] * x_m[1], cm2 = x_m[1] * x_m[1] - x_m[2] * x_m[2];
+        float best_score = -QD_IQ_FLT_MAX, scale = max;
+        int besti1 = -1, besti2 = -1, best_k = -1;
+        for (int i1 = 0; i1 <= 16; i1++)
+            for (int i2 = i1; i2 <= 16; i2++) {
+                float qx_p[2], qx_m[2], q2_p[2], q2_m[2], sumqx[4], sumq2[4];
+                for (int h = 0; h < 2; h++) {
+                    const float sx = px[h][i1] + px[h][i2];
+                    qx_p[h] = txs[h] * p2 - sx;
+                    qx_m[h] = txs[h] * m2 - sx;
+                    q2_p[h] = tws[h] * p2 * p2 + pw[h][i1] * cp1 + pw[h][i2] * cp2;
+                    q2_m[h] = tws[h] * m2 * m2 + pw[h][i1] * cm1 + pw[h][i2] * cm2;
+                }
+                sumqx[0] = qx_p[0] + qx_p[1];
+                sumqx[1] = qx_p[0] + qx_m[1];
+                sumqx[2] = qx_m[0] + qx_p[1];
+                sumqx[3] = qx_m[0] + qx_m[1];
+                sumq2[0] = q2_p[0] + q2_p[1];
+                sumq2[1] = q2_p[0] + q2_m[1];
+                sumq2[2] = q2_m[0] + q2_p[1];
+                sumq2[3] = q2_m[0] + q2_m[1];
+                for (int k = 0; k < 4; k++)
+                    if (sumq2[k] > 0.0f && sumqx[k] * sumqx[k] > best_score * sumq2[k]) {
+                        scale = sumqx[k] / sumq2[k];
+                        best_score = scale * sumqx[k];
+                        besti1 = i1;
+                        besti2 = i2;
+                        best_k = k;
+                    }
+            }
+        if (besti1 < 0 || besti2 < 0 || best_k < 0)
+            continue;
+        for (int j = 0; j < 16; j++)
+            L[idx[j]] = (int8_t)(j < besti1 ? 0 : j < besti2 ? 1 : 2);
+        if (scale < 0.0f) {
+            for (int j = 0; j < 16; j++)
+                L[j] = (int8_t)(2 - L[j]);
+            scale = -scale;
+            best_k = 3 - best_k;
+        }
+        const float *xxk[2] = {best_k < 2 ? x_p : x_m, best_k % 2 == 0 ? x_p : x_m};
+        scale = qd_iq1_codes(g, 16, xb, weight, L, scale, xxk, index);
+        qs[2 * ib] = (uint8_t)(index[0] & 255);
+        qs[2 * ib + 1] = (uint8_t)(index[1] & 255);
+        qh[ib] = (uint8_t)((index[0] >> 8) | ((index[1] >> 8) << 4));
+        scales[ib] = scale;
+        shifts[ib] = (int8_t)best_k;
+        max_scale = max_scale > scale ? max_scale : scale;
+    }
+    if (max_scale == 0.0f)
+        return;
+    /* the 3-bit scales, then d refitted over the whole super-block */
+    float d = max_scale / 15.0f;
+    const float id = 1.0f / d;
+    float sumqx = 0.0f, sumq2 = 0.0f;
+    for (int ib = 0; ib < 16; ib++) {
+        const int l = qd_kq_clampi(qd_kq_round(0.5f * (id * scales[ib] - 1.0f)), 0, 7);
+        sc[ib / 4] |= (uint16_t)(l << 3 * (ib % 4));
+        qh[ib] |= masks[shifts[ib]];
+        const float *xb = x + 16 * ib;
+        for (int i = 0; i < 16; i++)
+            weight[i] = qw ? qw[16 * ib + i] * sqrtf(sigma2 + xb[i] * xb[i]) : xb[i] * xb[i];
+        for (int k = 0; k < 2; k++) {
+            const float *xx = (k == 0 ? shifts[ib] < 2 : shifts[ib] % 2 == 0) ? x_p : x_m;
+            const uint8_t *p = qd_iq_point(g, qs[2 * ib + k] + ((qh[ib] << (8 - 4 * k)) & 0x700));
+            for (int j = 0; j < 8; j++) {
+                const float w = weight[8 * k + j], q = xx[p[j]] * (float)(2 * l + 1);
+                sumqx += w * q * xb[8 * k + j];
+                sumq2 += w * q * q;
+            }
+        }
+    }
+    if (sumq2 > 0.0f)
+        d = sumqx / sumq2;
+    uint8_t h[2];
+    qd_put_f16(h, d * 1.1125f);
+    const uint16_t s = (uint16_t)(h[0] | h[1] << 8);
+    sc[0] |= (uint16_t)((s & 0x000f) << 12);
+    sc[1] |= (uint16_t)((s & 0x00f0) << 8);
+    sc[2] |= (uint16_t)((s & 0x0f00) << 4);
+    sc[3] |= (uint16_t)(s & 0xf000);
+    for (int i = 0; i < 4; i++) {
+        blk[48 + 2 * i] = (uint8_t)sc[i];
+        blk[49 + 2 * i] = (uint8_t)(sc[i] >> 8);
+    }
+}
+
+QD_HD void qd_iq1s_dequantize(const struct qd_iq_grid *QD_RESTRICT g, const uint8_t *QD_RESTRICT blk,
+                              float *QD_RESTRICT y)
+{
+    const float d = qd_get_f16(blk);
+    const uint8_t *qs = blk + 2;
+    for (int ib = 0; ib < 8; ib++, qs += 4) {
+        const int qh = blk[34 + 2 * ib] | blk[35 + 2 * ib] << 8;
+        const float dl = d * (float)(2 * ((qh >> 12) & 7) + 1);
+        const float delta = qh & 0x8000 ? -QD_IQ1_DELTA : QD_IQ1_DELTA;
+        for (int l = 0; l < 4; l++, y += 8) {
+            const uint8_t *p = qd_iq_point(g, qs[l] | ((qh >> 3 * l) & 7) << 8);
+            for (int j = 0; j < 8; j++)
+                y[j] = dl * ((float)(p[j] - 1) + delta);
+        }
+    }
+}
+
+QD_HD void qd_iq1m_dequantize(const struct qd_iq_grid *QD_RESTRICT g, const uint8_t *QD_RESTRICT blk,
+                              float *QD_RESTRICT y)
+{
+    uint16_t sc[4];
+    for (int i = 0; i < 4; i++)
+        sc[i] = (uint16_t)(blk[48 + 2 * i] | blk[49 + 2 * i] << 8);
+    const uint16_t s = (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+    const uint8_t h[2] = {(uint8_t)s, (uint8_t)(s >> 8)};
+    const float d = qd_get_f16(h);
+    const uint8_t *qs = blk, *qh = blk + 32;
+    for (int ib = 0; ib < 8; ib++, qs += 4, qh += 2) {
+        const float dl1 = d * (float)(2 * ((sc[ib / 2] >> (6 * (ib % 2))) & 7) + 1);
+        const float dl2 = d * (float)(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3)) & 7) + 1);
+        const int idx[4] = {qs[0] | ((qh[0] << 8) & 0x700), qs[1] | ((qh[0] << 4) & 0x700),
+                            qs[2] | ((qh[1] << 8) & 0x700), qs[3] | ((qh[1] << 4) & 0x700)};
+        const float delta[4] = {qh[0] & 0x08 ? -QD_IQ1_DELTA : QD_IQ1_DELTA, qh[0] & 0x80 ? -QD_IQ1_DELTA : QD_IQ1_DELTA,
+                                qh[1] & 0x08 ? -QD_IQ1_DELTA : QD_IQ1_DELTA, qh[1] & 0x80 ? -QD_IQ1_DELTA : QD_IQ1_DELTA};
+        for (int l = 0; l < 4; l++, y += 8) {
+            const uint8_t *p = qd_iq_point(g, idx[l]);
+            const float dl = l < 2 ? dl1 : dl2;
+            for (int j = 0; j < 8; j++)
+                y[j] = dl * ((float)(p[j] - 1) + delta[l]);
+        }
+    }
+}
+
+#endif

@@ -51,6 +51,12 @@ enum qd_status qd_importance_check(enum qd_backend_kind b, const struct qd_forma
                                    const struct qd_tensor *in, const struct qd_params *p,
                                    char *err, size_t len)
 {
+    if (!p->importance && f->importance_required) {
+        snprintf(err, len, "format %s needs an importance vector (ggml's quantizer refuses to run without one): "
+                 "send \"importance\", one entry of a llama-imatrix file (or quantd convert --imatrix FILE)",
+                 f->name);
+        return QD_EINVAL;
+    }
     if (!p->importance)
         return QD_OK;
     if (!(f->importance & QD_IMPORTANCE_ON(b))) {

@@ -314,10 +314,10 @@ static int decode_quantize(struct qd_work *w, enum qd_body_kind kind, char *body
     }
     if (resolve_params(w, params, err) || layout(w, &w->in, err))
         goto done;
-    if (importance) {
+    if (importance || w->f->importance_required) {
         char msg[ERRLEN];
         /* any backend: one whose kernels do not read it runs the format's CPU code */
-        if (decode_importance(w, &jb, importance, err))
+        if (importance && decode_importance(w, &jb, importance, err))
             goto done;
         if (qd_importance_check(QD_BACKEND_CPU, w->f, &w->in, &w->p, msg, sizeof msg) != QD_OK) {
             qd_reply_error(err, 422, "bad_importance", "%s", msg);

@@ -165,13 +165,15 @@ static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct s
     }
     int64_t dims[2] = {sh->rows, sh->cols}, dims3[3] = {2, sh->rows / 2, sh->cols};
     wc.in.dtype = dt;
-    if (importance_case == 2)
+    /* a format that quantizes only with an importance (iq2_xxs, iq2_xs) gets one vector always */
+    const int imp = importance_case ? importance_case : f->importance_required;
+    if (imp == 2)
         qd_tensor_set_shape(&wc.in, 3, dims3);
     else
         qd_tensor_set_shape(&wc.in, sh->rows == 1 ? 1 : 2, sh->rows == 1 ? dims + 1 : dims);
     float *importance = NULL;
-    if (importance_case) {
-        wc.p.importance_n = sh->cols * (importance_case >= 2 ? 2 : 1);
+    if (imp) {
+        wc.p.importance_n = sh->cols * (imp >= 2 ? 2 : 1);
         wc.p.importance = importance = malloc((size_t)wc.p.importance_n * sizeof(float));
         for (int64_t i = 0; i < wc.p.importance_n; i++)
             importance[i] = rand_r(&seed) % 7 == 0 || (i / 32) % 13 == 4 ? 0.0f

@@ -1,6 +1,5 @@
 /* The rules of gguf_recipe.h, for the mixes quantd writes, with llama-quantize's per-tensor
- * options (gguf_options.h). Only the branches those mixes reach are here: the IQ and ternary
- * mixes and the imatrix-only rules are llama.cpp's alone. */
+ * options (gguf_options.h). Only the branches those mixes reach are here. */
 #include "checkpoint/gguf_recipe.h"
 
 #include "checkpoint/convert.h"
@@ -11,7 +10,11 @@
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 7, Q5_0 = 8, Q5_1 = 9, Q2_K = 10, Q3_K_S = 11, Q3_K_M = 12, Q3_K_L = 13,
        Q4_K_S = 14, Q4_K_M = 15, Q5_K_S = 16, Q5_K_M = 17, Q6_K = 18, Q2_K_S = 21, IQ4_NL = 25, IQ4_XS = 30,
-       TQ1_0 = 36, TQ2_0 = 37, MXFP4_MOE = 38 };
+       TQ1_0 = 36, TQ2_0 = 37, MXFP4_MOE = 38, IQ2_XXS = 19, IQ2_XS = 20, IQ3_XXS = 23, IQ1_S = 24, IQ2_S = 28,
+       IQ2_M = 29, IQ1_M = 31 };
+/* ggml types the IQ mixes name (ggml.h enum ggml_type) */
+enum { GGML_IQ2_XXS = 16, GGML_IQ2_XS = 17, GGML_IQ3_XXS = 18, GGML_IQ1_S = 19, GGML_IQ3_S = 21, GGML_IQ2_S = 22,
+       GGML_IQ1_M = 29 };
 
 #define MIX(name, ftype, fmt) {name, ftype, fmt, 0, 0}
 static const struct qd_gguf_recipe recipes[] = {
@@ -23,6 +26,9 @@ static const struct qd_gguf_recipe recipes[] = {
     MIX("Q2_K_S", Q2_K_S, "q2_K"), /* (with an importance matrix only: qd_recipe_requires_imatrix) */
     MIX("IQ4_NL", IQ4_NL, "iq4_nl"), MIX("IQ4_XS", IQ4_XS, "iq4_xs"), MIX("TQ1_0", TQ1_0, "tq1_0"),
     MIX("TQ2_0", TQ2_0, "tq2_0"),     MIX("MXFP4_MOE", MXFP4_MOE, "mxfp4_ggml"),
+    /* (with an importance matrix only; IQ2_S's default type is IQ2_XS, IQ2_M's IQ2_S) */
+    MIX("IQ2_XXS", IQ2_XXS, "iq2_xxs"), MIX("IQ2_XS", IQ2_XS, "iq2_xs"), MIX("IQ2_S", IQ2_S, "iq2_xs"),
+    MIX("IQ2_M", IQ2_M, "iq2_s"),
     /* every quantizable tensor converted to one float type; COPY after F32, whose id (0) it shares */
     {"F16", 1, NULL, QD_GGML_F16, 0}, {"BF16", 32, NULL, QD_GGML_BF16, 0}, {"F32", 0, NULL, QD_GGML_F32, 0},
     {"COPY", 0, NULL, QD_GGML_F32, 1},
@@ -44,7 +50,7 @@ const struct qd_gguf_recipe *qd_gguf_recipe_find(const char *name)
 const char *qd_gguf_recipe_names(void)
 {
     return "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K (Q3_K, Q4_K, "
-           "Q5_K: the _M mixes), IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE, Q2_K_S (with --imatrix), F16 BF16 F32 COPY (quantd convert)";
+           "Q5_K: the _M mixes), IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4_MOE, Q2_K_S IQ2_XXS IQ2_XS IQ2_S IQ2_M (with --imatrix), F16 BF16 F32 COPY (quantd convert)";
 }
 
 /* An integer key's value (an array's first element), or def. */
@@ -105,6 +111,14 @@ static enum category category(const char *name)
 
 static int attn_v_like(enum category c) { return c == ATTN_V || c == ATTN_QKV || c == ATTN_KV_B; }
 
+/* the 1- and 2-bit IQ mixes, which share their rules; iq2_s_like: IQ2_S and IQ2_M, which take IQ3_S
+ * where the others take Q2_K */
+static int iq_low(int ft)
+{
+    return ft == IQ2_XXS || ft == IQ2_XS || ft == IQ1_S || ft == IQ2_S || ft == IQ2_M || ft == IQ1_M;
+}
+static int iq2_s_like(int ft) { return ft == IQ2_S || ft == IQ2_M; }
+
 static const struct qd_gguf_options no_options = {.output_tensor_type = QD_GGUF_TYPE_NONE,
                                                   .token_embedding_type = QD_GGUF_TYPE_NONE};
 
@@ -154,6 +168,8 @@ static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor 
             type = s->opt->output_tensor_type;
         else if (ft == MXFP4_MOE || falcon || t->ne[0] % block_of(type))
             type = QD_GGML_Q8_0;
+        else if (iq_low(ft) || ft == IQ3_XXS)
+            type = QD_GGML_Q5_K;
         else if (type != QD_GGML_Q8_0)
             type = QD_GGML_Q6_K;
     } else if (ft == MXFP4_MOE) { /* the experts (3-D) MXFP4, the rest Q8_0 */
@@ -162,6 +178,28 @@ static uint32_t mix_type(struct qd_recipe_state *s, const struct qd_gguf_tensor 
     } else if (c == TOKEN_EMBD) {
         if (ft == TQ1_0 || ft == TQ2_0)
             type = QD_GGML_Q4_K;
+        else if (iq_low(ft))
+            type = iq2_s_like(ft) ? GGML_IQ3_S : QD_GGML_Q2_K;
+        else if (ft == IQ3_XXS)
+            type = GGML_IQ3_S;
+    } else if (iq_low(ft)) {
+        if (attn_v_like(c)) {
+            type = s->n_gqa >= 4 || s->n_expert >= 4 ? QD_GGML_Q4_K : iq2_s_like(ft) ? GGML_IQ3_S : QD_GGML_Q2_K;
+            s->i_attention_wv++;
+        } else if (s->n_expert == 8 && c == ATTN_K) {
+            type = QD_GGML_Q4_K;
+        } else if (c == FFN_DOWN) { /* by the count of ffn_down tensors so far, experts too */
+            if (s->i_ffn_down < s->n_layer / 8)
+                type = iq2_s_like(ft) ? GGML_IQ3_S : QD_GGML_Q2_K;
+            s->i_ffn_down++;
+        } else if (c == ATTN_OUTPUT) {
+            if (s->n_expert == 8)
+                type = QD_GGML_Q5_K;
+            else if (ft == IQ1_S || ft == IQ1_M)
+                type = GGML_IQ2_XXS;
+            else if (iq2_s_like(ft))
+                type = GGML_IQ3_S;
+        }
     } else if (attn_v_like(c)) {
         if (ft == Q2_K)
             type = s->n_gqa >= 4 ? QD_GGML_Q4_K : QD_GGML_Q3_K;
@@ -281,7 +319,12 @@ uint32_t qd_recipe_type(struct qd_recipe_state *s, const struct qd_gguf_tensor *
 int qd_recipe_requires_imatrix(const struct qd_recipe_state *s, const char *name, uint32_t type)
 {
     const enum category c = category(name);
-    return c != OUTPUT && c != TOKEN_EMBD && type == QD_GGML_Q2_K && s->r && s->r->ftype == Q2_K_S;
+    if (c == OUTPUT || c == TOKEN_EMBD)
+        return 0;
+    if (type == GGML_IQ3_XXS || type == GGML_IQ2_XXS || type == GGML_IQ2_XS || type == GGML_IQ2_S ||
+        type == GGML_IQ1_M || type == GGML_IQ1_S)
+        return 1;
+    return type == QD_GGML_Q2_K && s->r && s->r->ftype == Q2_K_S;
 }
 
 const struct qd_format *qd_gguf_format_of(uint32_t type)

@@ -209,7 +209,7 @@ static void iq2_build(int type)
     for (int u = 0; u < QD_IQ2_TUPLES; u++)
         if (t->map[u] < 0)
             n += 1 + iq2_nearest(t, u, nwant, NULL);
-    uint16_t *nb = malloc((size_t)n * sizeof *nb);
+    uint16_t *nb = n <= QD_IQ2_NEIGHBOURS_MAX ? malloc((size_t)n * sizeof *nb) : NULL;
     if (!nb) {
         free(t);
         return;

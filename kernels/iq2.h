@@ -19,6 +19,8 @@ enum qd_iq2_type { QD_IQ2_XXS, QD_IQ2_XS, QD_IQ2_S };
  * ones a search can reach, as its levels are clamped to 0..2 and every grid point is one. */
 #define QD_IQ2_TUPLES 6561
 #define QD_IQ2_GRID_MAX 1024
+/* room for the longest neighbour lists (the 512-point grid's: 187,770 entries); iq2.c checks */
+#define QD_IQ2_NEIGHBOURS_MAX 196608
 
 struct qd_iq2_tables {
     int grid_size;

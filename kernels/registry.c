@@ -439,9 +439,8 @@ const struct qd_format qd_formats[] = {
 #define IQ2(nm, cd, bytes, gguf, ftype, req, dc)                                                \
     {.name = nm, .family = "iq2", .doc = dc, .block_elems = 256, .block_bytes = bytes,         \
      .block_axis = "last", .bits_per_weight = bytes * 8.0 / 256, .code = cd, .gguf_type = gguf, \
-     .gguf_file_type = ftype, .params = kquant_params, .importance = QD_IMPORTANCE_ON(QD_BACKEND_CPU), \
-     .importance_required = req, .layout = layout_iquant,                                      \
-     .backend = {[QD_BACKEND_CPU] = {qd_cpu_iq2_quantize, qd_cpu_iq2_dequantize}}}
+     .gguf_file_type = ftype, .params = kquant_params, .importance = ANY_BACKEND,               \
+     .importance_required = req, .layout = layout_iquant, .backend = BACKENDS(iq2)}
     IQ2("iq2_xxs", QD_IQ2_XXS, 66, 16, 19, 1, "ggml block_iq2_xxs: 256 elements, f16 d, per 32 a 4-bit scale and "
         "four 8-tuples of |x| as points of a 256-point grid, 7 signs each (the eighth keeps an even count)"),
     IQ2("iq2_xs", QD_IQ2_XS, 74, 17, 20, 1, "ggml block_iq2_xs: 256 elements, f16 d, per 16 a 4-bit scale, "

@@ -191,6 +191,12 @@ int qd_gguf_plan_importance(struct qd_gguf_plan *p, const struct qd_imatrix *im,
                  "(llama-quantize refuses it too)", p->src->name, qd_ggml_type(p->out.type)->name);
         return -1;
     }
+    if (!e && p->action == QD_CONVERT_QUANTIZE && p->f->importance_required) { /* token_embd, output */
+        snprintf(err, errlen, "tensor %s would be %s, which quantizes only with an importance, and %s (llama-quantize "
+                 "aborts here): give it another type (--tensor-type, --output-tensor-type, --token-embedding-type)",
+                 p->src->name, p->f->name, im ? "the importance matrix has no entry for it" : "no --imatrix is given");
+        return -1;
+    }
     if (e && p->action == QD_CONVERT_QUANTIZE && !p->f->importance) {
         snprintf(err, errlen, "tensor %s: quantd's %s does not take an importance matrix yet", p->src->name,
                  p->f->name);

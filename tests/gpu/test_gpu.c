@@ -289,7 +289,7 @@ static void gpu_bytes_equal_cpu_bytes_for_every_format(void **state)
     }
 }
 
-/* ggml's importance-weighted searches (q4_0 .. q5_1, the K-quants, iq4_nl/iq4_xs) and the types
+/* ggml's importance-weighted searches (q4_0 .. q5_1, the K-quants, iq4_nl/iq4_xs, iq2_*) and the types
  * that read and ignore it: GPU bytes equal CPU bytes, with one vector and one per matrix of a 3-D
  * tensor (and two runs of a 2-D one), on every input dtype, and NaN/Inf named alike. */
 static void gpu_equals_cpu_with_importance(void **state)

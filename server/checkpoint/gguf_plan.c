@@ -161,7 +161,7 @@ int qd_gguf_plan_target(struct qd_gguf_plan *p, uint32_t target, const struct qd
     p->f = is_float(target) ? NULL : qd_gguf_format_of(target);
     if (!is_float(target) && !p->f) {
         snprintf(err, errlen, "tensor '%s': quantd does not write ggml type %s (it writes f32, f16, bf16, q4_0, q4_1, "
-                 "q5_0, q5_1, q8_0, q2_K ... q6_K, iq4_nl, iq4_xs, iq2_xxs, iq2_xs, iq2_s, tq1_0, tq2_0, mxfp4)", p->out.name, t->name);
+                 "q5_0, q5_1, q8_0, q2_K ... q6_K, iq4_nl, iq4_xs, iq3_s, iq2_xxs, iq2_xs, iq2_s, tq1_0, tq2_0, mxfp4)", p->out.name, t->name);
         return -1;
     }
     p->action = is_float(target) ? QD_CONVERT_CAST : QD_CONVERT_QUANTIZE;
@@ -192,9 +192,13 @@ int qd_gguf_plan_importance(struct qd_gguf_plan *p, const struct qd_imatrix *im,
         return -1;
     }
     if (!e && p->action == QD_CONVERT_QUANTIZE && p->f->importance_required) { /* token_embd, output */
-        snprintf(err, errlen, "tensor %s would be %s, which quantizes only with an importance, and %s (llama-quantize "
-                 "aborts here): give it another type (--tensor-type, --output-tensor-type, --token-embedding-type)",
-                 p->src->name, p->f->name, im ? "the importance matrix has no entry for it" : "no --imatrix is given");
+        if (!im)
+            snprintf(err, errlen, "this quantization requires an importance matrix (--imatrix FILE, made by "
+                     "llama-imatrix): tensor '%s' would be %s", p->src->name, p->f->name);
+        else
+            snprintf(err, errlen, "tensor %s would be %s, which quantizes only with an importance, and the importance "
+                     "matrix has no entry for it (llama-quantize aborts here): give it another type (--tensor-type, "
+                     "--output-tensor-type, --token-embedding-type)", p->src->name, p->f->name);
         return -1;
     }
     if (e && p->action == QD_CONVERT_QUANTIZE && !p->f->importance) {

@@ -211,6 +211,8 @@ char *qd_registry_json(void)
         /* /quantize takes an "importance" vector (on any backend: the CPU code runs it where the
          * GPU's does not read it) */
         cJSON_AddBoolToObject(o, "importance", f->importance != 0);
+        if (f->importance_required)
+            cJSON_AddBoolToObject(o, "importance_required", 1);
         cJSON *ps = cJSON_AddArrayToObject(o, "params");
         for (const char *const *n = f->params; *n; n++)
             cJSON_AddItemToArray(ps, param_json(f, qd_param_find(*n)));

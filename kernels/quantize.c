@@ -51,9 +51,10 @@ enum qd_status qd_importance_check(enum qd_backend_kind b, const struct qd_forma
                                    const struct qd_tensor *in, const struct qd_params *p,
                                    char *err, size_t len)
 {
-    if (!p->importance && f->needs_importance) {
-        snprintf(err, len, "format %s needs an importance vector (ggml quantizes it only with one): give "
-                 "\"importance\" to /quantize (one value per column), or convert with --imatrix", f->name);
+    if (!p->importance && f->importance_required) {
+        snprintf(err, len, "format %s needs an importance vector (ggml's quantizer refuses to run without one): "
+                 "send \"importance\", one entry of a llama-imatrix file (or quantd convert --imatrix FILE)",
+                 f->name);
         return QD_EINVAL;
     }
     if (!p->importance)

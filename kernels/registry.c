@@ -12,6 +12,7 @@
 #include "fp8.h"
 #include "ggml.h"
 #include "iqgrid_quants.h"
+#include "iq2.h"
 #include "iquants.h"
 #include "kquants.h"
 #include "mlx.h"
@@ -402,7 +403,7 @@ static const char *const fp8_defaults[] = {"granularity=channel", "flow=compress
     {.name = nm, .family = "iqgrid", .doc = dc, .block_elems = QD_QK_K, .block_bytes = bytes,  \
      .block_axis = "last", .bits_per_weight = bytes * 8.0 / QD_QK_K, .code = cd,               \
      .gguf_type = gguf, .gguf_file_type = ftype, .params = kquant_params,                      \
-     .importance = ANY_BACKEND, .needs_importance = needs, .layout = layout_iquant,             \
+     .importance = ANY_BACKEND, .importance_required = needs, .layout = layout_iquant,             \
      .backend = BACKENDS(iqgrid)}
 #define MLX_FP(nm, cd, group, bits, prm, dflt, dc)                                              \
     {.name = nm, .family = "mlx", .doc = dc, .block_elems = group, .block_axis = "last",        \
@@ -446,6 +447,18 @@ const struct qd_format qd_formats[] = {
            "8-tuples of ternary values as points of a 2048-point grid (importance required)"),
     IQGRID("iq1_m", QD_IQ1_M, 56, 29, 31, 0, "ggml block_iq1_m: 256 elements, 16 x (3-bit scale), 32 shift signs, "
            "8-tuples of ternary values as points of a 2048-point grid, f16 d spread over the scales"),
+    /* ggml's 2-bit grid types (kernels/iq2.h); iq2_xxs and iq2_xs quantize only with an importance */
+#define IQ2(nm, cd, bytes, gguf, ftype, req, dc)                                                \
+    {.name = nm, .family = "iq2", .doc = dc, .block_elems = 256, .block_bytes = bytes,         \
+     .block_axis = "last", .bits_per_weight = bytes * 8.0 / 256, .code = cd, .gguf_type = gguf, \
+     .gguf_file_type = ftype, .params = kquant_params, .importance = ANY_BACKEND,               \
+     .importance_required = req, .layout = layout_iquant, .backend = BACKENDS(iq2)}
+    IQ2("iq2_xxs", QD_IQ2_XXS, 66, 16, 19, 1, "ggml block_iq2_xxs: 256 elements, f16 d, per 32 a 4-bit scale and "
+        "four 8-tuples of |x| as points of a 256-point grid, 7 signs each (the eighth keeps an even count)"),
+    IQ2("iq2_xs", QD_IQ2_XS, 74, 17, 20, 1, "ggml block_iq2_xs: 256 elements, f16 d, per 16 a 4-bit scale, "
+        "8-tuples of |x| as points of a 512-point grid, 7 signs each (the eighth keeps an even count)"),
+    IQ2("iq2_s", QD_IQ2_S, 82, 22, 28, 0, "ggml block_iq2_s: 256 elements, f16 d, per 16 a 4-bit scale, "
+        "8-tuples of |x| as points of a 1024-point grid, 8 signs each"),
     /* "mxfp4" is the OCP layout (scales apart, OCP rounding); llama.cpp's own MXFP4 type keeps its
      * exponent in the block and picks codes by least error: other bytes, hence its own name */
     IQUANT("mxfp4_ggml", QD_MXFP4_GGML, 32, 17, 39, 38, ANY_BACKEND /* read and ignored, as ggml does */,

@@ -189,8 +189,8 @@ struct qd_format {
     /* Backends whose quantizer reads p->importance, a bit (QD_IMPORTANCE_ON) per backend; 0: the
      * format takes no importance. */
     unsigned importance;
-    /* ggml quantizes it only with an importance (ggml_quantize_requires_imatrix): refused without */
-    int needs_importance;
+    /* quantizing needs an importance (ggml_quantize_requires_imatrix: ggml asserts without one) */
+    int importance_required;
     int matrix_only;         /* takes a 2-D weight only (awq: its layout is of W [K, N]) */
     /* The format a checkpoint conversion writes when asked for this one (NULL: itself): int8
      * names llm-compressor's W8A16 layout there. */

@@ -65,6 +65,10 @@ enum qd_status qd_cpu_iqgrid_quantize(const struct qd_format *, const struct qd_
                                       struct qd_params *, void *const *);
 enum qd_status qd_cpu_iqgrid_dequantize(const struct qd_format *, const void *const *,
                                         const struct qd_params *, struct qd_tensor *);
+enum qd_status qd_cpu_iq2_quantize(const struct qd_format *, const struct qd_tensor *,
+                                   struct qd_params *, void *const *);
+enum qd_status qd_cpu_iq2_dequantize(const struct qd_format *, const void *const *,
+                                     const struct qd_params *, struct qd_tensor *);
 enum qd_status qd_cpu_ctint_quantize(const struct qd_format *, const struct qd_tensor *,
                                      struct qd_params *, void *const *);
 enum qd_status qd_cpu_ctint_dequantize(const struct qd_format *, const void *const *,

@@ -73,6 +73,8 @@ static const struct layout {
      qd_convert_gguf, NULL, NULL, 0},
     {"iqgrid", NULL, "llama.cpp GGUF (llama-quantize --pure)", TAKES(QD_INPUT_GGUF) | TAKES(QD_INPUT_OTHER),
      qd_convert_gguf, NULL, NULL, 0},
+    {"iq2", NULL, "llama.cpp GGUF (llama-quantize --pure)", TAKES(QD_INPUT_GGUF) | TAKES(QD_INPUT_OTHER),
+     qd_convert_gguf, NULL, NULL, 0},
     {"bnb4", NULL, "transformers + bitsandbytes", TAKES_HF, NULL, &qd_hf_bnb, NULL, 0},
     {"ctint", NULL, "compressed-tensors (llm-compressor W4A16, W8A16; int8 is w8a16)", TAKES_HF, NULL, &qd_hf_ct_int,
      NULL, 0},

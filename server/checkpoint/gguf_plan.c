@@ -161,8 +161,8 @@ int qd_gguf_plan_target(struct qd_gguf_plan *p, uint32_t target, const struct qd
     p->f = is_float(target) ? NULL : qd_gguf_format_of(target);
     if (!is_float(target) && !p->f) {
         snprintf(err, errlen, "tensor '%s': quantd does not write ggml type %s (it writes f32, f16, bf16, q4_0, q4_1, "
-                 "q5_0, q5_1, q8_0, q2_K ... q6_K, iq4_nl, iq4_xs, iq3_s, iq3_xxs, iq1_s, iq1_m, tq1_0, tq2_0, mxfp4)",
-                 p->out.name, t->name);
+                 "q5_0, q5_1, q8_0, q2_K ... q6_K, iq4_nl, iq4_xs, iq3_s, iq3_xxs, iq2_xxs, iq2_xs, iq2_s, iq1_s, iq1_m, "
+                 "tq1_0, tq2_0, mxfp4)", p->out.name, t->name);
         return -1;
     }
     p->action = is_float(target) ? QD_CONVERT_CAST : QD_CONVERT_QUANTIZE;
@@ -190,6 +190,16 @@ int qd_gguf_plan_importance(struct qd_gguf_plan *p, const struct qd_imatrix *im,
     if (!e && requires) {
         snprintf(err, errlen, "the importance matrix has no entry for tensor %s, which %s needs one for "
                  "(llama-quantize refuses it too)", p->src->name, qd_ggml_type(p->out.type)->name);
+        return -1;
+    }
+    if (!e && p->action == QD_CONVERT_QUANTIZE && p->f->importance_required) { /* token_embd, output */
+        if (!im)
+            snprintf(err, errlen, "this quantization requires an importance matrix (--imatrix FILE, made by "
+                     "llama-imatrix): tensor '%s' would be %s", p->src->name, p->f->name);
+        else
+            snprintf(err, errlen, "tensor %s would be %s, which quantizes only with an importance, and the importance "
+                     "matrix has no entry for it (llama-quantize aborts here): give it another type (--tensor-type, "
+                     "--output-tensor-type, --token-embedding-type)", p->src->name, p->f->name);
         return -1;
     }
     if (e && p->action == QD_CONVERT_QUANTIZE && !p->f->importance) {

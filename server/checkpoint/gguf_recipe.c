@@ -30,6 +30,9 @@ static const struct qd_gguf_recipe recipes[] = {
     /* (with an importance matrix only: their IQ3_XXS and IQ1 tensors) */
     MIX("IQ3_XXS", IQ3_XXS, "iq3_xxs"), MIX("IQ3_XS", IQ3_XS, "iq3_s"), MIX("IQ1_S", IQ1_S, "iq1_s"),
     MIX("IQ1_M", IQ1_M, "iq1_m"),
+    /* (with an importance matrix only; IQ2_S's default type is IQ2_XS, IQ2_M's IQ2_S) */
+    MIX("IQ2_XXS", IQ2_XXS, "iq2_xxs"), MIX("IQ2_XS", IQ2_XS, "iq2_xs"), MIX("IQ2_S", IQ2_S, "iq2_xs"),
+    MIX("IQ2_M", IQ2_M, "iq2_s"),
     /* every quantizable tensor converted to one float type; COPY after F32, whose id (0) it shares */
     {"F16", 1, NULL, QD_GGML_F16, 0}, {"BF16", 32, NULL, QD_GGML_BF16, 0}, {"F32", 0, NULL, QD_GGML_F32, 0},
     {"COPY", 0, NULL, QD_GGML_F32, 1},
@@ -51,8 +54,8 @@ const struct qd_gguf_recipe *qd_gguf_recipe_find(const char *name)
 const char *qd_gguf_recipe_names(void)
 {
     return "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M Q5_K_S Q5_K_M Q6_K (Q3_K, Q4_K, "
-           "Q5_K: the _M mixes), IQ4_NL IQ4_XS IQ3_S IQ3_M TQ1_0 TQ2_0 MXFP4_MOE, Q2_K_S IQ3_XXS IQ3_XS IQ1_S IQ1_M (with "
-           "--imatrix), F16 BF16 F32 COPY";
+           "Q5_K: the _M mixes), IQ4_NL IQ4_XS IQ3_S IQ3_M TQ1_0 TQ2_0 MXFP4_MOE, Q2_K_S IQ3_XXS IQ3_XS IQ2_XXS IQ2_XS "
+           "IQ2_S IQ2_M IQ1_S IQ1_M (with --imatrix), F16 BF16 F32 COPY";
 }
 
 /* An integer key's value (an array's first element), or def. */

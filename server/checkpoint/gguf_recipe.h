@@ -18,8 +18,7 @@ struct qd_gguf_recipe {
     int copy;          /* COPY: every tensor as it is, the input's file type */
 };
 
-/* NULL when llama-quantize has no such name or quantd does not write it (the IQ2 mixes).
- * llama-quantize's numeric ids (its llama_ftype:
+/* NULL when llama-quantize has no such name or quantd does not write it. llama-quantize's numeric ids (its llama_ftype:
  * "15" is Q4_K_M) name the mix too. */
 const struct qd_gguf_recipe *qd_gguf_recipe_find(const char *name);
 /* The names quantd writes, space-separated (for messages and docs). */
@@ -49,8 +48,8 @@ void qd_recipe_init(struct qd_recipe_state *s, const struct qd_gguf_recipe *r, u
  * for the type. Call once per such tensor, in the loader's order. */
 uint32_t qd_recipe_type(struct qd_recipe_state *s, const struct qd_gguf_tensor *t, const char *name);
 /* tensor_requires_imatrix: whether llama-quantize refuses to write tensor name as type without
- * an importance matrix (the IQ1, IQ2 and IQ3_XXS types, and Q2_K_S's Q2_K tensors; never the
- * output or token embedding). */
+ * an importance matrix (the 1- to 3-bit IQ types but IQ3_S, and Q2_K_S's Q2_K tensors; never
+ * token_embd or output). */
 int qd_recipe_requires_imatrix(const struct qd_recipe_state *s, const char *name, uint32_t type);
 /* The registry format that writes ggml type id `type`, or NULL. */
 const struct qd_format *qd_gguf_format_of(uint32_t type);

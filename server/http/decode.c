@@ -322,7 +322,7 @@ static int decode_quantize(struct qd_work *w, enum qd_body_kind kind, char *body
     }
     if (resolve_params(w, params, err) || layout(w, &w->in, err))
         goto done;
-    if (importance || w->f->needs_importance) {
+    if (importance || w->f->importance_required) {
         char msg[ERRLEN];
         /* any backend: one whose kernels do not read it runs the format's CPU code */
         if (importance && decode_importance(w, &jb, importance, err))

@@ -72,6 +72,7 @@ struct test_q {
     void *buf[QD_MAX_COMPONENTS];
     struct qd_params p;
     struct qd_tensor in;
+    float *importance; /* all ones, for a format that needs one (iq2_xxs, iq2_xs) */
     char err[512];
 };
 
@@ -98,15 +99,15 @@ static inline enum qd_status test_quantize(struct test_q *q, const char *fmt, co
     q->n = qd_format_layout(f, &q->p, &q->in, q->c, q->err, sizeof q->err);
     if (q->n < 0)
         return QD_ESHAPE;
-    static float ones[1 << 16]; /* the importance of a format that needs one: every column alike */
-    if (f->needs_importance && cols <= (int64_t)(sizeof ones / sizeof *ones)) {
-        for (int64_t i = 0; i < cols; i++)
-            ones[i] = 1.0f;
-        q->p.importance = ones;
-        q->p.importance_n = cols;
-    }
     int64_t numel = qd_tensor_numel(&q->in);
     q->in.data = test_encode(x, numel, dt);
+    if (f->importance_required) {
+        q->importance = malloc((size_t)q->in.cols * sizeof(float));
+        for (int64_t i = 0; i < q->in.cols; i++)
+            q->importance[i] = 1.0f;
+        q->p.importance = q->importance;
+        q->p.importance_n = q->in.cols;
+    }
     for (int i = 0; i < q->n; i++) {
         q->buf[i] = malloc((size_t)q->c[i].bytes + 1);
         memset(q->buf[i], 0xA5, (size_t)q->c[i].bytes); /* poison: every byte must be written */
@@ -135,8 +136,10 @@ static inline void tq_release(struct test_q *q)
     for (int i = 0; i < q->n; i++)
         free(q->buf[i]);
     free(q->in.data);
+    free(q->importance);
     q->n = 0;
     q->in.data = NULL;
+    q->importance = NULL;
 }
 
 #endif

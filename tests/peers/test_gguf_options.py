@@ -130,7 +130,7 @@ def test_written_type_in_each_line(models, tmp_path):
     (["--override-kv", "a=list:1"], "has no type"),
     (["--prune-layers", "1,-2"], "--prune-layers: invalid layer id"),
     (["--tensor-type-file", "/nonexistent/types.txt"], "--tensor-type-file: cannot open"),
-    (["--output-tensor-type", "iq2_xxs"], "quantd does not write ggml type iq2_xxs"),
+    (["--output-tensor-type", "q1_0"], "quantd does not write ggml type q1_0"),
 ])
 def test_bad_option_is_refused(models, tmp_path, args, says):
     out = tmp_path / "out.gguf"
@@ -408,6 +408,15 @@ def test_bad_imatrix_is_refused(models, tmp_path, kind, says):
 
 @pytest.mark.parametrize("args,says", [
     (["--recipe", "Q2_K_S"], "requires an importance matrix"),
+    (["--recipe", "IQ2_XXS"], "requires an importance matrix (--imatrix FILE"),
+    (["--recipe", "iq2_m"], "tensor 'blk.0.attn_k.weight' would be iq2_s"),
+    (["--recipe", "Q4_K_M", "--tensor-type", "ffn_up=iq2_xs"], "tensor 'blk.0.ffn_up.weight' would be iq2_xs"),
+    (["--recipe", "IQ2_XS", "--imatrix", "llama.imatrix.gguf", "--pure", "--exclude-weights", "token_embd"],
+     "tensor token_embd.weight would be iq2_xs, which quantizes only with an importance"),
+    (["--recipe", "IQ2_XXS", "--imatrix", "llama.imatrix.gguf", "--output-tensor-type", "iq2_xxs",
+      "--exclude-weights", "output"], "tensor output.weight would be iq2_xxs, which quantizes only with an importance"),
+    (["--recipe", "IQ2_S", "--imatrix", "llama.imatrix.gguf", "--exclude-weights", "attn_k"],
+     "the importance matrix has no entry for tensor blk.0.attn_k.weight"),
     (["--recipe", "q2_k_s", "--imatrix", "llama.imatrix.gguf", "--include-weights", "ffn"],
      "the importance matrix has no entry for tensor blk.0.attn_k.weight"),
     (["--recipe", "Q4_0", "--imatrix", "llama.imatrix.gguf", "--include-weights", "a", "--exclude-weights", "b"],
@@ -416,8 +425,9 @@ def test_bad_imatrix_is_refused(models, tmp_path, kind, says):
     (["--recipe", "Q4_K_M", "--imatrix", "missing.dat"], "--imatrix: missing.dat"),
 ])
 def test_imatrix_refusals(models, tmp_path, args, says):
-    """llama-quantize's imatrix rules: Q2_K_S needs one (its Q2_K tensors), an entry for each of
-    them, one kind of weight filter, entries the model's size."""
+    """llama-quantize's imatrix rules: Q2_K_S needs one (its Q2_K tensors), and so do the IQ2 types
+    (by a mix or by --tensor-type), an entry for each of those tensors, one kind of weight filter,
+    entries the model's size."""
     from conftest import QUANTD
     out = tmp_path / "out.gguf"
     p = subprocess.run([QUANTD, "convert", "--in", models["llama"], "--out", out, *args], capture_output=True,
@@ -445,6 +455,10 @@ def test_job_takes_an_imatrix(service, models):
                                "imatrix": "llama.imatrix.dat", "overwrite": True})
     assert status == 200, r
     assert sha256(data / "im.gguf") == case["sha256"]
+    status, r = run_job(base, {"source": "llama.gguf", "destination": "iq2.gguf", "recipe": "IQ2_M",
+                               "imatrix": "llama.imatrix.dat", "overwrite": True})
+    assert status == 200, r
+    assert sha256(data / "iq2.gguf") == FIX["cases"]["imatrix_iq2_m"]["sha256"]
     for path, code in (("../llama.imatrix.dat", 403), ("missing.dat", 404)):
         status, r = http("POST", base + "/jobs?op=convert",
                          json.dumps({"source": "llama.gguf", "destination": "x.gguf", "recipe": "Q4_0",
@@ -453,6 +467,9 @@ def test_job_takes_an_imatrix(service, models):
     status, r = http("POST", base + "/convert?recipe=Q4_0&imatrix=x.dat", open(models["llama"], "rb").read(),
                      {"Content-Type": "application/octet-stream"})
     assert status == 400 and "POST /convert takes one" in json.loads(r)["error"]["message"], r
+    status, r = http("POST", base + "/convert?recipe=IQ2_XS", open(models["llama"], "rb").read(),
+                     {"Content-Type": "application/octet-stream"})
+    assert status in (400, 422) and "requires an importance matrix" in json.loads(r)["error"]["message"], r
 
 
 def fields(path):

@@ -101,6 +101,20 @@ def test_bytes_and_values_equal_ggml(service, case):
         assert sha(base64.b64decode(d["data"])) == EXPECT["cases"][case]["dequantized"], f"{case}: values differ"
 
 
+@pytest.mark.parametrize("fmt", sorted(mk.REQUIRES_IMPORTANCE))
+def test_importance_required(service, fmt):
+    """ggml_quantize_chunk asserts an importance for these types: quantd refuses without one, naming
+    the fix, through JSON and raw bodies."""
+    status, r = quantize(service, fmt, mk.rows(), None)
+    assert status == 422, r
+    assert r["error"]["code"] == "bad_importance" and "needs an importance" in r["error"]["message"], r
+    req = urllib.request.Request(f"{service}/quantize?fmt={fmt}&dtype=f32&shape=10,512",
+                                 data=mk.rows().tobytes(), headers={"Content-Type": "application/octet-stream"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == 422 and "needs an importance" in json.loads(e.value.read())["error"]["message"]
+
+
 def test_importance_refusals(service):
     x = mk.rows()
     imp = mk.importances()["positive"]

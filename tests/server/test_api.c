@@ -100,8 +100,6 @@ static void every_format_matches_cli_raw_json_and_safetensors(void **state)
     const int rows = 128, cols = 256; /* AWQ needs rows (K) in groups of 128 */
     for (int fi = 0; fi < qd_format_count; fi++) {
         const char *fmt = qd_formats[fi].name;
-        if (qd_formats[fi].needs_importance) /* iq1_s: the CLI has no importance (test_imatrix.py) */
-            continue;
         for (int bf = 0; bf < 2; bf++) {
             const char *dtype = bf ? "bf16" : "f32";
             size_t n = (size_t)rows * cols, bytes = n * (bf ? 2 : 4);
@@ -117,6 +115,23 @@ static void every_format_matches_cli_raw_json_and_safetensors(void **state)
             snprintf(in_path, sizeof in_path, "%s/%s_%s.in", tmpdir, fmt, dtype);
             snprintf(out_dir, sizeof out_dir, "%s/%s_%s", tmpdir, fmt, dtype);
             assert_int_equal(write_file(in_path, in, bytes), 0);
+            if (qd_formats[fi].importance_required) {
+                /* quantized only with an importance (test_imatrix.py): the CLI, which takes none,
+                 * and a body without one are refused */
+                char cmd[4096];
+                snprintf(cmd, sizeof cmd, "%s quantize --fmt %s --dtype %s --shape 128,256 --in %s --out %s "
+                         "--no-report 2>/dev/null", quantd_bin(), fmt, dtype, in_path, out_dir);
+                assert_int_not_equal(system(cmd), 0);
+                struct http refused;
+                snprintf(path, sizeof path, "/quantize?fmt=%s&dtype=%s&shape=%d,%d", fmt, dtype, rows, cols);
+                http_do(&srv, "POST", path, NULL, in, bytes, &refused);
+                assert_int_equal(refused.status, 422);
+                assert_non_null(strstr(refused.body, "needs an importance"));
+                http_free(&refused);
+                free(h);
+                free(x);
+                continue;
+            }
             cJSON *meta = cli_quantize(fmt, dtype, "128,256", in_path, out_dir);
 
             /* raw body, as curl --data-binary sends it (form type, no -H) */
@@ -242,7 +257,7 @@ static void every_format_dequantizes_to_another_dtype(void **state)
     f32_to_bf16(x, h, n);
     for (int fi = 0; fi < qd_format_count; fi++) {
         const char *fmt = qd_formats[fi].name;
-        if (qd_formats[fi].needs_importance) /* iq1_s: the CLI has no importance (test_imatrix.py) */
+        if (qd_formats[fi].importance_required) /* the CLI cannot make them: refused above */
             continue;
         char in_path[512], out_dir[512], path[2048], cmd[4096], deq[3][600];
         snprintf(in_path, sizeof in_path, "%s/%s_dt.in", tmpdir, fmt);

@@ -1,0 +1,360 @@
+/* ggml's 2-bit "i-quants" IQ2_XXS, IQ2_XS and IQ2_S, one 256-element super-block at a time, for
+ * every backend. Each group of 8 values has its |x| coded as one point of a grid in 8 dimensions
+ * (every coordinate one of three levels), its signs apart; a 4-bit scale per 32 (IQ2_XXS) or 16
+ * (IQ2_XS, IQ2_S) values and an f16 d per super-block. The grids hold 256, 512 and 1024 points.
+ * The contract is quantize_iq2_xxs / quantize_iq2_xs / quantize_iq2_s (what ggml_quantize_chunk
+ * and llama-quantize run) and dequantize_row_iq2_* of ggml/src/ggml-quants.c: the same float
+ * operations in the same order (built without FMA contraction), integers narrowed as ggml's
+ * stores narrow them. The searches read a struct qd_iq2_tables built once on the host
+ * (kernels/iq2.c, as ggml's iq2xs_init_impl builds its kmap and neighbour lists); a device copy
+ * of it serves the CUDA kernel. docs/formats.md says what each type stores. */
+#ifndef QD_IQ2_H
+#define QD_IQ2_H
+
+#include "imatrix.h"
+
+enum qd_iq2_type { QD_IQ2_XXS, QD_IQ2_XS, QD_IQ2_S };
+
+/* The tuples of 8 levels in 0..2 (base 3, coordinate 0 the least significant digit): the only
+ * ones a search can reach, as its levels are clamped to 0..2 and every grid point is one. */
+#define QD_IQ2_TUPLES 6561
+#define QD_IQ2_GRID_MAX 1024
+/* room for the longest neighbour lists (the 512-point grid's: 187,770 entries); iq2.c checks */
+#define QD_IQ2_NEIGHBOURS_MAX 196608
+
+struct qd_iq2_tables {
+    int grid_size;
+    uint8_t grid[QD_IQ2_GRID_MAX][8]; /* point i's coordinates 2 l + 1 (1, 3 or 5) */
+    int32_t map[QD_IQ2_TUPLES];       /* tuple -> its grid index, or -(offset + 1) of its neighbour list */
+    const uint16_t *neighbours;       /* per off-grid tuple: the count, then grid indices (host or device) */
+    int64_t n_neighbours;
+};
+
+/* type's tables, built on first use (kernels/iq2.c); NULL where memory ran out */
+#ifdef __cplusplus
+extern "C"
+#endif
+const struct qd_iq2_tables *qd_iq2_tables(int type);
+
+QD_HD int qd_iq2_block_bytes(int type) { return type == QD_IQ2_XXS ? 66 : type == QD_IQ2_XS ? 74 : 82; }
+
+/* ggml's grid for each type (iq2_data_index / iq2_grid_size) */
+QD_HD int qd_iq2_grid_size(int type) { return type == QD_IQ2_XXS ? 256 : type == QD_IQ2_XS ? 512 : 1024; }
+
+/* The level of x at inverse scale id: round((id x - 1) / 2), in 0..2 */
+QD_HD int qd_iq2_level(float id, float x) { return qd_kq_clampi(qd_kq_round(0.5f * (id * x - 1.0f)), 0, 2); }
+
+QD_HD int qd_iq2_tuple(const int8_t *L)
+{
+    int u = 0;
+    for (int i = 7; i >= 0; i--)
+        u = 3 * u + qd_kq_clampi(L[i], 0, 2); /* the clamp only matters where ggml aborts */
+    return u;
+}
+
+/* iq2_find_best_neighbour: of the grid points listed for off-grid tuple u, the one nearest xval
+ * at this scale weighted by w (the first of equals); its levels into L, and its index. Where
+ * every distance is Inf or NaN ggml aborts; quantd takes the first listed. */
+QD_HD int qd_iq2_best_neighbour(const struct qd_iq2_tables *QD_RESTRICT t, int u, const float *xval, const float *w,
+                                float scale, int8_t *L)
+{
+    const uint16_t *nb = t->neighbours + (-t->map[u] - 1);
+    float best_d2 = 3.40282347e38f;
+    int best = -1;
+    for (int j = 1; j <= nb[0]; j++) {
+        float d2 = 0.0f;
+        for (int i = 0; i < 8; i++) {
+            float diff = scale * (float)t->grid[nb[j]][i] - xval[i];
+            d2 += w[i] * diff * diff;
+        }
+        if (d2 < best_d2) {
+            best_d2 = d2;
+            best = nb[j];
+        }
+    }
+    if (best < 0)
+        best = nb[1];
+    for (int i = 0; i < 8; i++)
+        L[i] = (int8_t)((t->grid[best][i] - 1) / 2);
+    return best;
+}
+
+/* The grid index of the levels L (on the grid by construction; where ggml aborts on an
+ * off-grid tuple, the first point of its neighbour list). */
+QD_HD int qd_iq2_index(const struct qd_iq2_tables *QD_RESTRICT t, const int8_t *L)
+{
+    const int m = t->map[qd_iq2_tuple(L)];
+    return m >= 0 ? m : t->neighbours[-m]; /* the list at -m - 1: its count, then its points */
+}
+
+/* The levels of group k (8 values) at inverse scale id; the nearest listed point where they fall
+ * off the grid. Returns whether they were on it. */
+QD_HD int qd_iq2_group(const struct qd_iq2_tables *QD_RESTRICT t, const float *xval, const float *waux, float id,
+                       float scale, int8_t *L)
+{
+    for (int i = 0; i < 8; i++)
+        L[i] = (int8_t)qd_iq2_level(id, xval[i]);
+    const int u = qd_iq2_tuple(L);
+    if (t->map[u] >= 0)
+        return 1;
+    qd_iq2_best_neighbour(t, u, xval, waux, scale, L);
+    return 0;
+}
+
+/* sum w x q and sum w q^2 over n values, q = 2 L + 1 */
+QD_HD void qd_iq2_sums(int n, const float *w, const float *xval, const int8_t *L, float *sumqx, float *sumq2)
+{
+    float sx = 0.0f, s2 = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float q = (float)(2 * L[i] + 1);
+        sx += w[i] * xval[i] * q;
+        s2 += w[i] * q * q;
+    }
+    *sumqx = sx;
+    *sumq2 = s2;
+}
+
+/* The signs of group k of xb into |x| (xval); IQ2_XXS and IQ2_XS store 7 and keep the count of
+ * negatives even by flipping the value of least w x^2 (which leaves it negative in xval). */
+QD_HD uint8_t qd_iq2_signs(const float *xb, const float *weight, float *xval, int even)
+{
+    uint8_t s = 0;
+    int nflip = 0;
+    for (int i = 0; i < 8; i++) {
+        if (xb[i] >= 0.0f) {
+            xval[i] = xb[i];
+        } else {
+            xval[i] = -xb[i];
+            nflip++;
+            s |= (uint8_t)(1 << i);
+        }
+    }
+    if (!even)
+        return s;
+    if (nflip % 2) {
+        int imin = 0;
+        float min = weight[0] * xb[0] * xb[0];
+        for (int i = 1; i < 8; i++) {
+            const float ax = weight[i] * xb[i] * xb[i];
+            if (ax < min) {
+                min = ax;
+                imin = i;
+            }
+        }
+        xval[imin] = -xval[imin];
+        s ^= (uint8_t)(1 << imin);
+    }
+    return s & 127;
+}
+
+/* One sub-block of IQ2_XXS (32 values, 4 groups): its scale and levels L, or *zero set where
+ * ggml leaves the sub-block's codes and signs 0 (its scale 0). quantize_row_iq2_xxs_impl: the
+ * starting scale from make_qp_quants, 13 trial scales, then the levels again at the chosen one. */
+QD_HD float qd_iq2xxs_sub(const struct qd_iq2_tables *QD_RESTRICT t, const float *xval, const float *weight,
+                          const float *waux, int8_t *L, int *zero)
+{
+    float max = xval[0];
+    for (int i = 1; i < 32; i++)
+        max = max > xval[i] ? max : xval[i];
+    *zero = 1;
+    if (max < QD_KQ_EPS)
+        return 0.0f;
+    float scale = qd_imx_make_qp(32, 4, xval, (uint8_t *)L, weight);
+    const float eff_max = scale * 3.0f;
+    if (eff_max <= 0.0f)
+        return 0.0f;
+    *zero = 0;
+    int8_t Laux[32];
+    float best = 0.0f;
+    for (int is = -6; is <= 6; is++) {
+        const float id = (5.0f + (float)is * 0.1f) / eff_max, this_scale = 1.0f / id;
+        for (int k = 0; k < 4; k++)
+            qd_iq2_group(t, xval + 8 * k, waux + 8 * k, id, this_scale, Laux + 8 * k);
+        float sumqx, sumq2;
+        qd_iq2_sums(32, weight, xval, Laux, &sumqx, &sumq2);
+        if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
+            scale = sumqx / sumq2;
+            best = scale * sumqx;
+            for (int i = 0; i < 32; i++)
+                L[i] = Laux[i];
+        }
+    }
+    if (scale > 0.0f) {
+        const float id = 1.0f / scale;
+        for (int k = 0; k < 4; k++)
+            qd_iq2_group(t, xval + 8 * k, waux + 8 * k, id, scale, L + 8 * k);
+        float sumqx, sumq2;
+        qd_iq2_sums(32, weight, xval, L, &sumqx, &sumq2);
+        if (sumq2 > 0.0f)
+            scale = sumqx / sumq2;
+    }
+    return scale;
+}
+
+/* One sub-block of IQ2_XS or IQ2_S (16 values, 2 groups): 19 trial scales around max/5, then the
+ * groups that fell off the grid again at the chosen scale. eps: a sub-block below it is zero. */
+QD_HD float qd_iq2s_sub(const struct qd_iq2_tables *QD_RESTRICT t, const float *xval, const float *weight,
+                        const float *waux, float eps, int8_t *L, int *zero)
+{
+    float max = xval[0];
+    for (int i = 1; i < 16; i++)
+        max = max > xval[i] ? max : xval[i];
+    for (int i = 0; i < 16; i++)
+        L[i] = 0;
+    *zero = max < eps;
+    if (*zero)
+        return 0.0f;
+    int8_t Laux[16];
+    int on_grid[2] = {1, 1}, on_grid_aux[2];
+    float best = 0.0f, scale = max / 5.0f;
+    for (int is = -9; is <= 9; is++) {
+        const float id = (5.0f + (float)is * 0.1f) / max, this_scale = 1.0f / id;
+        for (int k = 0; k < 2; k++)
+            on_grid_aux[k] = qd_iq2_group(t, xval + 8 * k, waux + 8 * k, id, this_scale, Laux + 8 * k);
+        float sumqx, sumq2;
+        qd_iq2_sums(16, weight, xval, Laux, &sumqx, &sumq2);
+        if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
+            scale = sumqx / sumq2;
+            best = scale * sumqx;
+            for (int i = 0; i < 16; i++)
+                L[i] = Laux[i];
+            on_grid[0] = on_grid_aux[0];
+            on_grid[1] = on_grid_aux[1];
+        }
+    }
+    if ((!on_grid[0] || !on_grid[1]) && scale > 0.0f) {
+        const float id = 1.0f / scale;
+        for (int k = 0; k < 2; k++)
+            if (!on_grid[k])
+                qd_iq2_group(t, xval + 8 * k, waux + 8 * k, id, scale, L + 8 * k);
+        float sumqx, sumq2;
+        qd_iq2_sums(16, weight, xval, L, &sumqx, &sumq2);
+        if (sumq2 > 0.0f)
+            scale = sumqx / sumq2;
+    }
+    return scale;
+}
+
+/* The 4-bit code of a sub-block scale against d = max_scale / 31 */
+QD_HD int qd_iq2_scale_code(float id, float scale) { return qd_kq_clampi(qd_kq_round(0.5f * (id * scale - 1.0f)), 0, 15); }
+
+/* One super-block of type into blk; qw its importance (ggml's quant_weights) or NULL, which only
+ * IQ2_S takes (the registry refuses the others without one, as ggml_quantize_chunk asserts). */
+QD_HD void qd_iq2_quantize_block(const struct qd_iq2_tables *QD_RESTRICT t, int type, const float *QD_RESTRICT x,
+                                 const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
+{
+    const int bytes = qd_iq2_block_bytes(type), ng = type == QD_IQ2_XXS ? 4 : 2, group = 8 * ng;
+    for (int i = 0; i < bytes; i++)
+        blk[i] = 0;
+    float sumx2 = 0.0f;
+    for (int i = 0; i < QD_QK_K; i++)
+        sumx2 += x[i] * x[i];
+    const float sigma2 = type == QD_IQ2_S ? 2.0f * sumx2 / (float)QD_QK_K : sumx2 / (float)QD_QK_K;
+    float scales[16], weight[32], waux[32], xval[32], max_scale = 0.0f;
+    int8_t L[32];
+    for (int ib = 0; ib < QD_QK_K / group; ib++) {
+        const float *xb = x + group * ib;
+        for (int i = 0; i < group; i++)
+            weight[i] = qw ? qw[group * ib + i] * sqrtf(sigma2 + xb[i] * xb[i]) : 0.25f * sigma2 + xb[i] * xb[i];
+        for (int i = 0; i < group; i++)
+            waux[i] = sqrtf(weight[i]);
+        uint8_t signs[4];
+        for (int k = 0; k < ng; k++)
+            signs[k] = qd_iq2_signs(xb + 8 * k, weight + 8 * k, xval + 8 * k, type != QD_IQ2_S);
+        int zero;
+        float scale = type == QD_IQ2_XXS ? qd_iq2xxs_sub(t, xval, weight, waux, L, &zero)
+                                         : qd_iq2s_sub(t, xval, weight, waux, type == QD_IQ2_S ? 1e-8f : QD_KQ_EPS, L, &zero);
+        scales[ib] = 0.0f;
+        if (zero)
+            continue;
+        if (scale < 0.0f) { /* ggml's guard: a positive scale, the signs flipped */
+            scale = -scale;
+            for (int k = 0; k < ng; k++)
+                signs[k] = (uint8_t)(type == QD_IQ2_S ? ~signs[k] : ~signs[k] & 127);
+        }
+        for (int k = 0; k < ng; k++) {
+            const int g = qd_iq2_index(t, L + 8 * k);
+            if (type == QD_IQ2_XXS) {
+                blk[2 + 8 * ib + k] = (uint8_t)g;
+                const uint32_t s = (uint32_t)signs[k] << 7 * k;
+                for (int j = 0; j < 4; j++)
+                    blk[6 + 8 * ib + j] |= (uint8_t)(s >> 8 * j);
+            } else if (type == QD_IQ2_XS) {
+                const int v = g | signs[k] << 9, at = 2 + 2 * (2 * ib + k);
+                blk[at] = (uint8_t)v;
+                blk[at + 1] = (uint8_t)(v >> 8);
+            } else {
+                const int i8 = 2 * ib + k;
+                blk[2 + i8] = (uint8_t)(g & 255);
+                blk[66 + i8 / 4] |= (uint8_t)((g >> 8) << 2 * (i8 % 4));
+                blk[2 + 32 + i8] = signs[k];
+            }
+        }
+        scales[ib] = scale;
+        max_scale = max_scale > scale ? max_scale : scale;
+    }
+    if (max_scale == 0.0f) { /* d 0; IQ2_XXS and IQ2_XS clear their codes (a scale computed as 0 wrote some) */
+        for (int i = 0; type != QD_IQ2_S && i < bytes; i++)
+            blk[i] = 0;
+        return;
+    }
+    const float d = max_scale / 31.0f;
+    qd_put_f16(blk, type == QD_IQ2_S ? d * 0.9875f : d);
+    const float id = 1.0f / d;
+    for (int ib = 0; ib < QD_QK_K / group; ib++) {
+        const int l = qd_iq2_scale_code(id, scales[ib]);
+        if (type == QD_IQ2_XXS)
+            blk[6 + 8 * ib + 3] |= (uint8_t)(l << 4);
+        else
+            blk[(type == QD_IQ2_XS ? 66 : 74) + ib / 2] |= (uint8_t)(l << 4 * (ib % 2));
+    }
+}
+
+/* ksigns_iq2xs: 7 stored signs and the eighth that makes their count even */
+QD_HD int qd_iq2_even_signs(int s7)
+{
+    int p = 0;
+    for (int i = 0; i < 7; i++)
+        p ^= s7 >> i & 1;
+    return s7 | p << 7;
+}
+
+/* The dequantized magnitude of a grid coordinate (ggml-common.h's iq2*_grid bytes: 8, 25, 43) */
+QD_HD float qd_iq2_value(int coord) { return coord == 1 ? 8.0f : coord == 3 ? 25.0f : 43.0f; }
+
+/* 8 values of grid point g with signs s (bit j: value j negative) at scale db */
+QD_HD void qd_iq2_put8(const struct qd_iq2_tables *QD_RESTRICT t, int g, int s, float db, float *y)
+{
+    for (int j = 0; j < 8; j++)
+        y[j] = db * qd_iq2_value(t->grid[g][j]) * (s & 1 << j ? -1.0f : 1.0f);
+}
+
+/* dequantize_row_iq2_<type> for one super-block */
+QD_HD void qd_iq2_dequantize_block(const struct qd_iq2_tables *QD_RESTRICT t, int type, const uint8_t *QD_RESTRICT blk,
+                                   float *QD_RESTRICT y)
+{
+    const float d = qd_get_f16(blk);
+    for (int ib = 0; ib < 8; ib++) {
+        if (type == QD_IQ2_XXS) {
+            const uint8_t *q = blk + 2 + 8 * ib;
+            const uint32_t aux = (uint32_t)q[4] | (uint32_t)q[5] << 8 | (uint32_t)q[6] << 16 | (uint32_t)q[7] << 24;
+            const float db = d * (0.5f + (float)(aux >> 28)) * 0.25f;
+            for (int l = 0; l < 4; l++, y += 8)
+                qd_iq2_put8(t, q[l], qd_iq2_even_signs(aux >> 7 * l & 127), db, y);
+            continue;
+        }
+        const int sc = blk[(type == QD_IQ2_XS ? 66 : 74) + ib];
+        const float db[2] = {d * (0.5f + (float)(sc & 0xf)) * 0.25f, d * (0.5f + (float)(sc >> 4)) * 0.25f};
+        for (int l = 0; l < 4; l++, y += 8) {
+            if (type == QD_IQ2_XS) {
+                const int v = blk[2 + 2 * (4 * ib + l)] | blk[3 + 2 * (4 * ib + l)] << 8;
+                qd_iq2_put8(t, v & 511, qd_iq2_even_signs(v >> 9), db[l / 2], y);
+            } else {
+                const int g = blk[2 + 4 * ib + l] | ((blk[66 + ib] << (8 - 2 * l)) & 0x300);
+                qd_iq2_put8(t, g, blk[34 + 4 * ib + l], db[l / 2], y);
+            }
+        }
+    }
+}
+
+#endif

@@ -299,7 +299,7 @@ static void registry_names_are_unique_and_json_lists_them(void **state)
         assert_non_null(strstr(json, needle));
     }
     free(json);
-    assert_int_equal(qd_format_count, 39);
+    assert_int_equal(qd_format_count, 42);
     assert_null(qd_format_find("q4_2"));
 }
 

@@ -110,6 +110,8 @@ static void fill(void *data, enum qd_dtype dt, int64_t n)
                                  : (float)(k % 509 - 254) * 0.01f;
             if (dt == QD_F16 && qd_absf(v) > 65504.0f) /* f16's largest instead: finite */
                 v = v < 0 ? -65504.0f : 65504.0f;
+            if (dt == QD_BF16 && qd_absf(v) > 0x1.fep127f) /* bf16's largest: 3.4e38 rounds to Inf there */
+                v = v < 0 ? -0x1.fep127f : 0x1.fep127f;
             if (dt == QD_F32)
                 ((float *)data)[i] = v;
             else

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """make bench-convert: whole-model conversion against merely reading the files.
 
-usage: bench_convert.py WORKDIR [--size 8b|1b|tiny] [--only hf|gguf] [--json OUT]
+usage: bench_convert.py WORKDIR [--size 8b|1b|300m|tiny] [--only hf|gguf] [--json OUT]
 
 hf:   a Llama-shaped bf16 checkpoint of random weights in 5 GB shards (transformers builds it,
       on the GPU when there is one); times `cat` of its shards into /dev/null (page cache warm),
@@ -44,6 +44,7 @@ QUANTD = os.environ.get("QUANTD", os.path.join(ROOT, "bin", "quantd"))
 SIZES = {  # hidden, ffn, layers, heads, kv heads, vocab
     "8b": (4096, 14336, 32, 32, 8, 128256),
     "1b": (2048, 5632, 22, 32, 4, 32000),
+    "300m": (1024, 2816, 8, 16, 8, 32000),  # ~160M parameters: the slow IQ mixes on 2 cores
     "tiny": (256, 768, 3, 4, 2, 320),
 }
 

@@ -335,6 +335,8 @@ static int process_rows(void *ctx, int64_t r0, int64_t r1)
     const struct qd_hf_out *t = job->t;
     const void *in = job->in;
     void *out = job->out;
+    if (t->dequant) /* bitsandbytes, AutoAWQ: their own arithmetic */
+        return t->dequant(t, in, out, r0, r1);
     const struct qd_st_entry *w = t->src, *s = t->scale;
     const int int8 = !strcmp(w->dtype, "I8"), bits = t->packed_bits; /* (< 0: fp4) */
     /* FineGrainedFP8: the product in f32, then one cast to the output dtype; compressed-tensors:
@@ -373,8 +375,6 @@ static int process_rows(void *ctx, int64_t r0, int64_t r1)
 static enum qd_status process(const struct qd_hf_out *t, const void *in, void *out, char *err, size_t errlen)
 {
     (void)err, (void)errlen;
-    if (t->dequant) /* (bitsandbytes, AutoAWQ: their own loops, on this thread) */
-        return t->dequant(t, in, out);
     struct rows_job job = {t, in, out};
     /* spans of at least 1 Mi outputs: threads only where they pay for their start */
     const int64_t min_rows = (((int64_t)1 << 20) + t->shape[1] - 1) / t->shape[1];

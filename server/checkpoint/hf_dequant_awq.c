@@ -26,11 +26,12 @@ static int nibble(const uint8_t *words, int64_t cols, int64_t r, int64_t c)
     return (int)((w >> (4 * nibble_of_column[c % 8])) & 15);
 }
 
-static enum qd_status dequant(const struct qd_hf_out *t, const void *in, void *out)
+/* rows [r0, r1) of the Linear's weight */
+static int dequant(const struct qd_hf_out *t, const void *in, void *out, int64_t r0, int64_t r1)
 {
     const int64_t n_out = t->shape[0], n_in = t->shape[1], group = t->block[0];
     const enum qd_dtype odt = qd_hf_st_to_dtype(t->dtype);
-    for (int64_t o = 0; o < n_out; o++)
+    for (int64_t o = r0; o < r1; o++)
         for (int64_t k = 0; k < n_in; k++) { /* element [o, k] of the Linear: [k, o] of AutoAWQ's */
             const int64_t g = k / group;
             uint16_t h;
@@ -39,7 +40,7 @@ static enum qd_status dequant(const struct qd_hf_out *t, const void *in, void *o
             const float v = qd_f16_to_f32(qd_f32_to_f16((float)d * qd_f16_to_f32(h))); /* exact, then f16 */
             qd_hf_store(out, (size_t)(o * n_in + k), v, odt);
         }
-    return QD_OK;
+    return 0;
 }
 
 /* <m>.<suffix> beside <m>.qweight */

@@ -13,7 +13,6 @@
  * built-in nf4 / fp4 table, not the file's quant_map) times its block's absmax in f32, rounded to
  * nearest even to the quant_state's dtype; then that value cast to the output dtype. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "../../kernels/bnb4.h"
@@ -43,33 +42,40 @@ static int is_f32(const struct qd_st_entry *e, int64_t n)
     return e && !strcmp(e->dtype, "F32") && (int64_t)(e->end - e->begin) == n * 4;
 }
 
-static enum qd_status dequant(const struct qd_hf_out *t, const void *in, void *out)
+/* The absmax of block b: dequantize_blockwise of its u8 code, then + offset, each in f32 (double
+ * quant), or the f32 absmax itself. */
+static float absmax_of(const struct qd_hf_out *t, int64_t b)
 {
-    const int64_t n = t->shape[0] * t->shape[1], nblocks = (n + t->blocksize - 1) / t->blocksize;
+    float a;
+    if (t->nested[0]) {
+        float nmax, v;
+        memcpy(&nmax, t->nested[0]->data + (size_t)(b / 256) * 4, 4);
+        memcpy(&v, t->nested[1]->data + (size_t)t->scale->data[b] * 4, 4);
+        return v * nmax + t->offset;
+    }
+    memcpy(&a, t->scale->data + (size_t)b * 4, 4);
+    return a;
+}
+
+/* rows [r0, r1) of the weight: its elements, flat, in blocks of blocksize */
+static int dequant(const struct qd_hf_out *t, const void *in, void *out, int64_t r0, int64_t r1)
+{
+    const int64_t cols = t->shape[1];
     const enum qd_dtype odt = qd_hf_st_to_dtype(t->dtype);
     const int mid = t->mid == QD_BF16 ? 2 : t->mid == QD_F16 ? 1 : 0; /* qd_ct_round's code */
     const uint8_t *q = in;
-    float *absmax = malloc((size_t)nblocks * sizeof *absmax);
-    if (!absmax)
-        return QD_ENOMEM;
-    for (int64_t b = 0; b < nblocks; b++) {
-        if (t->nested[0]) { /* dequantize_blockwise of the u8 codes, then + offset, each in f32 */
-            float nmax, v;
-            memcpy(&nmax, t->nested[0]->data + (size_t)(b / 256) * 4, 4);
-            memcpy(&v, t->nested[1]->data + (size_t)t->scale->data[b] * 4, 4);
-            absmax[b] = v * nmax + t->offset;
-        } else
-            memcpy(&absmax[b], t->scale->data + (size_t)b * 4, 4);
-    }
-    for (int64_t e = 0; e < n; e++) {
+    int64_t block = -1;
+    float absmax = 0.0f;
+    for (int64_t e = r0 * cols; e < r1 * cols; e++) {
+        if (e / t->blocksize != block)
+            absmax = absmax_of(t, block = e / t->blocksize);
         const uint8_t code = e & 1 ? q[e / 2] & 15 : q[e / 2] >> 4;
         const float value = t->nf4 ? nf4_values[code] : fp4_type_values[code] / 12.0f;
-        float v = value * absmax[e / t->blocksize];
+        float v = value * absmax;
         v = mid == 2 ? qd_bf16_to_f32(qd_f32_to_bf16(v)) : mid == 1 ? qd_f16_to_f32(qd_f32_to_f16(v)) : v;
         qd_hf_store(out, (size_t)e, v, odt);
     }
-    free(absmax);
-    return QD_OK;
+    return 0;
 }
 
 static int plan(const cJSON *q, const struct qd_hf_shard *sh, int i, struct qd_hf_out *out, char *err, size_t errlen)

@@ -62,8 +62,9 @@ struct qd_hf_out {
     enum qd_dtype mid; /* back to float: the dtype the peer dequantizes into before the cast to
                           dtype (bitsandbytes' quant_state dtype, AutoAWQ's f16) */
     /* back to float: the source family's arithmetic (NULL: hf_dequant.c's own), from the
-       weight's source bytes in into out (dtype, shape) */
-    enum qd_status (*dequant)(const struct qd_hf_out *t, const void *in, void *out);
+       weight's source bytes in into rows [r0, r1) of out (dtype, shape); called for spans of
+       rows on several threads at once; 0, or -1 */
+    int (*dequant)(const struct qd_hf_out *t, const void *in, void *out, int64_t r0, int64_t r1);
     uint64_t qbytes;   /* that weight's components, back to back */
 };
 

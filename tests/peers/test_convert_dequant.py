@@ -366,7 +366,7 @@ def wide_source(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("layout", ["FineGrainedFP8", "FP8_BLOCK", "W4A16", "NVFP4A16"])
+@pytest.mark.parametrize("layout", ["FineGrainedFP8", "FP8_BLOCK", "W4A16", "NVFP4A16", "nf4", "fp4-single", "AWQ"])
 def test_wide_weights_spread_over_threads(tmp_path, wide_source, layout):
     q, back, _ = convert_back(tmp_path, wide_source, layout, "bf16")
     check_equal(q, back, "bf16")

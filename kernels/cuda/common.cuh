@@ -333,6 +333,28 @@ enum qd_status qd_cuda_ggml_importance_quantize(const struct qd_format *f, const
 enum qd_status qd_cuda_kquant_importance_quantize(const struct qd_format *f, const struct qd_tensor *in,
                                                   struct qd_params *p, void *const *out);
 
+/* Unsigned 32-bit division by a divisor fixed for a kernel: a multiply-high, an add and a
+ * shift (the round-up method of Granlund and Montgomery, a 33-bit multiplier whose top bit is
+ * the add) where a divide is a dozen instructions. Exact for every n and d below 2^32. */
+struct qd_udiv {
+    uint32_t m, l;
+};
+
+static inline qd_udiv qd_udiv_make(uint32_t d)
+{
+    if (d == 0) /* (an empty tensor's: never divided by) */
+        return {0, 0};
+    uint32_t l = 0;
+    while (l < 32 && ((uint64_t)1 << l) < d)
+        l++;
+    return {(uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << l) - d)) / d + 1), l};
+}
+
+__device__ __forceinline__ uint32_t qd_udiv_do(uint32_t n, qd_udiv u)
+{
+    return (uint32_t)(((uint64_t)__umulhi(n, u.m) + n) >> u.l);
+}
+
 /* Multiprocessors of the current device (1 when it cannot be read). */
 int qd_cuda_sm_count(void);
 

@@ -1,16 +1,24 @@
 /* fp8_e4m3 and w8a8 (kernels/fp8.h) on the GPU, the CPU's arithmetic. A channel is a block of
- * 1 x cols, so channels and blocks share the kernels: one CTA per block (or row), which folds
- * the largest |x| over the CTA and writes the scale and the codes (16-byte loads, rows of a
- * block read coalesced). A block of at most one 8-element chunk per thread stays in registers
- * (one read of the input); a larger one is read twice, the second time from L2; blocks (or
- * rows) that do not split into 8-element chunks go element by element. Per tensor: the range
- * pass, a one-thread kernel for the scale, then the codes (two reads). Dequantize: one thread
- * per 8 elements. */
+ * 1 x cols, so channels and blocks share the kernels, which fold the largest |x| over a CTA and
+ * write the scale and the codes (16-byte loads, rows of a block read coalesced):
+ * - a block of at most one 8-element chunk per thread: one CTA per block, held in registers;
+ * - a 16-bit block of up to 2048 chunks (128 x 128, a channel of up to 16384 columns):
+ *   persistent CTAs, each block in registers while the next one's loads are in flight;
+ * - larger (or f32) blocks: one CTA per block, read twice, the second time from L2;
+ * - blocks (or rows) that do not split into 8-element chunks: element by element.
+ * Each reads the input once but the last two. Per tensor: the range pass, a one-thread kernel
+ * for the scale, then the codes (two reads). Dequantize: one thread per 8 elements. */
 #include "../fp8.h"
 #include "common.cuh"
 #include "convert.cuh"
 
 #define FP8_THREADS 256
+#ifndef FP8_PIPE_THREADS /* the persistent kernel's CTA (256: two CTAs an SM at 8 chunks a thread) */
+#define FP8_PIPE_THREADS 256
+#endif
+#ifndef FP8_PIPE_PREFETCH
+#define FP8_PIPE_PREFETCH 0 /* issuing the next block's loads early measured slower on an H200 (registers) */
+#endif
 
 /* the arithmetic's dtype code (ctint.h) of input dtype DT under compressed-tensors' flow */
 template <int DT, int CT> struct fp8_dt {
@@ -27,33 +35,64 @@ __device__ __forceinline__ float fp8_quot(float x, float s, float rs, bool fast)
 
 __device__ __forceinline__ bool fp8_fast_scale(float s) { return s >= 0x1p-20f && s <= 0x1p20f; }
 
+/* The int8 code's byte: the clamp, then round to nearest even by adding 1.5 * 2^23, whose ulp is
+ * 1 (rintf and the conversion to int run on the conversion unit, a quarter of the rate). */
 __device__ __forceinline__ uint32_t fp8_int8_byte(float q)
 {
-    return (uint32_t)(uint8_t)(int8_t)(int)rintf(fminf(fmaxf(q, -128.0f), 127.0f));
+    return qd_f32_bits(__fadd_rn(fminf(fmaxf(q, -128.0f), 127.0f), 12582912.0f)) & 0xffu;
 }
 
 /* The codes of two values (a in the low byte), as qd_fp8_code computes them: compressed-tensors'
- * from the f32 quotient (its Triton kernel's), whatever the weight's dtype. */
-template <int INT8, int CT>
+ * from the f32 quotient (its Triton kernel's), whatever the weight's dtype. PLAIN: both
+ * quotients through the reciprocal (fp8_codes8 has checked that fp8_quot would take it, or that
+ * the value is a zero, whose quotient's sign the + 0 or the rounding to an integer drops). */
+template <int INT8, int CT, bool PLAIN>
 __device__ __forceinline__ uint32_t fp8_code2(float a, float b, float s, float rs, bool fast)
 {
     if (!CT) /* transformers: x * scale; 0 * inf (an infinite scale) is NaN, coded 0x7f */
         return qd_mx_encode2<QD_E4M3>(a * s, b * s);
-    const float qa = fp8_quot(a, s, rs, fast), qb = fp8_quot(b, s, rs, fast);
+    const float qa = PLAIN ? qd_quotient(a, s, rs) : fp8_quot(a, s, rs, fast);
+    const float qb = PLAIN ? qd_quotient(b, s, rs) : fp8_quot(b, s, rs, fast);
     if (INT8)
         return fp8_int8_byte(qa) | fp8_int8_byte(qb) << 8;
     /* + the zero point: -0 becomes +0 */
     return qd_fp8x2_finite<QD_E4M3>(__fadd_rn(qa, 0.0f), __fadd_rn(qb, 0.0f));
 }
 
+/* Whether every quotient of the 8 values goes through the reciprocal (fp8_quot's condition), or
+ * the value is a zero, whose quotient's sign the + 0 or the rounding to an integer drops. */
+template <int CT> __device__ __forceinline__ bool fp8_plain8(const float *v, bool fast)
+{
+    bool plain = CT && fast;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        plain &= qd_absf(v[j]) >= 0x1p-80f || v[j] == 0.0f;
+    return plain;
+}
+
+/* The codes of 8 values; PLAIN as fp8_plain8 computes it (or as a caller knows it for a whole
+ * block). Where it holds (the usual case) the 8 quotients are computed without a branch per
+ * element, so they run side by side: a branch around each division left a thread one
+ * dependent chain at a time. */
 template <int INT8, int CT>
-__device__ __forceinline__ uint2 fp8_codes8(const float *v, float s, float rs, bool fast)
+__device__ __forceinline__ uint2 fp8_codes8(const float *v, float s, float rs, bool fast, bool plain)
 {
     uint32_t w[2] = {0, 0};
+    if (plain) {
 #pragma unroll
-    for (int j = 0; j < 8; j += 2)
-        w[j / 4] |= fp8_code2<INT8, CT>(v[j], v[j + 1], s, rs, fast) << (8 * (j % 4));
+        for (int j = 0; j < 8; j += 2)
+            w[j / 4] |= fp8_code2<INT8, CT, true>(v[j], v[j + 1], s, rs, fast) << (8 * (j % 4));
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j += 2)
+            w[j / 4] |= fp8_code2<INT8, CT, false>(v[j], v[j + 1], s, rs, fast) << (8 * (j % 4));
+    }
     return make_uint2(w[0], w[1]);
+}
+
+template <int INT8, int CT> __device__ __forceinline__ uint2 fp8_codes8(const float *v, float s, float rs, bool fast)
+{
+    return fp8_codes8<INT8, CT>(v, s, rs, fast, fp8_plain8<CT>(v, fast));
 }
 
 /* The largest of the CTA's |x| (as f32 bits, NaN above Inf above finite), in every thread. */
@@ -76,6 +115,7 @@ template <int THREADS> __device__ __forceinline__ float fp8_cta_amax(uint32_t to
 struct fp8_geom {
     int64_t cols, mrows, nbr, ncb; /* nbr block rows per matrix, ncb block columns */
     int64_t br, bc;
+    qd_udiv dcols, dmrows, dbr, dbc; /* the same divisors for 32-bit indices */
 };
 
 struct fp8_block_at {
@@ -179,6 +219,114 @@ __global__ void __launch_bounds__(THREADS) fp8_block_reg_kernel(const void *x, f
     }
 }
 
+/* The 8 16-bit elements at e (16-byte aligned), as loaded: no use of them yet, so the load
+ * stays in flight while the CTA works on the block before. */
+__device__ __forceinline__ void fp8_chunk_issue(const void *x, int64_t e, uint4 &q)
+{
+    q = __ldg((const uint4 *)((const uint16_t *)x + e));
+}
+
+/* Persistent CTAs for 16-bit blocks of 257 .. THREADS * K 8-element chunks (a 128 x 128 block,
+ * a channel of up to 16384 columns): each CTA walks blocks blockIdx.x, + gridDim.x, ..., holds
+ * its block in registers (K chunks a thread, one read of the input) and issues the loads of its
+ * next block before the range and codes of this one, so the input keeps streaming while the
+ * CTA waits on its reduction and computes compressed-tensors' quotients. The reduction's shared
+ * words alternate between two sets: a CTA may start block i + 1 while a slow thread still
+ * reads block i's. */
+template <int DT, int INT8, int CT, int THREADS, int K>
+__global__ void __launch_bounds__(THREADS, THREADS < 512 ? 512 / THREADS : 1) fp8_block_pipe_kernel(const void *x, fp8_geom g, uint32_t nblocks,
+                                                                    uint8_t *codes, void *scales, unsigned long long *bad)
+{
+    constexpr int dt = fp8_dt<DT, CT>::code;
+    __shared__ uint32_t part[2][THREADS / 32];
+    const int cpr = (int)(g.bc / 8);
+    uint32_t b = blockIdx.x;
+    if (b >= nblocks)
+        return;
+    fp8_block_at a = fp8_block(g, b);
+    uint4 q[K], nq[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int c = threadIdx.x + k * THREADS, i = c / cpr, j = c - i * cpr;
+        if (i < a.h && j < (int)(a.w / 8))
+            fp8_chunk_issue(x, (a.row0 + i) * g.cols + a.col0 + 8 * j, q[k]);
+    }
+    for (int p = 0;; p ^= 1) {
+        const uint32_t nb = b + gridDim.x;
+        fp8_block_at na = a;
+        if (FP8_PIPE_PREFETCH && nb < nblocks) {
+            na = fp8_block(g, nb);
+#pragma unroll
+            for (int k = 0; k < K; k++) {
+                const int c = threadIdx.x + k * THREADS, i = c / cpr, j = c - i * cpr;
+                if (i < na.h && j < (int)(na.w / 8))
+                    fp8_chunk_issue(x, (na.row0 + i) * g.cols + na.col0 + 8 * j, nq[k]);
+            }
+        }
+        const int wc = (int)(a.w / 8);
+        uint32_t top = 0, tiny = 0;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int c = threadIdx.x + k * THREADS, i = c / cpr, j = c - i * cpr;
+            if (i < a.h && j < wc) {
+                const uint32_t m[4] = {q[k].x & 0x7fff7fffu, q[k].y & 0x7fff7fffu, q[k].z & 0x7fff7fffu,
+                                       q[k].w & 0x7fff7fffu};
+                const uint32_t t = qd_half_pair_top<DT>(__vmaxu2(__vmaxu2(m[0], m[1]), __vmaxu2(m[2], m[3])));
+                if (DT == QD_BF16) /* 0 < |x| < 2^-80 (bf16 0x1780): f16 has none */
+#pragma unroll
+                    for (int h = 0; h < 4; h++)
+                        tiny |= __vcmpltu2(__vsub2(m[h], 0x00010001u), 0x177f177fu);
+                if (t >= 0x7f800000u) {
+                    float v[8];
+                    fp8_chunk_values<DT>(fp8_chunk<DT>{{q[k]}}, v);
+                    qd_note_first_nonfinite<8>(bad, v, (a.row0 + i) * g.cols + a.col0 + 8 * j);
+                }
+                top = max(top, t);
+            }
+        }
+        /* a warp's largest |x| with bit 31 (free above the magnitudes' bits) set where the warp
+         * saw a tiny value: the flag is OR-ed apart from the max, which it would otherwise win */
+        top = __reduce_max_sync(0xffffffffu, top) | (__any_sync(0xffffffffu, tiny != 0) ? 0x80000000u : 0u);
+        if (threadIdx.x % 32 == 0)
+            part[p][threadIdx.x / 32] = top;
+        __syncthreads();
+        uint32_t m = part[p][0] & 0x7fffffffu, flags = part[p][0];
+#pragma unroll
+        for (int w = 1; w < THREADS / 32; w++)
+            m = max(m, part[p][w] & 0x7fffffffu), flags |= part[p][w];
+        const float s = qd_fp8_encode_scale(qd_bits_f32(m), INT8, CT, dt);
+        if (threadIdx.x == 0)
+            qd_fp8_put_scale(scales, a.scale, qd_fp8_stored_scale(s, CT), dt);
+        const float rs = __frcp_rn(s);
+        const bool fast = fp8_fast_scale(s), plain = CT && fast && flags < 0x80000000u;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int c = threadIdx.x + k * THREADS, i = c / cpr, j = c - i * cpr;
+            if (i < a.h && j < wc) {
+                float v[8];
+                fp8_chunk_values<DT>(fp8_chunk<DT>{{q[k]}}, v);
+                *(uint2 *)(codes + (a.row0 + i) * g.cols + a.col0 + 8 * j) = fp8_codes8<INT8, CT>(v, s, rs, fast, plain);
+            }
+        }
+        if (nb >= nblocks)
+            return;
+        if (!FP8_PIPE_PREFETCH) {
+            na = fp8_block(g, nb);
+#pragma unroll
+            for (int k = 0; k < K; k++) {
+                const int c = threadIdx.x + k * THREADS, i = c / cpr, j = c - i * cpr;
+                if (i < na.h && j < (int)(na.w / 8))
+                    fp8_chunk_issue(x, (na.row0 + i) * g.cols + na.col0 + 8 * j, nq[k]);
+            }
+        }
+        b = nb;
+        a = na;
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            q[k] = nq[k];
+    }
+}
+
 /* Blocks of more chunks than the CTA has threads (a row of a channel-wise 16384-column matrix,
  * a 128 x 128 block): the range pass, then the codes from a second read of the block, which the
  * CTAs resident on an SM keep in L2 (a few tens of KB each). Holding the block in registers
@@ -277,16 +425,25 @@ __global__ void fp8_tensor_codes_kernel(const void *x, int64_t n, const float *s
             codes[i] = qd_fp8_code(qd_load<DT>(x, i), s, INT8, CT);
 }
 
-/* The scale index of element (r, c), in index type I (32-bit divisions where the tensor has
- * fewer than 2^32 elements: a 64-bit one costs several times more). */
+/* The scale index of element (r, c), in index type I (32-bit indices where the tensor has fewer
+ * than 2^32 elements: their divisions by multiplication, a 64-bit divide costs several times
+ * more). */
+template <class I> __device__ __forceinline__ I fp8_div(I n, int64_t d, qd_udiv u)
+{
+    if constexpr (sizeof(I) == 4)
+        return qd_udiv_do(n, u);
+    else
+        return n / (I)d;
+}
+
 template <class I> __device__ __forceinline__ I fp8_scale_of(int gran, const fp8_geom &g, I r, I c)
 {
     if (gran == QD_GRAN_TENSOR)
         return 0;
     if (gran == QD_GRAN_CHANNEL)
         return r;
-    const I mrows = (I)g.mrows, m = r / mrows;
-    return (m * (I)g.nbr + (r - m * mrows) / (I)g.br) * (I)g.ncb + c / (I)g.bc;
+    const I mrows = (I)g.mrows, m = fp8_div<I>(r, g.mrows, g.dmrows);
+    return (m * (I)g.nbr + fp8_div<I>(r - m * mrows, g.br, g.dbr)) * (I)g.ncb + fp8_div<I>(c, g.bc, g.dbc);
 }
 
 /* code * scale rounded to the scale's dtype SDT; rounding to the output dtype DT follows in the
@@ -312,13 +469,16 @@ __global__ void fp8_dequantize_kernel(const uint8_t *codes, const void *scales, 
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 q[j] = (float)(int8_t)(((j < 4 ? w.x : w.y) >> (8 * (j % 4))) & 0xffu);
-        } else {
+        } else { /* NaN codes, rare, take the software decode for all 8 (one test for them) */
 #pragma unroll
             for (int j = 0; j < 8; j += 2)
-                qd_fp8x2_decode<QD_E4M3>(((j < 4 ? w.x : w.y) >> (8 * (j % 4))) & 0xffffu, &q[j], &q[j + 1]);
+                qd_fp8x2_decode_finite<QD_E4M3>(((j < 4 ? w.x : w.y) >> (8 * (j % 4))) & 0xffffu, &q[j], &q[j + 1]);
+            if (qd_fp8x4_has_nan<QD_E4M3>(w.x) || qd_fp8x4_has_nan<QD_E4M3>(w.y))
+                for (int j = 0; j < 8; j++)
+                    q[j] = qd_e4m3_to_f32((uint8_t)((j < 4 ? w.x : w.y) >> (8 * (j % 4))));
         }
         const I cols = (I)g.cols;
-        I r = (I)e0 / cols, c = (I)e0 - r * cols;
+        I r = fp8_div<I>((I)e0, g.cols, g.dcols), c = (I)e0 - r * cols;
         float v[8];
         if (UNIFORM) {
             const float s = qd_fp8_get_scale(scales, fp8_scale_of<I>(gran, g, r, c), SDT);
@@ -353,6 +513,11 @@ static fp8_geom fp8_geometry(const struct qd_fp8_plan &k, const struct qd_tensor
     g.bc = block ? k.block_cols : t->cols;
     g.nbr = (g.mrows + g.br - 1) / g.br;
     g.ncb = (g.cols + g.bc - 1) / g.bc;
+    /* (used for tensors of fewer than 2^32 elements, where each of these is below 2^32 too) */
+    g.dcols = qd_udiv_make((uint32_t)g.cols);
+    g.dmrows = qd_udiv_make((uint32_t)g.mrows);
+    g.dbr = qd_udiv_make((uint32_t)g.br);
+    g.dbc = qd_udiv_make((uint32_t)g.bc);
     return g;
 }
 
@@ -369,6 +534,25 @@ static fp8_geom fp8_geometry(const struct qd_fp8_plan &k, const struct qd_tensor
         __VA_ARGS__;                                                                            \
     }
 
+/* The persistent kernel for 16-bit blocks of 257 .. 2048 chunks, K chunks a thread for the
+ * fewest that hold the block; false where it does not apply (f32: twice the registers). */
+template <int DT, int INT8, int CT, int T>
+static bool fp8_launch_pipe(const struct qd_tensor *in, const fp8_geom &g, uint32_t nblocks, int64_t chunks,
+                            uint8_t *codes, void *scales, unsigned long long *bad)
+{
+    if constexpr (DT == QD_F32 || T == 0)
+        return false;
+    else {
+        if (chunks > 2048)
+            return false;
+        const auto pipe = chunks <= 512    ? fp8_block_pipe_kernel<DT, INT8, CT, T, (512 + T - 1) / T>
+                          : chunks <= 1024 ? fp8_block_pipe_kernel<DT, INT8, CT, T, 1024 / T>
+                                           : fp8_block_pipe_kernel<DT, INT8, CT, T, 2048 / T>;
+        pipe<<<qd_resident_grid(pipe, T, nblocks), T, 0, qd_stream()>>>(in->data, g, nblocks, codes, scales, bad);
+        return true;
+    }
+}
+
 template <int DT, int INT8, int CT>
 static void fp8_launch_blocks(const struct qd_tensor *in, const fp8_geom &g, uint8_t *codes, void *scales,
                               unsigned long long *bad)
@@ -380,7 +564,8 @@ static void fp8_launch_blocks(const struct qd_tensor *in, const fp8_geom &g, uin
         fp8_block_any_kernel<DT, INT8, CT><<<nblocks, FP8_THREADS, 0, st>>>(in->data, g, codes, scales, bad);
     else if (chunks <= FP8_THREADS)
         fp8_block_reg_kernel<DT, INT8, CT, FP8_THREADS, 1><<<nblocks, FP8_THREADS, 0, st>>>(in->data, g, codes, scales, bad);
-    else /* 512 threads: of 128, 256, 512 and 1024 the fastest on an H100 at 16384^2 */
+    else if (!fp8_launch_pipe<DT, INT8, CT, FP8_PIPE_THREADS>(in, g, nblocks, chunks, codes, scales, bad))
+        /* 512 threads: of 128, 256, 512 and 1024 the fastest on an H100 at 16384^2 */
         fp8_block_l2_kernel<DT, INT8, CT, 512><<<nblocks, 512, 0, st>>>(in->data, g, codes, scales, bad);
 }
 

@@ -13,11 +13,14 @@
 #include "convert.cuh"
 
 #define FP8_THREADS 256
-#ifndef FP8_PIPE_THREADS /* the persistent kernel's CTA (256: two CTAs an SM at 8 chunks a thread) */
-#define FP8_PIPE_THREADS 256
+#ifndef FP8_STREAM_CHUNKS /* the streaming kernels (per-tensor codes, dequantize): 8-element chunks a thread */
+#define FP8_STREAM_CHUNKS 4
 #endif
-#ifndef FP8_PIPE_PREFETCH
-#define FP8_PIPE_PREFETCH 0 /* issuing the next block's loads early measured slower on an H200 (registers) */
+#ifndef FP8_SMEM_THREADS /* the shared-memory kernel's CTA */
+#define FP8_SMEM_THREADS 256
+#endif
+#ifndef FP8_SMEM_CTAS /* its CTAs an SM the registers must allow (32 KB of shared memory each) */
+#define FP8_SMEM_CTAS 5
 #endif
 
 /* the arithmetic's dtype code (ctint.h) of input dtype DT under compressed-tensors' flow */
@@ -90,9 +93,22 @@ __device__ __forceinline__ uint2 fp8_codes8(const float *v, float s, float rs, b
     return make_uint2(w[0], w[1]);
 }
 
-template <int INT8, int CT> __device__ __forceinline__ uint2 fp8_codes8(const float *v, float s, float rs, bool fast)
+/* Whether a scale lets every quotient of a DT input go through the reciprocal. fp8_quot divides
+ * |x| < 2^-80 in full: there the reciprocal's quotient can differ from x / s in its last bits
+ * and, near f32's underflow, in whether it is zero at all. Neither changes a code while
+ * |x / s| >= 2^-140: both quotients are then non-zero with x's sign and far below e4m3's
+ * smallest step (code +-0) and an integer's half (code 0). The dtype's smallest non-zero |x|
+ * (f16 2^-24, bf16 2^-133, f32 2^-149) keeps every quotient there for s up to that |x| * 2^140,
+ * so only a bf16 block of amax above 448 * 2^7 or an f32 one above 448 * 2^-9 looks further. */
+template <int DT> __device__ __forceinline__ bool fp8_all_plain(float s, bool fast)
 {
-    return fp8_codes8<INT8, CT>(v, s, rs, fast, fp8_plain8<CT>(v, fast));
+    return fast && s <= (DT == QD_F16 ? 0x1p116f : DT == QD_BF16 ? 0x1p7f : 0x1p-9f);
+}
+
+/* The codes of 8 DT values, PLAIN decided for the scale or else for these 8. */
+template <int DT, int INT8, int CT> __device__ __forceinline__ uint2 fp8_codes8(const float *v, float s, float rs, bool fast)
+{
+    return fp8_codes8<INT8, CT>(v, s, rs, fast, (CT && fp8_all_plain<DT>(s, fast)) || fp8_plain8<CT>(v, fast));
 }
 
 /* The largest of the CTA's |x| (as f32 bits, NaN above Inf above finite), in every thread. */
@@ -115,7 +131,7 @@ template <int THREADS> __device__ __forceinline__ float fp8_cta_amax(uint32_t to
 struct fp8_geom {
     int64_t cols, mrows, nbr, ncb; /* nbr block rows per matrix, ncb block columns */
     int64_t br, bc;
-    qd_udiv dcols, dmrows, dbr, dbc; /* the same divisors for 32-bit indices */
+    qd_udiv dcols, dmrows, dbr, dbc, dcpr; /* the same divisors for 32-bit indices; cpr = bc / 8 */
 };
 
 struct fp8_block_at {
@@ -214,117 +230,68 @@ __global__ void __launch_bounds__(THREADS) fp8_block_reg_kernel(const void *x, f
         if (i < a.h && j < wc) {
             float v[8];
             fp8_chunk_values<DT>(q[k], v);
-            *(uint2 *)(codes + (a.row0 + i) * g.cols + a.col0 + 8 * j) = fp8_codes8<INT8, CT>(v, s, rs, fast);
+            *(uint2 *)(codes + (a.row0 + i) * g.cols + a.col0 + 8 * j) = fp8_codes8<DT, INT8, CT>(v, s, rs, fast);
         }
     }
 }
 
-/* The 8 16-bit elements at e (16-byte aligned), as loaded: no use of them yet, so the load
- * stays in flight while the CTA works on the block before. */
-__device__ __forceinline__ void fp8_chunk_issue(const void *x, int64_t e, uint4 &q)
+/* cp.async of 16 bytes from global to shared memory, bypassing L1 (the block is read once). */
+__device__ __forceinline__ void fp8_copy16_async(uint4 *dst, const void *src)
 {
-    q = __ldg((const uint4 *)((const uint16_t *)x + e));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
 }
 
-/* Persistent CTAs for 16-bit blocks of 257 .. THREADS * K 8-element chunks (a 128 x 128 block,
- * a channel of up to 16384 columns): each CTA walks blocks blockIdx.x, + gridDim.x, ..., holds
- * its block in registers (K chunks a thread, one read of the input) and issues the loads of its
- * next block before the range and codes of this one, so the input keeps streaming while the
- * CTA waits on its reduction and computes compressed-tensors' quotients. The reduction's shared
- * words alternate between two sets: a CTA may start block i + 1 while a slow thread still
- * reads block i's. */
+/* One CTA per 16-bit block of 257 .. THREADS * K 8-element chunks (a 128 x 128 block, a channel
+ * of up to 16384 columns): the block is copied to shared memory asynchronously, so no register
+ * holds it while the loads fly and several CTAs an SM keep the memory busy while others reduce
+ * and code (a block held in registers allowed two CTAs an SM, and the memory went idle while
+ * both computed). Each thread reads back the chunks it copied itself (the wait makes them
+ * visible to it, so only the reduction needs a barrier), the range first, then the codes. */
 template <int DT, int INT8, int CT, int THREADS, int K>
-__global__ void __launch_bounds__(THREADS, THREADS < 512 ? 512 / THREADS : 1) fp8_block_pipe_kernel(const void *x, fp8_geom g, uint32_t nblocks,
-                                                                    uint8_t *codes, void *scales, unsigned long long *bad)
+__global__ void __launch_bounds__(THREADS, FP8_SMEM_CTAS) fp8_block_smem_kernel(const void *x, fp8_geom g, uint8_t *codes,
+                                                                               void *scales, unsigned long long *bad)
 {
     constexpr int dt = fp8_dt<DT, CT>::code;
-    __shared__ uint32_t part[2][THREADS / 32];
-    const int cpr = (int)(g.bc / 8);
-    uint32_t b = blockIdx.x;
-    if (b >= nblocks)
-        return;
-    fp8_block_at a = fp8_block(g, b);
-    uint4 q[K], nq[K];
+    __shared__ uint4 buf[THREADS * K];
+    const fp8_block_at a = fp8_block(g, blockIdx.x);
+    const uint32_t wc = (uint32_t)(a.w / 8), n = (uint32_t)a.h * (uint32_t)(g.bc / 8);
+    int64_t at[K]; /* each chunk's first element (row-major in the tensor) */
 #pragma unroll
     for (int k = 0; k < K; k++) {
-        const int c = threadIdx.x + k * THREADS, i = c / cpr, j = c - i * cpr;
-        if (i < a.h && j < (int)(a.w / 8))
-            fp8_chunk_issue(x, (a.row0 + i) * g.cols + a.col0 + 8 * j, q[k]);
+        const uint32_t c = threadIdx.x + k * THREADS, i = qd_udiv_do(c, g.dcpr), j = c - i * (uint32_t)(g.bc / 8);
+        at[k] = c < n && j < wc ? (a.row0 + i) * g.cols + a.col0 + 8 * j : -1;
+        if (at[k] >= 0)
+            fp8_copy16_async(&buf[c], (const uint16_t *)x + at[k]);
     }
-    for (int p = 0;; p ^= 1) {
-        const uint32_t nb = b + gridDim.x;
-        fp8_block_at na = a;
-        if (FP8_PIPE_PREFETCH && nb < nblocks) {
-            na = fp8_block(g, nb);
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    uint32_t top = 0;
 #pragma unroll
-            for (int k = 0; k < K; k++) {
-                const int c = threadIdx.x + k * THREADS, i = c / cpr, j = c - i * cpr;
-                if (i < na.h && j < (int)(na.w / 8))
-                    fp8_chunk_issue(x, (na.row0 + i) * g.cols + na.col0 + 8 * j, nq[k]);
-            }
-        }
-        const int wc = (int)(a.w / 8);
-        uint32_t top = 0, tiny = 0;
-#pragma unroll
-        for (int k = 0; k < K; k++) {
-            const int c = threadIdx.x + k * THREADS, i = c / cpr, j = c - i * cpr;
-            if (i < a.h && j < wc) {
-                const uint32_t m[4] = {q[k].x & 0x7fff7fffu, q[k].y & 0x7fff7fffu, q[k].z & 0x7fff7fffu,
-                                       q[k].w & 0x7fff7fffu};
-                const uint32_t t = qd_half_pair_top<DT>(__vmaxu2(__vmaxu2(m[0], m[1]), __vmaxu2(m[2], m[3])));
-                if (DT == QD_BF16) /* 0 < |x| < 2^-80 (bf16 0x1780): f16 has none */
-#pragma unroll
-                    for (int h = 0; h < 4; h++)
-                        tiny |= __vcmpltu2(__vsub2(m[h], 0x00010001u), 0x177f177fu);
-                if (t >= 0x7f800000u) {
-                    float v[8];
-                    fp8_chunk_values<DT>(fp8_chunk<DT>{{q[k]}}, v);
-                    qd_note_first_nonfinite<8>(bad, v, (a.row0 + i) * g.cols + a.col0 + 8 * j);
-                }
-                top = max(top, t);
-            }
-        }
-        /* a warp's largest |x| with bit 31 (free above the magnitudes' bits) set where the warp
-         * saw a tiny value: the flag is OR-ed apart from the max, which it would otherwise win */
-        top = __reduce_max_sync(0xffffffffu, top) | (__any_sync(0xffffffffu, tiny != 0) ? 0x80000000u : 0u);
-        if (threadIdx.x % 32 == 0)
-            part[p][threadIdx.x / 32] = top;
-        __syncthreads();
-        uint32_t m = part[p][0] & 0x7fffffffu, flags = part[p][0];
-#pragma unroll
-        for (int w = 1; w < THREADS / 32; w++)
-            m = max(m, part[p][w] & 0x7fffffffu), flags |= part[p][w];
-        const float s = qd_fp8_encode_scale(qd_bits_f32(m), INT8, CT, dt);
-        if (threadIdx.x == 0)
-            qd_fp8_put_scale(scales, a.scale, qd_fp8_stored_scale(s, CT), dt);
-        const float rs = __frcp_rn(s);
-        const bool fast = fp8_fast_scale(s), plain = CT && fast && flags < 0x80000000u;
-#pragma unroll
-        for (int k = 0; k < K; k++) {
-            const int c = threadIdx.x + k * THREADS, i = c / cpr, j = c - i * cpr;
-            if (i < a.h && j < wc) {
+    for (int k = 0; k < K; k++)
+        if (at[k] >= 0) {
+            const uint4 q = buf[threadIdx.x + k * THREADS];
+            const uint32_t t = qd_half_pair_top<DT>(__vmaxu2(__vmaxu2(q.x & 0x7fff7fffu, q.y & 0x7fff7fffu),
+                                                             __vmaxu2(q.z & 0x7fff7fffu, q.w & 0x7fff7fffu)));
+            if (t >= 0x7f800000u) {
                 float v[8];
-                fp8_chunk_values<DT>(fp8_chunk<DT>{{q[k]}}, v);
-                *(uint2 *)(codes + (a.row0 + i) * g.cols + a.col0 + 8 * j) = fp8_codes8<INT8, CT>(v, s, rs, fast, plain);
+                fp8_chunk_values<DT>(fp8_chunk<DT>{{q}}, v);
+                qd_note_first_nonfinite<8>(bad, v, at[k]);
             }
+            top = max(top, t);
         }
-        if (nb >= nblocks)
-            return;
-        if (!FP8_PIPE_PREFETCH) {
-            na = fp8_block(g, nb);
+    const float s = qd_fp8_encode_scale(fp8_cta_amax<THREADS>(top), INT8, CT, dt);
+    if (threadIdx.x == 0)
+        qd_fp8_put_scale(scales, a.scale, qd_fp8_stored_scale(s, CT), dt);
+    const float rs = __frcp_rn(s);
+    const bool fast = fp8_fast_scale(s), plain = CT && fp8_all_plain<DT>(s, fast);
 #pragma unroll
-            for (int k = 0; k < K; k++) {
-                const int c = threadIdx.x + k * THREADS, i = c / cpr, j = c - i * cpr;
-                if (i < na.h && j < (int)(na.w / 8))
-                    fp8_chunk_issue(x, (na.row0 + i) * g.cols + na.col0 + 8 * j, nq[k]);
-            }
+    for (int k = 0; k < K; k++)
+        if (at[k] >= 0) {
+            float v[8];
+            fp8_chunk_values<DT>(fp8_chunk<DT>{{buf[threadIdx.x + k * THREADS]}}, v);
+            *(uint2 *)(codes + at[k]) = plain ? fp8_codes8<INT8, CT>(v, s, rs, fast, true)
+                                              : fp8_codes8<DT, INT8, CT>(v, s, rs, fast);
         }
-        b = nb;
-        a = na;
-#pragma unroll
-        for (int k = 0; k < K; k++)
-            q[k] = nq[k];
-    }
 }
 
 /* Blocks of more chunks than the CTA has threads (a row of a channel-wise 16384-column matrix,
@@ -370,7 +337,7 @@ __global__ void __launch_bounds__(THREADS) fp8_block_l2_kernel(const void *x, fp
             fp8_chunk_load<DT>(x, e, q);
             float v[8];
             fp8_chunk_values<DT>(q, v);
-            *(uint2 *)(codes + e) = fp8_codes8<INT8, CT>(v, s, rs, fast);
+            *(uint2 *)(codes + e) = fp8_codes8<DT, INT8, CT>(v, s, rs, fast);
         }
     }
 }
@@ -409,20 +376,40 @@ __global__ void fp8_tensor_scale_kernel(int dt, struct qd_scratch *sc, void *sca
     sc->consts[0] = s;
 }
 
-/* One thread per 8 elements with the tensor's scale; the tail one by one. */
-template <int DT, int INT8, int CT>
-__global__ void fp8_tensor_codes_kernel(const void *x, int64_t n, const float *scale, uint8_t *codes)
+/* The 8 elements at e (16- or 32-byte aligned) as loaded, no use of them yet. */
+template <int DT> __device__ __forceinline__ void fp8_chunk_fetch(const void *x, int64_t e, fp8_chunk<DT> &c)
 {
-    const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    const uint4 *p = DT == QD_F32 ? (const uint4 *)((const float *)x + e) : (const uint4 *)((const uint16_t *)x + e);
+#pragma unroll
+    for (int k = 0; k < (DT == QD_F32 ? 2 : 1); k++)
+        c.q[k] = __ldg(p + k);
+}
+
+/* The codes with the tensor's scale, FP8_STREAM_CHUNKS chunks of 8 a thread, a CTA's chunks
+ * consecutive, every load issued before the first code (as the dequantize kernel); the tail
+ * of fewer than 8 one by one. */
+template <int DT, int INT8, int CT>
+__global__ void __launch_bounds__(256) fp8_tensor_codes_kernel(const void *x, int64_t n, const float *scale, uint8_t *codes)
+{
+    const int64_t t0 = (int64_t)blockIdx.x * 256 * FP8_STREAM_CHUNKS + threadIdx.x, full = n / 8;
+    fp8_chunk<DT> q[FP8_STREAM_CHUNKS];
+#pragma unroll
+    for (int u = 0; u < FP8_STREAM_CHUNKS; u++)
+        if (t0 + u * 256 < full)
+            fp8_chunk_fetch<DT>(x, 8 * (t0 + u * 256), q[u]);
     const float s = *scale, rs = __frcp_rn(s);
     const bool fast = fp8_fast_scale(s);
-    if (8 * t + 8 <= n) {
-        float v[8];
-        qd_load_block<DT, 8>(x, 8 * t, v);
-        ((uint2 *)codes)[t] = fp8_codes8<INT8, CT>(v, s, rs, fast);
-    } else
-        for (int64_t i = 8 * t; i < n; i++)
-            codes[i] = qd_fp8_code(qd_load<DT>(x, i), s, INT8, CT);
+#pragma unroll
+    for (int u = 0; u < FP8_STREAM_CHUNKS; u++) {
+        const int64_t t = t0 + u * 256;
+        if (t < full) {
+            float v[8];
+            fp8_chunk_values<DT>(q[u], v);
+            ((uint2 *)codes)[t] = fp8_codes8<DT, INT8, CT>(v, s, rs, fast);
+        } else if (t == full)
+            for (int64_t i = 8 * t; i < n; i++)
+                codes[i] = qd_fp8_code(qd_load<DT>(x, i), s, INT8, CT);
+    }
 }
 
 /* The scale index of element (r, c), in index type I (32-bit indices where the tensor has fewer
@@ -454,50 +441,69 @@ template <int DT, int INT8, int SDT> __device__ __forceinline__ float fp8_value(
     return SDT == 0 || SDT == (DT == QD_BF16 ? 2 : DT == QD_F16 ? 1 : 0) ? v : qd_ct_round(v, SDT);
 }
 
-/* One thread per 8 elements (one 8-byte load of codes, a 16- or 32-byte store). UNIFORM: the 8
- * share one scale (cols a multiple of 8, and so is the block width); else each its own. */
+/* The 8 elements of chunk t (element 8t on), their codes w as loaded. UNIFORM: the 8 share
+ * one scale (cols a multiple of 8, and so is the block width); else each its own. */
 template <int DT, int INT8, int SDT, int UNIFORM, class I>
-__global__ void fp8_dequantize_kernel(const uint8_t *codes, const void *scales, int gran, fp8_geom g, int64_t n, void *y)
+__device__ __forceinline__ void fp8_dequantize_chunk(uint2 w, const void *scales, int gran, const fp8_geom &g, int64_t t,
+                                                     void *y)
 {
-    const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, e0 = 8 * t;
-    if (e0 >= n)
-        return;
-    if (e0 + 8 <= n) {
-        const uint2 w = ((const uint2 *)codes)[t];
-        float q[8];
-        if (INT8) {
+    const int64_t e0 = 8 * t;
+    float q[8];
+    if (INT8) {
 #pragma unroll
+        for (int j = 0; j < 8; j++)
+            q[j] = (float)(int8_t)(((j < 4 ? w.x : w.y) >> (8 * (j % 4))) & 0xffu);
+    } else { /* NaN codes, rare, take the software decode for all 8 (one test for them) */
+#pragma unroll
+        for (int j = 0; j < 8; j += 2)
+            qd_fp8x2_decode_finite<QD_E4M3>(((j < 4 ? w.x : w.y) >> (8 * (j % 4))) & 0xffffu, &q[j], &q[j + 1]);
+        if (qd_fp8x4_has_nan<QD_E4M3>(w.x) || qd_fp8x4_has_nan<QD_E4M3>(w.y))
             for (int j = 0; j < 8; j++)
-                q[j] = (float)(int8_t)(((j < 4 ? w.x : w.y) >> (8 * (j % 4))) & 0xffu);
-        } else { /* NaN codes, rare, take the software decode for all 8 (one test for them) */
+                q[j] = qd_e4m3_to_f32((uint8_t)((j < 4 ? w.x : w.y) >> (8 * (j % 4))));
+    }
+    const I cols = (I)g.cols;
+    I r = fp8_div<I>((I)e0, g.cols, g.dcols), c = (I)e0 - r * cols;
+    float v[8];
+    if (UNIFORM) {
+        const float s = qd_fp8_get_scale(scales, fp8_scale_of<I>(gran, g, r, c), SDT);
 #pragma unroll
-            for (int j = 0; j < 8; j += 2)
-                qd_fp8x2_decode_finite<QD_E4M3>(((j < 4 ? w.x : w.y) >> (8 * (j % 4))) & 0xffffu, &q[j], &q[j + 1]);
-            if (qd_fp8x4_has_nan<QD_E4M3>(w.x) || qd_fp8x4_has_nan<QD_E4M3>(w.y))
-                for (int j = 0; j < 8; j++)
-                    q[j] = qd_e4m3_to_f32((uint8_t)((j < 4 ? w.x : w.y) >> (8 * (j % 4))));
-        }
-        const I cols = (I)g.cols;
-        I r = fp8_div<I>((I)e0, g.cols, g.dcols), c = (I)e0 - r * cols;
-        float v[8];
-        if (UNIFORM) {
-            const float s = qd_fp8_get_scale(scales, fp8_scale_of<I>(gran, g, r, c), SDT);
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                v[j] = fp8_value<DT, INT8, SDT>(q[j], s);
-        } else
-            for (int j = 0; j < 8; j++) {
-                v[j] = fp8_value<DT, INT8, SDT>(q[j], qd_fp8_get_scale(scales, fp8_scale_of<I>(gran, g, r, c), SDT));
-                if (++c == cols)
-                    c = 0, r++;
-            }
-        qd_store_block<DT, 8>(y, e0, v);
+        for (int j = 0; j < 8; j++)
+            v[j] = fp8_value<DT, INT8, SDT>(q[j], s);
     } else
-        for (int64_t e = e0; e < n; e++) {
-            const int64_t r = e / g.cols;
-            const float s = qd_fp8_get_scale(scales, fp8_scale_of<int64_t>(gran, g, r, e - r * g.cols), SDT);
-            qd_store<DT>(y, e, fp8_value<DT, INT8, SDT>(INT8 ? (float)(int8_t)codes[e] : qd_e4m3_to_f32(codes[e]), s));
+        for (int j = 0; j < 8; j++) {
+            v[j] = fp8_value<DT, INT8, SDT>(q[j], qd_fp8_get_scale(scales, fp8_scale_of<I>(gran, g, r, c), SDT));
+            if (++c == cols)
+                c = 0, r++;
         }
+    qd_store_block<DT, 8>(y, e0, v);
+}
+
+/* FP8_STREAM_CHUNKS chunks of 8 elements a thread, a CTA's chunks consecutive: every thread issues
+ * all its 8-byte loads of codes before it decodes any, so each SM keeps that many times more
+ * bytes in flight (one load a thread left the memory half idle on an H200); the tail of fewer
+ * than 8 elements one by one. */
+template <int DT, int INT8, int SDT, int UNIFORM, class I>
+__global__ void __launch_bounds__(256) fp8_dequantize_kernel(const uint8_t *codes, const void *scales, int gran, fp8_geom g,
+                                                             int64_t n, void *y)
+{
+    const int64_t t0 = (int64_t)blockIdx.x * 256 * FP8_STREAM_CHUNKS + threadIdx.x, full = n / 8;
+    uint2 w[FP8_STREAM_CHUNKS];
+#pragma unroll
+    for (int u = 0; u < FP8_STREAM_CHUNKS; u++)
+        if (t0 + u * 256 < full)
+            w[u] = __ldg((const uint2 *)codes + t0 + u * 256);
+#pragma unroll
+    for (int u = 0; u < FP8_STREAM_CHUNKS; u++) {
+        const int64_t t = t0 + u * 256;
+        if (t < full)
+            fp8_dequantize_chunk<DT, INT8, SDT, UNIFORM, I>(w[u], scales, gran, g, t, y);
+        else if (t == full)
+            for (int64_t e = 8 * t; e < n; e++) {
+                const int64_t r = e / g.cols;
+                const float s = qd_fp8_get_scale(scales, fp8_scale_of<int64_t>(gran, g, r, e - r * g.cols), SDT);
+                qd_store<DT>(y, e, fp8_value<DT, INT8, SDT>(INT8 ? (float)(int8_t)codes[e] : qd_e4m3_to_f32(codes[e]), s));
+            }
+    }
 }
 
 /* ---- host side --------------------------------------------------------------------------- */
@@ -518,6 +524,7 @@ static fp8_geom fp8_geometry(const struct qd_fp8_plan &k, const struct qd_tensor
     g.dmrows = qd_udiv_make((uint32_t)g.mrows);
     g.dbr = qd_udiv_make((uint32_t)g.br);
     g.dbc = qd_udiv_make((uint32_t)g.bc);
+    g.dcpr = qd_udiv_make((uint32_t)(g.bc / 8));
     return g;
 }
 
@@ -534,28 +541,42 @@ static fp8_geom fp8_geometry(const struct qd_fp8_plan &k, const struct qd_tensor
         __VA_ARGS__;                                                                            \
     }
 
-/* The persistent kernel for 16-bit blocks of 257 .. 2048 chunks, K chunks a thread for the
- * fewest that hold the block; false where it does not apply (f32: twice the registers). */
-template <int DT, int INT8, int CT, int T>
-static bool fp8_launch_pipe(const struct qd_tensor *in, const fp8_geom &g, uint32_t nblocks, int64_t chunks,
-                            uint8_t *codes, void *scales, unsigned long long *bad)
+/* The shared-memory kernel for 16-bit blocks of 257 .. 2048 chunks, K chunks a thread for the
+ * fewest that hold the block; cudaErrorNotSupported where it does not apply (f32: twice the
+ * shared memory). The largest shared-memory carveout is asked for at each launch (a host-side
+ * hint, set per device), so FP8_SMEM_CTAS CTAs of 32 KB fit an SM beside the L1. */
+template <int DT, int INT8, int CT, int T, int K>
+static cudaError_t fp8_launch_smem_k(const struct qd_tensor *in, const fp8_geom &g, unsigned nblocks, uint8_t *codes,
+                                     void *scales, unsigned long long *bad)
 {
-    if constexpr (DT == QD_F32 || T == 0)
-        return false;
-    else {
-        if (chunks > 2048)
-            return false;
-        const auto pipe = chunks <= 512    ? fp8_block_pipe_kernel<DT, INT8, CT, T, (512 + T - 1) / T>
-                          : chunks <= 1024 ? fp8_block_pipe_kernel<DT, INT8, CT, T, 1024 / T>
-                                           : fp8_block_pipe_kernel<DT, INT8, CT, T, 2048 / T>;
-        pipe<<<qd_resident_grid(pipe, T, nblocks), T, 0, qd_stream()>>>(in->data, g, nblocks, codes, scales, bad);
-        return true;
-    }
+    const cudaError_t e = cudaFuncSetAttribute(fp8_block_smem_kernel<DT, INT8, CT, T, K>,
+                                               cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               cudaSharedmemCarveoutMaxShared);
+    if (e != cudaSuccess)
+        return e;
+    fp8_block_smem_kernel<DT, INT8, CT, T, K><<<nblocks, T, 0, qd_stream()>>>(in->data, g, codes, scales, bad);
+    return cudaGetLastError();
 }
 
 template <int DT, int INT8, int CT>
-static void fp8_launch_blocks(const struct qd_tensor *in, const fp8_geom &g, uint8_t *codes, void *scales,
-                              unsigned long long *bad)
+static cudaError_t fp8_launch_smem(const struct qd_tensor *in, const fp8_geom &g, unsigned nblocks, int64_t chunks,
+                                   uint8_t *codes, void *scales, unsigned long long *bad)
+{
+    constexpr int T = FP8_SMEM_THREADS;
+    if constexpr (DT == QD_F32)
+        return cudaErrorNotSupported;
+    else if (chunks <= 512)
+        return fp8_launch_smem_k<DT, INT8, CT, T, (512 + T - 1) / T>(in, g, nblocks, codes, scales, bad);
+    else if (chunks <= 1024)
+        return fp8_launch_smem_k<DT, INT8, CT, T, 1024 / T>(in, g, nblocks, codes, scales, bad);
+    else if (chunks <= 2048)
+        return fp8_launch_smem_k<DT, INT8, CT, T, 2048 / T>(in, g, nblocks, codes, scales, bad);
+    return cudaErrorNotSupported;
+}
+
+template <int DT, int INT8, int CT>
+static cudaError_t fp8_launch_blocks(const struct qd_tensor *in, const fp8_geom &g, uint8_t *codes, void *scales,
+                                     unsigned long long *bad)
 {
     const unsigned nblocks = (unsigned)(in->rows / g.mrows * g.nbr * g.ncb);
     const int64_t chunks = g.br * (g.bc / 8);
@@ -564,9 +585,14 @@ static void fp8_launch_blocks(const struct qd_tensor *in, const fp8_geom &g, uin
         fp8_block_any_kernel<DT, INT8, CT><<<nblocks, FP8_THREADS, 0, st>>>(in->data, g, codes, scales, bad);
     else if (chunks <= FP8_THREADS)
         fp8_block_reg_kernel<DT, INT8, CT, FP8_THREADS, 1><<<nblocks, FP8_THREADS, 0, st>>>(in->data, g, codes, scales, bad);
-    else if (!fp8_launch_pipe<DT, INT8, CT, FP8_PIPE_THREADS>(in, g, nblocks, chunks, codes, scales, bad))
+    else {
+        const cudaError_t e = fp8_launch_smem<DT, INT8, CT>(in, g, nblocks, chunks, codes, scales, bad);
+        if (e != cudaErrorNotSupported)
+            return e;
         /* 512 threads: of 128, 256, 512 and 1024 the fastest on an H100 at 16384^2 */
         fp8_block_l2_kernel<DT, INT8, CT, 512><<<nblocks, 512, 0, st>>>(in->data, g, codes, scales, bad);
+    }
+    return cudaGetLastError();
 }
 
 extern "C" enum qd_status qd_cuda_fp8_quantize(const struct qd_format *f, const struct qd_tensor *in,
@@ -588,11 +614,11 @@ extern "C" enum qd_status qd_cuda_fp8_quantize(const struct qd_format *f, const 
         FP8_FLOW_SWITCH(k, INT8, CT, fp8_tensor_scale_kernel<INT8, CT><<<1, 1, 0, qd_stream()>>>(k.dt, d, out[1]));
         CUDA_LAUNCHED();
         QD_DTYPE_SWITCH(in->dtype, DT, FP8_FLOW_SWITCH(k, INT8, CT,
-                        fp8_tensor_codes_kernel<DT, INT8, CT><<<qd_grid((n + 7) / 8, 256), 256, 0, qd_stream()>>>(
+                        fp8_tensor_codes_kernel<DT, INT8, CT><<<qd_grid((n + 7) / 8, 256 * FP8_STREAM_CHUNKS), 256, 0, qd_stream()>>>(
                             in->data, n, d->consts, codes)));
     } else {
         const fp8_geom g = fp8_geometry(k, in);
-        QD_DTYPE_SWITCH(in->dtype, DT, FP8_FLOW_SWITCH(k, INT8, CT, fp8_launch_blocks<DT, INT8, CT>(in, g, codes, out[1], bad)));
+        QD_DTYPE_SWITCH(in->dtype, DT, FP8_FLOW_SWITCH(k, INT8, CT, CUDA_CHECK((fp8_launch_blocks<DT, INT8, CT>(in, g, codes, out[1], bad)))));
     }
     CUDA_LAUNCHED();
     return qd_cuda_bad_end(bad);
@@ -608,7 +634,7 @@ extern "C" enum qd_status qd_cuda_fp8_dequantize(const struct qd_format *f, cons
     const bool small = n < ((int64_t)1 << 32);
     const uint8_t *codes = (const uint8_t *)in[0];
 #define FP8_DQ_I(DT, INT8, SDT, U, I)                                                           \
-    fp8_dequantize_kernel<DT, INT8, SDT, U, I><<<qd_grid((n + 7) / 8, 256), 256, 0, qd_stream()>>>( \
+    fp8_dequantize_kernel<DT, INT8, SDT, U, I><<<qd_grid((n + 7) / 8, 256 * FP8_STREAM_CHUNKS), 256, 0, qd_stream()>>>( \
         codes, in[1], k.gran, g, n, out->data)
 #define FP8_DQ(DT, INT8, SDT)                                                                   \
     QD_BOOL_SWITCH(uniform, U, if (small) FP8_DQ_I(DT, INT8, SDT, U, uint32_t); else FP8_DQ_I(DT, INT8, SDT, U, int64_t))

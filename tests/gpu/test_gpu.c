@@ -683,6 +683,9 @@ static void fill_fp8_hard(void *data, enum qd_dtype dt, int64_t rows, int64_t co
             case 5: v = c == 7 ? 0.3f : c == 9 ? -1e-6f : -0.0f; break;
             case 6: v = c == 0 ? 896.0f : -tiny; break;
             case 7: v = (float)(c == 3 ? 627 : (k % 627 ? k % 627 : 1)) * tiny; break;
+            /* a scale of about 2^18 beside the dtype's smallest values: quotients at f32's
+             * underflow, where the sign of a zero code depends on dividing in full */
+            case 8: v = c == 1 ? (dt == QD_F16 ? 60000.0f : 1e8f) : (c % 2 ? -1.0f : 1.0f) * tiny * (float)(1 + c % 3); break;
             default: v = (float)k * 0x1p-12f;
             }
             int64_t i = r * cols + c;

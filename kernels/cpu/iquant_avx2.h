@@ -17,59 +17,53 @@
 
 #define IQ4_INLINE static inline __attribute__((always_inline))
 
-/* The grid split in four groups of four: column k of iq4_group[r] is the grid value 4k + r
- * (row 4: 4k + 4, the next group's first). Row 5 is row 3 but for group 3, where it is NaN:
- * the value 15 must never be counted as a lower neighbour (qd_iq4_best_index only ever returns
- * 15 as the upper one), and an ordered compare with NaN is false for every x. */
-static const float iq4_group[6][8] = {
-    {-127.0f, -49.0f, 1.0f, 53.0f},
-    {-104.0f, -35.0f, 13.0f, 69.0f},
-    {-83.0f, -22.0f, 25.0f, 89.0f},
-    {-65.0f, -10.0f, 38.0f, 113.0f},
-    {-49.0f, 1.0f, 53.0f, 113.0f},
-    {-65.0f, -10.0f, 38.0f, __builtin_nanf("")},
+/* qd_iq4_best_index(x) is the number of midpoints m_k = (v[k] + v[k + 1]) / 2 (k = 0..14) that x
+ * is not below. Within [v[k], v[k + 1]) the scalar test x - v[k] < v[k + 1] - x can only turn
+ * from true to false as x grows (each rounded difference is monotonic in x), and it turns at
+ * m_k exactly: for x near m_k both differences are exact (half the gap, at most 12, is a
+ * multiple of x's ulp there), so x < m_k decides, and a tie (x = m_k) goes up as in the scalar
+ * code. Below v[0] the count is 0 and from v[15] on it is 15, as there; "not below" is true for
+ * NaN, which the scalar binary search also sends up to 15. The count runs in two levels: x
+ * against m_3, m_7, m_11 gives the group g, then against m_{4g}, m_{4g+1}, m_{4g+2}. */
+static const float iq4_mid_in_group[3][8] = {
+    {-115.5f, -42.0f, 7.0f, 61.0f}, /* m_{4g} */
+    {-93.5f, -28.5f, 19.0f, 79.0f}, /* m_{4g+1} */
+    {-74.0f, -16.0f, 31.5f, 101.0f}, /* m_{4g+2} */
 };
+static const float iq4_values[16] = {-127.0f, -104.0f, -83.0f, -65.0f, -49.0f, -35.0f, -22.0f, -10.0f,
+                                     1.0f,    13.0f,   25.0f,  38.0f,  53.0f,  69.0f,  89.0f,  113.0f};
 
 struct iq4_grid8 {
-    __m256 row[6];
+    __m256 mid[3], low, high; /* the in-group midpoints by group, the values 0..7 and 8..15 */
 };
 
 IQ4_INLINE struct iq4_grid8 iq4_grid8_load(void)
 {
     struct iq4_grid8 g;
-    for (int r = 0; r < 6; r++)
-        g.row[r] = _mm256_loadu_ps(iq4_group[r]);
+    for (int r = 0; r < 3; r++)
+        g.mid[r] = _mm256_loadu_ps(iq4_mid_in_group[r]);
+    g.low = _mm256_loadu_ps(iq4_values);
+    g.high = _mm256_loadu_ps(iq4_values + 8);
     return g;
 }
 
-/* qd_iq4_best_index in eight lanes: *q gets the grid value, the return the index. The scalar
- * code's binary search keeps "x < v[mid] moves the upper bound, anything else (NaN included)
- * the lower", so its lower neighbour is the last of v[1..14] that x is not below: counted here
- * as a group (x not below v[4], v[8], v[12]) and a position within it. Its final test
- * x - lo < hi - x (ties to hi, NaN to hi = 15, ±Inf to 0 or 15) is computed the same way. */
+/* qd_iq4_best_index in eight lanes: the index, and in *q the grid value. */
 IQ4_INLINE __m256i iq4_nearest8(const struct iq4_grid8 *g, __m256 x, __m256 *q)
 {
-    const __m256 ga = _mm256_cmp_ps(x, _mm256_set1_ps(-49.0f), _CMP_NLT_UQ);
-    const __m256 gb = _mm256_cmp_ps(x, _mm256_set1_ps(1.0f), _CMP_NLT_UQ);
-    const __m256 gc = _mm256_cmp_ps(x, _mm256_set1_ps(53.0f), _CMP_NLT_UQ);
+    const __m256 a = _mm256_cmp_ps(x, _mm256_set1_ps(-57.0f), _CMP_NLT_UQ); /* m_3 */
+    const __m256 b = _mm256_cmp_ps(x, _mm256_set1_ps(-4.5f), _CMP_NLT_UQ);  /* m_7: index >= 8 */
+    const __m256 c = _mm256_cmp_ps(x, _mm256_set1_ps(45.5f), _CMP_NLT_UQ);  /* m_11 */
+    /* the masks are -1 where set: subtracting counts them */
     const __m256i group = _mm256_sub_epi32(
-        _mm256_sub_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_castps_si256(ga)), _mm256_castps_si256(gb)),
-        _mm256_castps_si256(gc));
-    const __m256 v0 = _mm256_permutevar8x32_ps(g->row[0], group), v1 = _mm256_permutevar8x32_ps(g->row[1], group);
-    const __m256 v2 = _mm256_permutevar8x32_ps(g->row[2], group), v3 = _mm256_permutevar8x32_ps(g->row[3], group);
-    const __m256 v4 = _mm256_permutevar8x32_ps(g->row[4], group), c3 = _mm256_permutevar8x32_ps(g->row[5], group);
-    const __m256 m1 = _mm256_cmp_ps(x, v1, _CMP_NLT_UQ), m2 = _mm256_cmp_ps(x, v2, _CMP_NLT_UQ);
-    const __m256 m3 = _mm256_cmp_ps(x, c3, _CMP_GE_OQ); /* NaN lies in group 3, where c3 is NaN */
-    const __m256 lo = _mm256_blendv_ps(_mm256_blendv_ps(_mm256_blendv_ps(v0, v1, m1), v2, m2), v3, m3);
-    const __m256 hi = _mm256_blendv_ps(_mm256_blendv_ps(_mm256_blendv_ps(v1, v2, m1), v3, m2), v4, m3);
-    const __m256 take_lo = _mm256_cmp_ps(_mm256_sub_ps(x, lo), _mm256_sub_ps(hi, x), _CMP_LT_OQ);
-    *q = _mm256_blendv_ps(hi, lo, take_lo);
-    /* 4 group + m1 + m2 + m3 + (take_lo ? 0 : 1), the masks being -1 where set */
+        _mm256_sub_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_castps_si256(a)), _mm256_castps_si256(b)),
+        _mm256_castps_si256(c));
     __m256i index = _mm256_slli_epi32(group, 2);
-    index = _mm256_sub_epi32(index, _mm256_castps_si256(m1));
-    index = _mm256_sub_epi32(index, _mm256_castps_si256(m2));
-    index = _mm256_sub_epi32(index, _mm256_castps_si256(m3));
-    return _mm256_add_epi32(index, _mm256_add_epi32(_mm256_castps_si256(take_lo), _mm256_set1_epi32(1)));
+    for (int r = 0; r < 3; r++)
+        index = _mm256_sub_epi32(
+            index, _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_permutevar8x32_ps(g->mid[r], group), _CMP_NLT_UQ)));
+    /* the permute reads the index's low three bits; b says which half of the grid */
+    *q = _mm256_blendv_ps(_mm256_permutevar8x32_ps(g->low, index), _mm256_permutevar8x32_ps(g->high, index), b);
+    return index;
 }
 
 /* One pass of the search at inverse scales id (per lane): the weighted sums of q x and q^2,

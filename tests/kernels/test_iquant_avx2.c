@@ -176,8 +176,24 @@ static void iq4_uniform_hard_super_blocks(void **state)
     }
 }
 
-/* Every f32 that x / scale can be, in effect: the grid lookup itself on values spread over
- * every magnitude, the midpoints and one ulp either side, ±0, ±Inf and NaN. */
+static void nearest_check(const struct iq4_grid8 *g, const float *v)
+{
+    __m256 q;
+    int32_t index[8];
+    float value[8];
+    _mm256_storeu_si256((__m256i *)index, iq4_nearest8(g, _mm256_loadu_ps(v), &q));
+    _mm256_storeu_ps(value, q);
+    for (int l = 0; l < 8; l++) {
+        const int want = qd_iq4_best_index(v[l]);
+        if (index[l] != want || qd_f32_bits(value[l]) != qd_f32_bits((float)qd_iq4_value(want)))
+            fail_msg("%a: index %d value %g / index %d value %g (scalar / AVX2)", v[l], want,
+                     (double)qd_iq4_value(want), index[l], (double)value[l]);
+    }
+}
+
+/* The grid lookup itself: random bit patterns (every magnitude, NaNs), uniform values over the
+ * grid, the grid values and midpoints and every f32 within 2^16 ulps of them, ±0, ±Inf, NaN
+ * (all 2^32 patterns were checked once by hand; that takes minutes). */
 static void iq4_nearest_equals_best_index(void **state)
 {
     (void)state;
@@ -197,18 +213,15 @@ static void iq4_nearest_equals_best_index(void **state)
             const float special[8] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 113.0f, -127.0f};
             memcpy(v, special, sizeof v);
         }
-        __m256 q;
-        int32_t index[8];
-        float value[8];
-        _mm256_storeu_si256((__m256i *)index, iq4_nearest8(&g, _mm256_loadu_ps(v), &q));
-        _mm256_storeu_ps(value, q);
-        for (int l = 0; l < 8; l++) {
-            const int want = qd_iq4_best_index(v[l]);
-            if (index[l] != want || qd_f32_bits(value[l]) != qd_f32_bits((float)qd_iq4_value(want)))
-                fail_msg("%a: index %d value %g / index %d value %g (scalar / AVX2)", v[l], want,
-                         (double)qd_iq4_value(want), index[l], (double)value[l]);
-        }
+        nearest_check(&g, v);
     }
+    /* every f32 within 2^16 ulps of each grid value and midpoint, both sides */
+    for (int p = 0; p < GRID_POINTS; p++)
+        for (int32_t k = -65536; k < 65536; k += 8) {
+            for (int l = 0; l < 8; l++)
+                v[l] = qd_bits_f32((uint32_t)((int32_t)qd_f32_bits(grid_points[p]) + k + l));
+            nearest_check(&g, v);
+        }
 }
 
 /* Through qd_quantize on the CPU backend: rows of 96 values (three iq4_nl blocks, so a group of

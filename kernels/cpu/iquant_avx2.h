@@ -20,10 +20,11 @@
 /* qd_iq4_best_index(x) is the number of midpoints m_k = (v[k] + v[k + 1]) / 2 (k = 0..14) that x
  * is not below. Within [v[k], v[k + 1]) the scalar test x - v[k] < v[k + 1] - x can only turn
  * from true to false as x grows (each rounded difference is monotonic in x), and it turns at
- * m_k exactly: for x near m_k both differences are exact (half the gap, at most 12, is a
- * multiple of x's ulp there), so x < m_k decides, and a tie (x = m_k) goes up as in the scalar
- * code. Below v[0] the count is 0 and from v[15] on it is 15, as there; "not below" is true for
- * NaN, which the scalar binary search also sends up to 15. The count runs in two levels: x
+ * m_k exactly: for x near m_k both differences are exact (multiples of x's ulp, fewer than 2^24
+ * of them: |m_k| >= 4.5 and half a gap is at most 12), so x < m_k decides, and a tie (x = m_k)
+ * goes up as in the scalar code. Below v[0] the count is 0 and from v[15] on it is 15, as
+ * there; "not below" is true for NaN, which the scalar binary search also sends up to 15 (all
+ * 2^32 f32 patterns give the scalar index: checked once). The count runs in two levels: x
  * against m_3, m_7, m_11 gives the group g, then against m_{4g}, m_{4g+1}, m_{4g+2}. */
 static const float iq4_mid_in_group[3][8] = {
     {-115.5f, -42.0f, 7.0f, 61.0f}, /* m_{4g} */

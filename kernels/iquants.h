@@ -35,8 +35,8 @@ QD_HD int qd_iq4_value(int i)
     return v[i];
 }
 
-/* The index of the grid value nearest x, ties to the lower (ggml's best_index_int8: a binary
- * search, the same compares). */
+/* The index of the grid value nearest x, ties to the upper (ggml's best_index_int8: a binary
+ * search, the same compares; NaN gives 15). */
 QD_HD int qd_iq4_best_index(float x)
 {
     if (x <= (float)qd_iq4_value(0))

@@ -2,12 +2,13 @@
  * 1 x cols, so channels and blocks share the kernels, which fold the largest |x| over a CTA and
  * write the scale and the codes (16-byte loads, rows of a block read coalesced):
  * - a block of at most one 8-element chunk per thread: one CTA per block, held in registers;
- * - a 16-bit block of up to 2048 chunks (128 x 128, a channel of up to 16384 columns):
- *   persistent CTAs, each block in registers while the next one's loads are in flight;
+ * - a 16-bit block of up to 2048 chunks (128 x 128, a channel of up to 16384 columns): one CTA
+ *   per block, copied to shared memory by cp.async;
  * - larger (or f32) blocks: one CTA per block, read twice, the second time from L2;
  * - blocks (or rows) that do not split into 8-element chunks: element by element.
  * Each reads the input once but the last two. Per tensor: the range pass, a one-thread kernel
- * for the scale, then the codes (two reads). Dequantize: one thread per 8 elements. */
+ * for the scale, then the codes (two reads). The codes and the dequantize: four 8-element
+ * chunks a thread. */
 #include "../fp8.h"
 #include "common.cuh"
 #include "convert.cuh"

@@ -709,7 +709,7 @@ static void gpu_fp8_variants(void **state)
         {"fp8_e4m3", "granularity=block", "block=1x16384", NULL}, {"fp8_e4m3", "flow=transformers", NULL},
         {"fp8_e4m3", "flow=transformers", "granularity=tensor", NULL},
         {"fp8_e4m3", "flow=transformers", "granularity=block", NULL}, {"w8a8", NULL}};
-    /* {700, 2056} and the two big ones: more blocks (channels) than the persistent kernel's CTAs,
+    /* {700, 2056} and the two big ones: more blocks (channels) than the GPU holds CTAs at once,
      * blocks of 257 .. 2048 chunks, partial 128 x 128 blocks at both edges */
     static const int64_t shapes[][3] = {{0, 200, 300}, {0, 256, 1024}, {0, 7, 40000}, {0, 130, 101}, {0, 1, 77777},
                                         {2, 100, 264}, {0, 700, 2056}, {0, 3000, 4104}, {0, 384, 16384}};

@@ -153,41 +153,42 @@ QD_HD float qd_imx_weights(const float *x, const float *qw, float sigma2, int n,
     return sum;
 }
 
-/* q2_K: sixteen affine sub-block fits (37 trials, squared error), then the 4-bit scales and
- * minimums by make_qp_quants weighted by each sub-block's weight sum; codes again from the
- * stored header. */
-QD_HD void qd_imx_quantize_q2(const float *QD_RESTRICT x, const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
+/* q2_K's header from its sixteen sub-block fits (scales, minimums as the_min) and each
+ * sub-block's weight sum sw: the 4-bit scales and minimums by make_qp_quants weighted by sw,
+ * f16 d and dmin. */
+QD_HD void qd_imx_header_q2(const float *scales, const float *mins, const float *sw, uint8_t *QD_RESTRICT blk)
 {
-    uint8_t L[QD_QK_K], Laux[16], Ls[16], Lm[16];
-    float weight[16], sw[16], scales[16], mins[16];
-    const float sigma2 = qd_imx_block_sigma2(x, 1.0f);
-    for (int j = 0; j < 16; j++) {
-        sw[j] = qd_imx_weights(x + 16 * j, qw + 16 * j, sigma2, 16, weight);
-        scales[j] = qd_kq_make_qkx2(16, 3, x + 16 * j, weight, L + 16 * j, &mins[j], Laux, -0.9f, 0.05f, 36, 0);
-    }
+    uint8_t Ls[16], Lm[16];
     float dm = qd_imx_make_qp(16, 15, scales, Ls, sw);
     float mm = qd_imx_make_qp(16, 15, mins, Lm, sw);
     qd_put_f16(blk + 80, dm);
     qd_put_f16(blk + 82, mm);
     for (int j = 0; j < 16; j++)
         blk[j] = (uint8_t)(Ls[j] | Lm[j] << 4);
+}
+
+/* q2_K: sixteen affine sub-block fits (37 trials, squared error), the header
+ * (qd_imx_header_q2), codes again from the stored header. */
+QD_HD void qd_imx_quantize_q2(const float *QD_RESTRICT x, const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
+{
+    uint8_t L[QD_QK_K], Laux[16];
+    float weight[16], sw[16], scales[16], mins[16];
+    const float sigma2 = qd_imx_block_sigma2(x, 1.0f);
+    for (int j = 0; j < 16; j++) {
+        sw[j] = qd_imx_weights(x + 16 * j, qw + 16 * j, sigma2, 16, weight);
+        scales[j] = qd_kq_make_qkx2(16, 3, x + 16 * j, weight, L + 16 * j, &mins[j], Laux, -0.9f, 0.05f, 36, 0);
+    }
+    qd_imx_header_q2(scales, mins, sw, blk);
     for (int j = 0; j < 16; j++)
         qd_kq_codes_q2(j, x, blk, L);
     qd_kq_pack_q2(L, blk);
 }
 
-/* q3_K: sixteen symmetric sub-block fits (make_qx_quants, nmax 4), their scales fitted in turn
- * (make_qx_quants, nmax 32, weighted by the sub-blocks' weight sums) and stored as 6-bit codes;
- * codes again from the stored header. */
-QD_HD void qd_imx_quantize_q3(const float *QD_RESTRICT x, const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
+/* q3_K's header from its sixteen sub-block scales and weight sums sw: the scales fitted in
+ * turn (make_qx_quants, nmax 32, weighted by sw) and stored as 6-bit codes, f16 d. */
+QD_HD void qd_imx_header_q3(const float *scales, const float *sw, uint8_t *QD_RESTRICT blk)
 {
-    int8_t L[QD_QK_K], Ls[16];
-    float weight[16], sw[16], scales[16];
-    const float sigma2 = qd_imx_block_sigma2(x, 2.0f);
-    for (int j = 0; j < 16; j++) {
-        sw[j] = qd_imx_weights(x + 16 * j, qw + 16 * j, sigma2, 16, weight);
-        scales[j] = qd_kq_make_qx(16, 4, x + 16 * j, L + 16 * j, weight);
-    }
+    int8_t Ls[16];
     uint8_t *sc = blk + 96;
     for (int i = 0; i < 12; i++)
         sc[i] = 0;
@@ -202,25 +203,32 @@ QD_HD void qd_imx_quantize_q3(const float *QD_RESTRICT x, const float *QD_RESTRI
         sc[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
     }
     qd_put_f16(blk + 108, d_block);
+}
+
+/* q3_K: sixteen symmetric sub-block fits (make_qx_quants, nmax 4), the header
+ * (qd_imx_header_q3), codes again from the stored header. */
+QD_HD void qd_imx_quantize_q3(const float *QD_RESTRICT x, const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
+{
+    int8_t L[QD_QK_K];
+    float weight[16], sw[16], scales[16];
+    const float sigma2 = qd_imx_block_sigma2(x, 2.0f);
+    for (int j = 0; j < 16; j++) {
+        sw[j] = qd_imx_weights(x + 16 * j, qw + 16 * j, sigma2, 16, weight);
+        scales[j] = qd_kq_make_qx(16, 4, x + 16 * j, L + 16 * j, weight);
+    }
+    qd_imx_header_q3(scales, sw, blk);
     for (int j = 0; j < 16; j++)
         qd_kq_codes_q3(j, x, blk, L);
     qd_kq_pack_q3(L, blk);
 }
 
-/* q4_K / q5_K: eight affine sub-block fits (37 trials), the 6-bit scales and minimums by
- * make_qp_quants weighted by the sub-blocks' weight sums (q5_K caps them at 63, q4_K stores
- * them as they come), codes again from the stored header. */
-QD_HD void qd_imx_quantize_q45(int five, const float *QD_RESTRICT x, const float *QD_RESTRICT qw,
-                               uint8_t *QD_RESTRICT blk)
+/* q4_K / q5_K's header from the eight sub-block fits (scales, minimums as the_min) and weight
+ * sums sw: the 6-bit scales and minimums by make_qp_quants weighted by sw (q5_K caps them at
+ * 63, q4_K stores them as they come), f16 d and dmin. */
+QD_HD void qd_imx_header_q45(int five, const float *scales, const float *mins, const float *sw,
+                             uint8_t *QD_RESTRICT blk)
 {
-    uint8_t L[QD_QK_K], Laux[32], Ls[8], Lm[8];
-    float weight[32], sw[8], scales[8], mins[8];
-    const float sigma2 = qd_imx_block_sigma2(x, 2.0f);
-    for (int j = 0; j < 8; j++) {
-        sw[j] = qd_imx_weights(x + 32 * j, qw + 32 * j, sigma2, 32, weight);
-        scales[j] = qd_kq_make_qkx2(32, five ? 31 : 15, x + 32 * j, weight, L + 32 * j, &mins[j], Laux, -0.9f,
-                                    0.05f, 36, 0);
-    }
+    uint8_t Ls[8], Lm[8];
     float d_block = qd_imx_make_qp(8, 63, scales, Ls, sw);
     float m_block = qd_imx_make_qp(8, 63, mins, Lm, sw);
     uint8_t *sc = blk + 4;
@@ -241,6 +249,22 @@ QD_HD void qd_imx_quantize_q45(int five, const float *QD_RESTRICT x, const float
     }
     qd_put_f16(blk, d_block);
     qd_put_f16(blk + 2, m_block);
+}
+
+/* q4_K / q5_K: eight affine sub-block fits (37 trials from -0.9 by 0.05), the header
+ * (qd_imx_header_q45), codes again from the stored header. */
+QD_HD void qd_imx_quantize_q45(int five, const float *QD_RESTRICT x, const float *QD_RESTRICT qw,
+                               uint8_t *QD_RESTRICT blk)
+{
+    uint8_t L[QD_QK_K], Laux[32];
+    float weight[32], sw[8], scales[8], mins[8];
+    const float sigma2 = qd_imx_block_sigma2(x, 2.0f);
+    for (int j = 0; j < 8; j++) {
+        sw[j] = qd_imx_weights(x + 32 * j, qw + 32 * j, sigma2, 32, weight);
+        scales[j] = qd_kq_make_qkx2(32, five ? 31 : 15, x + 32 * j, weight, L + 32 * j, &mins[j], Laux, -0.9f,
+                                    0.05f, 36, 0);
+    }
+    qd_imx_header_q45(five, scales, mins, sw, blk);
     for (int j = 0; j < 8; j++)
         qd_kq_codes_q45(five, j, x, blk, L);
     qd_kq_pack_q45(five, L, blk);

@@ -1,0 +1,133 @@
+/* AVX2 form of the importance-weighted K-quant searches (kernels/imatrix.h, what llama-quantize
+ * runs with --imatrix): the eight (q4_K, q5_K) or sixteen (q2_K, q3_K, q6_K: eight at a time)
+ * sub-block fits of a super-block run side by side in AVX2 lanes through kquant_avx2.h's lane
+ * searches, each lane doing the scalar code's float operations in the scalar order (a sum over
+ * a sub-block stays sequential within its lane, branches become per-lane selects, no FMA), so
+ * every scale, minimum, weight sum and code has the scalar code's bits. What couples the
+ * sub-blocks (the super-block's sigma2, make_qp_quants over the sub-block scales, the header,
+ * codes again from it, the packing) stays the scalar code of kernels/imatrix.h. */
+#ifndef QD_CPU_KQUANT_IMX_AVX2_H
+#define QD_CPU_KQUANT_IMX_AVX2_H
+
+#include "../imatrix.h"
+#include "kquant_avx2.h"
+
+#if QD_KQUANT_AVX2
+
+#define QD_KQUANT_IMX_AVX2 1
+
+/* Eight sub-blocks of n values (sub-block j at x + n * j, its importance at qw + n * j) into
+ * lanes: xt[i] holds element i of each, w[i] its weight qw * sqrt(sigma2 + x^2) (qd_imx_weights)
+ * and sw[j] the weights of sub-block j summed in order from 0. */
+static inline __attribute__((always_inline)) void kq_imx_weights_8(const float *x, const float *qw, float sigma2,
+                                                                   int n, __m256 *xt, __m256 *w, float *sw)
+{
+    const __m256 s2 = _mm256_set1_ps(sigma2);
+    __m256 sum = _mm256_setzero_ps();
+    for (int i = 0; i < n; i++) {
+        xt[i] = _mm256_set_ps(x[7 * n + i], x[6 * n + i], x[5 * n + i], x[4 * n + i], x[3 * n + i], x[2 * n + i],
+                              x[n + i], x[i]);
+        __m256 q = _mm256_set_ps(qw[7 * n + i], qw[6 * n + i], qw[5 * n + i], qw[4 * n + i], qw[3 * n + i],
+                                 qw[2 * n + i], qw[n + i], qw[i]);
+        w[i] = _mm256_mul_ps(q, _mm256_sqrt_ps(_mm256_add_ps(s2, _mm256_mul_ps(xt[i], xt[i]))));
+        sum = _mm256_add_ps(sum, w[i]);
+    }
+    _mm256_storeu_ps(sw, sum);
+}
+
+/* qd_imx_quantize_q45's sub-block fits: scales[j], mins[j] (the_min), sw[j] and codes
+ * L[32 * j + i], given the super-block's sigma2. */
+static inline void qd_imx_search_q45_avx2(int five, const float *x, const float *qw, float sigma2, float *scales,
+                                          float *mins, float *sw, uint8_t *L)
+{
+    __m256 xt[32], w[32];
+    __m256i Lv[32];
+    kq_imx_weights_8(x, qw, sigma2, 32, xt, w, sw);
+    kq_make_qkx2_8(xt, w, 32, five ? 31 : 15, -0.9f, 0.05f, 36, 0, scales, mins, Lv);
+    kq_store_codes(Lv, 32, 32, L);
+}
+
+/* qd_imx_quantize_q2's fits of eight sub-blocks of 16 (x, qw at their first). */
+static inline void qd_imx_search_q2_avx2(const float *x, const float *qw, float sigma2, float *scales, float *mins,
+                                         float *sw, uint8_t *L)
+{
+    __m256 xt[16], w[16];
+    __m256i Lv[16];
+    kq_imx_weights_8(x, qw, sigma2, 16, xt, w, sw);
+    kq_make_qkx2_8(xt, w, 16, 3, -0.9f, 0.05f, 36, 0, scales, mins, Lv);
+    kq_store_codes(Lv, 16, 16, L);
+}
+
+/* qd_imx_quantize_q3's fits of eight sub-blocks of 16: make_qx_quants, nmax 4 (codes + 4). */
+static inline void qd_imx_search_q3_avx2(const float *x, const float *qw, float sigma2, float *scales, float *sw,
+                                         int8_t *L)
+{
+    __m256 xt[16], w[16];
+    kq_imx_weights_8(x, qw, sigma2, 16, xt, w, sw);
+    kq_make_qx_8(xt, w, 4, scales, L);
+}
+
+/* qd_imx_quantize_q6's fits of eight sub-blocks of 16: make_qx_quants, nmax 32, weighted by the
+ * importance itself (codes + 32). */
+static inline void qd_imx_search_q6_avx2(const float *x, const float *qw, float *scales, int8_t *L)
+{
+    __m256 xt[16], w[16];
+    for (int i = 0; i < 16; i++) {
+        xt[i] = _mm256_set_ps(x[112 + i], x[96 + i], x[80 + i], x[64 + i], x[48 + i], x[32 + i], x[16 + i], x[i]);
+        w[i] = _mm256_set_ps(qw[112 + i], qw[96 + i], qw[80 + i], qw[64 + i], qw[48 + i], qw[32 + i], qw[16 + i],
+                             qw[i]);
+    }
+    kq_make_qx_8(xt, w, 32, scales, L);
+}
+
+/* qd_imx_quantize_kquant with the sub-block fits in lanes: the same bytes. */
+static inline void qd_imx_quantize_kquant_avx2(int type, const float *QD_RESTRICT x, const float *QD_RESTRICT qw,
+                                               uint8_t *QD_RESTRICT blk)
+{
+    if (type == QD_Q4_K || type == QD_Q5_K) {
+        const int five = type == QD_Q5_K;
+        uint8_t L[QD_QK_K];
+        float scales[8], mins[8], sw[8];
+        qd_imx_search_q45_avx2(five, x, qw, qd_imx_block_sigma2(x, 2.0f), scales, mins, sw, L);
+        qd_imx_header_q45(five, scales, mins, sw, blk);
+        for (int j = 0; j < 8; j++)
+            qd_kq_codes_q45(five, j, x, blk, L);
+        qd_kq_pack_q45(five, L, blk);
+    } else if (type == QD_Q6_K) {
+        int8_t L[QD_QK_K];
+        float scales[16];
+        qd_imx_search_q6_avx2(x, qw, scales, L);
+        qd_imx_search_q6_avx2(x + 128, qw + 128, scales + 8, L + 128);
+        qd_kq_finish_q6(x, scales, L, blk);
+    } else if (type == QD_Q3_K) {
+        int8_t L[QD_QK_K];
+        float scales[16], sw[16];
+        const float sigma2 = qd_imx_block_sigma2(x, 2.0f);
+        qd_imx_search_q3_avx2(x, qw, sigma2, scales, sw, L);
+        qd_imx_search_q3_avx2(x + 128, qw + 128, sigma2, scales + 8, sw + 8, L + 128);
+        qd_imx_header_q3(scales, sw, blk);
+        for (int j = 0; j < 16; j++)
+            qd_kq_codes_q3(j, x, blk, L);
+        qd_kq_pack_q3(L, blk);
+    } else {
+        uint8_t L[QD_QK_K];
+        float scales[16], mins[16], sw[16];
+        const float sigma2 = qd_imx_block_sigma2(x, 1.0f);
+        qd_imx_search_q2_avx2(x, qw, sigma2, scales, mins, sw, L);
+        qd_imx_search_q2_avx2(x + 128, qw + 128, sigma2, scales + 8, mins + 8, sw + 8, L + 128);
+        qd_imx_header_q2(scales, mins, sw, blk);
+        for (int j = 0; j < 16; j++)
+            qd_kq_codes_q2(j, x, blk, L);
+        qd_kq_pack_q2(L, blk);
+    }
+}
+
+#else
+#define QD_KQUANT_IMX_AVX2 0
+static inline void qd_imx_quantize_kquant_avx2(int type, const float *x, const float *qw, uint8_t *blk)
+{
+    (void)type, (void)x, (void)qw, (void)blk;
+}
+#endif
+
+#endif

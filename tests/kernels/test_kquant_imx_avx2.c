@@ -4,7 +4,7 @@
  * N(0, 0.02) super-blocks and on hard ones (all zero, tiny, one huge outlier, subnormals,
  * negative only, constant, ramps, values whose quotient by the scale lands on .5, near
  * FLT_MAX), whole or mixed per 16-value run, with importance vectors that are random, zero,
- * tiny, huge, subnormal or mixed per run. */
+ * tiny, huge, subnormal, -0 or mixed per run. */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,7 +15,7 @@
 #if QD_KQUANT_IMX_AVX2
 static uint32_t rnd(void) { return (uint32_t)(test_uniform() * 4294967296.0); }
 
-enum { X_KINDS = 13, QW_KINDS = 8 };
+enum { X_KINDS = 13, QW_KINDS = 9 };
 
 /* n values of kind `kind` at x. */
 static void fill_values(float *x, int n, int kind)
@@ -49,7 +49,7 @@ static void fill_values(float *x, int n, int kind)
     }
 }
 
-/* n importance values of kind `kind` at qw (never negative: /quantize refuses those). */
+/* n importance values of kind `kind` at qw (never below 0: /quantize refuses those). */
 static void fill_importance(float *qw, int n, int kind)
 {
     for (int i = 0; i < n; i++) {
@@ -62,6 +62,7 @@ static void fill_importance(float *qw, int n, int kind)
         case 4: qw[i] = u < 0.3f ? 0.0f : u; break;
         case 5: qw[i] = u * 1e-40f; break;
         case 6: qw[i] = u < 0.1f ? 1e20f * u : u < 0.2f ? 1e-20f * u : u; break;
+        case 7: qw[i] = -0.0f; break; /* not negative: accepted, and its weights sum to +0 */
         default: qw[i] = 1.0f; break;
         }
     }

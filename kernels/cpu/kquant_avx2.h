@@ -26,7 +26,9 @@ static inline __attribute__((always_inline)) __m256i kq_clamp8(__m256i v, int hi
 }
 
 /* qd_kq_make_qkx2 in eight lanes: lane j fits the n values xt[0..n)[j] with weights w[..][j];
- * scales, mins (the_min) and codes per lane. */
+ * scales, mins (the_min) and codes per lane. x - min is kept per element until a lane takes a
+ * new minimum (the same difference, computed once), and the codes stay floats until the end
+ * (small integers: exact), so each trial costs fewer operations than it would afresh. */
 static inline __attribute__((always_inline)) void kq_make_qkx2_8(const __m256 *xt, const __m256 *w, int n, int nmax,
                                                                  float rmin, float rdelta, int nstep, int use_mad,
                                                                  float *scales, float *mins, __m256i *Lv)
@@ -43,11 +45,12 @@ static inline __attribute__((always_inline)) void kq_make_qkx2_8(const __m256 *x
     const __m256 flat = _mm256_cmp_ps(max, min, _CMP_EQ_OQ); /* max == min: codes 0, scale 0 */
     __m256 iscale = _mm256_div_ps(_mm256_set1_ps((float)nmax), _mm256_sub_ps(max, min));
     __m256 scale = _mm256_div_ps(_mm256_set1_ps(1.0f), iscale);
-    __m256i La[32];
+    __m256 La[32], Lf[32], xm[32]; /* xm[i] = x - min for the current min */
     __m256 best = zero;
     for (int i = 0; i < n; i++) {
-        Lv[i] = kq_clamp8(kq_round8(_mm256_mul_ps(iscale, _mm256_sub_ps(xt[i], min))), nmax);
-        __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(scale, _mm256_cvtepi32_ps(Lv[i])), min), xt[i]);
+        xm[i] = _mm256_sub_ps(xt[i], min);
+        Lf[i] = _mm256_cvtepi32_ps(kq_clamp8(kq_round8(_mm256_mul_ps(iscale, xm[i])), nmax));
+        __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(scale, Lf[i]), min), xt[i]);
         diff = use_mad ? _mm256_and_ps(diff, absmask) : _mm256_mul_ps(diff, diff);
         best = _mm256_add_ps(best, _mm256_mul_ps(w[i], diff));
     }
@@ -56,8 +59,9 @@ static inline __attribute__((always_inline)) void kq_make_qkx2_8(const __m256 *x
         iscale = _mm256_div_ps(_mm256_set1_ps(rmin + rdelta * (float)is + (float)nmax), _mm256_sub_ps(max, min));
         __m256 sum_l = zero, sum_l2 = zero, sum_xl = zero;
         for (int i = 0; i < n; i++) {
-            La[i] = kq_clamp8(kq_round8(_mm256_mul_ps(iscale, _mm256_sub_ps(xt[i], min))), nmax);
-            __m256 l = _mm256_cvtepi32_ps(La[i]), wl = _mm256_mul_ps(w[i], l);
+            __m256 l = _mm256_cvtepi32_ps(kq_clamp8(kq_round8(_mm256_mul_ps(iscale, xm[i])), nmax));
+            __m256 wl = _mm256_mul_ps(w[i], l);
+            La[i] = l;
             sum_l = _mm256_add_ps(sum_l, wl);
             sum_l2 = _mm256_add_ps(sum_l2, _mm256_mul_ps(wl, l));
             sum_xl = _mm256_add_ps(sum_xl, _mm256_mul_ps(wl, xt[i]));
@@ -73,24 +77,24 @@ static inline __attribute__((always_inline)) void kq_make_qkx2_8(const __m256 *x
         this_scale = _mm256_blendv_ps(this_scale, _mm256_div_ps(sum_xl, sum_l2), pos);
         __m256 cur = zero;
         for (int i = 0; i < n; i++) {
-            __m256 diff = _mm256_sub_ps(
-                _mm256_add_ps(_mm256_mul_ps(this_scale, _mm256_cvtepi32_ps(La[i])), this_min), xt[i]);
+            __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(this_scale, La[i]), this_min), xt[i]);
             diff = use_mad ? _mm256_and_ps(diff, absmask) : _mm256_mul_ps(diff, diff);
             cur = _mm256_add_ps(cur, _mm256_mul_ps(w[i], diff));
         }
         __m256 take = _mm256_and_ps(ok, _mm256_cmp_ps(cur, best, _CMP_LT_OQ));
         if (!_mm256_movemask_ps(take))
             continue;
-        __m256i takei = _mm256_castps_si256(take);
-        for (int i = 0; i < n; i++)
-            Lv[i] = _mm256_blendv_epi8(Lv[i], La[i], takei);
         best = _mm256_blendv_ps(best, cur, take);
         scale = _mm256_blendv_ps(scale, this_scale, take);
         min = _mm256_blendv_ps(min, this_min, take);
+        for (int i = 0; i < n; i++) {
+            Lf[i] = _mm256_blendv_ps(Lf[i], La[i], take);
+            xm[i] = _mm256_sub_ps(xt[i], min);
+        }
     }
     __m256i flati = _mm256_castps_si256(flat);
     for (int i = 0; i < n; i++)
-        Lv[i] = _mm256_andnot_si256(flati, Lv[i]);
+        Lv[i] = _mm256_andnot_si256(flati, _mm256_cvttps_epi32(Lf[i]));
     _mm256_storeu_ps(scales, _mm256_blendv_ps(scale, zero, flat));
     /* -min, as C's negation: the sign bit flipped (0 - min would make -0.0 of +0.0 wrongly) */
     _mm256_storeu_ps(mins, _mm256_xor_ps(min, _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u))));
@@ -158,13 +162,15 @@ static inline __attribute__((always_inline)) void kq_make_qx_8(const __m256 *xt,
     const __m256 zeroed = _mm256_cmp_ps(amax, _mm256_set1_ps(QD_KQ_EPS), _CMP_LT_OQ);
     const __m256i lo = _mm256_set1_epi32(-nmax), hi = _mm256_set1_epi32(nmax - 1), off = _mm256_set1_epi32(nmax);
     __m256i Lv[16];
+    __m256 wx[16]; /* w * x, the same product in every trial */
     __m256 iscale = _mm256_div_ps(_mm256_set1_ps((float)-nmax), max);
     __m256 sumlx = zero, suml2 = zero;
     for (int i = 0; i < 16; i++) {
         __m256i l = _mm256_min_epi32(_mm256_max_epi32(kq_round8(_mm256_mul_ps(iscale, xt[i])), lo), hi);
         Lv[i] = _mm256_add_epi32(l, off);
         __m256 fl = _mm256_cvtepi32_ps(l);
-        sumlx = _mm256_add_ps(sumlx, _mm256_mul_ps(_mm256_mul_ps(w[i], xt[i]), fl));
+        wx[i] = _mm256_mul_ps(w[i], xt[i]);
+        sumlx = _mm256_add_ps(sumlx, _mm256_mul_ps(wx[i], fl));
         suml2 = _mm256_add_ps(suml2, _mm256_mul_ps(_mm256_mul_ps(w[i], fl), fl));
     }
     __m256 scale = _mm256_blendv_ps(_mm256_div_ps(sumlx, suml2), zero, _mm256_cmp_ps(suml2, zero, _CMP_EQ_OQ));
@@ -179,7 +185,7 @@ static inline __attribute__((always_inline)) void kq_make_qx_8(const __m256 *xt,
             __m256i l = _mm256_min_epi32(_mm256_max_epi32(kq_round8(_mm256_mul_ps(iscale, xt[i])), lo), hi);
             La[i] = l;
             __m256 fl = _mm256_cvtepi32_ps(l);
-            sumlx = _mm256_add_ps(sumlx, _mm256_mul_ps(_mm256_mul_ps(w[i], xt[i]), fl));
+            sumlx = _mm256_add_ps(sumlx, _mm256_mul_ps(wx[i], fl));
             suml2 = _mm256_add_ps(suml2, _mm256_mul_ps(_mm256_mul_ps(w[i], fl), fl));
         }
         __m256 take = _mm256_and_ps(_mm256_cmp_ps(suml2, zero, _CMP_GT_OQ),

@@ -3,9 +3,10 @@
  * sub-block fits of a super-block run side by side in AVX2 lanes through kquant_avx2.h's lane
  * searches, each lane doing the scalar code's float operations in the scalar order (a sum over
  * a sub-block stays sequential within its lane, branches become per-lane selects, no FMA), so
- * every scale, minimum, weight sum and code has the scalar code's bits. What couples the
- * sub-blocks (the super-block's sigma2, make_qp_quants over the sub-block scales, the header,
- * codes again from it, the packing) stays the scalar code of kernels/imatrix.h. */
+ * every scale, minimum, weight sum and code has the scalar code's bits. The codes again from the
+ * stored header run eight values at a time (each value on its own: the same bits); what couples
+ * the sub-blocks (the super-block's sigma2, make_qp_quants over the sub-block scales, the
+ * header, the packing) stays the scalar code of kernels/imatrix.h and kquants.h. */
 #ifndef QD_CPU_KQUANT_IMX_AVX2_H
 #define QD_CPU_KQUANT_IMX_AVX2_H
 
@@ -80,6 +81,74 @@ static inline void qd_imx_search_q6_avx2(const float *x, const float *qw, float 
     kq_make_qx_8(xt, w, 32, scales, L);
 }
 
+/* Codes again from the stored header, eight values at a time: L[i] = clamp(round((x[i] + dm) / d),
+ * lo, hi) + off for i < n (n a multiple of 8), each value the scalar code's operations
+ * (qd_kq_codes_*; without dm, x / d alone, as q3_K and q6_K compute it). */
+static inline __attribute__((always_inline)) void kq_codes_8(const float *x, int n, float d, const float *dm, int lo,
+                                                             int hi, int off, uint8_t *L)
+{
+    const __m256 dv = _mm256_set1_ps(d);
+    const __m256i lov = _mm256_set1_epi32(lo), hiv = _mm256_set1_epi32(hi), offv = _mm256_set1_epi32(off);
+    for (int i = 0; i < n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        if (dm)
+            v = _mm256_add_ps(v, _mm256_set1_ps(*dm));
+        __m256i l = _mm256_add_epi32(_mm256_min_epi32(_mm256_max_epi32(kq_round8(_mm256_div_ps(v, dv)), lov), hiv), offv);
+        /* eight int32 in [0, 255] to eight bytes, in order */
+        __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(l), _mm256_extracti128_si256(l, 1));
+        _mm_storel_epi64((__m128i *)(L + i), _mm_packus_epi16(w16, w16));
+    }
+}
+
+/* qd_kq_codes_q45 for the eight sub-blocks. */
+static inline void kq_imx_codes_q45(int five, const float *x, const uint8_t *blk, uint8_t *L)
+{
+    const float d_all = qd_get_f16(blk), m_all = qd_get_f16(blk + 2);
+    for (int j = 0; j < 8; j++) {
+        uint8_t s, m;
+        qd_kq_scale_min(j, blk + 4, &s, &m);
+        const float d = d_all * (float)s, dm = m_all * (float)m;
+        if (d != 0.0f)
+            kq_codes_8(x + 32 * j, 32, d, &dm, 0, five ? 31 : 15, 0, L + 32 * j);
+    }
+}
+
+/* qd_kq_codes_q6 for the sixteen sub-blocks. */
+static inline void kq_imx_codes_q6(const float *x, const uint8_t *blk, int8_t *L)
+{
+    const float d_all = qd_get_f16(blk + 208);
+    for (int j = 0; j < 16; j++) {
+        const float d = d_all * (float)((const int8_t *)blk)[192 + j];
+        if (d != 0.0f)
+            kq_codes_8(x + 16 * j, 16, d, NULL, -32, 31, 32, (uint8_t *)L + 16 * j);
+    }
+}
+
+/* qd_kq_codes_q3 for the sixteen sub-blocks. */
+static inline void kq_imx_codes_q3(const float *x, const uint8_t *blk, int8_t *L)
+{
+    const uint8_t *sc = blk + 96;
+    const float d_all = qd_get_f16(blk + 108);
+    for (int j = 0; j < 16; j++) {
+        int8_t s = (int8_t)(j < 8 ? sc[j] & 0xF : sc[j - 8] >> 4);
+        s = (int8_t)((s | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32);
+        const float d = d_all * (float)s;
+        if (d != 0.0f)
+            kq_codes_8(x + 16 * j, 16, d, NULL, -4, 3, 4, (uint8_t *)L + 16 * j);
+    }
+}
+
+/* qd_kq_codes_q2 for the sixteen sub-blocks. */
+static inline void kq_imx_codes_q2(const float *x, const uint8_t *blk, uint8_t *L)
+{
+    const float d_all = qd_get_f16(blk + 80), m_all = qd_get_f16(blk + 82);
+    for (int j = 0; j < 16; j++) {
+        const float d = d_all * (float)(blk[j] & 0xF), dm = m_all * (float)(blk[j] >> 4);
+        if (d != 0.0f)
+            kq_codes_8(x + 16 * j, 16, d, &dm, 0, 3, 0, L + 16 * j);
+    }
+}
+
 /* qd_imx_quantize_kquant with the sub-block fits in lanes: the same bytes. */
 static inline void qd_imx_quantize_kquant_avx2(int type, const float *QD_RESTRICT x, const float *QD_RESTRICT qw,
                                                uint8_t *QD_RESTRICT blk)
@@ -90,15 +159,17 @@ static inline void qd_imx_quantize_kquant_avx2(int type, const float *QD_RESTRIC
         float scales[8], mins[8], sw[8];
         qd_imx_search_q45_avx2(five, x, qw, qd_imx_block_sigma2(x, 2.0f), scales, mins, sw, L);
         qd_imx_header_q45(five, scales, mins, sw, blk);
-        for (int j = 0; j < 8; j++)
-            qd_kq_codes_q45(five, j, x, blk, L);
+        kq_imx_codes_q45(five, x, blk, L);
         qd_kq_pack_q45(five, L, blk);
     } else if (type == QD_Q6_K) {
         int8_t L[QD_QK_K];
         float scales[16];
         qd_imx_search_q6_avx2(x, qw, scales, L);
         qd_imx_search_q6_avx2(x + 128, qw + 128, scales + 8, L + 128);
-        qd_kq_finish_q6(x, scales, L, blk);
+        if (!qd_kq_header_q6(scales, blk)) {
+            kq_imx_codes_q6(x, blk, L);
+            qd_kq_pack_q6(L, blk);
+        }
     } else if (type == QD_Q3_K) {
         int8_t L[QD_QK_K];
         float scales[16], sw[16];
@@ -106,8 +177,7 @@ static inline void qd_imx_quantize_kquant_avx2(int type, const float *QD_RESTRIC
         qd_imx_search_q3_avx2(x, qw, sigma2, scales, sw, L);
         qd_imx_search_q3_avx2(x + 128, qw + 128, sigma2, scales + 8, sw + 8, L + 128);
         qd_imx_header_q3(scales, sw, blk);
-        for (int j = 0; j < 16; j++)
-            qd_kq_codes_q3(j, x, blk, L);
+        kq_imx_codes_q3(x, blk, L);
         qd_kq_pack_q3(L, blk);
     } else {
         uint8_t L[QD_QK_K];
@@ -116,8 +186,7 @@ static inline void qd_imx_quantize_kquant_avx2(int type, const float *QD_RESTRIC
         qd_imx_search_q2_avx2(x, qw, sigma2, scales, mins, sw, L);
         qd_imx_search_q2_avx2(x + 128, qw + 128, sigma2, scales + 8, mins + 8, sw + 8, L + 128);
         qd_imx_header_q2(scales, mins, sw, blk);
-        for (int j = 0; j < 16; j++)
-            qd_kq_codes_q2(j, x, blk, L);
+        kq_imx_codes_q2(x, blk, L);
         qd_kq_pack_q2(L, blk);
     }
 }

@@ -3,10 +3,11 @@
  * sub-block fits of a super-block run side by side in AVX2 lanes through kquant_avx2.h's lane
  * searches, each lane doing the scalar code's float operations in the scalar order (a sum over
  * a sub-block stays sequential within its lane, branches become per-lane selects, no FMA), so
- * every scale, minimum, weight sum and code has the scalar code's bits. The codes again from the
- * stored header run eight values at a time (each value on its own: the same bits); what couples
- * the sub-blocks (the super-block's sigma2, make_qp_quants over the sub-block scales, the
- * header, the packing) stays the scalar code of kernels/imatrix.h and kquants.h. */
+ * every scale, minimum, weight sum and code has the scalar code's bits. make_qp_quants over the
+ * sub-block scales tries its eight trial scales in lanes, and the codes again from the stored
+ * header run eight values at a time (each value on its own: the same bits); the rest (the
+ * super-block's sigma2, make_qp_quants' passes, q3_K's fit of its scales, the header, the
+ * packing) is the scalar code of kernels/imatrix.h and kquants.h. */
 #ifndef QD_CPU_KQUANT_IMX_AVX2_H
 #define QD_CPU_KQUANT_IMX_AVX2_H
 
@@ -79,6 +80,50 @@ static inline void qd_imx_search_q6_avx2(const float *x, const float *qw, float 
                              qw[i]);
     }
     kq_make_qx_8(xt, w, 32, scales, L);
+}
+
+/* qd_imx_make_qp with its eight trial scales in the eight lanes (is = -4..-1, 1..4; each lane's
+ * error summed over the values in order), the earliest least error picked in order as the
+ * scalar loop picks it; the rest is the scalar code. */
+static inline float kq_make_qp_8(int n, int nmax, const float *x, uint8_t *L, const float *qw)
+{
+    float max = 0.0f;
+    for (int i = 0; i < n; i++)
+        max = max > x[i] ? max : x[i];
+    if (max < QD_KQ_EPS) {
+        for (int i = 0; i < n; i++)
+            L[i] = 0;
+        return 0.0f;
+    }
+    float iscale = (float)nmax / max;
+    const float scale = 1.0f / iscale;
+    float best_mse = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float diff = x[i] - scale * (float)(uint8_t)qd_kq_round(iscale * x[i]);
+        best_mse += qw[i] * diff * diff;
+    }
+    const __m256 is = _mm256_setr_ps(-4.0f, -3.0f, -2.0f, -1.0f, 1.0f, 2.0f, 3.0f, 4.0f);
+    const __m256 iscale_is = _mm256_div_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(0.1f), is),
+                                                         _mm256_set1_ps((float)nmax)),
+                                           _mm256_set1_ps(max));
+    const __m256 scale_is = _mm256_div_ps(_mm256_set1_ps(1.0f), iscale_is);
+    const __m256i top = _mm256_set1_epi32(nmax);
+    __m256 mse = _mm256_setzero_ps();
+    for (int i = 0; i < n; i++) {
+        const __m256 xi = _mm256_set1_ps(x[i]);
+        __m256 l = _mm256_cvtepi32_ps(_mm256_min_epi32(kq_round8(_mm256_mul_ps(iscale_is, xi)), top));
+        __m256 diff = _mm256_sub_ps(xi, _mm256_mul_ps(scale_is, l));
+        mse = _mm256_add_ps(mse, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(qw[i]), diff), diff));
+    }
+    float mses[8], iscales[8];
+    _mm256_storeu_ps(mses, mse);
+    _mm256_storeu_ps(iscales, iscale_is);
+    for (int k = 0; k < 8; k++)
+        if (mses[k] < best_mse) {
+            best_mse = mses[k];
+            iscale = iscales[k];
+        }
+    return qd_imx_make_qp_refine(n, nmax, x, L, qw, iscale);
 }
 
 /* Codes again from the stored header, eight values at a time: L[i] = clamp(round((x[i] + dm) / d),
@@ -158,7 +203,9 @@ static inline void qd_imx_quantize_kquant_avx2(int type, const float *QD_RESTRIC
         uint8_t L[QD_QK_K];
         float scales[8], mins[8], sw[8];
         qd_imx_search_q45_avx2(five, x, qw, qd_imx_block_sigma2(x, 2.0f), scales, mins, sw, L);
-        qd_imx_header_q45(five, scales, mins, sw, blk);
+        uint8_t Ls[8], Lm[8];
+        const float d_block = kq_make_qp_8(8, 63, scales, Ls, sw), m_block = kq_make_qp_8(8, 63, mins, Lm, sw);
+        qd_imx_header_q45(five, Ls, Lm, d_block, m_block, blk);
         kq_imx_codes_q45(five, x, blk, L);
         qd_kq_pack_q45(five, L, blk);
     } else if (type == QD_Q6_K) {
@@ -185,7 +232,9 @@ static inline void qd_imx_quantize_kquant_avx2(int type, const float *QD_RESTRIC
         const float sigma2 = qd_imx_block_sigma2(x, 1.0f);
         qd_imx_search_q2_avx2(x, qw, sigma2, scales, mins, sw, L);
         qd_imx_search_q2_avx2(x + 128, qw + 128, sigma2, scales + 8, mins + 8, sw + 8, L + 128);
-        qd_imx_header_q2(scales, mins, sw, blk);
+        uint8_t Ls[16], Lm[16];
+        const float dm = kq_make_qp_8(16, 15, scales, Ls, sw), mm = kq_make_qp_8(16, 15, mins, Lm, sw);
+        qd_imx_header_q2(Ls, Lm, dm, mm, blk);
         kq_imx_codes_q2(x, blk, L);
         qd_kq_pack_q2(L, blk);
     }

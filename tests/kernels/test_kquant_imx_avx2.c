@@ -4,7 +4,8 @@
  * N(0, 0.02) super-blocks and on hard ones (all zero, tiny, one huge outlier, subnormals,
  * negative only, constant, ramps, values whose quotient by the scale lands on .5, near
  * FLT_MAX), whole or mixed per 16-value run, with importance vectors that are random, zero,
- * tiny, huge, subnormal, -0 or mixed per run. */
+ * tiny, huge, subnormal, -0 or mixed per run; make_qp_quants with its trials in lanes on its
+ * own, on inputs no fit gives. */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -191,6 +192,39 @@ static void hard_blocks_every_importance_kind(void **state)
                 }
             }
 }
+/* make_qp_quants with its trials in lanes against the scalar one, on 8 and 16 values: fit
+ * outputs and what no fit gives (negative values, whose codes wrap as ggml's uint8_t; repeated
+ * values, so that trials tie; zeros, tiny, huge), weights of every importance kind. */
+static void make_qp_lanes_equal_scalar(void **state)
+{
+    (void)state;
+    test_seed();
+    float v[16], w[16];
+    for (int it = 0; it < 200000; it++) {
+        const int n = rnd() & 1 ? 16 : 8, nmax = n == 8 ? 63 : 15;
+        const float scale = ldexpf(1.0f, (int)(rnd() % 60) - 40);
+        const int kind = (int)(rnd() % 6);
+        for (int i = 0; i < n; i++) {
+            const float u = (float)test_uniform();
+            v[i] = kind == 0   ? u * scale
+                   : kind == 1 ? (float)(rnd() % 4) * scale /* repeated values: tied trials */
+                   : kind == 2 ? (u - 0.25f) * scale
+                   : kind == 3 ? (rnd() % 3 ? 0.0f : u * scale)
+                   : kind == 4 ? u * 1e-16f
+                               : u * 1e30f;
+        }
+        fill_importance(w, n, (int)(rnd() % QW_KINDS));
+        uint8_t want[16], got[16];
+        memset(want, 0xAA, sizeof want);
+        memset(got, 0x55, sizeof got);
+        const float d_want = qd_imx_make_qp(n, nmax, v, want, w), d_got = kq_make_qp_8(n, nmax, v, got, w);
+        if (qd_f32_bits(d_want) != qd_f32_bits(d_got) || memcmp(want, got, (size_t)n)) {
+            dump("values", v, n);
+            dump("weights", w, n);
+            fail_msg("make_qp_quants(%d, %d): scale %a / %a (scalar / lanes)", n, nmax, d_want, d_got);
+        }
+    }
+}
 #else /* a build without AVX2 has no fast path to compare: each case says it was skipped */
 static void q4_K_imx_equals_scalar(void **state) { (void)state; skip(); }
 static void q5_K_imx_equals_scalar(void **state) { (void)state; skip(); }
@@ -198,12 +232,14 @@ static void q6_K_imx_equals_scalar(void **state) { (void)state; skip(); }
 static void q3_K_imx_equals_scalar(void **state) { (void)state; skip(); }
 static void q2_K_imx_equals_scalar(void **state) { (void)state; skip(); }
 static void hard_blocks_every_importance_kind(void **state) { (void)state; skip(); }
+static void make_qp_lanes_equal_scalar(void **state) { (void)state; skip(); }
 #endif
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hard_blocks_every_importance_kind),
+        cmocka_unit_test(make_qp_lanes_equal_scalar),
         cmocka_unit_test(q4_K_imx_equals_scalar),
         cmocka_unit_test(q5_K_imx_equals_scalar),
         cmocka_unit_test(q6_K_imx_equals_scalar),

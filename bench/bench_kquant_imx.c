@@ -43,12 +43,21 @@ static double uniform(void)
 static double run(int avx2, int type, const float *x, const float *qw, int64_t blocks, uint8_t *out)
 {
     const int bytes = qd_kquant_block_bytes(type);
+    const float twice = qd_imx_sigma2_twice(type);
+    float sigma2[8] = {0};
     double t0 = now_s();
     for (int64_t b = 0; b < blocks; b++) {
         const float *xb = x + b * QD_QK_K, *qb = qw + b * QD_QK_K % COLS;
-        if (avx2)
-            qd_imx_quantize_kquant_avx2(type, xb, qb, out + b * bytes);
-        else
+        if (avx2) { /* as kernels/cpu/kquant.c runs it: eight blocks' sigma2 at once */
+            if (b % 8 == 0 && twice != 0.0f) {
+                if (blocks - b >= 8)
+                    qd_imx_block_sigma2_8(xb, twice, sigma2);
+                else
+                    for (int64_t j = b; j < blocks; j++)
+                        sigma2[j - b] = qd_imx_block_sigma2(x + j * QD_QK_K, twice);
+            }
+            qd_imx_quantize_kquant_avx2(type, xb, qb, sigma2[b % 8], out + b * bytes);
+        } else
             qd_imx_quantize_kquant(type, xb, qb, out + b * bytes);
     }
     return now_s() - t0;

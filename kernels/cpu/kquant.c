@@ -61,12 +61,23 @@ static void kquant_importance_span(void *c, int tid, const float *x, int64_t fir
     (void)tid;
     const int64_t cols = k->in->cols;
     uint8_t *out = k->data + first / QD_QK_K * k->block_bytes;
-    for (int64_t b = 0; b < n / QD_QK_K; b++) {
+    const int64_t blocks = n / QD_QK_K;
+    const float twice = qd_imx_sigma2_twice(k->type);
+    float sigma2[8] = {0};
+    for (int64_t b = 0; b < blocks; b++) {
         const int64_t e = first + b * QD_QK_K;
         const float *qw = qd_importance_row(k->p, k->in, e / cols) + e % cols;
-        if (QD_KQUANT_IMX_AVX2)
-            qd_imx_quantize_kquant_avx2(k->type, x + b * QD_QK_K, qw, out + b * k->block_bytes);
-        else
+        if (QD_KQUANT_IMX_AVX2) {
+            /* eight blocks' sigma2 at once, each a sequential sum in its lane */
+            if (b % 8 == 0 && twice != 0.0f) {
+                if (blocks - b >= 8)
+                    qd_imx_block_sigma2_8(x + b * QD_QK_K, twice, sigma2);
+                else
+                    for (int64_t j = b; j < blocks; j++)
+                        sigma2[j - b] = qd_imx_block_sigma2(x + j * QD_QK_K, twice);
+            }
+            qd_imx_quantize_kquant_avx2(k->type, x + b * QD_QK_K, qw, sigma2[b % 8], out + b * k->block_bytes);
+        } else
             qd_imx_quantize_kquant(k->type, x + b * QD_QK_K, qw, out + b * k->block_bytes);
     }
 }

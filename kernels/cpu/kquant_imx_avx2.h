@@ -18,6 +18,19 @@
 
 #define QD_KQUANT_IMX_AVX2 1
 
+/* qd_imx_block_sigma2 of the eight consecutive super-blocks at x, one per lane (each summed in
+ * order, as the scalar code sums it): sigma2[k] for the block at x + 256 * k. */
+static inline void qd_imx_block_sigma2_8(const float *x, float twice, float *sigma2)
+{
+    const __m256i block = _mm256_setr_epi32(0, 256, 512, 768, 1024, 1280, 1536, 1792);
+    __m256 sum = _mm256_setzero_ps();
+    for (int j = 0; j < QD_QK_K; j++) {
+        const __m256 v = _mm256_i32gather_ps(x + j, block, 4);
+        sum = _mm256_add_ps(sum, _mm256_mul_ps(v, v));
+    }
+    _mm256_storeu_ps(sigma2, _mm256_div_ps(_mm256_mul_ps(_mm256_set1_ps(twice), sum), _mm256_set1_ps((float)QD_QK_K)));
+}
+
 /* Eight sub-blocks of n values (sub-block j at x + n * j, its importance at qw + n * j) into
  * lanes: xt[i] holds element i of each, w[i] its weight qw * sqrt(sigma2 + x^2) (qd_imx_weights)
  * and sw[j] the weights of sub-block j summed in order from 0. */
@@ -194,15 +207,22 @@ static inline void kq_imx_codes_q2(const float *x, const uint8_t *blk, uint8_t *
     }
 }
 
-/* qd_imx_quantize_kquant with the sub-block fits in lanes: the same bytes. */
+/* The factor qd_imx_block_sigma2 takes for a type (q6_K has no sigma2: 0). */
+static inline float qd_imx_sigma2_twice(int type)
+{
+    return type == QD_Q2_K ? 1.0f : type == QD_Q6_K ? 0.0f : 2.0f;
+}
+
+/* qd_imx_quantize_kquant with the sub-block fits in lanes: the same bytes. sigma2 is the
+ * block's qd_imx_block_sigma2(x, qd_imx_sigma2_twice(type)) (ignored for q6_K). */
 static inline void qd_imx_quantize_kquant_avx2(int type, const float *QD_RESTRICT x, const float *QD_RESTRICT qw,
-                                               uint8_t *QD_RESTRICT blk)
+                                               float sigma2, uint8_t *QD_RESTRICT blk)
 {
     if (type == QD_Q4_K || type == QD_Q5_K) {
         const int five = type == QD_Q5_K;
         uint8_t L[QD_QK_K];
         float scales[8], mins[8], sw[8];
-        qd_imx_search_q45_avx2(five, x, qw, qd_imx_block_sigma2(x, 2.0f), scales, mins, sw, L);
+        qd_imx_search_q45_avx2(five, x, qw, sigma2, scales, mins, sw, L);
         uint8_t Ls[8], Lm[8];
         const float d_block = kq_make_qp_8(8, 63, scales, Ls, sw), m_block = kq_make_qp_8(8, 63, mins, Lm, sw);
         qd_imx_header_q45(five, Ls, Lm, d_block, m_block, blk);
@@ -220,7 +240,6 @@ static inline void qd_imx_quantize_kquant_avx2(int type, const float *QD_RESTRIC
     } else if (type == QD_Q3_K) {
         int8_t L[QD_QK_K];
         float scales[16], sw[16];
-        const float sigma2 = qd_imx_block_sigma2(x, 2.0f);
         qd_imx_search_q3_avx2(x, qw, sigma2, scales, sw, L);
         qd_imx_search_q3_avx2(x + 128, qw + 128, sigma2, scales + 8, sw + 8, L + 128);
         qd_imx_header_q3(scales, sw, blk);
@@ -229,7 +248,6 @@ static inline void qd_imx_quantize_kquant_avx2(int type, const float *QD_RESTRIC
     } else {
         uint8_t L[QD_QK_K];
         float scales[16], mins[16], sw[16];
-        const float sigma2 = qd_imx_block_sigma2(x, 1.0f);
         qd_imx_search_q2_avx2(x, qw, sigma2, scales, mins, sw, L);
         qd_imx_search_q2_avx2(x + 128, qw + 128, sigma2, scales + 8, mins + 8, sw + 8, L + 128);
         uint8_t Ls[16], Lm[16];
@@ -242,9 +260,18 @@ static inline void qd_imx_quantize_kquant_avx2(int type, const float *QD_RESTRIC
 
 #else
 #define QD_KQUANT_IMX_AVX2 0
-static inline void qd_imx_quantize_kquant_avx2(int type, const float *x, const float *qw, uint8_t *blk)
+static inline float qd_imx_sigma2_twice(int type)
 {
-    (void)type, (void)x, (void)qw, (void)blk;
+    (void)type;
+    return 0.0f;
+}
+static inline void qd_imx_block_sigma2_8(const float *x, float twice, float *sigma2)
+{
+    (void)x, (void)twice, (void)sigma2;
+}
+static inline void qd_imx_quantize_kquant_avx2(int type, const float *x, const float *qw, float sigma2, uint8_t *blk)
+{
+    (void)type, (void)x, (void)qw, (void)sigma2, (void)blk;
 }
 #endif
 

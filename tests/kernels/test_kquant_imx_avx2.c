@@ -141,24 +141,39 @@ static int searches_equal(int type, const float *x, const float *qw)
     return same_f32(ss, gs, 16) && same_f32(sm, gm, 16) && same_f32(sw, gw, 16) && !memcmp(sl, gl, QD_QK_K);
 }
 
+/* Super-blocks in runs of eight, as the CPU backend runs them: their sigma2 from the lanes
+ * (each against qd_imx_block_sigma2), then each block's fits and bytes. */
 static void check_blocks(int type, int iterations)
 {
     test_seed();
-    float x[QD_QK_K], qw[QD_QK_K];
+    static float x[8 * QD_QK_K], qw[8 * QD_QK_K];
     uint8_t want[256], got[256];
     const int bytes = qd_kquant_block_bytes(type);
-    for (int it = 0; it < iterations; it++) {
-        fill_block(x, qw);
-        memset(want, 0xAA, sizeof want);
-        memset(got, 0x55, sizeof got);
-        qd_imx_quantize_kquant(type, x, qw, want);
-        qd_imx_quantize_kquant_avx2(type, x, qw, got);
-        const int searches = searches_equal(type, x, qw);
-        if (!searches || memcmp(want, got, (size_t)bytes)) {
-            dump("x", x, QD_QK_K);
-            dump("importance", qw, QD_QK_K);
-            fail_msg("%s block %d: %s differ (scalar / AVX2)", type_names[type], it,
-                     searches ? "block bytes" : "sub-block fits");
+    const float twice = qd_imx_sigma2_twice(type);
+    for (int it = 0; it < iterations; it += 8) {
+        float sigma2[8] = {0};
+        for (int k = 0; k < 8; k++)
+            fill_block(x + k * QD_QK_K, qw + k * QD_QK_K);
+        if (twice != 0.0f)
+            qd_imx_block_sigma2_8(x, twice, sigma2);
+        for (int k = 0; k < 8; k++) {
+            const float *xb = x + k * QD_QK_K, *qb = qw + k * QD_QK_K;
+            if (twice != 0.0f && qd_f32_bits(sigma2[k]) != qd_f32_bits(qd_imx_block_sigma2(xb, twice))) {
+                dump("x", xb, QD_QK_K);
+                fail_msg("%s block %d: sigma2 %a / %a (scalar / lanes)", type_names[type], it + k,
+                         qd_imx_block_sigma2(xb, twice), sigma2[k]);
+            }
+            memset(want, 0xAA, sizeof want);
+            memset(got, 0x55, sizeof got);
+            qd_imx_quantize_kquant(type, xb, qb, want);
+            qd_imx_quantize_kquant_avx2(type, xb, qb, sigma2[k], got);
+            const int searches = searches_equal(type, xb, qb);
+            if (!searches || memcmp(want, got, (size_t)bytes)) {
+                dump("x", xb, QD_QK_K);
+                dump("importance", qb, QD_QK_K);
+                fail_msg("%s block %d: %s differ (scalar / AVX2)", type_names[type], it + k,
+                         searches ? "block bytes" : "sub-block fits");
+            }
         }
     }
 }
@@ -185,7 +200,8 @@ static void hard_blocks_every_importance_kind(void **state)
                     memset(qw + 32 * (int)(rnd() % 8), 0, 32 * sizeof(float));
                 for (int type = QD_Q2_K; type <= QD_Q6_K; type++) {
                     qd_imx_quantize_kquant(type, x, qw, want);
-                    qd_imx_quantize_kquant_avx2(type, x, qw, got);
+                    qd_imx_quantize_kquant_avx2(type, x, qw, qd_imx_block_sigma2(x, qd_imx_sigma2_twice(type)),
+                                                got);
                     if (!searches_equal(type, x, qw) || memcmp(want, got, (size_t)qd_kquant_block_bytes(type)))
                         fail_msg("%s: values kind %d, importance kind %d differ (scalar / AVX2)", type_names[type],
                                  xk, qk);

@@ -18,6 +18,27 @@
 
 #define QD_KQUANT_IMX_AVX2 1
 
+/* Eight rows of eight floats (row j at x + stride * j) into out[k], lane j = x[stride * j + k]:
+ * the rows' halves paired by 128-bit loads, then 4x4 transposes within the 128-bit lanes (two
+ * shuffles per vector, where eight scattered inserts would take about seven). */
+static inline __attribute__((always_inline)) void kq_load_transposed_8x8(const float *x, int stride, __m256 *out)
+{
+    for (int half = 0; half < 2; half++) { /* columns 0..3, then 4..7 */
+        __m256 a[4], t[4];
+        for (int k = 0; k < 4; k++)
+            a[k] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(x + stride * k + 4 * half)),
+                                        _mm_loadu_ps(x + stride * (k + 4) + 4 * half), 1);
+        t[0] = _mm256_unpacklo_ps(a[0], a[1]);
+        t[1] = _mm256_unpackhi_ps(a[0], a[1]);
+        t[2] = _mm256_unpacklo_ps(a[2], a[3]);
+        t[3] = _mm256_unpackhi_ps(a[2], a[3]);
+        out[4 * half] = _mm256_shuffle_ps(t[0], t[2], _MM_SHUFFLE(1, 0, 1, 0));
+        out[4 * half + 1] = _mm256_shuffle_ps(t[0], t[2], _MM_SHUFFLE(3, 2, 3, 2));
+        out[4 * half + 2] = _mm256_shuffle_ps(t[1], t[3], _MM_SHUFFLE(1, 0, 1, 0));
+        out[4 * half + 3] = _mm256_shuffle_ps(t[1], t[3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+}
+
 /* qd_imx_block_sigma2 of the eight consecutive super-blocks at x, one per lane (each summed in
  * order, as the scalar code sums it): sigma2[k] for the block at x + 256 * k. */
 static inline void qd_imx_block_sigma2_8(const float *x, float twice, float *sigma2)
@@ -39,12 +60,12 @@ static inline __attribute__((always_inline)) void kq_imx_weights_8(const float *
 {
     const __m256 s2 = _mm256_set1_ps(sigma2);
     __m256 sum = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) {
+        kq_load_transposed_8x8(x + i, n, xt + i);
+        kq_load_transposed_8x8(qw + i, n, w + i);
+    }
     for (int i = 0; i < n; i++) {
-        xt[i] = _mm256_set_ps(x[7 * n + i], x[6 * n + i], x[5 * n + i], x[4 * n + i], x[3 * n + i], x[2 * n + i],
-                              x[n + i], x[i]);
-        __m256 q = _mm256_set_ps(qw[7 * n + i], qw[6 * n + i], qw[5 * n + i], qw[4 * n + i], qw[3 * n + i],
-                                 qw[2 * n + i], qw[n + i], qw[i]);
-        w[i] = _mm256_mul_ps(q, _mm256_sqrt_ps(_mm256_add_ps(s2, _mm256_mul_ps(xt[i], xt[i]))));
+        w[i] = _mm256_mul_ps(w[i], _mm256_sqrt_ps(_mm256_add_ps(s2, _mm256_mul_ps(xt[i], xt[i]))));
         sum = _mm256_add_ps(sum, w[i]);
     }
     _mm256_storeu_ps(sw, sum);
@@ -87,10 +108,9 @@ static inline void qd_imx_search_q3_avx2(const float *x, const float *qw, float 
 static inline void qd_imx_search_q6_avx2(const float *x, const float *qw, float *scales, int8_t *L)
 {
     __m256 xt[16], w[16];
-    for (int i = 0; i < 16; i++) {
-        xt[i] = _mm256_set_ps(x[112 + i], x[96 + i], x[80 + i], x[64 + i], x[48 + i], x[32 + i], x[16 + i], x[i]);
-        w[i] = _mm256_set_ps(qw[112 + i], qw[96 + i], qw[80 + i], qw[64 + i], qw[48 + i], qw[32 + i], qw[16 + i],
-                             qw[i]);
+    for (int i = 0; i < 16; i += 8) {
+        kq_load_transposed_8x8(x + i, 16, xt + i);
+        kq_load_transposed_8x8(qw + i, 16, w + i);
     }
     kq_make_qx_8(xt, w, 32, scales, L);
 }

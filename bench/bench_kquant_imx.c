@@ -12,6 +12,13 @@
 
 #include "../kernels/cpu/kquant_imx_avx2.h"
 
+#if !QD_KQUANT_IMX_AVX2
+int main(void)
+{
+    printf("this build has no AVX2 path (built without -march=x86-64-v3)\n");
+    return 0;
+}
+#else
 enum { PAIRS = 15, COLS = 4096 };
 
 static double now_s(void)
@@ -65,11 +72,6 @@ static double run(int avx2, int type, const float *x, const float *qw, int64_t b
 
 int main(int argc, char **argv)
 {
-#if !QD_KQUANT_IMX_AVX2
-    (void)argc, (void)argv;
-    printf("this build has no AVX2 path (built without -march=x86-64-v3)\n");
-    return 0;
-#else
     const int64_t blocks = argc > 1 ? atoll(argv[1]) : 2048;
     float *x = malloc((size_t)blocks * QD_QK_K * sizeof(float)), *qw = malloc(COLS * sizeof(float));
     uint8_t *want = malloc((size_t)blocks * 256), *got = malloc((size_t)blocks * 256);
@@ -102,5 +104,5 @@ int main(int argc, char **argv)
     }
     free(x), free(qw), free(want), free(got);
     return 0;
-#endif
 }
+#endif

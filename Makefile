@@ -19,6 +19,7 @@
 #   make bench-iq4       the iq4_nl/iq4_xs search on one core, scalar against AVX2 (bench/bench_iq4.c)
 #   make bench-convert   whole-model conversion against reading the files (bench/bench_convert.py)
 #   make bench-latency   p50/p90/p99 at fixed request rates with hey (bench/bench_latency.py)
+#   make bench-kquant-imx  importance-weighted K-quant blocks on one core, scalar against AVX2
 #   make soak            10 minutes at twice the CPU backend's capacity, hostile clients (tests/soak)
 #   make soak-leak-check the soak with a leak preloaded into the daemon: its verdict must fail
 #   make test-soak-verdict the soak's memory and latency verdicts on made-up series (in make test)
@@ -76,7 +77,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all help deps venv test test-unit bench-iq4 test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-convert bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all help deps venv test test-unit bench-iq4 test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-kquant-imx bench-convert bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 help:
@@ -225,6 +226,13 @@ $(BUILD)/bench/bench_iq4: bench/bench_iq4.c kernels/cpu/iquant_avx2.h kernels/iq
 
 bench-iq4: $(BUILD)/bench/bench_iq4
 	taskset -c 0 $(BUILD)/bench/bench_iq4 $(BENCH_IQ4_BLOCKS)
+
+# The importance-weighted K-quant block code on one core, scalar against AVX2 (same blocks).
+$(BUILD)/bench/bench_kquant_imx: bench/bench_kquant_imx.c $(KERNEL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS)
+bench-kquant-imx: $(BUILD)/bench/bench_kquant_imx
+	taskset -c 0 $(BUILD)/bench/bench_kquant_imx $(BENCH_BLOCKS)
 
 $(BUILD)/bench/bench_service: bench/bench_service.c bench/null_http.c tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS)
 	@mkdir -p $(dir $@)

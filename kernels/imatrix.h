@@ -20,46 +20,12 @@ QD_HD float qd_imx_row_sigma2(const float *x, int64_t n)
     return s / (float)n;
 }
 
-/* make_qp_quants: codes in [0, nmax] for non-negative values (the sub-block scales or minimums
- * of a super-block), the scale from nine trials, then up to five passes moving single codes,
- * all weighted by qw. Codes are stored as ggml's uint8_t L stores them (a negative value, which
- * only a negative input could give, wraps). */
-QD_HD float qd_imx_make_qp(int n, int nmax, const float *x, uint8_t *L, const float *qw)
+/* make_qp_quants' last steps, from the inverse scale its trials chose: codes in [0, nmax], then
+ * up to five passes moving single codes while the qw-weighted fit improves; returns the
+ * scale. Codes are stored as ggml's uint8_t L stores them (a negative value, which only a
+ * negative input could give, wraps). */
+QD_HD float qd_imx_make_qp_refine(int n, int nmax, const float *x, uint8_t *L, const float *qw, float iscale)
 {
-    float max = 0.0f;
-    for (int i = 0; i < n; i++)
-        max = max > x[i] ? max : x[i];
-    if (max < QD_KQ_EPS) {
-        for (int i = 0; i < n; i++)
-            L[i] = 0;
-        return 0.0f;
-    }
-    float iscale = (float)nmax / max;
-    for (int i = 0; i < n; i++)
-        L[i] = (uint8_t)qd_kq_round(iscale * x[i]);
-    float scale = 1.0f / iscale;
-    float best_mse = 0.0f;
-    for (int i = 0; i < n; i++) {
-        float diff = x[i] - scale * (float)L[i];
-        best_mse += qw[i] * diff * diff;
-    }
-    for (int is = -4; is <= 4; is++) {
-        if (is == 0)
-            continue;
-        float iscale_is = (0.1f * (float)is + (float)nmax) / max;
-        float scale_is = 1.0f / iscale_is;
-        float mse = 0.0f;
-        for (int i = 0; i < n; i++) {
-            int l = qd_kq_round(iscale_is * x[i]);
-            l = nmax < l ? nmax : l;
-            float diff = x[i] - scale_is * (float)l;
-            mse += qw[i] * diff * diff;
-        }
-        if (mse < best_mse) {
-            best_mse = mse;
-            iscale = iscale_is;
-        }
-    }
     float sumlx = 0.0f, suml2 = 0.0f;
     for (int i = 0; i < n; i++) {
         int l = qd_kq_round(iscale * x[i]);
@@ -94,6 +60,47 @@ QD_HD float qd_imx_make_qp(int n, int nmax, const float *x, uint8_t *L, const fl
             break;
     }
     return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+/* make_qp_quants: codes in [0, nmax] for non-negative values (the sub-block scales or minimums
+ * of a super-block). Of the inverse scales nmax / max and (nmax + 0.1 is) / max, is = -4..4
+ * but 0, the one of least qw-weighted squared error (the earliest on ties), then
+ * qd_imx_make_qp_refine. */
+QD_HD float qd_imx_make_qp(int n, int nmax, const float *x, uint8_t *L, const float *qw)
+{
+    float max = 0.0f;
+    for (int i = 0; i < n; i++)
+        max = max > x[i] ? max : x[i];
+    if (max < QD_KQ_EPS) {
+        for (int i = 0; i < n; i++)
+            L[i] = 0;
+        return 0.0f;
+    }
+    float iscale = (float)nmax / max;
+    float scale = 1.0f / iscale;
+    float best_mse = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float diff = x[i] - scale * (float)(uint8_t)qd_kq_round(iscale * x[i]);
+        best_mse += qw[i] * diff * diff;
+    }
+    for (int is = -4; is <= 4; is++) {
+        if (is == 0)
+            continue;
+        float iscale_is = (0.1f * (float)is + (float)nmax) / max;
+        float scale_is = 1.0f / iscale_is;
+        float mse = 0.0f;
+        for (int i = 0; i < n; i++) {
+            int l = qd_kq_round(iscale_is * x[i]);
+            l = nmax < l ? nmax : l;
+            float diff = x[i] - scale_is * (float)l;
+            mse += qw[i] * diff * diff;
+        }
+        if (mse < best_mse) {
+            best_mse = mse;
+            iscale = iscale_is;
+        }
+    }
+    return qd_imx_make_qp_refine(n, nmax, x, L, qw, iscale);
 }
 
 /* ---- legacy 32-element blocks ---------------------------------------------------------------- */
@@ -153,9 +160,19 @@ QD_HD float qd_imx_weights(const float *x, const float *qw, float sigma2, int n,
     return sum;
 }
 
-/* q2_K: sixteen affine sub-block fits (37 trials, squared error), then the 4-bit scales and
- * minimums by make_qp_quants weighted by each sub-block's weight sum; codes again from the
- * stored header. */
+/* q2_K's header: the 4-bit scale and minimum codes Ls, Lm and their scales dm, mm, which
+ * make_qp_quants fits to the sixteen sub-block scales and minimums weighted by each
+ * sub-block's weight sum. */
+QD_HD void qd_imx_header_q2(const uint8_t *Ls, const uint8_t *Lm, float dm, float mm, uint8_t *QD_RESTRICT blk)
+{
+    qd_put_f16(blk + 80, dm);
+    qd_put_f16(blk + 82, mm);
+    for (int j = 0; j < 16; j++)
+        blk[j] = (uint8_t)(Ls[j] | Lm[j] << 4);
+}
+
+/* q2_K: sixteen affine sub-block fits (37 trials, squared error), their scales and minimums
+ * fitted by make_qp_quants (the header), codes again from the stored header. */
 QD_HD void qd_imx_quantize_q2(const float *QD_RESTRICT x, const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
 {
     uint8_t L[QD_QK_K], Laux[16], Ls[16], Lm[16];
@@ -167,27 +184,17 @@ QD_HD void qd_imx_quantize_q2(const float *QD_RESTRICT x, const float *QD_RESTRI
     }
     float dm = qd_imx_make_qp(16, 15, scales, Ls, sw);
     float mm = qd_imx_make_qp(16, 15, mins, Lm, sw);
-    qd_put_f16(blk + 80, dm);
-    qd_put_f16(blk + 82, mm);
-    for (int j = 0; j < 16; j++)
-        blk[j] = (uint8_t)(Ls[j] | Lm[j] << 4);
+    qd_imx_header_q2(Ls, Lm, dm, mm, blk);
     for (int j = 0; j < 16; j++)
         qd_kq_codes_q2(j, x, blk, L);
     qd_kq_pack_q2(L, blk);
 }
 
-/* q3_K: sixteen symmetric sub-block fits (make_qx_quants, nmax 4), their scales fitted in turn
- * (make_qx_quants, nmax 32, weighted by the sub-blocks' weight sums) and stored as 6-bit codes;
- * codes again from the stored header. */
-QD_HD void qd_imx_quantize_q3(const float *QD_RESTRICT x, const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
+/* q3_K's header from its sixteen sub-block scales and weight sums sw: the scales fitted in
+ * turn (make_qx_quants, nmax 32, weighted by sw) and stored as 6-bit codes, f16 d. */
+QD_HD void qd_imx_header_q3(const float *scales, const float *sw, uint8_t *QD_RESTRICT blk)
 {
-    int8_t L[QD_QK_K], Ls[16];
-    float weight[16], sw[16], scales[16];
-    const float sigma2 = qd_imx_block_sigma2(x, 2.0f);
-    for (int j = 0; j < 16; j++) {
-        sw[j] = qd_imx_weights(x + 16 * j, qw + 16 * j, sigma2, 16, weight);
-        scales[j] = qd_kq_make_qx(16, 4, x + 16 * j, L + 16 * j, weight);
-    }
+    int8_t Ls[16];
     uint8_t *sc = blk + 96;
     for (int i = 0; i < 12; i++)
         sc[i] = 0;
@@ -202,27 +209,31 @@ QD_HD void qd_imx_quantize_q3(const float *QD_RESTRICT x, const float *QD_RESTRI
         sc[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
     }
     qd_put_f16(blk + 108, d_block);
+}
+
+/* q3_K: sixteen symmetric sub-block fits (make_qx_quants, nmax 4), the header
+ * (qd_imx_header_q3), codes again from the stored header. */
+QD_HD void qd_imx_quantize_q3(const float *QD_RESTRICT x, const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
+{
+    int8_t L[QD_QK_K];
+    float weight[16], sw[16], scales[16];
+    const float sigma2 = qd_imx_block_sigma2(x, 2.0f);
+    for (int j = 0; j < 16; j++) {
+        sw[j] = qd_imx_weights(x + 16 * j, qw + 16 * j, sigma2, 16, weight);
+        scales[j] = qd_kq_make_qx(16, 4, x + 16 * j, L + 16 * j, weight);
+    }
+    qd_imx_header_q3(scales, sw, blk);
     for (int j = 0; j < 16; j++)
         qd_kq_codes_q3(j, x, blk, L);
     qd_kq_pack_q3(L, blk);
 }
 
-/* q4_K / q5_K: eight affine sub-block fits (37 trials), the 6-bit scales and minimums by
- * make_qp_quants weighted by the sub-blocks' weight sums (q5_K caps them at 63, q4_K stores
- * them as they come), codes again from the stored header. */
-QD_HD void qd_imx_quantize_q45(int five, const float *QD_RESTRICT x, const float *QD_RESTRICT qw,
-                               uint8_t *QD_RESTRICT blk)
+/* q4_K / q5_K's header: the 6-bit scale and minimum codes Ls, Lm (q5_K caps them at 63, q4_K
+ * stores them as they come) and their scales d_block, m_block, which make_qp_quants fits to
+ * the eight sub-block scales and minimums weighted by each sub-block's weight sum. */
+QD_HD void qd_imx_header_q45(int five, const uint8_t *Ls, const uint8_t *Lm, float d_block, float m_block,
+                             uint8_t *QD_RESTRICT blk)
 {
-    uint8_t L[QD_QK_K], Laux[32], Ls[8], Lm[8];
-    float weight[32], sw[8], scales[8], mins[8];
-    const float sigma2 = qd_imx_block_sigma2(x, 2.0f);
-    for (int j = 0; j < 8; j++) {
-        sw[j] = qd_imx_weights(x + 32 * j, qw + 32 * j, sigma2, 32, weight);
-        scales[j] = qd_kq_make_qkx2(32, five ? 31 : 15, x + 32 * j, weight, L + 32 * j, &mins[j], Laux, -0.9f,
-                                    0.05f, 36, 0);
-    }
-    float d_block = qd_imx_make_qp(8, 63, scales, Ls, sw);
-    float m_block = qd_imx_make_qp(8, 63, mins, Lm, sw);
     uint8_t *sc = blk + 4;
     for (int j = 0; j < 8; j++) {
         uint8_t ls = Ls[j], lm = Lm[j];
@@ -241,6 +252,24 @@ QD_HD void qd_imx_quantize_q45(int five, const float *QD_RESTRICT x, const float
     }
     qd_put_f16(blk, d_block);
     qd_put_f16(blk + 2, m_block);
+}
+
+/* q4_K / q5_K: eight affine sub-block fits (37 trials from -0.9 by 0.05), their scales and
+ * minimums fitted by make_qp_quants (the header), codes again from the stored header. */
+QD_HD void qd_imx_quantize_q45(int five, const float *QD_RESTRICT x, const float *QD_RESTRICT qw,
+                               uint8_t *QD_RESTRICT blk)
+{
+    uint8_t L[QD_QK_K], Laux[32], Ls[8], Lm[8];
+    float weight[32], sw[8], scales[8], mins[8];
+    const float sigma2 = qd_imx_block_sigma2(x, 2.0f);
+    for (int j = 0; j < 8; j++) {
+        sw[j] = qd_imx_weights(x + 32 * j, qw + 32 * j, sigma2, 32, weight);
+        scales[j] = qd_kq_make_qkx2(32, five ? 31 : 15, x + 32 * j, weight, L + 32 * j, &mins[j], Laux, -0.9f,
+                                    0.05f, 36, 0);
+    }
+    float d_block = qd_imx_make_qp(8, 63, scales, Ls, sw);
+    float m_block = qd_imx_make_qp(8, 63, mins, Lm, sw);
+    qd_imx_header_q45(five, Ls, Lm, d_block, m_block, blk);
     for (int j = 0; j < 8; j++)
         qd_kq_codes_q45(five, j, x, blk, L);
     qd_kq_pack_q45(five, L, blk);

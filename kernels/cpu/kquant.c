@@ -6,6 +6,7 @@
 #include "../kquants.h"
 #include "cpu.h"
 #include "kquant_avx2.h"
+#include "kquant_imx_avx2.h"
 
 struct kquant_ctx {
     int type, block_bytes;
@@ -52,17 +53,32 @@ static void kquant_quantize_span(void *c, int tid, const float *x, int64_t first
     }
 }
 
-/* ggml's quantize_row_<type>_impl: each super-block weighted by its columns' importance. */
+/* ggml's quantize_row_<type>_impl: each super-block weighted by its columns' importance, its
+ * sub-block fits side by side in AVX2 lanes where the build has them (the same bytes). */
 static void kquant_importance_span(void *c, int tid, const float *x, int64_t first, int64_t n)
 {
     struct kquant_ctx *k = c;
     (void)tid;
     const int64_t cols = k->in->cols;
     uint8_t *out = k->data + first / QD_QK_K * k->block_bytes;
-    for (int64_t b = 0; b < n / QD_QK_K; b++) {
+    const int64_t blocks = n / QD_QK_K;
+    const float twice = qd_imx_sigma2_twice(k->type);
+    float sigma2[8] = {0};
+    for (int64_t b = 0; b < blocks; b++) {
         const int64_t e = first + b * QD_QK_K;
         const float *qw = qd_importance_row(k->p, k->in, e / cols) + e % cols;
-        qd_imx_quantize_kquant(k->type, x + b * QD_QK_K, qw, out + b * k->block_bytes);
+        if (QD_KQUANT_IMX_AVX2) {
+            /* eight blocks' sigma2 at once, each a sequential sum in its lane */
+            if (b % 8 == 0 && twice != 0.0f) {
+                if (blocks - b >= 8)
+                    qd_imx_block_sigma2_8(x + b * QD_QK_K, twice, sigma2);
+                else
+                    for (int64_t j = b; j < blocks; j++)
+                        sigma2[j - b] = qd_imx_block_sigma2(x + j * QD_QK_K, twice);
+            }
+            qd_imx_quantize_kquant_avx2(k->type, x + b * QD_QK_K, qw, sigma2[b % 8], out + b * k->block_bytes);
+        } else
+            qd_imx_quantize_kquant(k->type, x + b * QD_QK_K, qw, out + b * k->block_bytes);
     }
 }
 

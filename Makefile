@@ -17,6 +17,7 @@
 #   make fuzz-long       the same for FUZZ_RUNS executions
 #   make bench           CPU kernel table + service benchmark
 #   make bench-iq4       the iq4_nl/iq4_xs search on one core, scalar against AVX2 (bench/bench_iq4.c)
+#   make bench-iqgrid    the iq2_xxs/iq3_xxs/iq1_s searches on one core, scalar against AVX2 (bench/bench_iqgrid.c)
 #   make bench-convert   whole-model conversion against reading the files (bench/bench_convert.py)
 #   make bench-latency   p50/p90/p99 at fixed request rates with hey (bench/bench_latency.py)
 #   make bench-kquant-imx  importance-weighted K-quant blocks on one core, scalar against AVX2
@@ -77,7 +78,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all help deps venv test test-unit bench-iq4 test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-kquant-imx bench-convert bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all help deps venv test test-unit bench-iq4 bench-iqgrid test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-kquant-imx bench-convert bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 help:
@@ -233,6 +234,14 @@ $(BUILD)/bench/bench_kquant_imx: bench/bench_kquant_imx.c $(KERNEL_OBJS)
 	$(CC) $(CFLAGS) -o $@ $< $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS)
 bench-kquant-imx: $(BUILD)/bench/bench_kquant_imx
 	taskset -c 0 $(BUILD)/bench/bench_kquant_imx $(BENCH_BLOCKS)
+
+# the grid tables come from kernels/iq2.c and kernels/iqgrid.c
+$(BUILD)/bench/bench_iqgrid: bench/bench_iqgrid.c kernels/cpu/iq2_avx2.h kernels/cpu/iqgrid_avx2.h $(KERNEL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS)
+
+bench-iqgrid: $(BUILD)/bench/bench_iqgrid
+	taskset -c 0 $(BUILD)/bench/bench_iqgrid $(BENCH_IQGRID_BLOCKS)
 
 $(BUILD)/bench/bench_service: bench/bench_service.c bench/null_http.c tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS)
 	@mkdir -p $(dir $@)

@@ -1,8 +1,10 @@
 /* ggml's IQ2_XXS, IQ2_XS and IQ2_S on the CPU (kernels/iq2.h): 256-element super-blocks along
  * the flattened tensor (one never crosses a row), the threads sharing them, all reading the
- * type's tables (kernels/iq2.c). */
+ * type's tables (kernels/iq2.c). IQ2_XXS runs a super-block's eight sub-block searches side by
+ * side in AVX2 lanes where the build has AVX2 (iq2_avx2.h: the reference's bits). */
 #include "../iq2.h"
 #include "cpu.h"
+#include "iq2_avx2.h"
 
 struct iq2_ctx {
     int type;
@@ -22,7 +24,10 @@ static void iq2_quantize_span(void *c, int tid, const float *x, int64_t first, i
     for (int64_t b = 0; b < n / QD_QK_K; b++) {
         const int64_t e = first + b * QD_QK_K;
         const float *qw = k->p->importance ? qd_importance_row(k->p, k->in, e / cols) + e % cols : NULL;
-        qd_iq2_quantize_block(k->t, k->type, x + b * QD_QK_K, qw, k->data + e / QD_QK_K * bytes);
+        if (QD_IQ2_AVX2 && k->type == QD_IQ2_XXS) /* the eight sub-blocks in AVX2 lanes, the same bytes */
+            qd_iq2xxs_quantize_avx2(k->t, x + b * QD_QK_K, qw, k->data + e / QD_QK_K * bytes);
+        else
+            qd_iq2_quantize_block(k->t, k->type, x + b * QD_QK_K, qw, k->data + e / QD_QK_K * bytes);
     }
 }
 

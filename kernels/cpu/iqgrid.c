@@ -1,8 +1,10 @@
 /* ggml's iq3_xxs, iq1_s and iq1_m on the CPU (kernels/iqgrid_quants.h): 256-element super-blocks
  * along the flattened tensor (one never crosses a row), the threads sharing them, over the grid
- * tables built once on the host. */
+ * tables built once on the host. Where the build has AVX2, iq3_xxs and iq1_s take the forms in
+ * iqgrid_avx2.h (the reference's bytes). */
 #include "../iqgrid_quants.h"
 #include "cpu.h"
+#include "iqgrid_avx2.h"
 
 struct iqgrid_ctx {
     int type;
@@ -22,7 +24,13 @@ static void iqgrid_quantize_span(void *c, int tid, const float *x, int64_t first
     for (int64_t b = 0; b < n / QD_QK_K; b++) {
         const int64_t e = first + b * QD_QK_K;
         const float *qw = k->p->importance ? qd_importance_row(k->p, k->in, e / cols) + e % cols : NULL;
-        qd_iqgrid_quantize_block(k->type, k->g, x + b * QD_QK_K, qw, k->data + e / QD_QK_K * bytes);
+        uint8_t *blk = k->data + e / QD_QK_K * bytes;
+        if (QD_IQGRID_AVX2 && k->type == QD_IQ3_XXS) /* the eight sub-blocks in AVX2 lanes, the same bytes */
+            qd_iq3xxs_quantize_avx2(k->g, x + b * QD_QK_K, qw, blk);
+        else if (QD_IQGRID_AVX2 && k->type == QD_IQ1_S && qw) /* the split search eight candidates at a time */
+            qd_iq1s_quantize_avx2(k->g, x + b * QD_QK_K, qw, blk);
+        else
+            qd_iqgrid_quantize_block(k->type, k->g, x + b * QD_QK_K, qw, blk);
     }
 }
 

@@ -40,25 +40,30 @@ __device__ __forceinline__ float fp8_quot(float x, float s, float rs, bool fast)
 __device__ __forceinline__ bool fp8_fast_scale(float s) { return s >= 0x1p-20f && s <= 0x1p20f; }
 
 /* The int8 code's byte: the clamp, then round to nearest even by adding 1.5 * 2^23, whose ulp is
- * 1 (rintf and the conversion to int run on the conversion unit, a quarter of the rate). */
-__device__ __forceinline__ uint32_t fp8_int8_byte(float q)
+ * 1 (rintf and the conversion to int run on the conversion unit, a quarter of the rate).
+ * CLAMP false: the caller knows |q| < 127.5, where the clamp changes nothing. */
+template <bool CLAMP = true> __device__ __forceinline__ uint32_t fp8_int8_byte(float q)
 {
-    return qd_f32_bits(__fadd_rn(fminf(fmaxf(q, -128.0f), 127.0f), 12582912.0f)) & 0xffu;
+    return qd_f32_bits(__fadd_rn(CLAMP ? fminf(fmaxf(q, -128.0f), 127.0f) : q, 12582912.0f)) & 0xffu;
 }
+
+/* How fp8_code2 takes the quotients: FP8_EACH as fp8_quot decides for each value; FP8_PLAIN all
+ * through the reciprocal; FP8_PLAIN_IN_RANGE also without the int8 clamp (every |q| < 127.5). */
+enum { FP8_EACH, FP8_PLAIN, FP8_PLAIN_IN_RANGE };
 
 /* The codes of two values (a in the low byte), as qd_fp8_code computes them: compressed-tensors'
  * from the f32 quotient (its Triton kernel's), whatever the weight's dtype. PLAIN: both
  * quotients through the reciprocal (fp8_codes8 has checked that fp8_quot would take it, or that
  * the value is a zero, whose quotient's sign the + 0 or the rounding to an integer drops). */
-template <int INT8, int CT, bool PLAIN>
+template <int INT8, int CT, int MODE>
 __device__ __forceinline__ uint32_t fp8_code2(float a, float b, float s, float rs, bool fast)
 {
     if (!CT) /* transformers: x * scale; 0 * inf (an infinite scale) is NaN, coded 0x7f */
         return qd_mx_encode2<QD_E4M3>(a * s, b * s);
-    const float qa = PLAIN ? qd_quotient(a, s, rs) : fp8_quot(a, s, rs, fast);
-    const float qb = PLAIN ? qd_quotient(b, s, rs) : fp8_quot(b, s, rs, fast);
+    const float qa = MODE != FP8_EACH ? qd_quotient(a, s, rs) : fp8_quot(a, s, rs, fast);
+    const float qb = MODE != FP8_EACH ? qd_quotient(b, s, rs) : fp8_quot(b, s, rs, fast);
     if (INT8)
-        return fp8_int8_byte(qa) | fp8_int8_byte(qb) << 8;
+        return fp8_int8_byte<MODE != FP8_PLAIN_IN_RANGE>(qa) | fp8_int8_byte<MODE != FP8_PLAIN_IN_RANGE>(qb) << 8;
     /* + the zero point: -0 becomes +0 */
     return qd_fp8x2_finite<QD_E4M3>(__fadd_rn(qa, 0.0f), __fadd_rn(qb, 0.0f));
 }
@@ -78,20 +83,20 @@ template <int CT> __device__ __forceinline__ bool fp8_plain8(const float *v, boo
  * block). Where it holds (the usual case) the 8 quotients are computed without a branch per
  * element, so they run side by side: a branch around each division left a thread one
  * dependent chain at a time. */
+template <int INT8, int CT, int MODE>
+__device__ __forceinline__ uint2 fp8_codes8_as(const float *v, float s, float rs, bool fast)
+{
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 8; j += 2)
+        w[j / 4] |= fp8_code2<INT8, CT, MODE>(v[j], v[j + 1], s, rs, fast) << (8 * (j % 4));
+    return make_uint2(w[0], w[1]);
+}
+
 template <int INT8, int CT>
 __device__ __forceinline__ uint2 fp8_codes8(const float *v, float s, float rs, bool fast, bool plain)
 {
-    uint32_t w[2] = {0, 0};
-    if (plain) {
-#pragma unroll
-        for (int j = 0; j < 8; j += 2)
-            w[j / 4] |= fp8_code2<INT8, CT, true>(v[j], v[j + 1], s, rs, fast) << (8 * (j % 4));
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; j += 2)
-            w[j / 4] |= fp8_code2<INT8, CT, false>(v[j], v[j + 1], s, rs, fast) << (8 * (j % 4));
-    }
-    return make_uint2(w[0], w[1]);
+    return plain ? fp8_codes8_as<INT8, CT, FP8_PLAIN>(v, s, rs, fast) : fp8_codes8_as<INT8, CT, FP8_EACH>(v, s, rs, fast);
 }
 
 /* Whether a scale lets every quotient of a DT input go through the reciprocal. fp8_quot divides
@@ -280,18 +285,22 @@ __global__ void __launch_bounds__(THREADS, FP8_SMEM_CTAS) fp8_block_smem_kernel(
             }
             top = max(top, t);
         }
-    const float s = qd_fp8_encode_scale(fp8_cta_amax<THREADS>(top), INT8, CT, dt);
+    const float amax = fp8_cta_amax<THREADS>(top), s = qd_fp8_encode_scale(amax, INT8, CT, dt);
     if (threadIdx.x == 0)
         qd_fp8_put_scale(scales, a.scale, qd_fp8_stored_scale(s, CT), dt);
     const float rs = __frcp_rn(s);
     const bool fast = fp8_fast_scale(s), plain = CT && fp8_all_plain<DT>(s, fast);
+    /* int8: the largest quotient (the quotient grows with |x|) below 127.5, so no code clamps:
+     * the usual case, unless the stored scale rounded below amax / 127 */
+    const bool in_range = INT8 && plain && qd_quotient(amax, s, rs) < 127.5f;
 #pragma unroll
     for (int k = 0; k < K; k++)
         if (at[k] >= 0) {
             float v[8];
             fp8_chunk_values<DT>(fp8_chunk<DT>{{buf[threadIdx.x + k * THREADS]}}, v);
-            *(uint2 *)(codes + at[k]) = plain ? fp8_codes8<INT8, CT>(v, s, rs, fast, true)
-                                              : fp8_codes8<DT, INT8, CT>(v, s, rs, fast);
+            *(uint2 *)(codes + at[k]) = in_range ? fp8_codes8_as<INT8, CT, FP8_PLAIN_IN_RANGE>(v, s, rs, fast)
+                                        : plain  ? fp8_codes8_as<INT8, CT, FP8_PLAIN>(v, s, rs, fast)
+                                                 : fp8_codes8<DT, INT8, CT>(v, s, rs, fast);
         }
 }
 

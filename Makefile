@@ -236,7 +236,7 @@ bench-kquant-imx: $(BUILD)/bench/bench_kquant_imx
 	taskset -c 0 $(BUILD)/bench/bench_kquant_imx $(BENCH_BLOCKS)
 
 # the grid tables come from kernels/iq2.c and kernels/iqgrid.c
-$(BUILD)/bench/bench_iqgrid: bench/bench_iqgrid.c kernels/cpu/iq2_avx2.h kernels/cpu/iqgrid_avx2.h $(KERNEL_OBJS)
+$(BUILD)/bench/bench_iqgrid: bench/bench_iqgrid.c kernels/cpu/iq2_avx2.h kernels/cpu/iqgrid_avx2.h kernels/cpu/iqscan.h $(KERNEL_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS)
 

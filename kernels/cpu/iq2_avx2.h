@@ -3,16 +3,17 @@
  * lane does exactly the scalar code's float operations in the scalar order (the sums over a
  * sub-block's elements and over a point's 8 coordinates stay sequential within the lane,
  * branches become per-lane selects, no FMA), so scales and codes are the same bits. The kmap
- * lookup is a gather; an off-grid group's neighbour list is walked as a masked loop over the
- * longest list among the lanes, a lane taking a point only while its own list lasts and only on
- * a strictly smaller distance (the scalar first-of-equals). What stays scalar: the signs, the
- * weights, make_qp_quants' starting scale and levels (one call per sub-block: its levels stay
- * where no trial wins and the scale is not positive, a NaN scale from Inf weights) and the
- * packing. */
+ * lookup is a gather; an off-grid group's neighbour list is scanned for its lane alone, eight
+ * candidates of the list at a time (kernels/cpu/iqscan.h: a candidate's distance still summed
+ * over its 8 coordinates in the scalar order, the pick the scalar's first of equals). What
+ * stays scalar: the signs, the weights, make_qp_quants' starting scale and levels (one call per
+ * sub-block: its levels stay where no trial wins and the scale is not positive, a NaN scale from
+ * Inf weights) and the packing. */
 #ifndef QD_CPU_IQ2_AVX2_H
 #define QD_CPU_IQ2_AVX2_H
 
 #include "../iq2.h"
+#include "iqscan.h"
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -26,15 +27,6 @@ IQ2_INLINE __m256i iq2_round8(__m256 v)
 {
     const __m256i i = _mm256_castps_si256(_mm256_add_ps(v, _mm256_set1_ps(12582912.0f)));
     return _mm256_sub_epi32(_mm256_and_si256(i, _mm256_set1_epi32(0x007fffff)), _mm256_set1_epi32(0x00400000));
-}
-
-/* nb[at] for eight offsets at >= 1 without reading past the list's end: the 32 bits at
- * at - 1 hold it in their high half (little endian). Lanes outside mask read 0. */
-IQ2_INLINE __m256i iq2_nb_at8(const uint16_t *nb, __m256i at, __m256i mask)
-{
-    const __m256i w = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(const void *)(nb - 1), at,
-                                                  mask, 2);
-    return _mm256_srli_epi32(w, 16);
 }
 
 /* The two 32-bit halves of grid point p (8 coordinate bytes), eight lanes */
@@ -53,10 +45,27 @@ IQ2_INLINE __m256i iq2_coord8(__m256i lo, __m256i hi, int i)
     return _mm256_and_si256(_mm256_srli_epi32(h, 8 * (i & 3)), _mm256_set1_epi32(255));
 }
 
-/* qd_iq2_group in eight lanes: group levels of x (xt[0..8)) at inverse scale id, the nearest
- * listed neighbour at scale where they fall off the grid (weights wa). Levels into L[0..8). */
-IQ2_INLINE void iq2_group8(const struct qd_iq2_tables *t, const __m256 *xt, const __m256 *wa, __m256 id, __m256 scale,
-                           __m256i *L)
+/* What the lanes' groups read: element i of sub-block (lane) l's |x| and sqrt(weight) at
+ * x[l][i], wa[l][i], for the neighbour scans, which run one lane at a time. */
+struct iq2_lanes {
+    const struct qd_iq_scan *scan;
+    const float (*x)[32], (*wa)[32];
+};
+
+/* x[i] in the low half, x[i + 1] in the high half: the two coordinates of a shared table */
+IQ2_INLINE __m256 iq2_pair(const float *x, int i)
+{
+    return _mm256_blend_ps(_mm256_set1_ps(x[i]), _mm256_set1_ps(x[i + 1]), 0xf0); /* two broadcast loads, no shuffle */
+}
+
+/* qd_iq2_group in eight lanes: group k's levels of x (xt[0..8)) at inverse scale id, the nearest
+ * listed neighbour at scale where they fall off the grid. Levels into L[0..8). Each off-grid
+ * lane scans its own list eight candidates at a time (qd_iq_scan_pick): the distance terms
+ * w (s c - x)^2 of the 3 coordinate values are computed once per list with the scalar's
+ * operations, two coordinates to a table, so a candidate costs a table read and an add per
+ * coordinate and no gather. */
+IQ2_INLINE void iq2_group8(const struct qd_iq2_tables *t, const struct iq2_lanes *lanes, int k, const __m256 *xt,
+                           __m256 id, __m256 scale, __m256i *L)
 {
     const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
     const __m256i two = _mm256_set1_epi32(2), zero = _mm256_setzero_si256();
@@ -71,44 +80,26 @@ IQ2_INLINE void iq2_group8(const struct qd_iq2_tables *t, const __m256 *xt, cons
     const __m256i off = _mm256_cmpgt_epi32(zero, m);
     if (_mm256_testz_si256(off, off))
         return;
-    /* the list of an off-grid lane starts at -m - 1: its count, then the points */
-    const __m256i base = _mm256_and_si256(off, _mm256_sub_epi32(_mm256_set1_epi32(-1), m));
-    /* the count: the low half of the 32 bits at base (the first point follows it) */
-    const __m256i cnt = _mm256_and_si256(
-        _mm256_mask_i32gather_epi32(zero, (const int *)(const void *)t->neighbours, base, off, 2),
-        _mm256_set1_epi32(0xffff));
-    int longest = 0;
-    {
-        int c[8];
-        _mm256_storeu_si256((__m256i *)c, cnt);
-        for (int j = 0; j < 8; j++)
-            longest = longest > c[j] ? longest : c[j];
-    }
-    __m256 best_d2 = _mm256_set1_ps(3.40282347e38f);
-    __m256i best = _mm256_set1_epi32(-1);
-    for (int j = 1; j <= longest; j++) {
-        const __m256i jv = _mm256_set1_epi32(j);
-        const __m256i active = _mm256_cmpgt_epi32(_mm256_add_epi32(cnt, _mm256_set1_epi32(1)), jv); /* j <= cnt */
-        const __m256i p = iq2_nb_at8(t->neighbours, _mm256_add_epi32(base, jv), active);
-        __m256i lo, hi;
-        iq2_point8(t, p, &lo, &hi);
-        __m256 d2 = _mm256_setzero_ps();
-        for (int i = 0; i < 8; i++) {
-            const __m256 diff = _mm256_sub_ps(_mm256_mul_ps(scale, _mm256_cvtepi32_ps(iq2_coord8(lo, hi, i))), xt[i]);
-            d2 = _mm256_add_ps(d2, _mm256_mul_ps(_mm256_mul_ps(wa[i], diff), diff));
+    int32_t us[8], best[8] = {0};
+    float scales[8];
+    _mm256_storeu_si256((__m256i *)us, u);
+    _mm256_storeu_ps(scales, scale);
+    /* the grid's coordinate values 1, 3, 5 in slots 0..2 (even rows) and 4..6 (odd rows) */
+    const __m256 c = _mm256_setr_ps(1.0f, 3.0f, 5.0f, 0.0f, 1.0f, 3.0f, 5.0f, 0.0f);
+    for (unsigned lanes_off = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(off)); lanes_off;
+         lanes_off &= lanes_off - 1) {
+        const int l = __builtin_ctz(lanes_off);
+        const float *x = lanes->x[l] + 8 * k, *wa = lanes->wa[l] + 8 * k;
+        const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(scales[l]), c);
+        __m256 table[4];
+        for (int p = 0; p < 4; p++) { /* the scalar's diff = scale c - x; w diff diff */
+            const __m256 diff = _mm256_sub_ps(sc, iq2_pair(x, 2 * p));
+            table[p] = _mm256_mul_ps(_mm256_mul_ps(iq2_pair(wa, 2 * p), diff), diff);
         }
-        const __m256i take =
-            _mm256_and_si256(active, _mm256_castps_si256(_mm256_cmp_ps(d2, best_d2, _CMP_LT_OQ)));
-        best_d2 = _mm256_blendv_ps(best_d2, d2, _mm256_castsi256_ps(take));
-        best = _mm256_blendv_epi8(best, p, take);
+        best[l] = qd_iq_scan_pick(lanes->scan, us[l], table, 8, 1);
     }
-    /* no finite distance: the first listed point */
-    const __m256i none = _mm256_and_si256(off, _mm256_cmpgt_epi32(zero, best));
-    best = _mm256_blendv_epi8(best, iq2_nb_at8(t->neighbours, _mm256_add_epi32(base, _mm256_set1_epi32(1)), none),
-                              none);
-    best = _mm256_and_si256(best, off); /* on-grid lanes read point 0, unused */
     __m256i lo, hi;
-    iq2_point8(t, best, &lo, &hi);
+    iq2_point8(t, _mm256_loadu_si256((const __m256i *)best), &lo, &hi); /* on-grid lanes read point 0 */
     for (int i = 0; i < 8; i++) /* coordinates 1, 3, 5 are levels 0, 1, 2 */
         L[i] = _mm256_blendv_epi8(L[i], _mm256_srli_epi32(iq2_coord8(lo, hi, i), 1), off);
 }
@@ -126,11 +117,11 @@ IQ2_INLINE void iq2_sums8(const __m256 *w, const __m256 *xt, const __m256i *L, _
     *sumq2 = s2;
 }
 
-/* qd_iq2xxs_sub for the eight sub-blocks in the lanes (xt, wt, wat: element i of each sub-block's
- * |x|, weight and sqrt(weight)); eff_max the lanes' 3 x make_qp scale, start that scale and L
+/* qd_iq2xxs_sub for the eight sub-blocks in the lanes (xt, wt: element i of each sub-block's
+ * |x| and weight; lanes: the same per lane, with sqrt(weight)); eff_max the lanes' 3 x make_qp scale, start that scale and L
  * (in and out) its levels. The scales into scale_out, the levels into L[0..32). */
-IQ2_INLINE void iq2xxs_search8(const struct qd_iq2_tables *t, const __m256 *xt, const __m256 *wt, const __m256 *wat,
-                               __m256 eff_max, __m256 start, __m256 *scale_out, __m256i *L)
+IQ2_INLINE void iq2xxs_search8(const struct qd_iq2_tables *t, const struct iq2_lanes *lanes, const __m256 *xt,
+                               const __m256 *wt, __m256 eff_max, __m256 start, __m256 *scale_out, __m256i *L)
 {
     const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
     __m256 scale = start, best = zero;
@@ -139,7 +130,7 @@ IQ2_INLINE void iq2xxs_search8(const struct qd_iq2_tables *t, const __m256 *xt, 
         const __m256 id = _mm256_div_ps(_mm256_set1_ps(5.0f + (float)is * 0.1f), eff_max);
         const __m256 this_scale = _mm256_div_ps(one, id);
         for (int k = 0; k < 4; k++)
-            iq2_group8(t, xt + 8 * k, wat + 8 * k, id, this_scale, Laux + 8 * k);
+            iq2_group8(t, lanes, k, xt + 8 * k, id, this_scale, Laux + 8 * k);
         __m256 sumqx, sumq2;
         iq2_sums8(wt, xt, Laux, &sumqx, &sumq2);
         const __m256 take = _mm256_and_ps(
@@ -156,7 +147,7 @@ IQ2_INLINE void iq2xxs_search8(const struct qd_iq2_tables *t, const __m256 *xt, 
     if (!_mm256_testz_ps(positive, positive)) { /* the levels again at the chosen scale */
         const __m256 id = _mm256_div_ps(one, scale);
         for (int k = 0; k < 4; k++)
-            iq2_group8(t, xt + 8 * k, wat + 8 * k, id, scale, Laux + 8 * k);
+            iq2_group8(t, lanes, k, xt + 8 * k, id, scale, Laux + 8 * k);
         __m256 sumqx, sumq2;
         iq2_sums8(wt, xt, Laux, &sumqx, &sumq2);
         const __m256 refit = _mm256_and_ps(positive, _mm256_cmp_ps(sumq2, zero, _CMP_GT_OQ));
@@ -171,6 +162,11 @@ IQ2_INLINE void iq2xxs_search8(const struct qd_iq2_tables *t, const __m256 *xt, 
 static inline void qd_iq2xxs_quantize_avx2(const struct qd_iq2_tables *QD_RESTRICT t, const float *QD_RESTRICT x,
                                            const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
 {
+    const struct qd_iq_scan *scan = qd_iq2xxs_scan();
+    if (!scan) { /* no memory for the scan tables: the scalar code, the same bytes */
+        qd_iq2_quantize_block(t, QD_IQ2_XXS, x, qw, blk);
+        return;
+    }
     float weight[8][32], waux[8][32], xval[8][32], eff[8], start[8];
     int32_t Lqp[32][8] = {{0}};
     uint8_t signs[8][4];
@@ -207,20 +203,19 @@ static inline void qd_iq2xxs_quantize_avx2(const struct qd_iq2_tables *QD_RESTRI
         eff[ib] = s * 3.0f;
         start[ib] = s;
     }
-    __m256 xt[32], wt[32], wat[32];
+    __m256 xt[32], wt[32];
     for (int i = 0; i < 32; i++) {
         xt[i] = _mm256_set_ps(xval[7][i], xval[6][i], xval[5][i], xval[4][i], xval[3][i], xval[2][i], xval[1][i],
                               xval[0][i]);
         wt[i] = _mm256_set_ps(weight[7][i], weight[6][i], weight[5][i], weight[4][i], weight[3][i], weight[2][i],
                               weight[1][i], weight[0][i]);
-        wat[i] = _mm256_set_ps(waux[7][i], waux[6][i], waux[5][i], waux[4][i], waux[3][i], waux[2][i], waux[1][i],
-                               waux[0][i]);
     }
+    const struct iq2_lanes lanes = {.scan = scan, .x = (const float(*)[32])xval, .wa = (const float(*)[32])waux};
     __m256 scale_v;
     __m256i Lv[32];
     for (int i = 0; i < 32; i++)
         Lv[i] = _mm256_loadu_si256((const __m256i *)Lqp[i]);
-    iq2xxs_search8(t, xt, wt, wat, _mm256_loadu_ps(eff), _mm256_loadu_ps(start), &scale_v, Lv);
+    iq2xxs_search8(t, &lanes, xt, wt, _mm256_loadu_ps(eff), _mm256_loadu_ps(start), &scale_v, Lv);
     float scales[8], max_scale = 0.0f;
     int Lt[32][8];
     _mm256_storeu_ps(scales, scale_v);

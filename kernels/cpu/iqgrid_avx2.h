@@ -4,10 +4,10 @@
  * IQ3_XXS: the eight 32-element sub-blocks of a super-block run side by side in the eight lanes,
  * each lane doing the scalar code's float operations in the scalar order (sums over a
  * sub-block's elements and over a point's 4 coordinates sequential within the lane, branches as
- * per-lane selects, no FMA). The grid map is a gather; an off-grid tuple's neighbour list is a
- * masked loop over the longest list among the lanes, a lane taking a point only while its own
- * list lasts and only on a strictly smaller distance (the scalar first-of-equals). The signs,
- * weights and packing stay scalar.
+ * per-lane selects, no FMA). The grid map is a gather; an off-grid tuple's neighbour list is
+ * scanned for its lane alone, eight candidates of the list at a time (kernels/cpu/iqscan.h: a
+ * candidate's distance still summed over its coordinates in the scalar order, the pick the
+ * scalar's first of equals). The signs, weights and packing stay scalar.
  *
  * IQ1_S: the exhaustive split search of a sub-block (every i1 <= i2, either shift) tests eight
  * consecutive candidates of the scalar order at once against the best score as it stood before
@@ -19,6 +19,7 @@
 #define QD_CPU_IQGRID_AVX2_H
 
 #include "../iqgrid_quants.h"
+#include "iqscan.h"
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -34,15 +35,6 @@ IQG_INLINE __m256i iqg_round8(__m256 v)
     return _mm256_sub_epi32(_mm256_and_si256(i, _mm256_set1_epi32(0x007fffff)), _mm256_set1_epi32(0x00400000));
 }
 
-/* nb[at] for offsets at >= 1 without reading past the list's end: the high half of the 32 bits
- * at at - 1. Lanes outside mask read 0. */
-IQG_INLINE __m256i iqg_nb_at8(const uint16_t *nb, __m256i at, __m256i mask)
-{
-    const __m256i w = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(const void *)(nb - 1), at,
-                                                  mask, 2);
-    return _mm256_srli_epi32(w, 16);
-}
-
 /* The 4 levels of IQ3_XXS grid point p, one per byte */
 IQG_INLINE __m256i iq3_point8(const struct qd_iq_grid *g, __m256i p)
 {
@@ -54,11 +46,21 @@ IQG_INLINE __m256i iq3_level_of(__m256i point, int i)
     return _mm256_and_si256(_mm256_srli_epi32(point, 8 * i), _mm256_set1_epi32(255));
 }
 
+/* What the lanes' groups read: element i of sub-block (lane) l's |x| and sqrt(weight) at
+ * x[l][i], wa[l][i], for the neighbour scans, which run one lane at a time. */
+struct iq3_lanes {
+    const struct qd_iq_scan *scan;
+    const float (*x)[32], (*wa)[32];
+};
+
 /* One group of 4 in eight lanes: the levels of xt[0..4) at inverse scale id, and where they fall
  * off the grid the nearest listed neighbour at scale (weights wa). Levels into L[0..4); returns
- * the lanes that fell off. */
-IQG_INLINE __m256i iq3_group8(const struct qd_iq_grid *g, const __m256 *xt, const __m256 *wa, __m256 id, __m256 scale,
-                              __m256i *L)
+ * the lanes that fell off. Each off-grid lane scans its own list, eight candidates at a time
+ * (qd_iq_scan_pick): the distance terms of the 8 levels of each coordinate are computed once
+ * per list, w (s q - x)^2 with the scalar's operations, so a candidate costs a table read and an
+ * add per coordinate and no gather. */
+IQG_INLINE __m256i iq3_group8(const struct qd_iq_grid *g, const struct iq3_lanes *lanes, int k, const __m256 *xt,
+                              __m256 id, __m256 scale, __m256i *L)
 {
     const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
     const __m256i seven = _mm256_set1_epi32(7), zero = _mm256_setzero_si256();
@@ -72,39 +74,24 @@ IQG_INLINE __m256i iq3_group8(const struct qd_iq_grid *g, const __m256 *xt, cons
     const __m256i off = _mm256_cmpgt_epi32(zero, m);
     if (_mm256_testz_si256(off, off))
         return off;
-    /* an off-grid lane's list at -m - 1: the count (the low half of its 32 bits), the points */
-    const __m256i base = _mm256_and_si256(off, _mm256_sub_epi32(_mm256_set1_epi32(-1), m));
-    const __m256i cnt = _mm256_and_si256(
-        _mm256_mask_i32gather_epi32(zero, (const int *)(const void *)g->neighbours, base, off, 2),
-        _mm256_set1_epi32(0xffff));
-    int c[8], longest = 0;
-    _mm256_storeu_si256((__m256i *)c, cnt);
-    for (int j = 0; j < 8; j++)
-        longest = longest > c[j] ? longest : c[j];
-    __m256 best_d2 = _mm256_set1_ps(QD_IQ_FLT_MAX);
-    __m256i best = _mm256_set1_epi32(-1);
-    for (int j = 1; j <= longest; j++) {
-        const __m256i jv = _mm256_set1_epi32(j);
-        const __m256i active = _mm256_cmpgt_epi32(_mm256_add_epi32(cnt, _mm256_set1_epi32(1)), jv); /* j <= cnt */
-        const __m256i p = iqg_nb_at8(g->neighbours, _mm256_add_epi32(base, jv), active);
-        const __m256i pt = iq3_point8(g, p);
-        __m256 d2 = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            const __m256i l = iq3_level_of(pt, i);
-            const __m256 q = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(l, l), _mm256_set1_epi32(1)));
-            const __m256 diff = _mm256_sub_ps(_mm256_mul_ps(scale, q), xt[i]);
-            d2 = _mm256_add_ps(d2, _mm256_mul_ps(_mm256_mul_ps(wa[i], diff), diff));
+    int32_t us[8], best[8] = {0};
+    float scales[8];
+    _mm256_storeu_si256((__m256i *)us, u);
+    _mm256_storeu_ps(scales, scale);
+    const __m256 q = _mm256_setr_ps(1.0f, 3.0f, 5.0f, 7.0f, 9.0f, 11.0f, 13.0f, 15.0f); /* 2 l + 1 */
+    for (unsigned lanes_off = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(off)); lanes_off;
+         lanes_off &= lanes_off - 1) {
+        const int l = __builtin_ctz(lanes_off);
+        const float *x = lanes->x[l] + 4 * k, *wa = lanes->wa[l] + 4 * k;
+        const __m256 sq = _mm256_mul_ps(_mm256_set1_ps(scales[l]), q);
+        __m256 table[4];
+        for (int i = 0; i < 4; i++) { /* the scalar's diff = scale q - x; w diff diff */
+            const __m256 diff = _mm256_sub_ps(sq, _mm256_set1_ps(x[i]));
+            table[i] = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(wa[i]), diff), diff);
         }
-        const __m256i take =
-            _mm256_and_si256(active, _mm256_castps_si256(_mm256_cmp_ps(d2, best_d2, _CMP_LT_OQ)));
-        best_d2 = _mm256_blendv_ps(best_d2, d2, _mm256_castsi256_ps(take));
-        best = _mm256_blendv_epi8(best, p, take);
+        best[l] = qd_iq_scan_pick(lanes->scan, us[l], table, 4, 0);
     }
-    /* no distance below FLT_MAX: the first listed point */
-    const __m256i none = _mm256_and_si256(off, _mm256_cmpgt_epi32(zero, best));
-    best = _mm256_blendv_epi8(best, iqg_nb_at8(g->neighbours, _mm256_add_epi32(base, _mm256_set1_epi32(1)), none),
-                              none);
-    const __m256i pt = iq3_point8(g, _mm256_and_si256(best, off)); /* on-grid lanes read point 0, unused */
+    const __m256i pt = iq3_point8(g, _mm256_loadu_si256((const __m256i *)best)); /* on-grid lanes read point 0 */
     for (int i = 0; i < 4; i++)
         L[i] = _mm256_blendv_epi8(L[i], iq3_level_of(pt, i), off);
     return off;
@@ -123,11 +110,11 @@ IQG_INLINE void iq3_sums8(const __m256 *w, const __m256 *xt, const __m256i *L, _
     *sumq2 = s2;
 }
 
-/* The trial-scale search of qd_iq3xxs_quantize for the eight sub-blocks in the lanes (xt, wt,
- * wat: element i of each one's |x| (sign-adjusted), weight and sqrt(weight); max its largest
- * value). The scales into scale_out, the levels into L[0..32). */
-IQG_INLINE void iq3_search8(const struct qd_iq_grid *g, const __m256 *xt, const __m256 *wt, const __m256 *wat,
-                            __m256 max, __m256 *scale_out, __m256i *L)
+/* The trial-scale search of qd_iq3xxs_quantize for the eight sub-blocks in the lanes (xt, wt:
+ * element i of each one's |x| (sign-adjusted) and weight; lanes: the same per lane, with
+ * sqrt(weight); max its largest value). The scales into scale_out, the levels into L[0..32). */
+IQG_INLINE void iq3_search8(const struct qd_iq_grid *g, const struct iq3_lanes *lanes, const __m256 *xt,
+                            const __m256 *wt, __m256 max, __m256 *scale_out, __m256i *L)
 {
     const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
     __m256 scale = _mm256_div_ps(max, _mm256_set1_ps(15.0f)), best = zero;
@@ -140,7 +127,7 @@ IQG_INLINE void iq3_search8(const struct qd_iq_grid *g, const __m256 *xt, const 
         const __m256 id = _mm256_div_ps(_mm256_set1_ps(15.0f + (float)is * 0.2f), max);
         const __m256 this_scale = _mm256_div_ps(one, id);
         for (int k = 0; k < 8; k++)
-            off_aux[k] = iq3_group8(g, xt + 4 * k, wat + 4 * k, id, this_scale, Laux + 4 * k);
+            off_aux[k] = iq3_group8(g, lanes, k, xt + 4 * k, id, this_scale, Laux + 4 * k);
         __m256 sumqx, sumq2;
         iq3_sums8(wt, xt, Laux, &sumqx, &sumq2);
         const __m256 take = _mm256_and_ps(
@@ -167,7 +154,7 @@ IQG_INLINE void iq3_search8(const struct qd_iq_grid *g, const __m256 *xt, const 
             const __m256i mask = _mm256_andnot_si256(on_grid[k], redo);
             if (_mm256_testz_si256(mask, mask))
                 continue;
-            (void)iq3_group8(g, xt + 4 * k, wat + 4 * k, id, scale, Laux + 4 * k);
+            (void)iq3_group8(g, lanes, k, xt + 4 * k, id, scale, Laux + 4 * k);
             for (int i = 0; i < 4; i++)
                 L[4 * k + i] = _mm256_blendv_epi8(L[4 * k + i], Laux[4 * k + i], mask);
         }
@@ -183,6 +170,11 @@ IQG_INLINE void iq3_search8(const struct qd_iq_grid *g, const __m256 *xt, const 
 static inline void qd_iq3xxs_quantize_avx2(const struct qd_iq_grid *QD_RESTRICT g, const float *QD_RESTRICT x,
                                            const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
 {
+    const struct qd_iq_scan *scan = qd_iq3xxs_scan();
+    if (!scan) { /* no memory for the scan tables: the scalar code, the same bytes */
+        qd_iq3xxs_quantize(g, x, qw, blk);
+        return;
+    }
     uint8_t *qs = blk + 2, *ss = blk + 66;
     float weight[8][32], waux[8][32], xval[8][32], maxs[8];
     uint8_t bsigns[8][4];
@@ -234,18 +226,17 @@ static inline void qd_iq3xxs_quantize_avx2(const struct qd_iq_grid *QD_RESTRICT 
         zero[ib] = max < 1e-8f; /* GROUP_MAX_EPS_IQ3_XXS */
         maxs[ib] = zero[ib] ? 1.0f : max; /* a zero lane searches at a harmless scale, its result unused */
     }
-    __m256 xt[32], wt[32], wat[32];
+    __m256 xt[32], wt[32];
     for (int i = 0; i < 32; i++) {
         xt[i] = _mm256_set_ps(xval[7][i], xval[6][i], xval[5][i], xval[4][i], xval[3][i], xval[2][i], xval[1][i],
                               xval[0][i]);
         wt[i] = _mm256_set_ps(weight[7][i], weight[6][i], weight[5][i], weight[4][i], weight[3][i], weight[2][i],
                               weight[1][i], weight[0][i]);
-        wat[i] = _mm256_set_ps(waux[7][i], waux[6][i], waux[5][i], waux[4][i], waux[3][i], waux[2][i], waux[1][i],
-                               waux[0][i]);
     }
+    const struct iq3_lanes lanes = {.scan = scan, .x = (const float(*)[32])xval, .wa = (const float(*)[32])waux};
     __m256 scale_v;
     __m256i Lv[32];
-    iq3_search8(g, xt, wt, wat, _mm256_loadu_ps(maxs), &scale_v, Lv);
+    iq3_search8(g, &lanes, xt, wt, _mm256_loadu_ps(maxs), &scale_v, Lv);
     float scales[8], max_scale = 0.0f;
     int32_t Lt[32][8];
     uint32_t sas[8];

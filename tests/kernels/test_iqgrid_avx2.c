@@ -4,7 +4,8 @@
  * super-blocks whose 32-value sub-blocks mix hard kinds (zeros, tiny ~1e-6, one huge outlier,
  * subnormals, negative only, constant, ramps, random magnitudes 2^-100..2^100, values near
  * FLT_MAX, around the zero thresholds), importance vectors with zeros, tiny, huge and
- * subnormal entries; and through qd_quantize on the CPU backend. */
+ * subnormal entries; through qd_quantize on the CPU backend; and the group searches alone over
+ * every off-grid tuple with exact ties in the neighbour lists (the scalar first-of-equals). */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -186,6 +187,191 @@ static void quantize_rows_equal_scalar_blocks(void **state)
         free(imp);
     }
 }
+
+/* The group searches alone, every off-grid tuple of the grid in the lanes: x on the lattice
+ * (x = s (2 l + 1), s a power of 2, so every distance is exact and the candidates at one lattice
+ * distance tie exactly), weights all 1, random in {0, 1, 2}, all 0 (every distance 0), huge
+ * (every distance Inf), one NaN, or x off the lattice. Each lane's levels must be the scalar
+ * group's (qd_iq3xxs_best_neighbour / qd_iq2_group: the first of equals). ties counts the picks
+ * among equal minima, ties_late those whose minimum recurs in a later block of 8 candidates. */
+enum { W_ONES, W_SMALL_INTS, W_ZEROS, W_HUGE, W_NAN, W_NOISE, W_MODES };
+
+static void lattice_lane(const int *level, int dim, int mode, float s, float *x, float *wa)
+{
+    for (int i = 0; i < dim; i++) {
+        x[i] = s * (float)(2 * level[i] + 1);
+        wa[i] = mode == W_ONES ? 1.0f : mode == W_SMALL_INTS ? (float)(rnd() % 3) : mode == W_ZEROS ? 0.0f
+              : mode == W_HUGE ? 1e30f : mode == W_NAN ? (i == 1 ? NAN : 1.0f) : (float)test_uniform();
+        if (mode == W_NOISE)
+            x[i] += s * 0.6f * test_normal();
+    }
+}
+
+/* how the scalar scan's minimum falls in list nb: tied (2+ at it), late (one at position >= 8) */
+static void count_ties(const uint16_t *nb, float d2_of(const void *, int, const float *, const float *, float),
+                       const void *tables, const float *x, const float *wa, float s, int *ties, int *ties_late)
+{
+    float best = 3.40282347e38f;
+    int first = -1, n_at = 0, late = 0;
+    for (int j = 1; j <= nb[0]; j++) {
+        const float d2 = d2_of(tables, nb[j], x, wa, s);
+        if (d2 < best) {
+            best = d2;
+            first = j;
+            n_at = 1;
+            late = 0;
+        } else if (d2 == best && first > 0) {
+            n_at++;
+            late |= (j - 1) / 8 != (first - 1) / 8;
+        }
+    }
+    *ties += n_at > 1;
+    *ties_late += late;
+}
+
+static float iq3_d2(const void *tables, int p, const float *x, const float *wa, float s)
+{
+    const uint8_t *q = qd_iq_point(tables, p);
+    float d2 = 0.0f;
+    for (int i = 0; i < 4; i++) {
+        const float diff = s * (float)(2 * q[i] + 1) - x[i];
+        d2 += wa[i] * diff * diff;
+    }
+    return d2;
+}
+
+static float iq2_d2(const void *tables, int p, const float *x, const float *wa, float s)
+{
+    const struct qd_iq2_tables *t = tables;
+    float d2 = 0.0f;
+    for (int i = 0; i < 8; i++) {
+        const float diff = s * (float)t->grid[p][i] - x[i];
+        d2 += wa[i] * diff * diff;
+    }
+    return d2;
+}
+
+static void iq3_group_equals_scalar(void **state)
+{
+    (void)state;
+    test_seed();
+    const struct qd_iq_grid *g = qd_iq3xxs_grid();
+    const struct qd_iq_scan *scan = qd_iq3xxs_scan();
+    assert_non_null(scan);
+    float xl[8][32], wl[8][32];
+    const struct iq3_lanes lanes = {.scan = scan, .x = (const float(*)[32])xl, .wa = (const float(*)[32])wl};
+    int ties = 0, ties_late = 0, off_lanes = 0;
+    for (int mode = 0; mode < W_MODES; mode++) {
+        int lane = 0, tuples[8], k = (int)(rnd() % 8);
+        float s[8];
+        for (int u = 0; u < g->map_size; u++) {
+            if (g->map[u] >= 0)
+                continue;
+            int level[4];
+            for (int i = 0; i < 4; i++)
+                level[i] = u >> 3 * i & 7;
+            s[lane] = mode == W_HUGE ? 0x1p60f : ldexpf(1.0f, (int)(rnd() % 20) - 10);
+            lattice_lane(level, 4, mode, s[lane], xl[lane] + 4 * k, wl[lane] + 4 * k);
+            tuples[lane++] = u;
+            if (lane < 8 && u + 1 < g->map_size)
+                continue;
+            for (; lane < 8; lane++) /* a short last call: the lanes left repeat lane 0 */
+                s[lane] = s[0], memcpy(xl[lane], xl[0], sizeof xl[0]), memcpy(wl[lane], wl[0], sizeof wl[0]);
+            lane = 0;
+            __m256 xt[4], id, scale = _mm256_loadu_ps(s);
+            for (int i = 0; i < 4; i++)
+                xt[i] = _mm256_setr_ps(xl[0][4 * k + i], xl[1][4 * k + i], xl[2][4 * k + i], xl[3][4 * k + i],
+                                       xl[4][4 * k + i], xl[5][4 * k + i], xl[6][4 * k + i], xl[7][4 * k + i]);
+            id = _mm256_div_ps(_mm256_set1_ps(1.0f), scale);
+            __m256i L[4];
+            int32_t got[4][8];
+            (void)iq3_group8(g, &lanes, k, xt, id, scale, L);
+            for (int i = 0; i < 4; i++)
+                _mm256_storeu_si256((__m256i *)got[i], L[i]);
+            for (int l = 0; l < 8; l++) {
+                const float *x = xl[l] + 4 * k, *wa = wl[l] + 4 * k;
+                int8_t want[4];
+                int uu = 0; /* qd_iq_tuple, written out for gcc's uninitialized-read analysis */
+                for (int i = 0; i < 4; i++) {
+                    want[i] = (int8_t)qd_iq3xxs_level(1.0f / s[l], x[i]);
+                    uu |= want[i] << 3 * i;
+                }
+                if (g->map[uu] < 0) {
+                    off_lanes++;
+                    qd_iq3xxs_best_neighbour(g, uu, x, wa, s[l], want);
+                    count_ties(qd_iq_neighbours(g, uu), iq3_d2, g, x, wa, s[l], &ties, &ties_late);
+                }
+                for (int i = 0; i < 4; i++)
+                    if (got[i][l] != want[i])
+                        fail_msg("iq3_xxs group, weights mode %d, tuple %d lane %d level %d: %d / %d (scalar / AVX2)",
+                                 mode, tuples[l], l, i, want[i], got[i][l]);
+            }
+        }
+    }
+    print_message("%d off-grid lanes, %d picks among ties\n", off_lanes, ties);
+    assert_true(ties > 1000);
+}
+
+static void iq2_group_equals_scalar(void **state)
+{
+    (void)state;
+    test_seed();
+    const struct qd_iq2_tables *t = qd_iq2_tables(QD_IQ2_XXS);
+    const struct qd_iq_scan *scan = qd_iq2xxs_scan();
+    assert_non_null(scan);
+    float xl[8][32], wl[8][32];
+    const struct iq2_lanes lanes = {.scan = scan, .x = (const float(*)[32])xl, .wa = (const float(*)[32])wl};
+    int ties = 0, ties_late = 0, off_lanes = 0;
+    for (int mode = 0; mode < W_MODES; mode++) {
+        int lane = 0, tuples[8], k = (int)(rnd() % 4);
+        float s[8];
+        for (int u = 0; u < QD_IQ2_TUPLES; u++) {
+            if (t->map[u] >= 0)
+                continue;
+            int level[8];
+            for (int i = 0, v = u; i < 8; i++, v /= 3)
+                level[i] = v % 3;
+            s[lane] = mode == W_HUGE ? 0x1p60f : ldexpf(1.0f, (int)(rnd() % 20) - 10);
+            lattice_lane(level, 8, mode, s[lane], xl[lane] + 8 * k, wl[lane] + 8 * k);
+            tuples[lane++] = u;
+            if (lane < 8 && u + 1 < QD_IQ2_TUPLES)
+                continue;
+            for (; lane < 8; lane++)
+                s[lane] = s[0], memcpy(xl[lane], xl[0], sizeof xl[0]), memcpy(wl[lane], wl[0], sizeof wl[0]);
+            lane = 0;
+            __m256 xt[8], id, scale = _mm256_loadu_ps(s);
+            for (int i = 0; i < 8; i++)
+                xt[i] = _mm256_setr_ps(xl[0][8 * k + i], xl[1][8 * k + i], xl[2][8 * k + i], xl[3][8 * k + i],
+                                       xl[4][8 * k + i], xl[5][8 * k + i], xl[6][8 * k + i], xl[7][8 * k + i]);
+            id = _mm256_div_ps(_mm256_set1_ps(1.0f), scale);
+            __m256i L[8];
+            int32_t got[8][8];
+            iq2_group8(t, &lanes, k, xt, id, scale, L);
+            for (int i = 0; i < 8; i++)
+                _mm256_storeu_si256((__m256i *)got[i], L[i]);
+            for (int l = 0; l < 8; l++) {
+                const float *x = xl[l] + 8 * k, *wa = wl[l] + 8 * k;
+                int8_t want[8];
+                if (!qd_iq2_group(t, x, wa, 1.0f / s[l], s[l], want)) {
+                    int8_t lv[8];
+                    for (int i = 0; i < 8; i++)
+                        lv[i] = (int8_t)qd_iq2_level(1.0f / s[l], x[i]);
+                    off_lanes++;
+                    count_ties(t->neighbours + (-t->map[qd_iq2_tuple(lv)] - 1), iq2_d2, t, x, wa, s[l], &ties,
+                               &ties_late);
+                }
+                for (int i = 0; i < 8; i++)
+                    if (got[i][l] != want[i])
+                        fail_msg("iq2_xxs group, weights mode %d, tuple %d lane %d level %d: %d / %d (scalar / AVX2)",
+                                 mode, tuples[l], l, i, want[i], got[i][l]);
+            }
+        }
+    }
+    print_message("%d off-grid lanes, %d picks among ties, %d with the minimum again in a later block\n", off_lanes,
+                  ties, ties_late);
+    assert_true(ties > 1000);
+    assert_true(ties_late > 100);
+}
 #else /* a build without AVX2 has no fast path to compare */
 #define SKIPPED(name) static void name(void **state) { (void)state; skip(); }
 SKIPPED(iq2_xxs_normal_data_importance)
@@ -202,6 +388,8 @@ SKIPPED(iq1_s_normal_data_importance)
 SKIPPED(iq1_s_hard_blocks_importance)
 SKIPPED(iq1_s_uniform_hard_importance)
 SKIPPED(quantize_rows_equal_scalar_blocks)
+SKIPPED(iq3_group_equals_scalar)
+SKIPPED(iq2_group_equals_scalar)
 #endif
 
 int main(void)
@@ -221,6 +409,8 @@ int main(void)
         cmocka_unit_test(iq1_s_hard_blocks_importance),
         cmocka_unit_test(iq1_s_uniform_hard_importance),
         cmocka_unit_test(quantize_rows_equal_scalar_blocks),
+        cmocka_unit_test(iq3_group_equals_scalar),
+        cmocka_unit_test(iq2_group_equals_scalar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

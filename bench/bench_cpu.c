@@ -9,30 +9,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "../kernels/cpu/cpu.h"
 #include "../kernels/fp.h"
 #include "../kernels/quantize.h"
 
 #define REPS 7
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *t, int n)
-{
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return t[n / 2];
-}
 
 typedef void (*ggml_row_fn)(const float *x, void *y, int64_t k);
 struct ggml_job {

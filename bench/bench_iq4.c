@@ -8,31 +8,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "../kernels/cpu/iquant_avx2.h"
 
 #define REPS 9
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static uint64_t rng = 88172645463325252ull;
-static double uniform(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (double)(rng >> 11) / 9007199254740992.0;
-}
+static double uniform(void) { return uniform_from(&rng); }
 
 /* n values of 256 (super-blocks), scalar or AVX2, with or without the importance qw. */
 static void run(int xs, int avx2, const float *x, const float *qw, int64_t n, uint8_t *out)

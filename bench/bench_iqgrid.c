@@ -9,32 +9,14 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "../kernels/cpu/iq2_avx2.h"
 #include "../kernels/cpu/iqgrid_avx2.h"
 
 #define REPS 7
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static uint64_t rng = 88172645463325252ull;
-static double uniform(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (double)(rng >> 11) / 9007199254740992.0;
-}
+static double uniform(void) { return uniform_from(&rng); }
 
 static const char *const names[3] = {"iq2_xxs + importance", "iq3_xxs + importance", "iq1_s + importance"};
 static const int bytes[3] = {66, QD_IQ3XXS_BYTES, QD_IQ1S_BYTES};

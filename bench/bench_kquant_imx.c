@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "../kernels/cpu/kquant_imx_avx2.h"
 
 #if !QD_KQUANT_IMX_AVX2
@@ -21,31 +22,8 @@ int main(void)
 #else
 enum { PAIRS = 15, COLS = 4096 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *t, int n)
-{
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return t[n / 2];
-}
-
 static uint64_t rng = 0x9E3779B97F4A7C15u;
-static double uniform(void)
-{
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (double)(rng >> 11) / 9007199254740992.0;
-}
+static double uniform(void) { return uniform_from(&rng); }
 
 static double run(int avx2, int type, const float *x, const float *qw, int64_t blocks, uint8_t *out)
 {

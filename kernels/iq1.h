@@ -9,6 +9,7 @@
 #ifndef QD_IQ1_H
 #define QD_IQ1_H
 
+#include "imatrix.h"
 #include "iqgrid.h"
 #include "kquants.h"
 
@@ -89,103 +90,164 @@ QD_HD float qd_iq1_codes(const struct qd_iq_grid *g, int n, const float *xb, con
     return scale;
 }
 
-/* quantize_row_iq1_s_impl for one super-block; qw is required (ggml asserts it). */
-QD_HD void qd_iq1s_quantize(const struct qd_iq_grid *QD_RESTRICT g, const float *QD_RESTRICT x,
-                            const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
+/* What quantize_row_iq1_s_impl keeps of a super-block until d is known: each sub-block's high
+ * index bits, scale and shift (1 for a zero sub-block), and the largest scale. */
+struct qd_iq1s_block {
+    uint16_t qh[8];
+    float scales[8], max_scale;
+    int8_t shifts[8];
+};
+
+/* One IQ1_S sub-block ready for the split search: its weights, idx sorting its values, the 33
+ * prefix sums of weight x and of weight in that order, and its largest |x|. */
+struct qd_iq1s_sub {
+    float weight[32], sumx[33], sumw[33], max;
+    int idx[32];
+};
+
+/* What the split search picks: the sorted positions i1 <= i2 where the levels 0|1 and 1|2 start,
+ * the shift (1 up, -1 down) and the scale; i1 -1 where no split passed. */
+struct qd_iq1s_split {
+    int i1, i2, shift;
+    float scale;
+};
+
+/* The start of quantize_row_iq1_s_impl: blk's codes and d cleared, b empty. Returns sigma2
+ * (2 mean(x^2) over the super-block). */
+QD_HD float qd_iq1s_begin(const float *x, uint8_t *blk, struct qd_iq1s_block *b)
+{
+    for (int i = 0; i < 48; i++)
+        blk[2 + i] = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        b->qh[ib] = 0;
+        b->scales[ib] = 0.0f;
+        b->shifts[ib] = 1;
+    }
+    b->max_scale = 0.0f;
+    qd_put_f16(blk, 0.0f);
+    return qd_imx_block_sigma2(x, 2.0f);
+}
+
+/* Sub-block xb (importance qwb) at sigma2 into s; 0 where its largest |x| is below
+ * GROUP_MAX_EPS_IQ1_S, and the sub-block stays zero (s then holds only the weights and max). */
+QD_HD int qd_iq1s_sub_sums(const float *xb, const float *qwb, float sigma2, struct qd_iq1s_sub *s)
+{
+    for (int i = 0; i < 32; i++)
+        s->weight[i] = qwb[i] * sqrtf(sigma2 + xb[i] * xb[i]);
+    float max = qd_absf(xb[0]);
+    for (int i = 1; i < 32; i++)
+        max = max > qd_absf(xb[i]) ? max : qd_absf(xb[i]);
+    s->max = max;
+    if (max < 1e-12f)
+        return 0;
+    qd_iq1_sort(xb, 32, s->idx);
+    s->sumx[0] = s->sumw[0] = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        const int i = s->idx[j];
+        s->sumx[j + 1] = s->sumx[j] + s->weight[i] * xb[i];
+        s->sumw[j + 1] = s->sumw[j] + s->weight[i];
+    }
+    return 1;
+}
+
+/* Every split of the sorted values into -1, 0, 1, for either shift: the best score's (the first
+ * of equals, in ggml's loop order). */
+QD_HD struct qd_iq1s_split qd_iq1s_split_search(const struct qd_iq1s_sub *s)
 {
     const float x_p[3] = {-1.0f + QD_IQ1_DELTA, QD_IQ1_DELTA, 1.0f + QD_IQ1_DELTA};
     const float x_m[3] = {-1.0f - QD_IQ1_DELTA, -QD_IQ1_DELTA, 1.0f - QD_IQ1_DELTA};
-    uint8_t *qs = blk + 2, *qhb = blk + 34;
-    uint16_t qh[8];
-    float scales[8], weight[32], sumx[33], sumw[33];
-    int8_t L[32], shifts[8];
-    int idx[32];
-    uint16_t index[4];
-    for (int i = 0; i < 48; i++)
-        qs[i] = 0;
-    for (int ib = 0; ib < 8; ib++)
-        qh[ib] = 0;
-    qd_put_f16(blk, 0.0f);
-    float sumx2 = 0.0f;
-    for (int i = 0; i < QD_QK_K; i++)
-        sumx2 += x[i] * x[i];
-    const float sigma2 = 2.0f * sumx2 / (float)QD_QK_K;
-    float max_scale = 0.0f;
-    for (int ib = 0; ib < 8; ib++) {
-        const float *xb = x + 32 * ib;
-        for (int i = 0; i < 32; i++)
-            weight[i] = qw[32 * ib + i] * sqrtf(sigma2 + xb[i] * xb[i]);
-        float max = qd_absf(xb[0]);
-        for (int i = 1; i < 32; i++)
-            max = max > qd_absf(xb[i]) ? max : qd_absf(xb[i]);
-        scales[ib] = 0.0f;
-        shifts[ib] = 1;
-        if (max < 1e-12f) /* GROUP_MAX_EPS_IQ1_S */
-            continue;
-        /* every split of the sorted values into -1, 0, 1, for either shift */
-        qd_iq1_sort(xb, 32, idx);
-        sumx[0] = sumw[0] = 0.0f;
-        for (int j = 0; j < 32; j++) {
-            const int i = idx[j];
-            sumx[j + 1] = sumx[j] + weight[i] * xb[i];
-            sumw[j + 1] = sumw[j] + weight[i];
-        }
-        float best_score = -QD_IQ_FLT_MAX, scale = max;
-        int besti1 = -1, besti2 = -1, best_shift = 0;
-        for (int i1 = 0; i1 <= 32; i1++)
-            for (int i2 = i1; i2 <= 32; i2++)
-                for (int m = 0; m < 2; m++) {
-                    const float *v = m ? x_m : x_p;
-                    const float sumqx = (sumx[i1] - sumx[0]) * v[0] + (sumx[i2] - sumx[i1]) * v[1] +
-                                        (sumx[32] - sumx[i2]) * v[2];
-                    const float sumq2 = (sumw[i1] - sumw[0]) * v[0] * v[0] + (sumw[i2] - sumw[i1]) * v[1] * v[1] +
-                                        (sumw[32] - sumw[i2]) * v[2] * v[2];
-                    if (sumq2 > 0.0f && sumqx * sumqx > best_score * sumq2) {
-                        scale = sumqx / sumq2;
-                        best_score = scale * sumqx;
-                        besti1 = i1;
-                        besti2 = i2;
-                        best_shift = m ? -1 : 1;
-                    }
+    const float *sumx = s->sumx, *sumw = s->sumw;
+    float best_score = -QD_IQ_FLT_MAX, scale = s->max;
+    int besti1 = -1, besti2 = -1, best_shift = 0;
+    for (int i1 = 0; i1 <= 32; i1++)
+        for (int i2 = i1; i2 <= 32; i2++)
+            for (int m = 0; m < 2; m++) {
+                const float *v = m ? x_m : x_p;
+                const float sumqx = (sumx[i1] - sumx[0]) * v[0] + (sumx[i2] - sumx[i1]) * v[1] +
+                                    (sumx[32] - sumx[i2]) * v[2];
+                const float sumq2 = (sumw[i1] - sumw[0]) * v[0] * v[0] + (sumw[i2] - sumw[i1]) * v[1] * v[1] +
+                                    (sumw[32] - sumw[i2]) * v[2] * v[2];
+                if (sumq2 > 0.0f && sumqx * sumqx > best_score * sumq2) {
+                    scale = sumqx / sumq2;
+                    best_score = scale * sumqx;
+                    besti1 = i1;
+                    besti2 = i2;
+                    best_shift = m ? -1 : 1;
                 }
-        if (besti1 < 0 || besti2 < 0 || best_shift == 0)
-            continue;
+            }
+    const struct qd_iq1s_split split = {besti1, besti2, best_shift, scale};
+    return split;
+}
+
+/* Sub-block ib (values xb, prepared in s) coded at the split: its 4 low index bytes into blk, its
+ * high bits, scale and shift into b. A split where none passed leaves the sub-block zero. */
+QD_HD void qd_iq1s_sub_put(const struct qd_iq_grid *g, const float *xb, const struct qd_iq1s_sub *s,
+                           struct qd_iq1s_split split, int ib, struct qd_iq1s_block *b, uint8_t *blk)
+{
+    const float x_p[3] = {-1.0f + QD_IQ1_DELTA, QD_IQ1_DELTA, 1.0f + QD_IQ1_DELTA};
+    const float x_m[3] = {-1.0f - QD_IQ1_DELTA, -QD_IQ1_DELTA, 1.0f - QD_IQ1_DELTA};
+    int8_t L[32];
+    uint16_t index[4];
+    float scale = split.scale;
+    int best_shift = split.shift;
+    if (split.i1 < 0 || split.i2 < 0 || best_shift == 0)
+        return;
+    for (int j = 0; j < 32; j++)
+        L[s->idx[j]] = (int8_t)(j < split.i1 ? 0 : j < split.i2 ? 1 : 2);
+    if (scale < 0.0f) {
         for (int j = 0; j < 32; j++)
-            L[idx[j]] = (int8_t)(j < besti1 ? 0 : j < besti2 ? 1 : 2);
-        if (scale < 0.0f) {
-            for (int j = 0; j < 32; j++)
-                L[j] = (int8_t)(2 - L[j]);
-            scale = -scale;
-            best_shift = -best_shift;
-        }
-        const float *xx = best_shift == 1 ? x_p : x_m;
-        const float *xxk[4] = {xx, xx, xx, xx};
-        scale = qd_iq1_codes(g, 32, xb, weight, L, scale, xxk, index);
-        uint16_t h = 0;
-        for (int k = 0; k < 4; k++) {
-            qs[4 * ib + k] = (uint8_t)(index[k] & 255);
-            h |= (uint16_t)((index[k] >> 8) << 3 * k);
-        }
-        qh[ib] = h;
-        scales[ib] = scale;
-        shifts[ib] = (int8_t)best_shift;
-        max_scale = max_scale > scale ? max_scale : scale;
+            L[j] = (int8_t)(2 - L[j]);
+        scale = -scale;
+        best_shift = -best_shift;
     }
-    if (max_scale != 0.0f) {
-        const float d = max_scale / 15.0f;
+    const float *xx = best_shift == 1 ? x_p : x_m;
+    const float *xxk[4] = {xx, xx, xx, xx};
+    scale = qd_iq1_codes(g, 32, xb, s->weight, L, scale, xxk, index);
+    uint16_t h = 0;
+    for (int k = 0; k < 4; k++) {
+        blk[2 + 4 * ib + k] = (uint8_t)(index[k] & 255);
+        h |= (uint16_t)((index[k] >> 8) << 3 * k);
+    }
+    b->qh[ib] = h;
+    b->scales[ib] = scale;
+    b->shifts[ib] = (int8_t)best_shift;
+    b->max_scale = b->max_scale > scale ? b->max_scale : scale;
+}
+
+/* The end of quantize_row_iq1_s_impl: d and each sub-block's 3-bit scale and shift sign (where
+ * any scale is not 0), then the high words. */
+QD_HD void qd_iq1s_finish(struct qd_iq1s_block *b, uint8_t *blk)
+{
+    uint8_t *qhb = blk + 34;
+    if (b->max_scale != 0.0f) {
+        const float d = b->max_scale / 15.0f;
         qd_put_f16(blk, d * 1.125f);
         const float id = 1.0f / d;
         for (int ib = 0; ib < 8; ib++) {
-            int l = qd_kq_clampi(qd_kq_round(0.5f * (id * scales[ib] - 1.0f)), 0, 7);
-            if (shifts[ib] == -1)
+            int l = qd_kq_clampi(qd_kq_round(0.5f * (id * b->scales[ib] - 1.0f)), 0, 7);
+            if (b->shifts[ib] == -1)
                 l |= 8;
-            qh[ib] |= (uint16_t)(l << 12);
+            b->qh[ib] |= (uint16_t)(l << 12);
         }
     }
     for (int ib = 0; ib < 8; ib++) {
-        qhb[2 * ib] = (uint8_t)qh[ib];
-        qhb[2 * ib + 1] = (uint8_t)(qh[ib] >> 8);
+        qhb[2 * ib] = (uint8_t)b->qh[ib];
+        qhb[2 * ib + 1] = (uint8_t)(b->qh[ib] >> 8);
     }
+}
+
+/* quantize_row_iq1_s_impl for one super-block; qw is required (ggml asserts it). The pieces
+ * above are shared with the AVX2 form (kernels/cpu/iqgrid_avx2.h), which replaces the search. */
+QD_HD void qd_iq1s_quantize(const struct qd_iq_grid *QD_RESTRICT g, const float *QD_RESTRICT x,
+                            const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
+{
+    struct qd_iq1s_block b;
+    struct qd_iq1s_sub s;
+    const float sigma2 = qd_iq1s_begin(x, blk, &b);
+    for (int ib = 0; ib < 8; ib++)
+        if (qd_iq1s_sub_sums(x + 32 * ib, qw + 32 * ib, sigma2, &s))
+            qd_iq1s_sub_put(g, x + 32 * ib, &s, qd_iq1s_split_search(&s), ib, &b, blk);
+    qd_iq1s_finish(&b, blk);
 }
 
 /* quantize_row_iq1_m_impl for one super-block; without qw the weights are x^2. */

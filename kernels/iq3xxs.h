@@ -8,6 +8,7 @@
 #ifndef QD_IQ3XXS_H
 #define QD_IQ3XXS_H
 
+#include "imatrix.h"
 #include "iqgrid.h"
 #include "kquants.h"
 
@@ -44,62 +45,115 @@ QD_HD int qd_iq3xxs_best_neighbour(const struct qd_iq_grid *g, int u, const floa
 /* level of x at inverse scale id: round((id x - 1) / 2) in [0, 7] */
 QD_HD int qd_iq3xxs_level(float id, float x) { return qd_kq_clampi(qd_kq_round(0.5f * (id * x - 1.0f)), 0, 7); }
 
+/* The start of quantize_row_iq3_xxs_impl: blk's codes and d cleared. Returns sigma2 (2 mean(x^2)
+ * over the super-block). */
+QD_HD float qd_iq3xxs_begin(const float *x, uint8_t *blk)
+{
+    for (int i = 0; i < 96; i++)
+        blk[2 + i] = 0;
+    qd_put_f16(blk, 0.0f);
+    return qd_imx_block_sigma2(x, 2.0f);
+}
+
+/* Sub-block xb's weights (importance qwb at sigma2, or x^2 where qwb is NULL) and their square
+ * roots, |x| into xval and each 8's seven stored sign bits into bsigns; where an 8 has an odd
+ * count of negatives its least weighted x^2 takes the other sign. Returns the largest xval. */
+QD_HD float qd_iq3xxs_signs(const float *xb, const float *qwb, float sigma2, float *weight, float *waux, float *xval,
+                            uint8_t *bsigns)
+{
+    for (int i = 0; i < 32; i++)
+        weight[i] = qwb ? qwb[i] * sqrtf(sigma2 + xb[i] * xb[i]) : xb[i] * xb[i];
+    for (int i = 0; i < 32; i++)
+        waux[i] = sqrtf(weight[i]);
+    for (int k = 0; k < 4; k++) {
+        int nflip = 0;
+        uint8_t s = 0;
+        for (int i = 0; i < 8; i++) {
+            const float v = xb[8 * k + i];
+            if (v >= 0.0f) {
+                xval[8 * k + i] = v;
+            } else {
+                xval[8 * k + i] = -v;
+                nflip++;
+                s |= (uint8_t)(1 << i);
+            }
+        }
+        if (nflip % 2) { /* an odd count: the least weighted x^2 takes the other sign */
+            int imin = 0;
+            float min = weight[8 * k] * xb[8 * k] * xb[8 * k];
+            for (int i = 1; i < 8; i++) {
+                const float ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i];
+                if (ax < min) {
+                    min = ax;
+                    imin = i;
+                }
+            }
+            xval[8 * k + imin] = -xval[8 * k + imin];
+            s ^= (uint8_t)(1 << imin);
+        }
+        bsigns[k] = s & 127;
+    }
+    float max = xval[0];
+    for (int i = 1; i < 32; i++)
+        max = max > xval[i] ? max : xval[i];
+    return max;
+}
+
+/* A sub-block's grid indices (levels L, on the grid) into qs8[0..8) and its sign word (no scale
+ * bits yet) into *sas, at scale made positive with the signs flipped (ggml's guard); returns that
+ * scale. */
+QD_HD float qd_iq3xxs_sub_put(const struct qd_iq_grid *g, float scale, const int8_t *L, uint8_t *bsigns, uint8_t *qs8,
+                              uint32_t *sas)
+{
+    if (scale < 0.0f) { /* ggml's guard: a positive scale, the signs flipped */
+        scale = -scale;
+        for (int k = 0; k < 4; k++)
+            bsigns[k] = (uint8_t)(~bsigns[k] & 127);
+    }
+    for (int k = 0; k < 8; k++)
+        qs8[k] = (uint8_t)g->map[qd_iq_tuple(g, L + 4 * k)]; /* on the grid by construction */
+    *sas = (uint32_t)bsigns[0] | (uint32_t)bsigns[1] << 7 | (uint32_t)bsigns[2] << 14 | (uint32_t)bsigns[3] << 21;
+    return scale;
+}
+
+/* The end of quantize_row_iq3_xxs_impl: d and each sub-block's 4-bit scale on top of its sign
+ * word sas[ib], or, where every scale is 0, the codes cleared. */
+QD_HD void qd_iq3xxs_finish(float max_scale, const float *scales, uint32_t *sas, uint8_t *blk)
+{
+    uint8_t *qs = blk + 2, *ss = blk + 66;
+    if (max_scale == 0.0f) { /* ggml clears the whole block */
+        for (int i = 0; i < 96; i++)
+            qs[i] = 0;
+        return;
+    }
+    const float d = max_scale / 31.0f;
+    qd_put_f16(blk, d * 1.0125f);
+    const float id = 1.0f / d;
+    for (int ib = 0; ib < 8; ib++) {
+        const int l = qd_kq_clampi(qd_kq_round(0.5f * (id * scales[ib] - 1.0f)), 0, 15);
+        sas[ib] |= (uint32_t)l << 28;
+        for (int b = 0; b < 4; b++)
+            ss[4 * ib + b] = (uint8_t)(sas[ib] >> 8 * b);
+    }
+}
+
+/* quantize_row_iq3_xxs_impl (grid size 256) for one super-block; qw its importance or NULL. The
+ * pieces above are shared with the AVX2 form (kernels/cpu/iqgrid_avx2.h). */
 QD_HD void qd_iq3xxs_quantize(const struct qd_iq_grid *QD_RESTRICT g, const float *QD_RESTRICT x,
                               const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
 {
-    uint8_t *qs = blk + 2, *ss = blk + 66;
+    uint8_t *qs = blk + 2;
     uint32_t sas[8];
     float scales[8], weight[32], waux[32], xval[32];
     int8_t L[32], Laux[32];
     int on_grid[8], on_grid_aux[8];
     uint8_t bsigns[4];
-    for (int i = 0; i < 96; i++)
-        qs[i] = 0;
     for (int ib = 0; ib < 8; ib++)
         sas[ib] = 0;
-    qd_put_f16(blk, 0.0f);
-    float sumx2 = 0.0f;
-    for (int i = 0; i < QD_QK_K; i++)
-        sumx2 += x[i] * x[i];
-    const float sigma2 = 2.0f * sumx2 / (float)QD_QK_K;
+    const float sigma2 = qd_iq3xxs_begin(x, blk);
     float max_scale = 0.0f;
     for (int ib = 0; ib < 8; ib++) {
-        const float *xb = x + 32 * ib;
-        for (int i = 0; i < 32; i++)
-            weight[i] = qw ? qw[32 * ib + i] * sqrtf(sigma2 + xb[i] * xb[i]) : xb[i] * xb[i];
-        for (int i = 0; i < 32; i++)
-            waux[i] = sqrtf(weight[i]);
-        for (int k = 0; k < 4; k++) {
-            int nflip = 0;
-            uint8_t s = 0;
-            for (int i = 0; i < 8; i++) {
-                const float v = xb[8 * k + i];
-                if (v >= 0.0f) {
-                    xval[8 * k + i] = v;
-                } else {
-                    xval[8 * k + i] = -v;
-                    nflip++;
-                    s |= (uint8_t)(1 << i);
-                }
-            }
-            if (nflip % 2) { /* an odd count: the least weighted x^2 takes the other sign */
-                int imin = 0;
-                float min = weight[8 * k] * xb[8 * k] * xb[8 * k];
-                for (int i = 1; i < 8; i++) {
-                    const float ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i];
-                    if (ax < min) {
-                        min = ax;
-                        imin = i;
-                    }
-                }
-                xval[8 * k + imin] = -xval[8 * k + imin];
-                s ^= (uint8_t)(1 << imin);
-            }
-            bsigns[k] = s & 127;
-        }
-        float max = xval[0];
-        for (int i = 1; i < 32; i++)
-            max = max > xval[i] ? max : xval[i];
+        const float max = qd_iq3xxs_signs(x + 32 * ib, qw ? qw + 32 * ib : NULL, sigma2, weight, waux, xval, bsigns);
         for (int i = 0; i < 32; i++)
             L[i] = 0;
         if (max < 1e-8f) { /* GROUP_MAX_EPS_IQ3_XXS: codes, signs and scale stay 0 */
@@ -161,32 +215,11 @@ QD_HD void qd_iq3xxs_quantize(const struct qd_iq_grid *QD_RESTRICT g, const floa
             if (sumq2 > 0.0f)
                 scale = sumqx / sumq2;
         }
-        if (scale < 0.0f) { /* ggml's guard: a positive scale, the signs flipped */
-            scale = -scale;
-            for (int k = 0; k < 4; k++)
-                bsigns[k] = (uint8_t)(~bsigns[k] & 127);
-        }
-        for (int k = 0; k < 8; k++)
-            qs[8 * ib + k] = (uint8_t)g->map[qd_iq_tuple(g, L + 4 * k)]; /* on the grid by construction */
-        sas[ib] = (uint32_t)bsigns[0] | (uint32_t)bsigns[1] << 7 | (uint32_t)bsigns[2] << 14 |
-                  (uint32_t)bsigns[3] << 21;
+        scale = qd_iq3xxs_sub_put(g, scale, L, bsigns, qs + 8 * ib, &sas[ib]);
         scales[ib] = scale;
         max_scale = max_scale > scale ? max_scale : scale;
     }
-    if (max_scale == 0.0f) { /* ggml clears the whole block */
-        for (int i = 0; i < 96; i++)
-            qs[i] = 0;
-        return;
-    }
-    const float d = max_scale / 31.0f;
-    qd_put_f16(blk, d * 1.0125f);
-    const float id = 1.0f / d;
-    for (int ib = 0; ib < 8; ib++) {
-        const int l = qd_kq_clampi(qd_kq_round(0.5f * (id * scales[ib] - 1.0f)), 0, 15);
-        sas[ib] |= (uint32_t)l << 28;
-        for (int b = 0; b < 4; b++)
-            ss[4 * ib + b] = (uint8_t)(sas[ib] >> 8 * b);
-    }
+    qd_iq3xxs_finish(max_scale, scales, sas, blk);
 }
 
 /* ggml's iq3xxs_grid: the value of a level (4, 12, ..., 52, then 62 for level 7) */

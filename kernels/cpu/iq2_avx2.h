@@ -13,7 +13,7 @@
 #define QD_CPU_IQ2_AVX2_H
 
 #include "../iq2.h"
-#include "iqscan.h"
+#include "iq_lanes_avx2.h"
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -21,13 +21,6 @@
 #define QD_IQ2_AVX2 1
 
 #define IQ2_INLINE static inline __attribute__((always_inline))
-
-/* qd_kq_round in eight lanes: the same 1.5 * 2^23 trick, so the same ints for every input */
-IQ2_INLINE __m256i iq2_round8(__m256 v)
-{
-    const __m256i i = _mm256_castps_si256(_mm256_add_ps(v, _mm256_set1_ps(12582912.0f)));
-    return _mm256_sub_epi32(_mm256_and_si256(i, _mm256_set1_epi32(0x007fffff)), _mm256_set1_epi32(0x00400000));
-}
 
 /* The two 32-bit halves of grid point p (8 coordinate bytes), eight lanes */
 IQ2_INLINE void iq2_point8(const struct qd_iq2_tables *t, __m256i p, __m256i *lo, __m256i *hi)
@@ -45,82 +38,35 @@ IQ2_INLINE __m256i iq2_coord8(__m256i lo, __m256i hi, int i)
     return _mm256_and_si256(_mm256_srli_epi32(h, 8 * (i & 3)), _mm256_set1_epi32(255));
 }
 
-/* What the lanes' groups read: element i of sub-block (lane) l's |x| and sqrt(weight) at
- * x[l][i], wa[l][i], for the neighbour scans, which run one lane at a time. */
-struct iq2_lanes {
-    const struct qd_iq_scan *scan;
-    const float (*x)[32], (*wa)[32];
-};
-
-/* x[i] in the low half, x[i + 1] in the high half: the two coordinates of a shared table */
-IQ2_INLINE __m256 iq2_pair(const float *x, int i)
-{
-    return _mm256_blend_ps(_mm256_set1_ps(x[i]), _mm256_set1_ps(x[i + 1]), 0xf0); /* two broadcast loads, no shuffle */
-}
-
 /* qd_iq2_group in eight lanes: group k's levels of x (xt[0..8)) at inverse scale id, the nearest
  * listed neighbour at scale where they fall off the grid. Levels into L[0..8). Each off-grid
  * lane scans its own list eight candidates at a time (qd_iq_scan_pick): the distance terms
  * w (s c - x)^2 of the 3 coordinate values are computed once per list with the scalar's
  * operations, two coordinates to a table, so a candidate costs a table read and an add per
  * coordinate and no gather. */
-IQ2_INLINE void iq2_group8(const struct qd_iq2_tables *t, const struct iq2_lanes *lanes, int k, const __m256 *xt,
+IQ2_INLINE void iq2_group8(const struct qd_iq2_tables *t, const struct qd_iq_lanes *lanes, int k, const __m256 *xt,
                            __m256 id, __m256 scale, __m256i *L)
 {
-    const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
-    const __m256i two = _mm256_set1_epi32(2), zero = _mm256_setzero_si256();
+    const __m256i zero = _mm256_setzero_si256();
     __m256i u = zero;
-    for (int i = 0; i < 8; i++) {
-        const __m256 v = _mm256_mul_ps(half, _mm256_sub_ps(_mm256_mul_ps(id, xt[i]), one));
-        L[i] = _mm256_min_epi32(_mm256_max_epi32(iq2_round8(v), zero), two);
-    }
+    qd_iq_levels8(xt, 8, id, 2, L);
     for (int i = 7; i >= 0; i--) /* qd_iq2_tuple: base 3, coordinate 0 least significant */
         u = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_add_epi32(u, u)), L[i]);
-    const __m256i m = _mm256_i32gather_epi32(t->map, u, 4);
-    const __m256i off = _mm256_cmpgt_epi32(zero, m);
+    const __m256i off = _mm256_cmpgt_epi32(zero, _mm256_i32gather_epi32(t->map, u, 4));
     if (_mm256_testz_si256(off, off))
         return;
-    int32_t us[8], best[8] = {0};
-    float scales[8];
-    _mm256_storeu_si256((__m256i *)us, u);
-    _mm256_storeu_ps(scales, scale);
     /* the grid's coordinate values 1, 3, 5 in slots 0..2 (even rows) and 4..6 (odd rows) */
     const __m256 c = _mm256_setr_ps(1.0f, 3.0f, 5.0f, 0.0f, 1.0f, 3.0f, 5.0f, 0.0f);
-    for (unsigned lanes_off = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(off)); lanes_off;
-         lanes_off &= lanes_off - 1) {
-        const int l = __builtin_ctz(lanes_off);
-        const float *x = lanes->x[l] + 8 * k, *wa = lanes->wa[l] + 8 * k;
-        const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(scales[l]), c);
-        __m256 table[4];
-        for (int p = 0; p < 4; p++) { /* the scalar's diff = scale c - x; w diff diff */
-            const __m256 diff = _mm256_sub_ps(sc, iq2_pair(x, 2 * p));
-            table[p] = _mm256_mul_ps(_mm256_mul_ps(iq2_pair(wa, 2 * p), diff), diff);
-        }
-        best[l] = qd_iq_scan_pick(lanes->scan, us[l], table, 8, 1);
-    }
     __m256i lo, hi;
-    iq2_point8(t, _mm256_loadu_si256((const __m256i *)best), &lo, &hi); /* on-grid lanes read point 0 */
+    iq2_point8(t, qd_iq_scan_lanes8(lanes, k, 8, u, scale, off, c), &lo, &hi); /* on-grid lanes read point 0 */
     for (int i = 0; i < 8; i++) /* coordinates 1, 3, 5 are levels 0, 1, 2 */
         L[i] = _mm256_blendv_epi8(L[i], _mm256_srli_epi32(iq2_coord8(lo, hi, i), 1), off);
-}
-
-/* qd_iq2_sums over 32 values in eight lanes */
-IQ2_INLINE void iq2_sums8(const __m256 *w, const __m256 *xt, const __m256i *L, __m256 *sumqx, __m256 *sumq2)
-{
-    __m256 sx = _mm256_setzero_ps(), s2 = _mm256_setzero_ps();
-    for (int i = 0; i < 32; i++) {
-        const __m256 q = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(L[i], L[i]), _mm256_set1_epi32(1)));
-        sx = _mm256_add_ps(sx, _mm256_mul_ps(_mm256_mul_ps(w[i], xt[i]), q));
-        s2 = _mm256_add_ps(s2, _mm256_mul_ps(_mm256_mul_ps(w[i], q), q));
-    }
-    *sumqx = sx;
-    *sumq2 = s2;
 }
 
 /* qd_iq2xxs_sub for the eight sub-blocks in the lanes (xt, wt: element i of each sub-block's
  * |x| and weight; lanes: the same per lane, with sqrt(weight)); eff_max the lanes' 3 x make_qp scale, start that scale and L
  * (in and out) its levels. The scales into scale_out, the levels into L[0..32). */
-IQ2_INLINE void iq2xxs_search8(const struct qd_iq2_tables *t, const struct iq2_lanes *lanes, const __m256 *xt,
+IQ2_INLINE void iq2xxs_search8(const struct qd_iq2_tables *t, const struct qd_iq_lanes *lanes, const __m256 *xt,
                                const __m256 *wt, __m256 eff_max, __m256 start, __m256 *scale_out, __m256i *L)
 {
     const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
@@ -132,16 +78,8 @@ IQ2_INLINE void iq2xxs_search8(const struct qd_iq2_tables *t, const struct iq2_l
         for (int k = 0; k < 4; k++)
             iq2_group8(t, lanes, k, xt + 8 * k, id, this_scale, Laux + 8 * k);
         __m256 sumqx, sumq2;
-        iq2_sums8(wt, xt, Laux, &sumqx, &sumq2);
-        const __m256 take = _mm256_and_ps(
-            _mm256_cmp_ps(sumq2, zero, _CMP_GT_OQ),
-            _mm256_cmp_ps(_mm256_mul_ps(sumqx, sumqx), _mm256_mul_ps(best, sumq2), _CMP_GT_OQ));
-        if (_mm256_testz_ps(take, take))
-            continue;
-        scale = _mm256_blendv_ps(scale, _mm256_div_ps(sumqx, sumq2), take);
-        best = _mm256_blendv_ps(best, _mm256_mul_ps(scale, sumqx), take);
-        for (int i = 0; i < 32; i++)
-            L[i] = _mm256_blendv_epi8(L[i], Laux[i], _mm256_castps_si256(take));
+        qd_iq_sums8(wt, xt, Laux, &sumqx, &sumq2);
+        (void)qd_iq_take8(sumqx, sumq2, &scale, &best, L, Laux);
     }
     const __m256 positive = _mm256_cmp_ps(scale, zero, _CMP_GT_OQ);
     if (!_mm256_testz_ps(positive, positive)) { /* the levels again at the chosen scale */
@@ -149,7 +87,7 @@ IQ2_INLINE void iq2xxs_search8(const struct qd_iq2_tables *t, const struct iq2_l
         for (int k = 0; k < 4; k++)
             iq2_group8(t, lanes, k, xt + 8 * k, id, scale, Laux + 8 * k);
         __m256 sumqx, sumq2;
-        iq2_sums8(wt, xt, Laux, &sumqx, &sumq2);
+        qd_iq_sums8(wt, xt, Laux, &sumqx, &sumq2);
         const __m256 refit = _mm256_and_ps(positive, _mm256_cmp_ps(sumq2, zero, _CMP_GT_OQ));
         for (int i = 0; i < 32; i++)
             L[i] = _mm256_blendv_epi8(L[i], Laux[i], _mm256_castps_si256(positive));
@@ -204,23 +142,15 @@ static inline void qd_iq2xxs_quantize_avx2(const struct qd_iq2_tables *QD_RESTRI
         start[ib] = s;
     }
     __m256 xt[32], wt[32];
-    for (int i = 0; i < 32; i++) {
-        xt[i] = _mm256_set_ps(xval[7][i], xval[6][i], xval[5][i], xval[4][i], xval[3][i], xval[2][i], xval[1][i],
-                              xval[0][i]);
-        wt[i] = _mm256_set_ps(weight[7][i], weight[6][i], weight[5][i], weight[4][i], weight[3][i], weight[2][i],
-                              weight[1][i], weight[0][i]);
-    }
-    const struct iq2_lanes lanes = {.scan = scan, .x = (const float(*)[32])xval, .wa = (const float(*)[32])waux};
+    const struct qd_iq_lanes lanes = qd_iq_lanes_load(scan, xval, weight, waux, xt, wt);
     __m256 scale_v;
     __m256i Lv[32];
     for (int i = 0; i < 32; i++)
         Lv[i] = _mm256_loadu_si256((const __m256i *)Lqp[i]);
     iq2xxs_search8(t, &lanes, xt, wt, _mm256_loadu_ps(eff), _mm256_loadu_ps(start), &scale_v, Lv);
     float scales[8], max_scale = 0.0f;
-    int Lt[32][8];
-    _mm256_storeu_ps(scales, scale_v);
-    for (int i = 0; i < 32; i++)
-        _mm256_storeu_si256((__m256i *)Lt[i], Lv[i]);
+    int32_t Lt[32][8];
+    qd_iq_unpack8(scale_v, Lv, scales, Lt);
     for (int ib = 0; ib < 8; ib++) {
         if (zero[ib]) {
             scales[ib] = 0.0f;

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -40,6 +41,35 @@ static inline float test_normal(void)
 {
     double u = test_uniform(), v = test_uniform();
     return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v));
+}
+
+/* 32 random bits */
+static inline uint32_t test_rand32(void) { return (uint32_t)(test_uniform() * 4294967296.0); }
+
+/* n importance values, one kind drawn for all of them: all ones, uniform, uniform with zeros,
+ * all zero, tiny, huge, subnormal, or a mix of zeros, tiny and huge. */
+static inline void test_fill_importance(float *qw, int n)
+{
+    const int kind = (int)(test_rand32() % 8);
+    for (int i = 0; i < n; i++) {
+        const float u = (float)test_uniform();
+        qw[i] = kind == 0   ? 1.0f
+                : kind == 1 ? u
+                : kind == 2 ? (test_rand32() % 4 == 0 ? 0.0f : u)
+                : kind == 3 ? 0.0f
+                : kind == 4 ? 1e-30f * u
+                : kind == 5 ? 1e30f * u
+                : kind == 6 ? 1e-40f * u /* subnormal */
+                            : (test_rand32() % 3 == 0 ? 0.0f : test_rand32() % 2 ? 1e-20f * u : 1e20f * u);
+    }
+}
+
+/* v[0..n) to stderr in hex floats, 8 a line, under a heading: the data of a failing case */
+static inline void test_dump(const char *what, const float *v, int n)
+{
+    fprintf(stderr, "%s:\n", what);
+    for (int i = 0; i < n; i++)
+        fprintf(stderr, "%a%c", v[i], i % 8 == 7 ? '\n' : ' ');
 }
 
 /* A tensor of `dtype` holding the values of f32 array x (rounded to nearest even). */

@@ -15,21 +15,20 @@
 #include "helpers.h"
 
 #if QD_IQ2_AVX2 && QD_IQGRID_AVX2
-static uint32_t rnd(void) { return (uint32_t)(test_uniform() * 4294967296.0); }
 
 #define KINDS 14
 
 static void fill_block(float *x, int kind)
 {
-    const float scale = ldexpf(1.0f, (int)(rnd() % 200) - 100), c = (float)(test_uniform() * 4.0 - 2.0) * scale;
-    const float sign = rnd() & 1 ? -1.0f : 1.0f;
-    const int outlier = (int)(rnd() % 32);
+    const float scale = ldexpf(1.0f, (int)(test_rand32() % 200) - 100), c = (float)(test_uniform() * 4.0 - 2.0) * scale;
+    const float sign = test_rand32() & 1 ? -1.0f : 1.0f;
+    const int outlier = (int)(test_rand32() % 32);
     for (int i = 0; i < 32; i++) {
         const float u = test_normal();
         switch (kind) {
         case 0: x[i] = 0.02f * u; break;
         case 1: x[i] = 0.0f; break;
-        case 2: x[i] = rnd() & 1 ? -0.0f : 0.0f; break;
+        case 2: x[i] = test_rand32() & 1 ? -0.0f : 0.0f; break;
         case 3: x[i] = 1e-6f * u; break;
         case 4: x[i] = i == outlier ? sign * 1000.0f : 0.02f * u; break;
         case 5: x[i] = u * 1e-42f; break; /* subnormal */
@@ -43,29 +42,6 @@ static void fill_block(float *x, int kind)
         default: x[i] = i == outlier ? sign * 1e30f : 0.02f * u; break;
         }
     }
-}
-
-static void fill_importance(float *qw, int n)
-{
-    const int kind = (int)(rnd() % 8);
-    for (int i = 0; i < n; i++) {
-        const float u = (float)test_uniform();
-        qw[i] = kind == 0   ? 1.0f
-                : kind == 1 ? u
-                : kind == 2 ? (rnd() % 4 == 0 ? 0.0f : u)
-                : kind == 3 ? 0.0f
-                : kind == 4 ? 1e-30f * u
-                : kind == 5 ? 1e30f * u
-                : kind == 6 ? 1e-40f * u /* subnormal */
-                            : (rnd() % 3 == 0 ? 0.0f : rnd() % 2 ? 1e-20f * u : 1e20f * u);
-    }
-}
-
-static void dump(const char *what, const float *v, int n)
-{
-    fprintf(stderr, "%s:\n", what);
-    for (int i = 0; i < n; i++)
-        fprintf(stderr, "%a%c", v[i], i % 8 == 7 ? '\n' : ' ');
 }
 
 enum { T_IQ2_XXS, T_IQ3_XXS, T_IQ1_S };
@@ -105,17 +81,17 @@ static void equals_scalar(int type, int with_importance, int mode, int iters)
     for (int it = 0; it < iters; it++) {
         const int uniform_kind = it % KINDS;
         for (int j = 0; j < 8; j++)
-            fill_block(x + 32 * j, mode == 0 ? 0 : mode == 2 ? uniform_kind : rnd() % 2 ? 0 : 1 + (int)(rnd() % (KINDS - 1)));
-        fill_importance(qw, QD_QK_K);
+            fill_block(x + 32 * j, mode == 0 ? 0 : mode == 2 ? uniform_kind : test_rand32() % 2 ? 0 : 1 + (int)(test_rand32() % (KINDS - 1)));
+        test_fill_importance(qw, QD_QK_K);
         const float *w = with_importance ? qw : NULL;
         memset(want, 0xa5, sizeof want);
         memset(got, 0x5a, sizeof got);
         quantize(type, 0, x, w, want);
         quantize(type, 1, x, w, got);
         if (memcmp(want, got, (size_t)bytes)) {
-            dump("x", x, QD_QK_K);
+            test_dump("x", x, QD_QK_K);
             if (w)
-                dump("importance", w, QD_QK_K);
+                test_dump("importance", w, QD_QK_K);
             for (int i = 0; i < bytes; i++)
                 if (want[i] != got[i])
                     fail_msg("%s%s byte %d: %02x / %02x (scalar / AVX2)", type_name[type],
@@ -156,8 +132,8 @@ static void quantize_rows_equal_scalar_blocks(void **state)
         const int bytes = type_bytes[type];
         float *x = malloc((size_t)n * sizeof(float)), *imp = malloc((size_t)cols * 2 * sizeof(float));
         for (int64_t b = 0; b < n / 32; b++)
-            fill_block(x + 32 * b, rnd() % 2 ? 0 : 1 + (int)(rnd() % 12)); /* finite kinds */
-        fill_importance(imp, (int)cols * 2);
+            fill_block(x + 32 * b, test_rand32() % 2 ? 0 : 1 + (int)(test_rand32() % 12)); /* finite kinds */
+        test_fill_importance(imp, (int)cols * 2);
         const struct qd_format *f = qd_format_find(type_name[type]);
         struct qd_params p;
         qd_params_default(f, &p);
@@ -200,7 +176,7 @@ static void lattice_lane(const int *level, int dim, int mode, float s, float *x,
 {
     for (int i = 0; i < dim; i++) {
         x[i] = s * (float)(2 * level[i] + 1);
-        wa[i] = mode == W_ONES ? 1.0f : mode == W_SMALL_INTS ? (float)(rnd() % 3) : mode == W_ZEROS ? 0.0f
+        wa[i] = mode == W_ONES ? 1.0f : mode == W_SMALL_INTS ? (float)(test_rand32() % 3) : mode == W_ZEROS ? 0.0f
               : mode == W_HUGE ? 1e30f : mode == W_NAN ? (i == 1 ? NAN : 1.0f) : (float)test_uniform();
         if (mode == W_NOISE)
             x[i] += s * 0.6f * test_normal();
@@ -259,10 +235,10 @@ static void iq3_group_equals_scalar(void **state)
     const struct qd_iq_scan *scan = qd_iq3xxs_scan();
     assert_non_null(scan);
     float xl[8][32], wl[8][32];
-    const struct iq3_lanes lanes = {.scan = scan, .x = (const float(*)[32])xl, .wa = (const float(*)[32])wl};
+    const struct qd_iq_lanes lanes = {.scan = scan, .x = (const float(*)[32])xl, .wa = (const float(*)[32])wl};
     int ties = 0, ties_late = 0, off_lanes = 0;
     for (int mode = 0; mode < W_MODES; mode++) {
-        int lane = 0, tuples[8], k = (int)(rnd() % 8);
+        int lane = 0, tuples[8], k = (int)(test_rand32() % 8);
         float s[8];
         for (int u = 0; u < g->map_size; u++) {
             if (g->map[u] >= 0)
@@ -270,7 +246,7 @@ static void iq3_group_equals_scalar(void **state)
             int level[4];
             for (int i = 0; i < 4; i++)
                 level[i] = u >> 3 * i & 7;
-            s[lane] = mode == W_HUGE ? 0x1p60f : ldexpf(1.0f, (int)(rnd() % 20) - 10);
+            s[lane] = mode == W_HUGE ? 0x1p60f : ldexpf(1.0f, (int)(test_rand32() % 20) - 10);
             lattice_lane(level, 4, mode, s[lane], xl[lane] + 4 * k, wl[lane] + 4 * k);
             tuples[lane++] = u;
             if (lane < 8 && u + 1 < g->map_size)
@@ -320,10 +296,10 @@ static void iq2_group_equals_scalar(void **state)
     const struct qd_iq_scan *scan = qd_iq2xxs_scan();
     assert_non_null(scan);
     float xl[8][32], wl[8][32];
-    const struct iq2_lanes lanes = {.scan = scan, .x = (const float(*)[32])xl, .wa = (const float(*)[32])wl};
+    const struct qd_iq_lanes lanes = {.scan = scan, .x = (const float(*)[32])xl, .wa = (const float(*)[32])wl};
     int ties = 0, ties_late = 0, off_lanes = 0;
     for (int mode = 0; mode < W_MODES; mode++) {
-        int lane = 0, tuples[8], k = (int)(rnd() % 4);
+        int lane = 0, tuples[8], k = (int)(test_rand32() % 4);
         float s[8];
         for (int u = 0; u < QD_IQ2_TUPLES; u++) {
             if (t->map[u] >= 0)
@@ -331,7 +307,7 @@ static void iq2_group_equals_scalar(void **state)
             int level[8];
             for (int i = 0, v = u; i < 8; i++, v /= 3)
                 level[i] = v % 3;
-            s[lane] = mode == W_HUGE ? 0x1p60f : ldexpf(1.0f, (int)(rnd() % 20) - 10);
+            s[lane] = mode == W_HUGE ? 0x1p60f : ldexpf(1.0f, (int)(test_rand32() % 20) - 10);
             lattice_lane(level, 8, mode, s[lane], xl[lane] + 8 * k, wl[lane] + 8 * k);
             tuples[lane++] = u;
             if (lane < 8 && u + 1 < QD_IQ2_TUPLES)

@@ -13,7 +13,6 @@
 #include "helpers.h"
 
 #if QD_IQUANT_AVX2
-static uint32_t rnd(void) { return (uint32_t)(test_uniform() * 4294967296.0); }
 
 /* The grid's midpoints and values, which x / scale meets exactly when scale is a power of two. */
 static const float grid_points[] = {-127.0f, -115.5f, -104.0f, -93.5f, -83.0f, -74.0f, -65.0f, -57.0f, -49.0f,
@@ -27,15 +26,15 @@ enum { KIND_NORMAL, KIND_HARD_FIRST }; /* kinds 1.. are the hard ones */
 
 static void fill_block(float *x, int kind)
 {
-    const float scale = ldexpf(1.0f, (int)(rnd() % 200) - 100), c = (float)(test_uniform() * 4.0 - 2.0) * scale;
-    const float sign = rnd() & 1 ? -1.0f : 1.0f, unit = ldexpf(1.0f, (int)(rnd() % 40) - 30);
-    const int outlier = (int)(rnd() % 32);
+    const float scale = ldexpf(1.0f, (int)(test_rand32() % 200) - 100), c = (float)(test_uniform() * 4.0 - 2.0) * scale;
+    const float sign = test_rand32() & 1 ? -1.0f : 1.0f, unit = ldexpf(1.0f, (int)(test_rand32() % 40) - 30);
+    const int outlier = (int)(test_rand32() % 32);
     for (int i = 0; i < 32; i++) {
         const float u = test_normal();
         switch (kind) {
         case 0: x[i] = 0.02f * u; break;
         case 1: x[i] = 0.0f; break;
-        case 2: x[i] = rnd() & 1 ? -0.0f : 0.0f; break;
+        case 2: x[i] = test_rand32() & 1 ? -0.0f : 0.0f; break;
         case 3: x[i] = 1e-6f * u; break;
         case 4: x[i] = i == outlier ? sign * 1000.0f : 0.02f * u; break;
         case 5: x[i] = u * 1e-42f; break;
@@ -43,47 +42,24 @@ static void fill_block(float *x, int kind)
         case 7: x[i] = c; break;
         case 8: x[i] = (float)(i - 16) * scale; break;
         case 9: /* the first value sets max = ±127 unit: the first pass sees the points exactly */
-            x[i] = i == 0 ? sign * 127.0f * unit : sign * unit * grid_points[rnd() % GRID_POINTS];
-            if (i && rnd() % 3 == 0) /* or one ulp beside them */
-                x[i] = nextafterf(x[i], rnd() & 1 ? INFINITY : -INFINITY);
+            x[i] = i == 0 ? sign * 127.0f * unit : sign * unit * grid_points[test_rand32() % GRID_POINTS];
+            if (i && test_rand32() % 3 == 0) /* or one ulp beside them */
+                x[i] = nextafterf(x[i], test_rand32() & 1 ? INFINITY : -INFINITY);
             break;
         case 10: x[i] = u * scale; break;
         case 11: x[i] = u * 1e37f; break;
         case 12: x[i] = i == outlier ? sign * FLT_MAX : u; break;
-        case 13: x[i] = i == outlier ? (rnd() & 1 ? NAN : sign * INFINITY) : u * scale; break;
+        case 13: x[i] = i == outlier ? (test_rand32() & 1 ? NAN : sign * INFINITY) : u * scale; break;
         default: x[i] = i < 16 ? 1e-15f * u : u; break; /* around QD_KQ_EPS */
         }
     }
-}
-
-static void fill_importance(float *qw, int n)
-{
-    const int kind = (int)(rnd() % 8);
-    for (int i = 0; i < n; i++) {
-        const float u = (float)test_uniform();
-        qw[i] = kind == 0   ? 1.0f
-                : kind == 1 ? u
-                : kind == 2 ? (rnd() % 4 == 0 ? 0.0f : u)
-                : kind == 3 ? 0.0f
-                : kind == 4 ? 1e-30f * u
-                : kind == 5 ? 1e30f * u
-                : kind == 6 ? 1e-40f * u /* subnormal */
-                            : (rnd() % 3 == 0 ? 0.0f : rnd() % 2 ? 1e-20f * u : 1e20f * u);
-    }
-}
-
-static void dump(const char *what, const float *v, int n)
-{
-    fprintf(stderr, "%s:\n", what);
-    for (int i = 0; i < n; i++)
-        fprintf(stderr, "%a%c", v[i], i % 8 == 7 ? '\n' : ' ');
 }
 
 /* 8 blocks of 32: each block normal data with probability 1/2, else a hard kind. */
 static void fill_blocks(float *x, int normal_only)
 {
     for (int j = 0; j < 8; j++)
-        fill_block(x + 32 * j, normal_only || rnd() % 2 ? KIND_NORMAL : 1 + (int)(rnd() % (KINDS - 1)));
+        fill_block(x + 32 * j, normal_only || test_rand32() % 2 ? KIND_NORMAL : 1 + (int)(test_rand32() % (KINDS - 1)));
 }
 
 static void iq4_xs_equals_scalar(int with_importance, int normal_only, int iters)
@@ -92,15 +68,15 @@ static void iq4_xs_equals_scalar(int with_importance, int normal_only, int iters
     for (int it = 0; it < iters; it++) {
         fill_blocks(x, normal_only);
         if (with_importance)
-            fill_importance(qw, QD_QK_K);
+            test_fill_importance(qw, QD_QK_K);
         const float *w = with_importance ? qw : NULL;
         uint8_t want[136], got[136];
         qd_iq4_quantize(1, x, w, want);
         qd_iq4_xs_quantize_avx2(x, w, got);
         if (memcmp(want, got, sizeof want)) {
-            dump("x", x, QD_QK_K);
+            test_dump("x", x, QD_QK_K);
             if (w)
-                dump("importance", w, QD_QK_K);
+                test_dump("importance", w, QD_QK_K);
             for (int i = 0; i < 136; i++)
                 if (want[i] != got[i])
                     fail_msg("iq4_xs%s byte %d: %02x / %02x (scalar / AVX2)", w ? " + importance" : "", i, want[i],
@@ -116,7 +92,7 @@ static void iq4_nl_equals_scalar(int with_importance, int normal_only, int iters
     for (int it = 0; it < iters; it++) {
         fill_blocks(x, normal_only);
         for (int j = 0; j < 8; j++) { /* each block's importance apart from the others' */
-            fill_importance(qwb[j], 32);
+            test_fill_importance(qwb[j], 32);
             qw[j] = qwb[7 - j];
         }
         uint8_t want[8 * 18], got[8 * 18];
@@ -125,9 +101,9 @@ static void iq4_nl_equals_scalar(int with_importance, int normal_only, int iters
         qd_iq4_nl_quantize8_avx2(x, with_importance ? qw : NULL, got);
         for (int j = 0; j < 8; j++)
             if (memcmp(want + 18 * j, got + 18 * j, 18)) {
-                dump("x", x + 32 * j, 32);
+                test_dump("x", x + 32 * j, 32);
                 if (with_importance)
-                    dump("importance", qw[j], 32);
+                    test_dump("importance", qw[j], 32);
                 for (int i = 0; i < 18; i++)
                     if (want[18 * j + i] != got[18 * j + i])
                         fail_msg("iq4_nl%s block %d byte %d: %02x / %02x (scalar / AVX2)",
@@ -157,7 +133,7 @@ static void iq4_uniform_hard_super_blocks(void **state)
         for (int j = 0; j < 8; j++)
             fill_block(x + 32 * j, kind);
         for (int j = 0; j < 8; j++)
-            fill_importance(qwb[j], 32);
+            test_fill_importance(qwb[j], 32);
         const float *qw[8];
         for (int j = 0; j < 8; j++)
             qw[j] = qwb[j];
@@ -202,12 +178,12 @@ static void iq4_nearest_equals_best_index(void **state)
     float v[8];
     for (int it = 0; it < 2000000; it++) {
         for (int l = 0; l < 8; l++) {
-            const int kind = (int)(rnd() % 4);
-            const float m = grid_points[rnd() % GRID_POINTS];
-            v[l] = kind == 0   ? qd_bits_f32(rnd())
+            const int kind = (int)(test_rand32() % 4);
+            const float m = grid_points[test_rand32() % GRID_POINTS];
+            v[l] = kind == 0   ? qd_bits_f32(test_rand32())
                    : kind == 1 ? (float)(test_uniform() * 300.0 - 150.0)
                    : kind == 2 ? m
-                               : nextafterf(m, rnd() & 1 ? INFINITY : -INFINITY);
+                               : nextafterf(m, test_rand32() & 1 ? INFINITY : -INFINITY);
         }
         if (it == 0) {
             const float special[8] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 113.0f, -127.0f};
@@ -237,8 +213,8 @@ static void quantize_rows_equal_scalar_blocks(void **state)
         const int bytes = t ? 136 : 18;
         float *x = malloc((size_t)n * sizeof(float)), *imp = malloc((size_t)cols * 2 * sizeof(float));
         for (int64_t b = 0; b < n / 32; b++)
-            fill_block(x + 32 * b, rnd() % 2 ? KIND_NORMAL : 1 + (int)(rnd() % 12)); /* finite kinds */
-        fill_importance(imp, (int)cols * 2);
+            fill_block(x + 32 * b, test_rand32() % 2 ? KIND_NORMAL : 1 + (int)(test_rand32() % 12)); /* finite kinds */
+        test_fill_importance(imp, (int)cols * 2);
         for (int with = 0; with < 2; with++) {
             const struct qd_format *f = qd_format_find(fmt);
             struct qd_params p;

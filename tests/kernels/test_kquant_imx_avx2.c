@@ -14,37 +14,36 @@
 #include "helpers.h"
 
 #if QD_KQUANT_IMX_AVX2
-static uint32_t rnd(void) { return (uint32_t)(test_uniform() * 4294967296.0); }
 
 enum { X_KINDS = 13, QW_KINDS = 9 };
 
 /* n values of kind `kind` at x. */
 static void fill_values(float *x, int n, int kind)
 {
-    const float scale = ldexpf(1.0f, (int)(rnd() % 40) - 20), c = (float)(test_uniform() * 4.0 - 2.0) * scale;
-    const int outlier = (int)(rnd() % (unsigned)n);
+    const float scale = ldexpf(1.0f, (int)(test_rand32() % 40) - 20), c = (float)(test_uniform() * 4.0 - 2.0) * scale;
+    const int outlier = (int)(test_rand32() % (unsigned)n);
     /* codes on a half grid: with |max| = nmax * s every first-try quotient is k + 0.5 */
     static const int half_max[] = {3, 4, 15, 31, 32};
-    const int hm = half_max[rnd() % 5];
-    const float hs = ldexpf(1.0f, (int)(rnd() % 20) - 10), hsign = rnd() & 1 ? -1.0f : 1.0f;
+    const int hm = half_max[test_rand32() % 5];
+    const float hs = ldexpf(1.0f, (int)(test_rand32() % 20) - 10), hsign = test_rand32() & 1 ? -1.0f : 1.0f;
     for (int i = 0; i < n; i++) {
         const float u = test_normal();
         switch (kind) {
         case 0: x[i] = 0.02f * u; break;
         case 1: x[i] = 0.0f; break;
         case 2: x[i] = 1e-6f * u; break;
-        case 3: x[i] = i == outlier ? (rnd() & 1 ? -1e4f : 1e4f) : 0.02f * u; break;
+        case 3: x[i] = i == outlier ? (test_rand32() & 1 ? -1e4f : 1e4f) : 0.02f * u; break;
         case 4: x[i] = u * 1e-41f; break;
         case 5: x[i] = -fabsf(0.02f * u) - 1e-9f; break;
         case 6: x[i] = c; break;
         case 7: x[i] = (float)(i - n / 2) * scale; break;
         case 8:
             x[i] = i == 0 ? hsign * (float)hm * hs
-                          : ((float)((int)(rnd() % (unsigned)hm) - (hsign > 0 ? 0 : hm / 2)) + 0.5f) * hs;
+                          : ((float)((int)(test_rand32() % (unsigned)hm) - (hsign > 0 ? 0 : hm / 2)) + 0.5f) * hs;
             break;
-        case 9: x[i] = (float)((int)(rnd() % 31) - 15) * 0.25f; break;
+        case 9: x[i] = (float)((int)(test_rand32() % 31) - 15) * 0.25f; break;
         case 10: x[i] = u * 1e37f; break;
-        case 11: x[i] = rnd() & 1 ? -0.0f : 0.0f; break;
+        case 11: x[i] = test_rand32() & 1 ? -0.0f : 0.0f; break;
         default: x[i] = fabsf(u) * scale; break;
         }
     }
@@ -72,25 +71,18 @@ static void fill_importance(float *qw, int n, int kind)
 /* A super-block and its importance: one kind for the whole block, or one per 16-value run. */
 static void fill_block(float *x, float *qw)
 {
-    if (rnd() % 3 == 0) {
-        fill_values(x, QD_QK_K, (int)(rnd() % X_KINDS));
+    if (test_rand32() % 3 == 0) {
+        fill_values(x, QD_QK_K, (int)(test_rand32() % X_KINDS));
     } else {
         for (int r = 0; r < QD_QK_K / 16; r++)
-            fill_values(x + 16 * r, 16, (int)(rnd() % X_KINDS));
+            fill_values(x + 16 * r, 16, (int)(test_rand32() % X_KINDS));
     }
-    if (rnd() % 2 == 0) {
-        fill_importance(qw, QD_QK_K, (int)(rnd() % QW_KINDS));
+    if (test_rand32() % 2 == 0) {
+        fill_importance(qw, QD_QK_K, (int)(test_rand32() % QW_KINDS));
     } else {
         for (int r = 0; r < QD_QK_K / 16; r++)
-            fill_importance(qw + 16 * r, 16, (int)(rnd() % QW_KINDS));
+            fill_importance(qw + 16 * r, 16, (int)(test_rand32() % QW_KINDS));
     }
-}
-
-static void dump(const char *what, const float *v, int n)
-{
-    fprintf(stderr, "%s:\n", what);
-    for (int i = 0; i < n; i++)
-        fprintf(stderr, "%a%c", v[i], i % 8 == 7 ? '\n' : ' ');
 }
 
 static int same_f32(const float *a, const float *b, int n)
@@ -159,7 +151,7 @@ static void check_blocks(int type, int iterations)
         for (int k = 0; k < 8; k++) {
             const float *xb = x + k * QD_QK_K, *qb = qw + k * QD_QK_K;
             if (twice != 0.0f && qd_f32_bits(sigma2[k]) != qd_f32_bits(qd_imx_block_sigma2(xb, twice))) {
-                dump("x", xb, QD_QK_K);
+                test_dump("x", xb, QD_QK_K);
                 fail_msg("%s block %d: sigma2 %a / %a (scalar / lanes)", type_names[type], it + k,
                          qd_imx_block_sigma2(xb, twice), sigma2[k]);
             }
@@ -169,8 +161,8 @@ static void check_blocks(int type, int iterations)
             qd_imx_quantize_kquant_avx2(type, xb, qb, sigma2[k], got);
             const int searches = searches_equal(type, xb, qb);
             if (!searches || memcmp(want, got, (size_t)bytes)) {
-                dump("x", xb, QD_QK_K);
-                dump("importance", qb, QD_QK_K);
+                test_dump("x", xb, QD_QK_K);
+                test_dump("importance", qb, QD_QK_K);
                 fail_msg("%s block %d: %s differ (scalar / AVX2)", type_names[type], it + k,
                          searches ? "block bytes" : "sub-block fits");
             }
@@ -197,7 +189,7 @@ static void hard_blocks_every_importance_kind(void **state)
                 fill_values(x, QD_QK_K, xk);
                 fill_importance(qw, QD_QK_K, qk);
                 if (rep == 7) /* one sub-block of 32 with no importance at all */
-                    memset(qw + 32 * (int)(rnd() % 8), 0, 32 * sizeof(float));
+                    memset(qw + 32 * (int)(test_rand32() % 8), 0, 32 * sizeof(float));
                 for (int type = QD_Q2_K; type <= QD_Q6_K; type++) {
                     qd_imx_quantize_kquant(type, x, qw, want);
                     qd_imx_quantize_kquant_avx2(type, x, qw, qd_imx_block_sigma2(x, qd_imx_sigma2_twice(type)),
@@ -217,26 +209,26 @@ static void make_qp_lanes_equal_scalar(void **state)
     test_seed();
     float v[16], w[16];
     for (int it = 0; it < 200000; it++) {
-        const int n = rnd() & 1 ? 16 : 8, nmax = n == 8 ? 63 : 15;
-        const float scale = ldexpf(1.0f, (int)(rnd() % 60) - 40);
-        const int kind = (int)(rnd() % 6);
+        const int n = test_rand32() & 1 ? 16 : 8, nmax = n == 8 ? 63 : 15;
+        const float scale = ldexpf(1.0f, (int)(test_rand32() % 60) - 40);
+        const int kind = (int)(test_rand32() % 6);
         for (int i = 0; i < n; i++) {
             const float u = (float)test_uniform();
             v[i] = kind == 0   ? u * scale
-                   : kind == 1 ? (float)(rnd() % 4) * scale /* repeated values: tied trials */
+                   : kind == 1 ? (float)(test_rand32() % 4) * scale /* repeated values: tied trials */
                    : kind == 2 ? (u - 0.25f) * scale
-                   : kind == 3 ? (rnd() % 3 ? 0.0f : u * scale)
+                   : kind == 3 ? (test_rand32() % 3 ? 0.0f : u * scale)
                    : kind == 4 ? u * 1e-16f
                                : u * 1e30f;
         }
-        fill_importance(w, n, (int)(rnd() % QW_KINDS));
+        fill_importance(w, n, (int)(test_rand32() % QW_KINDS));
         uint8_t want[16], got[16];
         memset(want, 0xAA, sizeof want);
         memset(got, 0x55, sizeof got);
         const float d_want = qd_imx_make_qp(n, nmax, v, want, w), d_got = kq_make_qp_8(n, nmax, v, got, w);
         if (qd_f32_bits(d_want) != qd_f32_bits(d_got) || memcmp(want, got, (size_t)n)) {
-            dump("values", v, n);
-            dump("weights", w, n);
+            test_dump("values", v, n);
+            test_dump("weights", w, n);
             fail_msg("make_qp_quants(%d, %d): scale %a / %a (scalar / lanes)", n, nmax, d_want, d_got);
         }
     }

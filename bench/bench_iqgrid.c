@@ -43,8 +43,7 @@ int main(int argc, char **argv)
     float *x = malloc((size_t)n * 256 * sizeof(float)), *qw = malloc((size_t)n * 256 * sizeof(float));
     uint8_t *a = malloc((size_t)n * 128), *b = malloc((size_t)n * 128);
     for (int64_t i = 0; i < n * 256; i++) {
-        double u = uniform(), v = uniform();
-        x[i] = (float)(0.02 * sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v));
+        x[i] = (float)normal_from(&rng, 0.02);
         qw[i] = (float)(uniform() * uniform() * 10.0);
     }
     if (!QD_IQ2_AVX2 || !QD_IQGRID_AVX2) {

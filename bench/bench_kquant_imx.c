@@ -54,8 +54,7 @@ int main(int argc, char **argv)
     float *x = malloc((size_t)blocks * QD_QK_K * sizeof(float)), *qw = malloc(COLS * sizeof(float));
     uint8_t *want = malloc((size_t)blocks * 256), *got = malloc((size_t)blocks * 256);
     for (int64_t i = 0; i < blocks * QD_QK_K; i++) {
-        double u = uniform(), v = uniform(); /* Box-Muller */
-        x[i] = (float)(0.02 * sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v));
+        x[i] = (float)normal_from(&rng, 0.02);
     }
     for (int i = 0; i < COLS; i++)
         qw[i] = (float)(uniform() * uniform() * 8.0);

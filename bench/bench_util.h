@@ -4,6 +4,7 @@
 #ifndef QD_BENCH_UTIL_H
 #define QD_BENCH_UTIL_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
@@ -34,6 +35,13 @@ static inline double uniform_from(uint64_t *state)
     *state ^= *state >> 7;
     *state ^= *state << 17;
     return (double)(*state >> 11) / 9007199254740992.0;
+}
+
+/* N(0, sigma) from two of those (Box-Muller) */
+static inline double normal_from(uint64_t *state, double sigma)
+{
+    double u = uniform_from(state), v = uniform_from(state);
+    return sigma * sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v);
 }
 
 #endif

@@ -66,23 +66,39 @@ QD_HD float qd_imx_make_qp_refine(int n, int nmax, const float *x, uint8_t *L, c
  * of a super-block). Of the inverse scales nmax / max and (nmax + 0.1 is) / max, is = -4..4
  * but 0, the one of least qw-weighted squared error (the earliest on ties), then
  * qd_imx_make_qp_refine. */
-QD_HD float qd_imx_make_qp(int n, int nmax, const float *x, uint8_t *L, const float *qw)
+/* make_qp_quants' start, shared with the CPU's AVX2 form: the largest x, with L zeroed where it
+ * is below QD_KQ_EPS (the search then returns 0). */
+QD_HD float qd_imx_make_qp_max(int n, const float *x, uint8_t *L)
 {
     float max = 0.0f;
     for (int i = 0; i < n; i++)
         max = max > x[i] ? max : x[i];
-    if (max < QD_KQ_EPS) {
+    if (max < QD_KQ_EPS)
         for (int i = 0; i < n; i++)
             L[i] = 0;
-        return 0.0f;
-    }
-    float iscale = (float)nmax / max;
+    return max;
+}
+
+/* The qw-weighted squared error of the first inverse scale (its codes not clamped to nmax, as
+ * make_qp_quants stores them in uint8_t). */
+QD_HD float qd_imx_make_qp_first_error(int n, const float *x, const float *qw, float iscale)
+{
     float scale = 1.0f / iscale;
     float best_mse = 0.0f;
     for (int i = 0; i < n; i++) {
         float diff = x[i] - scale * (float)(uint8_t)qd_kq_round(iscale * x[i]);
         best_mse += qw[i] * diff * diff;
     }
+    return best_mse;
+}
+
+QD_HD float qd_imx_make_qp(int n, int nmax, const float *x, uint8_t *L, const float *qw)
+{
+    const float max = qd_imx_make_qp_max(n, x, L);
+    if (max < QD_KQ_EPS)
+        return 0.0f;
+    float iscale = (float)nmax / max;
+    float best_mse = qd_imx_make_qp_first_error(n, x, qw, iscale);
     for (int is = -4; is <= 4; is++) {
         if (is == 0)
             continue;

@@ -120,21 +120,11 @@ static inline void qd_imx_search_q6_avx2(const float *x, const float *qw, float 
  * scalar loop picks it; the rest is the scalar code. */
 static inline float kq_make_qp_8(int n, int nmax, const float *x, uint8_t *L, const float *qw)
 {
-    float max = 0.0f;
-    for (int i = 0; i < n; i++)
-        max = max > x[i] ? max : x[i];
-    if (max < QD_KQ_EPS) {
-        for (int i = 0; i < n; i++)
-            L[i] = 0;
+    const float max = qd_imx_make_qp_max(n, x, L);
+    if (max < QD_KQ_EPS)
         return 0.0f;
-    }
     float iscale = (float)nmax / max;
-    const float scale = 1.0f / iscale;
-    float best_mse = 0.0f;
-    for (int i = 0; i < n; i++) {
-        float diff = x[i] - scale * (float)(uint8_t)qd_kq_round(iscale * x[i]);
-        best_mse += qw[i] * diff * diff;
-    }
+    float best_mse = qd_imx_make_qp_first_error(n, x, qw, iscale);
     const __m256 is = _mm256_setr_ps(-4.0f, -3.0f, -2.0f, -1.0f, 1.0f, 2.0f, 3.0f, 4.0f);
     const __m256 iscale_is = _mm256_div_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(0.1f), is),
                                                          _mm256_set1_ps((float)nmax)),

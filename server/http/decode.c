@@ -21,8 +21,9 @@ int qd_req_from_query(struct qd_req *q, const struct qd_kv *kv, int n, int allow
         const char *k = kv[i].key, *v = kv[i].value ? kv[i].value : "";
         if (!strcmp(k, "fmt")) {
             /* a conversion job's fmt may name no format (bf16|f16|f32: back to float); the job
-             * resolves it (op may come after fmt: checked below) */
-            if (!(q->f = qd_format_find(v)) && !(allow_op && strlen(v) < sizeof q->fmt_name)) {
+             * resolves it (op may come after fmt: checked below). An empty one names nothing:
+             * refused here, not left to fail inside a job already answered 202. */
+            if (!(q->f = qd_format_find(v)) && !(allow_op && *v && strlen(v) < sizeof q->fmt_name)) {
                 qd_reply_error(err, 400, "unknown_format", "unknown format '%.64s' (GET /formats lists them)", v);
                 return -1;
             }

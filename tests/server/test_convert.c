@@ -595,6 +595,7 @@ static void convert_back_to_float_and_float_mixes(void **state)
     expect_refusal(400, "bad_param", "{\"source\": \"model.gguf\", \"destination\": \"b2.gguf\", \"recipe\": "
                    "\"F16\", \"params\": {\"blocksize\": 64}}", "quantizes nothing");
     expect_error(&srv, 400, "unknown_format", "/jobs?op=quantize&fmt=bf16", "{}");
+    expect_error(&srv, 400, "unknown_format", "/jobs?fmt=", "{}"); /* empty: before any job exists */
     /* llama-quantize's float mixes as jobs: the CLI's file */
     static const char *const mixes[] = {"F16", "BF16", "F32", "COPY"};
     for (int m = 0; m < 4; m++) {

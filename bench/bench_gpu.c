@@ -3,6 +3,7 @@
  * written, and % of the device-to-device copy bandwidth measured in the same run; the pinned
  * host<->device copy ceiling the service path is bound by, and a whole 4096^2 request on the
  * device (H2D, kernels, D2H) against its copies alone. BENCH_JSON=FILE: the same as JSON.
+ * `bench_gpu [FORMAT,FORMAT...] [SIDE]` runs those formats (every variant of each) at one size.
  * Needs a GPU: make bench-gpu. */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -19,6 +20,18 @@ static int cmp(const void *a, const void *b)
 {
     float x = *(const float *)a, y = *(const float *)b;
     return x < y ? -1 : x > y;
+}
+
+/* Whether format name is in the comma-separated list (every format when there is none). */
+static int picked(const char *list, const char *name)
+{
+    if (!list)
+        return 1;
+    size_t n = strlen(name);
+    for (const char *p = list; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (!strncmp(p, name, n) && (p[n] == ',' || !p[n]))
+            return 1;
+    return 0;
 }
 
 static cudaStream_t stream;
@@ -44,7 +57,7 @@ static cudaEvent_t e0, e1;
 
 int main(int argc, char **argv)
 {
-    const char *only = argc > 1 ? argv[1] : NULL; /* one format */
+    const char *only = argc > 1 ? argv[1] : NULL; /* some formats, comma-separated */
     int64_t only_side = argc > 2 ? atoll(argv[2]) : 0; /* one shape (for profilers) */
     struct qd_cuda_ctx ctx;
     if (qd_cuda_ctx_init(&ctx) != QD_OK) {
@@ -109,7 +122,7 @@ int main(int argc, char **argv)
     for (int r = 0, written = 0; r < 3 && !only_side; r++) {
         const char *rf[3] = {"q8_0", "nvfp4", "nf4"};
         const struct qd_format *f = qd_format_find(rf[r]);
-        if (only && strcmp(only, f->name))
+        if (!picked(only, f->name))
             continue;
         /* the pinned bytes copied in are the tensor: random ones, the input's first 32 MiB */
         struct qd_tensor in = {.data = d_back, .dtype = QD_BF16};
@@ -176,10 +189,19 @@ int main(int argc, char **argv)
         {"fp8_e4m3", "granularity", "tensor", "tensor, llm-compressor, amax pass", 2},
         {"fp8_e4m3", "flow,granularity", "transformers,block", "block 128x128, transformers", 1},
         {"w8a8", NULL, NULL, "channel", 1},
+        /* ggml's importance-weighted searches, as llama-quantize --imatrix runs them (key
+         * "importance": a vector of cols values, made here) */
+        {"q2_K", "importance", "", "importance", 1}, {"q3_K", "importance", "", "importance", 1},
+        {"q4_K", "importance", "", "importance", 1}, {"q5_K", "importance", "", "importance", 1},
+        {"q6_K", "importance", "", "importance", 1}, {"iq4_nl", "importance", "", "importance", 1},
+        {"iq4_xs", "importance", "", "importance", 1}, {"iq3_s", "importance", "", "importance", 1},
+        {"iq3_xxs", "importance", "", "importance", 1}, {"iq2_s", "importance", "", "importance", 1},
+        {"iq2_xs", "importance", "", "importance", 1}, {"iq2_xxs", "importance", "", "importance", 1},
+        {"iq1_s", "importance", "", "importance", 1}, {"iq1_m", "importance", "", "importance", 1},
     };
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         const struct qd_format *f = qd_format_find(variants[v].fmt);
-        if (only && strcmp(only, f->name))
+        if (!picked(only, f->name))
             continue;
         for (int s = 0; s < NSIDES; s++) {
             if (only_side && sides[s] != only_side)
@@ -190,7 +212,16 @@ int main(int argc, char **argv)
             struct qd_params p0;
             char err[512];
             qd_params_default(f, &p0);
-            if (variants[v].key) {
+            float *imp = NULL;
+            if (variants[v].key && !strcmp(variants[v].key, "importance")) {
+                /* positive weights that vary along the row, as an imatrix's mean x^2 does */
+                imp = malloc((size_t)sides[s] * sizeof(float));
+                unsigned iseed = 777;
+                for (int64_t c = 0; c < sides[s]; c++)
+                    imp[c] = 0.05f + (float)rand_r(&iseed) / RAND_MAX;
+                p0.importance = imp;
+                p0.importance_n = sides[s];
+            } else if (variants[v].key) {
                 char keys[128], values[128], *ks, *vs;
                 snprintf(keys, sizeof keys, "%s", variants[v].key);
                 snprintf(values, sizeof values, "%s", variants[v].value);
@@ -216,6 +247,7 @@ int main(int argc, char **argv)
                          p = p0; st = qd_quantize(QD_BACKEND_CUDA, f, &in, &p, out, err, sizeof err));
             if (st != QD_OK) {
                 printf("| %s | %s | error: %s |\n", f->name, variants[v].label, err);
+                free(imp);
                 continue;
             }
             struct qd_tensor back = in;
@@ -234,6 +266,7 @@ int main(int argc, char **argv)
                         "\"dequantize_gbs\": %.1f, \"dequantize_pct\": %.1f}",
                         nrows++ ? "," : "", f->name, variants[v].label, (long long)sides[s], q_ms, qgbs,
                         100 * qgbs / copy_gbs[s], d_ms, dgbs, 100 * dgbs / copy_gbs[s]);
+            free(imp);
         }
     }
     if (js) {

@@ -37,6 +37,7 @@ struct qd_scratch {
                                      it come back to the host in one copy) */
     float range[3];               /* amax, min, max of the whole tensor */
     unsigned int blocks_done;     /* grid-wide reduction ticket */
+    unsigned int amax_bits;       /* largest |x| of a tensor as f32 bits, folded by atomicMax (fp8) */
     float partial[3 * 1024];      /* per-CTA partial ranges */
     unsigned long long bins[256]; /* exact-sum bins of the bnb double-quant offset (bnb4.h) */
     float consts[8];              /* per-call constants a kernel computed for the next (nvfp4) */

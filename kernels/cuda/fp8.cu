@@ -6,7 +6,7 @@
  *   per block, copied to shared memory by cp.async;
  * - larger (or f32) blocks: one CTA per block, read twice, the second time from L2;
  * - blocks (or rows) that do not split into 8-element chunks: element by element.
- * Each reads the input once but the last two. Per tensor: the range pass, a one-thread kernel
+ * Each reads the input once but the last two. Per tensor: the amax pass, a one-thread kernel
  * for the scale, then the codes (two reads). The codes and the dequantize: four 8-element
  * chunks a thread. */
 #include "../fp8.h"
@@ -16,6 +16,12 @@
 #define FP8_THREADS 256
 #ifndef FP8_STREAM_CHUNKS /* the streaming kernels (per-tensor codes, dequantize): 8-element chunks a thread */
 #define FP8_STREAM_CHUNKS 4
+#endif
+#ifndef FP8_DQ_WALK /* dequantize: step the scale indices along the row (0: divide for each chunk) */
+#define FP8_DQ_WALK 1
+#endif
+#ifndef FP8_AMAX_CTAS /* the per-tensor amax pass: CTAs of 256 an SM */
+#define FP8_AMAX_CTAS 8
 #endif
 #ifndef FP8_SMEM_THREADS /* the shared-memory kernel's CTA */
 #define FP8_SMEM_THREADS 256
@@ -376,12 +382,51 @@ __global__ void __launch_bounds__(FP8_THREADS) fp8_block_any_kernel(const void *
     }
 }
 
-/* Per tensor: the scale from the range the device computed (no host round trip); the encode
+/* Per tensor, the first pass: the largest |x| as f32 bits (NaN above Inf above finite, as
+ * fp8_chunk_load orders them), FP8_STREAM_CHUNKS 8-element chunks a thread loaded before any is
+ * folded, over a grid of a few CTAs an SM striding the tensor; one atomicMax a CTA into
+ * sc->amax_bits, zeroed before the launch. Only the amax: compressed-tensors' symmetric scale
+ * needs no min or max, and the packed 16-bit maximum takes four instructions per 8 elements. */
+template <int DT>
+__global__ void __launch_bounds__(256) fp8_tensor_amax_kernel(const void *x, int64_t n, struct qd_scratch *sc,
+                                                              unsigned long long *bad)
+{
+    constexpr int U = FP8_STREAM_CHUNKS;
+    const int64_t full = n / 8, tile = 256 * U;
+    uint32_t top = 0;
+    for (int64_t t0 = blockIdx.x * tile + threadIdx.x; t0 < full; t0 += (int64_t)gridDim.x * tile) {
+        fp8_chunk<DT> q[U];
+        uint32_t t[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            t[u] = t0 + u * 256 < full ? fp8_chunk_load<DT>(x, 8 * (t0 + u * 256), q[u]) : 0;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (t[u] >= 0x7f800000u) {
+                float v[8];
+                fp8_chunk_values<DT>(q[u], v);
+                qd_note_first_nonfinite<8>(bad, v, 8 * (t0 + u * 256));
+            }
+            top = max(top, t[u]);
+        }
+    }
+    if (blockIdx.x == 0) /* the tail of fewer than 8 */
+        for (int64_t i = 8 * full + threadIdx.x; i < n; i += 256) {
+            const float v = qd_load<DT>(x, i);
+            qd_note_nonfinite(bad, v, i);
+            top = max(top, qd_f32_bits(v) & 0x7fffffffu);
+        }
+    const float m = fp8_cta_amax<256>(top);
+    if (threadIdx.x == 0)
+        atomicMax(&sc->amax_bits, qd_f32_bits(m));
+}
+
+/* Per tensor: the scale from the amax the device computed (no host round trip); the encode
  * scale goes to the scratch constants for the codes kernel. */
 template <int INT8, int CT>
 __global__ void fp8_tensor_scale_kernel(int dt, struct qd_scratch *sc, void *scales)
 {
-    const float s = qd_fp8_encode_scale(sc->range[0], INT8, CT, dt);
+    const float s = qd_fp8_encode_scale(qd_bits_f32(sc->amax_bits), INT8, CT, dt);
     qd_fp8_put_scale(scales, 0, qd_fp8_stored_scale(s, CT), dt);
     sc->consts[0] = s;
 }
@@ -452,10 +497,10 @@ template <int DT, int INT8, int SDT> __device__ __forceinline__ float fp8_value(
 }
 
 /* The 8 elements of chunk t (element 8t on), their codes w as loaded. UNIFORM: the 8 share
- * one scale (cols a multiple of 8, and so is the block width); else each its own. */
+ * one scale, of index si (cols a multiple of 8, and so is the block width); else each its own. */
 template <int DT, int INT8, int SDT, int UNIFORM, class I>
 __device__ __forceinline__ void fp8_dequantize_chunk(uint2 w, const void *scales, int gran, const fp8_geom &g, int64_t t,
-                                                     void *y)
+                                                     I si, void *y)
 {
     const int64_t e0 = 8 * t;
     float q[8];
@@ -471,20 +516,21 @@ __device__ __forceinline__ void fp8_dequantize_chunk(uint2 w, const void *scales
             for (int j = 0; j < 8; j++)
                 q[j] = qd_e4m3_to_f32((uint8_t)((j < 4 ? w.x : w.y) >> (8 * (j % 4))));
     }
-    const I cols = (I)g.cols;
-    I r = fp8_div<I>((I)e0, g.cols, g.dcols), c = (I)e0 - r * cols;
     float v[8];
     if (UNIFORM) {
-        const float s = qd_fp8_get_scale(scales, fp8_scale_of<I>(gran, g, r, c), SDT);
+        const float s = qd_fp8_get_scale(scales, si, SDT);
 #pragma unroll
         for (int j = 0; j < 8; j++)
             v[j] = fp8_value<DT, INT8, SDT>(q[j], s);
-    } else
+    } else {
+        const I cols = (I)g.cols;
+        I r = fp8_div<I>((I)e0, g.cols, g.dcols), c = (I)e0 - r * cols;
         for (int j = 0; j < 8; j++) {
             v[j] = fp8_value<DT, INT8, SDT>(q[j], qd_fp8_get_scale(scales, fp8_scale_of<I>(gran, g, r, c), SDT));
             if (++c == cols)
                 c = 0, r++;
         }
+    }
     qd_store_block<DT, 8>(y, e0, v);
 }
 
@@ -492,7 +538,41 @@ __device__ __forceinline__ void fp8_dequantize_chunk(uint2 w, const void *scales
  * all its 8-byte loads of codes before it decodes any, so each SM keeps that many times more
  * bytes in flight (one load a thread left the memory half idle on an H200); the tail of fewer
  * than 8 elements one by one. */
-template <int DT, int INT8, int SDT, int UNIFORM, class I>
+/* The scale indices of a thread's UNIFORM chunks t0 + 256 u. WALK (rows of at least 2048
+ * elements, 32-bit indices): the first chunk's row and column by division, the next ones by
+ * stepping 2048 columns on (at most one row further each), and the scale row's part divided
+ * again only where the row changes: a 128 x 128 block's index took four divisions a chunk. */
+template <int WALK, class I>
+__device__ __forceinline__ void fp8_scale_indices(int gran, const fp8_geom &g, int64_t t0, I *si)
+{
+    if (!WALK) {
+#pragma unroll
+        for (int u = 0; u < FP8_STREAM_CHUNKS; u++) {
+            const I e = (I)(8 * (t0 + u * 256)), r = fp8_div<I>(e, g.cols, g.dcols);
+            si[u] = fp8_scale_of<I>(gran, g, r, e - r * (I)g.cols);
+        }
+        return;
+    }
+    const uint32_t cols = (uint32_t)g.cols, e = (uint32_t)(8 * t0);
+    uint32_t r = qd_udiv_do(e, g.dcols), c = e - r * cols, rowpart = 0;
+    const bool block = gran == QD_GRAN_BLOCK;
+#pragma unroll
+    for (int u = 0; u < FP8_STREAM_CHUNKS; u++) {
+        if (u == 0 || c >= cols) {
+            if (u)
+                c -= cols, r++;
+            if (block) {
+                const uint32_t m = qd_udiv_do(r, g.dmrows);
+                rowpart = (m * (uint32_t)g.nbr + qd_udiv_do(r - m * (uint32_t)g.mrows, g.dbr)) * (uint32_t)g.ncb;
+            } else
+                rowpart = gran == QD_GRAN_CHANNEL ? r : 0;
+        }
+        si[u] = (I)(block ? rowpart + qd_udiv_do(c, g.dbc) : rowpart);
+        c += 2048;
+    }
+}
+
+template <int DT, int INT8, int SDT, int UNIFORM, int WALK, class I>
 __global__ void __launch_bounds__(256) fp8_dequantize_kernel(const uint8_t *codes, const void *scales, int gran, fp8_geom g,
                                                              int64_t n, void *y)
 {
@@ -502,11 +582,14 @@ __global__ void __launch_bounds__(256) fp8_dequantize_kernel(const uint8_t *code
     for (int u = 0; u < FP8_STREAM_CHUNKS; u++)
         if (t0 + u * 256 < full)
             w[u] = __ldg((const uint2 *)codes + t0 + u * 256);
+    I si[FP8_STREAM_CHUNKS] = {};
+    if (UNIFORM)
+        fp8_scale_indices<WALK, I>(gran, g, t0, si);
 #pragma unroll
     for (int u = 0; u < FP8_STREAM_CHUNKS; u++) {
         const int64_t t = t0 + u * 256;
         if (t < full)
-            fp8_dequantize_chunk<DT, INT8, SDT, UNIFORM, I>(w[u], scales, gran, g, t, y);
+            fp8_dequantize_chunk<DT, INT8, SDT, UNIFORM, I>(w[u], scales, gran, g, t, si[u], y);
         else if (t == full)
             for (int64_t e = 8 * t; e < n; e++) {
                 const int64_t r = e / g.cols;
@@ -617,10 +700,14 @@ extern "C" enum qd_status qd_cuda_fp8_quantize(const struct qd_format *f, const 
         return s;
     uint8_t *codes = (uint8_t *)out[0];
     if (k.gran == QD_GRAN_TENSOR) {
-        if ((s = qd_cuda_range_async(in, bad)) != QD_OK)
-            return s;
         struct qd_scratch *d = qd_scratch_dev();
         const int64_t n = qd_tensor_numel(in);
+        CUDA_CHECK(cudaMemsetAsync(&d->amax_bits, 0, sizeof d->amax_bits, qd_stream()));
+        /* FP8_AMAX_CTAS CTAs an SM (or fewer, for a small tensor) */
+        const unsigned cap = (unsigned)qd_cuda_sm_count() * FP8_AMAX_CTAS, tiles = qd_grid((n + 7) / 8, 256 * FP8_STREAM_CHUNKS);
+        QD_DTYPE_SWITCH(in->dtype, DT, fp8_tensor_amax_kernel<DT><<<tiles < cap ? tiles : cap, 256, 0, qd_stream()>>>(
+                            in->data, n, d, bad));
+        CUDA_LAUNCHED();
         FP8_FLOW_SWITCH(k, INT8, CT, fp8_tensor_scale_kernel<INT8, CT><<<1, 1, 0, qd_stream()>>>(k.dt, d, out[1]));
         CUDA_LAUNCHED();
         QD_DTYPE_SWITCH(in->dtype, DT, FP8_FLOW_SWITCH(k, INT8, CT,
@@ -642,12 +729,18 @@ extern "C" enum qd_status qd_cuda_fp8_dequantize(const struct qd_format *f, cons
     const int64_t n = qd_tensor_numel(out);
     const bool uniform = g.cols % 8 == 0 && (k.gran != QD_GRAN_BLOCK || g.bc % 8 == 0);
     const bool small = n < ((int64_t)1 << 32);
+    /* the scale indices stepped along the row (fp8_scale_indices) where a row holds a thread's
+     * stride of 2048 elements and the indices are 32-bit */
+    const bool walk = uniform && small && g.cols >= 2048 && FP8_DQ_WALK;
     const uint8_t *codes = (const uint8_t *)in[0];
-#define FP8_DQ_I(DT, INT8, SDT, U, I)                                                           \
-    fp8_dequantize_kernel<DT, INT8, SDT, U, I><<<qd_grid((n + 7) / 8, 256 * FP8_STREAM_CHUNKS), 256, 0, qd_stream()>>>( \
+#define FP8_DQ_I(DT, INT8, SDT, U, W, I)                                                        \
+    fp8_dequantize_kernel<DT, INT8, SDT, U, W, I><<<qd_grid((n + 7) / 8, 256 * FP8_STREAM_CHUNKS), 256, 0, qd_stream()>>>( \
         codes, in[1], k.gran, g, n, out->data)
 #define FP8_DQ(DT, INT8, SDT)                                                                   \
-    QD_BOOL_SWITCH(uniform, U, if (small) FP8_DQ_I(DT, INT8, SDT, U, uint32_t); else FP8_DQ_I(DT, INT8, SDT, U, int64_t))
+    if (walk)                                                                                   \
+        FP8_DQ_I(DT, INT8, SDT, 1, 1, uint32_t);                                                \
+    else                                                                                        \
+        QD_BOOL_SWITCH(uniform, U, if (small) FP8_DQ_I(DT, INT8, SDT, U, 0, uint32_t); else FP8_DQ_I(DT, INT8, SDT, U, 0, int64_t))
 #define FP8_DQ_SDT(DT, INT8)                                                                    \
     if (k.dt == 2) {                                                                            \
         FP8_DQ(DT, INT8, 2);                                                                    \

@@ -710,9 +710,10 @@ static void gpu_fp8_variants(void **state)
         {"fp8_e4m3", "flow=transformers", "granularity=tensor", NULL},
         {"fp8_e4m3", "flow=transformers", "granularity=block", NULL}, {"w8a8", NULL}};
     /* {700, 2056} and the two big ones: more blocks (channels) than the GPU holds CTAs at once,
-     * blocks of 257 .. 2048 chunks, partial 128 x 128 blocks at both edges */
+     * blocks of 257 .. 2048 chunks, partial 128 x 128 blocks at both edges; rows of 2048 or
+     * more (the dequantize's scale indices stepped along a row), a stack of matrices among them */
     static const int64_t shapes[][3] = {{0, 200, 300}, {0, 256, 1024}, {0, 7, 40000}, {0, 130, 101}, {0, 1, 77777},
-                                        {2, 100, 264}, {0, 700, 2056}, {0, 3000, 4104}, {0, 384, 16384}};
+                                        {2, 100, 264}, {3, 130, 2056}, {0, 700, 2056}, {0, 3000, 4104}, {0, 384, 16384}};
     const size_t nshapes = sizeof shapes / sizeof shapes[0] - 2 * (getenv("QUANTD_GPU_SMALL") != NULL); /* the last two are big */
     int64_t n_cases = 0;
     for (size_t v = 0; v < sizeof sets / sizeof sets[0]; v++) {

@@ -25,6 +25,20 @@
 #define QD_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
 #endif
 
+/* Entry i (0..15) of a table of 16 int8 held as four little-endian words (entry 0 the low byte
+ * of w0), sign-extended. On the GPU two byte permutes and a select: nvcc keeps a small local
+ * table indexed at run time in local memory and stored all of it before every lookup. */
+QD_HD int qd_s8_table16(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3, int i)
+{
+#ifdef __CUDA_ARCH__
+    const uint32_t lo = __byte_perm(w0, w1, (unsigned)i & 7u), hi = __byte_perm(w2, w3, (unsigned)i & 7u);
+    return (int)(int8_t)(i & 8 ? hi : lo);
+#else
+    const uint32_t w = i < 4 ? w0 : i < 8 ? w1 : i < 12 ? w2 : w3;
+    return (int)(int8_t)(uint8_t)(w >> 8 * (i & 3));
+#endif
+}
+
 QD_HD uint32_t qd_f32_bits(float f)
 {
 #ifdef __CUDA_ARCH__

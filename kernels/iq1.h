@@ -154,19 +154,19 @@ QD_HD int qd_iq1s_sub_sums(const float *xb, const float *qwb, float sigma2, stru
  * of equals, in ggml's loop order). */
 QD_HD struct qd_iq1s_split qd_iq1s_split_search(const struct qd_iq1s_sub *s)
 {
-    const float x_p[3] = {-1.0f + QD_IQ1_DELTA, QD_IQ1_DELTA, 1.0f + QD_IQ1_DELTA};
-    const float x_m[3] = {-1.0f - QD_IQ1_DELTA, -QD_IQ1_DELTA, 1.0f - QD_IQ1_DELTA};
     const float *sumx = s->sumx, *sumw = s->sumw;
     float best_score = -QD_IQ_FLT_MAX, scale = s->max;
     int besti1 = -1, besti2 = -1, best_shift = 0;
     for (int i1 = 0; i1 <= 32; i1++)
         for (int i2 = i1; i2 <= 32; i2++)
             for (int m = 0; m < 2; m++) {
-                const float *v = m ? x_m : x_p;
-                const float sumqx = (sumx[i1] - sumx[0]) * v[0] + (sumx[i2] - sumx[i1]) * v[1] +
-                                    (sumx[32] - sumx[i2]) * v[2];
-                const float sumq2 = (sumw[i1] - sumw[0]) * v[0] * v[0] + (sumw[i2] - sumw[i1]) * v[1] * v[1] +
-                                    (sumw[32] - sumw[i2]) * v[2] * v[2];
+                /* the shifted levels (ggml's x_p, or x_m), as values: the GPU kept a selected array
+                 * of them in local memory */
+                const float v0 = m ? -1.0f - QD_IQ1_DELTA : -1.0f + QD_IQ1_DELTA, v1 = m ? -QD_IQ1_DELTA : QD_IQ1_DELTA,
+                            v2 = m ? 1.0f - QD_IQ1_DELTA : 1.0f + QD_IQ1_DELTA;
+                const float sumqx = (sumx[i1] - sumx[0]) * v0 + (sumx[i2] - sumx[i1]) * v1 + (sumx[32] - sumx[i2]) * v2;
+                const float sumq2 = (sumw[i1] - sumw[0]) * v0 * v0 + (sumw[i2] - sumw[i1]) * v1 * v1 +
+                                    (sumw[32] - sumw[i2]) * v2 * v2;
                 if (sumq2 > 0.0f && sumqx * sumqx > best_score * sumq2) {
                     scale = sumqx / sumq2;
                     best_score = scale * sumqx;
@@ -180,8 +180,9 @@ QD_HD struct qd_iq1s_split qd_iq1s_split_search(const struct qd_iq1s_sub *s)
 }
 
 /* Sub-block ib (values xb, prepared in s) coded at the split: its 4 low index bytes into blk, its
- * high bits, scale and shift into b. A split where none passed leaves the sub-block zero. */
-QD_HD void qd_iq1s_sub_put(const struct qd_iq_grid *g, const float *xb, const struct qd_iq1s_sub *s,
+ * high bits, scale and shift into b, b's largest scale updated; returns 1. A split where none
+ * passed leaves the sub-block zero and returns 0. */
+QD_HD int qd_iq1s_sub_put(const struct qd_iq_grid *g, const float *xb, const struct qd_iq1s_sub *s,
                            struct qd_iq1s_split split, int ib, struct qd_iq1s_block *b, uint8_t *blk)
 {
     const float x_p[3] = {-1.0f + QD_IQ1_DELTA, QD_IQ1_DELTA, 1.0f + QD_IQ1_DELTA};
@@ -191,7 +192,7 @@ QD_HD void qd_iq1s_sub_put(const struct qd_iq_grid *g, const float *xb, const st
     float scale = split.scale;
     int best_shift = split.shift;
     if (split.i1 < 0 || split.i2 < 0 || best_shift == 0)
-        return;
+        return 0;
     for (int j = 0; j < 32; j++)
         L[s->idx[j]] = (int8_t)(j < split.i1 ? 0 : j < split.i2 ? 1 : 2);
     if (scale < 0.0f) {
@@ -212,6 +213,7 @@ QD_HD void qd_iq1s_sub_put(const struct qd_iq_grid *g, const float *xb, const st
     b->scales[ib] = scale;
     b->shifts[ib] = (int8_t)best_shift;
     b->max_scale = b->max_scale > scale ? b->max_scale : scale;
+    return 1;
 }
 
 /* The end of quantize_row_iq1_s_impl: d and each sub-block's 3-bit scale and shift sign (where

@@ -238,60 +238,83 @@ QD_HD float qd_iq2s_sub(const struct qd_iq2_tables *QD_RESTRICT t, const float *
 /* The 4-bit code of a sub-block scale against d = max_scale / 31 */
 QD_HD int qd_iq2_scale_code(float id, float scale) { return qd_kq_clampi(qd_kq_round(0.5f * (id * scale - 1.0f)), 0, 15); }
 
-/* One super-block of type into blk; qw its importance (ggml's quant_weights) or NULL, which only
- * IQ2_S takes (the registry refuses the others without one, as ggml_quantize_chunk asserts). */
-QD_HD void qd_iq2_quantize_block(const struct qd_iq2_tables *QD_RESTRICT t, int type, const float *QD_RESTRICT x,
-                                 const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
+/* What a sub-block leaves for its super-block's bytes: zero (nothing coded), else its scale
+ * (made positive, the signs flipped: ggml's guard), each 8-value group's signs and grid index. */
+struct qd_iq2_sub {
+    float scale;
+    int zero;
+    uint8_t signs[4];
+    uint16_t g[4];
+};
+
+/* The importance's sigma2 of a super-block: the mean of x^2 (twice that for IQ2_S). */
+QD_HD float qd_iq2_sigma2(int type, const float *x)
 {
-    const int bytes = qd_iq2_block_bytes(type), ng = type == QD_IQ2_XXS ? 4 : 2, group = 8 * ng;
-    for (int i = 0; i < bytes; i++)
-        blk[i] = 0;
     float sumx2 = 0.0f;
     for (int i = 0; i < QD_QK_K; i++)
         sumx2 += x[i] * x[i];
-    const float sigma2 = type == QD_IQ2_S ? 2.0f * sumx2 / (float)QD_QK_K : sumx2 / (float)QD_QK_K;
-    float scales[16], weight[32], waux[32], xval[32], max_scale = 0.0f;
+    return type == QD_IQ2_S ? 2.0f * sumx2 / (float)QD_QK_K : sumx2 / (float)QD_QK_K;
+}
+
+/* Sub-block ib's search (values xb, importance qwb or NULL): 32 values for IQ2_XXS, 16 else. The
+ * GPU runs a thread per sub-block. */
+QD_HD void qd_iq2_sub_block(const struct qd_iq2_tables *QD_RESTRICT t, int type, const float *xb, const float *qwb,
+                            float sigma2, struct qd_iq2_sub *r)
+{
+    const int ng = type == QD_IQ2_XXS ? 4 : 2, group = 8 * ng;
+    float weight[32], waux[32], xval[32];
     int8_t L[32];
-    for (int ib = 0; ib < QD_QK_K / group; ib++) {
-        const float *xb = x + group * ib;
-        for (int i = 0; i < group; i++)
-            weight[i] = qw ? qw[group * ib + i] * sqrtf(sigma2 + xb[i] * xb[i]) : 0.25f * sigma2 + xb[i] * xb[i];
-        for (int i = 0; i < group; i++)
-            waux[i] = sqrtf(weight[i]);
-        uint8_t signs[4];
+    for (int i = 0; i < group; i++)
+        weight[i] = qwb ? qwb[i] * sqrtf(sigma2 + xb[i] * xb[i]) : 0.25f * sigma2 + xb[i] * xb[i];
+    for (int i = 0; i < group; i++)
+        waux[i] = sqrtf(weight[i]);
+    for (int k = 0; k < ng; k++)
+        r->signs[k] = qd_iq2_signs(xb + 8 * k, weight + 8 * k, xval + 8 * k, type != QD_IQ2_S);
+    float scale = type == QD_IQ2_XXS ? qd_iq2xxs_sub(t, xval, weight, waux, L, &r->zero)
+                                     : qd_iq2s_sub(t, xval, weight, waux, type == QD_IQ2_S ? 1e-8f : QD_KQ_EPS, L, &r->zero);
+    r->scale = 0.0f;
+    if (r->zero)
+        return;
+    if (scale < 0.0f) { /* ggml's guard: a positive scale, the signs flipped */
+        scale = -scale;
         for (int k = 0; k < ng; k++)
-            signs[k] = qd_iq2_signs(xb + 8 * k, weight + 8 * k, xval + 8 * k, type != QD_IQ2_S);
-        int zero;
-        float scale = type == QD_IQ2_XXS ? qd_iq2xxs_sub(t, xval, weight, waux, L, &zero)
-                                         : qd_iq2s_sub(t, xval, weight, waux, type == QD_IQ2_S ? 1e-8f : QD_KQ_EPS, L, &zero);
-        scales[ib] = 0.0f;
-        if (zero)
+            r->signs[k] = (uint8_t)(type == QD_IQ2_S ? ~r->signs[k] : ~r->signs[k] & 127);
+    }
+    for (int k = 0; k < ng; k++)
+        r->g[k] = (uint16_t)qd_iq2_index(t, L + 8 * k);
+    r->scale = scale;
+}
+
+/* The super-block's bytes from its sub-blocks' results (8 for IQ2_XXS, 16 else), in ggml's
+ * order: codes and signs, then d and the 4-bit scales. */
+QD_HD void qd_iq2_finish(int type, const struct qd_iq2_sub *r, uint8_t *QD_RESTRICT blk)
+{
+    const int bytes = qd_iq2_block_bytes(type), ng = type == QD_IQ2_XXS ? 4 : 2, nsub = QD_QK_K / (8 * ng);
+    for (int i = 0; i < bytes; i++)
+        blk[i] = 0;
+    float max_scale = 0.0f;
+    for (int ib = 0; ib < nsub; ib++) {
+        if (r[ib].zero)
             continue;
-        if (scale < 0.0f) { /* ggml's guard: a positive scale, the signs flipped */
-            scale = -scale;
-            for (int k = 0; k < ng; k++)
-                signs[k] = (uint8_t)(type == QD_IQ2_S ? ~signs[k] : ~signs[k] & 127);
-        }
         for (int k = 0; k < ng; k++) {
-            const int g = qd_iq2_index(t, L + 8 * k);
+            const int g = r[ib].g[k];
             if (type == QD_IQ2_XXS) {
                 blk[2 + 8 * ib + k] = (uint8_t)g;
-                const uint32_t s = (uint32_t)signs[k] << 7 * k;
+                const uint32_t s = (uint32_t)r[ib].signs[k] << 7 * k;
                 for (int j = 0; j < 4; j++)
                     blk[6 + 8 * ib + j] |= (uint8_t)(s >> 8 * j);
             } else if (type == QD_IQ2_XS) {
-                const int v = g | signs[k] << 9, at = 2 + 2 * (2 * ib + k);
+                const int v = g | r[ib].signs[k] << 9, at = 2 + 2 * (2 * ib + k);
                 blk[at] = (uint8_t)v;
                 blk[at + 1] = (uint8_t)(v >> 8);
             } else {
                 const int i8 = 2 * ib + k;
                 blk[2 + i8] = (uint8_t)(g & 255);
                 blk[66 + i8 / 4] |= (uint8_t)((g >> 8) << 2 * (i8 % 4));
-                blk[2 + 32 + i8] = signs[k];
+                blk[2 + 32 + i8] = r[ib].signs[k];
             }
         }
-        scales[ib] = scale;
-        max_scale = max_scale > scale ? max_scale : scale;
+        max_scale = max_scale > r[ib].scale ? max_scale : r[ib].scale;
     }
     if (max_scale == 0.0f) { /* d 0; IQ2_XXS and IQ2_XS clear their codes (a scale computed as 0 wrote some) */
         for (int i = 0; type != QD_IQ2_S && i < bytes; i++)
@@ -301,13 +324,26 @@ QD_HD void qd_iq2_quantize_block(const struct qd_iq2_tables *QD_RESTRICT t, int 
     const float d = max_scale / 31.0f;
     qd_put_f16(blk, type == QD_IQ2_S ? d * 0.9875f : d);
     const float id = 1.0f / d;
-    for (int ib = 0; ib < QD_QK_K / group; ib++) {
-        const int l = qd_iq2_scale_code(id, scales[ib]);
+    for (int ib = 0; ib < nsub; ib++) {
+        const int l = qd_iq2_scale_code(id, r[ib].scale);
         if (type == QD_IQ2_XXS)
             blk[6 + 8 * ib + 3] |= (uint8_t)(l << 4);
         else
             blk[(type == QD_IQ2_XS ? 66 : 74) + ib / 2] |= (uint8_t)(l << 4 * (ib % 2));
     }
+}
+
+/* One super-block of type into blk; qw its importance (ggml's quant_weights) or NULL, which only
+ * IQ2_S takes (the registry refuses the others without one, as ggml_quantize_chunk asserts). */
+QD_HD void qd_iq2_quantize_block(const struct qd_iq2_tables *QD_RESTRICT t, int type, const float *QD_RESTRICT x,
+                                 const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
+{
+    const int group = type == QD_IQ2_XXS ? 32 : 16;
+    const float sigma2 = qd_iq2_sigma2(type, x);
+    struct qd_iq2_sub r[16];
+    for (int ib = 0; ib < QD_QK_K / group; ib++)
+        qd_iq2_sub_block(t, type, x + group * ib, qw ? qw + group * ib : NULL, sigma2, &r[ib]);
+    qd_iq2_finish(type, r, blk);
 }
 
 /* ksigns_iq2xs: 7 stored signs and the eighth that makes their count even */

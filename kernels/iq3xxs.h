@@ -137,87 +137,105 @@ QD_HD void qd_iq3xxs_finish(float max_scale, const float *scales, uint32_t *sas,
     }
 }
 
+/* The scale and levels L of a sub-block that qd_iq3xxs_signs prepared (its largest xval max not
+ * below 1e-8): 31 trial scales around max / 15, then the tuples chosen off the grid again at the
+ * final scale. */
+QD_HD float qd_iq3xxs_sub_search(const struct qd_iq_grid *QD_RESTRICT g, const float *xval, const float *weight,
+                                 const float *waux, float max, int8_t *L)
+{
+    int8_t Laux[32];
+    int on_grid[8], on_grid_aux[8];
+    for (int i = 0; i < 32; i++)
+        L[i] = 0;
+    float best = 0.0f, scale = max / 15.0f;
+    for (int k = 0; k < 8; k++)
+        on_grid[k] = 1;
+    for (int is = -15; is <= 15; is++) {
+        const float id = (15.0f + (float)is * 0.2f) / max, this_scale = 1.0f / id;
+        for (int k = 0; k < 8; k++) {
+            for (int i = 0; i < 4; i++)
+                Laux[4 * k + i] = (int8_t)qd_iq3xxs_level(id, xval[4 * k + i]);
+            const int u = qd_iq_tuple(g, Laux + 4 * k);
+            on_grid_aux[k] = g->map[u] >= 0;
+            if (!on_grid_aux[k])
+                qd_iq3xxs_best_neighbour(g, u, xval + 4 * k, waux + 4 * k, this_scale, Laux + 4 * k);
+        }
+        float sumqx = 0.0f, sumq2 = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            const float w = weight[i], q = (float)(2 * Laux[i] + 1);
+            sumqx += w * xval[i] * q;
+            sumq2 += w * q * q;
+        }
+        if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
+            scale = sumqx / sumq2;
+            best = scale * sumqx;
+            for (int i = 0; i < 32; i++)
+                L[i] = Laux[i];
+            for (int k = 0; k < 8; k++)
+                on_grid[k] = on_grid_aux[k];
+        }
+    }
+    int off_grid = 0;
+    for (int k = 0; k < 8; k++)
+        off_grid += !on_grid[k];
+    if (off_grid > 0 && scale > 0.0f) { /* the tuples chosen off the grid, again at the final scale */
+        const float id = 1.0f / scale;
+        for (int k = 0; k < 8; k++) {
+            if (on_grid[k])
+                continue;
+            int8_t l[4];
+            for (int i = 0; i < 4; i++)
+                l[i] = (int8_t)qd_iq3xxs_level(id, xval[4 * k + i]);
+            const int u = qd_iq_tuple(g, l);
+            const int gi = g->map[u] >= 0 ? g->map[u]
+                                          : qd_iq3xxs_best_neighbour(g, u, xval + 4 * k, waux + 4 * k, scale, L + 4 * k);
+            for (int i = 0; i < 4; i++)
+                L[4 * k + i] = (int8_t)qd_iq_point(g, gi)[i];
+        }
+        float sumqx = 0.0f, sumq2 = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            const float w = weight[i], q = (float)(2 * L[i] + 1);
+            sumqx += w * xval[i] * q;
+            sumq2 += w * q * q;
+        }
+        if (sumq2 > 0.0f)
+            scale = sumqx / sumq2;
+    }
+    return scale;
+}
+
+/* Sub-block ib (values xb, importance qwb or NULL) of a super-block qd_iq3xxs_begin started: its
+ * grid indices into blk and its sign word into *sas; returns its scale, or 0 with *zero set where
+ * its largest |x| is below GROUP_MAX_EPS_IQ3_XXS (codes, signs and scale stay 0). The GPU runs a
+ * thread per sub-block. */
+QD_HD float qd_iq3xxs_sub(const struct qd_iq_grid *QD_RESTRICT g, const float *xb, const float *qwb, float sigma2,
+                          int ib, uint8_t *blk, uint32_t *sas, int *zero)
+{
+    float weight[32], waux[32], xval[32];
+    int8_t L[32];
+    uint8_t bsigns[4];
+    *sas = 0;
+    const float max = qd_iq3xxs_signs(xb, qwb, sigma2, weight, waux, xval, bsigns);
+    *zero = max < 1e-8f;
+    if (*zero)
+        return 0.0f;
+    const float scale = qd_iq3xxs_sub_search(g, xval, weight, waux, max, L);
+    return qd_iq3xxs_sub_put(g, scale, L, bsigns, blk + 2 + 8 * ib, sas);
+}
+
 /* quantize_row_iq3_xxs_impl (grid size 256) for one super-block; qw its importance or NULL. The
- * pieces above are shared with the AVX2 form (kernels/cpu/iqgrid_avx2.h). */
+ * pieces above are shared with the AVX2 form (kernels/cpu/iqgrid_avx2.h) and the GPU's. */
 QD_HD void qd_iq3xxs_quantize(const struct qd_iq_grid *QD_RESTRICT g, const float *QD_RESTRICT x,
                               const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
 {
-    uint8_t *qs = blk + 2;
     uint32_t sas[8];
-    float scales[8], weight[32], waux[32], xval[32];
-    int8_t L[32], Laux[32];
-    int on_grid[8], on_grid_aux[8];
-    uint8_t bsigns[4];
-    for (int ib = 0; ib < 8; ib++)
-        sas[ib] = 0;
+    float scales[8], max_scale = 0.0f;
     const float sigma2 = qd_iq3xxs_begin(x, blk);
-    float max_scale = 0.0f;
     for (int ib = 0; ib < 8; ib++) {
-        const float max = qd_iq3xxs_signs(x + 32 * ib, qw ? qw + 32 * ib : NULL, sigma2, weight, waux, xval, bsigns);
-        for (int i = 0; i < 32; i++)
-            L[i] = 0;
-        if (max < 1e-8f) { /* GROUP_MAX_EPS_IQ3_XXS: codes, signs and scale stay 0 */
-            scales[ib] = 0.0f;
-            continue;
-        }
-        float best = 0.0f, scale = max / 15.0f;
-        for (int k = 0; k < 8; k++)
-            on_grid[k] = 1;
-        for (int is = -15; is <= 15; is++) {
-            const float id = (15.0f + (float)is * 0.2f) / max, this_scale = 1.0f / id;
-            for (int k = 0; k < 8; k++) {
-                for (int i = 0; i < 4; i++)
-                    Laux[4 * k + i] = (int8_t)qd_iq3xxs_level(id, xval[4 * k + i]);
-                const int u = qd_iq_tuple(g, Laux + 4 * k);
-                on_grid_aux[k] = g->map[u] >= 0;
-                if (!on_grid_aux[k])
-                    qd_iq3xxs_best_neighbour(g, u, xval + 4 * k, waux + 4 * k, this_scale, Laux + 4 * k);
-            }
-            float sumqx = 0.0f, sumq2 = 0.0f;
-            for (int i = 0; i < 32; i++) {
-                const float w = weight[i], q = (float)(2 * Laux[i] + 1);
-                sumqx += w * xval[i] * q;
-                sumq2 += w * q * q;
-            }
-            if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
-                scale = sumqx / sumq2;
-                best = scale * sumqx;
-                for (int i = 0; i < 32; i++)
-                    L[i] = Laux[i];
-                for (int k = 0; k < 8; k++)
-                    on_grid[k] = on_grid_aux[k];
-            }
-        }
-        int off_grid = 0;
-        for (int k = 0; k < 8; k++)
-            off_grid += !on_grid[k];
-        if (off_grid > 0 && scale > 0.0f) { /* the tuples chosen off the grid, again at the final scale */
-            const float id = 1.0f / scale;
-            for (int k = 0; k < 8; k++) {
-                if (on_grid[k])
-                    continue;
-                int8_t l[4];
-                for (int i = 0; i < 4; i++)
-                    l[i] = (int8_t)qd_iq3xxs_level(id, xval[4 * k + i]);
-                const int u = qd_iq_tuple(g, l);
-                const int gi = g->map[u] >= 0 ? g->map[u]
-                                              : qd_iq3xxs_best_neighbour(g, u, xval + 4 * k, waux + 4 * k, scale,
-                                                                         L + 4 * k);
-                for (int i = 0; i < 4; i++)
-                    L[4 * k + i] = (int8_t)qd_iq_point(g, gi)[i];
-            }
-            float sumqx = 0.0f, sumq2 = 0.0f;
-            for (int i = 0; i < 32; i++) {
-                const float w = weight[i], q = (float)(2 * L[i] + 1);
-                sumqx += w * xval[i] * q;
-                sumq2 += w * q * q;
-            }
-            if (sumq2 > 0.0f)
-                scale = sumqx / sumq2;
-        }
-        scale = qd_iq3xxs_sub_put(g, scale, L, bsigns, qs + 8 * ib, &sas[ib]);
-        scales[ib] = scale;
-        max_scale = max_scale > scale ? max_scale : scale;
+        int zero;
+        scales[ib] = qd_iq3xxs_sub(g, x + 32 * ib, qw ? qw + 32 * ib : NULL, sigma2, ib, blk, &sas[ib], &zero);
+        if (!zero)
+            max_scale = max_scale > scales[ib] ? max_scale : scales[ib];
     }
     qd_iq3xxs_finish(max_scale, scales, sas, blk);
 }

@@ -28,12 +28,9 @@ QD_HD int qd_iquant_block_bytes(int type)
     }
 }
 
-/* kvalues_iq4nl: the non-linear grid, in ascending order */
-QD_HD int qd_iq4_value(int i)
-{
-    const int8_t v[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-    return v[i];
-}
+/* kvalues_iq4nl: the non-linear grid, in ascending order (-127, -104, -83, -65, -49, -35, -22,
+ * -10, 1, 13, 25, 38, 53, 69, 89, 113) */
+QD_HD int qd_iq4_value(int i) { return qd_s8_table16(0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u, i); }
 
 /* The index of the grid value nearest x, ties to the upper (ggml's best_index_int8: a binary
  * search, the same compares; NaN gives 15). */
@@ -55,107 +52,139 @@ QD_HD int qd_iq4_best_index(float x)
 }
 
 /* quantize_row_iq4_nl_impl with ntry 7 (what quantize_iq4_nl and quantize_iq4_xs pass, with or
- * without weights): per 32-element sub-block the scale -max/-127 and fifteen trials
+ * without weights), in three pieces the GPU runs a thread per sub-block: sigma2 = 2 mean(x^2)
+ * over the super-block; per 32-element sub-block the scale -max/-127 and fifteen trials
  * (itry - 127)/max, each code the grid value nearest x/scale, the sum weighted by qw * sqrt(sigma2
- * + x^2) (sigma2 = 2 mean(x^2) over the super-block) or, without qw, by x^2. iq4_nl keeps its one
- * f16 scale; iq4_xs stores the sub-block scales as 6-bit multiples of -max_scale/32 and chooses
- * the codes again from them. */
-QD_HD void qd_iq4_quantize(int xs, const float *QD_RESTRICT x, const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
+ * + x^2) or, without qw, by x^2; the super-block's largest scale (the first of equal |d|). iq4_nl
+ * keeps its one f16 scale; iq4_xs stores the sub-block scales as 6-bit multiples of
+ * -max_scale/32 and chooses the codes again from them. (ggml also keeps each trial's codes; the
+ * codes are always chosen again from the final scale, so only the scale is kept here.) */
+QD_HD float qd_iq4_sigma2(const float *QD_RESTRICT x, int n)
 {
-    const int sbs = xs ? QD_QK_K : 32, nsub = sbs / 32;
-    uint8_t L[QD_QK_K];
-    float scales[8], weight[32];
     float sigma2 = 0.0f;
-    for (int j = 0; j < sbs; j++)
+    for (int j = 0; j < n; j++)
         sigma2 += x[j] * x[j];
-    sigma2 *= 2.0f / (float)sbs;
+    return sigma2 * (2.0f / (float)n);
+}
+
+/* The scale of sub-block xb (importance qwb or NULL): 0 when its largest |x| is below eps. */
+QD_HD float qd_iq4_sub_scale(const float *QD_RESTRICT xb, const float *QD_RESTRICT qwb, float sigma2)
+{
+    float weight[32];
+    for (int j = 0; j < 32; j++)
+        weight[j] = qwb ? qwb[j] * sqrtf(sigma2 + xb[j] * xb[j]) : xb[j] * xb[j];
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        float ax = qd_absf(xb[j]);
+        if (ax > amax) {
+            amax = ax;
+            max = xb[j];
+        }
+    }
+    if (amax < QD_KQ_EPS)
+        return 0.0f;
     const float v0 = (float)qd_iq4_value(0);
-    float max_scale = 0.0f, amax_scale = 0.0f;
-    for (int ib = 0; ib < nsub; ib++) {
-        const float *xb = x + 32 * ib;
-        uint8_t *Lb = L + 32 * ib;
-        for (int j = 0; j < 32; j++)
-            weight[j] = qw ? qw[32 * ib + j] * sqrtf(sigma2 + xb[j] * xb[j]) : xb[j] * xb[j];
-        float amax = 0.0f, max = 0.0f;
+    float d = -max / v0;
+    float id = 1.0f / d;
+    float sumqx = 0.0f, sumq2 = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        float q = (float)qd_iq4_value(qd_iq4_best_index(id * xb[j]));
+        float w = weight[j];
+        sumqx += w * q * xb[j];
+        sumq2 += w * q * q;
+    }
+    d = sumq2 > 0.0f ? sumqx / sumq2 : 0.0f;
+    float best = d * sumqx;
+    for (int itry = -7; itry <= 7; itry++) {
+        id = (float)(itry + qd_iq4_value(0)) / max;
+        sumqx = sumq2 = 0.0f;
         for (int j = 0; j < 32; j++) {
-            float ax = qd_absf(xb[j]);
-            if (ax > amax) {
-                amax = ax;
-                max = xb[j];
-            }
-        }
-        if (amax < QD_KQ_EPS) {
-            scales[ib] = 0.0f;
-            continue;
-        }
-        float d = -max / v0;
-        float id = 1.0f / d;
-        float sumqx = 0.0f, sumq2 = 0.0f;
-        for (int j = 0; j < 32; j++) {
-            int l = qd_iq4_best_index(id * xb[j]);
-            Lb[j] = (uint8_t)l;
-            float q = (float)qd_iq4_value(l);
+            float q = (float)qd_iq4_value(qd_iq4_best_index(id * xb[j]));
             float w = weight[j];
             sumqx += w * q * xb[j];
             sumq2 += w * q * q;
         }
-        d = sumq2 > 0.0f ? sumqx / sumq2 : 0.0f;
-        float best = d * sumqx;
-        for (int itry = -7; itry <= 7; itry++) {
-            id = (float)(itry + qd_iq4_value(0)) / max;
-            sumqx = sumq2 = 0.0f;
-            for (int j = 0; j < 32; j++) {
-                float q = (float)qd_iq4_value(qd_iq4_best_index(id * xb[j]));
-                float w = weight[j];
-                sumqx += w * q * xb[j];
-                sumq2 += w * q * q;
-            }
-            if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
-                d = sumqx / sumq2;
-                best = d * sumqx;
-            }
-        }
-        scales[ib] = d;
-        float abs_d = qd_absf(d);
-        if (abs_d > amax_scale) {
-            amax_scale = abs_d;
-            max_scale = d;
+        if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
+            d = sumqx / sumq2;
+            best = d * sumqx;
         }
     }
-    uint8_t *q4;
-    if (xs) {
-        uint8_t *sl = blk + 4;
-        uint16_t sh = 0;
-        q4 = blk + 8;
-        float d = -max_scale / 32.0f;
-        qd_put_f16(blk, d);
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        for (int ib = 0; ib < nsub; ib++) {
-            int l = qd_kq_clampi(qd_kq_round(id * scales[ib]), -32, 31);
-            float dl = d * (float)l;
-            float idl = dl != 0.0f ? 1.0f / dl : 0.0f;
-            for (int j = 0; j < 32; j++)
-                L[32 * ib + j] = (uint8_t)qd_iq4_best_index(idl * x[32 * ib + j]);
-            l += 32;
-            uint8_t l_l = (uint8_t)(l & 0xf), l_h = (uint8_t)(l >> 4);
-            if (ib % 2 == 0)
-                sl[ib / 2] = l_l;
-            else
-                sl[ib / 2] |= (uint8_t)(l_l << 4);
-            sh |= (uint16_t)(l_h << 2 * (ib % 8));
+    return d;
+}
+
+/* The super-block's scale of largest |d| among n, the first of equal ones. */
+QD_HD float qd_iq4_max_scale(const float *scales, int n)
+{
+    float max_scale = 0.0f, amax_scale = 0.0f;
+    for (int ib = 0; ib < n; ib++)
+        if (qd_absf(scales[ib]) > amax_scale) {
+            amax_scale = qd_absf(scales[ib]);
+            max_scale = scales[ib];
         }
-        blk[2] = (uint8_t)sh;
-        blk[3] = (uint8_t)(sh >> 8);
+    return max_scale;
+}
+
+/* iq4_xs: sub-block xb's 6-bit scale code (l + 32) against d = -max_scale / 32 (id its inverse
+ * or 0), and its codes L at that scale. */
+QD_HD int qd_iq4_xs_sub_codes(float d, float id, float scale, const float *QD_RESTRICT xb, uint8_t *QD_RESTRICT L)
+{
+    int l = qd_kq_clampi(qd_kq_round(id * scale), -32, 31);
+    float dl = d * (float)l;
+    float idl = dl != 0.0f ? 1.0f / dl : 0.0f;
+    for (int j = 0; j < 32; j++)
+        L[j] = (uint8_t)qd_iq4_best_index(idl * xb[j]);
+    return l + 32;
+}
+
+/* 32 codes as 16 bytes: element j in the low nibble of byte j, j + 16 in the high one. */
+QD_HD void qd_iq4_pack(const uint8_t *QD_RESTRICT L, uint8_t *QD_RESTRICT q4)
+{
+    for (int j = 0; j < 16; j++)
+        q4[j] = (uint8_t)(L[j] | (L[16 + j] << 4));
+}
+
+/* iq4_xs's d and 6-bit scale codes ls[8] into the block's first 8 bytes (d, scales_h, scales_l). */
+QD_HD void qd_iq4_xs_put_scales(float d, const int *ls, uint8_t *QD_RESTRICT blk)
+{
+    qd_put_f16(blk, d);
+    uint16_t sh = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        const uint8_t l_l = (uint8_t)(ls[ib] & 0xf), l_h = (uint8_t)(ls[ib] >> 4);
+        if (ib % 2 == 0)
+            blk[4 + ib / 2] = l_l;
+        else
+            blk[4 + ib / 2] |= (uint8_t)(l_l << 4);
+        sh |= (uint16_t)(l_h << 2 * ib);
+    }
+    blk[2] = (uint8_t)sh;
+    blk[3] = (uint8_t)(sh >> 8);
+}
+
+QD_HD void qd_iq4_quantize(int xs, const float *QD_RESTRICT x, const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
+{
+    const int sbs = xs ? QD_QK_K : 32, nsub = sbs / 32;
+    const float sigma2 = qd_iq4_sigma2(x, sbs);
+    float scales[8];
+    for (int ib = 0; ib < nsub; ib++)
+        scales[ib] = qd_iq4_sub_scale(x + 32 * ib, qw ? qw + 32 * ib : NULL, sigma2);
+    const float max_scale = qd_iq4_max_scale(scales, nsub);
+    uint8_t L[32];
+    if (xs) {
+        float d = -max_scale / 32.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int ls[8];
+        for (int ib = 0; ib < nsub; ib++) {
+            ls[ib] = qd_iq4_xs_sub_codes(d, id, scales[ib], x + 32 * ib, L);
+            qd_iq4_pack(L, blk + 8 + 16 * ib);
+        }
+        qd_iq4_xs_put_scales(d, ls, blk);
     } else {
-        q4 = blk + 2;
         qd_put_f16(blk, scales[0]);
         float id = scales[0] != 0.0f ? 1.0f / scales[0] : 0.0f;
         for (int j = 0; j < 32; j++)
             L[j] = (uint8_t)qd_iq4_best_index(id * x[j]);
+        qd_iq4_pack(L, blk + 2);
     }
-    for (int i = 0; i < sbs / 32; i++)
-        for (int j = 0; j < 16; j++)
-            q4[16 * i + j] = (uint8_t)(L[32 * i + j] | (L[32 * i + 16 + j] << 4));
 }
 
 /* lroundf(v) + 1 as ggml's x86 build computes it (a ternary code 0, 1 or 2): half away from
@@ -222,12 +251,8 @@ QD_HD void qd_tq2_quantize(const float *QD_RESTRICT x, uint8_t *QD_RESTRICT blk)
         }
 }
 
-/* kvalues_mxfp4: E2M1 values doubled */
-QD_HD int qd_mxg_value(int i)
-{
-    const int8_t v[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-    return v[i];
-}
+/* kvalues_mxfp4: E2M1 values doubled (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12) */
+QD_HD int qd_mxg_value(int i) { return qd_s8_table16(0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu, i); }
 
 /* GGML_E8M0_TO_FP32_HALF: 2^(e - 128), subnormal for e < 2 */
 QD_HD float qd_mxg_half_scale(uint8_t e)

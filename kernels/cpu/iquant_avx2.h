@@ -159,41 +159,24 @@ static inline void qd_iq4_xs_quantize_avx2(const float *x, const float *qw, uint
         xt[i] = iq4_column8(x, 32, i);
     float sigma2 = 0.0f;
     if (qw) { /* one sequential sum over the super-block, only the weights read it */
-        for (int j = 0; j < QD_QK_K; j++)
-            sigma2 += x[j] * x[j];
-        sigma2 *= 2.0f / (float)QD_QK_K;
+        sigma2 = qd_iq4_sigma2(x, QD_QK_K);
         for (int i = 0; i < 32; i++)
             qwt[i] = iq4_column8(qw, 32, i);
     }
     iq4_weights8(xt, qw ? qwt : NULL, _mm256_set1_ps(sigma2), w);
     float scales[8];
     iq4_search8(&g, xt, w, scales);
-    float max_scale = 0.0f, amax_scale = 0.0f;
-    for (int ib = 0; ib < 8; ib++) { /* a zero sub-block's scale 0 never wins: the scalar skip */
-        const float abs_d = qd_absf(scales[ib]);
-        if (abs_d > amax_scale) {
-            amax_scale = abs_d;
-            max_scale = scales[ib];
-        }
-    }
-    const float d = -max_scale / 32.0f;
-    qd_put_f16(blk, d);
+    /* a zero sub-block's scale 0 never wins: the scalar skip */
+    const float d = -qd_iq4_max_scale(scales, 8) / 32.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    uint16_t sh = 0;
+    int ls[8];
     for (int ib = 0; ib < 8; ib++) {
-        int l = qd_kq_clampi(qd_kq_round(id * scales[ib]), -32, 31);
+        const int l = qd_kq_clampi(qd_kq_round(id * scales[ib]), -32, 31);
         const float dl = d * (float)l;
         iq4_codes32(&g, x + 32 * ib, dl != 0.0f ? 1.0f / dl : 0.0f, blk + 8 + 16 * ib);
-        l += 32;
-        const uint8_t l_l = (uint8_t)(l & 0xf), l_h = (uint8_t)(l >> 4);
-        if (ib % 2 == 0)
-            blk[4 + ib / 2] = l_l;
-        else
-            blk[4 + ib / 2] |= (uint8_t)(l_l << 4);
-        sh |= (uint16_t)(l_h << 2 * ib);
+        ls[ib] = l + 32;
     }
-    blk[2] = (uint8_t)sh;
-    blk[3] = (uint8_t)(sh >> 8);
+    qd_iq4_xs_put_scales(d, ls, blk);
 }
 
 /* qd_iq4_quantize(0, ...) on eight consecutive iq4_nl blocks: x holds 256 values, block j at

@@ -1,10 +1,11 @@
 /* ggml's iq2_xxs, iq2_xs and iq2_s on the GPU, with the CPU's block code (kernels/iq2.h, built
- * without FMA contraction): one thread per 256-element super-block for quantize and for
- * dequantize, all reading a device copy of the host's tables (kernels/iq2.c), made once per
+ * without FMA contraction): a thread per sub-block for quantize, one per 256-element
+ * super-block for dequantize, all reading a device copy of the host's tables (kernels/iq2.c), made once per
  * device and type into module globals (nothing to free). */
 #include <pthread.h>
 
 #include "../iq2.h"
+#include "subblock.cuh"
 #include "tile.cuh"
 
 #define IQ2_THREADS 64
@@ -52,20 +53,33 @@ static const struct qd_iq2_tables *iq2_device_tables(int type)
     return t;
 }
 
+/* A thread per sub-block (subblock.cuh): 8 of 32 values for IQ2_XXS, 16 of 16 for IQ2_XS and
+ * IQ2_S; 64 threads a CTA. The group's lane 0 writes the block from their results. */
 template <int DT, int TYPE>
-__global__ void __launch_bounds__(IQ2_THREADS) iq2_quantize_kernel(const struct qd_iq2_tables *t, const void *x,
-                                                                   int64_t nblocks, int64_t cols, const float *imp,
-                                                                   int64_t mrows, uint8_t *out, unsigned long long *bad)
+__global__ void __launch_bounds__(64) iq2_sub_quantize_kernel(const struct qd_iq2_tables *t, const void *x,
+                                                              int64_t nblocks, int64_t cols, const float *imp,
+                                                              int64_t mrows, uint8_t *out, unsigned long long *bad)
 {
-    const int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (b >= nblocks)
+    constexpr int N = TYPE == QD_IQ2_XXS ? 8 : 16, SB = 64 / N;
+    __shared__ float sx[SB][QD_QK_K + 1];
+    __shared__ struct qd_iq2_sub sr[SB][16];
+    __shared__ uint32_t sblk[SB][(82 + 3) / 4]; /* IQ2_S's 82 bytes, the largest */
+    const int gi = threadIdx.x / N, ib = threadIdx.x % N;
+    const int64_t b = blockIdx.x * (int64_t)SB + gi, e0 = b * QD_QK_K;
+    if (b >= nblocks) /* (a whole group) */
         return;
-    const int64_t e0 = b * QD_QK_K;
-    float v[QD_QK_K];
-    if (qd_load_block_top<DT, QD_QK_K>(x, e0, v) >= 0x7f800000u)
-        qd_note_first_nonfinite<QD_QK_K>(bad, v, e0);
-    const float *qw = imp ? (mrows ? imp + e0 / cols / mrows * cols : imp) + e0 % cols : NULL;
-    qd_iq2_quantize_block(t, TYPE, v, qw, out + b * qd_iq2_block_bytes(TYPE));
+    float xb[QD_QK_K / N];
+    qd_sub_load<DT, N>(x, e0, ib, xb, sx[gi], bad);
+    const unsigned lanes = qd_sub_lanes<N>(gi);
+    __syncwarp(lanes);
+    const float sigma2 = qd_iq2_sigma2(TYPE, sx[gi]);
+    qd_iq2_sub_block(t, TYPE, xb, qd_sub_importance<N>(imp, mrows, cols, e0, ib), sigma2, &sr[gi][ib]);
+    __syncwarp(lanes);
+    uint8_t *blk = (uint8_t *)sblk[gi];
+    if (ib == 0)
+        qd_iq2_finish(TYPE, sr[gi], blk);
+    __syncwarp(lanes);
+    qd_sub_store<N>(blk, out + b * qd_iq2_block_bytes(TYPE), qd_iq2_block_bytes(TYPE), ib);
 }
 
 template <int DT, int TYPE>
@@ -104,7 +118,7 @@ extern "C" enum qd_status qd_cuda_iq2_quantize(const struct qd_format *f, const 
     if ((s = qd_cuda_importance(p, &imp)) != QD_OK)
         return s;
     QD_DTYPE_SWITCH(in->dtype, DT, IQ2_TYPE_SWITCH(f->code, TYPE,
-                    iq2_quantize_kernel<DT, TYPE><<<qd_grid(nblocks, IQ2_THREADS), IQ2_THREADS, 0, qd_stream()>>>(
+                    iq2_sub_quantize_kernel<DT, TYPE><<<qd_grid(nblocks, TYPE == QD_IQ2_XXS ? 8 : 4), 64, 0, qd_stream()>>>(
                         t, in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad)));
     CUDA_LAUNCHED();
     if (imp)

@@ -1,6 +1,7 @@
 /* ggml's iq4_nl, iq4_xs, tq1_0, tq2_0 and MXFP4 on the GPU, with the CPU's block code
  * (kernels/iquants.h, built without FMA contraction): one thread per block for quantize (the
- * iq4 searches weighted by the importance when one is given) and for dequantize. */
+ * iq4 searches weighted by the importance when one is given) but iq4_xs's, a thread per
+ * sub-block, and for dequantize. */
 #include "../iquants.h"
 #include "tile.cuh"
 
@@ -35,6 +36,57 @@ __global__ void __launch_bounds__(IQ_THREADS) iquant_dequantize_kernel(const uin
     qd_store_block<DT, N>(y, b * N, v);
 }
 
+/* iq4_xs: a thread per 32-element sub-block, eight per super-block, IQ4XS_SB super-blocks a CTA.
+ * Each super-block's values pass through shared memory for sigma2, which each of its eight
+ * threads sums in full in the CPU's order; the eight scales and scale codes meet by shuffles
+ * within the eight lanes. (One thread per super-block held 256 values in local memory, and a
+ * tensor of 4096^2 gave the GPU 65536 threads.) */
+#define IQ4XS_SB 16
+
+template <int DT>
+__global__ void __launch_bounds__(8 * IQ4XS_SB) iq4xs_quantize_kernel(const void *x, int64_t nblocks, int64_t cols,
+                                                                      const float *imp, int64_t mrows, uint8_t *out,
+                                                                      unsigned long long *bad)
+{
+    __shared__ float sx[IQ4XS_SB][QD_QK_K + 1]; /* (+1: the groups of a warp read different banks) */
+    const int g = threadIdx.x / 8, ib = threadIdx.x % 8;
+    const int64_t b = blockIdx.x * (int64_t)IQ4XS_SB + g, e0 = b * QD_QK_K;
+    if (b >= nblocks) /* (a whole group: its eight lanes share b) */
+        return;
+    float xb[32];
+    if (qd_load_block_top<DT, 32>(x, e0 + 32 * ib, xb) >= 0x7f800000u)
+        qd_note_first_nonfinite<32>(bad, xb, e0 + 32 * ib);
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+        sx[g][32 * ib + j] = xb[j];
+    const unsigned lanes = 0xffu << (8 * (g % 4));
+    __syncwarp(lanes);
+    const float sigma2 = qd_iq4_sigma2(sx[g], QD_QK_K);
+    const float *qw = imp ? (mrows ? imp + e0 / cols / mrows * cols : imp) + e0 % cols + 32 * ib : NULL;
+    const float scale = qd_iq4_sub_scale(xb, qw, sigma2);
+    float scales[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        scales[k] = __shfl_sync(lanes, scale, k, 8);
+    const float d = -qd_iq4_max_scale(scales, 8) / 32.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    uint8_t L[32];
+    const int l = qd_iq4_xs_sub_codes(d, id, scale, xb, L);
+    uint8_t *blk = out + b * qd_iquant_block_bytes(QD_IQ4_XS); /* 136: 8-byte aligned */
+    uint32_t q4[4];
+    qd_iq4_pack(L, (uint8_t *)q4);
+    *(uint2 *)(blk + 8 + 16 * ib) = make_uint2(q4[0], q4[1]);
+    *(uint2 *)(blk + 16 + 16 * ib) = make_uint2(q4[2], q4[3]);
+    int ls[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        ls[k] = __shfl_sync(lanes, l, k, 8);
+    if (ib == 0) {
+        uint32_t head[2];
+        qd_iq4_xs_put_scales(d, ls, (uint8_t *)head);
+        *(uint2 *)blk = make_uint2(head[0], head[1]);
+    }
+}
+
 #define IQUANT_TYPE_SWITCH(t, TYPE, ...)                                                        \
     switch (t) {                                                                                \
     case QD_IQ4_NL: { constexpr int TYPE = QD_IQ4_NL; __VA_ARGS__; } break;                     \
@@ -58,9 +110,14 @@ extern "C" enum qd_status qd_cuda_iquant_quantize(const struct qd_format *f, con
         return s;
     if (weighted && (s = qd_cuda_importance(p, &imp)) != QD_OK)
         return s;
-    QD_DTYPE_SWITCH(in->dtype, DT, IQUANT_TYPE_SWITCH(f->code, TYPE,
-                    iquant_quantize_kernel<DT, TYPE><<<qd_grid(nblocks, IQ_THREADS), IQ_THREADS, 0, qd_stream()>>>(
-                        in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad)));
+    if (f->code == QD_IQ4_XS) {
+        QD_DTYPE_SWITCH(in->dtype, DT, iq4xs_quantize_kernel<DT><<<qd_grid(nblocks, IQ4XS_SB), 8 * IQ4XS_SB, 0, qd_stream()>>>(
+                            in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad));
+    } else {
+        QD_DTYPE_SWITCH(in->dtype, DT, IQUANT_TYPE_SWITCH(f->code, TYPE,
+                        iquant_quantize_kernel<DT, TYPE><<<qd_grid(nblocks, IQ_THREADS), IQ_THREADS, 0, qd_stream()>>>(
+                            in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad)));
+    }
     CUDA_LAUNCHED();
     if (imp)
         CUDA_CHECK(cudaFreeAsync(imp, qd_stream()));

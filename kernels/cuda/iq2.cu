@@ -64,14 +64,6 @@ __global__ void __launch_bounds__(64) iq2_sub_quantize_kernel(const struct qd_iq
     __shared__ float sx[SB][QD_QK_K + 1];
     __shared__ struct qd_iq2_sub sr[SB][16];
     __shared__ uint32_t sblk[SB][(82 + 3) / 4]; /* IQ2_S's 82 bytes, the largest */
-    /* the grid and the tuple map (34 KB) in shared memory: the searches look them up at random,
-     * each lookup behind the one before (the neighbour lists stay in global memory) */
-    __shared__ struct qd_iq2_tables st;
-    static_assert(sizeof st % 4 == 0, "copied in words");
-    for (int i = threadIdx.x; i < (int)(sizeof st / 4); i += blockDim.x)
-        ((uint32_t *)&st)[i] = ((const uint32_t *)t)[i];
-    __syncthreads();
-    t = &st;
     const int gi = threadIdx.x / N, ib = threadIdx.x % N;
     const int64_t b = blockIdx.x * (int64_t)SB + gi, e0 = b * QD_QK_K;
     if (b >= nblocks) /* (a whole group) */

@@ -43,20 +43,6 @@ __global__ void __launch_bounds__(8 * IQG_SB) iqgrid_sub_quantize_kernel(const v
     __shared__ float sscale[IQG_SB][8];
     __shared__ uint32_t sword[IQG_SB][8]; /* iq3_xxs: the sign word; iq1_s: the high bits */
     __shared__ int8_t sflag[IQG_SB][8], sshift[IQG_SB][8];
-    /* iq3_xxs's tuple map and grid points (17 KB) in shared memory: the search looks them up at
-     * random, each lookup behind the one before (iq1_s's map, 256 KB, stays in global memory) */
-    constexpr int MAP = TYPE == QD_IQ3_XXS ? 4096 : 1, LEV = TYPE == QD_IQ3_XXS ? 1024 : 4;
-    __shared__ int32_t smap[MAP];
-    __shared__ uint8_t slev[LEV];
-    if (TYPE == QD_IQ3_XXS && g.map_size == MAP && g.n * g.dim == LEV) { /* (the same for every CTA) */
-        for (int i = threadIdx.x; i < MAP; i += blockDim.x)
-            smap[i] = g.map[i];
-        for (int i = threadIdx.x; i < LEV; i += blockDim.x) /* (bytes: the levels follow the lists, 2-aligned) */
-            slev[i] = g.levels[i];
-        __syncthreads();
-        g.map = smap;
-        g.levels = slev;
-    }
     const int gi = threadIdx.x / 8, ib = threadIdx.x % 8;
     const int64_t b = blockIdx.x * (int64_t)IQG_SB + gi, e0 = b * QD_QK_K;
     if (b >= nblocks) /* (a whole group) */

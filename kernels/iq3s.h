@@ -139,14 +139,7 @@ QD_HD void qd_iq3s_quantize(const struct qd_iq3s_tables *QD_RESTRICT t, const fl
             }
             float sumqx, sumq2;
             qd_iq3s_sums(weight, xval, Laux, &sumqx, &sumq2);
-            if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
-                scale = sumqx / sumq2;
-                best = scale * sumqx;
-                for (int i = 0; i < 32; i++)
-                    L[i] = Laux[i];
-                for (int k = 0; k < 8; k++)
-                    on_grid[k] = on_grid_aux[k];
-            }
+            qd_kq_take_trial(sumqx, sumq2, &scale, &best, Laux, L, on_grid_aux, on_grid);
         }
         int off_grid = 0;
         for (int k = 0; k < 8; k++)

@@ -166,14 +166,7 @@ QD_HD float qd_iq3xxs_sub_search(const struct qd_iq_grid *QD_RESTRICT g, const f
             sumqx += w * xval[i] * q;
             sumq2 += w * q * q;
         }
-        if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
-            scale = sumqx / sumq2;
-            best = scale * sumqx;
-            for (int i = 0; i < 32; i++)
-                L[i] = Laux[i];
-            for (int k = 0; k < 8; k++)
-                on_grid[k] = on_grid_aux[k];
-        }
+        qd_kq_take_trial(sumqx, sumq2, &scale, &best, Laux, L, on_grid_aux, on_grid);
     }
     int off_grid = 0;
     for (int k = 0; k < 8; k++)

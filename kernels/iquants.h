@@ -55,7 +55,7 @@ QD_HD int qd_iq4_best_index(float x)
  * without weights), in three pieces the GPU runs a thread per sub-block: sigma2 = 2 mean(x^2)
  * over the super-block; per 32-element sub-block the scale -max/-127 and fifteen trials
  * (itry - 127)/max, each code the grid value nearest x/scale, the sum weighted by qw * sqrt(sigma2
- * + x^2) or, without qw, by x^2; the super-block's largest scale (the first of equal |d|). iq4_nl
+ * + x^2) or, without qw, by x^2; the super-block's largest scale (qd_kq_max_abs_first). iq4_nl
  * keeps its one f16 scale; iq4_xs stores the sub-block scales as 6-bit multiples of
  * -max_scale/32 and chooses the codes again from them. (ggml also keeps each trial's codes; the
  * codes are always chosen again from the final scale, so only the scale is kept here.) */
@@ -112,18 +112,6 @@ QD_HD float qd_iq4_sub_scale(const float *QD_RESTRICT xb, const float *QD_RESTRI
     return d;
 }
 
-/* The super-block's scale of largest |d| among n, the first of equal ones. */
-QD_HD float qd_iq4_max_scale(const float *scales, int n)
-{
-    float max_scale = 0.0f, amax_scale = 0.0f;
-    for (int ib = 0; ib < n; ib++)
-        if (qd_absf(scales[ib]) > amax_scale) {
-            amax_scale = qd_absf(scales[ib]);
-            max_scale = scales[ib];
-        }
-    return max_scale;
-}
-
 /* iq4_xs: sub-block xb's 6-bit scale code (l + 32) against d = -max_scale / 32 (id its inverse
  * or 0), and its codes L at that scale. */
 QD_HD int qd_iq4_xs_sub_codes(float d, float id, float scale, const float *QD_RESTRICT xb, uint8_t *QD_RESTRICT L)
@@ -167,7 +155,7 @@ QD_HD void qd_iq4_quantize(int xs, const float *QD_RESTRICT x, const float *QD_R
     float scales[8];
     for (int ib = 0; ib < nsub; ib++)
         scales[ib] = qd_iq4_sub_scale(x + 32 * ib, qw ? qw + 32 * ib : NULL, sigma2);
-    const float max_scale = qd_iq4_max_scale(scales, nsub);
+    const float max_scale = qd_kq_max_abs_first(scales, nsub);
     uint8_t L[32];
     if (xs) {
         float d = -max_scale / 32.0f;

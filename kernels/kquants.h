@@ -59,6 +59,34 @@ QD_HD int qd_kq_round(float v)
 
 QD_HD int qd_kq_clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
+/* The value of largest |v| among n, the first of equal ones (0 where none is above 0): the
+ * scale the K-quant and iq4 super-blocks code the others against. */
+QD_HD float qd_kq_max_abs_first(const float *v, int n)
+{
+    float max = 0.0f, amax = 0.0f;
+    for (int j = 0; j < n; j++)
+        if (qd_absf(v[j]) > amax) {
+            amax = qd_absf(v[j]);
+            max = v[j];
+        }
+    return max;
+}
+
+/* One trial of the IQ3 searches (iq3_xxs, iq3_s): where its weighted fit (sumqx, sumq2) beats
+ * *best, its scale, 32 levels Laux and 8 on-grid flags become the chosen ones. */
+QD_HD void qd_kq_take_trial(float sumqx, float sumq2, float *scale, float *best, const int8_t *Laux, int8_t *L,
+                            const int *on_grid_aux, int *on_grid)
+{
+    if (sumq2 > 0.0f && sumqx * sumqx > *best * sumq2) {
+        *scale = sumqx / sumq2;
+        *best = *scale * sumqx;
+        for (int i = 0; i < 32; i++)
+            L[i] = Laux[i];
+        for (int k = 0; k < 8; k++)
+            on_grid[k] = on_grid_aux[k];
+    }
+}
+
 /* Symmetric codes in [-nmax, nmax) around the value of largest magnitude, then nine tries
  * either side of nmax for the scale that minimizes the weighted error (make_qx_quants with
  * rmse_type 1): weight qw[i] with an importance vector (quantize_row_*_impl), x[i]^2 without
@@ -364,16 +392,8 @@ QD_HD void qd_kq_quantize_q45(int five, const float *QD_RESTRICT x, uint8_t *QD_
 /* The header; returns 1 when the block is all zero and complete (no codes, no packing). */
 QD_HD int qd_kq_header_q6(const float *scales, uint8_t *QD_RESTRICT blk)
 {
-    float max_scale = 0.0f, max_abs_scale = 0.0f;
-    for (int ib = 0; ib < 16; ib++) {
-        const float scale = scales[ib];
-        const float abs_scale = qd_absf(scale);
-        if (abs_scale > max_abs_scale) {
-            max_abs_scale = abs_scale;
-            max_scale = scale;
-        }
-    }
-    if (max_abs_scale < QD_KQ_EPS) {
+    const float max_scale = qd_kq_max_abs_first(scales, 16);
+    if (qd_absf(max_scale) < QD_KQ_EPS) {
         for (int i = 0; i < 210; i++)
             blk[i] = 0;
         qd_put_f16(blk + 208, 0.0f);
@@ -437,14 +457,7 @@ QD_HD void qd_kq_quantize_q6(const float *QD_RESTRICT x, uint8_t *QD_RESTRICT bl
  * against the largest, f16 d. blk: hmask[32], qs[64], scales[12], d. */
 QD_HD void qd_kq_header_q3(const float *scales, uint8_t *QD_RESTRICT blk)
 {
-    float max_scale = 0.0f, amax = 0.0f;
-    for (int j = 0; j < 16; j++) {
-        float scale = qd_absf(scales[j]);
-        if (scale > amax) {
-            amax = scale;
-            max_scale = scales[j];
-        }
-    }
+    const float max_scale = qd_kq_max_abs_first(scales, 16);
     uint8_t *sc = blk + 96;
     for (int i = 0; i < 12; i++)
         sc[i] = 0;

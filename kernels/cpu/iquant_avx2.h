@@ -167,7 +167,7 @@ static inline void qd_iq4_xs_quantize_avx2(const float *x, const float *qw, uint
     float scales[8];
     iq4_search8(&g, xt, w, scales);
     /* a zero sub-block's scale 0 never wins: the scalar skip */
-    const float d = -qd_iq4_max_scale(scales, 8) / 32.0f;
+    const float d = -qd_kq_max_abs_first(scales, 8) / 32.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     int ls[8];
     for (int ib = 0; ib < 8; ib++) {

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(8 * IQ4XS_SB) iq4xs_quantize_kernel(const void
 #pragma unroll
     for (int k = 0; k < 8; k++)
         scales[k] = __shfl_sync(lanes, scale, k, 8);
-    const float d = -qd_iq4_max_scale(scales, 8) / 32.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float d = -qd_kq_max_abs_first(scales, 8) / 32.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
     uint8_t L[32];
     const int l = qd_iq4_xs_sub_codes(d, id, scale, xb, L);
     uint8_t *blk = out + b * qd_iquant_block_bytes(QD_IQ4_XS); /* 136: 8-byte aligned */

@@ -112,18 +112,24 @@ struct qd_iq1s_split {
     float scale;
 };
 
-/* The start of quantize_row_iq1_s_impl: blk's codes and d cleared, b empty. Returns sigma2
- * (2 mean(x^2) over the super-block). */
-QD_HD float qd_iq1s_begin(const float *x, uint8_t *blk, struct qd_iq1s_block *b)
+/* b as a super-block starts it: no high bits, scales 0, shifts +1 */
+QD_HD void qd_iq1s_block_init(struct qd_iq1s_block *b)
 {
-    for (int i = 0; i < 48; i++)
-        blk[2 + i] = 0;
     for (int ib = 0; ib < 8; ib++) {
         b->qh[ib] = 0;
         b->scales[ib] = 0.0f;
         b->shifts[ib] = 1;
     }
     b->max_scale = 0.0f;
+}
+
+/* The start of quantize_row_iq1_s_impl: blk's codes and d cleared, b empty. Returns sigma2
+ * (2 mean(x^2) over the super-block). */
+QD_HD float qd_iq1s_begin(const float *x, uint8_t *blk, struct qd_iq1s_block *b)
+{
+    for (int i = 0; i < 48; i++)
+        blk[2 + i] = 0;
+    qd_iq1s_block_init(b);
     qd_put_f16(blk, 0.0f);
     return qd_imx_block_sigma2(x, 2.0f);
 }

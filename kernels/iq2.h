@@ -101,19 +101,6 @@ QD_HD int qd_iq2_group(const struct qd_iq2_tables *QD_RESTRICT t, const float *x
     return 0;
 }
 
-/* sum w x q and sum w q^2 over n values, q = 2 L + 1 */
-QD_HD void qd_iq2_sums(int n, const float *w, const float *xval, const int8_t *L, float *sumqx, float *sumq2)
-{
-    float sx = 0.0f, s2 = 0.0f;
-    for (int i = 0; i < n; i++) {
-        const float q = (float)(2 * L[i] + 1);
-        sx += w[i] * xval[i] * q;
-        s2 += w[i] * q * q;
-    }
-    *sumqx = sx;
-    *sumq2 = s2;
-}
-
 /* The signs of group k of xb into |x| (xval); IQ2_XXS and IQ2_XS store 7 and keep the count of
  * negatives even by flipping the value of least w x^2 (which leaves it negative in xval). */
 QD_HD uint8_t qd_iq2_signs(const float *xb, const float *weight, float *xval, int even)
@@ -171,7 +158,7 @@ QD_HD float qd_iq2xxs_sub(const struct qd_iq2_tables *QD_RESTRICT t, const float
         for (int k = 0; k < 4; k++)
             qd_iq2_group(t, xval + 8 * k, waux + 8 * k, id, this_scale, Laux + 8 * k);
         float sumqx, sumq2;
-        qd_iq2_sums(32, weight, xval, Laux, &sumqx, &sumq2);
+        qd_kq_odd_sums(32, weight, xval, Laux, &sumqx, &sumq2);
         if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
             scale = sumqx / sumq2;
             best = scale * sumqx;
@@ -184,7 +171,7 @@ QD_HD float qd_iq2xxs_sub(const struct qd_iq2_tables *QD_RESTRICT t, const float
         for (int k = 0; k < 4; k++)
             qd_iq2_group(t, xval + 8 * k, waux + 8 * k, id, scale, L + 8 * k);
         float sumqx, sumq2;
-        qd_iq2_sums(32, weight, xval, L, &sumqx, &sumq2);
+        qd_kq_odd_sums(32, weight, xval, L, &sumqx, &sumq2);
         if (sumq2 > 0.0f)
             scale = sumqx / sumq2;
     }
@@ -212,7 +199,7 @@ QD_HD float qd_iq2s_sub(const struct qd_iq2_tables *QD_RESTRICT t, const float *
         for (int k = 0; k < 2; k++)
             on_grid_aux[k] = qd_iq2_group(t, xval + 8 * k, waux + 8 * k, id, this_scale, Laux + 8 * k);
         float sumqx, sumq2;
-        qd_iq2_sums(16, weight, xval, Laux, &sumqx, &sumq2);
+        qd_kq_odd_sums(16, weight, xval, Laux, &sumqx, &sumq2);
         if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
             scale = sumqx / sumq2;
             best = scale * sumqx;
@@ -228,7 +215,7 @@ QD_HD float qd_iq2s_sub(const struct qd_iq2_tables *QD_RESTRICT t, const float *
             if (!on_grid[k])
                 qd_iq2_group(t, xval + 8 * k, waux + 8 * k, id, scale, L + 8 * k);
         float sumqx, sumq2;
-        qd_iq2_sums(16, weight, xval, L, &sumqx, &sumq2);
+        qd_kq_odd_sums(16, weight, xval, L, &sumqx, &sumq2);
         if (sumq2 > 0.0f)
             scale = sumqx / sumq2;
     }

@@ -67,19 +67,6 @@ QD_HD int qd_iq3s_tuple(const int8_t *L) { return L[0] | L[1] << 3 | L[2] << 6 |
 /* 3-bit value of x at inverse scale id: round((id x - 1) / 2) in [0, 7] */
 QD_HD int qd_iq3s_level(float id, float x) { return qd_kq_clampi(qd_kq_round(0.5f * (id * x - 1.0f)), 0, 7); }
 
-/* sum w x q and sum w q^2 over a sub-block, q = 2 L + 1 */
-QD_HD void qd_iq3s_sums(const float *weight, const float *xval, const int8_t *L, float *sumqx, float *sumq2)
-{
-    float sx = 0.0f, s2 = 0.0f;
-    for (int i = 0; i < 32; i++) {
-        const float w = weight[i], q = (float)(2 * L[i] + 1);
-        sx += w * xval[i] * q;
-        s2 += w * q * q;
-    }
-    *sumqx = sx;
-    *sumq2 = s2;
-}
-
 /* quantize_row_iq3_s_impl for one super-block (qw: its importance, or NULL). blk: d, qs[64],
  * qh[8], signs[32], scales[4]. */
 QD_HD void qd_iq3s_quantize(const struct qd_iq3s_tables *QD_RESTRICT t, const float *QD_RESTRICT x,
@@ -138,7 +125,7 @@ QD_HD void qd_iq3s_quantize(const struct qd_iq3s_tables *QD_RESTRICT t, const fl
                     qd_iq3s_best_neighbour(t, u, xval + 4 * k, waux + 4 * k, this_scale, Laux + 4 * k);
             }
             float sumqx, sumq2;
-            qd_iq3s_sums(weight, xval, Laux, &sumqx, &sumq2);
+            qd_kq_odd_sums(32, weight, xval, Laux, &sumqx, &sumq2);
             qd_kq_take_trial(sumqx, sumq2, &scale, &best, Laux, L, on_grid_aux, on_grid);
         }
         int off_grid = 0;
@@ -157,7 +144,7 @@ QD_HD void qd_iq3s_quantize(const struct qd_iq3s_tables *QD_RESTRICT t, const fl
                     L[4 * k + i] = (int8_t)((t->grid[g][i] - 1) / 2);
             }
             float sumqx, sumq2;
-            qd_iq3s_sums(weight, xval, L, &sumqx, &sumq2);
+            qd_kq_odd_sums(32, weight, xval, L, &sumqx, &sumq2);
             if (sumq2 > 0.0f)
                 scale = sumqx / sumq2;
         }

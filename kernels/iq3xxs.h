@@ -160,12 +160,8 @@ QD_HD float qd_iq3xxs_sub_search(const struct qd_iq_grid *QD_RESTRICT g, const f
             if (!on_grid_aux[k])
                 qd_iq3xxs_best_neighbour(g, u, xval + 4 * k, waux + 4 * k, this_scale, Laux + 4 * k);
         }
-        float sumqx = 0.0f, sumq2 = 0.0f;
-        for (int i = 0; i < 32; i++) {
-            const float w = weight[i], q = (float)(2 * Laux[i] + 1);
-            sumqx += w * xval[i] * q;
-            sumq2 += w * q * q;
-        }
+        float sumqx, sumq2;
+        qd_kq_odd_sums(32, weight, xval, Laux, &sumqx, &sumq2);
         qd_kq_take_trial(sumqx, sumq2, &scale, &best, Laux, L, on_grid_aux, on_grid);
     }
     int off_grid = 0;
@@ -185,12 +181,8 @@ QD_HD float qd_iq3xxs_sub_search(const struct qd_iq_grid *QD_RESTRICT g, const f
             for (int i = 0; i < 4; i++)
                 L[4 * k + i] = (int8_t)qd_iq_point(g, gi)[i];
         }
-        float sumqx = 0.0f, sumq2 = 0.0f;
-        for (int i = 0; i < 32; i++) {
-            const float w = weight[i], q = (float)(2 * L[i] + 1);
-            sumqx += w * xval[i] * q;
-            sumq2 += w * q * q;
-        }
+        float sumqx, sumq2;
+        qd_kq_odd_sums(32, weight, xval, L, &sumqx, &sumq2);
         if (sumq2 > 0.0f)
             scale = sumqx / sumq2;
     }

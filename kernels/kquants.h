@@ -72,6 +72,20 @@ QD_HD float qd_kq_max_abs_first(const float *v, int n)
     return max;
 }
 
+/* sum w x q and sum w q^2 over n values, q = 2 L + 1: the fit of a trial of the IQ2 and IQ3
+ * searches */
+QD_HD void qd_kq_odd_sums(int n, const float *w, const float *xval, const int8_t *L, float *sumqx, float *sumq2)
+{
+    float sx = 0.0f, s2 = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float q = (float)(2 * L[i] + 1);
+        sx += w[i] * xval[i] * q;
+        s2 += w[i] * q * q;
+    }
+    *sumqx = sx;
+    *sumq2 = s2;
+}
+
 /* One trial of the IQ3 searches (iq3_xxs, iq3_s): where its weighted fit (sumqx, sumq2) beats
  * *best, its scale, 32 levels Laux and 8 on-grid flags become the chosen ones. */
 QD_HD void qd_kq_take_trial(float sumqx, float sumq2, float *scale, float *best, const int8_t *Laux, int8_t *L,

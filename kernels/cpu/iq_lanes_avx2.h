@@ -87,8 +87,7 @@ IQ_LANES_INLINE struct qd_iq_lanes qd_iq_lanes_load(const struct qd_iq_scan *sca
     return lanes;
 }
 
-/* sum w x q and sum w q^2 over the 32 values of each lane, q = 2 L + 1 (qd_iq2_sums, and the
- * sums of qd_iq3xxs_quantize) */
+/* sum w x q and sum w q^2 over the 32 values of each lane, q = 2 L + 1 (qd_kq_odd_sums) */
 IQ_LANES_INLINE void qd_iq_sums8(const __m256 *w, const __m256 *xt, const __m256i *L, __m256 *sumqx, __m256 *sumq2)
 {
     __m256 sx = _mm256_setzero_ps(), s2 = _mm256_setzero_ps();

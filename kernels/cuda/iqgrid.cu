@@ -73,9 +73,7 @@ __global__ void __launch_bounds__(8 * IQG_SB) iqgrid_sub_quantize_kernel(const v
         struct qd_iq1s_block b1, own;
         const float sigma2 = ib == 0 ? qd_iq1s_begin(sx[gi], blk, &b1) : qd_imx_block_sigma2(sx[gi], 2.0f);
         __syncwarp(lanes);
-        for (int k = 0; k < 8; k++) /* this sub-block's entries as qd_iq1s_begin leaves them */
-            own.qh[k] = 0, own.scales[k] = 0.0f, own.shifts[k] = 1;
-        own.max_scale = 0.0f;
+        qd_iq1s_block_init(&own); /* this sub-block's entries as qd_iq1s_begin leaves them */
         struct qd_iq1s_sub sub;
         const int coded = qd_iq1s_sub_sums(xb, qwb, sigma2, &sub) &&
                           qd_iq1s_sub_put(&g, xb, &sub, qd_iq1s_split_search(&sub), ib, &own, blk);

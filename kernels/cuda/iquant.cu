@@ -3,6 +3,7 @@
  * iq4 searches weighted by the importance when one is given) but iq4_xs's, a thread per
  * sub-block, and for dequantize. */
 #include "../iquants.h"
+#include "subblock.cuh"
 #include "tile.cuh"
 
 #define IQ_THREADS 64
@@ -54,16 +55,11 @@ __global__ void __launch_bounds__(8 * IQ4XS_SB) iq4xs_quantize_kernel(const void
     if (b >= nblocks) /* (a whole group: its eight lanes share b) */
         return;
     float xb[32];
-    if (qd_load_block_top<DT, 32>(x, e0 + 32 * ib, xb) >= 0x7f800000u)
-        qd_note_first_nonfinite<32>(bad, xb, e0 + 32 * ib);
-#pragma unroll
-    for (int j = 0; j < 32; j++)
-        sx[g][32 * ib + j] = xb[j];
-    const unsigned lanes = 0xffu << (8 * (g % 4));
+    qd_sub_load<DT, 8>(x, e0, ib, xb, sx[g], bad);
+    const unsigned lanes = qd_sub_lanes<8>(g);
     __syncwarp(lanes);
     const float sigma2 = qd_iq4_sigma2(sx[g], QD_QK_K);
-    const float *qw = imp ? (mrows ? imp + e0 / cols / mrows * cols : imp) + e0 % cols + 32 * ib : NULL;
-    const float scale = qd_iq4_sub_scale(xb, qw, sigma2);
+    const float scale = qd_iq4_sub_scale(xb, qd_sub_importance<8>(imp, mrows, cols, e0, ib), sigma2);
     float scales[8];
 #pragma unroll
     for (int k = 0; k < 8; k++)

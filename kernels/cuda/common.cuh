@@ -217,6 +217,21 @@ __device__ __forceinline__ float qd_quotient(float w, float s, float y)
     return __fmaf_rn(__fmaf_rn(-q, s, w), y, q);
 }
 
+/* The same quotient with one correction, where w and s are both f16 or both bf16 values (11 and
+ * 8 significant bits at most): w / s is then either exact in f32 or at least 2^-36 |w / s| from
+ * any midpoint of two f32 neighbours (w - m s, for a midpoint m, is a non-zero multiple of
+ * m's half-ulp times s's ulp, and s has at most 11 bits), while after one correction q + r y
+ * lies within about 2^-45 |w / s| of it: rounding it gives the correctly rounded quotient.
+ * Under qd_quotient's conditions (the residual exact); a zero w gives +0 (the correction adds
+ * -0 to +0); a bf16 |w| below 2^-90 keeps its sign and stays far below 1/2 while |w / s| >=
+ * 2^-140. Checked against the division on every pair of f16 and of bf16 values in that range
+ * (elems 12, 13 of qd_cuda_conversion_mismatches). */
+__device__ __forceinline__ float qd_quotient_short(float w, float s, float y)
+{
+    const float q = w * y;
+    return __fmaf_rn(__fmaf_rn(-q, s, w), y, q);
+}
+
 /* Records element index i as non-finite when v is (the smallest such index wins). */
 __device__ __forceinline__ void qd_note_nonfinite(unsigned long long *bad, float v, int64_t i)
 {

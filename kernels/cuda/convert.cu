@@ -61,6 +61,27 @@ struct quotient_check { /* elem 11: qd_quotient against the division, every f32 
     }
 };
 
+/* elem 12, 13: qd_quotient_short against the division, every pair of bf16 / f16 values w, s
+ * with s in 2^-20 .. 2^20 (the fp8 kernels' fast scales) and |w / s| within the kernels' range
+ * (at most 2^100; at least 2^-140 unless w is a zero: fp8_all_plain): equal bits for |w| >=
+ * 2^-90 and a normal quotient, +0 for a zero w; below that (an f32 residual that underflows)
+ * the sign and a magnitude below 2^-10, which code +-0 as the quotient does */
+template <int DT> struct short_quotient_check {
+    __device__ bool operator()(uint64_t u, const float2 *) const
+    {
+        const float w = qd_half_f32<DT>((uint32_t)u, 0), s = qd_half_f32<DT>((uint32_t)u, 1);
+        if (!(s >= 0x1p-20f && s <= 0x1p20f) || !qd_isfinite(w))
+            return false;
+        const double a = fabs((double)w / (double)s);
+        if (a > 0x1p100 || (w != 0.0f && a < 0x1p-140))
+            return false;
+        const float q = qd_quotient_short(w, s, __frcp_rn(s)), want = w / s + 0.0f;
+        if ((qd_absf(w) >= 0x1p-90f && qd_absf(want) >= 0x1p-126f) || w == 0.0f)
+            return qd_f32_bits(q) != qd_f32_bits(want);
+        return (qd_f32_bits(q) ^ qd_f32_bits(want)) >> 31 || !(qd_absf(q) < 0x1p-10f);
+    }
+};
+
 template <class Check>
 __global__ void sweep_kernel(int nf4_lut, Check differs, unsigned long long *mismatches, unsigned long long *first)
 {
@@ -101,6 +122,8 @@ extern "C" long long qd_cuda_conversion_mismatches(int elem, uint32_t *first_bad
     case 9: sweep<decode_check<QD_E4M3>>(0, d); break;
     case 10: sweep<decode_check<QD_E5M2>>(0, d); break;
     case 11: sweep<quotient_check>(0, d); break;
+    case 12: sweep<short_quotient_check<QD_BF16>>(0, d); break;
+    case 13: sweep<short_quotient_check<QD_F16>>(0, d); break;
     default:
         if (qd_cuda_dq_sweep(d) != 0) {
             cudaFree(d);

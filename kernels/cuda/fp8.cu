@@ -23,6 +23,9 @@
 #ifndef FP8_AMAX_CTAS /* the per-tensor amax pass: CTAs of 256 an SM */
 #define FP8_AMAX_CTAS 8
 #endif
+#ifndef FP8_SHORT_QUOT /* 16-bit inputs: the quotient with one correction (0: two, as for f32) */
+#define FP8_SHORT_QUOT 1
+#endif
 #ifndef FP8_SMEM_THREADS /* the shared-memory kernel's CTA */
 #define FP8_SMEM_THREADS 256
 #endif
@@ -57,20 +60,30 @@ template <bool CLAMP = true> __device__ __forceinline__ uint32_t fp8_int8_byte(f
  * through the reciprocal; FP8_PLAIN_IN_RANGE also without the int8 clamp (every |q| < 127.5). */
 enum { FP8_EACH, FP8_PLAIN, FP8_PLAIN_IN_RANGE };
 
+/* The quotient x / s through the reciprocal rs (fp8_quot's conditions hold, or x is a zero).
+ * A 16-bit DT: x and s (compressed-tensors' scale is in the weight's dtype) have at most 11
+ * significant bits, where one correction rounds correctly and a zero's quotient is +0. */
+template <int DT> __device__ __forceinline__ float fp8_plain_quot(float x, float s, float rs)
+{
+    return DT == QD_F32 || !FP8_SHORT_QUOT ? qd_quotient(x, s, rs) : qd_quotient_short(x, s, rs);
+}
+
 /* The codes of two values (a in the low byte), as qd_fp8_code computes them: compressed-tensors'
  * from the f32 quotient (its Triton kernel's), whatever the weight's dtype. PLAIN: both
  * quotients through the reciprocal (fp8_codes8 has checked that fp8_quot would take it, or that
  * the value is a zero, whose quotient's sign the + 0 or the rounding to an integer drops). */
-template <int INT8, int CT, int MODE>
+template <int DT, int INT8, int CT, int MODE>
 __device__ __forceinline__ uint32_t fp8_code2(float a, float b, float s, float rs, bool fast)
 {
     if (!CT) /* transformers: x * scale; 0 * inf (an infinite scale) is NaN, coded 0x7f */
         return qd_mx_encode2<QD_E4M3>(a * s, b * s);
-    const float qa = MODE != FP8_EACH ? qd_quotient(a, s, rs) : fp8_quot(a, s, rs, fast);
-    const float qb = MODE != FP8_EACH ? qd_quotient(b, s, rs) : fp8_quot(b, s, rs, fast);
+    const float qa = MODE != FP8_EACH ? fp8_plain_quot<DT>(a, s, rs) : fp8_quot(a, s, rs, fast);
+    const float qb = MODE != FP8_EACH ? fp8_plain_quot<DT>(b, s, rs) : fp8_quot(b, s, rs, fast);
     if (INT8)
         return fp8_int8_byte<MODE != FP8_PLAIN_IN_RANGE>(qa) | fp8_int8_byte<MODE != FP8_PLAIN_IN_RANGE>(qb) << 8;
-    /* + the zero point: -0 becomes +0 */
+    /* + the zero point: -0 becomes +0 (fp8_plain_quot's short form gives no -0) */
+    if (MODE != FP8_EACH && DT != QD_F32 && FP8_SHORT_QUOT)
+        return qd_fp8x2_finite<QD_E4M3>(qa, qb);
     return qd_fp8x2_finite<QD_E4M3>(__fadd_rn(qa, 0.0f), __fadd_rn(qb, 0.0f));
 }
 
@@ -89,20 +102,21 @@ template <int CT> __device__ __forceinline__ bool fp8_plain8(const float *v, boo
  * block). Where it holds (the usual case) the 8 quotients are computed without a branch per
  * element, so they run side by side: a branch around each division left a thread one
  * dependent chain at a time. */
-template <int INT8, int CT, int MODE>
+template <int DT, int INT8, int CT, int MODE>
 __device__ __forceinline__ uint2 fp8_codes8_as(const float *v, float s, float rs, bool fast)
 {
     uint32_t w[2] = {0, 0};
 #pragma unroll
     for (int j = 0; j < 8; j += 2)
-        w[j / 4] |= fp8_code2<INT8, CT, MODE>(v[j], v[j + 1], s, rs, fast) << (8 * (j % 4));
+        w[j / 4] |= fp8_code2<DT, INT8, CT, MODE>(v[j], v[j + 1], s, rs, fast) << (8 * (j % 4));
     return make_uint2(w[0], w[1]);
 }
 
-template <int INT8, int CT>
+template <int DT, int INT8, int CT>
 __device__ __forceinline__ uint2 fp8_codes8(const float *v, float s, float rs, bool fast, bool plain)
 {
-    return plain ? fp8_codes8_as<INT8, CT, FP8_PLAIN>(v, s, rs, fast) : fp8_codes8_as<INT8, CT, FP8_EACH>(v, s, rs, fast);
+    return plain ? fp8_codes8_as<DT, INT8, CT, FP8_PLAIN>(v, s, rs, fast)
+                 : fp8_codes8_as<DT, INT8, CT, FP8_EACH>(v, s, rs, fast);
 }
 
 /* Whether a scale lets every quotient of a DT input go through the reciprocal. fp8_quot divides
@@ -120,7 +134,7 @@ template <int DT> __device__ __forceinline__ bool fp8_all_plain(float s, bool fa
 /* The codes of 8 DT values, PLAIN decided for the scale or else for these 8. */
 template <int DT, int INT8, int CT> __device__ __forceinline__ uint2 fp8_codes8(const float *v, float s, float rs, bool fast)
 {
-    return fp8_codes8<INT8, CT>(v, s, rs, fast, (CT && fp8_all_plain<DT>(s, fast)) || fp8_plain8<CT>(v, fast));
+    return fp8_codes8<DT, INT8, CT>(v, s, rs, fast, (CT && fp8_all_plain<DT>(s, fast)) || fp8_plain8<CT>(v, fast));
 }
 
 /* The largest of the CTA's |x| (as f32 bits, NaN above Inf above finite), in every thread. */
@@ -304,8 +318,8 @@ __global__ void __launch_bounds__(THREADS, FP8_SMEM_CTAS) fp8_block_smem_kernel(
         if (at[k] >= 0) {
             float v[8];
             fp8_chunk_values<DT>(fp8_chunk<DT>{{buf[threadIdx.x + k * THREADS]}}, v);
-            *(uint2 *)(codes + at[k]) = in_range ? fp8_codes8_as<INT8, CT, FP8_PLAIN_IN_RANGE>(v, s, rs, fast)
-                                        : plain  ? fp8_codes8_as<INT8, CT, FP8_PLAIN>(v, s, rs, fast)
+            *(uint2 *)(codes + at[k]) = in_range ? fp8_codes8_as<DT, INT8, CT, FP8_PLAIN_IN_RANGE>(v, s, rs, fast)
+                                        : plain  ? fp8_codes8_as<DT, INT8, CT, FP8_PLAIN>(v, s, rs, fast)
                                                  : fp8_codes8<DT, INT8, CT>(v, s, rs, fast);
         }
 }

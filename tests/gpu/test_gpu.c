@@ -645,14 +645,16 @@ static void gpu_equals_cpu_on_ctint_half_quotients(void **state)
 
 /* The device element encoders (fp8 cvt, fp6 through fp8, e2m1 per binade), the f16/bf16
  * output packers and the bnb4 code tables against the software ones, on all 2^32 f32 inputs;
- * the reciprocal-based quotient against the division on 2^32 (f32, scale) pairs; the dynamic
+ * the reciprocal-based quotient against the division on 2^32 (f32, scale) pairs and its one-
+ * correction form on every bf16 and every f16 pair; the dynamic
  * map's bucket table against its binary search. */
 static void device_encoders_equal_software_on_every_f32(void **state)
 {
     (void)state;
     const char *names[] = {"e2m1", "e2m3", "e3m2", "e4m3", "e5m2", "bf16 pairs", "f16 pairs", "nf4 codes",
-                           "fp4 codes", "e4m3 decode", "e5m2 decode", "quotients", "dynamic map codes"};
-    for (int e = 0; e < 13; e++) {
+                           "fp4 codes", "e4m3 decode", "e5m2 decode", "quotients", "bf16 quotients",
+                           "f16 quotients", "dynamic map codes"};
+    for (int e = 0; e < 15; e++) {
         uint32_t first = 0;
         long long bad = qd_cuda_conversion_mismatches(e, &first);
         printf("# %s: %lld of 2^32 inputs differ%s\n", names[e], bad, bad > 0 ? " (first below)" : "");

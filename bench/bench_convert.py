@@ -258,8 +258,7 @@ m.save_pretrained({out!r})
                                        [lq, *lq_args, *imx, src, out, t.upper(), str(os.cpu_count())],
                                        int(os.environ.get("LQ_REPEAT", a.repeat)), cleanup=drop_out, warm_up=False),
                             bytes=size))
-        if os.path.exists(out):
-            os.unlink(out)
+        drop_out()
     print(f"\n{a.size}-shaped model, median of {a.repeat} (after a warm-up), {os.cpu_count()} cores")
     print("| case | input GB | seconds (min-max) | GB/s of input | peak RSS GB |")
     print("|---|---|---|---|---|")

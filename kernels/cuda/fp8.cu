@@ -60,12 +60,14 @@ template <bool CLAMP = true> __device__ __forceinline__ uint32_t fp8_int8_byte(f
  * through the reciprocal; FP8_PLAIN_IN_RANGE also without the int8 clamp (every |q| < 127.5). */
 enum { FP8_EACH, FP8_PLAIN, FP8_PLAIN_IN_RANGE };
 
-/* The quotient x / s through the reciprocal rs (fp8_quot's conditions hold, or x is a zero).
- * A 16-bit DT: x and s (compressed-tensors' scale is in the weight's dtype) have at most 11
+/* A 16-bit DT: x and s (compressed-tensors' scale is in the weight's dtype) have at most 11
  * significant bits, where one correction rounds correctly and a zero's quotient is +0. */
+template <int DT> constexpr bool fp8_short_quot = DT != QD_F32 && FP8_SHORT_QUOT;
+
+/* The quotient x / s through the reciprocal rs (fp8_quot's conditions hold, or x is a zero). */
 template <int DT> __device__ __forceinline__ float fp8_plain_quot(float x, float s, float rs)
 {
-    return DT == QD_F32 || !FP8_SHORT_QUOT ? qd_quotient(x, s, rs) : qd_quotient_short(x, s, rs);
+    return fp8_short_quot<DT> ? qd_quotient_short(x, s, rs) : qd_quotient(x, s, rs);
 }
 
 /* The codes of two values (a in the low byte), as qd_fp8_code computes them: compressed-tensors'
@@ -82,7 +84,7 @@ __device__ __forceinline__ uint32_t fp8_code2(float a, float b, float s, float r
     if (INT8)
         return fp8_int8_byte<MODE != FP8_PLAIN_IN_RANGE>(qa) | fp8_int8_byte<MODE != FP8_PLAIN_IN_RANGE>(qb) << 8;
     /* + the zero point: -0 becomes +0 (fp8_plain_quot's short form gives no -0) */
-    if (MODE != FP8_EACH && DT != QD_F32 && FP8_SHORT_QUOT)
+    if (MODE != FP8_EACH && fp8_short_quot<DT>)
         return qd_fp8x2_finite<QD_E4M3>(qa, qb);
     return qd_fp8x2_finite<QD_E4M3>(__fadd_rn(qa, 0.0f), __fadd_rn(qb, 0.0f));
 }

@@ -513,10 +513,10 @@ template <int DT, int INT8, int SDT> __device__ __forceinline__ float fp8_value(
 }
 
 /* The 8 elements of chunk t (element 8t on), their codes w as loaded. UNIFORM: the 8 share
- * one scale, of index si (cols a multiple of 8, and so is the block width); else each its own. */
+ * one scale, su (cols a multiple of 8, and so is the block width); else each its own. */
 template <int DT, int INT8, int SDT, int UNIFORM, class I>
 __device__ __forceinline__ void fp8_dequantize_chunk(uint2 w, const void *scales, int gran, const fp8_geom &g, int64_t t,
-                                                     I si, void *y)
+                                                     float su, void *y)
 {
     const int64_t e0 = 8 * t;
     float q[8];
@@ -534,10 +534,9 @@ __device__ __forceinline__ void fp8_dequantize_chunk(uint2 w, const void *scales
     }
     float v[8];
     if (UNIFORM) {
-        const float s = qd_fp8_get_scale(scales, si, SDT);
 #pragma unroll
         for (int j = 0; j < 8; j++)
-            v[j] = fp8_value<DT, INT8, SDT>(q[j], s);
+            v[j] = fp8_value<DT, INT8, SDT>(q[j], su);
     } else {
         const I cols = (I)g.cols;
         I r = fp8_div<I>((I)e0, g.cols, g.dcols), c = (I)e0 - r * cols;
@@ -598,14 +597,23 @@ __global__ void __launch_bounds__(256) fp8_dequantize_kernel(const uint8_t *code
     for (int u = 0; u < FP8_STREAM_CHUNKS; u++)
         if (t0 + u * 256 < full)
             w[u] = __ldg((const uint2 *)codes + t0 + u * 256);
-    I si[FP8_STREAM_CHUNKS] = {};
-    if (UNIFORM)
+    /* UNIFORM: every chunk's scale loaded before any chunk is decoded, so that their loads (L2
+     * hits, mostly: a 128 x 128 block's scales are spread over the SMs) wait together with the
+     * codes'; loaded chunk by chunk, each waited in turn between a chunk's decode and its store */
+    float su[FP8_STREAM_CHUNKS] = {};
+    if (UNIFORM) {
+        I si[FP8_STREAM_CHUNKS];
         fp8_scale_indices<WALK, I>(gran, g, t0, si);
+#pragma unroll
+        for (int u = 0; u < FP8_STREAM_CHUNKS; u++)
+            if (t0 + u * 256 < full)
+                su[u] = qd_fp8_get_scale(scales, si[u], SDT);
+    }
 #pragma unroll
     for (int u = 0; u < FP8_STREAM_CHUNKS; u++) {
         const int64_t t = t0 + u * 256;
         if (t < full)
-            fp8_dequantize_chunk<DT, INT8, SDT, UNIFORM, I>(w[u], scales, gran, g, t, si[u], y);
+            fp8_dequantize_chunk<DT, INT8, SDT, UNIFORM, I>(w[u], scales, gran, g, t, su[u], y);
         else if (t == full)
             for (int64_t e = 8 * t; e < n; e++) {
                 const int64_t r = e / g.cols;

@@ -243,22 +243,27 @@ QD_HD float qd_iq2_sigma2(int type, const float *x)
     return type == QD_IQ2_S ? 2.0f * sumx2 / (float)QD_QK_K : sumx2 / (float)QD_QK_K;
 }
 
-/* Sub-block ib's search (values xb, importance qwb or NULL): 32 values for IQ2_XXS, 16 else. The
- * GPU runs a thread per sub-block. */
-QD_HD void qd_iq2_sub_block(const struct qd_iq2_tables *QD_RESTRICT t, int type, const float *xb, const float *qwb,
-                            float sigma2, struct qd_iq2_sub *r)
+/* Sub-block ib's start (values xb, importance qwb or NULL; 32 values for IQ2_XXS, 16 else): the
+ * weights, their roots and |x| into the caller's arrays (the GPU's in shared memory), each
+ * group's stored signs into r->signs. */
+QD_HD void qd_iq2_sub_prepare(int type, const float *xb, const float *qwb, float sigma2, struct qd_iq2_sub *r,
+                              float *weight, float *waux, float *xval)
 {
     const int ng = type == QD_IQ2_XXS ? 4 : 2, group = 8 * ng;
-    float weight[32], waux[32], xval[32];
-    int8_t L[32];
     for (int i = 0; i < group; i++)
         weight[i] = qwb ? qwb[i] * sqrtf(sigma2 + xb[i] * xb[i]) : 0.25f * sigma2 + xb[i] * xb[i];
     for (int i = 0; i < group; i++)
         waux[i] = sqrtf(weight[i]);
     for (int k = 0; k < ng; k++)
         r->signs[k] = qd_iq2_signs(xb + 8 * k, weight + 8 * k, xval + 8 * k, type != QD_IQ2_S);
-    float scale = type == QD_IQ2_XXS ? qd_iq2xxs_sub(t, xval, weight, waux, L, &r->zero)
-                                     : qd_iq2s_sub(t, xval, weight, waux, type == QD_IQ2_S ? 1e-8f : QD_KQ_EPS, L, &r->zero);
+}
+
+/* Sub-block's end from its search (scale, levels L; r->zero set by it): the scale made
+ * positive, the signs flipped (ggml's guard), each group's grid index. */
+QD_HD void qd_iq2_sub_result(const struct qd_iq2_tables *QD_RESTRICT t, int type, float scale, const int8_t *L,
+                             struct qd_iq2_sub *r)
+{
+    const int ng = type == QD_IQ2_XXS ? 4 : 2;
     r->scale = 0.0f;
     if (r->zero)
         return;
@@ -270,6 +275,19 @@ QD_HD void qd_iq2_sub_block(const struct qd_iq2_tables *QD_RESTRICT t, int type,
     for (int k = 0; k < ng; k++)
         r->g[k] = (uint16_t)qd_iq2_index(t, L + 8 * k);
     r->scale = scale;
+}
+
+/* Sub-block ib's search (values xb, importance qwb or NULL): 32 values for IQ2_XXS, 16 else. */
+QD_HD void qd_iq2_sub_block(const struct qd_iq2_tables *QD_RESTRICT t, int type, const float *xb, const float *qwb,
+                            float sigma2, struct qd_iq2_sub *r)
+{
+    float weight[32], waux[32], xval[32];
+    int8_t L[32];
+    qd_iq2_sub_prepare(type, xb, qwb, sigma2, r, weight, waux, xval);
+    const float scale = type == QD_IQ2_XXS ? qd_iq2xxs_sub(t, xval, weight, waux, L, &r->zero)
+                                           : qd_iq2s_sub(t, xval, weight, waux, type == QD_IQ2_S ? 1e-8f : QD_KQ_EPS, L,
+                                                         &r->zero);
+    qd_iq2_sub_result(t, type, scale, L, r);
 }
 
 /* The super-block's bytes from its sub-blocks' results (8 for IQ2_XXS, 16 else), in ggml's

@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include "../iq2.h"
+#include "iqwarp.cuh"
 #include "subblock.cuh"
 #include "tile.cuh"
 
@@ -53,14 +54,14 @@ static const struct qd_iq2_tables *iq2_device_tables(int type)
     return t;
 }
 
-/* A thread per sub-block (subblock.cuh): 8 of 32 values for IQ2_XXS, 16 of 16 for IQ2_XS and
- * IQ2_S; 64 threads a CTA. The group's lane 0 writes the block from their results. */
+/* A thread per sub-block (subblock.cuh): 16 of 16 values for IQ2_XS and IQ2_S; 64 threads a
+ * CTA. The group's lane 0 writes the block from their results. */
 template <int DT, int TYPE>
 __global__ void __launch_bounds__(64) iq2_sub_quantize_kernel(const struct qd_iq2_tables *t, const void *x,
                                                               int64_t nblocks, int64_t cols, const float *imp,
                                                               int64_t mrows, uint8_t *out, unsigned long long *bad)
 {
-    constexpr int N = TYPE == QD_IQ2_XXS ? 8 : 16, SB = 64 / N;
+    constexpr int N = 16, SB = 64 / N;
     __shared__ float sx[SB][QD_QK_K + 1];
     __shared__ struct qd_iq2_sub sr[SB][16];
     __shared__ uint32_t sblk[SB][(82 + 3) / 4]; /* IQ2_S's 82 bytes, the largest */
@@ -80,6 +81,152 @@ __global__ void __launch_bounds__(64) iq2_sub_quantize_kernel(const struct qd_iq
         qd_iq2_finish(TYPE, sr[gi], blk);
     __syncwarp(lanes);
     qd_sub_store<N>(blk, out + b * qd_iq2_block_bytes(TYPE), qd_iq2_block_bytes(TYPE), ib);
+}
+
+/* IQ2_XXS: a thread per 32-value sub-block, a warp per four super-blocks, the off-grid groups'
+ * neighbour searches shared by the warp (iqwarp.cuh). A thread's weights, their roots and |x|
+ * live in shared memory (the warp's lanes read each other's there), at an odd stride so that
+ * the lanes' same entries fall in different banks; the group's super-block row (for sigma2,
+ * read before any of it is written) shares its lanes' space. */
+#define IQ2_ROW 97
+#define IQ2_W 0
+#define IQ2_WAUX 32
+#define IQ2_XVAL 64
+
+/* IQ2 grid point g's coordinates 1, 3 or 5 (8 bytes, read as two words) */
+struct iq2_point {
+    const struct qd_iq2_tables *t;
+    __device__ __forceinline__ void get(int g, float *v) const
+    {
+        const uint32_t *w = (const uint32_t *)t->grid[g];
+        const uint32_t lo = __ldg(w), hi = __ldg(w + 1);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            v[i] = (float)(((i < 4 ? lo : hi) >> 8 * (i % 4)) & 0xffu);
+    }
+};
+
+/* Group k's levels at inverse scale id into L; its neighbour list where they are off the grid
+ * and the lane is live, else NULL. */
+__device__ __forceinline__ const uint16_t *iq2xxs_levels(const struct qd_iq2_tables *t, const float *xval, float id,
+                                                        bool live, int8_t *L)
+{
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        L[i] = (int8_t)qd_iq2_level(id, xval[i]);
+    const int m = __ldg(&t->map[qd_iq2_tuple(L)]);
+    return live && m < 0 ? t->neighbours + (-m - 1) : NULL;
+}
+
+/* qd_iq2xxs_sub (kernels/iq2.h) with the warp: the same operations in the same order, every lane
+ * through every trial (a dead lane, a zero sub-block or past the tensor's end, with no lists). */
+__device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<4> *sh, const float *rows, bool live,
+                                 int8_t *L, int *zero)
+{
+    const float *own = rows + (threadIdx.x & 31) * IQ2_ROW, *weight = own + IQ2_W, *xval = own + IQ2_XVAL;
+    const iq2_point point = {t};
+    *zero = 1;
+    float scale = 0.0f, eff_max = 0.0f;
+    if (live) {
+        float max = xval[0];
+        for (int i = 1; i < 32; i++)
+            max = max > xval[i] ? max : xval[i];
+        if (max < QD_KQ_EPS) {
+            live = false;
+        } else {
+            scale = qd_imx_make_qp(32, 4, xval, (uint8_t *)L, weight);
+            eff_max = scale * 3.0f;
+            if (eff_max <= 0.0f)
+                live = false;
+            else
+                *zero = 0;
+        }
+    }
+    int8_t Laux[32];
+    const uint16_t *lists[4];
+    int g[4];
+    float best = 0.0f;
+    for (int is = -6; is <= 6; is++) {
+        const float id = (5.0f + (float)is * 0.1f) / eff_max, this_scale = 1.0f / id;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            lists[k] = iq2xxs_levels(t, xval + 8 * k, id, live, Laux + 8 * k);
+        qd_warp_neighbours<4, 8, IQ2_XVAL, IQ2_WAUX>(sh, rows, IQ2_ROW, this_scale, lists, point, g);
+        if (!live)
+            continue;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (lists[k])
+                for (int i = 0; i < 8; i++)
+                    Laux[8 * k + i] = (int8_t)((t->grid[g[k]][i] - 1) / 2);
+        float sumqx, sumq2;
+        qd_kq_odd_sums(32, weight, xval, Laux, &sumqx, &sumq2);
+        if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
+            scale = sumqx / sumq2;
+            best = scale * sumqx;
+            for (int i = 0; i < 32; i++)
+                L[i] = Laux[i];
+        }
+    }
+    const bool again = live && scale > 0.0f;
+    const float id = 1.0f / scale;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        lists[k] = again ? iq2xxs_levels(t, xval + 8 * k, id, true, L + 8 * k) : NULL;
+    qd_warp_neighbours<4, 8, IQ2_XVAL, IQ2_WAUX>(sh, rows, IQ2_ROW, scale, lists, point, g);
+    if (again) {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (lists[k])
+                for (int i = 0; i < 8; i++)
+                    L[8 * k + i] = (int8_t)((t->grid[g[k]][i] - 1) / 2);
+        float sumqx, sumq2;
+        qd_kq_odd_sums(32, weight, xval, L, &sumqx, &sumq2);
+        if (sumq2 > 0.0f)
+            scale = sumqx / sumq2;
+    }
+    return live ? scale : 0.0f;
+}
+
+template <int DT>
+__global__ void __launch_bounds__(64) iq2xxs_warp_quantize_kernel(const struct qd_iq2_tables *t, const void *x,
+                                                                  int64_t nblocks, int64_t cols, const float *imp,
+                                                                  int64_t mrows, uint8_t *out, unsigned long long *bad)
+{
+    constexpr int N = 8, SB = 64 / N;
+    static_assert(N * IQ2_ROW >= QD_QK_K + 1, "a group's rows hold its super-block");
+    __shared__ float rows[64 * IQ2_ROW];
+    __shared__ qd_warp_search<4> search[2];
+    __shared__ struct qd_iq2_sub sr[SB][8];
+    __shared__ uint32_t sblk[SB][(66 + 3) / 4];
+    const int gi = threadIdx.x / N, ib = threadIdx.x % N;
+    const int64_t b = blockIdx.x * (int64_t)SB + gi, e0 = b * QD_QK_K;
+    const bool live = b < nblocks; /* a dead lane still joins its warp's searches */
+    float *row = rows + gi * N * IQ2_ROW, *own = rows + threadIdx.x * IQ2_ROW;
+    const unsigned lanes = qd_sub_lanes<N>(gi);
+    float xb[32];
+    struct qd_iq2_sub *r = &sr[gi][ib];
+    if (live) {
+        qd_sub_load<DT, N>(x, e0, ib, xb, row, bad);
+        __syncwarp(lanes);
+        const float sigma2 = qd_iq2_sigma2(QD_IQ2_XXS, row);
+        __syncwarp(lanes); /* every lane's sigma2 read the row before the rows are written */
+        qd_iq2_sub_prepare(QD_IQ2_XXS, xb, qd_sub_importance<N>(imp, mrows, cols, e0, ib), sigma2, r, own + IQ2_W,
+                           own + IQ2_WAUX, own + IQ2_XVAL);
+    }
+    __syncwarp();
+    int8_t L[32];
+    const float scale = iq2xxs_sub_warp(t, &search[threadIdx.x / 32], rows + (threadIdx.x & ~31) * IQ2_ROW, live, L,
+                                        &r->zero);
+    if (!live)
+        return;
+    qd_iq2_sub_result(t, QD_IQ2_XXS, scale, L, r);
+    __syncwarp(lanes);
+    uint8_t *blk = (uint8_t *)sblk[gi];
+    if (ib == 0)
+        qd_iq2_finish(QD_IQ2_XXS, sr[gi], blk);
+    __syncwarp(lanes);
+    qd_sub_store<N>(blk, out + b * qd_iq2_block_bytes(QD_IQ2_XXS), qd_iq2_block_bytes(QD_IQ2_XXS), ib);
 }
 
 template <int DT, int TYPE>
@@ -117,9 +264,16 @@ extern "C" enum qd_status qd_cuda_iq2_quantize(const struct qd_format *f, const 
         return s;
     if ((s = qd_cuda_importance(p, &imp)) != QD_OK)
         return s;
-    QD_DTYPE_SWITCH(in->dtype, DT, IQ2_TYPE_SWITCH(f->code, TYPE,
-                    iq2_sub_quantize_kernel<DT, TYPE><<<qd_grid(nblocks, TYPE == QD_IQ2_XXS ? 8 : 4), 64, 0, qd_stream()>>>(
-                        t, in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad)));
+    if (f->code == QD_IQ2_XXS) {
+        QD_DTYPE_SWITCH(in->dtype, DT, iq2xxs_warp_quantize_kernel<DT><<<qd_grid(nblocks, 8), 64, 0, qd_stream()>>>(
+                            t, in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad));
+    } else if (f->code == QD_IQ2_XS) {
+        QD_DTYPE_SWITCH(in->dtype, DT, iq2_sub_quantize_kernel<DT, QD_IQ2_XS><<<qd_grid(nblocks, 4), 64, 0, qd_stream()>>>(
+                            t, in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad));
+    } else {
+        QD_DTYPE_SWITCH(in->dtype, DT, iq2_sub_quantize_kernel<DT, QD_IQ2_S><<<qd_grid(nblocks, 4), 64, 0, qd_stream()>>>(
+                            t, in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad));
+    }
     CUDA_LAUNCHED();
     if (imp)
         CUDA_CHECK(cudaFreeAsync(imp, qd_stream()));

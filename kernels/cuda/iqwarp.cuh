@@ -71,52 +71,62 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
         sh->start[32 * G] = all;
     sh->scale[lane] = scale;
     __syncwarp();
-    const int run = (all + 31) / 32;
-    int i = lane * run;
-    const int end = min(all, i + run);
-    if (i < end) {
-        int lo = 0, hi = 32 * G - 1; /* the last group starting at or before i */
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if (sh->start[mid] <= i)
-                lo = mid;
+    /* one loop of run steps for every lane (a loop per group diverged: lanes at different
+     * groups ran their steps one after the other); a lane loads a group where its run enters it */
+    const int run = (all + 31) / 32, i0 = lane * run, end = min(all, i0 + run);
+    int tk = 0;
+    if (i0 < end) {
+        int hi = 32 * G - 1; /* the last group starting at or before i0 */
+        while (tk < hi) {
+            const int mid = (tk + hi + 1) / 2;
+            if (sh->start[mid] <= i0)
+                tk = mid;
             else
                 hi = mid - 1;
         }
-        int tk = lo;
-        while (i < end) {
-            while (sh->start[tk + 1] <= i) /* past empty groups */
+    }
+    float xv[DIM], w[DIM], s = 0.0f, best_d2 = 3.40282347e38f;
+    const uint16_t *nb = NULL;
+    int stop = i0, j = 0, best_j = -1;
+    for (int n = 0; n < run; n++) {
+        const int i = i0 + n;
+        if (i >= end)
+            break;
+        if (i >= stop) { /* into the next group with candidates: the last one's nearest out first */
+            if (best_j >= 0)
+                atomicMin(&sh->best[tk], (unsigned long long)qd_ordered_bits(best_d2) << 32 | (unsigned)best_j);
+            while (sh->start[tk + 1] <= i)
                 tk++;
-            const int owner = tk / G, k = tk % G, stop = min(end, sh->start[tk + 1]);
+            const int owner = tk / G, k = tk % G;
             const float *row = rows + owner * stride;
-            float xv[DIM], w[DIM];
 #pragma unroll
             for (int d = 0; d < DIM; d++) {
                 xv[d] = row[XOFF + DIM * k + d];
                 w[d] = row[WOFF + DIM * k + d];
             }
-            const float s = sh->scale[owner];
-            const uint16_t *nb = sh->list[tk];
-            float best_d2 = 3.40282347e38f;
-            int best_j = -1;
-            for (int j = i - sh->start[tk] + 1; i < stop; i++, j++) {
-                float p[DIM];
-                point.get(nb[j], p);
-                float d2 = 0.0f;
-#pragma unroll
-                for (int d = 0; d < DIM; d++) {
-                    const float diff = s * p[d] - xv[d];
-                    d2 += w[d] * diff * diff;
-                }
-                if (d2 < best_d2) {
-                    best_d2 = d2;
-                    best_j = j;
-                }
-            }
-            if (best_j >= 0)
-                atomicMin(&sh->best[tk], (unsigned long long)qd_ordered_bits(best_d2) << 32 | (unsigned)best_j);
+            s = sh->scale[owner];
+            nb = sh->list[tk];
+            stop = sh->start[tk + 1];
+            j = i - sh->start[tk] + 1;
+            best_d2 = 3.40282347e38f;
+            best_j = -1;
         }
+        float p[DIM];
+        point.get(nb[j], p);
+        float d2 = 0.0f;
+#pragma unroll
+        for (int d = 0; d < DIM; d++) {
+            const float diff = s * p[d] - xv[d];
+            d2 += w[d] * diff * diff;
+        }
+        if (d2 < best_d2) {
+            best_d2 = d2;
+            best_j = j;
+        }
+        j++;
     }
+    if (best_j >= 0)
+        atomicMin(&sh->best[tk], (unsigned long long)qd_ordered_bits(best_d2) << 32 | (unsigned)best_j);
     __syncwarp();
 #pragma unroll
     for (int k = 0; k < G; k++)

@@ -52,6 +52,13 @@ QD_HD int qd_iq2_tuple(const int8_t *L)
     return u;
 }
 
+/* The levels of grid point g (its coordinates are 2 l + 1) into L */
+QD_HD void qd_iq2_point_levels(const struct qd_iq2_tables *QD_RESTRICT t, int g, int8_t *L)
+{
+    for (int i = 0; i < 8; i++)
+        L[i] = (int8_t)((t->grid[g][i] - 1) / 2);
+}
+
 /* iq2_find_best_neighbour: of the grid points listed for off-grid tuple u, the one nearest xval
  * at this scale weighted by w (the first of equals); its levels into L, and its index. Where
  * every distance is Inf or NaN ggml aborts; quantd takes the first listed. */
@@ -74,8 +81,7 @@ QD_HD int qd_iq2_best_neighbour(const struct qd_iq2_tables *QD_RESTRICT t, int u
     }
     if (best < 0)
         best = nb[1];
-    for (int i = 0; i < 8; i++)
-        L[i] = (int8_t)((t->grid[best][i] - 1) / 2);
+    qd_iq2_point_levels(t, best, L);
     return best;
 }
 
@@ -134,6 +140,21 @@ QD_HD uint8_t qd_iq2_signs(const float *xb, const float *weight, float *xval, in
     return s & 127;
 }
 
+/* One trial of IQ2_XXS's search, its levels Laux: where its weighted fit beats *best, its scale
+ * and levels become the chosen ones. */
+QD_HD void qd_iq2xxs_take_trial(const float *weight, const float *xval, const int8_t *Laux, float *scale, float *best,
+                                int8_t *L)
+{
+    float sumqx, sumq2;
+    qd_kq_odd_sums(32, weight, xval, Laux, &sumqx, &sumq2);
+    if (sumq2 > 0.0f && sumqx * sumqx > *best * sumq2) {
+        *scale = sumqx / sumq2;
+        *best = *scale * sumqx;
+        for (int i = 0; i < 32; i++)
+            L[i] = Laux[i];
+    }
+}
+
 /* One sub-block of IQ2_XXS (32 values, 4 groups): its scale and levels L, or *zero set where
  * ggml leaves the sub-block's codes and signs 0 (its scale 0). quantize_row_iq2_xxs_impl: the
  * starting scale from make_qp_quants, 13 trial scales, then the levels again at the chosen one. */
@@ -157,14 +178,7 @@ QD_HD float qd_iq2xxs_sub(const struct qd_iq2_tables *QD_RESTRICT t, const float
         const float id = (5.0f + (float)is * 0.1f) / eff_max, this_scale = 1.0f / id;
         for (int k = 0; k < 4; k++)
             qd_iq2_group(t, xval + 8 * k, waux + 8 * k, id, this_scale, Laux + 8 * k);
-        float sumqx, sumq2;
-        qd_kq_odd_sums(32, weight, xval, Laux, &sumqx, &sumq2);
-        if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
-            scale = sumqx / sumq2;
-            best = scale * sumqx;
-            for (int i = 0; i < 32; i++)
-                L[i] = Laux[i];
-        }
+        qd_iq2xxs_take_trial(weight, xval, Laux, &scale, &best, L);
     }
     if (scale > 0.0f) {
         const float id = 1.0f / scale;

@@ -157,16 +157,8 @@ __device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<4
 #pragma unroll
         for (int k = 0; k < 4; k++)
             if (lists[k])
-                for (int i = 0; i < 8; i++)
-                    Laux[8 * k + i] = (int8_t)((t->grid[g[k]][i] - 1) / 2);
-        float sumqx, sumq2;
-        qd_kq_odd_sums(32, weight, xval, Laux, &sumqx, &sumq2);
-        if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
-            scale = sumqx / sumq2;
-            best = scale * sumqx;
-            for (int i = 0; i < 32; i++)
-                L[i] = Laux[i];
-        }
+                qd_iq2_point_levels(t, g[k], Laux + 8 * k);
+        qd_iq2xxs_take_trial(weight, xval, Laux, &scale, &best, L);
     }
     const bool again = live && scale > 0.0f;
     const float id = 1.0f / scale;
@@ -178,8 +170,7 @@ __device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<4
 #pragma unroll
         for (int k = 0; k < 4; k++)
             if (lists[k])
-                for (int i = 0; i < 8; i++)
-                    L[8 * k + i] = (int8_t)((t->grid[g[k]][i] - 1) / 2);
+                qd_iq2_point_levels(t, g[k], L + 8 * k);
         float sumqx, sumq2;
         qd_kq_odd_sums(32, weight, xval, L, &sumqx, &sumq2);
         if (sumq2 > 0.0f)

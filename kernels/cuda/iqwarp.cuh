@@ -6,9 +6,11 @@
  * out all their candidates in order, a run to each lane, and each lane keeps the nearest of its
  * run for every group it touches. Where a group's candidates span lanes, the smallest
  * (distance, position in the list) over them is what ggml's loop keeps: the first of the
- * nearest, a distance counting only below FLT_MAX (NaN never). On an H200 this made iq2_xxs
- * 4 % faster at 4096^2 and its 8B mix 10 %; iq3_xxs's short lists (8 groups of 4 a sub-block)
- * made it 2.3x slower, so iq3_xxs keeps a lane's own search (docs/BENCHMARKS.md). */
+ * nearest, a distance counting only below FLT_MAX (NaN never). Every lane steps through its
+ * run in one loop (a loop per group diverged, lanes at different groups taking turns). On an
+ * H200 this made iq2_xxs's kernel 11 % faster at 4096^2 and its 8B mix 16 %; iq3_xxs's short
+ * lists (8 groups of 4 a sub-block) made it 2.3x slower with a loop per group, so iq3_xxs
+ * keeps a lane's own search (docs/BENCHMARKS.md). */
 #ifndef QD_CUDA_IQWARP_CUH
 #define QD_CUDA_IQWARP_CUH
 
@@ -29,11 +31,12 @@ __device__ __forceinline__ uint32_t qd_ordered_bits(float d2)
     return u >> 31 ? ~u : u | 0x80000000u;
 }
 
-/* Every lane of the warp calls this together. Lane's group k (of G, DIM values each) searches
- * list[k] (NULL: none) at the lane's scale, its |x| at xval + DIM k and roots at waux + DIM k of
- * the lane's row in rows (stride floats a lane, the warp's rows at rows); point.get(g, v) puts
- * grid point g's DIM coordinates (as the distance takes them) into v. best[k] gets the grid index chosen (the first listed where no
- * distance counts, as quantd's CPU code does). */
+/* Every lane of the warp calls this together. The lane's group k (of G, DIM values each)
+ * searches list[k] (NULL: none) at the lane's scale; the lane's row of rows (stride floats a
+ * lane, from the warp's first) holds its |x| at XOFF + DIM k and their weights' roots at
+ * WOFF + DIM k; point.get(g, v) puts grid point g's DIM coordinates, as the distance takes
+ * them, into v. best[k] gets the grid index chosen (the first listed where no distance
+ * counts, as quantd's CPU code does). */
 template <int G, int DIM, int XOFF, int WOFF, class POINT>
 __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const float *rows, int stride, float scale,
                                                    const uint16_t *const *list, const POINT &point, int *best)

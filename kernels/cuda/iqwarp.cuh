@@ -8,9 +8,9 @@
  * (distance, position in the list) over them is what ggml's loop keeps: the first of the
  * nearest, a distance counting only below FLT_MAX (NaN never). Every lane steps through its
  * run in one loop (a loop per group diverged, lanes at different groups taking turns). On an
- * H200 this made iq2_xxs's kernel 11 % faster at 4096^2 and its 8B mix 16 %; iq3_xxs's short
- * lists (8 groups of 4 a sub-block) made it 2.3x slower with a loop per group, so iq3_xxs
- * keeps a lane's own search (docs/BENCHMARKS.md). */
+ * H200 this made iq2_xxs's kernel 11 % faster at 4096^2 and its 8B mix about 20 % (two steps,
+ * each against the build before it); iq3_xxs's short lists (8 groups of 4 a sub-block) made it
+ * 2.3x slower with a loop per group, so iq3_xxs keeps a lane's own search (docs/BENCHMARKS.md). */
 #ifndef QD_CUDA_IQWARP_CUH
 #define QD_CUDA_IQWARP_CUH
 

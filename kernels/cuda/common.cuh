@@ -203,24 +203,11 @@ template <int DT, int N> __device__ __forceinline__ void qd_store_block(void *y,
  * the magic 1.5 * 2^23 (exact). */
 __device__ __forceinline__ float qd_small_int_f32(int d) { return __int_as_float(0x4B400000 + d) - 12582912.0f; }
 
-/* The IEEE quotient w / s (round to nearest) for a divisor used many times: y = 1/s rounded
- * once, then q = w * y and two corrections from the exact residual w - q * s (fused
- * multiply-adds). After the first, q is within an ulp of w / s; from there one more is the
- * correctly rounded quotient (Markstein's theorem), provided nothing over- or underflows,
- * the residual included: for |w| >= 2^-90 and |w / s| within [2^-100, 2^100] (callers only
- * round quotients of at most 41 to integers, and below 2^-90 / s they are far below 1/2).
- * Checked against the division on 2^32 (w, s) pairs (elem 11 of qd_cuda_conversion_mismatches). */
-__device__ __forceinline__ float qd_quotient(float w, float s, float y)
-{
-    float q = w * y;
-    q = __fmaf_rn(__fmaf_rn(-q, s, w), y, q);
-    return __fmaf_rn(__fmaf_rn(-q, s, w), y, q);
-}
-
-/* The same quotient with one correction, where w and s are both f16 or both bf16 values (11 and
- * 8 significant bits at most): w / s is then either exact in f32 or at least 2^-36 |w / s| from
- * any midpoint of two f32 neighbours (w - m s, for a midpoint m, is a non-zero multiple of
- * m's half-ulp times s's ulp, and s has at most 11 bits), while after one correction q + r y
+/* The IEEE quotient w / s through y = 1/s with one correction from the exact residual (the
+ * first step of qd_quotient, below), enough where w and s are both f16 or both bf16 values (11
+ * and 8 significant bits at most): w / s is then either exact in f32 or at least 2^-36 |w / s|
+ * from any midpoint of two f32 neighbours (w - m s, for a midpoint m, is a non-zero multiple
+ * of m's half-ulp times s's ulp, and s has at most 11 bits), while after one correction q + r y
  * lies within about 2^-45 |w / s| of it: rounding it gives the correctly rounded quotient.
  * Under qd_quotient's conditions (the residual exact); a zero w gives +0 (the correction adds
  * -0 to +0); a bf16 |w| below 2^-90 keeps its sign and stays far below 1/2 while |w / s| >=
@@ -229,6 +216,19 @@ __device__ __forceinline__ float qd_quotient(float w, float s, float y)
 __device__ __forceinline__ float qd_quotient_short(float w, float s, float y)
 {
     const float q = w * y;
+    return __fmaf_rn(__fmaf_rn(-q, s, w), y, q);
+}
+
+/* The IEEE quotient w / s (round to nearest) for a divisor used many times: y = 1/s rounded
+ * once, then q = w * y and two corrections (qd_quotient_short's, then one more) from the exact residual w - q * s (fused
+ * multiply-adds). After the first, q is within an ulp of w / s; from there one more is the
+ * correctly rounded quotient (Markstein's theorem), provided nothing over- or underflows,
+ * the residual included: for |w| >= 2^-90 and |w / s| within [2^-100, 2^100] (callers only
+ * round quotients of at most 41 to integers, and below 2^-90 / s they are far below 1/2).
+ * Checked against the division on 2^32 (w, s) pairs (elem 11 of qd_cuda_conversion_mismatches). */
+__device__ __forceinline__ float qd_quotient(float w, float s, float y)
+{
+    const float q = qd_quotient_short(w, s, y);
     return __fmaf_rn(__fmaf_rn(-q, s, w), y, q);
 }
 

@@ -77,6 +77,19 @@ enum qd_status qd_convert_quantize(const struct qd_convert_opts *o, const void *
     return s;
 }
 
+/* Streams per device: a second one copies the next piece in (and the last one out) while the
+ * first one's kernel runs, where one stream alone leaves the GPU idle for every copy.
+ * QUANTD_CONVERT_STREAMS (1..QD_MAX_STREAMS) overrides, for measuring. */
+#define QD_STREAMS_PER_DEVICE 2
+#define QD_MAX_STREAMS 4
+
+static int streams_per_device(void)
+{
+    const char *v = getenv("QUANTD_CONVERT_STREAMS");
+    int n = v ? atoi(v) : 0;
+    return n >= 1 && n <= QD_MAX_STREAMS ? n : QD_STREAMS_PER_DEVICE;
+}
+
 int qd_convert_spread(struct qd_convert_opts *o, char *err, size_t errlen)
 {
     struct qd_backend *b = o->backend;
@@ -84,19 +97,22 @@ int qd_convert_spread(struct qd_convert_opts *o, char *err, size_t errlen)
     if (b->stats)
         b->stats(b, &bs);
     o->nworkers = 0;
-    if (bs.devices < 2)
+    int streams = streams_per_device();
+    if (bs.devices < 1 || bs.devices * streams < 2)
         return 0;
     int mine = b->worker_slot ? b->worker_slot(o->worker) : 0, left_out = 0;
     o->workers[o->nworkers++] = o->worker;
-    for (int slot = 0; slot < bs.devices && o->nworkers < QD_MAX_DEVICES; slot++) {
-        char name[32];
-        if (slot == mine || !bs.device_healthy[slot])
-            continue;
-        if ((o->workers[o->nworkers] = b->worker_open(b, slot, name, sizeof name, err, errlen)))
-            o->nworkers++;
-        else
-            left_out++;
-    }
+    /* stream by stream: with fewer lanes than devices x streams, each device still gets one */
+    for (int k = 0; k < streams; k++)
+        for (int slot = 0; slot < bs.devices && o->nworkers < QD_MAX_DEVICES; slot++) {
+            char name[32];
+            if ((k == 0 && slot == mine) || !bs.device_healthy[slot])
+                continue;
+            if ((o->workers[o->nworkers] = b->worker_open(b, slot, name, sizeof name, err, errlen)))
+                o->nworkers++;
+            else
+                left_out += k == 0;
+        }
     return left_out;
 }
 

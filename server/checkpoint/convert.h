@@ -56,9 +56,10 @@ struct qd_convert_opts {
                                  buffers do not scale with the largest tensor */
     struct qd_backend *backend;
     void *worker;
-    /* Several workers (one per device of --devices): the pipeline quantizes that many tensors
-     * at once, lane L through workers[L]; 0 or 1: worker alone. One lane still where a tensor's
-     * NMSE is reported or the AutoAWQ layout transposes through its one staging buffer. */
+    /* Several workers (two streams on each device of --devices): the pipeline quantizes that
+     * many tensors at once, lane L through workers[L]; 0 or 1: worker alone. One lane still
+     * where a tensor's NMSE is reported or the AutoAWQ layout transposes through its one
+     * staging buffer. */
     void *workers[QD_MAX_DEVICES];
     int nworkers;
     void (*progress)(void *ctx, const struct qd_convert_event *ev);
@@ -150,9 +151,11 @@ struct qd_name_filter *qd_name_filter_new(const char *skip, const char *only, ch
 int qd_name_filter_keeps(const struct qd_name_filter *nf, const char *name);
 void qd_name_filter_free(struct qd_name_filter *nf);
 
-/* Spreads a conversion over the backend's devices: workers[0] is o->worker, then a worker on
- * each other healthy device slot. Returns how many devices were left out (their worker would
- * not open; err says why); qd_convert_unspread closes the workers it opened. */
+/* Spreads a conversion over the backend's devices and streams: workers[0] is o->worker, then a
+ * worker on each other healthy device slot, then a second stream's worker on every one (a CPU
+ * backend, which has no devices, gets none). Returns how many devices were left out (their
+ * first worker would not open; err says why); qd_convert_unspread closes the workers it
+ * opened. */
 int qd_convert_spread(struct qd_convert_opts *o, char *err, size_t errlen);
 void qd_convert_unspread(struct qd_convert_opts *o);
 

@@ -186,6 +186,20 @@ static int mark_pinned(const struct piece *p, int n, int pinned[])
     return unpinned;
 }
 
+/* QUANTD_GPU_TRACE set: each job's stream times on stderr ("gpu DEVICE FORMAT OP H2D_MS
+ * KERNEL_MS D2H_MS IN_BYTES"), for finding where a conversion's GPU time goes where no profiler
+ * is installed. */
+static void trace_job(const struct cuda_worker *wk, const struct qd_work *w, size_t in_bytes)
+{
+    static int on = -1;
+    if (on < 0)
+        on = getenv("QUANTD_GPU_TRACE") != NULL;
+    if (on)
+        fprintf(stderr, "gpu %d %s %s %.3f %.3f %.3f %zu\n", wk->device, w->f->name,
+                w->req.op == QD_OP_QUANTIZE ? "quantize" : "dequantize", w->t.h2d_us / 1e3, w->t.kernel_us / 1e3,
+                w->t.d2h_us / 1e3, in_bytes);
+}
+
 static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *err, size_t errlen)
 {
     cudaStream_t s = (cudaStream_t)wk->ctx.stream;
@@ -254,6 +268,7 @@ static enum qd_status run_job(struct cuda_worker *wk, struct qd_work *w, char *e
     w->t.h2d_us = elapsed_us(wk->ev[0], wk->ev[1]);
     w->t.kernel_us = elapsed_us(wk->ev[1], wk->ev[2]);
     w->t.d2h_us = elapsed_us(wk->ev[2], wk->ev[3]);
+    trace_job(wk, w, in_bytes);
     return QD_OK;
 }
 

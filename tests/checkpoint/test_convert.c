@@ -196,6 +196,69 @@ static void several_workers_give_the_same_file(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* A backend of fake devices for qd_convert_spread: a worker is the slot it was opened on. */
+static int fake_devices, fake_lost = -1, fake_open[QD_MAX_DEVICES];
+static void *fake_worker_open(struct qd_backend *b, int index, char *name, size_t namelen, char *err, size_t errlen)
+{
+    fake_open[index]++;
+    return (void *)(intptr_t)(index + 1);
+}
+static void fake_worker_close(void *w) { fake_open[(intptr_t)w - 1]--; }
+static int fake_worker_slot(void *w) { return (int)(intptr_t)w - 1; }
+static void fake_stats(struct qd_backend *b, struct qd_backend_stats *s)
+{
+    s->devices = fake_devices;
+    for (int d = 0; d < fake_devices; d++)
+        s->device_healthy[d] = d != fake_lost;
+}
+
+/* The slots of o's workers after spreading from a worker on slot `mine`, as a string ("0101") */
+static void spread_slots(int devices, int lost, int mine, const char *streams, char *slots)
+{
+    struct qd_backend b = {.kind = "fake", .worker_open = fake_worker_open, .worker_close = fake_worker_close,
+                           .worker_slot = fake_worker_slot, .stats = fake_stats};
+    char err[64];
+    fake_devices = devices, fake_lost = lost;
+    if (streams)
+        setenv("QUANTD_CONVERT_STREAMS", streams, 1);
+    else
+        unsetenv("QUANTD_CONVERT_STREAMS");
+    struct qd_convert_opts o = {.backend = &b, .worker = (void *)(intptr_t)(mine + 1)};
+    assert_int_equal(qd_convert_spread(&o, err, sizeof err), 0);
+    int n = 0;
+    for (int w = 0; w < o.nworkers; w++)
+        slots[n++] = (char)('0' + fake_worker_slot(o.workers[w]));
+    slots[n] = 0;
+    assert_int_equal(qd_convert_lanes(&o), n ? n : 1);
+    qd_convert_unspread(&o);
+    for (int d = 0; d < QD_MAX_DEVICES; d++) /* every worker it opened closed again */
+        assert_int_equal(fake_open[d], 0);
+}
+
+/* A conversion takes two streams on each healthy device (a copy overlaps the other's kernel):
+ * the caller's worker first, one on every other device, then the second streams; one device
+ * gets two lanes; QUANTD_CONVERT_STREAMS=1 gives one a device (and one device no spreading);
+ * a CPU backend (no devices) none. */
+static void a_conversion_spreads_over_two_streams_a_device(void **state)
+{
+    char slots[QD_MAX_DEVICES + 1];
+    spread_slots(1, -1, 0, NULL, slots);
+    assert_string_equal(slots, "00");
+    spread_slots(3, -1, 1, NULL, slots);
+    assert_string_equal(slots, "102012");
+    spread_slots(3, 2, 0, NULL, slots);
+    assert_string_equal(slots, "0101");
+    spread_slots(3, -1, 0, "1", slots);
+    assert_string_equal(slots, "012");
+    spread_slots(1, -1, 0, "1", slots);
+    assert_string_equal(slots, "");
+    spread_slots(0, -1, 0, NULL, slots);
+    assert_string_equal(slots, "");
+    spread_slots(1, -1, 0, "9", slots); /* out of range: the default */
+    assert_string_equal(slots, "00");
+    unsetenv("QUANTD_CONVERT_STREAMS");
+}
+
 /* A file may put a tensor, and a layout a component, at any byte: the bytes must not depend on
  * where (nf4 with double quant: packed codes, then f32 and uint8 scale components; q8_0: blocks) */
 static void misaligned_tensors_give_the_same_bytes(void **state)
@@ -344,6 +407,7 @@ int main(void)
         cmocka_unit_test(misaligned_tensors_give_the_same_bytes),
         cmocka_unit_test(gguf_pieces_give_the_same_file),
         cmocka_unit_test(several_workers_give_the_same_file),
+        cmocka_unit_test(a_conversion_spreads_over_two_streams_a_device),
         cmocka_unit_test(a_fifo_in_a_model_directory_is_refused_not_waited_on),
         cmocka_unit_test(a_confined_conversion_reads_nothing_outside_its_root),
         cmocka_unit_test(a_forced_stop_removes_temporaries_and_commits_nothing),

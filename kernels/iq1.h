@@ -29,21 +29,31 @@ QD_HD void qd_iq1_sort(const float *x, int n, int *idx)
     }
 }
 
-/* iq1_find_best_neighbour2: the neighbour of off-grid tuple u whose values xx[level] at this
- * scale come nearest xval, weighted (the first of equals); its levels into L, its index. ggml
- * searches the whole grid where no distance is below FLT_MAX, reading past the 8 values (and
- * aborts if still none); quantd takes the first neighbour there. */
+/* The value of level l (0..2 for -1..1) shifted by delta (+-IQ1_DELTA): ggml's x_p[l] or x_m[l],
+ * exactly (each sum is exact in f32), without an array to index (a GPU thread kept the arrays
+ * in local memory, read once per level of every candidate). */
+QD_HD float qd_iq1_value(int l, float delta) { return (float)(l - 1) + delta; }
+
+/* iq1_find_best_neighbour2: the neighbour of off-grid tuple u whose values at this scale (level
+ * values shifted by delta) come nearest xval, weighted (the first of equals); its levels into L,
+ * its index. ggml searches the whole grid where no distance is below FLT_MAX, reading past the 8
+ * values (and aborts if still none); quantd takes the first neighbour there. Each candidate is
+ * its packed tuple (one load), the next one's loaded before this one's distance. */
 QD_HD int qd_iq1_best_neighbour(const struct qd_iq_grid *g, int u, const float *xval, const float *w, float scale,
-                                const float *xx, int8_t *L)
+                                float delta, int8_t *L)
 {
     const uint16_t *nb = qd_iq_neighbours(g, u);
+    const int n = nb[0];
     float best_d2 = QD_IQ_FLT_MAX;
     int best = -1;
-    for (int j = 1; j <= nb[0]; j++) {
-        const uint8_t *p = qd_iq_point(g, nb[j]);
+    uint32_t next = g->tuples[nb[1]];
+    for (int j = 1; j <= n; j++) {
+        const uint32_t t = next;
+        if (j < n)
+            next = g->tuples[nb[j + 1]];
         float d2 = 0.0f;
         for (int i = 0; i < 8; i++) {
-            const float diff = scale * xx[p[i]] - xval[i];
+            const float diff = scale * qd_iq1_value(qd_iq_level(t, 2, i), delta) - xval[i];
             d2 += w[i] * diff * diff;
         }
         if (d2 < best_d2) {
@@ -53,16 +63,17 @@ QD_HD int qd_iq1_best_neighbour(const struct qd_iq_grid *g, int u, const float *
     }
     if (best < 0)
         best = nb[1];
+    const uint32_t t = g->tuples[best];
     for (int i = 0; i < 8; i++)
-        L[i] = (int8_t)qd_iq_point(g, best)[i];
+        L[i] = (int8_t)qd_iq_level(t, 2, i);
     return best;
 }
 
 /* One sub-block of n (32 or 16) values after the exhaustive split search: the grid points of its
  * n/8 tuples (index), on-grid or the best neighbour at scale, and the scale refitted when any
- * was off the grid. xx_of(k) picks tuple k's shifted values. Returns the scale. */
+ * was off the grid. Tuple k's levels are shifted by delta[k]. Returns the scale. */
 QD_HD float qd_iq1_codes(const struct qd_iq_grid *g, int n, const float *xb, const float *w, int8_t *L, float scale,
-                         const float *const *xxk, uint16_t *index)
+                         const float *delta, uint16_t *index)
 {
     int all_on_grid = 1;
     for (int k = 0; k < n / 8; k++) {
@@ -70,16 +81,16 @@ QD_HD float qd_iq1_codes(const struct qd_iq_grid *g, int n, const float *xb, con
         int gi = g->map[u];
         if (gi < 0) {
             all_on_grid = 0;
-            gi = qd_iq1_best_neighbour(g, u, xb + 8 * k, w + 8 * k, scale, xxk[k], L + 8 * k);
+            gi = qd_iq1_best_neighbour(g, u, xb + 8 * k, w + 8 * k, scale, delta[k], L + 8 * k);
         }
         index[k] = (uint16_t)gi;
     }
     if (!all_on_grid) {
         float sumqx = 0.0f, sumq2 = 0.0f;
         for (int k = 0; k < n / 8; k++) {
-            const uint8_t *p = qd_iq_point(g, index[k]);
+            const uint32_t t = g->tuples[index[k]];
             for (int j = 0; j < 8; j++) {
-                const float wj = w[8 * k + j], q = xxk[k][p[j]];
+                const float wj = w[8 * k + j], q = qd_iq1_value(qd_iq_level(t, 2, j), delta[k]);
                 sumqx += wj * q * xb[8 * k + j];
                 sumq2 += wj * q * q;
             }
@@ -191,8 +202,6 @@ QD_HD struct qd_iq1s_split qd_iq1s_split_search(const struct qd_iq1s_sub *s)
 QD_HD int qd_iq1s_sub_put(const struct qd_iq_grid *g, const float *xb, const struct qd_iq1s_sub *s,
                            struct qd_iq1s_split split, int ib, struct qd_iq1s_block *b, uint8_t *blk)
 {
-    const float x_p[3] = {-1.0f + QD_IQ1_DELTA, QD_IQ1_DELTA, 1.0f + QD_IQ1_DELTA};
-    const float x_m[3] = {-1.0f - QD_IQ1_DELTA, -QD_IQ1_DELTA, 1.0f - QD_IQ1_DELTA};
     int8_t L[32];
     uint16_t index[4];
     float scale = split.scale;
@@ -207,9 +216,8 @@ QD_HD int qd_iq1s_sub_put(const struct qd_iq_grid *g, const float *xb, const str
         scale = -scale;
         best_shift = -best_shift;
     }
-    const float *xx = best_shift == 1 ? x_p : x_m;
-    const float *xxk[4] = {xx, xx, xx, xx};
-    scale = qd_iq1_codes(g, 32, xb, s->weight, L, scale, xxk, index);
+    const float delta = best_shift == 1 ? QD_IQ1_DELTA : -QD_IQ1_DELTA, deltas[4] = {delta, delta, delta, delta};
+    scale = qd_iq1_codes(g, 32, xb, s->weight, L, scale, deltas, index);
     uint16_t h = 0;
     for (int k = 0; k < 4; k++) {
         blk[2 + 4 * ib + k] = (uint8_t)(index[k] & 255);
@@ -344,8 +352,9 @@ QD_HD void qd_iq1m_quantize(const struct qd_iq_grid *QD_RESTRICT g, const float 
             scale = -scale;
             best_k = 3 - best_k;
         }
-        const float *xxk[2] = {best_k < 2 ? x_p : x_m, best_k % 2 == 0 ? x_p : x_m};
-        scale = qd_iq1_codes(g, 16, xb, weight, L, scale, xxk, index);
+        const float deltas[2] = {best_k < 2 ? QD_IQ1_DELTA : -QD_IQ1_DELTA,
+                                 best_k % 2 == 0 ? QD_IQ1_DELTA : -QD_IQ1_DELTA};
+        scale = qd_iq1_codes(g, 16, xb, weight, L, scale, deltas, index);
         qs[2 * ib] = (uint8_t)(index[0] & 255);
         qs[2 * ib + 1] = (uint8_t)(index[1] & 255);
         qh[ib] = (uint8_t)((index[0] >> 8) | ((index[1] >> 8) << 4));

@@ -262,7 +262,7 @@ static int build(struct qd_iq_grid *g, const uint16_t *points, int n, int dim, i
     uint16_t *nb = NULL;
     if (!levels || !map || !d2)
         goto fail;
-    *g = (struct qd_iq_grid){.n = n, .dim = dim, .bits = bits, .levels = levels, .map = map,
+    *g = (struct qd_iq_grid){.n = n, .dim = dim, .bits = bits, .levels = levels, .map = map, .tuples = points,
                              .map_size = 1 << (dim * bits)};
     int top = 0;
     for (int i = 0; i < n; i++)

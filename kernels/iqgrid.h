@@ -17,6 +17,8 @@ struct qd_iq_grid {
     const uint8_t *levels;      /* n x dim levels */
     const int32_t *map;         /* tuple -> grid index, or -(offset + 1) of its neighbour list */
     const uint16_t *neighbours; /* per off-grid tuple: the count, then the grid indices */
+    const uint16_t *tuples;     /* n: each point's levels packed as qd_iq_tuple packs them (one
+                                   load for a point where the levels take dim) */
     int32_t map_size;           /* 1 << dim*bits */
     size_t neighbours_len;
 };
@@ -35,6 +37,9 @@ const struct qd_iq_grid *qd_iq1_grid(void);    /* ggml's kgrid_1bit_2048: 2048 p
 #define QD_IQ_FLT_MAX 3.40282347e38f
 
 QD_HD const uint8_t *qd_iq_point(const struct qd_iq_grid *g, int i) { return g->levels + (size_t)i * g->dim; }
+
+/* level k of the tuple t, at bits a level */
+QD_HD int qd_iq_level(uint32_t t, int bits, int k) { return (int)(t >> bits * k & ((1u << bits) - 1)); }
 
 QD_HD int qd_iq_tuple(const struct qd_iq_grid *g, const int8_t *L)
 {

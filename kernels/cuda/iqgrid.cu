@@ -117,21 +117,22 @@ __global__ void __launch_bounds__(IQG_THREADS) iqgrid_dequantize_kernel(const ui
     default: QD_SWITCH_UNKNOWN();                                                               \
     }
 
-/* The type's tables in new device memory *mem (map, neighbour lists, levels), pointed to by *d. */
+/* The type's tables in new device memory *mem (map, point tuples, neighbour lists, levels),
+ * pointed to by *d. */
 static enum qd_status upload_grid(int type, struct qd_iq_grid *d, uint8_t **mem)
 {
     const struct qd_iq_grid *h = qd_iqgrid_tables(type);
     if (!h)
         return QD_ENOMEM;
-    const size_t map_b = (size_t)h->map_size * sizeof(int32_t), nb_b = h->neighbours_len * sizeof(uint16_t);
-    const size_t lv_b = (size_t)h->n * (size_t)h->dim;
-    CUDA_CHECK(cudaMallocAsync((void **)mem, map_b + nb_b + lv_b, qd_stream()));
+    const size_t map_b = (size_t)h->map_size * sizeof(int32_t), tp_b = (size_t)h->n * sizeof(uint16_t),
+                 nb_b = h->neighbours_len * sizeof(uint16_t), lv_b = (size_t)h->n * (size_t)h->dim;
+    CUDA_CHECK(cudaMallocAsync((void **)mem, map_b + tp_b + nb_b + lv_b, qd_stream()));
     /* from pageable memory: staged before each call returns */
-    cudaError_t e = cudaMemcpyAsync(*mem, h->map, map_b, cudaMemcpyHostToDevice, qd_stream());
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync(*mem + map_b, h->neighbours, nb_b, cudaMemcpyHostToDevice, qd_stream());
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync(*mem + map_b + nb_b, h->levels, lv_b, cudaMemcpyHostToDevice, qd_stream());
+    const void *part[4] = {h->map, h->tuples, h->neighbours, h->levels};
+    const size_t bytes[4] = {map_b, tp_b, nb_b, lv_b};
+    cudaError_t e = cudaSuccess;
+    for (size_t i = 0, at = 0; i < 4 && e == cudaSuccess; at += bytes[i++])
+        e = cudaMemcpyAsync(*mem + at, part[i], bytes[i], cudaMemcpyHostToDevice, qd_stream());
     if (e != cudaSuccess) {
         cudaFreeAsync(*mem, qd_stream());
         *mem = NULL;
@@ -139,8 +140,9 @@ static enum qd_status upload_grid(int type, struct qd_iq_grid *d, uint8_t **mem)
     }
     *d = *h;
     d->map = (const int32_t *)*mem;
-    d->neighbours = (const uint16_t *)(*mem + map_b);
-    d->levels = *mem + map_b + nb_b;
+    d->tuples = (const uint16_t *)(*mem + map_b); /* (2-byte aligned: the map is whole words) */
+    d->neighbours = (const uint16_t *)(*mem + map_b + tp_b);
+    d->levels = *mem + map_b + tp_b + nb_b;
     return QD_OK;
 }
 

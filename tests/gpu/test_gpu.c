@@ -182,8 +182,24 @@ static void free_pair(struct qd_work *wc, struct qd_work *wg)
     free(wc->in.data);
 }
 
+/* QUANTD_GPU_FORMATS=name,name: the cases of those formats alone (a kernel's change checked on
+ * the device without the whole suite's time); unset: every format. */
+static int format_on(const struct qd_format *f)
+{
+    const char *only = getenv("QUANTD_GPU_FORMATS");
+    if (!only || !*only)
+        return 1;
+    const size_t len = strlen(f->name);
+    for (const char *p = only; (p = strstr(p, f->name)) != NULL; p += len)
+        if ((p == only || p[-1] == ',') && (p[len] == ',' || p[len] == '\0'))
+            return 1;
+    return 0;
+}
+
 static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct shape *sh, int nonfinite)
 {
+    if (!format_on(f))
+        return;
     struct qd_work wc, wg;
     memset(&wc, 0, sizeof wc);
     wc.req.op = QD_OP_QUANTIZE;
@@ -314,6 +330,8 @@ static void gpu_bytes_equal_cpu_bytes_for_every_format(void **state)
     int small = getenv("QUANTD_GPU_SMALL") != NULL;
     for (int fi = 0; fi < qd_format_count; fi++) {
         const struct qd_format *f = &qd_formats[fi];
+        if (!format_on(f))
+            continue;
         int64_t before = cases;
         for (int dt = QD_F32; dt <= QD_BF16; dt++)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
@@ -332,7 +350,7 @@ static void gpu_equals_cpu_with_importance(void **state)
     int small = getenv("QUANTD_GPU_SMALL") != NULL;
     for (int fi = 0; fi < qd_format_count; fi++) {
         const struct qd_format *f = &qd_formats[fi];
-        if (!(f->importance & QD_IMPORTANCE_ON(QD_BACKEND_CUDA)))
+        if (!(f->importance & QD_IMPORTANCE_ON(QD_BACKEND_CUDA)) || !format_on(f))
             continue;
         int64_t before = cases;
         for (importance_case = 1; importance_case <= 3; importance_case++)
@@ -372,7 +390,7 @@ static void gpu_equals_cpu_on_ggml_hard_rows(void **state)
     pattern = 6;
     for (int fi = 0; fi < qd_format_count; fi++) {
         const struct qd_format *f = &qd_formats[fi];
-        if (!(f->importance & QD_IMPORTANCE_ON(QD_BACKEND_CUDA)))
+        if (!(f->importance & QD_IMPORTANCE_ON(QD_BACKEND_CUDA)) || !format_on(f))
             continue;
         int64_t before = cases;
         for (importance_case = 0; importance_case <= 2; importance_case++)

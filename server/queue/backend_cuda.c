@@ -21,6 +21,7 @@ struct cuda_state {
     atomic_llong memory_used;
     atomic_int healthy[QD_MAX_DEVICES]; /* per slot: 0 once its device hit a sticky error */
     int poison; /* QUANTD_POISON=1: device outputs filled with 0xA5 before each job (tests) */
+    int trace;  /* QUANTD_GPU_TRACE set: each job's stream times on stderr (trace_job) */
 };
 
 #ifdef QD_FAULTS
@@ -191,10 +192,7 @@ static int mark_pinned(const struct piece *p, int n, int pinned[])
  * is installed. */
 static void trace_job(const struct cuda_worker *wk, const struct qd_work *w, size_t in_bytes)
 {
-    static int on = -1;
-    if (on < 0)
-        on = getenv("QUANTD_GPU_TRACE") != NULL;
-    if (on)
+    if (wk->st->trace)
         fprintf(stderr, "gpu %d %s %s %.3f %.3f %.3f %zu\n", wk->device, w->f->name,
                 w->req.op == QD_OP_QUANTIZE ? "quantize" : "dequantize", w->t.h2d_us / 1e3, w->t.kernel_us / 1e3,
                 w->t.d2h_us / 1e3, in_bytes);
@@ -463,6 +461,7 @@ int qd_backend_cuda_open(struct qd_backend *b, const char *devices, char *err, s
     faults_init();
 #endif
     st->poison = getenv("QUANTD_POISON") && !strcmp(getenv("QUANTD_POISON"), "1");
+    st->trace = getenv("QUANTD_GPU_TRACE") != NULL;
     memset(b, 0, sizeof *b);
     b->kind = "cuda";
     snprintf(b->info, sizeof b->info, "%.80s (sm_%d%d) x%d", prop.name, prop.major, prop.minor, st->ndev);

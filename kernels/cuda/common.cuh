@@ -220,8 +220,8 @@ __device__ __forceinline__ float qd_quotient_short(float w, float s, float y)
 }
 
 /* The IEEE quotient w / s (round to nearest) for a divisor used many times: y = 1/s rounded
- * once, then q = w * y and two corrections (qd_quotient_short's, then one more) from the exact residual w - q * s (fused
- * multiply-adds). After the first, q is within an ulp of w / s; from there one more is the
+ * once, then q = w * y and two corrections (qd_quotient_short's, then one more) from the exact
+ * residual w - q * s (fused multiply-adds). After the first, q is within an ulp of w / s; from there one more is the
  * correctly rounded quotient (Markstein's theorem), provided nothing over- or underflows,
  * the residual included: for |w| >= 2^-90 and |w / s| within [2^-100, 2^100] (callers only
  * round quotients of at most 41 to integers, and below 2^-90 / s they are far below 1/2).

@@ -182,18 +182,22 @@ static void free_pair(struct qd_work *wc, struct qd_work *wg)
     free(wc->in.data);
 }
 
+/* Whether name is one of the comma-separated list's entries (QUANTD_GPU_ONLY, _FORMATS) */
+static int listed(const char *list, const char *name)
+{
+    const size_t len = strlen(name);
+    for (const char *p = list; (p = strstr(p, name)) != NULL; p += len)
+        if ((p == list || p[-1] == ',') && (p[len] == ',' || p[len] == '\0'))
+            return 1;
+    return 0;
+}
+
 /* QUANTD_GPU_FORMATS=name,name: the cases of those formats alone (a kernel's change checked on
  * the device without the whole suite's time); unset: every format. */
 static int format_on(const struct qd_format *f)
 {
     const char *only = getenv("QUANTD_GPU_FORMATS");
-    if (!only || !*only)
-        return 1;
-    const size_t len = strlen(f->name);
-    for (const char *p = only; (p = strstr(p, f->name)) != NULL; p += len)
-        if ((p == only || p[-1] == ',') && (p[len] == ',' || p[len] == '\0'))
-            return 1;
-    return 0;
+    return !only || !*only || listed(only, f->name);
 }
 
 static void one_case(const struct qd_format *f, enum qd_dtype dt, const struct shape *sh, int nonfinite)
@@ -834,14 +838,9 @@ int main(void)
         return cmocka_run_group_tests(tests, setup, teardown);
     struct CMUnitTest picked[sizeof tests / sizeof tests[0]];
     size_t n = 0;
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        const size_t len = strlen(tests[i].name);
-        for (const char *p = only; (p = strstr(p, tests[i].name)) != NULL; p += len)
-            if ((p == only || p[-1] == ',') && (p[len] == ',' || p[len] == '\0')) {
-                picked[n++] = tests[i];
-                break;
-            }
-    }
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
+        if (listed(only, tests[i].name))
+            picked[n++] = tests[i];
     if (n == 0) {
         fprintf(stderr, "QUANTD_GPU_ONLY names no test of this suite: %s\n", only);
         return 2;

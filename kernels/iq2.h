@@ -184,10 +184,7 @@ QD_HD float qd_iq2xxs_sub(const struct qd_iq2_tables *QD_RESTRICT t, const float
         const float id = 1.0f / scale;
         for (int k = 0; k < 4; k++)
             qd_iq2_group(t, xval + 8 * k, waux + 8 * k, id, scale, L + 8 * k);
-        float sumqx, sumq2;
-        qd_kq_odd_sums(32, weight, xval, L, &sumqx, &sumq2);
-        if (sumq2 > 0.0f)
-            scale = sumqx / sumq2;
+        scale = qd_kq_refit(32, weight, xval, L, scale);
     }
     return scale;
 }
@@ -228,10 +225,7 @@ QD_HD float qd_iq2s_sub(const struct qd_iq2_tables *QD_RESTRICT t, const float *
         for (int k = 0; k < 2; k++)
             if (!on_grid[k])
                 qd_iq2_group(t, xval + 8 * k, waux + 8 * k, id, scale, L + 8 * k);
-        float sumqx, sumq2;
-        qd_kq_odd_sums(16, weight, xval, L, &sumqx, &sumq2);
-        if (sumq2 > 0.0f)
-            scale = sumqx / sumq2;
+        scale = qd_kq_refit(16, weight, xval, L, scale);
     }
     return scale;
 }

@@ -143,10 +143,7 @@ QD_HD void qd_iq3s_quantize(const struct qd_iq3s_tables *QD_RESTRICT t, const fl
                 for (int i = 0; i < 4; i++)
                     L[4 * k + i] = (int8_t)((t->grid[g][i] - 1) / 2);
             }
-            float sumqx, sumq2;
-            qd_kq_odd_sums(32, weight, xval, L, &sumqx, &sumq2);
-            if (sumq2 > 0.0f)
-                scale = sumqx / sumq2;
+            scale = qd_kq_refit(32, weight, xval, L, scale);
         }
         if (scale < 0.0f) { /* ggml's guard: a positive scale, the signs flipped */
             scale = -scale;

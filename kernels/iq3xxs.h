@@ -181,10 +181,7 @@ QD_HD float qd_iq3xxs_sub_search(const struct qd_iq_grid *QD_RESTRICT g, const f
             for (int i = 0; i < 4; i++)
                 L[4 * k + i] = (int8_t)qd_iq_point(g, gi)[i];
         }
-        float sumqx, sumq2;
-        qd_kq_odd_sums(32, weight, xval, L, &sumqx, &sumq2);
-        if (sumq2 > 0.0f)
-            scale = sumqx / sumq2;
+        scale = qd_kq_refit(32, weight, xval, L, scale);
     }
     return scale;
 }

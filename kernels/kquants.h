@@ -86,6 +86,15 @@ QD_HD void qd_kq_odd_sums(int n, const float *w, const float *xval, const int8_t
     *sumq2 = s2;
 }
 
+/* The scale refit to levels L (the last step of the IQ searches): sumqx / sumq2 where sumq2 > 0,
+ * else scale. */
+QD_HD float qd_kq_refit(int n, const float *w, const float *xval, const int8_t *L, float scale)
+{
+    float sumqx, sumq2;
+    qd_kq_odd_sums(n, w, xval, L, &sumqx, &sumq2);
+    return sumq2 > 0.0f ? sumqx / sumq2 : scale;
+}
+
 /* One trial of the IQ3 searches (iq3_xxs, iq3_s): where its weighted fit (sumqx, sumq2) beats
  * *best, its scale, 32 levels Laux and 8 on-grid flags become the chosen ones. */
 QD_HD void qd_kq_take_trial(float sumqx, float sumq2, float *scale, float *best, const int8_t *Laux, int8_t *L,

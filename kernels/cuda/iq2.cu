@@ -225,10 +225,7 @@ __device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, const uint16_t *
         for (int k = 0; k < 4; k++)
             if (lists[k])
                 qd_iq2_point_levels(t, g[k], L + 8 * k);
-        float sumqx, sumq2;
-        qd_kq_odd_sums(32, weight, xval, L, &sumqx, &sumq2);
-        if (sumq2 > 0.0f)
-            scale = sumqx / sumq2;
+        scale = qd_kq_refit(32, weight, xval, L, scale);
     }
     return live ? scale : 0.0f;
 }

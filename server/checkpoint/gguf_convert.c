@@ -665,11 +665,13 @@ static int write_files(struct convert *c, struct job *job)
             goto fail;
         c->s->bytes_out += c->outs[sp].written;
     }
+    double t0 = qd_pipe_clock_s();
     for (int sp = 0; sp < c->n_split; sp++)
         if (qd_outfile_commit(&c->outs[sp], c->err, c->errlen)) {
             *c->status = qd_status_of_write(errno);
             goto fail;
         }
+    qd_pipe_trace("commit", -1, t0, qd_pipe_clock_s(), 0);
     *c->status = QD_OK;
     return 0;
 fail:

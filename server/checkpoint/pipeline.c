@@ -106,19 +106,30 @@ struct qd_pipe_pool *qd_pipe_pool_new(struct qd_backend *backend, uint64_t in_ca
     return pool;
 }
 
-/* Slot s of the input (out = 0) or output buffers, allocated on first use; NULL without memory. */
+/* Slot s of the input (out = 0) or output buffers, allocated on first use; NULL without memory.
+ * The allocation runs outside the lock: with it inside, the readers' first slots were pinned one
+ * after another and a lane's first output slot after them all (an 8B GGUF on an H200: its first
+ * tensor processed 0.22 s after it was read). */
 static void *pool_slot(struct qd_pipe_pool *pool, int out, int s)
 {
     void **slot = out ? &pool->out[s] : &pool->in[s], **raw = out ? &pool->out_raw[s] : &pool->in_raw[s];
     pthread_mutex_lock(&pool->lock);
-    if (!*slot) {
-        void *(*alloc)(size_t) = out ? pool->alloc : pool->in_alloc;
-        size_t n = (size_t)(out ? pool->out_cap : pool->in_cap) + DIO_ALIGN; /* aligned whatever alloc gives */
-        if ((*raw = alloc(n)))
-            *slot = (void *)(((uintptr_t)*raw + DIO_ALIGN - 1) & ~(uintptr_t)(DIO_ALIGN - 1));
-    }
     void *p = *slot;
     pthread_mutex_unlock(&pool->lock);
+    if (p)
+        return p;
+    size_t n = (size_t)(out ? pool->out_cap : pool->in_cap) + DIO_ALIGN; /* aligned whatever alloc gives */
+    void *got = (out ? pool->alloc : pool->in_alloc)(n);
+    pthread_mutex_lock(&pool->lock);
+    if (!*slot && got) {
+        *raw = got;
+        *slot = (void *)(((uintptr_t)got + DIO_ALIGN - 1) & ~(uintptr_t)(DIO_ALIGN - 1));
+        got = NULL;
+    }
+    p = *slot;
+    pthread_mutex_unlock(&pool->lock);
+    if (got) /* another thread's came first */
+        (out ? pool->release : pool->in_release)(got);
     return p;
 }
 
@@ -137,6 +148,7 @@ void qd_pipe_pool_free(struct qd_pipe_pool *pool)
 {
     if (!pool)
         return;
+    double t0 = qd_pipe_clock_s();
     for (int s = 0; s < MAX_IN_SLOTS; s++)
         if (pool->in_raw[s])
             pool->in_release(pool->in_raw[s]);
@@ -145,6 +157,7 @@ void qd_pipe_pool_free(struct qd_pipe_pool *pool)
             pool->release(pool->out_raw[s]);
     pthread_mutex_destroy(&pool->lock);
     free(pool);
+    qd_pipe_trace("free", -1, t0, qd_pipe_clock_s(), 0);
 }
 
 struct run {
@@ -577,6 +590,7 @@ struct lane_arg {
 static void *lane_main(void *arg)
 {
     struct run *r = ((struct lane_arg *)arg)->r;
+    pool_slot(r->p->pool, 1, ((struct lane_arg *)arg)->lane); /* its first output slot while the first reads run */
     for (;;) {
         pthread_mutex_lock(&r->lock);
         int k = r->failed || r->next_claim >= r->nproc ? -1 : r->next_claim++;
@@ -685,6 +699,8 @@ int qd_pipe_run(const struct qd_pipe *p, enum qd_status *status, char *err, size
         fail(&r, QD_ENOMEM, "cannot start the pipeline's threads");
         goto join;
     }
+    if (lanes == 1) /* the first output slot while the first reads run */
+        pool_slot(p->pool, 1, 0);
     /* items in order: processed here (one lane) or by the lanes, then handed on (progress) */
     for (int i = 0; i < p->n; i++) {
         if (p->cancel && *p->cancel) {

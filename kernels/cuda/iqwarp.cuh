@@ -11,8 +11,9 @@
  * Dealing single candidates instead left some lane readying a new group at almost every step
  * of the warp (Nsight Compute: 10.1 M of 11.0 M steps on iq2_xxs at 4096^2), each time for
  * the whole warp; a task's fixed width makes every lane ready its group at the same step.
- * iq3_xxs's short lists (8 groups of 4 a sub-block) made a warp search 2.3x slower, so
- * iq3_xxs keeps a lane's own search (docs/BENCHMARKS.md). */
+ * iq3_xxs's short lists (8 groups of 4 a sub-block, 31 trial scales) made a warp search
+ * slower, 2.3x with a loop per group and 1.28x with these tasks, so iq3_xxs keeps a lane's own
+ * search (docs/BENCHMARKS.md). */
 #ifndef QD_CUDA_IQWARP_CUH
 #define QD_CUDA_IQWARP_CUH
 

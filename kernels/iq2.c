@@ -209,8 +209,10 @@ static void iq2_build(int type)
     for (int u = 0; u < QD_IQ2_TUPLES; u++)
         if (t->map[u] < 0)
             n += 1 + iq2_nearest(t, u, nwant, NULL);
-    uint16_t *nb = n <= QD_IQ2_NEIGHBOURS_MAX ? malloc((size_t)n * sizeof *nb) : NULL;
-    if (!nb) {
+    uint16_t *nb = n <= QD_IQ2_NEIGHBOURS_MAX ? malloc((size_t)n * sizeof *nb) : NULL,
+             *codes = nb ? malloc((size_t)n * sizeof *codes) : NULL;
+    if (!codes) {
+        free(nb);
         free(t);
         return;
     }
@@ -219,10 +221,14 @@ static void iq2_build(int type)
         if (t->map[u] < 0) {
             const int m = iq2_nearest(t, u, nwant, nb + at + 1);
             nb[at] = (uint16_t)m;
+            codes[at] = 0;
+            for (int j = 1; j <= m; j++)
+                codes[at + j] = points[type][nb[at + j]];
             t->map[u] = -(int32_t)(at + 1);
             at += 1 + m;
         }
     t->neighbours = nb;
+    t->codes = codes;
     t->n_neighbours = n;
     tables[type] = t;
 }

@@ -14,69 +14,42 @@
 
 __device__ struct qd_iq2_tables iq2_tables_dev[3];
 __device__ uint16_t iq2_neighbours_dev[3][QD_IQ2_NEIGHBOURS_MAX];
-/* beside each list entry, its grid point's levels, 2 bits a coordinate (the first coordinate
- * lowest): a search reads a candidate in one load, not its index and then its point */
 __device__ uint16_t iq2_codes_dev[3][QD_IQ2_NEIGHBOURS_MAX];
 static const struct qd_iq2_tables *iq2_on_device[IQ2_MAX_DEVICES][3];
 static pthread_mutex_t iq2_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* the levels of every list entry's point (a count's slot gets 0) */
-static uint16_t *iq2_codes(const struct qd_iq2_tables *t)
-{
-    uint16_t *c = (uint16_t *)malloc((size_t)t->n_neighbours * sizeof *c);
-    if (!c)
-        return NULL;
-    for (int64_t at = 0; at < t->n_neighbours; at += 1 + t->neighbours[at]) {
-        c[at] = 0;
-        for (int j = 1; j <= t->neighbours[at]; j++) {
-            const uint8_t *p = t->grid[t->neighbours[at + j]];
-            unsigned code = 0;
-            for (int i = 0; i < 8; i++)
-                code |= (unsigned)(p[i] - 1) / 2 << 2 * i;
-            c[at + j] = (uint16_t)code;
-        }
-    }
-    return c;
-}
-
-/* type's tables on the current device (copied on first use) and *codes, its list entries'
- * levels there; NULL on failure, noted */
-static const struct qd_iq2_tables *iq2_device_tables(int type, const uint16_t **codes)
+/* type's tables on the current device (copied on first use); NULL on failure, noted */
+static const struct qd_iq2_tables *iq2_device_tables(int type)
 {
     const struct qd_iq2_tables *host = qd_iq2_tables(type);
     int dev = 0;
     if (!host || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= IQ2_MAX_DEVICES)
         return NULL;
-    uint16_t(*nb)[QD_IQ2_NEIGHBOURS_MAX] = NULL, (*cd)[QD_IQ2_NEIGHBOURS_MAX] = NULL;
-    cudaError_t e = cudaGetSymbolAddress((void **)&nb, iq2_neighbours_dev);
-    if (e == cudaSuccess)
-        e = cudaGetSymbolAddress((void **)&cd, iq2_codes_dev);
-    if (e != cudaSuccess) {
-        qd_cuda_note_error(e, __FILE__, __LINE__);
-        return NULL;
-    }
-    *codes = cd[type];
     pthread_mutex_lock(&iq2_lock);
     if (!iq2_on_device[dev][type]) {
         struct qd_iq2_tables *t = NULL;
-        uint16_t *hc = iq2_codes(host);
+        uint16_t(*nb)[QD_IQ2_NEIGHBOURS_MAX] = NULL, (*cd)[QD_IQ2_NEIGHBOURS_MAX] = NULL;
         cudaStream_t s;
-        e = hc ? cudaGetSymbolAddress((void **)&t, iq2_tables_dev) : cudaErrorMemoryAllocation;
+        cudaError_t e = cudaGetSymbolAddress((void **)&t, iq2_tables_dev);
+        if (e == cudaSuccess)
+            e = cudaGetSymbolAddress((void **)&nb, iq2_neighbours_dev);
+        if (e == cudaSuccess)
+            e = cudaGetSymbolAddress((void **)&cd, iq2_codes_dev);
         if (e == cudaSuccess && (e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) == cudaSuccess) {
             /* once per device and type, on its own stream, finished before anyone reads it */
             struct qd_iq2_tables copy = *host;
             const size_t bytes = (size_t)host->n_neighbours * sizeof(uint16_t);
             copy.neighbours = nb[type];
+            copy.codes = cd[type];
             e = cudaMemcpyAsync(t + type, &copy, sizeof copy, cudaMemcpyHostToDevice, s);
             if (e == cudaSuccess)
                 e = cudaMemcpyAsync(nb[type], host->neighbours, bytes, cudaMemcpyHostToDevice, s);
             if (e == cudaSuccess)
-                e = cudaMemcpyAsync(cd[type], hc, bytes, cudaMemcpyHostToDevice, s);
+                e = cudaMemcpyAsync(cd[type], host->codes, bytes, cudaMemcpyHostToDevice, s);
             if (e == cudaSuccess)
                 e = cudaStreamSynchronize(s);
             cudaStreamDestroy(s);
         }
-        free(hc);
         if (e != cudaSuccess)
             qd_cuda_note_error(e, __FILE__, __LINE__);
         else
@@ -129,10 +102,10 @@ __global__ void __launch_bounds__(64) iq2_sub_quantize_kernel(const struct qd_iq
 /* A group's distances to IQ2 grid points (qd_iq2_best_neighbour's). A coordinate's term
  * w (s p - x)^2 has three values, p being 1, 3 or 5: enter makes the 24 with ggml's own
  * operations, and a candidate's distance adds its eight in ggml's order, picked by its levels
- * (one 16-bit load a candidate, iq2_codes_dev, not its index and then its point). */
+ * (one 16-bit load a candidate, the tables' codes, not its index and then its point). */
 struct iq2_point {
-    const uint16_t *codes, *base; /* the codes of the lists starting at base */
-    const uint16_t *at;           /* the entered list's */
+    const uint16_t *codes, *base; /* the tables' codes and the lists they stand beside */
+    const uint16_t *at;           /* the entered list's codes */
     float term[8][3];
     __device__ __forceinline__ void enter(const uint16_t *list, const float *xv, const float *w, float s)
     {
@@ -172,12 +145,12 @@ __device__ __forceinline__ const uint16_t *iq2xxs_levels(const struct qd_iq2_tab
 
 /* qd_iq2xxs_sub (kernels/iq2.h) with the warp: the same operations in the same order, every lane
  * through every trial (a dead lane, a zero sub-block or past the tensor's end, with no lists). */
-__device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, const uint16_t *codes, qd_warp_search<4> *sh,
-                                 const float *rows, bool live, int8_t *L, int *zero)
+__device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<4> *sh, const float *rows, bool live,
+                                 int8_t *L, int *zero)
 {
     const float *own = rows + (threadIdx.x & 31) * IQ2_ROW, *weight = own + IQ2_W, *xval = own + IQ2_XVAL;
-    iq2_point point;
-    point.codes = codes;
+    iq2_point point; /* the tables' pointers read once, not at every group entered */
+    point.codes = t->codes;
     point.base = t->neighbours;
     *zero = 1;
     float scale = 0.0f, eff_max = 0.0f;
@@ -232,8 +205,7 @@ __device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, const uint16_t *
 
 /* (64, 6): at most 168 registers, for the six CTAs a SM that its shared memory allows */
 template <int DT>
-__global__ void __launch_bounds__(64, 6) iq2xxs_warp_quantize_kernel(const struct qd_iq2_tables *t, const uint16_t *codes,
-                                                                  const void *x,
+__global__ void __launch_bounds__(64, 6) iq2xxs_warp_quantize_kernel(const struct qd_iq2_tables *t, const void *x,
                                                                   int64_t nblocks, int64_t cols, const float *imp,
                                                                   int64_t mrows, uint8_t *out, unsigned long long *bad)
 {
@@ -260,8 +232,8 @@ __global__ void __launch_bounds__(64, 6) iq2xxs_warp_quantize_kernel(const struc
     }
     __syncwarp();
     int8_t L[32];
-    const float scale = iq2xxs_sub_warp(t, codes, &search[threadIdx.x / 32], rows + (threadIdx.x & ~31) * IQ2_ROW,
-                                        live, L, &r->zero);
+    const float scale = iq2xxs_sub_warp(t, &search[threadIdx.x / 32], rows + (threadIdx.x & ~31) * IQ2_ROW, live, L,
+                                        &r->zero);
     if (!live)
         return;
     qd_iq2_sub_result(t, QD_IQ2_XXS, scale, L, r);
@@ -297,8 +269,7 @@ extern "C" enum qd_status qd_cuda_iq2_quantize(const struct qd_format *f, const 
                                                struct qd_params *p, void *const *out)
 {
     const int64_t nblocks = qd_tensor_numel(in) / QD_QK_K;
-    const uint16_t *codes = NULL;
-    const struct qd_iq2_tables *t = iq2_device_tables(f->code, &codes);
+    const struct qd_iq2_tables *t = iq2_device_tables(f->code);
     if (!t)
         return QD_EDEVICE;
     const int64_t mrows = p->importance ? qd_cuda_importance_matrix_rows(p, in) : 0;
@@ -311,7 +282,7 @@ extern "C" enum qd_status qd_cuda_iq2_quantize(const struct qd_format *f, const 
         return s;
     if (f->code == QD_IQ2_XXS) {
         QD_DTYPE_SWITCH(in->dtype, DT, iq2xxs_warp_quantize_kernel<DT><<<qd_grid(nblocks, 8), 64, 0, qd_stream()>>>(
-                            t, codes, in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad));
+                            t, in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad));
     } else if (f->code == QD_IQ2_XS) {
         QD_DTYPE_SWITCH(in->dtype, DT, iq2_sub_quantize_kernel<DT, QD_IQ2_XS><<<qd_grid(nblocks, 4), 64, 0, qd_stream()>>>(
                             t, in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad));
@@ -330,8 +301,7 @@ extern "C" enum qd_status qd_cuda_iq2_dequantize(const struct qd_format *f, cons
 {
     (void)p;
     const int64_t nblocks = qd_tensor_numel(out) / QD_QK_K;
-    const uint16_t *codes = NULL;
-    const struct qd_iq2_tables *t = iq2_device_tables(f->code, &codes);
+    const struct qd_iq2_tables *t = iq2_device_tables(f->code);
     if (!t)
         return QD_EDEVICE;
     QD_DTYPE_SWITCH(out->dtype, DT, IQ2_TYPE_SWITCH(f->code, TYPE,

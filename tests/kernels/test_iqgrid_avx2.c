@@ -368,6 +368,25 @@ SKIPPED(iq3_group_equals_scalar)
 SKIPPED(iq2_group_equals_scalar)
 #endif
 
+/* The code beside each neighbour list entry (what the GPU's iq2_xxs search reads) is that
+ * entry's grid point, 2 bits a level; a count's slot holds 0. */
+static void iq2_codes_are_their_points_levels(void **state)
+{
+    (void)state;
+    for (int type = QD_IQ2_XXS; type <= QD_IQ2_S; type++) {
+        const struct qd_iq2_tables *t = qd_iq2_tables(type);
+        assert_non_null(t);
+        int64_t lists = 0;
+        for (int64_t at = 0; at < t->n_neighbours; at += 1 + t->neighbours[at], lists++) {
+            assert_int_equal(t->codes[at], 0);
+            for (int j = 1; j <= t->neighbours[at]; j++)
+                for (int k = 0; k < 8; k++)
+                    assert_int_equal(2 * (t->codes[at + j] >> 2 * k & 3) + 1, t->grid[t->neighbours[at + j]][k]);
+        }
+        assert_true(lists > 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -387,6 +406,7 @@ int main(void)
         cmocka_unit_test(quantize_rows_equal_scalar_blocks),
         cmocka_unit_test(iq3_group_equals_scalar),
         cmocka_unit_test(iq2_group_equals_scalar),
+        cmocka_unit_test(iq2_codes_are_their_points_levels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

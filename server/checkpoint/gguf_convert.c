@@ -91,6 +91,18 @@ static int same_file(const char *a, const char *b)
  * largest tensor (an 8B model's 1 GB embedding and head: 8 GB of pinned buffers took seconds
  * to allocate). */
 #define PIECE_BYTES (128u << 20)
+#define PIECE_MB_MAX 1024
+
+/* The piece size: the caller's, else QUANTD_CONVERT_PIECE_MB (1..1024, for measuring), else
+ * PIECE_BYTES. */
+static uint64_t piece_cap(const struct qd_convert_opts *o)
+{
+    if (o->piece_bytes)
+        return o->piece_bytes;
+    const char *v = getenv("QUANTD_CONVERT_PIECE_MB");
+    const int mb = v ? atoi(v) : 0;
+    return mb >= 1 && mb <= PIECE_MB_MAX ? (uint64_t)mb << 20 : PIECE_BYTES;
+}
 struct piece {
     int plan;           /* the tensor */
     int64_t row0, rows; /* its rows in this piece */
@@ -124,7 +136,7 @@ static int64_t rows_per_piece(const struct qd_gguf_plan *p, const struct qd_conv
         return rows > 1 ? rows : 1;
     /* a requantized piece is held in f32 too: its size counts */
     const uint64_t row_in = p->requant ? (uint64_t)p->src->ne[0] * 4 : p->src->bytes / (uint64_t)rows;
-    const uint64_t cap = o->piece_bytes ? o->piece_bytes : PIECE_BYTES;
+    const uint64_t cap = piece_cap(o);
     int64_t per = cap / row_in > 0 ? (int64_t)(cap / row_in) : 1;
     if (p->importance && p->src->ne[2] > 1) { /* a piece within one expert: one importance vector */
         const int64_t matrix_rows = p->src->ne[1];

@@ -12,8 +12,9 @@ hf:   a Llama-shaped bf16 checkpoint of random weights in 5 GB shards (transform
       added to the source, which mlx-lm needs) and, where mlx-lm is installed, `mlx_lm.convert -q`
       (`--q-mode affine` / `mxfp4`) on the same machine's CPU (mlx[cpu]).
 gguf: the same shapes as a BF16 GGUF (written with the gguf package); times `cat`, `quantd
-      convert --fmt q4_0`, `--fmt q8_0` and `--recipe Q4_K_M`, and llama-quantize (LLAMA_CPP_BIN)
-      on all cores for the same three (`--pure Q4_0`, `--pure Q8_0`, `Q4_K_M`).
+      convert --fmt q4_0`, `--fmt q8_0` and `--recipe Q4_K_M`, the durable-write bound of each
+      output (its size written as quantd writes it: bench/write_bound.py), and llama-quantize
+      (LLAMA_CPP_BIN) on all cores for the same three (`--pure Q4_0`, `--pure Q8_0`, `Q4_K_M`).
 fp8_bf16: quantd writes the model as FineGrainedFP8 (DeepSeek-V3's layout), then times `quantd
       convert --fmt bf16` of that back to bf16 against `cat` of the FP8 shards and `dd` writing
       the output's size durably (buffered + fsync, and O_DIRECT).
@@ -38,6 +39,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "checkpoint"))
 import tiny_hf  # noqa: E402 (write_tokenizer: mlx-lm needs a tokenizer beside the model)
+import write_bound  # noqa: E402 (bench/: the durable-write bound of an output)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUANTD = os.environ.get("QUANTD", os.path.join(ROOT, "bin", "quantd"))
@@ -250,6 +252,17 @@ m.save_pretrained({out!r})
                                         t, "--force", "--backend", b, *imx, *devices_args(b, a.devices)], a.repeat,
                                        cleanup=drop_out),
                             bytes=size))
+            if os.path.exists(out):  # the bound: this output's size written as quantd writes it
+                osize = os.path.getsize(out)
+                walls = []
+                for _ in range(a.repeat):
+                    os.sync()
+                    walls.append(write_bound.measure(out + ".bound", osize, write_bound.default_writers()))
+                rows.append({"case": f"gguf: write bound of {t}'s output, {gb(osize):.2f} GB "
+                                     f"({write_bound.default_writers()} O_DIRECT writers + fsync)",
+                             "seconds": statistics.median(walls), "min": min(walls), "max": max(walls),
+                             "peak_rss_bytes": 0, "bytes": size})
+                print(f"# {rows[-1]['case']}: {rows[-1]['seconds']:.2f} s", flush=True)
             lq = os.path.join(os.environ.get("LLAMA_CPP_BIN", ""), "llama-quantize")
             if os.path.exists(lq):
                 lq_args = ["--pure"] if pure else []

@@ -52,7 +52,7 @@ struct qd_convert_opts {
                                  type, f its default type (qd_convert sets f); NULL: f for all */
     int report_error;         /* NMSE per quantized tensor (costs a dequantize on the CPU) */
     uint64_t piece_bytes;     /* GGUF: a processed tensor goes through the pipeline in pieces of
-                                 whole rows of at most this many input bytes (0: 128 MiB), so its
+                                 whole rows of at most this many input bytes (0: 32 MiB), so its
                                  buffers do not scale with the largest tensor */
     struct qd_backend *backend;
     void *worker;

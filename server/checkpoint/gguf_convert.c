@@ -89,8 +89,11 @@ static int same_file(const char *a, const char *b)
  * into pieces of at most piece_bytes of input (its rows are independent in every GGML type), so
  * the pipeline's buffers (pinned on a GPU, several of them) are sized by the pieces, not by the
  * largest tensor (an 8B model's 1 GB embedding and head: 8 GB of pinned buffers took seconds
- * to allocate). */
-#define PIECE_BYTES (128u << 20)
+ * to allocate). The CUDA driver pins one buffer after another, about 65 ms per 128 MiB, at the
+ * start and again to free them at the end: 32 MiB pieces made the 8B IQ2_XXS conversion on an
+ * H200 0.4 s shorter than 128 MiB ones (16 MiB: no better; the CPU backend: no change; see
+ * docs/BENCHMARKS.md). */
+#define PIECE_BYTES (32u << 20)
 #define PIECE_MB_MAX 1024
 
 /* The piece size: the caller's, else QUANTD_CONVERT_PIECE_MB (1..1024, for measuring), else

@@ -1,10 +1,12 @@
 /* ggml's iq3_xxs, iq1_s and iq1_m on the GPU, with the CPU's super-block code
- * (kernels/iqgrid_quants.h, built without FMA contraction): a thread per sub-block to quantize
- * iq3_xxs and iq1_s (weighted by the importance when one is given), else one thread per
- * 256-element super-block, for iq1_m's quantize and for dequantize,
+ * (kernels/iqgrid_quants.h, built without FMA contraction): a lane per 4-value group to quantize
+ * iq3_xxs (iq3xxs_lanes.cuh), a thread per sub-block for iq1_s (weighted by the importance when
+ * one is given), else one thread per 256-element super-block, for iq1_m's quantize and for
+ * dequantize,
  * over a device copy of the grid tables the host built (kernels/iqgrid.c), made per call in
  * stream order and freed after the kernels (about 1 MB for the IQ1 grid). */
 #include "../iqgrid_quants.h"
+#include "iq3xxs_lanes.cuh"
 #include "subblock.cuh"
 #include "tile.cuh"
 
@@ -27,21 +29,22 @@ __global__ void __launch_bounds__(IQG_THREADS) iqgrid_quantize_kernel(const void
     qd_iqgrid_quantize_block(TYPE, &g, v, qw, out + b * qd_iqgrid_block_bytes(TYPE));
 }
 
-/* iq3_xxs and iq1_s: a thread per 32-element sub-block (subblock.cuh), 8 super-blocks a CTA; the
- * group's lane 0 starts the block (sigma2, its bytes cleared) and ends it from the sub-blocks'
- * scales and words, in the CPU's order. */
+/* iq1_s: a thread per 32-element sub-block (subblock.cuh), 8 super-blocks a CTA; the group's
+ * lane 0 starts the block (sigma2, its bytes cleared) and ends it from the sub-blocks' scales,
+ * high bits and shifts, in the CPU's order. */
 #define IQG_SB 8
 
-template <int DT, int TYPE>
-__global__ void __launch_bounds__(8 * IQG_SB) iqgrid_sub_quantize_kernel(const void *x, int64_t nblocks, int64_t cols,
-                                                                        const float *imp, int64_t mrows,
-                                                                        struct qd_iq_grid g, uint8_t *out,
-                                                                        unsigned long long *bad)
+template <int DT>
+__global__ void __launch_bounds__(8 * IQG_SB) iq1s_sub_quantize_kernel(const void *x, int64_t nblocks, int64_t cols,
+                                                                      const float *imp, int64_t mrows,
+                                                                      struct qd_iq_grid g, uint8_t *out,
+                                                                      unsigned long long *bad)
 {
+    constexpr int BYTES = QD_IQ1S_BYTES;
     __shared__ float sx[IQG_SB][QD_QK_K + 1];
-    __shared__ uint32_t sblk[IQG_SB][(QD_IQ3XXS_BYTES + 3) / 4]; /* the larger of the two */
+    __shared__ uint32_t sblk[IQG_SB][(BYTES + 3) / 4];
     __shared__ float sscale[IQG_SB][8];
-    __shared__ uint32_t sword[IQG_SB][8]; /* iq3_xxs: the sign word; iq1_s: the high bits */
+    __shared__ uint32_t sword[IQG_SB][8]; /* the high bits */
     __shared__ int8_t sflag[IQG_SB][8], sshift[IQG_SB][8];
     const int gi = threadIdx.x / 8, ib = threadIdx.x % 8;
     const int64_t b = blockIdx.x * (int64_t)IQG_SB + gi, e0 = b * QD_QK_K;
@@ -53,48 +56,30 @@ __global__ void __launch_bounds__(8 * IQG_SB) iqgrid_sub_quantize_kernel(const v
     __syncwarp(lanes);
     const float *qwb = qd_sub_importance<8>(imp, mrows, cols, e0, ib);
     uint8_t *blk = (uint8_t *)sblk[gi];
-    if (TYPE == QD_IQ3_XXS) {
-        const float sigma2 = ib == 0 ? qd_iq3xxs_begin(sx[gi], blk) : qd_imx_block_sigma2(sx[gi], 2.0f);
-        __syncwarp(lanes); /* the bytes cleared before any sub-block's codes */
-        int zero;
-        uint32_t sas;
-        sscale[gi][ib] = qd_iq3xxs_sub(&g, xb, qwb, sigma2, ib, blk, &sas, &zero);
-        sword[gi][ib] = sas;
-        sflag[gi][ib] = (int8_t)zero;
-        __syncwarp(lanes);
-        if (ib == 0) {
-            float max_scale = 0.0f;
-            for (int k = 0; k < 8; k++)
-                if (!sflag[gi][k])
-                    max_scale = max_scale > sscale[gi][k] ? max_scale : sscale[gi][k];
-            qd_iq3xxs_finish(max_scale, sscale[gi], sword[gi], blk);
+    struct qd_iq1s_block b1, own;
+    const float sigma2 = ib == 0 ? qd_iq1s_begin(sx[gi], blk, &b1) : qd_imx_block_sigma2(sx[gi], 2.0f);
+    __syncwarp(lanes);
+    qd_iq1s_block_init(&own); /* this sub-block's entries as qd_iq1s_begin leaves them */
+    struct qd_iq1s_sub sub;
+    const int coded = qd_iq1s_sub_sums(xb, qwb, sigma2, &sub) &&
+                      qd_iq1s_sub_put(&g, xb, &sub, qd_iq1s_split_search(&sub), ib, &own, blk);
+    sscale[gi][ib] = own.scales[ib];
+    sword[gi][ib] = own.qh[ib];
+    sshift[gi][ib] = own.shifts[ib];
+    sflag[gi][ib] = (int8_t)coded;
+    __syncwarp(lanes);
+    if (ib == 0) {
+        for (int k = 0; k < 8; k++) {
+            b1.qh[k] = (uint16_t)sword[gi][k];
+            b1.scales[k] = sscale[gi][k];
+            b1.shifts[k] = sshift[gi][k];
+            if (sflag[gi][k]) /* the largest scale folded in the CPU's order */
+                b1.max_scale = b1.max_scale > sscale[gi][k] ? b1.max_scale : sscale[gi][k];
         }
-    } else {
-        struct qd_iq1s_block b1, own;
-        const float sigma2 = ib == 0 ? qd_iq1s_begin(sx[gi], blk, &b1) : qd_imx_block_sigma2(sx[gi], 2.0f);
-        __syncwarp(lanes);
-        qd_iq1s_block_init(&own); /* this sub-block's entries as qd_iq1s_begin leaves them */
-        struct qd_iq1s_sub sub;
-        const int coded = qd_iq1s_sub_sums(xb, qwb, sigma2, &sub) &&
-                          qd_iq1s_sub_put(&g, xb, &sub, qd_iq1s_split_search(&sub), ib, &own, blk);
-        sscale[gi][ib] = own.scales[ib];
-        sword[gi][ib] = own.qh[ib];
-        sshift[gi][ib] = own.shifts[ib];
-        sflag[gi][ib] = (int8_t)coded;
-        __syncwarp(lanes);
-        if (ib == 0) {
-            for (int k = 0; k < 8; k++) {
-                b1.qh[k] = (uint16_t)sword[gi][k];
-                b1.scales[k] = sscale[gi][k];
-                b1.shifts[k] = sshift[gi][k];
-                if (sflag[gi][k]) /* the largest scale folded in the CPU's order */
-                    b1.max_scale = b1.max_scale > sscale[gi][k] ? b1.max_scale : sscale[gi][k];
-            }
-            qd_iq1s_finish(&b1, blk);
-        }
+        qd_iq1s_finish(&b1, blk);
     }
     __syncwarp(lanes);
-    qd_sub_store<8>(blk, out + b * qd_iqgrid_block_bytes(TYPE), qd_iqgrid_block_bytes(TYPE), ib);
+    qd_sub_store<8>(blk, out + b * BYTES, BYTES, ib);
 }
 
 template <int DT, int TYPE>
@@ -162,18 +147,16 @@ extern "C" enum qd_status qd_cuda_iqgrid_quantize(const struct qd_format *f, con
         cudaFreeAsync(mem, qd_stream());
         return s;
     }
-#define IQG_SUB(TYPE)                                                                           \
-    QD_DTYPE_SWITCH(in->dtype, DT, iqgrid_sub_quantize_kernel<DT, TYPE><<<qd_grid(nblocks, IQG_SB), 8 * IQG_SB, 0, qd_stream()>>>( \
-                        in->data, nblocks, in->cols, imp, mrows, g, (uint8_t *)out[0], bad))
     if (f->code == QD_IQ3_XXS) {
-        IQG_SUB(QD_IQ3_XXS);
+        QD_DTYPE_SWITCH(in->dtype, DT, iq3xxs_lanes_kernel<DT><<<(unsigned)nblocks, IQ3L_LANES, 0, qd_stream()>>>(
+                            in->data, in->cols, imp, mrows, g, (uint8_t *)out[0], bad));
     } else if (f->code == QD_IQ1_S) {
-        IQG_SUB(QD_IQ1_S);
+        QD_DTYPE_SWITCH(in->dtype, DT, iq1s_sub_quantize_kernel<DT><<<qd_grid(nblocks, IQG_SB), 8 * IQG_SB, 0, qd_stream()>>>(
+                            in->data, nblocks, in->cols, imp, mrows, g, (uint8_t *)out[0], bad));
     } else {
         QD_DTYPE_SWITCH(in->dtype, DT, iqgrid_quantize_kernel<DT, QD_IQ1_M><<<qd_grid(nblocks, IQG_THREADS), IQG_THREADS, 0, qd_stream()>>>(
                             in->data, nblocks, in->cols, imp, mrows, g, (uint8_t *)out[0], bad));
     }
-#undef IQG_SUB
     CUDA_LAUNCHED();
     if (imp)
         CUDA_CHECK(cudaFreeAsync(imp, qd_stream()));

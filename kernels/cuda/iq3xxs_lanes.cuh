@@ -40,6 +40,43 @@ template <int DT> __device__ __forceinline__ void iq3l_load(const void *x, int64
         qd_note_first_nonfinite<4>(bad, v, e);
 }
 
+/* qd_iq_tuple for iq3_xxs's grid (4 levels of 3 bits, kernels/iqgrid.c), with constant shifts:
+ * the generic loop over g.dim put the levels on the stack. */
+__device__ __forceinline__ int iq3l_tuple(const int8_t *L) { return L[0] | L[1] << 3 | L[2] << 6 | L[3] << 9; }
+
+/* qd_iq3xxs_best_neighbour with each candidate's 4 levels one 32-bit load (upload_grid aligns
+ * the levels; two candidates' loads issued together measured no faster). */
+__device__ __forceinline__ int iq3l_best_neighbour(const struct qd_iq_grid &g, int u, const float *xv, const float *wa,
+                                                   float scale, int8_t *L)
+{
+    const uint16_t *nb = qd_iq_neighbours(&g, u);
+    const uint32_t *points = (const uint32_t *)g.levels;
+    const int n = nb[0];
+    float best_d2 = QD_IQ_FLT_MAX;
+    int best = -1;
+    for (int j = 1; j <= n; j++) {
+        const int i0 = nb[j];
+        const uint32_t p = __ldg(points + i0);
+        float d2 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float diff = scale * (float)(2 * (int)(p >> 8 * i & 0xffu) + 1) - xv[i];
+            d2 += wa[i] * diff * diff;
+        }
+        if (d2 < best_d2) {
+            best_d2 = d2;
+            best = i0;
+        }
+    }
+    if (best < 0)
+        best = nb[1];
+    const uint32_t p = __ldg(points + best);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        L[i] = (int8_t)(p >> 8 * i & 0xffu);
+    return best;
+}
+
 /* qd_kq_odd_sums over the sub-block's 32 values: lane k adds its 4 terms to lanes 0..k-1's sums
  * (the CPU's order); every lane of the segment gets the totals. */
 __device__ __forceinline__ void iq3l_odd_sums(unsigned seg, int k, const float *w, const float *xv, const int8_t *L,
@@ -111,8 +148,10 @@ __device__ __forceinline__ uint8_t iq3l_signs(unsigned seg, int k, const float *
         imin = __shfl_sync(seg, imin, (k & ~1) + part, 8);
     }
     if (nflip % 2) { /* an odd count: that value takes the other sign */
-        if (imin / 4 == half)
-            xv[imin % 4] = -xv[imin % 4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) /* (a constant index: xv stays in registers) */
+            if (imin == i + 4 * half)
+                xv[i] = -xv[i];
         s ^= 1u << imin;
     }
     float m = 0.0f;
@@ -179,9 +218,9 @@ __global__ void __launch_bounds__(IQ3L_LANES) iq3xxs_lanes_kernel(const void *x,
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 La[i] = (int8_t)qd_iq3xxs_level(id, xv[i]);
-            const int u = qd_iq_tuple(&g, La), on = g.map[u] >= 0;
+            const int u = iq3l_tuple(La), on = g.map[u] >= 0;
             if (!on)
-                qd_iq3xxs_best_neighbour(&g, u, xv, wa, this_scale, La);
+                iq3l_best_neighbour(g, u, xv, wa, this_scale, La);
             float sumqx, sumq2;
             iq3l_odd_sums(seg, k, w, xv, La, &sumqx, &sumq2);
             if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) { /* qd_kq_take_trial */
@@ -200,8 +239,8 @@ __global__ void __launch_bounds__(IQ3L_LANES) iq3xxs_lanes_kernel(const void *x,
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     l[i] = (int8_t)qd_iq3xxs_level(id, xv[i]);
-                const int u = qd_iq_tuple(&g, l);
-                const int gi = g.map[u] >= 0 ? g.map[u] : qd_iq3xxs_best_neighbour(&g, u, xv, wa, scale, L);
+                const int u = iq3l_tuple(l);
+                const int gi = g.map[u] >= 0 ? g.map[u] : iq3l_best_neighbour(g, u, xv, wa, scale, L);
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     L[i] = (int8_t)qd_iq_point(&g, gi)[i];
@@ -214,7 +253,7 @@ __global__ void __launch_bounds__(IQ3L_LANES) iq3xxs_lanes_kernel(const void *x,
             scale = -scale;
             bsign = (uint8_t)(~bsign & 127);
         }
-        blk[2 + 8 * ib + k] = (uint8_t)g.map[qd_iq_tuple(&g, L)];
+        blk[2 + 8 * ib + k] = (uint8_t)g.map[iq3l_tuple(L)];
     }
     uint32_t sas = 0;
 #pragma unroll

@@ -109,25 +109,29 @@ static enum qd_status upload_grid(int type, struct qd_iq_grid *d, uint8_t **mem)
     const struct qd_iq_grid *h = qd_iqgrid_tables(type);
     if (!h)
         return QD_ENOMEM;
-    const size_t map_b = (size_t)h->map_size * sizeof(int32_t), tp_b = (size_t)h->n * sizeof(uint16_t),
-                 nb_b = h->neighbours_len * sizeof(uint16_t), lv_b = (size_t)h->n * (size_t)h->dim;
-    CUDA_CHECK(cudaMallocAsync((void **)mem, map_b + tp_b + nb_b + lv_b, qd_stream()));
+    const size_t bytes[4] = {(size_t)h->map_size * sizeof(int32_t), (size_t)h->n * sizeof(uint16_t),
+                             h->neighbours_len * sizeof(uint16_t), (size_t)h->n * (size_t)h->dim};
+    size_t at[4], total = 0;
+    for (int i = 0; i < 4; i++) { /* each part 16-byte aligned: iq3_xxs loads a point's 4 levels as one word */
+        at[i] = total;
+        total += (bytes[i] + 15) & ~(size_t)15;
+    }
+    CUDA_CHECK(cudaMallocAsync((void **)mem, total, qd_stream()));
     /* from pageable memory: staged before each call returns */
     const void *part[4] = {h->map, h->tuples, h->neighbours, h->levels};
-    const size_t bytes[4] = {map_b, tp_b, nb_b, lv_b};
     cudaError_t e = cudaSuccess;
-    for (size_t i = 0, at = 0; i < 4 && e == cudaSuccess; at += bytes[i++])
-        e = cudaMemcpyAsync(*mem + at, part[i], bytes[i], cudaMemcpyHostToDevice, qd_stream());
+    for (int i = 0; i < 4 && e == cudaSuccess; i++)
+        e = cudaMemcpyAsync(*mem + at[i], part[i], bytes[i], cudaMemcpyHostToDevice, qd_stream());
     if (e != cudaSuccess) {
         cudaFreeAsync(*mem, qd_stream());
         *mem = NULL;
         CUDA_CHECK(e);
     }
     *d = *h;
-    d->map = (const int32_t *)*mem;
-    d->tuples = (const uint16_t *)(*mem + map_b); /* (2-byte aligned: the map is whole words) */
-    d->neighbours = (const uint16_t *)(*mem + map_b + tp_b);
-    d->levels = *mem + map_b + tp_b + nb_b;
+    d->map = (const int32_t *)(*mem + at[0]);
+    d->tuples = (const uint16_t *)(*mem + at[1]);
+    d->neighbours = (const uint16_t *)(*mem + at[2]);
+    d->levels = *mem + at[3];
     return QD_OK;
 }
 

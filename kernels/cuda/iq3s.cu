@@ -1,10 +1,13 @@
-/* ggml's IQ3_S on the GPU with the CPU's super-block code (kernels/iq3s.h; the Makefile builds
- * every .cu with --fmad=false, so no multiply-add is fused and each float operation rounds as
- * on the CPU): one thread per super-block for quantize (weighted by the importance when one is
- * given) and for dequantize. The grid, its map and neighbour lists (built on the host,
- * kernels/iq3s.c) are copied to device memory once per context. */
+/* ggml's IQ3_S on the GPU with the CPU's operations (kernels/iq3s.h; the Makefile builds every
+ * .cu with --fmad=false, so no multiply-add is fused and each float operation rounds as on the
+ * CPU): quantize with a lane per 4-value group (iqlanes.cuh: a CTA of 64 lanes a super-block,
+ * the sub-block's folds as chains over its 8 lanes; one thread per super-block held 256 values
+ * and the search's arrays in local memory), weighted by the importance when one is given;
+ * dequantize one thread per super-block. The grid, its map and neighbour lists (built on the
+ * host, kernels/iq3s.c) are copied to device memory once per context. */
+#include "../imatrix.h"
 #include "../iq3s.h"
-#include "common.cuh"
+#include "iqlanes.cuh"
 
 #define IQ3S_THREADS 64
 
@@ -31,33 +34,160 @@ static enum qd_status iq3s_device_tables(const struct qd_iq3s_tables **dev)
     return QD_OK;
 }
 
-template <int DT>
-__global__ void __launch_bounds__(IQ3S_THREADS) iq3s_quantize_kernel(const void *x, int64_t nblocks, int64_t cols,
-                                                                     const float *imp, int64_t mrows,
-                                                                     const struct qd_iq3s_tables *t, uint8_t *out,
-                                                                     unsigned long long *bad)
+/* qd_iq3s_best_neighbour for the lane's group, each candidate's 4 grid values one 32-bit load
+ * (the tables' grid: 4 bytes a point at the start of a cudaMalloc'd struct). */
+__device__ __forceinline__ int iq3s_lane_neighbour(const struct qd_iq3s_tables *QD_RESTRICT t, int u, const float *xv,
+                                                   const float *wa, float scale)
 {
-    const int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (b >= nblocks)
-        return;
-    const int64_t e0 = b * QD_QK_K;
-    float v[QD_QK_K];
-    if (qd_load_block_top<DT, QD_QK_K>(x, e0, v) >= 0x7f800000u) {
-        /* refused (iq3_s takes no allow_nonfinite): its index noted, the block not searched */
-        qd_note_first_nonfinite<QD_QK_K>(bad, v, e0);
-        return;
-    }
-    const float *qw = imp ? (mrows ? imp + e0 / cols / mrows * cols : imp) + e0 % cols : NULL;
-    uint8_t blk[QD_IQ3S_BLOCK_BYTES];
-    qd_iq3s_quantize(t, v, qw, blk);
-    /* 110 bytes: two at a time where the output starts at an even address (a block then does too) */
-    uint8_t *dst = out + b * QD_IQ3S_BLOCK_BYTES;
-    if (((uintptr_t)out & 1) == 0) {
+    const uint16_t *nb = t->neighbours + (-t->map[u] - 1);
+    const uint32_t *grid = (const uint32_t *)t->grid;
+    const int n = nb[0];
+    float best_d2 = 3.40282347e38f;
+    int best = -1;
+    for (int j = 1; j <= n; j++) {
+        const int i0 = nb[j];
+        const uint32_t p = __ldg(grid + i0);
+        float d2 = 0.0f;
 #pragma unroll
-        for (int i = 0; i < QD_IQ3S_BLOCK_BYTES / 2; i++)
-            ((uint16_t *)dst)[i] = (uint16_t)(blk[2 * i] | blk[2 * i + 1] << 8);
+        for (int i = 0; i < 4; i++) {
+            const float diff = scale * (float)(int)(p >> 8 * i & 0xffu) - xv[i];
+            d2 += wa[i] * diff * diff;
+        }
+        if (d2 < best_d2) {
+            best_d2 = d2;
+            best = i0;
+        }
+    }
+    return best < 0 ? nb[1] : best; /* (every distance overflowed: the first, as on the CPU) */
+}
+
+/* The 3-bit levels of grid point g into L: (value - 1) / 2. */
+__device__ __forceinline__ void iq3s_lane_levels(const struct qd_iq3s_tables *QD_RESTRICT t, int g, int8_t *L)
+{
+    const uint32_t p = __ldg((const uint32_t *)t->grid + g);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        L[i] = (int8_t)(((int)(p >> 8 * i & 0xffu) - 1) / 2);
+}
+
+/* quantize_row_iq3_s_impl, a super-block per CTA of IQ3L_LANES lanes (lane t: sub-block t / 8,
+ * group t % 8). A zero sub-block (largest |x| 0) writes nothing and, as in ggml, the next ones'
+ * codes and signs move up into its place (their high bits stay at their own sub-block's byte). */
+template <int DT>
+__global__ void __launch_bounds__(IQ3L_LANES) iq3s_quantize_kernel(const void *x, int64_t cols, const float *imp,
+                                                                   int64_t mrows, const struct qd_iq3s_tables *t,
+                                                                   uint8_t *out, unsigned long long *bad)
+{
+    __shared__ float row[QD_QK_K]; /* the super-block, for sigma2 */
+    __shared__ uint32_t sblk[(QD_IQ3S_BLOCK_BYTES + 3) / 4];
+    __shared__ float sscale[8], ssigma2;
+    __shared__ int8_t szero[8];
+    const int tid = threadIdx.x, ib = tid / 8, k = tid % 8;
+    const unsigned seg = iq3l_segment(tid);
+    const int64_t b = blockIdx.x, e0 = b * QD_QK_K;
+    float xb[4];
+    const bool finite = iq3l_load<DT>(x, e0 + 4 * tid, xb, bad);
+    /* refused (iq3_s takes no allow_nonfinite): its index noted, the block not searched */
+    if (__syncthreads_or(!finite))
+        return;
+    if (tid < (QD_IQ3S_BLOCK_BYTES + 3) / 4)
+        sblk[tid] = 0;
+    if (imp) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            row[4 * tid + i] = xb[i];
+        __syncthreads();
+        if (tid == 0)
+            ssigma2 = qd_imx_block_sigma2(row, 2.0f);
+    }
+    const float *qw = imp ? (mrows ? imp + e0 / cols / mrows * cols : imp) + e0 % cols + 4 * tid : NULL;
+    float w[4], wa[4], xv[4];
+    uint32_t s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        xv[i] = xb[i] >= 0.0f ? xb[i] : -xb[i];
+        if (!(xb[i] >= 0.0f))
+            s |= 1u << (i + 4 * (k & 1));
+    }
+    uint8_t bsign = (uint8_t)(s | __shfl_xor_sync(seg, s, 1, 8)); /* the 8's sign byte, both lanes */
+    const float max = iq3l_max(seg, k, xv);
+    const int zero = max == 0.0f;
+    if (k == 0)
+        szero[ib] = (int8_t)zero;
+    __syncthreads(); /* sigma2, the cleared bytes, the zero flags */
+    iq3l_weights(qw, ssigma2, xb, w, wa);
+    uint8_t *blk = (uint8_t *)sblk;
+    float scale = 0.0f;
+    if (!zero) {
+        int at = 0; /* where this sub-block's codes and signs go: after the coded ones before it */
+        for (int j = 0; j < ib; j++)
+            at += !szero[j];
+        int8_t L[4] = {0, 0, 0, 0}, La[4];
+        int on_grid = 0;
+        float best = 0.0f;
+        scale = max / 15.0f;
+        for (int is = -9; is <= 9; is++) {
+            const float id = (15.0f + (float)is * 0.2f) / max, this_scale = 1.0f / id;
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                La[i] = (int8_t)qd_iq3s_level(id, xv[i]);
+            const int u = iq3l_tuple(La), on = t->map[u] >= 0;
+            if (!on)
+                iq3s_lane_levels(t, iq3s_lane_neighbour(t, u, xv, wa, this_scale), La);
+            float sumqx, sumq2;
+            iq3l_odd_sums(seg, k, w, xv, La, &sumqx, &sumq2);
+            iq3l_take_trial(sumqx, sumq2, &scale, &best, La, on, L, &on_grid);
+        }
+        if (__any_sync(seg, !on_grid) && scale > 0.0f) { /* every group again at the final scale */
+            const float id = 1.0f / scale;
+            int8_t l[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                l[i] = (int8_t)qd_iq3s_level(id, xv[i]);
+            const int u = iq3l_tuple(l);
+            iq3s_lane_levels(t, t->map[u] >= 0 ? t->map[u] : iq3s_lane_neighbour(t, u, xv, wa, scale), L);
+            float sumqx, sumq2; /* qd_kq_refit */
+            iq3l_odd_sums(seg, k, w, xv, L, &sumqx, &sumq2);
+            scale = sumq2 > 0.0f ? sumqx / sumq2 : scale;
+        }
+        if (scale < 0.0f) { /* ggml's guard: a positive scale, the signs flipped */
+            scale = -scale;
+            bsign = (uint8_t)~bsign;
+        }
+        const int g = t->map[iq3l_tuple(L)]; /* on the grid by construction */
+        blk[2 + 8 * at + k] = (uint8_t)(g & 255);
+        const unsigned high = __ballot_sync(seg, (g >> 8) & 1) >> (8 * (tid % 32 / 8));
+        if (k == 0)
+            blk[66 + ib] = (uint8_t)high;
+        if (!(k & 1))
+            blk[74 + 4 * at + k / 2] = bsign;
+    }
+    if (k == 0)
+        sscale[ib] = scale;
+    __syncthreads();
+    if (tid == 0) { /* the end of the super-block, in the CPU's order */
+        float max_scale = 0.0f;
+        for (int j = 0; j < 8; j++)
+            if (!szero[j])
+                max_scale = max_scale > sscale[j] ? max_scale : sscale[j];
+        if (max_scale != 0.0f) { /* else d stays +0 (the cleared bytes) */
+            const float d = max_scale / 31.0f;
+            qd_put_f16(blk, d * 1.033f);
+            const float id = 1.0f / d;
+            for (int j = 0; j < 8; j += 2) {
+                const int l1 = qd_kq_clampi(qd_kq_round(0.5f * (id * sscale[j] - 1.0f)), 0, 15);
+                const int l2 = qd_kq_clampi(qd_kq_round(0.5f * (id * sscale[j + 1] - 1.0f)), 0, 15);
+                blk[106 + j / 2] = (uint8_t)(l1 | l2 << 4);
+            }
+        }
+    }
+    __syncthreads();
+    uint8_t *dst = out + b * QD_IQ3S_BLOCK_BYTES;
+    if (((uintptr_t)out & 1) == 0) { /* 110 bytes: two at a time where the block starts even */
+        if (2 * tid < QD_IQ3S_BLOCK_BYTES)
+            *(uint16_t *)(dst + 2 * tid) = *(const uint16_t *)(blk + 2 * tid);
     } else {
-        for (int i = 0; i < QD_IQ3S_BLOCK_BYTES; i++)
+        for (int i = tid; i < QD_IQ3S_BLOCK_BYTES; i += IQ3L_LANES)
             dst[i] = blk[i];
     }
 }
@@ -91,8 +221,8 @@ extern "C" enum qd_status qd_cuda_iq3s_quantize(const struct qd_format *f, const
     if ((s = qd_cuda_importance(p, &imp)) != QD_OK)
         return s;
     QD_DTYPE_SWITCH(in->dtype, DT,
-                    iq3s_quantize_kernel<DT><<<qd_grid(nblocks, IQ3S_THREADS), IQ3S_THREADS, 0, qd_stream()>>>(
-                        in->data, nblocks, in->cols, imp, mrows, t, (uint8_t *)out[0], bad));
+                    iq3s_quantize_kernel<DT><<<(unsigned)nblocks, IQ3L_LANES, 0, qd_stream()>>>(
+                        in->data, in->cols, imp, mrows, t, (uint8_t *)out[0], bad));
     /* the importance goes back to the pool whether or not the launch took */
     const cudaError_t launched = cudaGetLastError();
     const cudaError_t freed = imp ? cudaFreeAsync(imp, qd_stream()) : cudaSuccess;

@@ -18,31 +18,7 @@
 #define QD_CUDA_IQ3XXS_LANES_CUH
 
 #include "../iq3xxs.h"
-#include "common.cuh"
-
-#define IQ3L_LANES 64
-
-/* The 4 values at element e into v (e a multiple of 4: 8- or 16-byte aligned); the first
- * non-finite noted. */
-template <int DT> __device__ __forceinline__ void iq3l_load(const void *x, int64_t e, float *v, unsigned long long *bad)
-{
-    if (DT == QD_F32) {
-        const float4 q = __ldg((const float4 *)((const float *)x + e));
-        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-    } else {
-        const uint2 q = __ldg((const uint2 *)((const uint16_t *)x + e));
-        const uint16_t h[4] = {(uint16_t)q.x, (uint16_t)(q.x >> 16), (uint16_t)q.y, (uint16_t)(q.y >> 16)};
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            v[i] = DT == QD_F16 ? qd_f16_to_f32(h[i]) : qd_bf16_to_f32(h[i]);
-    }
-    if (!(qd_isfinite(v[0]) && qd_isfinite(v[1]) && qd_isfinite(v[2]) && qd_isfinite(v[3])))
-        qd_note_first_nonfinite<4>(bad, v, e);
-}
-
-/* qd_iq_tuple for iq3_xxs's grid (4 levels of 3 bits, kernels/iqgrid.c), with constant shifts:
- * the generic loop over g.dim put the levels on the stack. */
-__device__ __forceinline__ int iq3l_tuple(const int8_t *L) { return L[0] | L[1] << 3 | L[2] << 6 | L[3] << 9; }
+#include "iqlanes.cuh"
 
 /* qd_iq3xxs_best_neighbour with each candidate's 4 levels one 32-bit load (upload_grid aligns
  * the levels; two candidates' loads issued together measured no faster). */
@@ -75,35 +51,6 @@ __device__ __forceinline__ int iq3l_best_neighbour(const struct qd_iq_grid &g, i
     for (int i = 0; i < 4; i++)
         L[i] = (int8_t)(p >> 8 * i & 0xffu);
     return best;
-}
-
-/* qd_kq_odd_sums over the sub-block's 32 values: lane k adds its 4 terms to lanes 0..k-1's sums
- * (the CPU's order); every lane of the segment gets the totals. */
-__device__ __forceinline__ void iq3l_odd_sums(unsigned seg, int k, const float *w, const float *xv, const int8_t *L,
-                                              float *sumqx, float *sumq2)
-{
-    float tx[4], t2[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float q = (float)(2 * L[i] + 1);
-        tx[i] = w[i] * xv[i] * q;
-        t2[i] = w[i] * q * q;
-    }
-    float sx = 0.0f, s2 = 0.0f;
-#pragma unroll
-    for (int step = 0; step < 8; step++) {
-        if (k == step) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                sx += tx[i];
-                s2 += t2[i];
-            }
-        }
-        sx = __shfl_sync(seg, sx, step, 8);
-        s2 = __shfl_sync(seg, s2, step, 8);
-    }
-    *sumqx = sx;
-    *sumq2 = s2;
 }
 
 /* qd_iq3xxs_signs for the lane's 4 values (k even: the first half of an 8, k odd: the second):
@@ -154,17 +101,7 @@ __device__ __forceinline__ uint8_t iq3l_signs(unsigned seg, int k, const float *
                 xv[i] = -xv[i];
         s ^= 1u << imin;
     }
-    float m = 0.0f;
-#pragma unroll
-    for (int step = 0; step < 8; step++) {
-        if (k == step) {
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                m = step == 0 && i == 0 ? xv[0] : (m > xv[i] ? m : xv[i]);
-        }
-        m = __shfl_sync(seg, m, step, 8);
-    }
-    *max = m;
+    *max = iq3l_max(seg, k, xv);
     return (uint8_t)(s & 127);
 }
 
@@ -180,7 +117,7 @@ __global__ void __launch_bounds__(IQ3L_LANES) iq3xxs_lanes_kernel(const void *x,
     __shared__ uint32_t sword[8];
     __shared__ int8_t szero[8];
     const int t = threadIdx.x, ib = t / 8, k = t % 8;
-    const unsigned seg = 0xffu << (8 * (t % 32 / 8)); /* the sub-block's lanes in the warp */
+    const unsigned seg = iq3l_segment(t);
     const int64_t b = blockIdx.x, e0 = b * QD_QK_K;
     float xb[4];
     iq3l_load<DT>(x, e0 + 4 * t, xb, bad);
@@ -198,12 +135,7 @@ __global__ void __launch_bounds__(IQ3L_LANES) iq3xxs_lanes_kernel(const void *x,
     __syncthreads();
     const float *qw = imp ? (mrows ? imp + e0 / cols / mrows * cols : imp) + e0 % cols + 4 * t : NULL;
     float w[4], wa[4], xv[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        w[i] = qw ? qw[i] * sqrtf(ssigma2 + xb[i] * xb[i]) : xb[i] * xb[i];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        wa[i] = sqrtf(w[i]);
+    iq3l_weights(qw, ssigma2, xb, w, wa);
     float max;
     uint8_t bsign = iq3l_signs(seg, k, xb, w, xv, &max);
     const int zero = max < 1e-8f; /* the whole sub-block alike */
@@ -223,14 +155,7 @@ __global__ void __launch_bounds__(IQ3L_LANES) iq3xxs_lanes_kernel(const void *x,
                 iq3l_best_neighbour(g, u, xv, wa, this_scale, La);
             float sumqx, sumq2;
             iq3l_odd_sums(seg, k, w, xv, La, &sumqx, &sumq2);
-            if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) { /* qd_kq_take_trial */
-                scale = sumqx / sumq2;
-                best = scale * sumqx;
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    L[i] = La[i];
-                on_grid = on;
-            }
+            iq3l_take_trial(sumqx, sumq2, &scale, &best, La, on, L, &on_grid);
         }
         if (__any_sync(seg, !on_grid) && scale > 0.0f) { /* the tuples chosen off the grid, again */
             const float id = 1.0f / scale;

@@ -1,0 +1,113 @@
+/* The pieces of the IQ3 quantize kernels that run a lane per 4-value group (iq3xxs_lanes.cuh,
+ * iq3s.cu): a CTA of IQ3L_LANES lanes per 256-element super-block, 8 lanes per 32-element
+ * sub-block (a segment of the warp), each lane holding its group's 4 values, weights and roots.
+ * What the CPU folds over a sub-block's values in order runs as a chain over the segment's 8
+ * lanes, lane k taking the fold over from lane k - 1 with a shuffle. */
+#ifndef QD_CUDA_IQLANES_CUH
+#define QD_CUDA_IQLANES_CUH
+
+#include "common.cuh"
+
+#define IQ3L_LANES 64
+
+/* The segment of lane t (its CTA index): the sub-block's 8 lanes in the warp. */
+__device__ __forceinline__ unsigned iq3l_segment(int t) { return 0xffu << (8 * (t % 32 / 8)); }
+
+/* The 4 values at element e into v (e a multiple of 4: 8- or 16-byte aligned); the first
+ * non-finite noted. Returns whether all 4 are finite. */
+template <int DT> __device__ __forceinline__ bool iq3l_load(const void *x, int64_t e, float *v, unsigned long long *bad)
+{
+    if (DT == QD_F32) {
+        const float4 q = __ldg((const float4 *)((const float *)x + e));
+        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+        const uint2 q = __ldg((const uint2 *)((const uint16_t *)x + e));
+        const uint16_t h[4] = {(uint16_t)q.x, (uint16_t)(q.x >> 16), (uint16_t)q.y, (uint16_t)(q.y >> 16)};
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            v[i] = DT == QD_F16 ? qd_f16_to_f32(h[i]) : qd_bf16_to_f32(h[i]);
+    }
+    const bool finite = qd_isfinite(v[0]) && qd_isfinite(v[1]) && qd_isfinite(v[2]) && qd_isfinite(v[3]);
+    if (!finite)
+        qd_note_first_nonfinite<4>(bad, v, e);
+    return finite;
+}
+
+/* The index of a 4-tuple of 3-bit levels (iq3_xxs's qd_iq_tuple over its grid, kernels/iqgrid.c,
+ * and qd_iq3s_tuple), with constant shifts: the generic loop over g.dim put the levels on the
+ * stack. */
+__device__ __forceinline__ int iq3l_tuple(const int8_t *L) { return L[0] | L[1] << 3 | L[2] << 6 | L[3] << 9; }
+
+/* qd_kq_odd_sums over the sub-block's 32 values: lane k adds its 4 terms to lanes 0..k-1's sums
+ * (the CPU's order); every lane of the segment gets the totals. */
+__device__ __forceinline__ void iq3l_odd_sums(unsigned seg, int k, const float *w, const float *xv, const int8_t *L,
+                                              float *sumqx, float *sumq2)
+{
+    float tx[4], t2[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float q = (float)(2 * L[i] + 1);
+        tx[i] = w[i] * xv[i] * q;
+        t2[i] = w[i] * q * q;
+    }
+    float sx = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int step = 0; step < 8; step++) {
+        if (k == step) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                sx += tx[i];
+                s2 += t2[i];
+            }
+        }
+        sx = __shfl_sync(seg, sx, step, 8);
+        s2 = __shfl_sync(seg, s2, step, 8);
+    }
+    *sumqx = sx;
+    *sumq2 = s2;
+}
+
+/* The largest of the sub-block's 32 values v (lane k holding 4 of them), folded in the CPU's
+ * order: m = m > v ? m : v from the first value on. */
+__device__ __forceinline__ float iq3l_max(unsigned seg, int k, const float *v)
+{
+    float m = 0.0f;
+#pragma unroll
+    for (int step = 0; step < 8; step++) {
+        if (k == step) {
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                m = step == 0 && i == 0 ? v[0] : (m > v[i] ? m : v[i]);
+        }
+        m = __shfl_sync(seg, m, step, 8);
+    }
+    return m;
+}
+
+/* The lane's weights w (importance qw at sigma2, or x^2 where qw is NULL) and their roots wa. */
+__device__ __forceinline__ void iq3l_weights(const float *qw, float sigma2, const float *xb, float *w, float *wa)
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        w[i] = qw ? qw[i] * sqrtf(sigma2 + xb[i] * xb[i]) : xb[i] * xb[i];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        wa[i] = sqrtf(w[i]);
+}
+
+/* qd_kq_take_trial for the lane's group: where the trial's fit (sumqx, sumq2) beats *best, its
+ * scale, the group's levels La and its on-grid flag become the chosen ones. */
+__device__ __forceinline__ void iq3l_take_trial(float sumqx, float sumq2, float *scale, float *best, const int8_t *La,
+                                                int on, int8_t *L, int *on_grid)
+{
+    if (sumq2 > 0.0f && sumqx * sumqx > *best * sumq2) {
+        *scale = sumqx / sumq2;
+        *best = *scale * sumqx;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            L[i] = La[i];
+        *on_grid = on;
+    }
+}
+
+#endif

@@ -188,8 +188,7 @@ QD_HD float qd_iq3xxs_sub_search(const struct qd_iq_grid *QD_RESTRICT g, const f
 
 /* Sub-block ib (values xb, importance qwb or NULL) of a super-block qd_iq3xxs_begin started: its
  * grid indices into blk and its sign word into *sas; returns its scale, or 0 with *zero set where
- * its largest |x| is below GROUP_MAX_EPS_IQ3_XXS (codes, signs and scale stay 0). The GPU runs a
- * thread per sub-block. */
+ * its largest |x| is below GROUP_MAX_EPS_IQ3_XXS (codes, signs and scale stay 0). */
 QD_HD float qd_iq3xxs_sub(const struct qd_iq_grid *QD_RESTRICT g, const float *xb, const float *qwb, float sigma2,
                           int ib, uint8_t *blk, uint32_t *sas, int *zero)
 {
@@ -206,7 +205,9 @@ QD_HD float qd_iq3xxs_sub(const struct qd_iq_grid *QD_RESTRICT g, const float *x
 }
 
 /* quantize_row_iq3_xxs_impl (grid size 256) for one super-block; qw its importance or NULL. The
- * pieces above are shared with the AVX2 form (kernels/cpu/iqgrid_avx2.h) and the GPU's. */
+ * pieces above are shared with the AVX2 form (kernels/cpu/iqgrid_avx2.h); the GPU runs the same
+ * operations a lane per 4-value group (kernels/cuda/iq3xxs_lanes.cuh, which uses
+ * qd_iq3xxs_level and qd_iq3xxs_finish). */
 QD_HD void qd_iq3xxs_quantize(const struct qd_iq_grid *QD_RESTRICT g, const float *QD_RESTRICT x,
                               const float *QD_RESTRICT qw, uint8_t *QD_RESTRICT blk)
 {

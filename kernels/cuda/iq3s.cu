@@ -5,7 +5,6 @@
  * and the search's arrays in local memory), weighted by the importance when one is given;
  * dequantize one thread per super-block. The grid, its map and neighbour lists (built on the
  * host, kernels/iq3s.c) are copied to device memory once per context. */
-#include "../imatrix.h"
 #include "../iq3s.h"
 #include "iqlanes.cuh"
 
@@ -92,15 +91,8 @@ __global__ void __launch_bounds__(IQ3L_LANES) iq3s_quantize_kernel(const void *x
         return;
     if (tid < (QD_IQ3S_BLOCK_BYTES + 3) / 4)
         sblk[tid] = 0;
-    if (imp) {
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            row[4 * tid + i] = xb[i];
-        __syncthreads();
-        if (tid == 0)
-            ssigma2 = qd_imx_block_sigma2(row, 2.0f);
-    }
-    const float *qw = imp ? (mrows ? imp + e0 / cols / mrows * cols : imp) + e0 % cols + 4 * tid : NULL;
+    iq3l_sigma2(imp, row, xb, tid, &ssigma2);
+    const float *qw = qd_sub_importance<IQ3L_LANES>(imp, mrows, cols, e0, tid); /* its 4 values' */
     float w[4], wa[4], xv[4];
     uint32_t s = 0;
 #pragma unroll

@@ -124,16 +124,9 @@ __global__ void __launch_bounds__(IQ3L_LANES) iq3xxs_lanes_kernel(const void *x,
     uint8_t *blk = (uint8_t *)sblk;
     if (t < (QD_IQ3XXS_BYTES + 3) / 4) /* qd_iq3xxs_begin: codes, scales and d (f16 0) cleared */
         sblk[t] = 0;
-    if (imp) {
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            row[4 * t + i] = xb[i];
-        __syncthreads();
-        if (t == 0)
-            ssigma2 = qd_imx_block_sigma2(row, 2.0f);
-    }
+    iq3l_sigma2(imp, row, xb, t, &ssigma2);
     __syncthreads();
-    const float *qw = imp ? (mrows ? imp + e0 / cols / mrows * cols : imp) + e0 % cols + 4 * t : NULL;
+    const float *qw = qd_sub_importance<IQ3L_LANES>(imp, mrows, cols, e0, t); /* its 4 values' */
     float w[4], wa[4], xv[4];
     iq3l_weights(qw, ssigma2, xb, w, wa);
     float max;

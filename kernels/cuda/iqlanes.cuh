@@ -6,7 +6,9 @@
 #ifndef QD_CUDA_IQLANES_CUH
 #define QD_CUDA_IQLANES_CUH
 
+#include "../imatrix.h"
 #include "common.cuh"
+#include "subblock.cuh"
 
 #define IQ3L_LANES 64
 
@@ -82,6 +84,22 @@ __device__ __forceinline__ float iq3l_max(unsigned seg, int k, const float *v)
         m = __shfl_sync(seg, m, step, 8);
     }
     return m;
+}
+
+/* The super-block's sigma2 (qd_imx_block_sigma2 over its 256 values in order, by lane 0) into
+ * *sigma2, where the call has an importance (without one the weights do not use it): each lane
+ * puts its 4 values xb into row first. Every lane of the CTA calls it; the caller synchronizes
+ * before reading *sigma2. */
+__device__ __forceinline__ void iq3l_sigma2(const float *imp, float *row, const float *xb, int t, float *sigma2)
+{
+    if (!imp)
+        return;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        row[4 * t + i] = xb[i];
+    __syncthreads();
+    if (t == 0)
+        *sigma2 = qd_imx_block_sigma2(row, 2.0f);
 }
 
 /* The lane's weights w (importance qw at sigma2, or x^2 where qw is NULL) and their roots wa. */

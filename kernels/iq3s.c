@@ -97,9 +97,11 @@ static void iq3s_init(void)
         int n = iq3s_nearest(u, dist);
         if (at + 1 + (size_t)n > QD_IQ3S_NEIGHBOURS)
             return; /* longer lists than the grid has: not this grid */
-        iq3s.neighbours[at] = (uint16_t)n;
-        for (int j = 0; j < n; j++)
+        iq3s.neighbours[at] = iq3s.codes[at] = (uint16_t)n;
+        for (int j = 0; j < n; j++) {
             iq3s.neighbours[at + 1 + j] = (uint16_t)dist[2 * j + 1];
+            iq3s.codes[at + 1 + j] = (uint16_t)(qd_iq3s_points[dist[2 * j + 1]] & 0xfff);
+        }
         iq3s.map[u] = -(int32_t)(at + 1);
         at += 1 + (size_t)n;
     }

@@ -24,6 +24,8 @@ struct qd_iq3s_tables {
     uint8_t grid[QD_IQ3S_GRID][4];        /* point i's coordinates, odd values 1..15 */
     int32_t map[QD_IQ3S_MAP];             /* 4-tuple -> its grid index, or -(offset + 1) of its list */
     uint16_t neighbours[QD_IQ3S_NEIGHBOURS]; /* per off-grid tuple: the count, then the grid indices */
+    uint16_t codes[QD_IQ3S_NEIGHBOURS];      /* beside neighbours: the count, then each listed point's
+                                                tuple of levels (the GPU's search loads only these) */
 };
 
 #ifdef __cplusplus

@@ -288,7 +288,20 @@ static int build(struct qd_iq_grid *g, const uint16_t *points, int n, int dim, i
             map[u] = -(int32_t)(at + 1);
             at += 1 + (size_t)c;
         }
+    uint16_t *codes = malloc(len * sizeof(uint16_t));
+    if (!codes) {
+        free(nb);
+        goto fail;
+    }
+    for (size_t i = 0; i < len;) { /* each list: its count, then its points' tuples */
+        const size_t c = nb[i];
+        codes[i] = nb[i];
+        for (size_t j = 1; j <= c; j++)
+            codes[i + j] = points[nb[i + j]];
+        i += 1 + c;
+    }
     g->neighbours = nb;
+    g->codes = codes;
     g->neighbours_len = len;
     free(d2);
     return 1;

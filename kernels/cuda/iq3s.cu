@@ -33,40 +33,14 @@ static enum qd_status iq3s_device_tables(const struct qd_iq3s_tables **dev)
     return QD_OK;
 }
 
-/* qd_iq3s_best_neighbour for the lane's group, each candidate's 4 grid values one 32-bit load
- * (the tables' grid: 4 bytes a point at the start of a cudaMalloc'd struct). */
-__device__ __forceinline__ int iq3s_lane_neighbour(const struct qd_iq3s_tables *QD_RESTRICT t, int u, const float *xv,
-                                                   const float *wa, float scale)
+/* qd_iq3s_best_neighbour for the lane's group (iq3l_search over its column col of the CTA's
+ * terms; the levels' values 2 l + 1 are the grid's): the winner's code (its tuple of levels). */
+__device__ __forceinline__ unsigned iq3s_lane_neighbour(const struct qd_iq3s_tables *QD_RESTRICT t, int u, float *col,
+                                                        const float *xv, const float *wa, float scale)
 {
-    const uint16_t *nb = t->neighbours + (-t->map[u] - 1);
-    const uint32_t *grid = (const uint32_t *)t->grid;
-    const int n = nb[0];
-    float best_d2 = 3.40282347e38f;
-    int best = -1;
-    for (int j = 1; j <= n; j++) {
-        const int i0 = nb[j];
-        const uint32_t p = __ldg(grid + i0);
-        float d2 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float diff = scale * (float)(int)(p >> 8 * i & 0xffu) - xv[i];
-            d2 += wa[i] * diff * diff;
-        }
-        if (d2 < best_d2) {
-            best_d2 = d2;
-            best = i0;
-        }
-    }
-    return best < 0 ? nb[1] : best; /* (every distance overflowed: the first, as on the CPU) */
-}
-
-/* The 3-bit levels of grid point g into L: (value - 1) / 2. */
-__device__ __forceinline__ void iq3s_lane_levels(const struct qd_iq3s_tables *QD_RESTRICT t, int g, int8_t *L)
-{
-    const uint32_t p = __ldg((const uint32_t *)t->grid + g);
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        L[i] = (int8_t)(((int)(p >> 8 * i & 0xffu) - 1) / 2);
+    const uint16_t *codes = t->codes + (-t->map[u] - 1);
+    iq3l_terms(col, xv, wa, scale);
+    return __ldg(codes + iq3l_search(codes, col));
 }
 
 /* quantize_row_iq3_s_impl, a super-block per CTA of IQ3L_LANES lanes (lane t: sub-block t / 8,
@@ -81,7 +55,9 @@ __global__ void __launch_bounds__(IQ3L_LANES) iq3s_quantize_kernel(const void *x
     __shared__ uint32_t sblk[(QD_IQ3S_BLOCK_BYTES + 3) / 4];
     __shared__ float sscale[8], ssigma2;
     __shared__ int8_t szero[8];
+    __shared__ float sterm[IQ3L_TERMS];
     const int tid = threadIdx.x, ib = tid / 8, k = tid % 8;
+    float *col = sterm + tid;
     const unsigned seg = iq3l_segment(tid);
     const int64_t b = blockIdx.x, e0 = b * QD_QK_K;
     float xb[4];
@@ -125,7 +101,7 @@ __global__ void __launch_bounds__(IQ3L_LANES) iq3s_quantize_kernel(const void *x
                 La[i] = (int8_t)qd_iq3s_level(id, xv[i]);
             const int u = iq3l_tuple(La), on = t->map[u] >= 0;
             if (!on)
-                iq3s_lane_levels(t, iq3s_lane_neighbour(t, u, xv, wa, this_scale), La);
+                iq3l_code_levels(iq3s_lane_neighbour(t, u, col, xv, wa, this_scale), La);
             float sumqx, sumq2;
             iq3l_odd_sums(seg, k, w, xv, La, &sumqx, &sumq2);
             iq3l_take_trial(sumqx, sumq2, &scale, &best, La, on, L, &on_grid);
@@ -137,7 +113,8 @@ __global__ void __launch_bounds__(IQ3L_LANES) iq3s_quantize_kernel(const void *x
             for (int i = 0; i < 4; i++)
                 l[i] = (int8_t)qd_iq3s_level(id, xv[i]);
             const int u = iq3l_tuple(l);
-            iq3s_lane_levels(t, t->map[u] >= 0 ? t->map[u] : iq3s_lane_neighbour(t, u, xv, wa, scale), L);
+            /* (a tuple on the grid is its point's levels) */
+            iq3l_code_levels(t->map[u] >= 0 ? (unsigned)u : iq3s_lane_neighbour(t, u, col, xv, wa, scale), L);
             float sumqx, sumq2; /* qd_kq_refit */
             iq3l_odd_sums(seg, k, w, xv, L, &sumqx, &sumq2);
             scale = sumq2 > 0.0f ? sumqx / sumq2 : scale;

@@ -20,37 +20,16 @@
 #include "../iq3xxs.h"
 #include "iqlanes.cuh"
 
-/* qd_iq3xxs_best_neighbour with each candidate's 4 levels one 32-bit load (upload_grid aligns
- * the levels; two candidates' loads issued together measured no faster). */
-__device__ __forceinline__ int iq3l_best_neighbour(const struct qd_iq_grid &g, int u, const float *xv, const float *wa,
-                                                   float scale, int8_t *L)
+/* qd_iq3xxs_best_neighbour for the lane's group (iq3l_search over its column col of the CTA's
+ * terms): the winner's levels into L, its grid index. */
+__device__ __forceinline__ int iq3l_best_neighbour(const struct qd_iq_grid &g, int u, float *col, const float *xv,
+                                                   const float *wa, float scale, int8_t *L)
 {
-    const uint16_t *nb = qd_iq_neighbours(&g, u);
-    const uint32_t *points = (const uint32_t *)g.levels;
-    const int n = nb[0];
-    float best_d2 = QD_IQ_FLT_MAX;
-    int best = -1;
-    for (int j = 1; j <= n; j++) {
-        const int i0 = nb[j];
-        const uint32_t p = __ldg(points + i0);
-        float d2 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float diff = scale * (float)(2 * (int)(p >> 8 * i & 0xffu) + 1) - xv[i];
-            d2 += wa[i] * diff * diff;
-        }
-        if (d2 < best_d2) {
-            best_d2 = d2;
-            best = i0;
-        }
-    }
-    if (best < 0)
-        best = nb[1];
-    const uint32_t p = __ldg(points + best);
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        L[i] = (int8_t)(p >> 8 * i & 0xffu);
-    return best;
+    const int at = -g.map[u] - 1;
+    iq3l_terms(col, xv, wa, scale);
+    const int j = iq3l_search(g.codes + at, col);
+    iq3l_code_levels(__ldg(g.codes + at + j), L);
+    return __ldg(g.neighbours + at + j);
 }
 
 /* qd_iq3xxs_signs for the lane's 4 values (k even: the first half of an 8, k odd: the second):
@@ -116,7 +95,9 @@ __global__ void __launch_bounds__(IQ3L_LANES) iq3xxs_lanes_kernel(const void *x,
     __shared__ float sscale[8], ssigma2;
     __shared__ uint32_t sword[8];
     __shared__ int8_t szero[8];
+    __shared__ float sterm[IQ3L_TERMS];
     const int t = threadIdx.x, ib = t / 8, k = t % 8;
+    float *col = sterm + t;
     const unsigned seg = iq3l_segment(t);
     const int64_t b = blockIdx.x, e0 = b * QD_QK_K;
     float xb[4];
@@ -145,7 +126,7 @@ __global__ void __launch_bounds__(IQ3L_LANES) iq3xxs_lanes_kernel(const void *x,
                 La[i] = (int8_t)qd_iq3xxs_level(id, xv[i]);
             const int u = iq3l_tuple(La), on = g.map[u] >= 0;
             if (!on)
-                iq3l_best_neighbour(g, u, xv, wa, this_scale, La);
+                iq3l_best_neighbour(g, u, col, xv, wa, this_scale, La);
             float sumqx, sumq2;
             iq3l_odd_sums(seg, k, w, xv, La, &sumqx, &sumq2);
             iq3l_take_trial(sumqx, sumq2, &scale, &best, La, on, L, &on_grid);
@@ -158,7 +139,7 @@ __global__ void __launch_bounds__(IQ3L_LANES) iq3xxs_lanes_kernel(const void *x,
                 for (int i = 0; i < 4; i++)
                     l[i] = (int8_t)qd_iq3xxs_level(id, xv[i]);
                 const int u = iq3l_tuple(l);
-                const int gi = g.map[u] >= 0 ? g.map[u] : iq3l_best_neighbour(g, u, xv, wa, scale, L);
+                const int gi = g.map[u] >= 0 ? g.map[u] : iq3l_best_neighbour(g, u, col, xv, wa, scale, L);
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     L[i] = (int8_t)qd_iq_point(&g, gi)[i];

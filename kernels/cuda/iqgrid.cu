@@ -102,25 +102,27 @@ __global__ void __launch_bounds__(IQG_THREADS) iqgrid_dequantize_kernel(const ui
     default: QD_SWITCH_UNKNOWN();                                                               \
     }
 
-/* The type's tables in new device memory *mem (map, point tuples, neighbour lists, levels),
- * pointed to by *d. */
+/* The type's tables in new device memory *mem (map, point tuples, neighbour lists, their codes,
+ * levels), pointed to by *d. */
 static enum qd_status upload_grid(int type, struct qd_iq_grid *d, uint8_t **mem)
 {
     const struct qd_iq_grid *h = qd_iqgrid_tables(type);
     if (!h)
         return QD_ENOMEM;
-    const size_t bytes[4] = {(size_t)h->map_size * sizeof(int32_t), (size_t)h->n * sizeof(uint16_t),
-                             h->neighbours_len * sizeof(uint16_t), (size_t)h->n * (size_t)h->dim};
-    size_t at[4], total = 0;
-    for (int i = 0; i < 4; i++) { /* each part 16-byte aligned: iq3_xxs loads a point's 4 levels as one word */
+    enum { PARTS = 5 };
+    const size_t bytes[PARTS] = {(size_t)h->map_size * sizeof(int32_t), (size_t)h->n * sizeof(uint16_t),
+                                 h->neighbours_len * sizeof(uint16_t), h->neighbours_len * sizeof(uint16_t),
+                                 (size_t)h->n * (size_t)h->dim};
+    size_t at[PARTS], total = 0;
+    for (int i = 0; i < PARTS; i++) { /* each part 16-byte aligned (loads of any width) */
         at[i] = total;
         total += (bytes[i] + 15) & ~(size_t)15;
     }
     CUDA_CHECK(cudaMallocAsync((void **)mem, total, qd_stream()));
     /* from pageable memory: staged before each call returns */
-    const void *part[4] = {h->map, h->tuples, h->neighbours, h->levels};
+    const void *part[PARTS] = {h->map, h->tuples, h->neighbours, h->codes, h->levels};
     cudaError_t e = cudaSuccess;
-    for (int i = 0; i < 4 && e == cudaSuccess; i++)
+    for (int i = 0; i < PARTS && e == cudaSuccess; i++)
         e = cudaMemcpyAsync(*mem + at[i], part[i], bytes[i], cudaMemcpyHostToDevice, qd_stream());
     if (e != cudaSuccess) {
         cudaFreeAsync(*mem, qd_stream());
@@ -131,7 +133,8 @@ static enum qd_status upload_grid(int type, struct qd_iq_grid *d, uint8_t **mem)
     d->map = (const int32_t *)(*mem + at[0]);
     d->tuples = (const uint16_t *)(*mem + at[1]);
     d->neighbours = (const uint16_t *)(*mem + at[2]);
-    d->levels = *mem + at[3];
+    d->codes = (const uint16_t *)(*mem + at[3]);
+    d->levels = *mem + at[4];
     return QD_OK;
 }
 

@@ -49,7 +49,11 @@ static void neighbour_lists_follow_ggml(void **state)
         for (int g = 0; g < QD_IQ3S_GRID; g++)
             want += dist2(t, u, g) <= d[2];
         assert_int_equal(nb[0], want);
+        const uint16_t *codes = t->codes + (nb - t->neighbours); /* beside it: the count, the points' levels */
+        assert_int_equal(codes[0], nb[0]);
         for (int j = 1; j <= nb[0]; j++) {
+            for (int k = 0; k < 4; k++)
+                assert_int_equal(2 * (codes[j] >> 3 * k & 7) + 1, t->grid[nb[j]][k]);
             assert_true(dist2(t, u, nb[j]) <= d[2]);
             if (j > 1) {
                 int a = dist2(t, u, nb[j - 1]), b = dist2(t, u, nb[j]);

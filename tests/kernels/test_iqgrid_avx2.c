@@ -387,6 +387,27 @@ static void iq2_codes_are_their_points_levels(void **state)
     }
 }
 
+/* The same for the iq3_xxs and iq1 grids (what the GPU's iq3_xxs search reads): beside each list
+ * its count, then each entry's point as its tuple of levels. */
+static void grid_codes_are_their_points_tuples(void **state)
+{
+    (void)state;
+    const struct qd_iq_grid *grids[2] = {qd_iq3xxs_grid(), qd_iq1_grid()};
+    for (int i = 0; i < 2; i++) {
+        const struct qd_iq_grid *g = grids[i];
+        assert_non_null(g);
+        int64_t lists = 0;
+        for (size_t at = 0; at < g->neighbours_len; at += 1 + g->neighbours[at], lists++) {
+            assert_int_equal(g->codes[at], g->neighbours[at]);
+            for (int j = 1; j <= g->neighbours[at]; j++)
+                for (int k = 0; k < g->dim; k++)
+                    assert_int_equal(qd_iq_level(g->codes[at + j], g->bits, k),
+                                     qd_iq_point(g, g->neighbours[at + j])[k]);
+        }
+        assert_true(lists > 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -407,6 +428,7 @@ int main(void)
         cmocka_unit_test(iq3_group_equals_scalar),
         cmocka_unit_test(iq2_group_equals_scalar),
         cmocka_unit_test(iq2_codes_are_their_points_levels),
+        cmocka_unit_test(grid_codes_are_their_points_tuples),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

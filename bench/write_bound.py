@@ -3,7 +3,12 @@
 pipeline writes its output (WRITERS threads, each writing whole 16 MiB chunks with O_DIRECT at
 their offsets, then one fsync), print the seconds, remove the file.
 
-    python3 bench/write_bound.py OUT BYTES [--writers N]
+    python3 bench/write_bound.py OUT BYTES [--writers N] [--read IN [--readers N]]
+
+With --read, the copy bound: the same writes while READERS threads read all of IN (32 MiB
+chunks, as quantd's readers take its pieces into their buffers), the seconds until both end. It
+is a conversion with no work between reading and writing: on one machine, reading and writing
+at once can each run slower than alone.
 
 The default writer count is quantd's own (server/checkpoint/pipeline.c: 3 on 8 cores or more,
 else 1). A single `dd conv=fsync` stream is not the bound: on an H200 machine whose dd wrote 1.3
@@ -22,8 +27,31 @@ def default_writers():
     return 3 if (os.cpu_count() or 1) >= 8 else 1
 
 
-def measure(out, nbytes, writers):
-    """Seconds to write nbytes (whole chunks) to the new file out and fsync it; the file removed."""
+READ_CHUNK = 32 << 20
+
+
+def read_all(path, readers, errors):
+    """Threads that read all of path, chunk k by reader k % readers; started, to be joined."""
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+
+    def reader(k):
+        buf = bytearray(READ_CHUNK)
+        try:
+            for at in range(k * READ_CHUNK, size, readers * READ_CHUNK):
+                os.preadv(fd, [buf], at)
+        except OSError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(readers)]
+    for th in threads:
+        th.start()
+    return threads, fd
+
+
+def measure(out, nbytes, writers, read=None, readers=4):
+    """Seconds to write nbytes (whole chunks) to the new file out and fsync it (and, given read,
+    to read all of that file meanwhile); the file out removed."""
     buf = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT needs
     buf.write(os.urandom(CHUNK))
     chunks = (nbytes + CHUNK - 1) // CHUNK
@@ -34,6 +62,7 @@ def measure(out, nbytes, writers):
     except OSError:
         fd = os.open(out, flags, 0o644)
     errors = []
+    reading, rfd = read_all(read, readers, errors) if read else ([], -1)
 
     def writer(k):
         try:
@@ -50,7 +79,11 @@ def measure(out, nbytes, writers):
         th.join()
     os.fsync(fd)
     os.close(fd)
+    for th in reading:
+        th.join()
     wall = time.perf_counter() - t
+    if rfd >= 0:
+        os.close(rfd)
     os.unlink(out)
     buf.close()
     if errors:
@@ -63,9 +96,12 @@ def main():
     ap.add_argument("out")
     ap.add_argument("bytes", type=int)
     ap.add_argument("--writers", type=int, default=default_writers())
+    ap.add_argument("--read", metavar="IN", help="read all of IN meanwhile (the copy bound)")
+    ap.add_argument("--readers", type=int, default=4)
     a = ap.parse_args()
-    wall = measure(a.out, a.bytes, a.writers)
-    print(f"{wall:.3f} s for {a.bytes} bytes, {a.writers} writers: {a.bytes / wall / 1e9:.2f} GB/s")
+    wall = measure(a.out, a.bytes, a.writers, a.read, a.readers)
+    also = f", reading {os.path.getsize(a.read)} bytes with {a.readers} readers" if a.read else ""
+    print(f"{wall:.3f} s for {a.bytes} bytes, {a.writers} writers{also}: {a.bytes / wall / 1e9:.2f} GB/s written")
 
 
 if __name__ == "__main__":

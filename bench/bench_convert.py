@@ -13,7 +13,8 @@ hf:   a Llama-shaped bf16 checkpoint of random weights in 5 GB shards (transform
       (`--q-mode affine` / `mxfp4`) on the same machine's CPU (mlx[cpu]).
 gguf: the same shapes as a BF16 GGUF (written with the gguf package); times `cat`, `quantd
       convert --fmt q4_0`, `--fmt q8_0` and `--recipe Q4_K_M`, the durable-write bound of each
-      output (its size written as quantd writes it: bench/write_bound.py), and llama-quantize
+      output (its size written as quantd writes it: bench/write_bound.py) and its copy bound (the
+      same writes while reading the whole input), and llama-quantize
       (LLAMA_CPP_BIN) on all cores for the same three (`--pure Q4_0`, `--pure Q8_0`, `Q4_K_M`).
 fp8_bf16: quantd writes the model as FineGrainedFP8 (DeepSeek-V3's layout), then times `quantd
       convert --fmt bf16` of that back to bf16 against `cat` of the FP8 shards and `dd` writing
@@ -254,15 +255,18 @@ m.save_pretrained({out!r})
                             bytes=size))
             if os.path.exists(out):  # the bound: this output's size written as quantd writes it
                 osize = os.path.getsize(out)
-                walls = []
-                for _ in range(a.repeat):
-                    os.sync()
-                    walls.append(write_bound.measure(out + ".bound", osize, write_bound.default_writers()))
-                rows.append({"case": f"gguf: write bound of {t}'s output, {gb(osize):.2f} GB "
-                                     f"({write_bound.default_writers()} O_DIRECT writers + fsync)",
-                             "seconds": statistics.median(walls), "min": min(walls), "max": max(walls),
-                             "peak_rss_bytes": 0, "bytes": size})
-                print(f"# {rows[-1]['case']}: {rows[-1]['seconds']:.2f} s", flush=True)
+                # alone, and while reading the whole input (the copy bound: no work between)
+                for read, what in ((None, "write bound"), (src, "copy bound")):
+                    walls = []
+                    for _ in range(a.repeat):
+                        os.sync()
+                        walls.append(write_bound.measure(out + ".bound", osize, write_bound.default_writers(), read))
+                    rows.append({"case": f"gguf: {what} of {t}'s output, {gb(osize):.2f} GB "
+                                         f"({write_bound.default_writers()} O_DIRECT writers + fsync"
+                                         f"{', reading the input' if read else ''})",
+                                 "seconds": statistics.median(walls), "min": min(walls), "max": max(walls),
+                                 "peak_rss_bytes": 0, "bytes": size})
+                    print(f"# {rows[-1]['case']}: {rows[-1]['seconds']:.2f} s", flush=True)
             lq = os.path.join(os.environ.get("LLAMA_CPP_BIN", ""), "llama-quantize")
             if os.path.exists(lq):
                 lq_args = ["--pure"] if pure else []

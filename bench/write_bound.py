@@ -10,8 +10,8 @@ chunks, as quantd's readers take its pieces into their buffers), the seconds unt
 is a conversion with no work between reading and writing: on one machine, reading and writing
 at once can each run slower than alone.
 
-The default writer count is quantd's own (server/checkpoint/pipeline.c: 3 on 8 cores or more,
-else 1). A single `dd conv=fsync` stream is not the bound: on an H200 machine whose dd wrote 1.3
+The default writer and reader counts are quantd's own (server/checkpoint/pipeline.c: 3 and 4 on 8
+cores or more, else 1 and 1). A single `dd conv=fsync` stream is not the bound: on an H200 machine whose dd wrote 1.3
 GB/s, quantd wrote a 4.92 GB GGUF in 2.9 s. The data is random bytes, not zeros, so that no
 layer can skip writing them. Where the file system refuses O_DIRECT (tmpfs), buffered writes."""
 import argparse
@@ -27,18 +27,23 @@ def default_writers():
     return 3 if (os.cpu_count() or 1) >= 8 else 1
 
 
+def default_readers():
+    return 4 if (os.cpu_count() or 1) >= 8 else 1
+
+
 READ_CHUNK = 32 << 20
 
 
 def read_all(path, readers, errors):
     """Threads that read all of path, chunk k by reader k % readers; started, to be joined."""
     size = os.path.getsize(path)
+    chunk = max(1, min(READ_CHUNK, size))
     fd = os.open(path, os.O_RDONLY)
 
     def reader(k):
-        buf = bytearray(READ_CHUNK)
+        buf = bytearray(chunk)
         try:
-            for at in range(k * READ_CHUNK, size, readers * READ_CHUNK):
+            for at in range(k * chunk, size, readers * chunk):
                 os.preadv(fd, [buf], at)
         except OSError as e:
             errors.append(e)
@@ -49,7 +54,7 @@ def read_all(path, readers, errors):
     return threads, fd
 
 
-def measure(out, nbytes, writers, read=None, readers=4):
+def measure(out, nbytes, writers, read=None, readers=None):
     """Seconds to write nbytes (whole chunks) to the new file out and fsync it (and, given read,
     to read all of that file meanwhile); the file out removed."""
     buf = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT needs
@@ -62,7 +67,7 @@ def measure(out, nbytes, writers, read=None, readers=4):
     except OSError:
         fd = os.open(out, flags, 0o644)
     errors = []
-    reading, rfd = read_all(read, readers, errors) if read else ([], -1)
+    reading, rfd = read_all(read, readers or default_readers(), errors) if read else ([], -1)
 
     def writer(k):
         try:
@@ -97,7 +102,7 @@ def main():
     ap.add_argument("bytes", type=int)
     ap.add_argument("--writers", type=int, default=default_writers())
     ap.add_argument("--read", metavar="IN", help="read all of IN meanwhile (the copy bound)")
-    ap.add_argument("--readers", type=int, default=4)
+    ap.add_argument("--readers", type=int, default=default_readers())
     a = ap.parse_args()
     wall = measure(a.out, a.bytes, a.writers, a.read, a.readers)
     also = f", reading {os.path.getsize(a.read)} bytes with {a.readers} readers" if a.read else ""

@@ -13,7 +13,8 @@
  * what the CPU folds over a sub-block's values in order (the sign flip's least weighted value,
  * the largest |x|, the weighted sums of every trial) runs as a chain over the 8 lanes, lane k
  * taking the fold over from lane k - 1 with a shuffle; a group's own work (its levels, its
- * neighbour search, its grid index) is the CPU's per-group code itself. */
+ * neighbour search, its grid index) is the CPU's per-group code, the search's distances summed
+ * from terms the lane makes once with the CPU's operations (iqlanes.cuh: iq3l_terms). */
 #ifndef QD_CUDA_IQ3XXS_LANES_CUH
 #define QD_CUDA_IQ3XXS_LANES_CUH
 

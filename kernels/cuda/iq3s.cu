@@ -39,8 +39,7 @@ __device__ __forceinline__ unsigned iq3s_lane_neighbour(const struct qd_iq3s_tab
                                                         const float *xv, const float *wa, float scale)
 {
     const uint16_t *codes = t->codes + (-t->map[u] - 1);
-    iq3l_terms(col, xv, wa, scale);
-    return __ldg(codes + iq3l_search(codes, col));
+    return __ldg(codes + iq3l_search(codes, col, xv, wa, scale));
 }
 
 /* quantize_row_iq3_s_impl, a super-block per CTA of IQ3L_LANES lanes (lane t: sub-block t / 8,

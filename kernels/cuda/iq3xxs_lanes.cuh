@@ -14,7 +14,7 @@
  * the largest |x|, the weighted sums of every trial) runs as a chain over the 8 lanes, lane k
  * taking the fold over from lane k - 1 with a shuffle; a group's own work (its levels, its
  * neighbour search, its grid index) is the CPU's per-group code, the search's distances summed
- * from terms the lane makes once with the CPU's operations (iqlanes.cuh: iq3l_terms). */
+ * from terms the lane makes once with the CPU's operations (iqlanes.cuh: iq3l_search). */
 #ifndef QD_CUDA_IQ3XXS_LANES_CUH
 #define QD_CUDA_IQ3XXS_LANES_CUH
 
@@ -27,8 +27,7 @@ __device__ __forceinline__ int iq3l_best_neighbour(const struct qd_iq_grid &g, i
                                                    const float *wa, float scale, int8_t *L)
 {
     const int at = -g.map[u] - 1;
-    iq3l_terms(col, xv, wa, scale);
-    const int j = iq3l_search(g.codes + at, col);
+    const int j = iq3l_search(g.codes + at, col, xv, wa, scale);
     iq3l_code_levels(__ldg(g.codes + at + j), L);
     return __ldg(g.neighbours + at + j);
 }

@@ -110,9 +110,10 @@ static enum qd_status upload_grid(int type, struct qd_iq_grid *d, uint8_t **mem)
     if (!h)
         return QD_ENOMEM;
     enum { PARTS = 5 };
+    /* the lists' codes only where a kernel reads them (iq3_xxs's search; IQ1's are 0.66 MB) */
+    const size_t codes = type == QD_IQ3_XXS ? h->neighbours_len * sizeof(uint16_t) : 0;
     const size_t bytes[PARTS] = {(size_t)h->map_size * sizeof(int32_t), (size_t)h->n * sizeof(uint16_t),
-                                 h->neighbours_len * sizeof(uint16_t), h->neighbours_len * sizeof(uint16_t),
-                                 (size_t)h->n * (size_t)h->dim};
+                                 h->neighbours_len * sizeof(uint16_t), codes, (size_t)h->n * (size_t)h->dim};
     size_t at[PARTS], total = 0;
     for (int i = 0; i < PARTS; i++) { /* each part 16-byte aligned (loads of any width) */
         at[i] = total;
@@ -123,7 +124,8 @@ static enum qd_status upload_grid(int type, struct qd_iq_grid *d, uint8_t **mem)
     const void *part[PARTS] = {h->map, h->tuples, h->neighbours, h->codes, h->levels};
     cudaError_t e = cudaSuccess;
     for (int i = 0; i < PARTS && e == cudaSuccess; i++)
-        e = cudaMemcpyAsync(*mem + at[i], part[i], bytes[i], cudaMemcpyHostToDevice, qd_stream());
+        if (bytes[i])
+            e = cudaMemcpyAsync(*mem + at[i], part[i], bytes[i], cudaMemcpyHostToDevice, qd_stream());
     if (e != cudaSuccess) {
         cudaFreeAsync(*mem, qd_stream());
         *mem = NULL;
@@ -133,7 +135,7 @@ static enum qd_status upload_grid(int type, struct qd_iq_grid *d, uint8_t **mem)
     d->map = (const int32_t *)(*mem + at[0]);
     d->tuples = (const uint16_t *)(*mem + at[1]);
     d->neighbours = (const uint16_t *)(*mem + at[2]);
-    d->codes = (const uint16_t *)(*mem + at[3]);
+    d->codes = codes ? (const uint16_t *)(*mem + at[3]) : NULL;
     d->levels = *mem + at[4];
     return QD_OK;
 }

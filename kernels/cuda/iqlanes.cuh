@@ -130,13 +130,17 @@ __device__ __forceinline__ void iq3l_take_trial(float sumqx, float sumq2, float 
 
 /* A neighbour search's distances from terms: w (s v - x)^2 for each of the lane's 4 values and
  * each of the 8 level values v = 2 l + 1 (ggml's operations), made once a search into the lane's
- * column of a CTA table (IQ3L_TERMS floats, a row per level and value, a column per lane: the
- * lanes' loads fall in distinct banks); a candidate's distance adds its 4 terms in ggml's
+ * column col of a CTA table (IQ3L_TERMS floats, a row per level and value, a column per lane:
+ * the lanes' loads fall in distinct banks); a candidate's distance adds its 4 terms in ggml's
  * order. Its levels come from its code (the tables' codes beside each list: the point's tuple,
  * 3 bits a level), so a candidate costs one 16-bit load and four shared ones. */
 #define IQ3L_TERMS (32 * IQ3L_LANES)
 
-__device__ __forceinline__ void iq3l_terms(float *col, const float *xv, const float *wa, float scale)
+/* The position in its list (codes: the count, then the candidates' codes) of the candidate
+ * nearest the lane's group (|x| xv, weights' roots wa) at scale, the first of equals; the first
+ * where no distance counts (below FLT_MAX), as the CPU. */
+__device__ __forceinline__ int iq3l_search(const uint16_t *codes, float *col, const float *xv, const float *wa,
+                                           float scale)
 {
 #pragma unroll
     for (int l = 0; l < 8; l++)
@@ -145,13 +149,6 @@ __device__ __forceinline__ void iq3l_terms(float *col, const float *xv, const fl
             const float diff = scale * (float)(2 * l + 1) - xv[i];
             col[(4 * l + i) * IQ3L_LANES] = wa[i] * diff * diff;
         }
-}
-
-/* The position in its list (codes: the count, then the candidates' codes) of the candidate
- * nearest by col's terms, the first of equals; the first where no distance counts (below
- * FLT_MAX), as the CPU. */
-__device__ __forceinline__ int iq3l_search(const uint16_t *codes, const float *col)
-{
     const int n = __ldg(codes);
     float best_d2 = 3.40282347e38f;
     int best = -1;

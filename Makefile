@@ -27,6 +27,7 @@
 #   make test-gpu        GPU vs CPU bytes, compute-sanitizer, service tests on CUDA (a GPU machine)
 #   make test-faults     injected device faults against a live daemon (a GPU machine)
 #   make bench-gpu       the kernel, bitsandbytes and service benchmarks on a GPU
+#   make bench-pinned    pinned host memory: cudaHostAlloc against registered huge pages (a GPU machine)
 #   make check-cuda      fail unless the CUDA backend is built
 #   make run             build and run the service on 0.0.0.0:8080
 #   make demo            quantize a demo tensor with the CLI
@@ -78,7 +79,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all help deps venv test test-unit bench-iq4 bench-iqgrid test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-kquant-imx bench-convert bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all help deps venv test test-unit bench-iq4 bench-iqgrid test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-pinned bench-kquant-imx bench-convert bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 help:
@@ -330,6 +331,13 @@ $(BUILD)/tests/gpu/test_faults: tests/gpu/test_faults.c tests/server/service.c $
 	$(CC) $(CFLAGS) -o $@ $< tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) -lcurl $(TEST_LIBS)
 test-faults: check-cuda bin/quantd-faults $(BUILD)/tests/gpu/test_faults
 	QUANTD=$(abspath bin/quantd-faults) $(BUILD)/tests/gpu/test_faults
+
+# Pinned host memory: cudaHostAlloc against registered (huge-page) memory, the backend's buffers.
+$(BUILD)/bench/bench_pinned: bench/bench_pinned.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(LDFLAGS) $(LDLIBS)
+bench-pinned: check-cuda $(BUILD)/bench/bench_pinned
+	$(BUILD)/bench/bench_pinned
 
 bench-gpu: check-cuda bin/quantd $(BUILD)/bench/bench_gpu $(BUILD)/bench/bench_service
 	BENCH_JSON=$(BUILD)/bench-gpu.json $(BUILD)/bench/bench_gpu

@@ -206,6 +206,8 @@ void qd_pipe_trace(const char *stage, int item, double t0, double t1, uint64_t b
     if (on < 0) {
         on = getenv("QUANTD_PIPE_TRACE") != NULL;
         origin = t0;
+        if (on) /* the origin on CLOCK_MONOTONIC: a caller's own clock places the process around it */
+            fprintf(stderr, "pipe-origin %.6f\n", origin);
     }
     pthread_mutex_unlock(&lock);
     if (on)

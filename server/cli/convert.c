@@ -274,7 +274,9 @@ int qd_cli_convert(int argc, char **argv)
     o.cancel = &stop_signal;
     struct qd_backend b;
     double t_init = qd_pipe_clock_s();
-    if (strcmp(backend_name, "cpu") && qd_backend_cuda_open(&b, devices, err, sizeof err) == 0) {
+    int gpu = strcmp(backend_name, "cpu") && qd_backend_cuda_open(&b, devices, err, sizeof err) == 0;
+    qd_pipe_trace("driver", -1, t_init, qd_pipe_clock_s(), 0);
+    if (gpu) {
         /* the GPU */
     } else if (!strcmp(backend_name, "cuda")) {
         fprintf(stderr, "quantd convert: --backend cuda: %s\n", err);
@@ -283,7 +285,9 @@ int qd_cli_convert(int argc, char **argv)
         qd_backend_cpu_open(&b, err, sizeof err);
     char name[32];
     o.backend = &b;
+    double t_worker = qd_pipe_clock_s();
     o.worker = b.worker_open(&b, 0, name, sizeof name, err, sizeof err);
+    qd_pipe_trace("worker", -1, t_worker, qd_pipe_clock_s(), 0);
     if (!o.worker) {
         fprintf(stderr, "quantd convert: %s\n", err);
         b.close(&b);

@@ -4,6 +4,7 @@ pipeline writes its output (WRITERS threads, each writing whole 16 MiB chunks wi
 their offsets, then one fsync), print the seconds, remove the file.
 
     python3 bench/write_bound.py OUT BYTES [--writers N] [--read IN [--readers N]]
+                                 [--prealloc truncate|fallocate]
 
 With --read, the copy bound: the same writes while READERS threads read all of IN (32 MiB
 chunks, as quantd's readers take its pieces into their buffers), the seconds until both end. It
@@ -54,9 +55,10 @@ def read_all(path, readers, errors):
     return threads, fd
 
 
-def measure(out, nbytes, writers, read=None, readers=None):
+def measure(out, nbytes, writers, read=None, readers=None, prealloc=None):
     """Seconds to write nbytes (whole chunks) to the new file out and fsync it (and, given read,
-    to read all of that file meanwhile); the file out removed."""
+    to read all of that file meanwhile); the file out removed. prealloc: "truncate" sizes the
+    file first (sparse, as quantd's pipeline does), "fallocate" reserves its blocks first."""
     buf = mmap.mmap(-1, CHUNK)  # page-aligned, as O_DIRECT needs
     buf.write(os.urandom(CHUNK))
     chunks = (nbytes + CHUNK - 1) // CHUNK
@@ -66,6 +68,10 @@ def measure(out, nbytes, writers, read=None, readers=None):
         fd = os.open(out, flags | os.O_DIRECT, 0o644)
     except OSError:
         fd = os.open(out, flags, 0o644)
+    if prealloc == "truncate":
+        os.ftruncate(fd, chunks * CHUNK)
+    elif prealloc == "fallocate":
+        os.posix_fallocate(fd, 0, chunks * CHUNK)
     errors = []
     reading, rfd = read_all(read, readers or default_readers(), errors) if read else ([], -1)
 
@@ -103,9 +109,12 @@ def main():
     ap.add_argument("--writers", type=int, default=default_writers())
     ap.add_argument("--read", metavar="IN", help="read all of IN meanwhile (the copy bound)")
     ap.add_argument("--readers", type=int, default=default_readers())
+    ap.add_argument("--prealloc", choices=["truncate", "fallocate"],
+                    help="size the new file first: sparse (truncate) or with its blocks reserved (fallocate)")
     a = ap.parse_args()
-    wall = measure(a.out, a.bytes, a.writers, a.read, a.readers)
+    wall = measure(a.out, a.bytes, a.writers, a.read, a.readers, a.prealloc)
     also = f", reading {os.path.getsize(a.read)} bytes with {a.readers} readers" if a.read else ""
+    also += f", {a.prealloc} first" if a.prealloc else ""
     print(f"{wall:.3f} s for {a.bytes} bytes, {a.writers} writers{also}: {a.bytes / wall / 1e9:.2f} GB/s written")
 
 

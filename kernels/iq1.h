@@ -69,6 +69,24 @@ QD_HD int qd_iq1_best_neighbour(const struct qd_iq_grid *g, int u, const float *
     return best;
 }
 
+/* The scale refitted over a sub-block of n (32 or 16) values to the grid points index of its
+ * n/8 tuples (tuple k's levels shifted by delta[k]), where any tuple was off the grid; else the
+ * scale as it was. */
+QD_HD float qd_iq1_refit(const struct qd_iq_grid *g, int n, const float *xb, const float *w, float scale,
+                         const float *delta, const uint16_t *index)
+{
+    float sumqx = 0.0f, sumq2 = 0.0f;
+    for (int k = 0; k < n / 8; k++) {
+        const uint32_t t = g->tuples[index[k]];
+        for (int j = 0; j < 8; j++) {
+            const float wj = w[8 * k + j], q = qd_iq1_value(qd_iq_level(t, 2, j), delta[k]);
+            sumqx += wj * q * xb[8 * k + j];
+            sumq2 += wj * q * q;
+        }
+    }
+    return sumqx > 0.0f && sumq2 > 0.0f ? sumqx / sumq2 : scale;
+}
+
 /* One sub-block of n (32 or 16) values after the exhaustive split search: the grid points of its
  * n/8 tuples (index), on-grid or the best neighbour at scale, and the scale refitted when any
  * was off the grid. Tuple k's levels are shifted by delta[k]. Returns the scale. */
@@ -85,20 +103,7 @@ QD_HD float qd_iq1_codes(const struct qd_iq_grid *g, int n, const float *xb, con
         }
         index[k] = (uint16_t)gi;
     }
-    if (!all_on_grid) {
-        float sumqx = 0.0f, sumq2 = 0.0f;
-        for (int k = 0; k < n / 8; k++) {
-            const uint32_t t = g->tuples[index[k]];
-            for (int j = 0; j < 8; j++) {
-                const float wj = w[8 * k + j], q = qd_iq1_value(qd_iq_level(t, 2, j), delta[k]);
-                sumqx += wj * q * xb[8 * k + j];
-                sumq2 += wj * q * q;
-            }
-        }
-        if (sumqx > 0.0f && sumq2 > 0.0f)
-            scale = sumqx / sumq2;
-    }
-    return scale;
+    return all_on_grid ? scale : qd_iq1_refit(g, n, xb, w, scale, delta, index);
 }
 
 /* What quantize_row_iq1_s_impl keeps of a super-block until d is known: each sub-block's high
@@ -196,6 +201,46 @@ QD_HD struct qd_iq1s_split qd_iq1s_split_search(const struct qd_iq1s_sub *s)
     return split;
 }
 
+/* The levels L of a sub-block (prepared in s) at the split, and its scale and shift made
+ * positive (ggml's flip of a negative scale); 0 where no split passed (the sub-block stays
+ * zero). */
+QD_HD int qd_iq1s_sub_levels(const struct qd_iq1s_sub *s, struct qd_iq1s_split split, int8_t *L, float *scale,
+                             int *shift)
+{
+    *scale = split.scale;
+    *shift = split.shift;
+    if (split.i1 < 0 || split.i2 < 0 || *shift == 0)
+        return 0;
+    for (int j = 0; j < 32; j++)
+        L[s->idx[j]] = (int8_t)(j < split.i1 ? 0 : j < split.i2 ? 1 : 2);
+    if (*scale < 0.0f) {
+        for (int j = 0; j < 32; j++)
+            L[j] = (int8_t)(2 - L[j]);
+        *scale = -*scale;
+        *shift = -*shift;
+    }
+    return 1;
+}
+
+/* The shift's delta: IQ1_DELTA up (shift 1), down (-1). */
+QD_HD float qd_iq1s_delta(int shift) { return shift == 1 ? QD_IQ1_DELTA : -QD_IQ1_DELTA; }
+
+/* Sub-block ib's grid points index, scale and shift into blk (its 4 low index bytes) and b (its
+ * high bits, scale, shift and b's largest scale). */
+QD_HD void qd_iq1s_sub_store(const uint16_t *index, float scale, int shift, int ib, struct qd_iq1s_block *b,
+                             uint8_t *blk)
+{
+    uint16_t h = 0;
+    for (int k = 0; k < 4; k++) {
+        blk[2 + 4 * ib + k] = (uint8_t)(index[k] & 255);
+        h |= (uint16_t)((index[k] >> 8) << 3 * k);
+    }
+    b->qh[ib] = h;
+    b->scales[ib] = scale;
+    b->shifts[ib] = (int8_t)shift;
+    b->max_scale = b->max_scale > scale ? b->max_scale : scale;
+}
+
 /* Sub-block ib (values xb, prepared in s) coded at the split: its 4 low index bytes into blk, its
  * high bits, scale and shift into b, b's largest scale updated; returns 1. A split where none
  * passed leaves the sub-block zero and returns 0. */
@@ -204,29 +249,13 @@ QD_HD int qd_iq1s_sub_put(const struct qd_iq_grid *g, const float *xb, const str
 {
     int8_t L[32];
     uint16_t index[4];
-    float scale = split.scale;
-    int best_shift = split.shift;
-    if (split.i1 < 0 || split.i2 < 0 || best_shift == 0)
+    float scale;
+    int shift;
+    if (!qd_iq1s_sub_levels(s, split, L, &scale, &shift))
         return 0;
-    for (int j = 0; j < 32; j++)
-        L[s->idx[j]] = (int8_t)(j < split.i1 ? 0 : j < split.i2 ? 1 : 2);
-    if (scale < 0.0f) {
-        for (int j = 0; j < 32; j++)
-            L[j] = (int8_t)(2 - L[j]);
-        scale = -scale;
-        best_shift = -best_shift;
-    }
-    const float delta = best_shift == 1 ? QD_IQ1_DELTA : -QD_IQ1_DELTA, deltas[4] = {delta, delta, delta, delta};
+    const float delta = qd_iq1s_delta(shift), deltas[4] = {delta, delta, delta, delta};
     scale = qd_iq1_codes(g, 32, xb, s->weight, L, scale, deltas, index);
-    uint16_t h = 0;
-    for (int k = 0; k < 4; k++) {
-        blk[2 + 4 * ib + k] = (uint8_t)(index[k] & 255);
-        h |= (uint16_t)((index[k] >> 8) << 3 * k);
-    }
-    b->qh[ib] = h;
-    b->scales[ib] = scale;
-    b->shifts[ib] = (int8_t)best_shift;
-    b->max_scale = b->max_scale > scale ? b->max_scale : scale;
+    qd_iq1s_sub_store(index, scale, shift, ib, b, blk);
     return 1;
 }
 

@@ -99,37 +99,12 @@ __global__ void __launch_bounds__(64) iq2_sub_quantize_kernel(const struct qd_iq
 #define IQ2_WAUX 32
 #define IQ2_XVAL 64
 
-/* A group's distances to IQ2 grid points (qd_iq2_best_neighbour's). A coordinate's term
- * w (s p - x)^2 has three values, p being 1, 3 or 5: enter makes the 24 with ggml's own
- * operations, and a candidate's distance adds its eight in ggml's order, picked by its levels
- * (one 16-bit load a candidate, the tables' codes, not its index and then its point). */
-struct iq2_point {
-    const uint16_t *codes, *base; /* the tables' codes and the lists they stand beside */
-    const uint16_t *at;           /* the entered list's codes */
-    float term[8][3];
-    __device__ __forceinline__ void enter(const uint16_t *list, const float *xv, const float *w, float s)
-    {
-        at = codes + (list - base);
-#pragma unroll
-        for (int d = 0; d < 8; d++)
-#pragma unroll
-            for (int l = 0; l < 3; l++) {
-                const float diff = s * (float)(2 * l + 1) - xv[d];
-                term[d][l] = w[d] * diff * diff;
-            }
-    }
-    __device__ __forceinline__ unsigned code(int j) const { return __ldg(at + j); }
-    __device__ __forceinline__ float d2(unsigned c) const
-    {
-        float d2 = 0.0f;
-#pragma unroll
-        for (int d = 0; d < 8; d++) {
-            const unsigned l = c >> 2 * d & 3u;
-            d2 += l & 2u ? term[d][2] : l & 1u ? term[d][1] : term[d][0];
-        }
-        return d2;
-    }
+/* A group's distances to IQ2 grid points (qd_iq2_best_neighbour's): a level l stands for
+ * 2 l + 1. */
+struct iq2_value {
+    static __device__ __forceinline__ float of(int l, float) { return (float)(2 * l + 1); }
 };
+typedef qd_warp_point8<iq2_value> iq2_point;
 
 /* Group k's levels at inverse scale id into L; its neighbour list where they are off the grid
  * and the lane is live, else NULL. */

@@ -1,12 +1,15 @@
 /* ggml's iq3_xxs, iq1_s and iq1_m on the GPU, with the CPU's super-block code
  * (kernels/iqgrid_quants.h, built without FMA contraction): a lane per 4-value group to quantize
  * iq3_xxs (iq3xxs_lanes.cuh), a thread per sub-block for iq1_s (weighted by the importance when
- * one is given), else one thread per 256-element super-block, for iq1_m's quantize and for
+ * one is given; its searches shared by the warp), else one thread per 256-element super-block,
+ * for iq1_m's quantize and for
  * dequantize,
  * over a device copy of the grid tables the host built (kernels/iqgrid.c), made per call in
  * stream order and freed after the kernels (about 1 MB for the IQ1 grid). */
 #include "../iqgrid_quants.h"
+#include "iq1s_regs.cuh"
 #include "iq3xxs_lanes.cuh"
+#include "iqwarp.cuh"
 #include "subblock.cuh"
 #include "tile.cuh"
 
@@ -29,43 +32,115 @@ __global__ void __launch_bounds__(IQG_THREADS) iqgrid_quantize_kernel(const void
     qd_iqgrid_quantize_block(TYPE, &g, v, qw, out + b * qd_iqgrid_block_bytes(TYPE));
 }
 
-/* iq1_s: a thread per 32-element sub-block (subblock.cuh), 8 super-blocks a CTA; the group's
- * lane 0 starts the block (sigma2, its bytes cleared) and ends it from the sub-blocks' scales,
- * high bits and shifts, in the CPU's order. */
+/* iq1_s: a thread per 32-element sub-block (subblock.cuh), 8 super-blocks a CTA. A thread's
+ * sort and split search run on its values in registers (iq1s_regs.cuh); the off-grid 8-tuples'
+ * neighbour searches are shared by the warp (iqwarp.cuh): with each lane searching its own
+ * tuples (two of its four off the grid, 93 candidates a list, on N(0, 0.02) weights with an
+ * importance), a warp waited each time for its longest lists. A lane's values and weights sit
+ * in its row of shared memory for the others to read, at an odd stride (the lanes' same entries
+ * in different banks); the group's super-block row (for sigma2, read before any of it is
+ * written) shares its lanes' space. The group's lane 0 starts the block (its bytes cleared) and
+ * ends it from the sub-blocks' scales, high bits and shifts, in the CPU's order. */
 #define IQG_SB 8
+#define IQ1_ROW 65
+#define IQ1_X 0
+#define IQ1_W 32
 
+/* a level l of an IQ1 point stands for l - 1 shifted by delta (qd_iq1_value) */
+struct iq1_value {
+    static __device__ __forceinline__ float of(int l, float delta) { return qd_iq1_value(l, delta); }
+};
+
+/* qd_iq_tuple over the IQ1 grid (8 levels of 2 bits), with constant shifts */
+__device__ __forceinline__ int iq1_tuple(const int8_t *L)
+{
+    int u = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        u |= L[i] << 2 * i;
+    return u;
+}
+
+/* (64, 8): at most 128 registers, 8 CTAs an SM (9 by shared memory); with 6 (168 registers)
+ * it took 2.07-2.13 ms at 4096^2 against 2.01 */
 template <int DT>
-__global__ void __launch_bounds__(8 * IQG_SB) iq1s_sub_quantize_kernel(const void *x, int64_t nblocks, int64_t cols,
-                                                                      const float *imp, int64_t mrows,
-                                                                      struct qd_iq_grid g, uint8_t *out,
-                                                                      unsigned long long *bad)
+__global__ void __launch_bounds__(8 * IQG_SB, 8) iq1s_warp_quantize_kernel(const void *x, int64_t nblocks, int64_t cols,
+                                                                          const float *imp, int64_t mrows,
+                                                                          struct qd_iq_grid g, uint8_t *out,
+                                                                          unsigned long long *bad)
 {
     constexpr int BYTES = QD_IQ1S_BYTES;
-    __shared__ float sx[IQG_SB][QD_QK_K + 1];
+    static_assert(8 * IQ1_ROW >= QD_QK_K, "a group's rows hold its super-block");
+    __shared__ float rows[8 * IQG_SB * IQ1_ROW];
+    __shared__ qd_warp_search<4> search[8 * IQG_SB / 32];
     __shared__ uint32_t sblk[IQG_SB][(BYTES + 3) / 4];
     __shared__ float sscale[IQG_SB][8];
     __shared__ uint32_t sword[IQG_SB][8]; /* the high bits */
     __shared__ int8_t sflag[IQG_SB][8], sshift[IQG_SB][8];
     const int gi = threadIdx.x / 8, ib = threadIdx.x % 8;
     const int64_t b = blockIdx.x * (int64_t)IQG_SB + gi, e0 = b * QD_QK_K;
-    if (b >= nblocks) /* (a whole group) */
-        return;
-    float xb[32];
-    qd_sub_load<DT, 8>(x, e0, ib, xb, sx[gi], bad);
+    const bool live = b < nblocks; /* a dead lane still joins its warp's searches */
+    float *row = rows + gi * 8 * IQ1_ROW, *own = rows + threadIdx.x * IQ1_ROW;
     const unsigned lanes = qd_sub_lanes<8>(gi);
-    __syncwarp(lanes);
-    const float *qwb = qd_sub_importance<8>(imp, mrows, cols, e0, ib);
     uint8_t *blk = (uint8_t *)sblk[gi];
-    struct qd_iq1s_block b1, own;
-    const float sigma2 = ib == 0 ? qd_iq1s_begin(sx[gi], blk, &b1) : qd_imx_block_sigma2(sx[gi], 2.0f);
-    __syncwarp(lanes);
-    qd_iq1s_block_init(&own); /* this sub-block's entries as qd_iq1s_begin leaves them */
-    struct qd_iq1s_sub sub;
-    const int coded = qd_iq1s_sub_sums(xb, qwb, sigma2, &sub) &&
-                      qd_iq1s_sub_put(&g, xb, &sub, qd_iq1s_split_search(&sub), ib, &own, blk);
-    sscale[gi][ib] = own.scales[ib];
-    sword[gi][ib] = own.qh[ib];
-    sshift[gi][ib] = own.shifts[ib];
+    struct qd_iq1s_block b1, mine;
+    int8_t L[32];
+    float scale = 0.0f;
+    int shift = 0, coded = 0;
+    const uint16_t *lists[4] = {NULL, NULL, NULL, NULL};
+    if (live) {
+        float xb[32], w[32];
+        qd_sub_load<DT, 8>(x, e0, ib, xb, row, bad);
+        __syncwarp(lanes);
+        const float sigma2 = ib == 0 ? qd_iq1s_begin(row, blk, &b1) : qd_imx_block_sigma2(row, 2.0f);
+        __syncwarp(lanes); /* every lane's sigma2 read the row before the rows are written */
+        const float *qw = qd_sub_importance<8>(imp, mrows, cols, e0, ib);
+        float max = qd_absf(xb[0]);
+#pragma unroll
+        for (int i = 0; i < 32; i++) { /* qd_iq1s_sub_sums */
+            w[i] = qw[i] * sqrtf(sigma2 + xb[i] * xb[i]);
+            own[IQ1_X + i] = xb[i];
+            own[IQ1_W + i] = w[i];
+            if (i > 0)
+                max = max > qd_absf(xb[i]) ? max : qd_absf(xb[i]);
+        }
+        if (max >= 1e-12f) {
+            uint32_t rk[8];
+            float srt[64], sumx[33], sumw[33];
+            iq1s_ranks(xb, w, rk, srt, sumx, sumw);
+            coded = iq1s_levels(rk, iq1s_split(sumx, sumw, max), L, &scale, &shift);
+        }
+        if (coded)
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int m = __ldg(&g.map[iq1_tuple(L + 8 * k)]);
+                lists[k] = m < 0 ? g.neighbours + (-m - 1) : NULL;
+            }
+    }
+    __syncwarp();
+    qd_warp_point8<iq1_value> point;
+    point.codes = g.codes;
+    point.base = g.neighbours;
+    int best[4];
+    const float delta = qd_iq1s_delta(shift);
+    qd_warp_neighbours<4, 8, IQ1_X, IQ1_W>(&search[threadIdx.x / 32], rows + (threadIdx.x & ~31) * IQ1_ROW, IQ1_ROW,
+                                           scale, lists, point, best, delta);
+    if (!live)
+        return;
+    qd_iq1s_block_init(&mine); /* this sub-block's entries as qd_iq1s_begin leaves them */
+    if (coded) { /* qd_iq1_codes with the warp's searches */
+        uint16_t index[4];
+        const float deltas[4] = {delta, delta, delta, delta};
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            index[k] = (uint16_t)(lists[k] ? best[k] : __ldg(&g.map[iq1_tuple(L + 8 * k)]));
+        if (lists[0] || lists[1] || lists[2] || lists[3])
+            scale = qd_iq1_refit(&g, 32, own + IQ1_X, own + IQ1_W, scale, deltas, index);
+        qd_iq1s_sub_store(index, scale, shift, ib, &mine, blk);
+    }
+    sscale[gi][ib] = mine.scales[ib];
+    sword[gi][ib] = mine.qh[ib];
+    sshift[gi][ib] = mine.shifts[ib];
     sflag[gi][ib] = (int8_t)coded;
     __syncwarp(lanes);
     if (ib == 0) {
@@ -102,16 +177,16 @@ __global__ void __launch_bounds__(IQG_THREADS) iqgrid_dequantize_kernel(const ui
     default: QD_SWITCH_UNKNOWN();                                                               \
     }
 
-/* The type's tables in new device memory *mem (map, point tuples, neighbour lists, their codes,
- * levels), pointed to by *d. */
-static enum qd_status upload_grid(int type, struct qd_iq_grid *d, uint8_t **mem)
+/* The type's tables in new device memory *mem (map, point tuples, neighbour lists, their codes
+ * where with_codes, levels), pointed to by *d. */
+static enum qd_status upload_grid(int type, bool with_codes, struct qd_iq_grid *d, uint8_t **mem)
 {
     const struct qd_iq_grid *h = qd_iqgrid_tables(type);
     if (!h)
         return QD_ENOMEM;
     enum { PARTS = 5 };
-    /* the lists' codes only where a kernel reads them (iq3_xxs's search; IQ1's are 0.66 MB) */
-    const size_t codes = type == QD_IQ3_XXS ? h->neighbours_len * sizeof(uint16_t) : 0;
+    /* the lists' codes only where a kernel reads them (IQ1's are 0.66 MB) */
+    const size_t codes = with_codes ? h->neighbours_len * sizeof(uint16_t) : 0;
     const size_t bytes[PARTS] = {(size_t)h->map_size * sizeof(int32_t), (size_t)h->n * sizeof(uint16_t),
                                  h->neighbours_len * sizeof(uint16_t), codes, (size_t)h->n * (size_t)h->dim};
     size_t at[PARTS], total = 0;
@@ -150,7 +225,7 @@ extern "C" enum qd_status qd_cuda_iqgrid_quantize(const struct qd_format *f, con
     struct qd_iq_grid g;
     unsigned long long *bad;
     enum qd_status s = qd_cuda_bad_begin(1, &bad);
-    if (s != QD_OK || (s = upload_grid(f->code, &g, &mem)) != QD_OK)
+    if (s != QD_OK || (s = upload_grid(f->code, f->code != QD_IQ1_M, &g, &mem)) != QD_OK)
         return s;
     if ((s = qd_cuda_importance(p, &imp)) != QD_OK) {
         cudaFreeAsync(mem, qd_stream());
@@ -160,7 +235,7 @@ extern "C" enum qd_status qd_cuda_iqgrid_quantize(const struct qd_format *f, con
         QD_DTYPE_SWITCH(in->dtype, DT, iq3xxs_lanes_kernel<DT><<<(unsigned)nblocks, IQ3L_LANES, 0, qd_stream()>>>(
                             in->data, in->cols, imp, mrows, g, (uint8_t *)out[0], bad));
     } else if (f->code == QD_IQ1_S) {
-        QD_DTYPE_SWITCH(in->dtype, DT, iq1s_sub_quantize_kernel<DT><<<qd_grid(nblocks, IQG_SB), 8 * IQG_SB, 0, qd_stream()>>>(
+        QD_DTYPE_SWITCH(in->dtype, DT, iq1s_warp_quantize_kernel<DT><<<qd_grid(nblocks, IQG_SB), 8 * IQG_SB, 0, qd_stream()>>>(
                             in->data, nblocks, in->cols, imp, mrows, g, (uint8_t *)out[0], bad));
     } else {
         QD_DTYPE_SWITCH(in->dtype, DT, iqgrid_quantize_kernel<DT, QD_IQ1_M><<<qd_grid(nblocks, IQG_THREADS), IQG_THREADS, 0, qd_stream()>>>(
@@ -180,7 +255,7 @@ extern "C" enum qd_status qd_cuda_iqgrid_dequantize(const struct qd_format *f, c
     const int64_t nblocks = qd_tensor_numel(out) / QD_QK_K;
     uint8_t *mem = NULL;
     struct qd_iq_grid g;
-    enum qd_status s = upload_grid(f->code, &g, &mem);
+    enum qd_status s = upload_grid(f->code, false, &g, &mem);
     if (s != QD_OK)
         return s;
     QD_DTYPE_SWITCH(out->dtype, DT, IQGRID_TYPE_SWITCH(f->code, TYPE,

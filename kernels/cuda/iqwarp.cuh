@@ -29,6 +29,7 @@ template <int G> struct qd_warp_search {
     int count[32 * G];               /* its candidates */
     const uint16_t *list[32 * G];    /* its list: the count, then grid indices */
     float scale[32];                 /* the owner lane's trial scale */
+    float aux[32];                   /* and what else its point's values take (iq1's shift) */
 };
 
 /* d2's bits in an order that unsigned comparison keeps (-0 as +0) */
@@ -41,13 +42,15 @@ __device__ __forceinline__ uint32_t qd_ordered_bits(float d2)
 /* Every lane of the warp calls this together. The lane's group k (of G, DIM values each)
  * searches list[k] (NULL: none) at the lane's scale; the lane's row of rows (stride floats a
  * lane, from the warp's first) holds its |x| at XOFF + DIM k and their weights' roots at
- * WOFF + DIM k. point.enter(list, xv, w, s) readies a group (|x|, roots, scale),
+ * WOFF + DIM k. point.enter(list, xv, w, s, aux) readies a group (|x|, roots, scale, the lane's
+ * aux),
  * point.code(j) loads its list's j-th candidate and point.d2(code) gives the distance to it,
  * ggml's sum in ggml's order. best[k] gets the grid index chosen (the first listed where no
  * distance counts, as quantd's CPU code does). */
 template <int G, int DIM, int XOFF, int WOFF, class POINT>
 __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const float *rows, int stride, float scale,
-                                                   const uint16_t *const *list, POINT &point, int *best)
+                                                   const uint16_t *const *list, POINT &point, int *best,
+                                                   float aux = 0.0f)
 {
     constexpr int T = QD_WARP_TASK;
     const int lane = threadIdx.x & 31;
@@ -83,6 +86,7 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
     if (lane == 31)
         sh->start[32 * G] = all;
     sh->scale[lane] = scale;
+    sh->aux[lane] = aux;
     __syncwarp();
     const int run = (all + 31) / 32, t0 = lane * run, t1 = min(all, t0 + run);
     int tk = 0;
@@ -101,7 +105,7 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
             tk++;
         const int owner = tk / G, k = tk % G, n = sh->count[tk], j0 = 1 + T * (t - sh->start[tk]);
         const float *row = rows + owner * stride;
-        point.enter(sh->list[tk], row + XOFF + DIM * k, row + WOFF + DIM * k, sh->scale[owner]);
+        point.enter(sh->list[tk], row + XOFF + DIM * k, row + WOFF + DIM * k, sh->scale[owner], sh->aux[owner]);
         unsigned code[T];
 #pragma unroll
         for (int q = 0; q < T; q++)
@@ -128,5 +132,38 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
         }
     __syncwarp(); /* read before the next call writes */
 }
+
+/* A point of 8 coordinates, each a level 0..2 of a 16-bit code (2 bits a level: the grid
+ * tables' codes beside each list) standing for the value VALUE::of(l, aux). A coordinate's term
+ * w (s v - x)^2 takes three values: enter makes the 24 with ggml's own operations, and a
+ * candidate's distance adds its eight in ggml's order, picked by its levels (one 16-bit load a
+ * candidate, not its index and then its point). */
+template <class VALUE> struct qd_warp_point8 {
+    const uint16_t *codes, *base; /* the tables' codes and the lists they stand beside */
+    const uint16_t *at;           /* the entered list's codes */
+    float term[8][3];
+    __device__ __forceinline__ void enter(const uint16_t *list, const float *xv, const float *w, float s, float aux)
+    {
+        at = codes + (list - base);
+#pragma unroll
+        for (int d = 0; d < 8; d++)
+#pragma unroll
+            for (int l = 0; l < 3; l++) {
+                const float diff = s * VALUE::of(l, aux) - xv[d];
+                term[d][l] = w[d] * diff * diff;
+            }
+    }
+    __device__ __forceinline__ unsigned code(int j) const { return __ldg(at + j); }
+    __device__ __forceinline__ float d2(unsigned c) const
+    {
+        float d2 = 0.0f;
+#pragma unroll
+        for (int d = 0; d < 8; d++) {
+            const unsigned l = c >> 2 * d & 3u;
+            d2 += l & 2u ? term[d][2] : l & 1u ? term[d][1] : term[d][0];
+        }
+        return d2;
+    }
+};
 
 #endif

@@ -1,0 +1,130 @@
+/* iq1_s's sub-block before its neighbour searches, a thread's 32 values in registers: the CPU's
+ * pieces (kernels/iq1.h: qd_iq1s_sub_sums, qd_iq1s_split_search, qd_iq1s_sub_levels) with the
+ * same operations in the same order, but nothing indexed by data. The CPU sorts the values
+ * and walks its prefix sums by the split's ends; on the GPU those arrays lived on the stack
+ * (784 bytes a thread), and the kernel waited on local memory: Nsight Compute put 61 % of its
+ * cycles between instructions on L1TEX waits, with 4.5 warps a scheduler. Here each value's
+ * rank stands in for the sort, the prefix sums sit in registers, and the split search jumps
+ * into a chain of its 33 second ends unrolled (a switch falling through), so that every sum
+ * it reads has a constant index. */
+#ifndef QD_CUDA_IQ1S_REGS_CUH
+#define QD_CUDA_IQ1S_REGS_CUH
+
+#include "../iq1.h"
+
+/* Each value's rank in qd_iq1_sort's order (ascending, equal values by index), 4 to a word of
+ * rk, and the prefix sums of w x and of w in that order into sumx, sumw (33 each). The sorted
+ * terms pass through srt (64 floats of the thread's own): a store at each rank, then loads in
+ * order. */
+__device__ __forceinline__ void iq1s_ranks(const float *x, const float *w, uint32_t *rk, float *srt, float *sumx,
+                                           float *sumw)
+{
+#pragma unroll
+    for (int q = 0; q < 8; q++)
+        rk[q] = 0;
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        int r = 0;
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            if (j != i)
+                r += j < i ? x[j] <= x[i] : x[j] < x[i];
+        rk[i / 4] |= (uint32_t)r << 8 * (i % 4);
+        srt[r] = w[i] * x[i];
+        srt[32 + r] = w[i];
+    }
+    sumx[0] = sumw[0] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        sumx[j + 1] = sumx[j] + srt[j];
+        sumw[j + 1] = sumw[j] + srt[32 + j];
+    }
+}
+
+/* value i's rank */
+__device__ __forceinline__ int iq1s_rank(const uint32_t *rk, int i) { return (int)(rk[i / 4] >> 8 * (i % 4) & 255u); }
+
+/* One split of qd_iq1s_split_search: levels -1, 0, 1 from the sorted positions i1 and i2 on,
+ * for either shift, tried against the best so far (s: score, scale, i1, i2, shift). ax and aw
+ * are the first level's terms of each shift, made once an i1. */
+__device__ __forceinline__ void iq1s_try(const float *ax, const float *aw, float sx1, float sw1, float sx2, float sw2,
+                                         float sx32, float sw32, int i1, int i2, struct qd_iq1s_split *s, float *score)
+{
+    const float bx = sx2 - sx1, bw = sw2 - sw1, cx = sx32 - sx2, cw = sw32 - sw2;
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+        const float v1 = m ? -QD_IQ1_DELTA : QD_IQ1_DELTA, v2 = m ? 1.0f - QD_IQ1_DELTA : 1.0f + QD_IQ1_DELTA;
+        const float sumqx = ax[m] + bx * v1 + cx * v2;
+        const float sumq2 = aw[m] + bw * v1 * v1 + cw * v2 * v2;
+        if (sumq2 > 0.0f && sumqx * sumqx > *score * sumq2) {
+            s->scale = sumqx / sumq2;
+            *score = s->scale * sumqx;
+            s->i1 = i1;
+            s->i2 = i2;
+            s->shift = m ? -1 : 1;
+        }
+    }
+}
+
+#define IQ1S_ENDS(X)                                                                                                   \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19)      \
+        X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) X(28) X(29) X(30) X(31) X(32)
+
+/* qd_iq1s_split_search over the prefix sums sumx, sumw (registers) of a sub-block whose largest
+ * |x| is max: the best score's split (the first of equals, in ggml's loop order). */
+__device__ __forceinline__ struct qd_iq1s_split iq1s_split(const float *sumx, const float *sumw, float max)
+{
+    struct qd_iq1s_split s = {-1, -1, 0, max};
+    float score = -QD_IQ_FLT_MAX;
+#pragma unroll 1
+    for (int i1 = 0; i1 <= 32; i1++) {
+        float sx1 = 0.0f, sw1 = 0.0f;
+        switch (i1) { /* the sums at i1, by a jump */
+#define IQ1S_AT(k)                                                                                                     \
+    case k:                                                                                                            \
+        sx1 = sumx[k];                                                                                                 \
+        sw1 = sumw[k];                                                                                                 \
+        break;
+            IQ1S_ENDS(IQ1S_AT)
+#undef IQ1S_AT
+        }
+        const float ax[2] = {(sx1 - sumx[0]) * (-1.0f + QD_IQ1_DELTA), (sx1 - sumx[0]) * (-1.0f - QD_IQ1_DELTA)};
+        const float aw[2] = {(sw1 - sumw[0]) * (-1.0f + QD_IQ1_DELTA) * (-1.0f + QD_IQ1_DELTA),
+                             (sw1 - sumw[0]) * (-1.0f - QD_IQ1_DELTA) * (-1.0f - QD_IQ1_DELTA)};
+        switch (i1) { /* i2 from i1 to 32: enter the chain at i1 and fall through */
+#define IQ1S_FROM(k)                                                                                                   \
+    case k:                                                                                                            \
+        iq1s_try(ax, aw, sx1, sw1, sumx[k], sumw[k], sumx[32], sumw[32], i1, k, &s, &score);                           \
+        [[fallthrough]];
+            IQ1S_ENDS(IQ1S_FROM)
+#undef IQ1S_FROM
+        default:
+            break;
+        }
+    }
+    return s;
+}
+
+/* qd_iq1s_sub_levels from the ranks: the 32 levels L, the scale and shift made positive; 0 where
+ * no split passed. */
+__device__ __forceinline__ int iq1s_levels(const uint32_t *rk, struct qd_iq1s_split s, int8_t *L, float *scale,
+                                           int *shift)
+{
+    *scale = s.scale;
+    *shift = s.shift;
+    if (s.i1 < 0 || s.i2 < 0 || s.shift == 0)
+        return 0;
+    const bool flip = s.scale < 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        const int r = iq1s_rank(rk, i), l = r < s.i1 ? 0 : r < s.i2 ? 1 : 2;
+        L[i] = (int8_t)(flip ? 2 - l : l);
+    }
+    if (flip) {
+        *scale = -*scale;
+        *shift = -*shift;
+    }
+    return 1;
+}
+
+#endif

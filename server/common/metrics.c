@@ -82,6 +82,8 @@ void qd_metrics_request(enum qd_route r, const struct qd_format *f, int status, 
     observe(&request_hist[r], request_buckets, NREQ_B, seconds);
 }
 
+unsigned long long qd_metrics_bytes_received(void) { return atomic_load(&bytes_in_total); }
+
 void qd_metrics_kernel(const struct qd_format *f, double seconds)
 {
     observe(&kernel_hist[fmt_slot(f)], kernel_buckets, NKER_B, seconds);

@@ -17,6 +17,8 @@ const char *qd_route_name(enum qd_route r);
 /* One finished HTTP request; f may be NULL. */
 void qd_metrics_request(enum qd_route r, const struct qd_format *f, int status, double seconds,
                         size_t bytes_in, size_t bytes_out);
+/* The request bodies' bytes received so far (quantd_received_bytes_total). */
+unsigned long long qd_metrics_bytes_received(void);
 /* Backend time of one job. */
 void qd_metrics_kernel(const struct qd_format *f, double seconds);
 /* One job run by a worker of `device` (its name: "cpu", "cuda:N") for `seconds`. */

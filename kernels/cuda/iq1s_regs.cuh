@@ -6,7 +6,8 @@
  * cycles between instructions on L1TEX waits, with 4.5 warps a scheduler. Here each value's
  * rank stands in for the sort, the prefix sums sit in registers, and the split search jumps
  * into a chain of its 33 second ends unrolled (a switch falling through), so that every sum
- * it reads has a constant index. */
+ * it reads has a constant index. Written in the C that nvcc and a C compiler share, so that
+ * tests/kernels/test_iq1s_regs.c checks it against the CPU's pieces without a GPU. */
 #ifndef QD_CUDA_IQ1S_REGS_CUH
 #define QD_CUDA_IQ1S_REGS_CUH
 
@@ -95,7 +96,7 @@ __device__ __forceinline__ struct qd_iq1s_split iq1s_split(const float *sumx, co
 #define IQ1S_FROM(k)                                                                                                   \
     case k:                                                                                                            \
         iq1s_try(ax, aw, sx1, sw1, sumx[k], sumw[k], sumx[32], sumw[32], i1, k, &s, &score);                           \
-        [[fallthrough]];
+        __attribute__((fallthrough));
             IQ1S_ENDS(IQ1S_FROM)
 #undef IQ1S_FROM
         default:
@@ -114,7 +115,7 @@ __device__ __forceinline__ int iq1s_levels(const uint32_t *rk, struct qd_iq1s_sp
     *shift = s.shift;
     if (s.i1 < 0 || s.i2 < 0 || s.shift == 0)
         return 0;
-    const bool flip = s.scale < 0.0f;
+    const int flip = s.scale < 0.0f;
 #pragma unroll
     for (int i = 0; i < 32; i++) {
         const int r = iq1s_rank(rk, i), l = r < s.i1 ? 0 : r < s.i2 ? 1 : 2;

@@ -150,17 +150,27 @@ QD_HD float qd_iq1s_begin(const float *x, uint8_t *blk, struct qd_iq1s_block *b)
     return qd_imx_block_sigma2(x, 2.0f);
 }
 
+/* GROUP_MAX_EPS_IQ1_S: a sub-block whose largest |x| is below it stays zero */
+#define QD_IQ1S_ZERO 1e-12f
+
+/* A sub-block's weights (importance qwb at sigma2) into weight; returns its largest |x|. */
+QD_HD float qd_iq1s_sub_weights(const float *xb, const float *qwb, float sigma2, float *weight)
+{
+    for (int i = 0; i < 32; i++)
+        weight[i] = qwb[i] * sqrtf(sigma2 + xb[i] * xb[i]);
+    float max = qd_absf(xb[0]);
+    for (int i = 1; i < 32; i++)
+        max = max > qd_absf(xb[i]) ? max : qd_absf(xb[i]);
+    return max;
+}
+
 /* Sub-block xb (importance qwb) at sigma2 into s; 0 where its largest |x| is below
  * GROUP_MAX_EPS_IQ1_S, and the sub-block stays zero (s then holds only the weights and max). */
 QD_HD int qd_iq1s_sub_sums(const float *xb, const float *qwb, float sigma2, struct qd_iq1s_sub *s)
 {
-    for (int i = 0; i < 32; i++)
-        s->weight[i] = qwb[i] * sqrtf(sigma2 + xb[i] * xb[i]);
-    float max = qd_absf(xb[0]);
-    for (int i = 1; i < 32; i++)
-        max = max > qd_absf(xb[i]) ? max : qd_absf(xb[i]);
+    const float max = qd_iq1s_sub_weights(xb, qwb, sigma2, s->weight);
     s->max = max;
-    if (max < 1e-12f)
+    if (max < QD_IQ1S_ZERO)
         return 0;
     qd_iq1_sort(xb, 32, s->idx);
     s->sumx[0] = s->sumw[0] = 0.0f;

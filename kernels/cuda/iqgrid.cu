@@ -2,10 +2,9 @@
  * (kernels/iqgrid_quants.h, built without FMA contraction): a lane per 4-value group to quantize
  * iq3_xxs (iq3xxs_lanes.cuh), a thread per sub-block for iq1_s (weighted by the importance when
  * one is given; its searches shared by the warp), else one thread per 256-element super-block,
- * for iq1_m's quantize and for
- * dequantize,
- * over a device copy of the grid tables the host built (kernels/iqgrid.c), made per call in
- * stream order and freed after the kernels (about 1 MB for the IQ1 grid). */
+ * for iq1_m's quantize and for dequantize, over a device copy of the grid tables the host built
+ * (kernels/iqgrid.c), made per call in stream order and freed after the kernels (about 1 MB for
+ * the IQ1 grid). */
 #include "../iqgrid_quants.h"
 #include "iq1s_regs.cuh"
 #include "iq3xxs_lanes.cuh"
@@ -88,23 +87,20 @@ __global__ void __launch_bounds__(8 * IQG_SB, 8) iq1s_warp_quantize_kernel(const
     float scale = 0.0f;
     int shift = 0, coded = 0;
     const uint16_t *lists[4] = {NULL, NULL, NULL, NULL};
+    int grid[4]; /* each tuple's map entry: its grid index, or its list */
     if (live) {
         float xb[32], w[32];
         qd_sub_load<DT, 8>(x, e0, ib, xb, row, bad);
         __syncwarp(lanes);
         const float sigma2 = ib == 0 ? qd_iq1s_begin(row, blk, &b1) : qd_imx_block_sigma2(row, 2.0f);
         __syncwarp(lanes); /* every lane's sigma2 read the row before the rows are written */
-        const float *qw = qd_sub_importance<8>(imp, mrows, cols, e0, ib);
-        float max = qd_absf(xb[0]);
+        const float max = qd_iq1s_sub_weights(xb, qd_sub_importance<8>(imp, mrows, cols, e0, ib), sigma2, w);
 #pragma unroll
-        for (int i = 0; i < 32; i++) { /* qd_iq1s_sub_sums */
-            w[i] = qw[i] * sqrtf(sigma2 + xb[i] * xb[i]);
+        for (int i = 0; i < 32; i++) {
             own[IQ1_X + i] = xb[i];
             own[IQ1_W + i] = w[i];
-            if (i > 0)
-                max = max > qd_absf(xb[i]) ? max : qd_absf(xb[i]);
         }
-        if (max >= 1e-12f) {
+        if (max >= QD_IQ1S_ZERO) {
             uint32_t rk[8];
             float srt[64], sumx[33], sumw[33];
             iq1s_ranks(xb, w, rk, srt, sumx, sumw);
@@ -113,8 +109,8 @@ __global__ void __launch_bounds__(8 * IQG_SB, 8) iq1s_warp_quantize_kernel(const
         if (coded)
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const int m = __ldg(&g.map[iq1_tuple(L + 8 * k)]);
-                lists[k] = m < 0 ? g.neighbours + (-m - 1) : NULL;
+                grid[k] = __ldg(&g.map[iq1_tuple(L + 8 * k)]);
+                lists[k] = grid[k] < 0 ? g.neighbours + (-grid[k] - 1) : NULL;
             }
     }
     __syncwarp();
@@ -133,7 +129,7 @@ __global__ void __launch_bounds__(8 * IQG_SB, 8) iq1s_warp_quantize_kernel(const
         const float deltas[4] = {delta, delta, delta, delta};
 #pragma unroll
         for (int k = 0; k < 4; k++)
-            index[k] = (uint16_t)(lists[k] ? best[k] : __ldg(&g.map[iq1_tuple(L + 8 * k)]));
+            index[k] = (uint16_t)(lists[k] ? best[k] : grid[k]);
         if (lists[0] || lists[1] || lists[2] || lists[3])
             scale = qd_iq1_refit(&g, 32, own + IQ1_X, own + IQ1_W, scale, deltas, index);
         qd_iq1s_sub_store(index, scale, shift, ib, &mine, blk);

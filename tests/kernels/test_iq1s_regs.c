@@ -53,14 +53,10 @@ static int check(const float *x, const float *qw, float sigma2)
     int shift_c = 0, shift_g = 0;
     const int coded_c = qd_iq1s_sub_sums(x, qw, sigma2, &s) && qd_iq1s_sub_levels(&s, qd_iq1s_split_search(&s), Lc,
                                                                                   &scale_c, &shift_c);
-    float w[32], max = qd_absf(x[0]);
-    for (int i = 0; i < 32; i++) { /* the kernel's own loop */
-        w[i] = qw[i] * sqrtf(sigma2 + x[i] * x[i]);
-        if (i > 0)
-            max = max > qd_absf(x[i]) ? max : qd_absf(x[i]);
-    }
+    float w[32];
+    const float max = qd_iq1s_sub_weights(x, qw, sigma2, w);
     int coded_g = 0;
-    if (max >= 1e-12f) {
+    if (max >= QD_IQ1S_ZERO) {
         uint32_t rk[8];
         float srt[64], sumx[33], sumw[33];
         iq1s_ranks(x, w, rk, srt, sumx, sumw);

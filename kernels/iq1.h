@@ -182,32 +182,52 @@ QD_HD int qd_iq1s_sub_sums(const float *xb, const float *qwb, float sigma2, stru
     return 1;
 }
 
+/* One split of qd_iq1s_split_search: levels -1, 0, 1 from the sorted positions i1 and i2 on,
+ * for either shift (the shifted levels as values: the GPU kept a selected array of ggml's x_p,
+ * x_m in local memory), tried against the best so far (s, its score). sx1, sw1 and sx2, sw2 are
+ * the prefix sums at i1 and i2, sx32, sw32 the totals; ax and aw the first level's terms of each
+ * shift, made once an i1 (qd_iq1s_first_terms). */
+QD_HD void qd_iq1s_try(const float *ax, const float *aw, float sx1, float sw1, float sx2, float sw2, float sx32,
+                       float sw32, int i1, int i2, struct qd_iq1s_split *s, float *score)
+{
+    const float bx = sx2 - sx1, bw = sw2 - sw1, cx = sx32 - sx2, cw = sw32 - sw2;
+    for (int m = 0; m < 2; m++) {
+        const float v1 = m ? -QD_IQ1_DELTA : QD_IQ1_DELTA, v2 = m ? 1.0f - QD_IQ1_DELTA : 1.0f + QD_IQ1_DELTA;
+        const float sumqx = ax[m] + bx * v1 + cx * v2;
+        const float sumq2 = aw[m] + bw * v1 * v1 + cw * v2 * v2;
+        if (sumq2 > 0.0f && sumqx * sumqx > *score * sumq2) {
+            s->scale = sumqx / sumq2;
+            *score = s->scale * sumqx;
+            s->i1 = i1;
+            s->i2 = i2;
+            s->shift = m ? -1 : 1;
+        }
+    }
+}
+
+/* The first level's terms of either shift for a split at i1 (prefix sums sx1, sw1 there; sx0,
+ * sw0 at 0) into ax, aw. */
+QD_HD void qd_iq1s_first_terms(float sx1, float sw1, float sx0, float sw0, float *ax, float *aw)
+{
+    ax[0] = (sx1 - sx0) * (-1.0f + QD_IQ1_DELTA);
+    ax[1] = (sx1 - sx0) * (-1.0f - QD_IQ1_DELTA);
+    aw[0] = (sw1 - sw0) * (-1.0f + QD_IQ1_DELTA) * (-1.0f + QD_IQ1_DELTA);
+    aw[1] = (sw1 - sw0) * (-1.0f - QD_IQ1_DELTA) * (-1.0f - QD_IQ1_DELTA);
+}
+
 /* Every split of the sorted values into -1, 0, 1, for either shift: the best score's (the first
  * of equals, in ggml's loop order). */
 QD_HD struct qd_iq1s_split qd_iq1s_split_search(const struct qd_iq1s_sub *s)
 {
     const float *sumx = s->sumx, *sumw = s->sumw;
-    float best_score = -QD_IQ_FLT_MAX, scale = s->max;
-    int besti1 = -1, besti2 = -1, best_shift = 0;
-    for (int i1 = 0; i1 <= 32; i1++)
+    struct qd_iq1s_split split = {-1, -1, 0, s->max};
+    float score = -QD_IQ_FLT_MAX;
+    for (int i1 = 0; i1 <= 32; i1++) {
+        float ax[2], aw[2];
+        qd_iq1s_first_terms(sumx[i1], sumw[i1], sumx[0], sumw[0], ax, aw);
         for (int i2 = i1; i2 <= 32; i2++)
-            for (int m = 0; m < 2; m++) {
-                /* the shifted levels (ggml's x_p, or x_m), as values: the GPU kept a selected array
-                 * of them in local memory */
-                const float v0 = m ? -1.0f - QD_IQ1_DELTA : -1.0f + QD_IQ1_DELTA, v1 = m ? -QD_IQ1_DELTA : QD_IQ1_DELTA,
-                            v2 = m ? 1.0f - QD_IQ1_DELTA : 1.0f + QD_IQ1_DELTA;
-                const float sumqx = (sumx[i1] - sumx[0]) * v0 + (sumx[i2] - sumx[i1]) * v1 + (sumx[32] - sumx[i2]) * v2;
-                const float sumq2 = (sumw[i1] - sumw[0]) * v0 * v0 + (sumw[i2] - sumw[i1]) * v1 * v1 +
-                                    (sumw[32] - sumw[i2]) * v2 * v2;
-                if (sumq2 > 0.0f && sumqx * sumqx > best_score * sumq2) {
-                    scale = sumqx / sumq2;
-                    best_score = scale * sumqx;
-                    besti1 = i1;
-                    besti2 = i2;
-                    best_shift = m ? -1 : 1;
-                }
-            }
-    const struct qd_iq1s_split split = {besti1, besti2, best_shift, scale};
+            qd_iq1s_try(ax, aw, sumx[i1], sumw[i1], sumx[i2], sumw[i2], sumx[32], sumw[32], i1, i2, &split, &score);
+    }
     return split;
 }
 

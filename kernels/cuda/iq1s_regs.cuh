@@ -6,7 +6,7 @@
  * cycles between instructions on L1TEX waits, with 4.5 warps a scheduler. Here each value's
  * rank stands in for the sort, the prefix sums sit in registers, and the split search jumps
  * into a chain of its 33 second ends unrolled (a switch falling through), so that every sum
- * it reads has a constant index. Written in the C that nvcc and a C compiler share, so that
+ * it reads has a constant index; each split is the CPU's own step (qd_iq1s_try). Written in the C that nvcc and a C compiler share, so that
  * tests/kernels/test_iq1s_regs.c checks it against the CPU's pieces without a GPU. */
 #ifndef QD_CUDA_IQ1S_REGS_CUH
 #define QD_CUDA_IQ1S_REGS_CUH
@@ -45,28 +45,6 @@ __device__ __forceinline__ void iq1s_ranks(const float *x, const float *w, uint3
 /* value i's rank */
 __device__ __forceinline__ int iq1s_rank(const uint32_t *rk, int i) { return (int)(rk[i / 4] >> 8 * (i % 4) & 255u); }
 
-/* One split of qd_iq1s_split_search: levels -1, 0, 1 from the sorted positions i1 and i2 on,
- * for either shift, tried against the best so far (s: score, scale, i1, i2, shift). ax and aw
- * are the first level's terms of each shift, made once an i1. */
-__device__ __forceinline__ void iq1s_try(const float *ax, const float *aw, float sx1, float sw1, float sx2, float sw2,
-                                         float sx32, float sw32, int i1, int i2, struct qd_iq1s_split *s, float *score)
-{
-    const float bx = sx2 - sx1, bw = sw2 - sw1, cx = sx32 - sx2, cw = sw32 - sw2;
-#pragma unroll
-    for (int m = 0; m < 2; m++) {
-        const float v1 = m ? -QD_IQ1_DELTA : QD_IQ1_DELTA, v2 = m ? 1.0f - QD_IQ1_DELTA : 1.0f + QD_IQ1_DELTA;
-        const float sumqx = ax[m] + bx * v1 + cx * v2;
-        const float sumq2 = aw[m] + bw * v1 * v1 + cw * v2 * v2;
-        if (sumq2 > 0.0f && sumqx * sumqx > *score * sumq2) {
-            s->scale = sumqx / sumq2;
-            *score = s->scale * sumqx;
-            s->i1 = i1;
-            s->i2 = i2;
-            s->shift = m ? -1 : 1;
-        }
-    }
-}
-
 #define IQ1S_ENDS(X)                                                                                                   \
     X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19)      \
         X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) X(28) X(29) X(30) X(31) X(32)
@@ -89,13 +67,12 @@ __device__ __forceinline__ struct qd_iq1s_split iq1s_split(const float *sumx, co
             IQ1S_ENDS(IQ1S_AT)
 #undef IQ1S_AT
         }
-        const float ax[2] = {(sx1 - sumx[0]) * (-1.0f + QD_IQ1_DELTA), (sx1 - sumx[0]) * (-1.0f - QD_IQ1_DELTA)};
-        const float aw[2] = {(sw1 - sumw[0]) * (-1.0f + QD_IQ1_DELTA) * (-1.0f + QD_IQ1_DELTA),
-                             (sw1 - sumw[0]) * (-1.0f - QD_IQ1_DELTA) * (-1.0f - QD_IQ1_DELTA)};
+        float ax[2], aw[2];
+        qd_iq1s_first_terms(sx1, sw1, sumx[0], sumw[0], ax, aw);
         switch (i1) { /* i2 from i1 to 32: enter the chain at i1 and fall through */
 #define IQ1S_FROM(k)                                                                                                   \
     case k:                                                                                                            \
-        iq1s_try(ax, aw, sx1, sw1, sumx[k], sumw[k], sumx[32], sumw[32], i1, k, &s, &score);                           \
+        qd_iq1s_try(ax, aw, sx1, sw1, sumx[k], sumw[k], sumx[32], sumw[32], i1, k, &s, &score);                        \
         __attribute__((fallthrough));
             IQ1S_ENDS(IQ1S_FROM)
 #undef IQ1S_FROM

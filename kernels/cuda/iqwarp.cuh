@@ -43,9 +43,10 @@ __device__ __forceinline__ uint32_t qd_ordered_bits(float d2)
  * searches list[k] (NULL: none) at the lane's scale; the lane's row of rows (stride floats a
  * lane, from the warp's first) holds its values at XOFF + DIM k and their weights at WOFF +
  * DIM k (iq2_xxs: |x| and the weights' roots; iq1_s: x and the weights). point.enter(list, xv,
- * w, s, aux) readies a group (values, weights, scale, the lane's aux), point.code(j) loads its list's j-th candidate and point.d2(code) gives the distance to it,
- * ggml's sum in ggml's order. best[k] gets the grid index chosen (the first listed where no
- * distance counts, as quantd's CPU code does). */
+ * w, s, aux) readies a group (values, weights, scale, the lane's aux), point.code(j) loads its
+ * list's j-th candidate and point.d2(code) gives the distance to it, ggml's sum in ggml's order.
+ * best[k] gets the grid index chosen (the first listed where no distance counts, as quantd's CPU
+ * code does). */
 template <int G, int DIM, int XOFF, int WOFF, class POINT>
 __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const float *rows, int stride, float scale,
                                                    const uint16_t *const *list, POINT &point, int *best,

@@ -29,9 +29,9 @@
  * reused as it is, so trimming waits for a quiet moment rather than faulting pages in again on
  * the next request. Once per quiet spell: a trim is due where a request body arrived since the
  * last one, or the heap's figures changed (the trimmed chunks stay free in the arenas, so the
- * free bytes alone would call for a trim every second). The figures alone missed bursts whose
- * requests, each freed again, left the live bytes and the arenas' size as they were at a trim
- * in a pause within the burst: their pages stayed resident (test_memory failed 2 runs of 9). */
+ * free bytes alone would call for a trim every second). The figures alone are not enough: a
+ * burst whose requests were each freed again can leave the live bytes and the arenas' size as
+ * they were at a trim in a pause within it, and its pages would stay resident. */
 static void trim_when_idle(void)
 {
     static size_t trimmed_at[2];

@@ -22,12 +22,15 @@
 /* candidates a task: a group's list is cut into tasks of this many (its last one shorter) */
 #define QD_WARP_TASK 4
 
-/* A warp's shared state for G groups a lane. */
+/* A warp's shared state for G groups a lane. A list is kept as its offset in the tables' lists
+ * and its count in 16 bits (not a pointer and an int): iq2_xxs's six CTAs an SM then take under
+ * 196 KB of shared memory (31.8 KB each, was 33.3) and the driver leaves L1 the rest, 2 % faster
+ * at 4096^2 (with the carveout forced to the largest, the old speed; docs/BENCHMARKS.md). */
 template <int G> struct qd_warp_search {
     unsigned long long best[32 * G]; /* (ordered distance << 32) | position, the least */
     int start[32 * G + 1];           /* each group's first task in the deal */
-    int count[32 * G];               /* its candidates */
-    const uint16_t *list[32 * G];    /* its list: the count, then grid indices */
+    uint16_t count[32 * G];          /* its candidates */
+    uint32_t list[32 * G];           /* its list (the count, then grid indices): at point.base + this */
     float scale[32];                 /* the owner lane's trial scale */
     float aux[32];                   /* and what else its point's values take (iq1's shift) */
 };
@@ -44,7 +47,8 @@ __device__ __forceinline__ uint32_t qd_ordered_bits(float d2)
  * lane, from the warp's first) holds its values at XOFF + DIM k and their weights at WOFF +
  * DIM k (iq2_xxs: |x| and the weights' roots; iq1_s: x and the weights). point.enter(list, xv,
  * w, s, aux) readies a group (values, weights, scale, the lane's aux), point.code(j) loads its
- * list's j-th candidate and point.d2(code) gives the distance to it, ggml's sum in ggml's order.
+ * list's j-th candidate and point.d2(code) gives the distance to it, ggml's sum in ggml's order;
+ * every list lies in the table at point.base.
  * best[k] gets the grid index chosen (the first listed where no distance counts, as quantd's CPU
  * code does). */
 template <int G, int DIM, int XOFF, int WOFF, class POINT>
@@ -79,8 +83,8 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
 #pragma unroll
     for (int k = 0; k < G; k++) {
         sh->start[G * lane + k] += incl - total;
-        sh->count[G * lane + k] = count[k];
-        sh->list[G * lane + k] = list[k];
+        sh->count[G * lane + k] = (uint16_t)count[k];
+        sh->list[G * lane + k] = list[k] ? (uint32_t)(list[k] - point.base) : 0u;
         sh->best[G * lane + k] = ~0ull;
     }
     if (lane == 31)
@@ -105,7 +109,7 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
             tk++;
         const int owner = tk / G, k = tk % G, n = sh->count[tk], j0 = 1 + T * (t - sh->start[tk]);
         const float *row = rows + owner * stride;
-        point.enter(sh->list[tk], row + XOFF + DIM * k, row + WOFF + DIM * k, sh->scale[owner], sh->aux[owner]);
+        point.enter(point.base + sh->list[tk], row + XOFF + DIM * k, row + WOFF + DIM * k, sh->scale[owner], sh->aux[owner]);
         unsigned code[T];
 #pragma unroll
         for (int q = 0; q < T; q++)

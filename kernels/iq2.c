@@ -221,7 +221,7 @@ static void iq2_build(int type)
         if (t->map[u] < 0) {
             const int m = iq2_nearest(t, u, nwant, nb + at + 1);
             nb[at] = (uint16_t)m;
-            codes[at] = 0;
+            codes[at] = (uint16_t)m;
             for (int j = 1; j <= m; j++)
                 codes[at + j] = points[type][nb[at + j]];
             t->map[u] = -(int32_t)(at + 1);

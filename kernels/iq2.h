@@ -28,8 +28,8 @@ struct qd_iq2_tables {
     int32_t map[QD_IQ2_TUPLES];       /* tuple -> its grid index, or -(offset + 1) of its neighbour list */
     const uint16_t *neighbours;       /* per off-grid tuple: the count, then grid indices (host or device) */
     const uint16_t *codes;            /* beside each neighbours entry, its point's levels, 2 bits a
-                                         coordinate (ggml's grid word; a count's slot 0): a GPU search
-                                         reads a candidate in one load */
+                                         coordinate (ggml's grid word; in a count's slot the count): a
+                                         GPU search reads a candidate in one load */
     int64_t n_neighbours;
 };
 

@@ -118,6 +118,17 @@ __device__ __forceinline__ const uint16_t *iq2xxs_levels(const struct qd_iq2_tab
     return live && m < 0 ? t->neighbours + (-m - 1) : NULL;
 }
 
+/* An off-grid group's levels from the code of the candidate chosen at place j of its list (the
+ * grid point's levels, 2 bits each), where the search read it, rather than from the list's grid
+ * index and the grid's table. */
+__device__ __forceinline__ void iq2xxs_chosen_levels(const iq2_point &point, const uint16_t *list, int j, int8_t *L)
+{
+    const unsigned c = __ldg(point.codes + (list - point.base) + j);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        L[i] = (int8_t)(c >> 2 * i & 3u);
+}
+
 /* qd_iq2xxs_sub (kernels/iq2.h) with the warp: the same operations in the same order, every lane
  * through every trial (a dead lane, a zero sub-block or past the tensor's end, with no lists). */
 __device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<4> *sh, const float *rows, bool live,
@@ -159,7 +170,7 @@ __device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<4
 #pragma unroll
         for (int k = 0; k < 4; k++)
             if (lists[k])
-                qd_iq2_point_levels(t, g[k], Laux + 8 * k);
+                iq2xxs_chosen_levels(point, lists[k], g[k], Laux + 8 * k);
         qd_iq2xxs_take_trial(weight, xval, Laux, &scale, &best, L);
     }
     const bool again = live && scale > 0.0f;
@@ -172,7 +183,7 @@ __device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<4
 #pragma unroll
         for (int k = 0; k < 4; k++)
             if (lists[k])
-                qd_iq2_point_levels(t, g[k], L + 8 * k);
+                iq2xxs_chosen_levels(point, lists[k], g[k], L + 8 * k);
         scale = qd_kq_refit(32, weight, xval, L, scale);
     }
     return live ? scale : 0.0f;

@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(8 * IQG_SB, 8) iq1s_warp_quantize_kernel(const
         const float deltas[4] = {delta, delta, delta, delta};
 #pragma unroll
         for (int k = 0; k < 4; k++)
-            index[k] = (uint16_t)(lists[k] ? best[k] : grid[k]);
+            index[k] = (uint16_t)(lists[k] ? __ldg(lists[k] + best[k]) : grid[k]);
         if (lists[0] || lists[1] || lists[2] || lists[3])
             scale = qd_iq1_refit(&g, 32, own + IQ1_X, own + IQ1_W, scale, deltas, index);
         qd_iq1s_sub_store(index, scale, shift, ib, &mine, blk);

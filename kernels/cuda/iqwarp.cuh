@@ -49,8 +49,10 @@ __device__ __forceinline__ uint32_t qd_ordered_bits(float d2)
  * w, s, aux) readies a group (values, weights, scale, the lane's aux), point.code(j) loads its
  * list's j-th candidate and point.d2(code) gives the distance to it, ggml's sum in ggml's order;
  * every list lies in the table at point.base.
- * best[k] gets the grid index chosen (the first listed where no distance counts, as quantd's CPU
- * code does). */
+ * best[k] gets the chosen candidate's place in its list, 1 to the count (1 where no distance
+ * counts, as quantd's CPU code takes the first listed): list[k][best[k]] is its grid index and
+ * point.code(best[k]) (after point.enter) its levels. Each list's count is read from the codes
+ * beside it, slot 0, so that the search reads the codes alone (they stay in L1 for longer). */
 template <int G, int DIM, int XOFF, int WOFF, class POINT>
 __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const float *rows, int stride, float scale,
                                                    const uint16_t *const *list, POINT &point, int *best,
@@ -61,7 +63,7 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
     int count[G], total = 0;
 #pragma unroll
     for (int k = 0; k < G; k++) {
-        count[k] = list[k] ? list[k][0] : 0;
+        count[k] = list[k] ? __ldg(point.codes + (list[k] - point.base)) : 0;
         sh->start[G * lane + k] = total; /* made absolute below */
         total += (count[k] + T - 1) / T;
     }
@@ -77,7 +79,7 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
 #pragma unroll
         for (int k = 0; k < G; k++)
             if (list[k])
-                best[k] = list[k][1];
+                best[k] = 1;
         return;
     }
 #pragma unroll
@@ -132,7 +134,7 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
     for (int k = 0; k < G; k++)
         if (list[k]) {
             const unsigned long long key = count[k] ? sh->best[G * lane + k] : ~0ull;
-            best[k] = list[k][key == ~0ull ? 1 : (int)(uint32_t)key];
+            best[k] = key == ~0ull ? 1 : (int)(uint32_t)key;
         }
     __syncwarp(); /* read before the next call writes */
 }

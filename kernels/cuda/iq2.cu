@@ -14,7 +14,7 @@
 
 __device__ struct qd_iq2_tables iq2_tables_dev[3];
 __device__ uint16_t iq2_neighbours_dev[3][QD_IQ2_NEIGHBOURS_MAX];
-__device__ uint16_t iq2_codes_dev[3][QD_IQ2_NEIGHBOURS_MAX];
+__device__ __align__(16) uint16_t iq2_codes_dev[3][QD_IQ2_NEIGHBOURS_MAX]; /* (iq2_xxs's 8-byte loads) */
 static const struct qd_iq2_tables *iq2_on_device[IQ2_MAX_DEVICES][3];
 static pthread_mutex_t iq2_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(64) iq2_sub_quantize_kernel(const struct qd_iq
 struct iq2_value {
     static __device__ __forceinline__ float of(int l, float) { return (float)(2 * l + 1); }
 };
-typedef qd_warp_point8<iq2_value> iq2_point;
+typedef qd_warp_point8<iq2_value, true> iq2_point; /* iq2.c aligns iq2_xxs's lists */
 
 /* Group k's levels at inverse scale id into L; its neighbour list where they are off the grid
  * and the lane is live, else NULL. */

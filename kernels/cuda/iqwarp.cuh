@@ -20,7 +20,7 @@
 #include "common.cuh"
 
 /* candidates a task: a group's list is cut into tasks of this many (its last one shorter) */
-#define QD_WARP_TASK 4
+#define QD_WARP_TASK 4 /* (the points' code4) */
 
 /* A warp's shared state for G groups a lane. A list is kept as its offset in the tables' lists
  * and its count in 16 bits (not a pointer and an int): iq2_xxs's six CTAs an SM then take under
@@ -60,6 +60,7 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
                                                    float aux = 0.0f)
 {
     constexpr int T = QD_WARP_TASK;
+    static_assert(T == 4, "a task takes one code4");
     const int lane = threadIdx.x & 31;
     int count[G], total = 0;
 #pragma unroll
@@ -114,9 +115,7 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
         const float *row = rows + owner * stride;
         point.enter(point.base + sh->list[tk], row + XOFF + DIM * k, row + WOFF + DIM * k, sh->scale[owner], sh->aux[owner]);
         unsigned code[T];
-#pragma unroll
-        for (int q = 0; q < T; q++)
-            code[q] = j0 + q <= n ? point.code(j0 + q) : 0u;
+        point.code4(j0, n, code);
         float best_d2 = 3.40282347e38f;
         int best_j = -1;
 #pragma unroll
@@ -144,8 +143,9 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
  * tables' codes beside each list) standing for the value VALUE::of(l, aux). A coordinate's term
  * w (s v - x)^2 takes three values: enter makes the 24 with ggml's own operations, and a
  * candidate's distance adds its eight in ggml's order, picked by its levels (one 16-bit load a
- * candidate, not its index and then its point). */
-template <class VALUE> struct qd_warp_point8 {
+ * candidate, not its index and then its point). QUAD: the tables start each list's candidates on
+ * a multiple of 4 entries (kernels/iq2.c for iq2_xxs), so a task's 4 codes are one 8-byte load. */
+template <class VALUE, bool QUAD = false> struct qd_warp_point8 {
     const uint16_t *codes, *base; /* the tables' codes and the lists they stand beside */
     const uint16_t *at;           /* the entered list's codes */
     float term[8][3];
@@ -161,6 +161,22 @@ template <class VALUE> struct qd_warp_point8 {
             }
     }
     __device__ __forceinline__ unsigned code(int j) const { return __ldg(at + j); }
+    /* candidates j .. j + 3 of the entered list of n: with QUAD those past n are read too (the
+     * tables' slots after a list, its caller ignores them), else 0 */
+    __device__ __forceinline__ void code4(int j, int n, unsigned *c) const
+    {
+        if (QUAD) {
+            const uint2 v = __ldg((const uint2 *)(at + j));
+            c[0] = v.x & 0xffffu;
+            c[1] = v.x >> 16;
+            c[2] = v.y & 0xffffu;
+            c[3] = v.y >> 16;
+        } else {
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                c[q] = j + q <= n ? code(j + q) : 0u;
+        }
+    }
     __device__ __forceinline__ float d2(unsigned c) const
     {
         float d2 = 0.0f;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "iq2.h"
+#include "iqlist.h"
 
 /* ggml's kgrid_2bit_256, _512 and _1024 (the formats' definitions): point i has level
  * (p >> 2k) & 3 in coordinate k, p the i-th value. */
@@ -205,15 +206,14 @@ static void iq2_build(int type)
         }
         t->map[u] = i;
     }
-    /* IQ2_XXS: each list's candidates start on a multiple of 4 entries, so that the GPU's search
-     * loads a task's 4 codes at once (8 bytes, aligned); the slots between lists, and 4 after the
-     * last (a last task's load), hold zeros (a walk over the lists sees empty ones) */
-    const int64_t align = type == QD_IQ2_XXS ? 4 : 1;
+    /* IQ2_XXS's lists aligned for the GPU's search (iqlist.h); IQ2_XS's and IQ2_S's, which only
+     * the CPU and a thread's own loop read, packed */
+    const int64_t align = type == QD_IQ2_XXS ? QD_IQ_LIST_ALIGN : 1;
     int64_t n = 0;
     for (int u = 0; u < QD_IQ2_TUPLES; u++)
         if (t->map[u] < 0)
-            n += (align - 1 - n % align) + 1 + iq2_nearest(t, u, nwant, NULL);
-    n += align == 1 ? 0 : align;
+            n = qd_iq_list_slot(n, align) + 1 + iq2_nearest(t, u, nwant, NULL);
+    n = qd_iq_lists_end(n, align);
     uint16_t *nb = n <= QD_IQ2_NEIGHBOURS_MAX ? calloc((size_t)n, sizeof *nb) : NULL,
              *codes = nb ? calloc((size_t)n, sizeof *codes) : NULL;
     if (!codes) {
@@ -224,7 +224,7 @@ static void iq2_build(int type)
     int64_t at = 0;
     for (int u = 0; u < QD_IQ2_TUPLES; u++)
         if (t->map[u] < 0) {
-            at += align - 1 - at % align; /* the count's slot one before a multiple of align */
+            at = qd_iq_list_slot(at, align);
             const int m = iq2_nearest(t, u, nwant, nb + at + 1);
             nb[at] = (uint16_t)m;
             codes[at] = (uint16_t)m;

@@ -27,8 +27,7 @@ struct qd_iq2_tables {
     uint8_t grid[QD_IQ2_GRID_MAX][8]; /* point i's coordinates 2 l + 1 (1, 3 or 5) */
     int32_t map[QD_IQ2_TUPLES];       /* tuple -> its grid index, or -(offset + 1) of its neighbour list */
     const uint16_t *neighbours;       /* per off-grid tuple: the count, then grid indices (host or device;
-                                         IQ2_XXS: each list's indices from a multiple of 4 on, zeros
-                                         between lists and 4 after the last, iq2.c) */
+                                         IQ2_XXS's placed as kernels/iqlist.h says, the others packed) */
     const uint16_t *codes;            /* beside each neighbours entry, its point's levels, 2 bits a
                                          coordinate (ggml's grid word; in a count's slot the count): a
                                          GPU search reads a candidate in one load */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "iq3s.h"
+#include "iqlist.h"
 
 /* The grid: point i has coordinates 2 * ((p >> 3k) & 7) + 1, k = 0..3, p = qd_iq3s_points[i]
  * (ggml's kgrid_512, the format's definition). */
@@ -90,12 +91,13 @@ static void iq3s_init(void)
     for (int i = 0; i < QD_IQ3S_GRID; i++)
         iq3s.map[qd_iq3s_points[i] & 0xfff] = i;
     static int dist[2 * QD_IQ3S_GRID];
-    size_t at = 0;
+    int64_t at = 0; /* the lists placed as iqlist.h says (the struct's static zeros between) */
     for (int u = 0; u < QD_IQ3S_MAP; u++) {
         if (iq3s.map[u] >= 0) /* on the grid (off-grid tuples are -1 until their list is written) */
             continue;
         int n = iq3s_nearest(u, dist);
-        if (at + 1 + (size_t)n > QD_IQ3S_NEIGHBOURS)
+        at = qd_iq_list_slot(at, QD_IQ_LIST_ALIGN);
+        if (at + 1 + n > QD_IQ3S_NEIGHBOURS)
             return; /* longer lists than the grid has: not this grid */
         iq3s.neighbours[at] = iq3s.codes[at] = (uint16_t)n;
         for (int j = 0; j < n; j++) {
@@ -103,9 +105,9 @@ static void iq3s_init(void)
             iq3s.codes[at + 1 + j] = (uint16_t)(qd_iq3s_points[dist[2 * j + 1]] & 0xfff);
         }
         iq3s.map[u] = -(int32_t)(at + 1);
-        at += 1 + (size_t)n;
+        at += 1 + n;
     }
-    if (at == QD_IQ3S_NEIGHBOURS)
+    if (qd_iq_lists_end(at, QD_IQ_LIST_ALIGN) == QD_IQ3S_NEIGHBOURS)
         iq3s_built = &iq3s;
 }
 

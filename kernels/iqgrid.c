@@ -5,6 +5,7 @@
  * index. That is a total order, so the lists do not depend on ggml's qsort; the distances are
  * those of the odd values 2 * level + 1. */
 #include "iqgrid.h"
+#include "iqlist.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -274,35 +275,38 @@ static int build(struct qd_iq_grid *g, const uint16_t *points, int n, int dim, i
         map[u] = -1;
     for (int i = 0; i < n; i++)
         map[points[i]] = i;
-    size_t len = 0;
+    /* the lists aligned for the GPU's searches (iqlist.h) */
+    int64_t len = 0;
     for (int u = 0; u < g->map_size; u++)
         if (map[u] < 0 && reachable(g, u, top))
-            len += 1 + (size_t)nearest(g, u, nwant, d2, NULL);
-    if (!(nb = malloc(len * sizeof(uint16_t))))
+            len = qd_iq_list_slot(len, QD_IQ_LIST_ALIGN) + 1 + nearest(g, u, nwant, d2, NULL);
+    len = qd_iq_lists_end(len, QD_IQ_LIST_ALIGN);
+    if (!(nb = calloc((size_t)len, sizeof(uint16_t))))
         goto fail;
-    size_t at = 0;
+    int64_t at = 0;
     for (int u = 0; u < g->map_size; u++)
         if (map[u] < 0 && reachable(g, u, top)) {
+            at = qd_iq_list_slot(at, QD_IQ_LIST_ALIGN);
             const int c = nearest(g, u, nwant, d2, nb + at + 1);
             nb[at] = (uint16_t)c;
             map[u] = -(int32_t)(at + 1);
-            at += 1 + (size_t)c;
+            at += 1 + c;
         }
-    uint16_t *codes = malloc(len * sizeof(uint16_t));
+    uint16_t *codes = calloc((size_t)len, sizeof(uint16_t));
     if (!codes) {
         free(nb);
         goto fail;
     }
-    for (size_t i = 0; i < len;) { /* each list: its count, then its points' tuples */
-        const size_t c = nb[i];
+    for (int64_t i = 0; i < len;) { /* each list: its count, then its points' tuples (zeros: empty) */
+        const int c = nb[i];
         codes[i] = nb[i];
-        for (size_t j = 1; j <= c; j++)
+        for (int j = 1; j <= c; j++)
             codes[i + j] = points[nb[i + j]];
         i += 1 + c;
     }
     g->neighbours = nb;
     g->codes = codes;
-    g->neighbours_len = len;
+    g->neighbours_len = (size_t)len;
     free(d2);
     return 1;
 fail:

@@ -16,7 +16,8 @@ struct qd_iq_grid {
     int n, dim, bits;
     const uint8_t *levels;      /* n x dim levels */
     const int32_t *map;         /* tuple -> grid index, or -(offset + 1) of its neighbour list */
-    const uint16_t *neighbours; /* per off-grid tuple: the count, then the grid indices */
+    const uint16_t *neighbours; /* per off-grid tuple: the count, then the grid indices (placed as
+                                   kernels/iqlist.h says) */
     const uint16_t *codes;      /* beside neighbours: the count, then each listed point's tuple
                                    (a GPU search loads a candidate's levels without its index) */
     const uint16_t *tuples;     /* n: each point's levels packed as qd_iq_tuple packs them (one

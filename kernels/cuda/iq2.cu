@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(64) iq2_sub_quantize_kernel(const struct qd_iq
 struct iq2_value {
     static __device__ __forceinline__ float of(int l, float) { return (float)(2 * l + 1); }
 };
-typedef qd_warp_point8<iq2_value, true> iq2_point; /* iq2.c aligns iq2_xxs's lists */
+typedef qd_warp_point8<iq2_value> iq2_point;
 
 /* Group k's levels at inverse scale id into L; its neighbour list where they are off the grid
  * and the lane is live, else NULL. */
@@ -123,7 +123,7 @@ __device__ __forceinline__ const uint16_t *iq2xxs_levels(const struct qd_iq2_tab
  * index and the grid's table. */
 __device__ __forceinline__ void iq2xxs_chosen_levels(const iq2_point &point, const uint16_t *list, int j, int8_t *L)
 {
-    const unsigned c = __ldg(point.codes + (list - point.base) + j);
+    const unsigned c = __ldg(point.codes_of(list) + j);
 #pragma unroll
     for (int i = 0; i < 8; i++)
         L[i] = (int8_t)(c >> 2 * i & 3u);

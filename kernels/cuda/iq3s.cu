@@ -5,10 +5,15 @@
  * and the search's arrays in local memory), weighted by the importance when one is given;
  * dequantize one thread per super-block. The grid, its map and neighbour lists (built on the
  * host, kernels/iq3s.c) are copied to device memory once per context. */
+#include <stddef.h>
+
 #include "../iq3s.h"
 #include "iqlanes.cuh"
 
 #define IQ3S_THREADS 64
+
+/* the search's 8-byte loads of the codes (iqlist.cuh) need them 8-byte aligned in the copy */
+static_assert(offsetof(struct qd_iq3s_tables, codes) % 8 == 0, "the codes start on 8 bytes");
 
 /* The context's device copy of the tables, made on its first IQ3_S call (in stream order: the
  * kernels after it on the stream read it); qd_cuda_ctx_free frees it. */

@@ -8,6 +8,7 @@
 
 #include "../imatrix.h"
 #include "common.cuh"
+#include "iqlist.cuh"
 #include "subblock.cuh"
 
 #define IQ3L_LANES 64
@@ -152,15 +153,19 @@ __device__ __forceinline__ int iq3l_search(const uint16_t *codes, float *col, co
     const int n = __ldg(codes);
     float best_d2 = 3.40282347e38f;
     int best = -1;
-    for (int j = 1; j <= n; j++) {
-        const unsigned c = __ldg(codes + j);
-        float d2 = 0.0f;
+    for (int j = 1; j <= n; j += 4) { /* four codes a load (kernels/iqlist.h) */
+        unsigned c[4];
+        qd_iq_code4(codes + j, c);
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            d2 += col[(4 * (int)(c >> 3 * i & 7u) + i) * IQ3L_LANES];
-        if (d2 < best_d2) {
-            best_d2 = d2;
-            best = j;
+        for (int q = 0; q < 4; q++) {
+            float d2 = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                d2 += col[(4 * (int)(c[q] >> 3 * i & 7u) + i) * IQ3L_LANES];
+            if (j + q <= n && d2 < best_d2) {
+                best_d2 = d2;
+                best = j + q;
+            }
         }
     }
     return best < 0 ? 1 : best;

@@ -18,9 +18,10 @@
 #define QD_CUDA_IQWARP_CUH
 
 #include "common.cuh"
+#include "iqlist.cuh"
 
 /* candidates a task: a group's list is cut into tasks of this many (its last one shorter) */
-#define QD_WARP_TASK 4 /* (the points' code4) */
+#define QD_WARP_TASK QD_IQ_LIST_ALIGN /* (a task is one code4) */
 
 /* A warp's shared state for G groups a lane. A list is kept as its offset in the tables' lists
  * and its count in 16 bits (not a pointer and an int): iq2_xxs's six CTAs an SM then take under
@@ -46,26 +47,26 @@ __device__ __forceinline__ uint32_t qd_ordered_bits(float d2)
  * searches list[k] (NULL: none) at the lane's scale; the lane's row of rows (stride floats a
  * lane, from the warp's first) holds its values at XOFF + DIM k and their weights at WOFF +
  * DIM k (iq2_xxs: |x| and the weights' roots; iq1_s: x and the weights). point.enter(list, xv,
- * w, s, aux) readies a group (values, weights, scale, the lane's aux), point.code(j) loads its
- * list's j-th candidate and point.d2(code) gives the distance to it, ggml's sum in ggml's order;
- * every list lies in the table at point.base.
+ * w, s, aux) readies a group (values, weights, scale, the lane's aux), point.code4(j, n, c)
+ * loads its list's candidates j .. j + 3 and point.d2(code) gives the distance to one, ggml's
+ * sum in ggml's order; every list lies in the table at point.base, placed as kernels/iqlist.h
+ * says.
  * best[k] gets the chosen candidate's place in its list, 1 to the count (1 where no distance
  * counts, as quantd's CPU code takes the first listed): list[k][best[k]] is its grid index and
- * point.code(best[k]) (after point.enter) its levels. Each list's count is read from the codes
- * beside it, slot 0: the search reads the codes alone, not the lists too (for iq2_xxs, with its
- * levels taken from the chosen code, 17 % fewer L2 reads and 5 % faster at 4096^2). */
+ * point.codes_of(list[k])[best[k]] its code (its levels). Each list's count is read from the
+ * codes beside it, slot 0: the search reads the codes alone, not the lists too (for iq2_xxs,
+ * with its levels taken from the chosen code, 17 % fewer L2 reads and 5 % faster at 4096^2). */
 template <int G, int DIM, int XOFF, int WOFF, class POINT>
 __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const float *rows, int stride, float scale,
                                                    const uint16_t *const *list, POINT &point, int *best,
                                                    float aux = 0.0f)
 {
     constexpr int T = QD_WARP_TASK;
-    static_assert(T == 4, "a task takes one code4");
     const int lane = threadIdx.x & 31;
     int count[G], total = 0;
 #pragma unroll
     for (int k = 0; k < G; k++) {
-        count[k] = list[k] ? __ldg(point.codes + (list[k] - point.base)) : 0;
+        count[k] = list[k] ? __ldg(point.codes_of(list[k])) : 0;
         sh->start[G * lane + k] = total; /* made absolute below */
         total += (count[k] + T - 1) / T;
     }
@@ -113,9 +114,10 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
             tk++;
         const int owner = tk / G, k = tk % G, n = sh->count[tk], j0 = 1 + T * (t - sh->start[tk]);
         const float *row = rows + owner * stride;
-        point.enter(point.base + sh->list[tk], row + XOFF + DIM * k, row + WOFF + DIM * k, sh->scale[owner], sh->aux[owner]);
+        point.enter(point.base + sh->list[tk], row + XOFF + DIM * k, row + WOFF + DIM * k, sh->scale[owner],
+                    sh->aux[owner]);
         unsigned code[T];
-        point.code4(j0, n, code);
+        point.code4(j0, code);
         float best_d2 = 3.40282347e38f;
         int best_j = -1;
 #pragma unroll
@@ -142,16 +144,18 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
 /* A point of 8 coordinates, each a level 0..2 of a 16-bit code (2 bits a level: the grid
  * tables' codes beside each list) standing for the value VALUE::of(l, aux). A coordinate's term
  * w (s v - x)^2 takes three values: enter makes the 24 with ggml's own operations, and a
- * candidate's distance adds its eight in ggml's order, picked by its levels (one 16-bit load a
- * candidate, not its index and then its point). QUAD: the tables start each list's candidates on
- * a multiple of 4 entries (kernels/iq2.c for iq2_xxs), so a task's 4 codes are one 8-byte load. */
-template <class VALUE, bool QUAD = false> struct qd_warp_point8 {
+ * candidate's distance adds its eight in ggml's order, picked by its levels (its code, not its
+ * index and then its point). The tables start each list's candidates on a multiple of 4 entries
+ * (kernels/iqlist.h), so a task's 4 codes are one aligned 8-byte load. */
+template <class VALUE> struct qd_warp_point8 {
     const uint16_t *codes, *base; /* the tables' codes and the lists they stand beside */
     const uint16_t *at;           /* the entered list's codes */
     float term[8][3];
+    /* the codes beside list (its count, then its candidates' codes) */
+    __device__ __forceinline__ const uint16_t *codes_of(const uint16_t *list) const { return codes + (list - base); }
     __device__ __forceinline__ void enter(const uint16_t *list, const float *xv, const float *w, float s, float aux)
     {
-        at = codes + (list - base);
+        at = codes_of(list);
 #pragma unroll
         for (int d = 0; d < 8; d++)
 #pragma unroll
@@ -160,23 +164,9 @@ template <class VALUE, bool QUAD = false> struct qd_warp_point8 {
                 term[d][l] = w[d] * diff * diff;
             }
     }
-    __device__ __forceinline__ unsigned code(int j) const { return __ldg(at + j); }
-    /* candidates j .. j + 3 of the entered list of n: with QUAD those past n are read too (the
-     * tables' slots after a list, its caller ignores them), else 0 */
-    __device__ __forceinline__ void code4(int j, int n, unsigned *c) const
-    {
-        if (QUAD) {
-            const uint2 v = __ldg((const uint2 *)(at + j));
-            c[0] = v.x & 0xffffu;
-            c[1] = v.x >> 16;
-            c[2] = v.y & 0xffffu;
-            c[3] = v.y >> 16;
-        } else {
-#pragma unroll
-            for (int q = 0; q < 4; q++)
-                c[q] = j + q <= n ? code(j + q) : 0u;
-        }
-    }
+    /* candidates j .. j + 3 (j - 1 a multiple of 4) of the entered list: those past its end are
+     * read too (the table's next slots; the caller ignores them) */
+    __device__ __forceinline__ void code4(int j, unsigned *c) const { qd_iq_code4(at + j, c); }
     __device__ __forceinline__ float d2(unsigned c) const
     {
         float d2 = 0.0f;

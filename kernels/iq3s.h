@@ -19,7 +19,7 @@
 /* the neighbour lists' length: per off-grid tuple (3584 of them) its count, then the grid
  * indices at its three smallest distances, placed as kernels/iqlist.h says (28,317 entries
  * packed; checked when the tables are built) */
-#define QD_IQ3S_NEIGHBOURS 33904
+#define QD_IQ3S_NEIGHBOURS 33908
 
 struct qd_iq3s_tables {
     uint8_t grid[QD_IQ3S_GRID][4];        /* point i's coordinates, odd values 1..15 */

@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(64) iq2_sub_quantize_kernel(const struct qd_iq
 struct iq2_value {
     static __device__ __forceinline__ float of(int l, float) { return (float)(2 * l + 1); }
 };
-typedef qd_warp_point8<iq2_value> iq2_point;
+typedef qd_warp_point8<iq2_value, 8> iq2_point; /* (iqwarp.cuh: why 8) */
 
 /* Group k's levels at inverse scale id into L; its neighbour list where they are off the grid
  * and the lane is live, else NULL. */

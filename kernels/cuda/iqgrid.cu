@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(8 * IQG_SB, 8) iq1s_warp_quantize_kernel(const
             }
     }
     __syncwarp();
-    qd_warp_point8<iq1_value> point;
+    qd_warp_point8<iq1_value, 4> point; /* (iqwarp.cuh: why 4) */
     point.codes = g.codes;
     point.base = g.neighbours;
     int best[4];

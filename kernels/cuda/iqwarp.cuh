@@ -3,7 +3,7 @@
  * candidates (23 on average on N(0, 0.02) weights with an importance, over a hundred at
  * times); a lane per sub-block searching its own groups one after another kept the warp as
  * long as its longest list each time. Here each lane names its groups' lists, each list is cut
- * into tasks of QD_WARP_TASK candidates, and the warp deals the tasks out in order, a run to
+ * into tasks of POINT::TASK candidates, and the warp deals the tasks out in order, a run to
  * each lane. A lane readies a task's group (its distances' terms) and then takes all the
  * task's candidates in one unrolled step, their loads issued together. Where a group's tasks
  * span lanes, the smallest (distance, position in the list) over them is what ggml's loop
@@ -19,9 +19,6 @@
 
 #include "common.cuh"
 #include "iqlist.cuh"
-
-/* candidates a task: a group's list is cut into tasks of this many (its last one shorter) */
-#define QD_WARP_TASK QD_IQ_LIST_ALIGN /* (a task is one code4) */
 
 /* A warp's shared state for G groups a lane. A list is kept as its offset in the tables' lists
  * and its count in 16 bits (not a pointer and an int): iq2_xxs's six CTAs an SM then take under
@@ -47,10 +44,10 @@ __device__ __forceinline__ uint32_t qd_ordered_bits(float d2)
  * searches list[k] (NULL: none) at the lane's scale; the lane's row of rows (stride floats a
  * lane, from the warp's first) holds its values at XOFF + DIM k and their weights at WOFF +
  * DIM k (iq2_xxs: |x| and the weights' roots; iq1_s: x and the weights). point.enter(list, xv,
- * w, s, aux) readies a group (values, weights, scale, the lane's aux), point.code4(j, n, c)
- * loads its list's candidates j .. j + 3 and point.d2(code) gives the distance to one, ggml's
- * sum in ggml's order; every list lies in the table at point.base, placed as kernels/iqlist.h
- * says.
+ * w, s, aux) readies a group (values, weights, scale, the lane's aux), point.task(j, c) loads
+ * its list's candidates j .. j + POINT::TASK - 1 (a task) and point.d2(code) gives the distance
+ * to one, ggml's sum in ggml's order; every list lies in the table at point.base, placed as
+ * kernels/iqlist.h says.
  * best[k] gets the chosen candidate's place in its list, 1 to the count (1 where no distance
  * counts, as quantd's CPU code takes the first listed): list[k][best[k]] is its grid index and
  * point.codes_of(list[k])[best[k]] its code (its levels). Each list's count is read from the
@@ -61,7 +58,7 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
                                                    const uint16_t *const *list, POINT &point, int *best,
                                                    float aux = 0.0f)
 {
-    constexpr int T = QD_WARP_TASK;
+    constexpr int T = POINT::TASK;
     const int lane = threadIdx.x & 31;
     int count[G], total = 0;
 #pragma unroll
@@ -117,7 +114,7 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
         point.enter(point.base + sh->list[tk], row + XOFF + DIM * k, row + WOFF + DIM * k, sh->scale[owner],
                     sh->aux[owner]);
         unsigned code[T];
-        point.code4(j0, code);
+        point.task(j0, code);
         float best_d2 = 3.40282347e38f;
         int best_j = -1;
 #pragma unroll
@@ -146,8 +143,13 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
  * w (s v - x)^2 takes three values: enter makes the 24 with ggml's own operations, and a
  * candidate's distance adds its eight in ggml's order, picked by its levels (its code, not its
  * index and then its point). The tables start each list's candidates on a multiple of 4 entries
- * (kernels/iqlist.h), so a task's 4 codes are one aligned 8-byte load. */
-template <class VALUE> struct qd_warp_point8 {
+ * (kernels/iqlist.h), so a task's codes are aligned 8-byte loads, 4 codes each.
+ * TASK, the candidates a task (4 or 8): a group entered (its 24 terms) serves that many. iq2_xxs
+ * takes 8 (3.45 -> 3.31 ms at 4096^2, though 168 registers then spill 40 bytes); iq1_s, held to
+ * 128 registers for 8 CTAs an SM, 4 (8: 1.90-2.03 -> 2.01-2.06 ms; docs/BENCHMARKS.md). */
+template <class VALUE, int TASK_> struct qd_warp_point8 {
+    static constexpr int TASK = TASK_;
+    static_assert(TASK % QD_IQ_LIST_ALIGN == 0 && TASK <= QD_IQ_LIST_LOAD, "whole aligned loads within the table");
     const uint16_t *codes, *base; /* the tables' codes and the lists they stand beside */
     const uint16_t *at;           /* the entered list's codes */
     float term[8][3];
@@ -164,9 +166,14 @@ template <class VALUE> struct qd_warp_point8 {
                 term[d][l] = w[d] * diff * diff;
             }
     }
-    /* candidates j .. j + 3 (j - 1 a multiple of 4) of the entered list: those past its end are
-     * read too (the table's next slots; the caller ignores them) */
-    __device__ __forceinline__ void code4(int j, unsigned *c) const { qd_iq_code4(at + j, c); }
+    /* candidates j .. j + TASK - 1 (j - 1 a multiple of TASK) of the entered list: those past its
+     * end are read too (the table's next slots; the caller ignores them) */
+    __device__ __forceinline__ void task(int j, unsigned *c) const
+    {
+#pragma unroll
+        for (int q = 0; q < TASK; q += 4)
+            qd_iq_code4(at + j + q, c + q);
+    }
     __device__ __forceinline__ float d2(unsigned c) const
     {
         float d2 = 0.0f;

@@ -1,8 +1,8 @@
 /* Where the IQ grids' neighbour lists lie in their tables (kernels/iq2.c, iqgrid.c, iq3s.c): a
  * list is its count, then its candidates. The GPU searches load a list's candidates' codes four
- * at a time, aligned 8-byte loads (kernels/cuda/iqlist.cuh), up to QD_IQ_LIST_LOAD from a
- * candidate j with j - 1 a multiple of that many, so each list's candidates start on a multiple
- * of QD_IQ_LIST_ALIGN entries: its count's slot is the one before. The slots skipped between
+ * at a time, aligned 8-byte loads (kernels/cuda/iqlist.cuh), up to QD_IQ_LIST_LOAD codes a step
+ * from its first candidate on, so each list's candidates start on a multiple of
+ * QD_IQ_LIST_ALIGN entries: its count's slot is the one before. The slots skipped between
  * lists hold zeros (a walk over the lists sees empty ones), and zeros after the last list keep
  * its last loads inside the table. */
 #ifndef QD_IQLIST_H

@@ -145,8 +145,9 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
  * index and then its point). The tables start each list's candidates on a multiple of 4 entries
  * (kernels/iqlist.h), so a task's codes are aligned 8-byte loads, 4 codes each.
  * TASK, the candidates a task (4 or 8): a group entered (its 24 terms) serves that many. iq2_xxs
- * takes 8 (3.45 -> 3.31 ms at 4096^2, though 168 registers then spill 40 bytes); iq1_s, held to
- * 128 registers for 8 CTAs an SM, 4 (8: 1.90-2.03 -> 2.01-2.06 ms; docs/BENCHMARKS.md). */
+ * takes 8 (3.45-3.47 -> 3.27-3.30 ms at 4096^2, though 168 registers then spill 40 bytes);
+ * iq1_s, held to 128 registers for 8 CTAs an SM, 4 (8: 1.90-2.03 -> 2.01-2.06 ms;
+ * docs/BENCHMARKS.md). */
 template <class VALUE, int TASK_> struct qd_warp_point8 {
     static constexpr int TASK = TASK_;
     static_assert(TASK % QD_IQ_LIST_ALIGN == 0 && TASK <= QD_IQ_LIST_LOAD, "whole aligned loads within the table");

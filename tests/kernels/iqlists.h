@@ -7,9 +7,8 @@
 
 /* Every list the map sends a tuple to (map < 0: at -map - 1) starts its candidates on a
  * multiple of QD_IQ_LIST_ALIGN, and loads of QD_IQ_LIST_LOAD codes from there on end inside
- * the table of len entries. -1 is
- * no list here (no count sits in slot 0): kernels/iqgrid.c leaves the tuples no search reaches
- * at -1. */
+ * the table of len entries. -1 is no list here (no count sits in slot 0): kernels/iqgrid.c
+ * leaves the tuples no search reaches at -1. */
 static inline void test_lists_placed(const int32_t *map, int tuples, const uint16_t *nb, int64_t len)
 {
     int lists = 0;

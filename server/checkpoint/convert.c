@@ -78,9 +78,11 @@ enum qd_status qd_convert_quantize(const struct qd_convert_opts *o, const void *
 }
 
 /* Streams per device: a second one copies the next piece in (and the last one out) while the
- * first one's kernel runs, where one stream alone leaves the GPU idle for every copy.
+ * first one's kernel runs, where one stream alone leaves the GPU idle for every copy. A third
+ * made the GPU-bound 8B IQ mixes 4-10 % faster than two on the medians (four no faster than
+ * three; the disk-bound mixes and an HF nf4 conversion unchanged: docs/BENCHMARKS.md).
  * QUANTD_CONVERT_STREAMS (1..QD_MAX_STREAMS) overrides, for measuring. */
-#define QD_STREAMS_PER_DEVICE 2
+#define QD_STREAMS_PER_DEVICE 3
 #define QD_MAX_STREAMS 4
 
 static int streams_per_device(void)

@@ -56,7 +56,7 @@ struct qd_convert_opts {
                                  buffers do not scale with the largest tensor */
     struct qd_backend *backend;
     void *worker;
-    /* Several workers (two streams on each device of --devices): the pipeline quantizes that
+    /* Several workers (three streams on each device of --devices): the pipeline quantizes that
      * many tensors at once, lane L through workers[L]; 0 or 1: worker alone. One lane still
      * where a tensor's NMSE is reported or the AutoAWQ layout transposes through its one
      * staging buffer. */

@@ -235,19 +235,24 @@ static void spread_slots(int devices, int lost, int mine, const char *streams, c
         assert_int_equal(fake_open[d], 0);
 }
 
-/* A conversion takes two streams on each healthy device (a copy overlaps the other's kernel):
- * the caller's worker first, one on every other device, then the second streams; one device
- * gets two lanes; QUANTD_CONVERT_STREAMS=1 gives one a device (and one device no spreading);
- * a CPU backend (no devices) none. */
-static void a_conversion_spreads_over_two_streams_a_device(void **state)
+/* A conversion takes three streams on each healthy device (copies overlap the others'
+ * kernels): the caller's worker first, one on every other device, then the second streams,
+ * then the third; one device gets three lanes; QUANTD_CONVERT_STREAMS=1 gives one a device (and
+ * one device no spreading), =2 two; a CPU backend (no devices) none; never more lanes than
+ * QD_MAX_DEVICES. */
+static void a_conversion_spreads_over_three_streams_a_device(void **state)
 {
     char slots[QD_MAX_DEVICES + 1];
     spread_slots(1, -1, 0, NULL, slots);
-    assert_string_equal(slots, "00");
+    assert_string_equal(slots, "000");
     spread_slots(3, -1, 1, NULL, slots);
-    assert_string_equal(slots, "102012");
+    assert_string_equal(slots, "102012012");
     spread_slots(3, 2, 0, NULL, slots);
-    assert_string_equal(slots, "0101");
+    assert_string_equal(slots, "010101");
+    spread_slots(3, -1, 1, "2", slots);
+    assert_string_equal(slots, "102012");
+    spread_slots(8, -1, 0, NULL, slots); /* 24 asked, 16 kept: every device's first two */
+    assert_string_equal(slots, "0123456701234567");
     spread_slots(3, -1, 0, "1", slots);
     assert_string_equal(slots, "012");
     spread_slots(1, -1, 0, "1", slots);
@@ -255,7 +260,7 @@ static void a_conversion_spreads_over_two_streams_a_device(void **state)
     spread_slots(0, -1, 0, NULL, slots);
     assert_string_equal(slots, "");
     spread_slots(1, -1, 0, "9", slots); /* out of range: the default */
-    assert_string_equal(slots, "00");
+    assert_string_equal(slots, "000");
     unsetenv("QUANTD_CONVERT_STREAMS");
 }
 
@@ -407,7 +412,7 @@ int main(void)
         cmocka_unit_test(misaligned_tensors_give_the_same_bytes),
         cmocka_unit_test(gguf_pieces_give_the_same_file),
         cmocka_unit_test(several_workers_give_the_same_file),
-        cmocka_unit_test(a_conversion_spreads_over_two_streams_a_device),
+        cmocka_unit_test(a_conversion_spreads_over_three_streams_a_device),
         cmocka_unit_test(a_fifo_in_a_model_directory_is_refused_not_waited_on),
         cmocka_unit_test(a_confined_conversion_reads_nothing_outside_its_root),
         cmocka_unit_test(a_forced_stop_removes_temporaries_and_commits_nothing),

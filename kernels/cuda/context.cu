@@ -48,6 +48,8 @@ extern "C" void qd_cuda_ctx_free(struct qd_cuda_ctx *c)
         cudaStreamDestroy((cudaStream_t)c->stream);
     cudaFree(c->scratch);
     cudaFree(c->iq3s_tables);
+    cudaFree(c->iqgrid_tables[0]);
+    cudaFree(c->iqgrid_tables[1]);
     cudaFreeHost(c->host_scratch);
     memset(c, 0, sizeof *c);
 }

@@ -32,6 +32,8 @@ struct qd_cuda_ctx {
     int bins_dirty;                    /* the offset bins may hold a sum (clean: the offset kernel
                                         * zeroes them as it reads them) */
     void *iq3s_tables;                 /* device: IQ3_S's grid tables, copied on first use (iq3s.cu) */
+    void *iqgrid_tables[2];            /* device: IQ3_XXS's and the IQ1 grid's tables, the same way
+                                          (iqgrid.cu) */
 };
 
 #define QD_CUDA_SCRATCH_BYTES (64 * 1024)

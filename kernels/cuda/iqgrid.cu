@@ -3,8 +3,9 @@
  * iq3_xxs (iq3xxs_lanes.cuh), a thread per sub-block for iq1_s (weighted by the importance when
  * one is given; its searches shared by the warp), else one thread per 256-element super-block,
  * for iq1_m's quantize and for dequantize, over a device copy of the grid tables the host built
- * (kernels/iqgrid.c), made per call in stream order and freed after the kernels (about 1 MB for
- * the IQ1 grid). */
+ * (kernels/iqgrid.c), made once per context (1.6 MB for the IQ1 grid, 0.13 MB for IQ3_XXS's).
+ * Copied per call from pageable memory, the IQ1 grid cost iq1_s 0.13 ms of its 1.89 ms quantize
+ * of a 4096^2 tensor and 0.08 of its 0.19 ms dequantize (docs/BENCHMARKS.md). */
 #include "../iqgrid_quants.h"
 #include "iq1s_regs.cuh"
 #include "iq3xxs_lanes.cuh"
@@ -173,41 +174,46 @@ __global__ void __launch_bounds__(IQG_THREADS) iqgrid_dequantize_kernel(const ui
     default: QD_SWITCH_UNKNOWN();                                                               \
     }
 
-/* The type's tables in new device memory *mem (map, point tuples, neighbour lists, their codes
- * where with_codes, levels), pointed to by *d. */
-static enum qd_status upload_grid(int type, bool with_codes, struct qd_iq_grid *d, uint8_t **mem)
+/* The type's tables on the context's device (map, point tuples, neighbour lists, their codes,
+ * levels), pointed to by *d: copied on the context's first call for that grid, in stream order
+ * (the kernels after it on the stream read them), freed by qd_cuda_ctx_free. IQ1_S and IQ1_M
+ * share a grid. */
+static enum qd_status device_grid(int type, struct qd_iq_grid *d)
 {
     const struct qd_iq_grid *h = qd_iqgrid_tables(type);
     if (!h)
         return QD_ENOMEM;
     enum { PARTS = 5 };
-    /* the lists' codes only where a kernel reads them (IQ1's are 0.66 MB) */
-    const size_t codes = with_codes ? h->neighbours_len * sizeof(uint16_t) : 0;
     const size_t bytes[PARTS] = {(size_t)h->map_size * sizeof(int32_t), (size_t)h->n * sizeof(uint16_t),
-                                 h->neighbours_len * sizeof(uint16_t), codes, (size_t)h->n * (size_t)h->dim};
+                                 h->neighbours_len * sizeof(uint16_t), h->neighbours_len * sizeof(uint16_t),
+                                 (size_t)h->n * (size_t)h->dim};
     size_t at[PARTS], total = 0;
     for (int i = 0; i < PARTS; i++) { /* each part 16-byte aligned (loads of any width) */
         at[i] = total;
         total += (bytes[i] + 15) & ~(size_t)15;
     }
-    CUDA_CHECK(cudaMallocAsync((void **)mem, total, qd_stream()));
-    /* from pageable memory: staged before each call returns */
-    const void *part[PARTS] = {h->map, h->tuples, h->neighbours, h->codes, h->levels};
-    cudaError_t e = cudaSuccess;
-    for (int i = 0; i < PARTS && e == cudaSuccess; i++)
-        if (bytes[i])
-            e = cudaMemcpyAsync(*mem + at[i], part[i], bytes[i], cudaMemcpyHostToDevice, qd_stream());
-    if (e != cudaSuccess) {
-        cudaFreeAsync(*mem, qd_stream());
-        *mem = NULL;
-        CUDA_CHECK(e);
+    void **mem = &qd_cuda_ctx_get()->iqgrid_tables[type == QD_IQ3_XXS ? 0 : 1];
+    if (!*mem) {
+        void *m;
+        CUDA_CHECK(cudaMalloc(&m, total));
+        /* from pageable memory: staged before each call returns; the host tables never change */
+        const void *part[PARTS] = {h->map, h->tuples, h->neighbours, h->codes, h->levels};
+        cudaError_t e = cudaSuccess;
+        for (int i = 0; i < PARTS && e == cudaSuccess; i++)
+            e = cudaMemcpyAsync((uint8_t *)m + at[i], part[i], bytes[i], cudaMemcpyHostToDevice, qd_stream());
+        if (e != cudaSuccess) {
+            cudaFree(m);
+            CUDA_CHECK(e);
+        }
+        *mem = m;
     }
+    const uint8_t *base = (const uint8_t *)*mem;
     *d = *h;
-    d->map = (const int32_t *)(*mem + at[0]);
-    d->tuples = (const uint16_t *)(*mem + at[1]);
-    d->neighbours = (const uint16_t *)(*mem + at[2]);
-    d->codes = codes ? (const uint16_t *)(*mem + at[3]) : NULL;
-    d->levels = *mem + at[4];
+    d->map = (const int32_t *)(base + at[0]);
+    d->tuples = (const uint16_t *)(base + at[1]);
+    d->neighbours = (const uint16_t *)(base + at[2]);
+    d->codes = (const uint16_t *)(base + at[3]);
+    d->levels = base + at[4];
     return QD_OK;
 }
 
@@ -217,16 +223,11 @@ extern "C" enum qd_status qd_cuda_iqgrid_quantize(const struct qd_format *f, con
     const int64_t nblocks = qd_tensor_numel(in) / QD_QK_K;
     const int64_t mrows = p->importance ? qd_cuda_importance_matrix_rows(p, in) : 0;
     float *imp = NULL;
-    uint8_t *mem = NULL;
     struct qd_iq_grid g;
     unsigned long long *bad;
     enum qd_status s = qd_cuda_bad_begin(1, &bad);
-    if (s != QD_OK || (s = upload_grid(f->code, f->code != QD_IQ1_M, &g, &mem)) != QD_OK)
+    if (s != QD_OK || (s = device_grid(f->code, &g)) != QD_OK || (s = qd_cuda_importance(p, &imp)) != QD_OK)
         return s;
-    if ((s = qd_cuda_importance(p, &imp)) != QD_OK) {
-        cudaFreeAsync(mem, qd_stream());
-        return s;
-    }
     if (f->code == QD_IQ3_XXS) {
         QD_DTYPE_SWITCH(in->dtype, DT, iq3xxs_lanes_kernel<DT><<<(unsigned)nblocks, IQ3L_LANES, 0, qd_stream()>>>(
                             in->data, in->cols, imp, mrows, g, (uint8_t *)out[0], bad));
@@ -240,7 +241,6 @@ extern "C" enum qd_status qd_cuda_iqgrid_quantize(const struct qd_format *f, con
     CUDA_LAUNCHED();
     if (imp)
         CUDA_CHECK(cudaFreeAsync(imp, qd_stream()));
-    CUDA_CHECK(cudaFreeAsync(mem, qd_stream()));
     return qd_cuda_bad_end(bad);
 }
 
@@ -249,15 +249,13 @@ extern "C" enum qd_status qd_cuda_iqgrid_dequantize(const struct qd_format *f, c
 {
     (void)p;
     const int64_t nblocks = qd_tensor_numel(out) / QD_QK_K;
-    uint8_t *mem = NULL;
     struct qd_iq_grid g;
-    enum qd_status s = upload_grid(f->code, false, &g, &mem);
+    enum qd_status s = device_grid(f->code, &g);
     if (s != QD_OK)
         return s;
     QD_DTYPE_SWITCH(out->dtype, DT, IQGRID_TYPE_SWITCH(f->code, TYPE,
                     iqgrid_dequantize_kernel<DT, TYPE><<<qd_grid(nblocks, IQG_THREADS), IQG_THREADS, 0, qd_stream()>>>(
                         (const uint8_t *)in[0], nblocks, g, out->data)));
     CUDA_LAUNCHED();
-    CUDA_CHECK(cudaFreeAsync(mem, qd_stream()));
     return QD_OK;
 }

@@ -459,25 +459,31 @@ QD_HD void qd_iq1m_quantize(const struct qd_iq_grid *QD_RESTRICT g, const float 
     }
 }
 
+/* dequantize_row_iq1_s for the super-block's group k of 8 values (0..31: sub-block k / 4, its
+ * point k % 4) */
+QD_HD void qd_iq1s_dequantize_eight(const struct qd_iq_grid *QD_RESTRICT g, const uint8_t *QD_RESTRICT blk, int k,
+                                    float *QD_RESTRICT y)
+{
+    const float d = qd_get_f16(blk);
+    const int ib = k / 4, l = k % 4;
+    const int qh = blk[34 + 2 * ib] | blk[35 + 2 * ib] << 8;
+    const float dl = d * (float)(2 * ((qh >> 12) & 7) + 1);
+    const float delta = qh & 0x8000 ? -QD_IQ1_DELTA : QD_IQ1_DELTA;
+    const uint8_t *p = qd_iq_point(g, blk[2 + k] | ((qh >> 3 * l) & 7) << 8);
+    for (int j = 0; j < 8; j++)
+        y[j] = dl * ((float)(p[j] - 1) + delta);
+}
+
 QD_HD void qd_iq1s_dequantize(const struct qd_iq_grid *QD_RESTRICT g, const uint8_t *QD_RESTRICT blk,
                               float *QD_RESTRICT y)
 {
-    const float d = qd_get_f16(blk);
-    const uint8_t *qs = blk + 2;
-    for (int ib = 0; ib < 8; ib++, qs += 4) {
-        const int qh = blk[34 + 2 * ib] | blk[35 + 2 * ib] << 8;
-        const float dl = d * (float)(2 * ((qh >> 12) & 7) + 1);
-        const float delta = qh & 0x8000 ? -QD_IQ1_DELTA : QD_IQ1_DELTA;
-        for (int l = 0; l < 4; l++, y += 8) {
-            const uint8_t *p = qd_iq_point(g, qs[l] | ((qh >> 3 * l) & 7) << 8);
-            for (int j = 0; j < 8; j++)
-                y[j] = dl * ((float)(p[j] - 1) + delta);
-        }
-    }
+    for (int k = 0; k < 32; k++)
+        qd_iq1s_dequantize_eight(g, blk, k, y + 8 * k);
 }
 
-QD_HD void qd_iq1m_dequantize(const struct qd_iq_grid *QD_RESTRICT g, const uint8_t *QD_RESTRICT blk,
-                              float *QD_RESTRICT y)
+/* dequantize_row_iq1_m for the super-block's group k of 8 values (as iq1_s's) */
+QD_HD void qd_iq1m_dequantize_eight(const struct qd_iq_grid *QD_RESTRICT g, const uint8_t *QD_RESTRICT blk, int k,
+                                    float *QD_RESTRICT y)
 {
     uint16_t sc[4];
     for (int i = 0; i < 4; i++)
@@ -485,21 +491,20 @@ QD_HD void qd_iq1m_dequantize(const struct qd_iq_grid *QD_RESTRICT g, const uint
     const uint16_t s = (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
     const uint8_t h[2] = {(uint8_t)s, (uint8_t)(s >> 8)};
     const float d = qd_get_f16(h);
-    const uint8_t *qs = blk, *qh = blk + 32;
-    for (int ib = 0; ib < 8; ib++, qs += 4, qh += 2) {
-        const float dl1 = d * (float)(2 * ((sc[ib / 2] >> (6 * (ib % 2))) & 7) + 1);
-        const float dl2 = d * (float)(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3)) & 7) + 1);
-        const int idx[4] = {qs[0] | ((qh[0] << 8) & 0x700), qs[1] | ((qh[0] << 4) & 0x700),
-                            qs[2] | ((qh[1] << 8) & 0x700), qs[3] | ((qh[1] << 4) & 0x700)};
-        const float delta[4] = {qh[0] & 0x08 ? -QD_IQ1_DELTA : QD_IQ1_DELTA, qh[0] & 0x80 ? -QD_IQ1_DELTA : QD_IQ1_DELTA,
-                                qh[1] & 0x08 ? -QD_IQ1_DELTA : QD_IQ1_DELTA, qh[1] & 0x80 ? -QD_IQ1_DELTA : QD_IQ1_DELTA};
-        for (int l = 0; l < 4; l++, y += 8) {
-            const uint8_t *p = qd_iq_point(g, idx[l]);
-            const float dl = l < 2 ? dl1 : dl2;
-            for (int j = 0; j < 8; j++)
-                y[j] = dl * ((float)(p[j] - 1) + delta[l]);
-        }
-    }
+    const int ib = k / 4, l = k % 4;
+    const int qh = blk[32 + 2 * ib + l / 2] >> 4 * (l % 2); /* the point's 3 high index bits, then its shift's sign */
+    const float dl = d * (float)(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3 * (l / 2))) & 7) + 1);
+    const float delta = qh & 0x08 ? -QD_IQ1_DELTA : QD_IQ1_DELTA;
+    const uint8_t *p = qd_iq_point(g, blk[k] | (qh & 7) << 8);
+    for (int j = 0; j < 8; j++)
+        y[j] = dl * ((float)(p[j] - 1) + delta);
+}
+
+QD_HD void qd_iq1m_dequantize(const struct qd_iq_grid *QD_RESTRICT g, const uint8_t *QD_RESTRICT blk,
+                              float *QD_RESTRICT y)
+{
+    for (int k = 0; k < 32; k++)
+        qd_iq1m_dequantize_eight(g, blk, k, y + 8 * k);
 }
 
 #endif

@@ -382,32 +382,37 @@ QD_HD void qd_iq2_put8(const struct qd_iq2_tables *QD_RESTRICT t, int g, int s, 
         y[j] = db * qd_iq2_value(t->grid[g][j]) * (s & 1 << j ? -1.0f : 1.0f);
 }
 
+/* dequantize_row_iq2_<type> for the super-block's group k of 8 values (0..31: sub-block k / 4,
+ * its group k % 4), ggml's operations for them; a GPU thread takes one group */
+QD_HD void qd_iq2_dequantize_eight(const struct qd_iq2_tables *QD_RESTRICT t, int type, const uint8_t *QD_RESTRICT blk,
+                                   int k, float *QD_RESTRICT y)
+{
+    const float d = qd_get_f16(blk);
+    const int ib = k / 4, l = k % 4;
+    if (type == QD_IQ2_XXS) {
+        const uint8_t *q = blk + 2 + 8 * ib;
+        const uint32_t aux = (uint32_t)q[4] | (uint32_t)q[5] << 8 | (uint32_t)q[6] << 16 | (uint32_t)q[7] << 24;
+        const float db = d * (0.5f + (float)(aux >> 28)) * 0.25f;
+        qd_iq2_put8(t, q[l], qd_iq2_even_signs(aux >> 7 * l & 127), db, y);
+        return;
+    }
+    const int sc = blk[(type == QD_IQ2_XS ? 66 : 74) + ib];
+    const float db = d * (0.5f + (float)(l < 2 ? sc & 0xf : sc >> 4)) * 0.25f;
+    if (type == QD_IQ2_XS) {
+        const int v = blk[2 + 2 * k] | blk[3 + 2 * k] << 8;
+        qd_iq2_put8(t, v & 511, qd_iq2_even_signs(v >> 9), db, y);
+    } else {
+        const int g = blk[2 + k] | ((blk[66 + ib] << (8 - 2 * l)) & 0x300);
+        qd_iq2_put8(t, g, blk[34 + k], db, y);
+    }
+}
+
 /* dequantize_row_iq2_<type> for one super-block */
 QD_HD void qd_iq2_dequantize_block(const struct qd_iq2_tables *QD_RESTRICT t, int type, const uint8_t *QD_RESTRICT blk,
                                    float *QD_RESTRICT y)
 {
-    const float d = qd_get_f16(blk);
-    for (int ib = 0; ib < 8; ib++) {
-        if (type == QD_IQ2_XXS) {
-            const uint8_t *q = blk + 2 + 8 * ib;
-            const uint32_t aux = (uint32_t)q[4] | (uint32_t)q[5] << 8 | (uint32_t)q[6] << 16 | (uint32_t)q[7] << 24;
-            const float db = d * (0.5f + (float)(aux >> 28)) * 0.25f;
-            for (int l = 0; l < 4; l++, y += 8)
-                qd_iq2_put8(t, q[l], qd_iq2_even_signs(aux >> 7 * l & 127), db, y);
-            continue;
-        }
-        const int sc = blk[(type == QD_IQ2_XS ? 66 : 74) + ib];
-        const float db[2] = {d * (0.5f + (float)(sc & 0xf)) * 0.25f, d * (0.5f + (float)(sc >> 4)) * 0.25f};
-        for (int l = 0; l < 4; l++, y += 8) {
-            if (type == QD_IQ2_XS) {
-                const int v = blk[2 + 2 * (4 * ib + l)] | blk[3 + 2 * (4 * ib + l)] << 8;
-                qd_iq2_put8(t, v & 511, qd_iq2_even_signs(v >> 9), db[l / 2], y);
-            } else {
-                const int g = blk[2 + 4 * ib + l] | ((blk[66 + ib] << (8 - 2 * l)) & 0x300);
-                qd_iq2_put8(t, g, blk[34 + 4 * ib + l], db[l / 2], y);
-            }
-        }
-    }
+    for (int k = 0; k < 32; k++)
+        qd_iq2_dequantize_eight(t, type, blk, k, y + 8 * k);
 }
 
 #endif

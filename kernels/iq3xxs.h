@@ -226,25 +226,30 @@ QD_HD void qd_iq3xxs_quantize(const struct qd_iq_grid *QD_RESTRICT g, const floa
 /* ggml's iq3xxs_grid: the value of a level (4, 12, ..., 52, then 62 for level 7) */
 QD_HD int qd_iq3xxs_value(int level) { return level == 7 ? 62 : 8 * level + 4; }
 
+/* dequantize_row_iq3_xxs for the super-block's group k of 8 values (0..31: sub-block k / 4, its
+ * two 4-value points 2 (k % 4) and the next) */
+QD_HD void qd_iq3xxs_dequantize_eight(const struct qd_iq_grid *QD_RESTRICT g, const uint8_t *QD_RESTRICT blk, int k,
+                                      float *QD_RESTRICT y)
+{
+    const float d = qd_get_f16(blk);
+    const int ib = k / 4, l = k % 4;
+    const uint8_t *qs = blk + 2 + 8 * ib, *ss = blk + 66 + 4 * ib;
+    const uint32_t aux = (uint32_t)ss[0] | (uint32_t)ss[1] << 8 | (uint32_t)ss[2] << 16 | (uint32_t)ss[3] << 24;
+    const float db = d * (0.5f + (float)(aux >> 28)) * 0.5f;
+    int signs = (aux >> 7 * l) & 127;
+    signs |= (qd_popcount7(signs) & 1) << 7; /* ksigns_iq2xs: the eighth sign is the parity */
+    const uint8_t *g1 = qd_iq_point(g, qs[2 * l]), *g2 = qd_iq_point(g, qs[2 * l + 1]);
+    for (int j = 0; j < 4; j++) {
+        y[j] = db * (float)qd_iq3xxs_value(g1[j]) * (signs & (1 << j) ? -1.0f : 1.0f);
+        y[j + 4] = db * (float)qd_iq3xxs_value(g2[j]) * (signs & (1 << (j + 4)) ? -1.0f : 1.0f);
+    }
+}
+
 QD_HD void qd_iq3xxs_dequantize(const struct qd_iq_grid *QD_RESTRICT g, const uint8_t *QD_RESTRICT blk,
                                 float *QD_RESTRICT y)
 {
-    const float d = qd_get_f16(blk);
-    const uint8_t *qs = blk + 2, *ss = blk + 66;
-    for (int ib = 0; ib < 8; ib++, qs += 8) {
-        const uint32_t aux = (uint32_t)ss[4 * ib] | (uint32_t)ss[4 * ib + 1] << 8 | (uint32_t)ss[4 * ib + 2] << 16 |
-                             (uint32_t)ss[4 * ib + 3] << 24;
-        const float db = d * (0.5f + (float)(aux >> 28)) * 0.5f;
-        for (int l = 0; l < 4; l++, y += 8) {
-            int signs = (aux >> 7 * l) & 127;
-            signs |= (qd_popcount7(signs) & 1) << 7; /* ksigns_iq2xs: the eighth sign is the parity */
-            const uint8_t *g1 = qd_iq_point(g, qs[2 * l]), *g2 = qd_iq_point(g, qs[2 * l + 1]);
-            for (int j = 0; j < 4; j++) {
-                y[j] = db * (float)qd_iq3xxs_value(g1[j]) * (signs & (1 << j) ? -1.0f : 1.0f);
-                y[j + 4] = db * (float)qd_iq3xxs_value(g2[j]) * (signs & (1 << (j + 4)) ? -1.0f : 1.0f);
-            }
-        }
-    }
+    for (int k = 0; k < 32; k++)
+        qd_iq3xxs_dequantize_eight(g, blk, k, y + 8 * k);
 }
 
 #endif

@@ -36,6 +36,17 @@ QD_HD void qd_iqgrid_dequantize_block(int type, const struct qd_iq_grid *g, cons
         qd_iq1m_dequantize(g, blk, y);
 }
 
+/* the block's group k of 8 values (0..31), as the block's dequantize makes them */
+QD_HD void qd_iqgrid_dequantize_eight(int type, const struct qd_iq_grid *g, const uint8_t *blk, int k, float *y)
+{
+    if (type == QD_IQ3_XXS)
+        qd_iq3xxs_dequantize_eight(g, blk, k, y);
+    else if (type == QD_IQ1_S)
+        qd_iq1s_dequantize_eight(g, blk, k, y);
+    else
+        qd_iq1m_dequantize_eight(g, blk, k, y);
+}
+
 /* the host tables of a type, built on first use; NULL when memory ran out */
 static inline const struct qd_iq_grid *qd_iqgrid_tables(int type)
 {

@@ -1,6 +1,6 @@
 /* ggml's iq2_xxs, iq2_xs and iq2_s on the GPU, with the CPU's block code (kernels/iq2.h, built
- * without FMA contraction): a thread per sub-block for quantize, one per 256-element
- * super-block for dequantize, all reading a device copy of the host's tables (kernels/iq2.c), made once per
+ * without FMA contraction): a thread per sub-block for quantize, one per 8 values for
+ * dequantize, all reading a device copy of the host's tables (kernels/iq2.c), made once per
  * device and type into module globals (nothing to free). */
 #include <pthread.h>
 
@@ -9,7 +9,6 @@
 #include "subblock.cuh"
 #include "tile.cuh"
 
-#define IQ2_THREADS 64
 #define IQ2_MAX_DEVICES 64
 
 __device__ struct qd_iq2_tables iq2_tables_dev[3];
@@ -231,16 +230,19 @@ __global__ void __launch_bounds__(64, 6) iq2xxs_warp_quantize_kernel(const struc
     qd_sub_store<N>(blk, out + b * qd_iq2_block_bytes(QD_IQ2_XXS), qd_iq2_block_bytes(QD_IQ2_XXS), ib);
 }
 
+/* A thread per 8 values (iqgrid.cu's dequantize says why) */
+#define IQ2_DQ_THREADS 256
+
 template <int DT, int TYPE>
-__global__ void __launch_bounds__(IQ2_THREADS) iq2_dequantize_kernel(const struct qd_iq2_tables *t, const uint8_t *in,
-                                                                     int64_t nblocks, void *y)
+__global__ void __launch_bounds__(IQ2_DQ_THREADS) iq2_dequantize_kernel(const struct qd_iq2_tables *t, const uint8_t *in,
+                                                                        int64_t ngroups, void *y)
 {
-    const int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (b >= nblocks)
+    const int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (k >= ngroups)
         return;
-    float v[QD_QK_K];
-    qd_iq2_dequantize_block(t, TYPE, in + b * qd_iq2_block_bytes(TYPE), v);
-    qd_store_block<DT, QD_QK_K>(y, b * QD_QK_K, v);
+    float v[8];
+    qd_iq2_dequantize_eight(t, TYPE, in + k / 32 * qd_iq2_block_bytes(TYPE), (int)(k % 32), v);
+    qd_store_block<DT, 8>(y, k * 8, v);
 }
 
 #define IQ2_TYPE_SWITCH(t, TYPE, ...)                                                           \
@@ -291,8 +293,8 @@ extern "C" enum qd_status qd_cuda_iq2_dequantize(const struct qd_format *f, cons
     if (!t)
         return QD_EDEVICE;
     QD_DTYPE_SWITCH(out->dtype, DT, IQ2_TYPE_SWITCH(f->code, TYPE,
-                    iq2_dequantize_kernel<DT, TYPE><<<qd_grid(nblocks, IQ2_THREADS), IQ2_THREADS, 0, qd_stream()>>>(
-                        t, (const uint8_t *)in[0], nblocks, out->data)));
+                    iq2_dequantize_kernel<DT, TYPE><<<qd_grid(32 * nblocks, IQ2_DQ_THREADS), IQ2_DQ_THREADS, 0, qd_stream()>>>(
+                        t, (const uint8_t *)in[0], 32 * nblocks, out->data)));
     CUDA_LAUNCHED();
     return QD_OK;
 }

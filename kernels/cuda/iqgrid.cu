@@ -1,8 +1,8 @@
 /* ggml's iq3_xxs, iq1_s and iq1_m on the GPU, with the CPU's super-block code
  * (kernels/iqgrid_quants.h, built without FMA contraction): a lane per 4-value group to quantize
  * iq3_xxs (iq3xxs_lanes.cuh), a thread per sub-block for iq1_s (weighted by the importance when
- * one is given; its searches shared by the warp), else one thread per 256-element super-block,
- * for iq1_m's quantize and for dequantize, over a device copy of the grid tables the host built
+ * one is given; its searches shared by the warp), one thread per 256-element super-block for
+ * iq1_m's quantize, and a thread per 8 values to dequantize, over a device copy of the grid tables the host built
  * (kernels/iqgrid.c), made once per context (1.6 MB for the IQ1 grid, 0.13 MB for IQ3_XXS's).
  * Copied per call from pageable memory, the IQ1 grid cost iq1_s 0.13 ms of its 1.89 ms quantize
  * of a 4096^2 tensor and 0.08 of its 0.19 ms dequantize (docs/BENCHMARKS.md). */
@@ -154,16 +154,21 @@ __global__ void __launch_bounds__(8 * IQG_SB, 8) iq1s_warp_quantize_kernel(const
     qd_sub_store<8>(blk, out + b * BYTES, BYTES, ib);
 }
 
+/* A thread per 8 values, a super-block's 32 threads its groups in order (a thread per super-block,
+ * its 256 values in local memory and stored at a 512-byte stride, ran at 7 % of the copy's
+ * bandwidth at 16384^2). */
+#define IQG_DQ_THREADS 256
+
 template <int DT, int TYPE>
-__global__ void __launch_bounds__(IQG_THREADS) iqgrid_dequantize_kernel(const uint8_t *in, int64_t nblocks,
-                                                                       struct qd_iq_grid g, void *y)
+__global__ void __launch_bounds__(IQG_DQ_THREADS) iqgrid_dequantize_kernel(const uint8_t *in, int64_t ngroups,
+                                                                          struct qd_iq_grid g, void *y)
 {
-    const int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (b >= nblocks)
+    const int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (k >= ngroups)
         return;
-    float v[QD_QK_K];
-    qd_iqgrid_dequantize_block(TYPE, &g, in + b * qd_iqgrid_block_bytes(TYPE), v);
-    qd_store_block<DT, QD_QK_K>(y, b * QD_QK_K, v);
+    float v[8];
+    qd_iqgrid_dequantize_eight(TYPE, &g, in + k / 32 * qd_iqgrid_block_bytes(TYPE), (int)(k % 32), v);
+    qd_store_block<DT, 8>(y, k * 8, v);
 }
 
 #define IQGRID_TYPE_SWITCH(t, TYPE, ...)                                                        \
@@ -254,8 +259,8 @@ extern "C" enum qd_status qd_cuda_iqgrid_dequantize(const struct qd_format *f, c
     if (s != QD_OK)
         return s;
     QD_DTYPE_SWITCH(out->dtype, DT, IQGRID_TYPE_SWITCH(f->code, TYPE,
-                    iqgrid_dequantize_kernel<DT, TYPE><<<qd_grid(nblocks, IQG_THREADS), IQG_THREADS, 0, qd_stream()>>>(
-                        (const uint8_t *)in[0], nblocks, g, out->data)));
+                    iqgrid_dequantize_kernel<DT, TYPE><<<qd_grid(32 * nblocks, IQG_DQ_THREADS), IQG_DQ_THREADS, 0, qd_stream()>>>(
+                        (const uint8_t *)in[0], 32 * nblocks, g, out->data)));
     CUDA_LAUNCHED();
     return QD_OK;
 }

@@ -177,25 +177,31 @@ QD_HD void qd_iq3s_quantize(const struct qd_iq3s_tables *QD_RESTRICT t, const fl
     }
 }
 
+/* dequantize_row_iq3_s for the super-block's group k of 8 values (0..31: sub-block k / 4, its
+ * two 4-value points 2 (k % 4) and the next); a GPU thread takes one group */
+QD_HD void qd_iq3s_dequantize_eight(const struct qd_iq3s_tables *QD_RESTRICT t, const uint8_t *QD_RESTRICT blk, int k,
+                                    float *QD_RESTRICT y)
+{
+    const float d = qd_get_f16(blk);
+    const int ib = k / 4, l = k % 4;
+    const uint8_t *qs = blk + 2 + 8 * ib, *signs = blk + 74 + 4 * ib;
+    const int s = blk[106 + ib / 2] >> 4 * (ib % 2) & 0xf;
+    const float db = d * (float)(1 + 2 * s);
+    const int h = blk[66 + ib];
+    const uint8_t *g1 = t->grid[qs[2 * l] | ((h << (8 - 2 * l)) & 256)];
+    const uint8_t *g2 = t->grid[qs[2 * l + 1] | ((h << (7 - 2 * l)) & 256)];
+    for (int j = 0; j < 4; j++) {
+        y[j] = db * (float)g1[j] * (signs[l] & (1 << j) ? -1.0f : 1.0f);
+        y[j + 4] = db * (float)g2[j] * (signs[l] & (1 << (j + 4)) ? -1.0f : 1.0f);
+    }
+}
+
 /* dequantize_row_iq3_s for one super-block */
 QD_HD void qd_iq3s_dequantize(const struct qd_iq3s_tables *QD_RESTRICT t, const uint8_t *QD_RESTRICT blk,
                               float *QD_RESTRICT y)
 {
-    const float d = qd_get_f16(blk);
-    const uint8_t *qs = blk + 2, *qh = blk + 66, *signs = blk + 74;
-    for (int ib = 0; ib < 8; ib++, qs += 8, signs += 4) {
-        const int s = blk[106 + ib / 2] >> 4 * (ib % 2) & 0xf;
-        const float db = d * (float)(1 + 2 * s);
-        for (int l = 0; l < 4; l++, y += 8) {
-            const int h = qh[ib / 2 * 2 + ib % 2];
-            const uint8_t *g1 = t->grid[qs[2 * l] | ((h << (8 - 2 * l)) & 256)];
-            const uint8_t *g2 = t->grid[qs[2 * l + 1] | ((h << (7 - 2 * l)) & 256)];
-            for (int j = 0; j < 4; j++) {
-                y[j] = db * (float)g1[j] * (signs[l] & (1 << j) ? -1.0f : 1.0f);
-                y[j + 4] = db * (float)g2[j] * (signs[l] & (1 << (j + 4)) ? -1.0f : 1.0f);
-            }
-        }
-    }
+    for (int k = 0; k < 32; k++)
+        qd_iq3s_dequantize_eight(t, blk, k, y + 8 * k);
 }
 
 #endif

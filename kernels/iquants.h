@@ -301,32 +301,37 @@ QD_HD void qd_iquant_quantize_block(int type, const float *QD_RESTRICT x, const 
     }
 }
 
+/* dequantize_row_<type> for the block's group k of 8 values, for iq4_nl and MXFP4 (k 0..3 of
+ * 32) and iq4_xs (0..31 of 256); a GPU thread takes one group. A 32-value run's first 16 values
+ * are its 16 bytes' low nibbles, its last 16 their high ones. */
+QD_HD void qd_iquant_dequantize_eight(int type, const uint8_t *QD_RESTRICT blk, int k, float *QD_RESTRICT y)
+{
+    const int half = k % 2, high = k % 4 >= 2;
+    if (type == QD_IQ4_XS) {
+        const float d = qd_get_f16(blk);
+        const int sh = blk[2] | blk[3] << 8, ib = k / 4;
+        const uint8_t *qs = blk + 8 + 16 * ib + 8 * half;
+        const int ls = ((blk[4 + ib / 2] >> 4 * (ib % 2)) & 0xf) | (((sh >> 2 * ib) & 3) << 4);
+        const float dl = d * (float)(ls - 32);
+        for (int j = 0; j < 8; j++)
+            y[j] = dl * (float)qd_iq4_value(high ? qs[j] >> 4 : qs[j] & 0xf);
+        return;
+    }
+    const int nl = type == QD_IQ4_NL;
+    const float d = nl ? qd_get_f16(blk) : qd_mxg_half_scale(blk[0]);
+    const uint8_t *qs = blk + (nl ? 2 : 1) + 8 * half;
+    for (int j = 0; j < 8; j++) {
+        const int q = high ? qs[j] >> 4 : qs[j] & 0xf;
+        y[j] = nl ? d * (float)qd_iq4_value(q) : (float)qd_mxg_value(q) * d;
+    }
+}
+
 /* dequantize_row_<type> for one block. */
 QD_HD void qd_iquant_dequantize_block(int type, const uint8_t *QD_RESTRICT blk, float *QD_RESTRICT y)
 {
-    if (type == QD_IQ4_NL || type == QD_MXFP4_GGML) {
-        const int nl = type == QD_IQ4_NL;
-        const float d = nl ? qd_get_f16(blk) : qd_mxg_half_scale(blk[0]);
-        const uint8_t *qs = blk + (nl ? 2 : 1);
-        for (int j = 0; j < 16; j++) {
-            const int lo = qs[j] & 0xf, hi = qs[j] >> 4;
-            y[j] = nl ? d * (float)qd_iq4_value(lo) : (float)qd_mxg_value(lo) * d;
-            y[j + 16] = nl ? d * (float)qd_iq4_value(hi) : (float)qd_mxg_value(hi) * d;
-        }
-        return;
-    }
-    if (type == QD_IQ4_XS) {
-        const float d = qd_get_f16(blk);
-        const int sh = blk[2] | blk[3] << 8;
-        const uint8_t *qs = blk + 8;
-        for (int ib = 0; ib < 8; ib++, y += 32, qs += 16) {
-            const int ls = ((blk[4 + ib / 2] >> 4 * (ib % 2)) & 0xf) | (((sh >> 2 * ib) & 3) << 4);
-            const float dl = d * (float)(ls - 32);
-            for (int j = 0; j < 16; j++) {
-                y[j] = dl * (float)qd_iq4_value(qs[j] & 0xf);
-                y[j + 16] = dl * (float)qd_iq4_value(qs[j] >> 4);
-            }
-        }
+    if (type == QD_IQ4_NL || type == QD_MXFP4_GGML || type == QD_IQ4_XS) {
+        for (int k = 0; k < (type == QD_IQ4_XS ? 32 : 4); k++)
+            qd_iquant_dequantize_eight(type, blk, k, y + 8 * k);
         return;
     }
     if (type == QD_TQ2_0) {

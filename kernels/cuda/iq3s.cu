@@ -3,7 +3,7 @@
  * CPU): quantize with a lane per 4-value group (iqlanes.cuh: a CTA of 64 lanes a super-block,
  * the sub-block's folds as chains over its 8 lanes; one thread per super-block held 256 values
  * and the search's arrays in local memory), weighted by the importance when one is given;
- * dequantize one thread per super-block. The grid, its map and neighbour lists (built on the
+ * dequantize a thread per 8 values. The grid, its map and neighbour lists (built on the
  * host, kernels/iq3s.c) are copied to device memory once per context. */
 #include <stddef.h>
 
@@ -11,6 +11,7 @@
 #include "iqlanes.cuh"
 
 #define IQ3S_THREADS 64
+#define IQ3S_DQ_THREADS 256 /* a thread per 8 values to dequantize (iqgrid.cu's says why) */
 
 /* the search's 8-byte loads of the codes (iqlist.cuh) need them 8-byte aligned in the copy */
 static_assert(offsetof(struct qd_iq3s_tables, codes) % 8 == 0, "the codes start on 8 bytes");
@@ -166,15 +167,15 @@ __global__ void __launch_bounds__(IQ3L_LANES) iq3s_quantize_kernel(const void *x
 }
 
 template <int DT>
-__global__ void __launch_bounds__(IQ3S_THREADS) iq3s_dequantize_kernel(const uint8_t *in, int64_t nblocks,
-                                                                       const struct qd_iq3s_tables *t, void *y)
+__global__ void __launch_bounds__(IQ3S_DQ_THREADS) iq3s_dequantize_kernel(const uint8_t *in, int64_t ngroups,
+                                                                          const struct qd_iq3s_tables *t, void *y)
 {
-    const int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (b >= nblocks)
+    const int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (k >= ngroups)
         return;
-    float v[QD_QK_K];
-    qd_iq3s_dequantize(t, in + b * QD_IQ3S_BLOCK_BYTES, v);
-    qd_store_block<DT, QD_QK_K>(y, b * QD_QK_K, v);
+    float v[8];
+    qd_iq3s_dequantize_eight(t, in + k / 32 * QD_IQ3S_BLOCK_BYTES, (int)(k % 32), v);
+    qd_store_block<DT, 8>(y, k * 8, v);
 }
 
 extern "C" enum qd_status qd_cuda_iq3s_quantize(const struct qd_format *f, const struct qd_tensor *in,
@@ -214,8 +215,8 @@ extern "C" enum qd_status qd_cuda_iq3s_dequantize(const struct qd_format *f, con
     if (s != QD_OK)
         return s;
     QD_DTYPE_SWITCH(out->dtype, DT,
-                    iq3s_dequantize_kernel<DT><<<qd_grid(nblocks, IQ3S_THREADS), IQ3S_THREADS, 0, qd_stream()>>>(
-                        (const uint8_t *)in[0], nblocks, t, out->data));
+                    iq3s_dequantize_kernel<DT><<<qd_grid(32 * nblocks, IQ3S_DQ_THREADS), IQ3S_DQ_THREADS, 0, qd_stream()>>>(
+                        (const uint8_t *)in[0], 32 * nblocks, t, out->data));
     CUDA_LAUNCHED();
     return QD_OK;
 }

@@ -1,7 +1,7 @@
 /* ggml's iq4_nl, iq4_xs, tq1_0, tq2_0 and MXFP4 on the GPU, with the CPU's block code
  * (kernels/iquants.h, built without FMA contraction): one thread per block for quantize (the
  * iq4 searches weighted by the importance when one is given) but iq4_xs's, a thread per
- * sub-block, and for dequantize. */
+ * sub-block; dequantize a thread per 8 values, tq1_0's and tq2_0's a thread per block. */
 #include "../iquants.h"
 #include "subblock.cuh"
 #include "tile.cuh"
@@ -23,6 +23,22 @@ __global__ void __launch_bounds__(IQ_THREADS) iquant_quantize_kernel(const void 
         qd_note_first_nonfinite<N>(bad, v, e0);
     const float *qw = imp ? (mrows ? imp + e0 / cols / mrows * cols : imp) + e0 % cols : NULL;
     qd_iquant_quantize_block(TYPE, v, qw, out + b * qd_iquant_block_bytes(TYPE));
+}
+
+/* iq4_nl, iq4_xs, MXFP4: a thread per 8 values (iqgrid.cu's dequantize says why) */
+#define IQ_DQ_THREADS 256
+
+template <int DT, int TYPE>
+__global__ void __launch_bounds__(IQ_DQ_THREADS) iquant_dequantize_eight_kernel(const uint8_t *in, int64_t ngroups,
+                                                                               void *y)
+{
+    constexpr int G = TYPE == QD_IQ4_XS ? 32 : 4; /* groups a block */
+    const int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (k >= ngroups)
+        return;
+    float v[8];
+    qd_iquant_dequantize_eight(TYPE, in + k / G * qd_iquant_block_bytes(TYPE), (int)(k % G), v);
+    qd_store_block<DT, 8>(y, k * 8, v);
 }
 
 template <int DT, int TYPE>
@@ -124,10 +140,16 @@ extern "C" enum qd_status qd_cuda_iquant_dequantize(const struct qd_format *f, c
                                                     const struct qd_params *p, struct qd_tensor *out)
 {
     (void)p;
-    const int64_t nblocks = qd_tensor_numel(out) / f->block_elems;
-    QD_DTYPE_SWITCH(out->dtype, DT, IQUANT_TYPE_SWITCH(f->code, TYPE,
-                    iquant_dequantize_kernel<DT, TYPE><<<qd_grid(nblocks, IQ_THREADS), IQ_THREADS, 0, qd_stream()>>>(
-                        (const uint8_t *)in[0], nblocks, out->data)));
+    const int64_t nblocks = qd_tensor_numel(out) / f->block_elems, ngroups = qd_tensor_numel(out) / 8;
+    if (f->code == QD_TQ1_0 || f->code == QD_TQ2_0) {
+        QD_DTYPE_SWITCH(out->dtype, DT, IQUANT_TYPE_SWITCH(f->code, TYPE,
+                        iquant_dequantize_kernel<DT, TYPE><<<qd_grid(nblocks, IQ_THREADS), IQ_THREADS, 0, qd_stream()>>>(
+                            (const uint8_t *)in[0], nblocks, out->data)));
+    } else {
+        QD_DTYPE_SWITCH(out->dtype, DT, IQUANT_TYPE_SWITCH(f->code, TYPE,
+                        iquant_dequantize_eight_kernel<DT, TYPE><<<qd_grid(ngroups, IQ_DQ_THREADS), IQ_DQ_THREADS, 0, qd_stream()>>>(
+                            (const uint8_t *)in[0], ngroups, out->data)));
+    }
     CUDA_LAUNCHED();
     return QD_OK;
 }

@@ -459,6 +459,14 @@ QD_HD void qd_iq1m_quantize(const struct qd_iq_grid *QD_RESTRICT g, const float 
     }
 }
 
+/* The 8 values of grid point index at scale dl, shifted by delta (both types' dequantize) */
+QD_HD void qd_iq1_put8(const struct qd_iq_grid *QD_RESTRICT g, int index, float dl, float delta, float *QD_RESTRICT y)
+{
+    const uint8_t *p = qd_iq_point(g, index);
+    for (int j = 0; j < 8; j++)
+        y[j] = dl * ((float)(p[j] - 1) + delta);
+}
+
 /* dequantize_row_iq1_s for the super-block's group k of 8 values (0..31: sub-block k / 4, its
  * point k % 4) */
 QD_HD void qd_iq1s_dequantize_eight(const struct qd_iq_grid *QD_RESTRICT g, const uint8_t *QD_RESTRICT blk, int k,
@@ -469,9 +477,7 @@ QD_HD void qd_iq1s_dequantize_eight(const struct qd_iq_grid *QD_RESTRICT g, cons
     const int qh = blk[34 + 2 * ib] | blk[35 + 2 * ib] << 8;
     const float dl = d * (float)(2 * ((qh >> 12) & 7) + 1);
     const float delta = qh & 0x8000 ? -QD_IQ1_DELTA : QD_IQ1_DELTA;
-    const uint8_t *p = qd_iq_point(g, blk[2 + k] | ((qh >> 3 * l) & 7) << 8);
-    for (int j = 0; j < 8; j++)
-        y[j] = dl * ((float)(p[j] - 1) + delta);
+    qd_iq1_put8(g, blk[2 + k] | ((qh >> 3 * l) & 7) << 8, dl, delta, y);
 }
 
 QD_HD void qd_iq1s_dequantize(const struct qd_iq_grid *QD_RESTRICT g, const uint8_t *QD_RESTRICT blk,
@@ -495,9 +501,7 @@ QD_HD void qd_iq1m_dequantize_eight(const struct qd_iq_grid *QD_RESTRICT g, cons
     const int qh = blk[32 + 2 * ib + l / 2] >> 4 * (l % 2); /* the point's 3 high index bits, then its shift's sign */
     const float dl = d * (float)(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3 * (l / 2))) & 7) + 1);
     const float delta = qh & 0x08 ? -QD_IQ1_DELTA : QD_IQ1_DELTA;
-    const uint8_t *p = qd_iq_point(g, blk[k] | (qh & 7) << 8);
-    for (int j = 0; j < 8; j++)
-        y[j] = dl * ((float)(p[j] - 1) + delta);
+    qd_iq1_put8(g, blk[k] | (qh & 7) << 8, dl, delta, y);
 }
 
 QD_HD void qd_iq1m_dequantize(const struct qd_iq_grid *QD_RESTRICT g, const uint8_t *QD_RESTRICT blk,

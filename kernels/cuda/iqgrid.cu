@@ -2,10 +2,11 @@
  * (kernels/iqgrid_quants.h, built without FMA contraction): a lane per 4-value group to quantize
  * iq3_xxs (iq3xxs_lanes.cuh), a thread per sub-block for iq1_s (weighted by the importance when
  * one is given; its searches shared by the warp), one thread per 256-element super-block for
- * iq1_m's quantize, and a thread per 8 values to dequantize, over a device copy of the grid tables the host built
- * (kernels/iqgrid.c), made once per context (1.6 MB for the IQ1 grid, 0.13 MB for IQ3_XXS's).
- * Copied per call from pageable memory, the IQ1 grid cost iq1_s 0.13 ms of its 1.89 ms quantize
- * of a 4096^2 tensor and 0.08 of its 0.19 ms dequantize (docs/BENCHMARKS.md). */
+ * iq1_m's quantize, and a thread per 8 values to dequantize, over a device copy of the grid
+ * tables the host built (kernels/iqgrid.c), made once per context (1.6 MB for the IQ1 grid,
+ * 0.13 MB for IQ3_XXS's). Copied per call from pageable memory, the IQ1 grid cost iq1_s 0.13 ms
+ * of its 1.89 ms quantize of a 4096^2 tensor and 0.08 of its 0.19 ms dequantize
+ * (docs/BENCHMARKS.md). */
 #include "../iqgrid_quants.h"
 #include "iq1s_regs.cuh"
 #include "iq3xxs_lanes.cuh"

@@ -326,11 +326,16 @@ QD_HD void qd_iquant_dequantize_eight(int type, const uint8_t *QD_RESTRICT blk, 
     }
 }
 
+/* The groups of 8 values a block of type dequantizes by qd_iquant_dequantize_eight; 0 for tq1_0
+ * and tq2_0, whose trits do not fall into such groups (their whole block at once). A macro, so
+ * that a kernel's template can take it as a constant. */
+#define QD_IQUANT_EIGHTS(type) ((type) == QD_IQ4_XS ? 32 : (type) == QD_IQ4_NL || (type) == QD_MXFP4_GGML ? 4 : 0)
+
 /* dequantize_row_<type> for one block. */
 QD_HD void qd_iquant_dequantize_block(int type, const uint8_t *QD_RESTRICT blk, float *QD_RESTRICT y)
 {
-    if (type == QD_IQ4_NL || type == QD_MXFP4_GGML || type == QD_IQ4_XS) {
-        for (int k = 0; k < (type == QD_IQ4_XS ? 32 : 4); k++)
+    if (QD_IQUANT_EIGHTS(type)) {
+        for (int k = 0; k < QD_IQUANT_EIGHTS(type); k++)
             qd_iquant_dequantize_eight(type, blk, k, y + 8 * k);
         return;
     }

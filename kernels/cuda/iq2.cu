@@ -230,11 +230,9 @@ __global__ void __launch_bounds__(64, 6) iq2xxs_warp_quantize_kernel(const struc
     qd_sub_store<N>(blk, out + b * qd_iq2_block_bytes(QD_IQ2_XXS), qd_iq2_block_bytes(QD_IQ2_XXS), ib);
 }
 
-/* A thread per 8 values (iqgrid.cu's dequantize says why) */
-#define IQ2_DQ_THREADS 256
-
+/* a thread per 8 values, a super-block's 32 threads its groups in order */
 template <int DT, int TYPE>
-__global__ void __launch_bounds__(IQ2_DQ_THREADS) iq2_dequantize_kernel(const struct qd_iq2_tables *t, const uint8_t *in,
+__global__ void __launch_bounds__(QD_EIGHT_THREADS) iq2_dequantize_kernel(const struct qd_iq2_tables *t, const uint8_t *in,
                                                                         int64_t ngroups, void *y)
 {
     const int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
@@ -293,7 +291,7 @@ extern "C" enum qd_status qd_cuda_iq2_dequantize(const struct qd_format *f, cons
     if (!t)
         return QD_EDEVICE;
     QD_DTYPE_SWITCH(out->dtype, DT, IQ2_TYPE_SWITCH(f->code, TYPE,
-                    iq2_dequantize_kernel<DT, TYPE><<<qd_grid(32 * nblocks, IQ2_DQ_THREADS), IQ2_DQ_THREADS, 0, qd_stream()>>>(
+                    iq2_dequantize_kernel<DT, TYPE><<<qd_grid(32 * nblocks, QD_EIGHT_THREADS), QD_EIGHT_THREADS, 0, qd_stream()>>>(
                         t, (const uint8_t *)in[0], 32 * nblocks, out->data)));
     CUDA_LAUNCHED();
     return QD_OK;

@@ -11,7 +11,6 @@
 #include "iqlanes.cuh"
 
 #define IQ3S_THREADS 64
-#define IQ3S_DQ_THREADS 256 /* a thread per 8 values to dequantize (iqgrid.cu's says why) */
 
 /* the search's 8-byte loads of the codes (iqlist.cuh) need them 8-byte aligned in the copy */
 static_assert(offsetof(struct qd_iq3s_tables, codes) % 8 == 0, "the codes start on 8 bytes");
@@ -167,7 +166,7 @@ __global__ void __launch_bounds__(IQ3L_LANES) iq3s_quantize_kernel(const void *x
 }
 
 template <int DT>
-__global__ void __launch_bounds__(IQ3S_DQ_THREADS) iq3s_dequantize_kernel(const uint8_t *in, int64_t ngroups,
+__global__ void __launch_bounds__(QD_EIGHT_THREADS) iq3s_dequantize_kernel(const uint8_t *in, int64_t ngroups,
                                                                           const struct qd_iq3s_tables *t, void *y)
 {
     const int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
@@ -215,7 +214,7 @@ extern "C" enum qd_status qd_cuda_iq3s_dequantize(const struct qd_format *f, con
     if (s != QD_OK)
         return s;
     QD_DTYPE_SWITCH(out->dtype, DT,
-                    iq3s_dequantize_kernel<DT><<<qd_grid(32 * nblocks, IQ3S_DQ_THREADS), IQ3S_DQ_THREADS, 0, qd_stream()>>>(
+                    iq3s_dequantize_kernel<DT><<<qd_grid(32 * nblocks, QD_EIGHT_THREADS), QD_EIGHT_THREADS, 0, qd_stream()>>>(
                         (const uint8_t *)in[0], 32 * nblocks, t, out->data));
     CUDA_LAUNCHED();
     return QD_OK;

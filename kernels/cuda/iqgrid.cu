@@ -155,13 +155,9 @@ __global__ void __launch_bounds__(8 * IQG_SB, 8) iq1s_warp_quantize_kernel(const
     qd_sub_store<8>(blk, out + b * BYTES, BYTES, ib);
 }
 
-/* A thread per 8 values, a super-block's 32 threads its groups in order (a thread per super-block,
- * its 256 values in local memory and stored at a 512-byte stride, ran at 7 % of the copy's
- * bandwidth at 16384^2). */
-#define IQG_DQ_THREADS 256
-
+/* a thread per 8 values, a super-block's 32 threads its groups in order */
 template <int DT, int TYPE>
-__global__ void __launch_bounds__(IQG_DQ_THREADS) iqgrid_dequantize_kernel(const uint8_t *in, int64_t ngroups,
+__global__ void __launch_bounds__(QD_EIGHT_THREADS) iqgrid_dequantize_kernel(const uint8_t *in, int64_t ngroups,
                                                                           struct qd_iq_grid g, void *y)
 {
     const int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
@@ -260,7 +256,7 @@ extern "C" enum qd_status qd_cuda_iqgrid_dequantize(const struct qd_format *f, c
     if (s != QD_OK)
         return s;
     QD_DTYPE_SWITCH(out->dtype, DT, IQGRID_TYPE_SWITCH(f->code, TYPE,
-                    iqgrid_dequantize_kernel<DT, TYPE><<<qd_grid(32 * nblocks, IQG_DQ_THREADS), IQG_DQ_THREADS, 0, qd_stream()>>>(
+                    iqgrid_dequantize_kernel<DT, TYPE><<<qd_grid(32 * nblocks, QD_EIGHT_THREADS), QD_EIGHT_THREADS, 0, qd_stream()>>>(
                         (const uint8_t *)in[0], 32 * nblocks, g, out->data)));
     CUDA_LAUNCHED();
     return QD_OK;

@@ -25,32 +25,24 @@ __global__ void __launch_bounds__(IQ_THREADS) iquant_quantize_kernel(const void 
     qd_iquant_quantize_block(TYPE, v, qw, out + b * qd_iquant_block_bytes(TYPE));
 }
 
-/* iq4_nl, iq4_xs, MXFP4: a thread per 8 values (iqgrid.cu's dequantize says why) */
-#define IQ_DQ_THREADS 256
-
+/* A thread per 8 values (item: a group), but a thread per block (item: a block) where the type's
+ * block is not made of 8-value groups (QD_IQUANT_EIGHTS 0: tq1_0, tq2_0). */
 template <int DT, int TYPE>
-__global__ void __launch_bounds__(IQ_DQ_THREADS) iquant_dequantize_eight_kernel(const uint8_t *in, int64_t ngroups,
-                                                                               void *y)
+__global__ void __launch_bounds__(QD_EIGHT_THREADS) iquant_dequantize_kernel(const uint8_t *in, int64_t items, void *y)
 {
-    constexpr int G = TYPE == QD_IQ4_XS ? 32 : 4; /* groups a block */
-    const int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (k >= ngroups)
+    constexpr int G = QD_IQUANT_EIGHTS(TYPE);
+    const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i >= items)
         return;
-    float v[8];
-    qd_iquant_dequantize_eight(TYPE, in + k / G * qd_iquant_block_bytes(TYPE), (int)(k % G), v);
-    qd_store_block<DT, 8>(y, k * 8, v);
-}
-
-template <int DT, int TYPE>
-__global__ void __launch_bounds__(IQ_THREADS) iquant_dequantize_kernel(const uint8_t *in, int64_t nblocks, void *y)
-{
-    constexpr int N = (TYPE == QD_IQ4_NL || TYPE == QD_MXFP4_GGML) ? 32 : QD_QK_K;
-    const int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (b >= nblocks)
-        return;
-    float v[N];
-    qd_iquant_dequantize_block(TYPE, in + b * qd_iquant_block_bytes(TYPE), v);
-    qd_store_block<DT, N>(y, b * N, v);
+    if constexpr (G > 0) {
+        float v[8];
+        qd_iquant_dequantize_eight(TYPE, in + i / G * qd_iquant_block_bytes(TYPE), (int)(i % G), v);
+        qd_store_block<DT, 8>(y, i * 8, v);
+    } else {
+        float v[QD_QK_K];
+        qd_iquant_dequantize_block(TYPE, in + i * qd_iquant_block_bytes(TYPE), v);
+        qd_store_block<DT, QD_QK_K>(y, i * QD_QK_K, v);
+    }
 }
 
 /* iq4_xs: a thread per 32-element sub-block, eight per super-block, IQ4XS_SB super-blocks a CTA.
@@ -140,16 +132,10 @@ extern "C" enum qd_status qd_cuda_iquant_dequantize(const struct qd_format *f, c
                                                     const struct qd_params *p, struct qd_tensor *out)
 {
     (void)p;
-    const int64_t nblocks = qd_tensor_numel(out) / f->block_elems, ngroups = qd_tensor_numel(out) / 8;
-    if (f->code == QD_TQ1_0 || f->code == QD_TQ2_0) {
-        QD_DTYPE_SWITCH(out->dtype, DT, IQUANT_TYPE_SWITCH(f->code, TYPE,
-                        iquant_dequantize_kernel<DT, TYPE><<<qd_grid(nblocks, IQ_THREADS), IQ_THREADS, 0, qd_stream()>>>(
-                            (const uint8_t *)in[0], nblocks, out->data)));
-    } else {
-        QD_DTYPE_SWITCH(out->dtype, DT, IQUANT_TYPE_SWITCH(f->code, TYPE,
-                        iquant_dequantize_eight_kernel<DT, TYPE><<<qd_grid(ngroups, IQ_DQ_THREADS), IQ_DQ_THREADS, 0, qd_stream()>>>(
-                            (const uint8_t *)in[0], ngroups, out->data)));
-    }
+    const int64_t items = qd_tensor_numel(out) / (QD_IQUANT_EIGHTS(f->code) ? 8 : f->block_elems);
+    QD_DTYPE_SWITCH(out->dtype, DT, IQUANT_TYPE_SWITCH(f->code, TYPE,
+                    iquant_dequantize_kernel<DT, TYPE><<<qd_grid(items, QD_EIGHT_THREADS), QD_EIGHT_THREADS, 0, qd_stream()>>>(
+                        (const uint8_t *)in[0], items, out->data)));
     CUDA_LAUNCHED();
     return QD_OK;
 }

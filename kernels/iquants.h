@@ -334,7 +334,7 @@ QD_HD void qd_iquant_dequantize_eight(int type, const uint8_t *QD_RESTRICT blk, 
 /* dequantize_row_<type> for one block. */
 QD_HD void qd_iquant_dequantize_block(int type, const uint8_t *QD_RESTRICT blk, float *QD_RESTRICT y)
 {
-    if (QD_IQUANT_EIGHTS(type)) {
+    if (QD_IQUANT_EIGHTS(type) > 0) {
         for (int k = 0; k < QD_IQUANT_EIGHTS(type); k++)
             qd_iquant_dequantize_eight(type, blk, k, y + 8 * k);
         return;

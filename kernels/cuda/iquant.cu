@@ -132,7 +132,7 @@ extern "C" enum qd_status qd_cuda_iquant_dequantize(const struct qd_format *f, c
                                                     const struct qd_params *p, struct qd_tensor *out)
 {
     (void)p;
-    const int64_t items = qd_tensor_numel(out) / (QD_IQUANT_EIGHTS(f->code) ? 8 : f->block_elems);
+    const int64_t items = qd_tensor_numel(out) / (QD_IQUANT_EIGHTS(f->code) > 0 ? 8 : f->block_elems);
     QD_DTYPE_SWITCH(out->dtype, DT, IQUANT_TYPE_SWITCH(f->code, TYPE,
                     iquant_dequantize_kernel<DT, TYPE><<<qd_grid(items, QD_EIGHT_THREADS), QD_EIGHT_THREADS, 0, qd_stream()>>>(
                         (const uint8_t *)in[0], items, out->data)));

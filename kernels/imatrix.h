@@ -27,6 +27,7 @@ QD_HD float qd_imx_row_sigma2(const float *x, int64_t n)
 QD_HD float qd_imx_make_qp_refine(int n, int nmax, const float *x, uint8_t *L, const float *qw, float iscale)
 {
     float sumlx = 0.0f, suml2 = 0.0f;
+    QD_ROLLED
     for (int i = 0; i < n; i++) {
         int l = qd_kq_round(iscale * x[i]);
         l = nmax < l ? nmax : l;
@@ -37,6 +38,7 @@ QD_HD float qd_imx_make_qp_refine(int n, int nmax, const float *x, uint8_t *L, c
     }
     for (int itry = 0; itry < 5; itry++) {
         int changed = 0;
+        QD_ROLLED
         for (int i = 0; i < n; i++) {
             float w = qw[i];
             float slx = sumlx - w * x[i] * (float)L[i];

@@ -146,7 +146,11 @@ __device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<4
         if (max < QD_KQ_EPS) {
             live = false;
         } else {
-            scale = qd_imx_make_qp(32, 4, xval, (uint8_t *)L, weight);
+            uint8_t Lq[32]; /* (the rolled refine indexes it at run time: on the stack, not L) */
+            scale = qd_imx_make_qp(32, 4, xval, Lq, weight);
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                L[i] = (int8_t)Lq[i];
             eff_max = scale * 3.0f;
             if (eff_max <= 0.0f)
                 live = false;

@@ -206,9 +206,8 @@ static void iq2_build(int type)
         }
         t->map[u] = i;
     }
-    /* IQ2_XXS's lists aligned for the GPU's search (iqlist.h); IQ2_XS's and IQ2_S's, which only
-     * the CPU and a thread's own loop read, packed */
-    const int64_t align = type == QD_IQ2_XXS ? QD_IQ_LIST_ALIGN : 1;
+    /* every type's lists aligned for the GPU's warp search (iqlist.h) */
+    const int64_t align = QD_IQ_LIST_ALIGN;
     int64_t n = 0;
     for (int u = 0; u < QD_IQ2_TUPLES; u++)
         if (t->map[u] < 0)

@@ -19,15 +19,15 @@ enum qd_iq2_type { QD_IQ2_XXS, QD_IQ2_XS, QD_IQ2_S };
  * ones a search can reach, as its levels are clamped to 0..2 and every grid point is one. */
 #define QD_IQ2_TUPLES 6561
 #define QD_IQ2_GRID_MAX 1024
-/* room for the longest neighbour lists (the 512-point grid's: 187,770 entries); iq2.c checks */
-#define QD_IQ2_NEIGHBOURS_MAX 196608
+/* room for the longest neighbour lists (the 512-point grid's: 196,972 entries, aligned); iq2.c checks */
+#define QD_IQ2_NEIGHBOURS_MAX 200704
 
 struct qd_iq2_tables {
     int grid_size;
     uint8_t grid[QD_IQ2_GRID_MAX][8]; /* point i's coordinates 2 l + 1 (1, 3 or 5) */
     int32_t map[QD_IQ2_TUPLES];       /* tuple -> its grid index, or -(offset + 1) of its neighbour list */
     const uint16_t *neighbours;       /* per off-grid tuple: the count, then grid indices (host or device;
-                                         IQ2_XXS's placed as kernels/iqlist.h says, the others packed) */
+                                         placed as kernels/iqlist.h says) */
     const uint16_t *codes;            /* beside each neighbours entry, its point's levels, 2 bits a
                                          coordinate (ggml's grid word; in a count's slot the count): a
                                          GPU search reads a candidate in one load */

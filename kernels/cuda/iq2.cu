@@ -1,7 +1,8 @@
 /* ggml's iq2_xxs, iq2_xs and iq2_s on the GPU, with the CPU's block code (kernels/iq2.h, built
- * without FMA contraction): a thread per sub-block for quantize, one per 8 values for
- * dequantize, all reading a device copy of the host's tables (kernels/iq2.c), made once per
- * device and type into module globals (nothing to free). */
+ * without FMA contraction): a thread per sub-block for quantize, the off-grid groups' neighbour
+ * searches shared by the warp (iqwarp.cuh), one per 8 values for dequantize, all reading a
+ * device copy of the host's tables (kernels/iq2.c), made once per device and type into module
+ * globals (nothing to free). */
 #include <pthread.h>
 
 #include "../iq2.h"
@@ -59,35 +60,6 @@ static const struct qd_iq2_tables *iq2_device_tables(int type)
     return t;
 }
 
-/* A thread per sub-block (subblock.cuh): 16 of 16 values for IQ2_XS and IQ2_S; 64 threads a
- * CTA. The group's lane 0 writes the block from their results. */
-template <int DT, int TYPE>
-__global__ void __launch_bounds__(64) iq2_sub_quantize_kernel(const struct qd_iq2_tables *t, const void *x,
-                                                              int64_t nblocks, int64_t cols, const float *imp,
-                                                              int64_t mrows, uint8_t *out, unsigned long long *bad)
-{
-    constexpr int N = 16, SB = 64 / N;
-    __shared__ float sx[SB][QD_QK_K + 1];
-    __shared__ struct qd_iq2_sub sr[SB][16];
-    __shared__ uint32_t sblk[SB][(82 + 3) / 4]; /* IQ2_S's 82 bytes, the largest */
-    const int gi = threadIdx.x / N, ib = threadIdx.x % N;
-    const int64_t b = blockIdx.x * (int64_t)SB + gi, e0 = b * QD_QK_K;
-    if (b >= nblocks) /* (a whole group) */
-        return;
-    float xb[QD_QK_K / N];
-    qd_sub_load<DT, N>(x, e0, ib, xb, sx[gi], bad);
-    const unsigned lanes = qd_sub_lanes<N>(gi);
-    __syncwarp(lanes);
-    const float sigma2 = qd_iq2_sigma2(TYPE, sx[gi]);
-    qd_iq2_sub_block(t, TYPE, xb, qd_sub_importance<N>(imp, mrows, cols, e0, ib), sigma2, &sr[gi][ib]);
-    __syncwarp(lanes);
-    uint8_t *blk = (uint8_t *)sblk[gi];
-    if (ib == 0)
-        qd_iq2_finish(TYPE, sr[gi], blk);
-    __syncwarp(lanes);
-    qd_sub_store<N>(blk, out + b * qd_iq2_block_bytes(TYPE), qd_iq2_block_bytes(TYPE), ib);
-}
-
 /* IQ2_XXS: a thread per 32-value sub-block, a warp per four super-blocks, the off-grid groups'
  * neighbour searches shared by the warp (iqwarp.cuh). A thread's weights, their roots and |x|
  * live in shared memory (the warp's lanes read each other's there), at an odd stride so that
@@ -107,7 +79,7 @@ typedef qd_warp_point8<iq2_value, 8> iq2_point; /* (iqwarp.cuh: why 8) */
 
 /* Group k's levels at inverse scale id into L; its neighbour list where they are off the grid
  * and the lane is live, else NULL. */
-__device__ __forceinline__ const uint16_t *iq2xxs_levels(const struct qd_iq2_tables *t, const float *xval, float id,
+__device__ __forceinline__ const uint16_t *iq2_levels(const struct qd_iq2_tables *t, const float *xval, float id,
                                                         bool live, int8_t *L)
 {
 #pragma unroll
@@ -120,7 +92,7 @@ __device__ __forceinline__ const uint16_t *iq2xxs_levels(const struct qd_iq2_tab
 /* An off-grid group's levels from the code of the candidate chosen at place j of its list (the
  * grid point's levels, 2 bits each), where the search read it, rather than from the list's grid
  * index and the grid's table. */
-__device__ __forceinline__ void iq2xxs_chosen_levels(const iq2_point &point, const uint16_t *list, int j, int8_t *L)
+__device__ __forceinline__ void iq2_chosen_levels(const iq2_point &point, const uint16_t *list, int j, int8_t *L)
 {
     const unsigned c = __ldg(point.codes_of(list) + j);
 #pragma unroll
@@ -166,27 +138,27 @@ __device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<4
         const float id = (5.0f + (float)is * 0.1f) / eff_max, this_scale = 1.0f / id;
 #pragma unroll
         for (int k = 0; k < 4; k++)
-            lists[k] = iq2xxs_levels(t, xval + 8 * k, id, live, Laux + 8 * k);
+            lists[k] = iq2_levels(t, xval + 8 * k, id, live, Laux + 8 * k);
         qd_warp_neighbours<4, 8, IQ2_XVAL, IQ2_WAUX>(sh, rows, IQ2_ROW, this_scale, lists, point, g);
         if (!live)
             continue;
 #pragma unroll
         for (int k = 0; k < 4; k++)
             if (lists[k])
-                iq2xxs_chosen_levels(point, lists[k], g[k], Laux + 8 * k);
+                iq2_chosen_levels(point, lists[k], g[k], Laux + 8 * k);
         qd_iq2xxs_take_trial(weight, xval, Laux, &scale, &best, L);
     }
     const bool again = live && scale > 0.0f;
     const float id = 1.0f / scale;
 #pragma unroll
     for (int k = 0; k < 4; k++)
-        lists[k] = again ? iq2xxs_levels(t, xval + 8 * k, id, true, L + 8 * k) : NULL;
+        lists[k] = again ? iq2_levels(t, xval + 8 * k, id, true, L + 8 * k) : NULL;
     qd_warp_neighbours<4, 8, IQ2_XVAL, IQ2_WAUX>(sh, rows, IQ2_ROW, scale, lists, point, g);
     if (again) {
 #pragma unroll
         for (int k = 0; k < 4; k++)
             if (lists[k])
-                iq2xxs_chosen_levels(point, lists[k], g[k], L + 8 * k);
+                iq2_chosen_levels(point, lists[k], g[k], L + 8 * k);
         scale = qd_kq_refit(32, weight, xval, L, scale);
     }
     return live ? scale : 0.0f;
@@ -234,6 +206,124 @@ __global__ void __launch_bounds__(64, 6) iq2xxs_warp_quantize_kernel(const struc
     qd_sub_store<N>(blk, out + b * qd_iq2_block_bytes(QD_IQ2_XXS), qd_iq2_block_bytes(QD_IQ2_XXS), ib);
 }
 
+/* IQ2_XS and IQ2_S: a thread per 16-value sub-block, 16 a super-block and 64 a CTA, the off-grid
+ * groups' neighbour searches shared by the warp as IQ2_XXS shares them (iqwarp.cuh). With a
+ * thread searching its own 2 groups' lists, a warp waited each time for its longest: IQ2_XS's
+ * lists hold 30 candidates on average and up to 292 (IQ2_S's 8, up to 70). A thread's weights,
+ * roots and |x| live in its row of shared memory at an odd stride, as for IQ2_XXS; its group's
+ * super-block row shares its lanes' space. */
+#define IQ2S_ROW 49
+#define IQ2S_W 0
+#define IQ2S_WAUX 16
+#define IQ2S_XVAL 32
+
+/* qd_iq2s_sub (kernels/iq2.h) with the warp: the same operations in the same order, every lane
+ * through every trial (a dead lane, a zero sub-block or past the tensor's end, with no lists). */
+template <int TYPE>
+__device__ float iq2s_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<2> *sh, const float *rows, bool live,
+                               int8_t *L, int *zero)
+{
+    const float *own = rows + (threadIdx.x & 31) * IQ2S_ROW, *weight = own + IQ2S_W, *xval = own + IQ2S_XVAL;
+    iq2_point point;
+    point.codes = t->codes;
+    point.base = t->neighbours;
+    float max = 0.0f;
+    if (live) {
+        max = xval[0];
+        for (int i = 1; i < 16; i++)
+            max = max > xval[i] ? max : xval[i];
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        L[i] = 0;
+    *zero = !live || max < (TYPE == QD_IQ2_S ? 1e-8f : QD_KQ_EPS);
+    live = !*zero;
+    int8_t Laux[16];
+    const uint16_t *lists[2];
+    int g[2], on_grid[2] = {1, 1};
+    float best = 0.0f, scale = max / 5.0f;
+    for (int is = -9; is <= 9; is++) {
+        const float id = (5.0f + (float)is * 0.1f) / max, this_scale = 1.0f / id;
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+            lists[k] = iq2_levels(t, xval + 8 * k, id, live, Laux + 8 * k);
+        qd_warp_neighbours<2, 8, IQ2S_XVAL, IQ2S_WAUX>(sh, rows, IQ2S_ROW, this_scale, lists, point, g);
+        if (!live)
+            continue;
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+            if (lists[k])
+                iq2_chosen_levels(point, lists[k], g[k], Laux + 8 * k);
+        float sumqx, sumq2;
+        qd_kq_odd_sums(16, weight, xval, Laux, &sumqx, &sumq2);
+        if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
+            scale = sumqx / sumq2;
+            best = scale * sumqx;
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+                L[i] = Laux[i];
+            on_grid[0] = lists[0] == NULL;
+            on_grid[1] = lists[1] == NULL;
+        }
+    }
+    /* the groups chosen off the grid, again at the chosen scale */
+    const bool again = live && (!on_grid[0] || !on_grid[1]) && scale > 0.0f;
+    const float id = 1.0f / scale;
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+        lists[k] = again && !on_grid[k] ? iq2_levels(t, xval + 8 * k, id, true, L + 8 * k) : NULL;
+    qd_warp_neighbours<2, 8, IQ2S_XVAL, IQ2S_WAUX>(sh, rows, IQ2S_ROW, scale, lists, point, g);
+    if (again) {
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+            if (lists[k])
+                iq2_chosen_levels(point, lists[k], g[k], L + 8 * k);
+        scale = qd_kq_refit(16, weight, xval, L, scale);
+    }
+    return live ? scale : 0.0f;
+}
+
+template <int DT, int TYPE>
+__global__ void __launch_bounds__(64) iq2s_warp_quantize_kernel(const struct qd_iq2_tables *t, const void *x,
+                                                              int64_t nblocks, int64_t cols, const float *imp,
+                                                              int64_t mrows, uint8_t *out, unsigned long long *bad)
+{
+    constexpr int N = 16, SB = 64 / N;
+    static_assert(N * IQ2S_ROW >= QD_QK_K + 1, "a group's rows hold its super-block");
+    __shared__ float rows[64 * IQ2S_ROW];
+    __shared__ qd_warp_search<2> search[2];
+    __shared__ struct qd_iq2_sub sr[SB][16];
+    __shared__ uint32_t sblk[SB][(82 + 3) / 4]; /* IQ2_S's 82 bytes, the larger */
+    const int gi = threadIdx.x / N, ib = threadIdx.x % N;
+    const int64_t b = blockIdx.x * (int64_t)SB + gi, e0 = b * QD_QK_K;
+    const bool live = b < nblocks; /* a dead lane still joins its warp's searches */
+    float *row = rows + gi * N * IQ2S_ROW, *own = rows + threadIdx.x * IQ2S_ROW;
+    const unsigned lanes = qd_sub_lanes<N>(gi);
+    float xb[16];
+    struct qd_iq2_sub *r = &sr[gi][ib];
+    if (live) {
+        qd_sub_load<DT, N>(x, e0, ib, xb, row, bad);
+        __syncwarp(lanes);
+        const float sigma2 = qd_iq2_sigma2(TYPE, row);
+        __syncwarp(lanes); /* every lane's sigma2 read the row before the rows are written */
+        qd_iq2_sub_prepare(TYPE, xb, qd_sub_importance<N>(imp, mrows, cols, e0, ib), sigma2, r, own + IQ2S_W,
+                           own + IQ2S_WAUX, own + IQ2S_XVAL);
+    }
+    __syncwarp();
+    int8_t L[16];
+    const float scale = iq2s_sub_warp<TYPE>(t, &search[threadIdx.x / 32], rows + (threadIdx.x & ~31) * IQ2S_ROW,
+                                            live, L, &r->zero);
+    if (!live)
+        return;
+    qd_iq2_sub_result(t, TYPE, scale, L, r);
+    __syncwarp(lanes);
+    uint8_t *blk = (uint8_t *)sblk[gi];
+    if (ib == 0)
+        qd_iq2_finish(TYPE, sr[gi], blk);
+    __syncwarp(lanes);
+    qd_sub_store<N>(blk, out + b * qd_iq2_block_bytes(TYPE), qd_iq2_block_bytes(TYPE), ib);
+}
+
 /* a thread per 8 values, a super-block's 32 threads its groups in order */
 template <int DT, int TYPE>
 __global__ void __launch_bounds__(QD_EIGHT_THREADS) iq2_dequantize_kernel(const struct qd_iq2_tables *t, const uint8_t *in,
@@ -274,10 +364,10 @@ extern "C" enum qd_status qd_cuda_iq2_quantize(const struct qd_format *f, const 
         QD_DTYPE_SWITCH(in->dtype, DT, iq2xxs_warp_quantize_kernel<DT><<<qd_grid(nblocks, 8), 64, 0, qd_stream()>>>(
                             t, in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad));
     } else if (f->code == QD_IQ2_XS) {
-        QD_DTYPE_SWITCH(in->dtype, DT, iq2_sub_quantize_kernel<DT, QD_IQ2_XS><<<qd_grid(nblocks, 4), 64, 0, qd_stream()>>>(
+        QD_DTYPE_SWITCH(in->dtype, DT, iq2s_warp_quantize_kernel<DT, QD_IQ2_XS><<<qd_grid(nblocks, 4), 64, 0, qd_stream()>>>(
                             t, in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad));
     } else {
-        QD_DTYPE_SWITCH(in->dtype, DT, iq2_sub_quantize_kernel<DT, QD_IQ2_S><<<qd_grid(nblocks, 4), 64, 0, qd_stream()>>>(
+        QD_DTYPE_SWITCH(in->dtype, DT, iq2s_warp_quantize_kernel<DT, QD_IQ2_S><<<qd_grid(nblocks, 4), 64, 0, qd_stream()>>>(
                             t, in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad));
     }
     CUDA_LAUNCHED();

@@ -369,7 +369,7 @@ SKIPPED(iq3_group_equals_scalar)
 SKIPPED(iq2_group_equals_scalar)
 #endif
 
-/* The code beside each neighbour list entry (what the GPU's iq2_xxs search reads) is that
+/* The code beside each neighbour list entry (what the GPU's iq2 searches read) is that
  * entry's grid point, 2 bits a level; a count's slot holds the count (the search reads it there). */
 static void iq2_codes_are_their_points_levels(void **state)
 {
@@ -385,8 +385,7 @@ static void iq2_codes_are_their_points_levels(void **state)
                     assert_int_equal(2 * (t->codes[at + j] >> 2 * k & 3) + 1, t->grid[t->neighbours[at + j]][k]);
         }
         assert_true(lists > 0);
-        if (type == QD_IQ2_XXS) /* the one the GPU's warp search reads */
-            test_lists_placed(t->map, QD_IQ2_TUPLES, t->neighbours, t->n_neighbours);
+        test_lists_placed(t->map, QD_IQ2_TUPLES, t->neighbours, t->n_neighbours); /* the GPU's warp search */
     }
 }
 

@@ -60,15 +60,22 @@ static const struct qd_iq2_tables *iq2_device_tables(int type)
     return t;
 }
 
-/* IQ2_XXS: a thread per 32-value sub-block, a warp per four super-blocks, the off-grid groups'
- * neighbour searches shared by the warp (iqwarp.cuh). A thread's weights, their roots and |x|
- * live in shared memory (the warp's lanes read each other's there), at an odd stride so that
- * the lanes' same entries fall in different banks; the group's super-block row (for sigma2,
- * read before any of it is written) shares its lanes' space. */
-#define IQ2_ROW 97
-#define IQ2_W 0
-#define IQ2_WAUX 32
-#define IQ2_XVAL 64
+/* A thread per sub-block, the off-grid groups' neighbour searches shared by the warp
+ * (iqwarp.cuh): IQ2_XXS's sub-blocks of 32 values (4 groups of 8, 8 threads a super-block),
+ * IQ2_XS's and IQ2_S's of 16 (2 groups, 16 threads). With each thread searching its own groups'
+ * lists, a warp waited at every trial scale for its longest: IQ2_XS's lists hold 30 candidates
+ * on average and up to 292, IQ2_S's 8 and 70, IQ2_XXS's 18 and 150. A thread's weights, their
+ * roots and |x| live in its row of shared memory (the warp's lanes read each other's there), at
+ * an odd stride so that the lanes' same entries fall in different banks; its group's super-block
+ * row (for sigma2, read before any of it is written) shares its lanes' space. */
+template <int TYPE> struct iq2_lane {
+    static constexpr int V = TYPE == QD_IQ2_XXS ? 32 : 16; /* a thread's values */
+    static constexpr int N = QD_QK_K / V;                  /* threads a super-block */
+    static constexpr int G = V / 8;                        /* groups a thread */
+    static constexpr int ROW = 3 * V + 1;                  /* its row's stride */
+    static constexpr int W = 0, WAUX = V, XVAL = 2 * V;    /* weights, roots, |x| in it */
+    static_assert(N * ROW >= QD_QK_K + 1, "a group's rows hold its super-block");
+};
 
 /* A group's distances to IQ2 grid points (qd_iq2_best_neighbour's): a level l stands for
  * 2 l + 1. */
@@ -105,7 +112,8 @@ __device__ __forceinline__ void iq2_chosen_levels(const iq2_point &point, const 
 __device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<4> *sh, const float *rows, bool live,
                                  int8_t *L, int *zero)
 {
-    const float *own = rows + (threadIdx.x & 31) * IQ2_ROW, *weight = own + IQ2_W, *xval = own + IQ2_XVAL;
+    typedef iq2_lane<QD_IQ2_XXS> S;
+    const float *own = rows + (threadIdx.x & 31) * S::ROW, *weight = own + S::W, *xval = own + S::XVAL;
     iq2_point point; /* the tables' pointers read once, not at every group entered */
     point.codes = t->codes;
     point.base = t->neighbours;
@@ -139,7 +147,7 @@ __device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<4
 #pragma unroll
         for (int k = 0; k < 4; k++)
             lists[k] = iq2_levels(t, xval + 8 * k, id, live, Laux + 8 * k);
-        qd_warp_neighbours<4, 8, IQ2_XVAL, IQ2_WAUX>(sh, rows, IQ2_ROW, this_scale, lists, point, g);
+        qd_warp_neighbours<4, 8, S::XVAL, S::WAUX>(sh, rows, S::ROW, this_scale, lists, point, g);
         if (!live)
             continue;
 #pragma unroll
@@ -153,7 +161,7 @@ __device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<4
 #pragma unroll
     for (int k = 0; k < 4; k++)
         lists[k] = again ? iq2_levels(t, xval + 8 * k, id, true, L + 8 * k) : NULL;
-    qd_warp_neighbours<4, 8, IQ2_XVAL, IQ2_WAUX>(sh, rows, IQ2_ROW, scale, lists, point, g);
+    qd_warp_neighbours<4, 8, S::XVAL, S::WAUX>(sh, rows, S::ROW, scale, lists, point, g);
     if (again) {
 #pragma unroll
         for (int k = 0; k < 4; k++)
@@ -164,66 +172,14 @@ __device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<4
     return live ? scale : 0.0f;
 }
 
-/* (64, 6): at most 168 registers, for the six CTAs a SM that its shared memory allows */
-template <int DT>
-__global__ void __launch_bounds__(64, 6) iq2xxs_warp_quantize_kernel(const struct qd_iq2_tables *t, const void *x,
-                                                                  int64_t nblocks, int64_t cols, const float *imp,
-                                                                  int64_t mrows, uint8_t *out, unsigned long long *bad)
-{
-    constexpr int N = 8, SB = 64 / N;
-    static_assert(N * IQ2_ROW >= QD_QK_K + 1, "a group's rows hold its super-block");
-    __shared__ float rows[64 * IQ2_ROW];
-    __shared__ qd_warp_search<4> search[2];
-    __shared__ struct qd_iq2_sub sr[SB][8];
-    __shared__ uint32_t sblk[SB][(66 + 3) / 4];
-    const int gi = threadIdx.x / N, ib = threadIdx.x % N;
-    const int64_t b = blockIdx.x * (int64_t)SB + gi, e0 = b * QD_QK_K;
-    const bool live = b < nblocks; /* a dead lane still joins its warp's searches */
-    float *row = rows + gi * N * IQ2_ROW, *own = rows + threadIdx.x * IQ2_ROW;
-    const unsigned lanes = qd_sub_lanes<N>(gi);
-    float xb[32];
-    struct qd_iq2_sub *r = &sr[gi][ib];
-    if (live) {
-        qd_sub_load<DT, N>(x, e0, ib, xb, row, bad);
-        __syncwarp(lanes);
-        const float sigma2 = qd_iq2_sigma2(QD_IQ2_XXS, row);
-        __syncwarp(lanes); /* every lane's sigma2 read the row before the rows are written */
-        qd_iq2_sub_prepare(QD_IQ2_XXS, xb, qd_sub_importance<N>(imp, mrows, cols, e0, ib), sigma2, r, own + IQ2_W,
-                           own + IQ2_WAUX, own + IQ2_XVAL);
-    }
-    __syncwarp();
-    int8_t L[32];
-    const float scale = iq2xxs_sub_warp(t, &search[threadIdx.x / 32], rows + (threadIdx.x & ~31) * IQ2_ROW, live, L,
-                                        &r->zero);
-    if (!live)
-        return;
-    qd_iq2_sub_result(t, QD_IQ2_XXS, scale, L, r);
-    __syncwarp(lanes);
-    uint8_t *blk = (uint8_t *)sblk[gi];
-    if (ib == 0)
-        qd_iq2_finish(QD_IQ2_XXS, sr[gi], blk);
-    __syncwarp(lanes);
-    qd_sub_store<N>(blk, out + b * qd_iq2_block_bytes(QD_IQ2_XXS), qd_iq2_block_bytes(QD_IQ2_XXS), ib);
-}
-
-/* IQ2_XS and IQ2_S: a thread per 16-value sub-block, 16 a super-block and 64 a CTA, the off-grid
- * groups' neighbour searches shared by the warp as IQ2_XXS shares them (iqwarp.cuh). With a
- * thread searching its own 2 groups' lists, a warp waited each time for its longest: IQ2_XS's
- * lists hold 30 candidates on average and up to 292 (IQ2_S's 8, up to 70). A thread's weights,
- * roots and |x| live in its row of shared memory at an odd stride, as for IQ2_XXS; its group's
- * super-block row shares its lanes' space. */
-#define IQ2S_ROW 49
-#define IQ2S_W 0
-#define IQ2S_WAUX 16
-#define IQ2S_XVAL 32
-
 /* qd_iq2s_sub (kernels/iq2.h) with the warp: the same operations in the same order, every lane
  * through every trial (a dead lane, a zero sub-block or past the tensor's end, with no lists). */
 template <int TYPE>
 __device__ float iq2s_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<2> *sh, const float *rows, bool live,
                                int8_t *L, int *zero)
 {
-    const float *own = rows + (threadIdx.x & 31) * IQ2S_ROW, *weight = own + IQ2S_W, *xval = own + IQ2S_XVAL;
+    typedef iq2_lane<TYPE> S;
+    const float *own = rows + (threadIdx.x & 31) * S::ROW, *weight = own + S::W, *xval = own + S::XVAL;
     iq2_point point;
     point.codes = t->codes;
     point.base = t->neighbours;
@@ -247,7 +203,7 @@ __device__ float iq2s_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<2> 
 #pragma unroll
         for (int k = 0; k < 2; k++)
             lists[k] = iq2_levels(t, xval + 8 * k, id, live, Laux + 8 * k);
-        qd_warp_neighbours<2, 8, IQ2S_XVAL, IQ2S_WAUX>(sh, rows, IQ2S_ROW, this_scale, lists, point, g);
+        qd_warp_neighbours<2, 8, S::XVAL, S::WAUX>(sh, rows, S::ROW, this_scale, lists, point, g);
         if (!live)
             continue;
 #pragma unroll
@@ -272,7 +228,7 @@ __device__ float iq2s_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<2> 
 #pragma unroll
     for (int k = 0; k < 2; k++)
         lists[k] = again && !on_grid[k] ? iq2_levels(t, xval + 8 * k, id, true, L + 8 * k) : NULL;
-    qd_warp_neighbours<2, 8, IQ2S_XVAL, IQ2S_WAUX>(sh, rows, IQ2S_ROW, scale, lists, point, g);
+    qd_warp_neighbours<2, 8, S::XVAL, S::WAUX>(sh, rows, S::ROW, scale, lists, point, g);
     if (again) {
 #pragma unroll
         for (int k = 0; k < 2; k++)
@@ -283,36 +239,42 @@ __device__ float iq2s_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<2> 
     return live ? scale : 0.0f;
 }
 
+/* IQ2_XXS's (64, 6): at most 168 registers, for the six CTAs a SM that its shared memory allows;
+ * IQ2_XS's and IQ2_S's no minimum (118 registers, eight CTAs; a minimum of 1 gave 145, of 8 a spill) */
 template <int DT, int TYPE>
-__global__ void __launch_bounds__(64) iq2s_warp_quantize_kernel(const struct qd_iq2_tables *t, const void *x,
-                                                              int64_t nblocks, int64_t cols, const float *imp,
-                                                              int64_t mrows, uint8_t *out, unsigned long long *bad)
+__global__ void __launch_bounds__(64, TYPE == QD_IQ2_XXS ? 6 : 0)
+    iq2_warp_quantize_kernel(const struct qd_iq2_tables *t, const void *x, int64_t nblocks, int64_t cols,
+                             const float *imp, int64_t mrows, uint8_t *out, unsigned long long *bad)
 {
-    constexpr int N = 16, SB = 64 / N;
-    static_assert(N * IQ2S_ROW >= QD_QK_K + 1, "a group's rows hold its super-block");
-    __shared__ float rows[64 * IQ2S_ROW];
-    __shared__ qd_warp_search<2> search[2];
-    __shared__ struct qd_iq2_sub sr[SB][16];
-    __shared__ uint32_t sblk[SB][(82 + 3) / 4]; /* IQ2_S's 82 bytes, the larger */
+    typedef iq2_lane<TYPE> S;
+    constexpr int N = S::N, SB = 64 / N, BYTES = TYPE == QD_IQ2_XXS ? 66 : TYPE == QD_IQ2_XS ? 74 : 82;
+    __shared__ float rows[64 * S::ROW];
+    __shared__ qd_warp_search<S::G> search[2];
+    __shared__ struct qd_iq2_sub sr[SB][N];
+    __shared__ uint32_t sblk[SB][(BYTES + 3) / 4];
     const int gi = threadIdx.x / N, ib = threadIdx.x % N;
     const int64_t b = blockIdx.x * (int64_t)SB + gi, e0 = b * QD_QK_K;
     const bool live = b < nblocks; /* a dead lane still joins its warp's searches */
-    float *row = rows + gi * N * IQ2S_ROW, *own = rows + threadIdx.x * IQ2S_ROW;
+    float *row = rows + gi * N * S::ROW, *own = rows + threadIdx.x * S::ROW;
     const unsigned lanes = qd_sub_lanes<N>(gi);
-    float xb[16];
+    float xb[S::V];
     struct qd_iq2_sub *r = &sr[gi][ib];
     if (live) {
         qd_sub_load<DT, N>(x, e0, ib, xb, row, bad);
         __syncwarp(lanes);
         const float sigma2 = qd_iq2_sigma2(TYPE, row);
         __syncwarp(lanes); /* every lane's sigma2 read the row before the rows are written */
-        qd_iq2_sub_prepare(TYPE, xb, qd_sub_importance<N>(imp, mrows, cols, e0, ib), sigma2, r, own + IQ2S_W,
-                           own + IQ2S_WAUX, own + IQ2S_XVAL);
+        qd_iq2_sub_prepare(TYPE, xb, qd_sub_importance<N>(imp, mrows, cols, e0, ib), sigma2, r, own + S::W,
+                           own + S::WAUX, own + S::XVAL);
     }
     __syncwarp();
-    int8_t L[16];
-    const float scale = iq2s_sub_warp<TYPE>(t, &search[threadIdx.x / 32], rows + (threadIdx.x & ~31) * IQ2S_ROW,
-                                            live, L, &r->zero);
+    int8_t L[S::V];
+    const float *wrows = rows + (threadIdx.x & ~31) * S::ROW;
+    float scale;
+    if constexpr (TYPE == QD_IQ2_XXS)
+        scale = iq2xxs_sub_warp(t, &search[threadIdx.x / 32], wrows, live, L, &r->zero);
+    else
+        scale = iq2s_sub_warp<TYPE>(t, &search[threadIdx.x / 32], wrows, live, L, &r->zero);
     if (!live)
         return;
     qd_iq2_sub_result(t, TYPE, scale, L, r);
@@ -321,7 +283,7 @@ __global__ void __launch_bounds__(64) iq2s_warp_quantize_kernel(const struct qd_
     if (ib == 0)
         qd_iq2_finish(TYPE, sr[gi], blk);
     __syncwarp(lanes);
-    qd_sub_store<N>(blk, out + b * qd_iq2_block_bytes(TYPE), qd_iq2_block_bytes(TYPE), ib);
+    qd_sub_store<N>(blk, out + b * BYTES, BYTES, ib);
 }
 
 /* a thread per 8 values, a super-block's 32 threads its groups in order */
@@ -360,16 +322,9 @@ extern "C" enum qd_status qd_cuda_iq2_quantize(const struct qd_format *f, const 
         return s;
     if ((s = qd_cuda_importance(p, &imp)) != QD_OK)
         return s;
-    if (f->code == QD_IQ2_XXS) {
-        QD_DTYPE_SWITCH(in->dtype, DT, iq2xxs_warp_quantize_kernel<DT><<<qd_grid(nblocks, 8), 64, 0, qd_stream()>>>(
-                            t, in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad));
-    } else if (f->code == QD_IQ2_XS) {
-        QD_DTYPE_SWITCH(in->dtype, DT, iq2s_warp_quantize_kernel<DT, QD_IQ2_XS><<<qd_grid(nblocks, 4), 64, 0, qd_stream()>>>(
-                            t, in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad));
-    } else {
-        QD_DTYPE_SWITCH(in->dtype, DT, iq2s_warp_quantize_kernel<DT, QD_IQ2_S><<<qd_grid(nblocks, 4), 64, 0, qd_stream()>>>(
-                            t, in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad));
-    }
+    QD_DTYPE_SWITCH(in->dtype, DT, IQ2_TYPE_SWITCH(f->code, TYPE,
+                    iq2_warp_quantize_kernel<DT, TYPE><<<qd_grid(nblocks, 64 / iq2_lane<TYPE>::N), 64, 0, qd_stream()>>>(
+                        t, in->data, nblocks, in->cols, imp, mrows, (uint8_t *)out[0], bad)));
     CUDA_LAUNCHED();
     if (imp)
         CUDA_CHECK(cudaFreeAsync(imp, qd_stream()));

@@ -107,6 +107,31 @@ __device__ __forceinline__ void iq2_chosen_levels(const iq2_point &point, const 
         L[i] = (int8_t)(c >> 2 * i & 3u);
 }
 
+/* One pass of a thread's groups in redo (a bit each) at inverse scale id: their levels into L and,
+ * for those off the grid where the lane is live, the nearest listed point at scale (the warp's
+ * search: every lane calls this together). Returns the groups that fell off the grid there. */
+template <int TYPE>
+__device__ __forceinline__ unsigned iq2_warp_groups(const struct qd_iq2_tables *t, qd_warp_search<iq2_lane<TYPE>::G> *sh,
+                                                    const float *rows, iq2_point &point, const float *xval,
+                                                    float id, float scale, bool live, unsigned redo, int8_t *L)
+{
+    typedef iq2_lane<TYPE> S;
+    const uint16_t *lists[S::G];
+    int g[S::G];
+#pragma unroll
+    for (int k = 0; k < S::G; k++)
+        lists[k] = redo >> k & 1 ? iq2_levels(t, xval + 8 * k, id, live, L + 8 * k) : NULL;
+    qd_warp_neighbours<S::G, 8, S::XVAL, S::WAUX>(sh, rows, S::ROW, scale, lists, point, g);
+    unsigned off = 0;
+#pragma unroll
+    for (int k = 0; k < S::G; k++)
+        if (lists[k]) {
+            iq2_chosen_levels(point, lists[k], g[k], L + 8 * k);
+            off |= 1u << k;
+        }
+    return off;
+}
+
 /* qd_iq2xxs_sub (kernels/iq2.h) with the warp: the same operations in the same order, every lane
  * through every trial (a dead lane, a zero sub-block or past the tensor's end, with no lists). */
 __device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<4> *sh, const float *rows, bool live,
@@ -139,36 +164,17 @@ __device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<4
         }
     }
     int8_t Laux[32];
-    const uint16_t *lists[4];
-    int g[4];
     float best = 0.0f;
     for (int is = -6; is <= 6; is++) {
         const float id = (5.0f + (float)is * 0.1f) / eff_max, this_scale = 1.0f / id;
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            lists[k] = iq2_levels(t, xval + 8 * k, id, live, Laux + 8 * k);
-        qd_warp_neighbours<4, 8, S::XVAL, S::WAUX>(sh, rows, S::ROW, this_scale, lists, point, g);
-        if (!live)
-            continue;
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            if (lists[k])
-                iq2_chosen_levels(point, lists[k], g[k], Laux + 8 * k);
-        qd_iq2xxs_take_trial(weight, xval, Laux, &scale, &best, L);
+        iq2_warp_groups<QD_IQ2_XXS>(t, sh, rows, point, xval, id, this_scale, live, 0xfu, Laux);
+        if (live)
+            qd_iq2xxs_take_trial(weight, xval, Laux, &scale, &best, L);
     }
-    const bool again = live && scale > 0.0f;
-    const float id = 1.0f / scale;
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-        lists[k] = again ? iq2_levels(t, xval + 8 * k, id, true, L + 8 * k) : NULL;
-    qd_warp_neighbours<4, 8, S::XVAL, S::WAUX>(sh, rows, S::ROW, scale, lists, point, g);
-    if (again) {
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            if (lists[k])
-                iq2_chosen_levels(point, lists[k], g[k], L + 8 * k);
+    const bool again = live && scale > 0.0f; /* the levels again at the chosen scale */
+    iq2_warp_groups<QD_IQ2_XXS>(t, sh, rows, point, xval, 1.0f / scale, scale, true, again ? 0xfu : 0u, L);
+    if (again)
         scale = qd_kq_refit(32, weight, xval, L, scale);
-    }
     return live ? scale : 0.0f;
 }
 
@@ -195,21 +201,13 @@ __device__ float iq2s_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<2> 
     *zero = !live || max < (TYPE == QD_IQ2_S ? 1e-8f : QD_KQ_EPS);
     live = !*zero;
     int8_t Laux[16];
-    const uint16_t *lists[2];
-    int g[2], on_grid[2] = {1, 1};
+    unsigned off_grid = 0; /* the chosen trial's groups off the grid */
     float best = 0.0f, scale = max / 5.0f;
     for (int is = -9; is <= 9; is++) {
         const float id = (5.0f + (float)is * 0.1f) / max, this_scale = 1.0f / id;
-#pragma unroll
-        for (int k = 0; k < 2; k++)
-            lists[k] = iq2_levels(t, xval + 8 * k, id, live, Laux + 8 * k);
-        qd_warp_neighbours<2, 8, S::XVAL, S::WAUX>(sh, rows, S::ROW, this_scale, lists, point, g);
+        const unsigned off = iq2_warp_groups<TYPE>(t, sh, rows, point, xval, id, this_scale, live, 0x3u, Laux);
         if (!live)
             continue;
-#pragma unroll
-        for (int k = 0; k < 2; k++)
-            if (lists[k])
-                iq2_chosen_levels(point, lists[k], g[k], Laux + 8 * k);
         float sumqx, sumq2;
         qd_kq_odd_sums(16, weight, xval, Laux, &sumqx, &sumq2);
         if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
@@ -218,24 +216,14 @@ __device__ float iq2s_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<2> 
 #pragma unroll
             for (int i = 0; i < 16; i++)
                 L[i] = Laux[i];
-            on_grid[0] = lists[0] == NULL;
-            on_grid[1] = lists[1] == NULL;
+            off_grid = off;
         }
     }
     /* the groups chosen off the grid, again at the chosen scale */
-    const bool again = live && (!on_grid[0] || !on_grid[1]) && scale > 0.0f;
-    const float id = 1.0f / scale;
-#pragma unroll
-    for (int k = 0; k < 2; k++)
-        lists[k] = again && !on_grid[k] ? iq2_levels(t, xval + 8 * k, id, true, L + 8 * k) : NULL;
-    qd_warp_neighbours<2, 8, S::XVAL, S::WAUX>(sh, rows, S::ROW, scale, lists, point, g);
-    if (again) {
-#pragma unroll
-        for (int k = 0; k < 2; k++)
-            if (lists[k])
-                iq2_chosen_levels(point, lists[k], g[k], L + 8 * k);
+    const bool again = live && off_grid && scale > 0.0f;
+    iq2_warp_groups<TYPE>(t, sh, rows, point, xval, 1.0f / scale, scale, true, again ? off_grid : 0u, L);
+    if (again)
         scale = qd_kq_refit(16, weight, xval, L, scale);
-    }
     return live ? scale : 0.0f;
 }
 

@@ -13,24 +13,45 @@
 
 #include "../iq1.h"
 
+/* x's bits in an order that unsigned comparison keeps, -0 as +0: with the value's index below
+ * (a 64-bit key), qd_iq1_sort's order, equal values by index (nothing here is NaN: iq1_s
+ * refuses non-finite input). */
+__device__ __forceinline__ uint32_t iq1s_key(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = x == 0.0f ? 0u : u;
+    return u >> 31 ? ~u : u | 0x80000000u;
+}
+
 /* Each value's rank in qd_iq1_sort's order (ascending, equal values by index), 4 to a word of
- * rk, and the prefix sums of w x and of w in that order into sumx, sumw (33 each). The sorted
- * terms pass through srt (64 floats of the thread's own): a store at each rank, then loads in
- * order. */
+ * rk, and the prefix sums of w x and of w in that order into sumx, sumw (33 each). x and w are
+ * read by index (on the GPU the thread's row of shared memory). The sorted terms pass through
+ * srt (64 floats of the thread's own): a store at each rank, then loads in order. The ranks
+ * count in a loop over the other value, each step comparing it with all 32 keys: written out as
+ * 32 x 32 comparisons they were about 45 KB of code that every sub-block walked once (Nsight
+ * Compute: a third of the kernel's stalls waiting on instruction fetch); as a loop iq1_s took
+ * 1.70 ms at 4096^2 against 1.77 (docs/BENCHMARKS.md). */
 __device__ __forceinline__ void iq1s_ranks(const float *x, const float *w, uint32_t *rk, float *srt, float *sumx,
                                            float *sumw)
 {
+    uint32_t key[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++)
+        key[i] = iq1s_key(x[i]);
 #pragma unroll
     for (int q = 0; q < 8; q++)
         rk[q] = 0;
+    QD_ROLLED
+    for (int j = 0; j < 32; j++) {
+        const uint64_t kj = (uint64_t)iq1s_key(x[j]) << 32 | (uint32_t)j;
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            rk[i / 4] += kj < ((uint64_t)key[i] << 32 | (uint32_t)i) ? 1u << 8 * (i % 4) : 0u;
+    }
 #pragma unroll
     for (int i = 0; i < 32; i++) {
-        int r = 0;
-#pragma unroll
-        for (int j = 0; j < 32; j++)
-            if (j != i)
-                r += j < i ? x[j] <= x[i] : x[j] < x[i];
-        rk[i / 4] |= (uint32_t)r << 8 * (i % 4);
+        const int r = (int)(rk[i / 4] >> 8 * (i % 4) & 255u);
         srt[r] = w[i] * x[i];
         srt[32 + r] = w[i];
     }

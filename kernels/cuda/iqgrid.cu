@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(8 * IQG_SB, 8) iq1s_warp_quantize_kernel(const
         if (max >= QD_IQ1S_ZERO) {
             uint32_t rk[8];
             float srt[64], sumx[33], sumw[33];
-            iq1s_ranks(xb, w, rk, srt, sumx, sumw);
+            iq1s_ranks(own + IQ1_X, own + IQ1_W, rk, srt, sumx, sumw); /* (read by index) */
             coded = iq1s_levels(rk, iq1s_split(sumx, sumw, max), L, &scale, &shift);
         }
         if (coded)

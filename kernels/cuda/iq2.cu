@@ -165,16 +165,23 @@ __device__ float iq2xxs_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<4
     }
     int8_t Laux[32];
     float best = 0.0f;
-    for (int is = -6; is <= 6; is++) {
-        const float id = (5.0f + (float)is * 0.1f) / eff_max, this_scale = 1.0f / id;
-        iq2_warp_groups<QD_IQ2_XXS>(t, sh, rows, point, xval, id, this_scale, live, 0xfu, Laux);
-        if (live)
-            qd_iq2xxs_take_trial(weight, xval, Laux, &scale, &best, L);
+    /* the 13 trial scales (is = it - 6), then (it = 13) the levels again at the chosen scale, as
+     * passes of one loop: the group pass is then one copy of code, not two */
+    for (int it = 0; it <= 13; it++) {
+        const bool last = it == 13, again = last && live && scale > 0.0f;
+        const float id = last ? 1.0f / scale : (5.0f + (float)(it - 6) * 0.1f) / eff_max;
+        iq2_warp_groups<QD_IQ2_XXS>(t, sh, rows, point, xval, id, last ? scale : 1.0f / id, live || last,
+                                    last && !again ? 0u : 0xfu, Laux);
+        if (!last) {
+            if (live)
+                qd_iq2xxs_take_trial(weight, xval, Laux, &scale, &best, L);
+        } else if (again) {
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                L[i] = Laux[i];
+            scale = qd_kq_refit(32, weight, xval, L, scale);
+        }
     }
-    const bool again = live && scale > 0.0f; /* the levels again at the chosen scale */
-    iq2_warp_groups<QD_IQ2_XXS>(t, sh, rows, point, xval, 1.0f / scale, scale, true, again ? 0xfu : 0u, L);
-    if (again)
-        scale = qd_kq_refit(32, weight, xval, L, scale);
     return live ? scale : 0.0f;
 }
 

@@ -111,9 +111,10 @@ __device__ __forceinline__ void iq2_chosen_levels(const iq2_point &point, const 
  * for those off the grid where the lane is live, the nearest listed point at scale (the warp's
  * search: every lane calls this together). Returns the groups that fell off the grid there. */
 template <int TYPE>
-__device__ __forceinline__ unsigned iq2_warp_groups(const struct qd_iq2_tables *t, qd_warp_search<iq2_lane<TYPE>::G> *sh,
-                                                    const float *rows, iq2_point &point, const float *xval,
-                                                    float id, float scale, bool live, unsigned redo, int8_t *L)
+__device__ __forceinline__ unsigned iq2_warp_groups(const struct qd_iq2_tables *t,
+                                                    qd_warp_search<iq2_lane<TYPE>::G> *sh, const float *rows,
+                                                    iq2_point &point, const float *xval, float id, float scale,
+                                                    bool live, unsigned redo, int8_t *L)
 {
     typedef iq2_lane<TYPE> S;
     const uint16_t *lists[S::G];
@@ -235,7 +236,8 @@ __device__ float iq2s_sub_warp(const struct qd_iq2_tables *t, qd_warp_search<2> 
 }
 
 /* IQ2_XXS's (64, 6): at most 168 registers, for the six CTAs a SM that its shared memory allows;
- * IQ2_XS's and IQ2_S's no minimum (118 registers, eight CTAs; a minimum of 1 gave 145, of 8 a spill) */
+ * IQ2_XS's and IQ2_S's no minimum (117 and 109 registers, eight CTAs; a minimum of 1 gave
+ * iq2_xs 145, of 8 a spill) */
 template <int DT, int TYPE>
 __global__ void __launch_bounds__(64, TYPE == QD_IQ2_XXS ? 6 : 0)
     iq2_warp_quantize_kernel(const struct qd_iq2_tables *t, const void *x, int64_t nblocks, int64_t cols,

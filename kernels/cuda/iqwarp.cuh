@@ -147,7 +147,8 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
  * index and then its point). The tables start each list's candidates on a multiple of 4 entries
  * (kernels/iqlist.h), so a task's codes are aligned 8-byte loads, 4 codes each.
  * TASK, the candidates a task (4 or 8): a group entered (its 24 terms) serves that many. iq2_xxs
- * takes 8 (3.45-3.47 -> 3.27-3.30 ms at 4096^2, though 168 registers then spill 40 bytes);
+ * takes 8 (3.45-3.47 -> 3.27-3.30 ms at 4096^2, within its 168 registers), iq2_xs and iq2_s
+ * too (iq2_xs with 16: no faster);
  * iq1_s, held to 128 registers for 8 CTAs an SM, 4 (8: 1.90-2.03 -> 2.01-2.06 ms;
  * docs/BENCHMARKS.md). */
 template <class VALUE, int TASK_> struct qd_warp_point8 {

@@ -44,6 +44,7 @@ __device__ __forceinline__ void iq1s_ranks(const float *x, const float *w, uint3
         rk[q] = 0;
     QD_ROLLED
     for (int j = 0; j < 32; j++) {
+        /* (x[j]'s key made again: key[j] at a run-time index would put key on the stack) */
         const uint64_t kj = (uint64_t)iq1s_key(x[j]) << 32 | (uint32_t)j;
 #pragma unroll
         for (int i = 0; i < 32; i++)

@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(64, TYPE == QD_IQ2_XXS ? 6 : 0)
                              const float *imp, int64_t mrows, uint8_t *out, unsigned long long *bad)
 {
     typedef iq2_lane<TYPE> S;
-    constexpr int N = S::N, SB = 64 / N, BYTES = TYPE == QD_IQ2_XXS ? 66 : TYPE == QD_IQ2_XS ? 74 : 82;
+    constexpr int N = S::N, SB = 64 / N, BYTES = QD_IQ2_BLOCK_BYTES(TYPE);
     __shared__ float rows[64 * S::ROW];
     __shared__ qd_warp_search<S::G> search[2];
     __shared__ struct qd_iq2_sub sr[SB][N];

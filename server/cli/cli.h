@@ -6,5 +6,6 @@ int qd_cli_formats(int argc, char **argv);
 int qd_cli_quantize(int argc, char **argv);
 int qd_cli_dequantize(int argc, char **argv);
 int qd_cli_convert(int argc, char **argv);
+int qd_cli_tokenize(int argc, char **argv);
 
 #endif

@@ -44,7 +44,12 @@ def main():
     for i in range(0, len(ranges), 6):
         out.write("   " + "".join(" {0x%05X, %d}," % r for r in ranges[i:i + 6]) + "\n")
     out.write("};\n")
-    out.write("const unsigned qd_ucat_range_count = %d;\n" % len(ranges))
+    out.write("const unsigned qd_ucat_range_count = %d;\n\n" % len(ranges))
+    out.write("/* the same for U+0000..U+007F, looked up directly */\n")
+    out.write("const uint8_t qd_ucat_ascii[128] = {\n")
+    for i in range(0, 128, 32):
+        out.write("    " + ", ".join(str(category(c)) for c in range(i, i + 32)) + ",\n")
+    out.write("};\n")
 
 
 if __name__ == "__main__":

@@ -26,11 +26,7 @@ int qd_ids_push(struct qd_ids *o, int32_t id)
     return 0;
 }
 
-static int merge_less(const struct qd_merge *a, const struct qd_merge *b)
-{
-    return a->key < b->key || (a->key == b->key && a->left < b->left);
-}
-
+/* A four-way heap: half the depth of a binary one, and a node's children share a cache line. */
 int qd_heap_push(struct qd_heap *h, struct qd_merge m)
 {
     if (h->n == h->cap) {
@@ -42,9 +38,9 @@ int qd_heap_push(struct qd_heap *h, struct qd_merge m)
         h->cap = cap;
     }
     size_t i = h->n++;
-    while (i > 0 && merge_less(&m, &h->a[(i - 1) / 2])) {
-        h->a[i] = h->a[(i - 1) / 2];
-        i = (i - 1) / 2;
+    while (i > 0 && m.key < h->a[(i - 1) / 4].key) {
+        h->a[i] = h->a[(i - 1) / 4];
+        i = (i - 1) / 4;
     }
     h->a[i] = m;
     return 0;
@@ -55,15 +51,16 @@ struct qd_merge qd_heap_pop(struct qd_heap *h)
     struct qd_merge top = h->a[0], last = h->a[--h->n];
     size_t i = 0;
     for (;;) {
-        size_t c = 2 * i + 1;
+        size_t c = 4 * i + 1, best = c;
         if (c >= h->n)
             break;
-        if (c + 1 < h->n && merge_less(&h->a[c + 1], &h->a[c]))
-            c++;
-        if (!merge_less(&h->a[c], &last))
+        for (size_t k = c + 1; k < c + 4 && k < h->n; k++)
+            if (h->a[k].key < h->a[best].key)
+                best = k;
+        if (h->a[best].key >= last.key)
             break;
-        h->a[i] = h->a[c];
-        i = c;
+        h->a[i] = h->a[best];
+        i = best;
     }
     if (h->n)
         h->a[i] = last;

@@ -33,7 +33,7 @@ static int pair(struct bpe *b, int32_t left, int32_t right)
     int32_t rank = qd_vocab_merge_rank(b->v, b->word + l->off, l->n, b->word + r->off, r->n);
     if (rank < 0)
         return 0;
-    return qd_heap_push(&b->heap, (struct qd_merge){(double)rank, left, right, l->n + r->n});
+    return qd_heap_push(&b->heap, (struct qd_merge){qd_merge_key_rank(rank, left), right, l->n + r->n});
 }
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem)
@@ -79,15 +79,16 @@ static int merge_word(struct bpe *b, size_t len, struct qd_ids *out)
             return -1;
     while (b->heap.n) {
         struct qd_merge m = qd_heap_pop(&b->heap);
-        struct sym *l = &b->s[m.left], *r = &b->s[m.right];
+        int32_t left = qd_merge_left(&m);
+        struct sym *l = &b->s[left], *r = &b->s[m.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != m.bytes)
             continue;
         l->n += r->n;
         r->n = 0;
         l->next = r->next;
         if (r->next >= 0)
-            b->s[r->next].prev = m.left;
-        if (pair(b, l->prev, m.left) || pair(b, m.left, l->next))
+            b->s[r->next].prev = left;
+        if (pair(b, l->prev, left) || pair(b, left, l->next))
             return -1;
     }
     const int32_t *fallback = flags & QD_PRE_SPM_STYLE ? v->hex_byte_token : v->raw_byte_token;

@@ -21,9 +21,11 @@ enum {
     QD_ATTR_RSTRIP = 1 << 8,
 };
 
-/* An open-addressing map from byte strings to int32 values (token ids, merge ranks). */
+/* An open-addressing map from byte strings to int32 values (token ids, merge ranks). A slot
+ * holds the value + 1 (0: empty) and, above it, 32 bits of the key's hash, so that most
+ * mismatches are told without reading the key. */
 struct qd_strmap {
-    uint32_t *slots; /* value + 1; 0 is empty */
+    uint64_t *slots;
     uint32_t mask;
 };
 
@@ -87,6 +89,11 @@ struct qd_vocab {
     float *score;
     uint32_t *attr;
     struct qd_strmap by_text;
+    /* SPM: hashes of the pairs of adjacent characters found inside some token's text. Where two
+     * neighbouring characters of a text make no such pair, no merge can ever join them, so the
+     * text is merged in independent stretches (the result is the same, and the work local). */
+    uint64_t *char_pairs;
+    uint32_t char_pairs_mask;
     /* BPE merges: "left right" strings and their ranks (the first of equal strings counts) */
     uint32_t n_merges;
     const char **merge;
@@ -124,6 +131,10 @@ struct qd_trie_node {
 /* Builds v->trie and v->special_rank from v->special (tokenizer.c). */
 enum qd_status qd_special_index(struct qd_vocab *v, char *err, size_t errlen);
 
+/* The hash of two adjacent characters (their bytes), for char_pairs; never 0. */
+uint64_t qd_char_pair_hash(const char *a, size_t an, const char *b, size_t bn);
+int qd_char_pair_known(const struct qd_vocab *v, uint64_t h);
+
 /* The id of a token's text, or -1. */
 int32_t qd_vocab_find(const struct qd_vocab *v, const char *s, size_t n);
 /* The rank of merging left and right, or -1. */
@@ -145,12 +156,23 @@ enum qd_status qd_spm_tokenize(const struct qd_vocab *v, const char *text, size_
 enum qd_status qd_bpe_tokenize(const struct qd_vocab *v, const char *text, size_t len, struct qd_ids *out,
                                char *err, size_t errlen);
 
-/* A binary heap of candidate merges, smallest key first, then the leftmost. */
+/* A heap of candidate merges, smallest key first: the key orders by the merge's priority, then
+ * by its left symbol (the leftmost first among equals, as llama.cpp's queues order them). */
 struct qd_merge {
-    double key;     /* SPM: minus the token's score; BPE: the merge rank */
-    int32_t left, right;
+    uint64_t key;   /* priority << 32 | left */
+    int32_t right;
     uint32_t bytes; /* left's and right's bytes when pushed: stale once either changed */
 };
+static inline int32_t qd_merge_left(const struct qd_merge *m) { return (int32_t)(uint32_t)m->key; }
+/* SPM: the highest score first (-0 and +0 equal, as float comparison has them) */
+static inline uint64_t qd_merge_key_score(float score, int32_t left)
+{
+    union { float f; uint32_t u; } x = {score == 0 ? 0.0f : score};
+    uint32_t ordered = x.u & 0x80000000u ? ~x.u : x.u | 0x80000000u; /* grows with the float */
+    return (uint64_t)~ordered << 32 | (uint32_t)left;
+}
+/* BPE: the lowest rank first */
+static inline uint64_t qd_merge_key_rank(int32_t rank, int32_t left) { return (uint64_t)(uint32_t)rank << 32 | (uint32_t)left; }
 struct qd_heap {
     struct qd_merge *a;
     size_t n, cap;

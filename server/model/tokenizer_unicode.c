@@ -9,6 +9,8 @@ static const unsigned cat_flag[8] = {
 
 enum qd_ucat qd_unicode_category(uint32_t cpt)
 {
+    if (cpt < 128)
+        return (enum qd_ucat)qd_ucat_ascii[cpt];
     if (cpt >= QD_UNICODE_MAX)
         return QD_UCAT_UNDEF;
     unsigned lo = 0, hi = qd_ucat_range_count; /* the last range starting at or before cpt */
@@ -91,23 +93,18 @@ static int byte_is_printable(unsigned b)
     return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
 }
 
-uint32_t qd_byte_to_cpt(uint8_t byte)
+/* The 68 others, in byte order: 0x00-0x20 (33), 0x7F-0xA0 (34), 0xAD. */
+uint32_t qd_byte_to_cpt(uint8_t b)
 {
-    if (byte_is_printable(byte))
-        return byte;
-    uint32_t n = 0; /* the others take U+0100 onwards, in byte order */
-    for (unsigned b = 0; b < byte; b++)
-        n += !byte_is_printable(b);
-    return 0x100 + n;
+    if (byte_is_printable(b))
+        return b;
+    return 0x100 + (b <= 0x20 ? b : b <= 0xA0 ? 33u + (b - 0x7Fu) : 67u);
 }
 
 int qd_cpt_to_byte(uint32_t cpt)
 {
     if (cpt < 0x100)
         return byte_is_printable(cpt) ? (int)cpt : -1;
-    uint32_t n = 0;
-    for (unsigned b = 0; b < 256; b++)
-        if (!byte_is_printable(b) && 0x100 + n++ == cpt)
-            return (int)b;
-    return -1;
+    uint32_t n = cpt - 0x100;
+    return n < 33 ? (int)n : n < 67 ? (int)(0x7F + n - 33) : n == 67 ? 0xAD : -1;
 }

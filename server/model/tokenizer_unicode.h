@@ -15,6 +15,7 @@ struct qd_ucat_range {
 };
 extern const struct qd_ucat_range qd_ucat_ranges[]; /* tokenizer_unicode_data.c (generated) */
 extern const unsigned qd_ucat_range_count;
+extern const uint8_t qd_ucat_ascii[128];
 
 #define QD_UNICODE_MAX 0x110000u /* one past the last code point */
 #define QD_UNICODE_REPLACEMENT 0xFFFDu

@@ -49,15 +49,17 @@ static int32_t map_find(const struct qd_strmap *m, const char *const *keys, cons
                         size_t ln, const char *r, size_t rn)
 {
     size_t total = r ? ln + 1 + rn : ln;
-    uint64_t h = r ? hash3(l, ln, " ", 1, r, rn) : hash3(l, ln, NULL, 0, NULL, 0);
+    uint64_t h = r ? hash3(l, ln, " ", 1, r, rn) : hash3(l, ln, NULL, 0, NULL, 0), tag = h >> 32 << 32;
     for (uint32_t i = (uint32_t)h & m->mask;; i = (i + 1) & m->mask) {
-        uint32_t s = m->slots[i];
+        uint64_t s = m->slots[i];
         if (!s)
             return -1;
-        const char *k = keys[s - 1];
-        if (key_len[s - 1] == total && !memcmp(k, l, ln) &&
-            (!r || (k[ln] == ' ' && !memcmp(k + ln + 1, r, rn))))
-            return (int32_t)(s - 1);
+        if ((s & ~0xFFFFFFFFull) != tag)
+            continue;
+        uint32_t id = (uint32_t)s - 1;
+        const char *k = keys[id];
+        if (key_len[id] == total && !memcmp(k, l, ln) && (!r || (k[ln] == ' ' && !memcmp(k + ln + 1, r, rn))))
+            return (int32_t)id;
     }
 }
 
@@ -66,15 +68,66 @@ static int32_t map_insert(struct qd_strmap *m, const char *const *keys, const ui
 {
     const char *k = keys[id];
     uint32_t kn = key_len[id];
-    for (uint32_t i = (uint32_t)hash3(k, kn, NULL, 0, NULL, 0) & m->mask;; i = (i + 1) & m->mask) {
-        uint32_t s = m->slots[i];
+    uint64_t h = hash3(k, kn, NULL, 0, NULL, 0), tag = h >> 32 << 32;
+    for (uint32_t i = (uint32_t)h & m->mask;; i = (i + 1) & m->mask) {
+        uint64_t s = m->slots[i];
         if (!s) {
-            m->slots[i] = (uint32_t)id + 1;
+            m->slots[i] = tag | ((uint32_t)id + 1);
             return id;
         }
-        if (key_len[s - 1] == kn && !memcmp(keys[s - 1], k, kn))
-            return (int32_t)(s - 1);
+        uint32_t other = (uint32_t)s - 1;
+        if ((s & ~0xFFFFFFFFull) == tag && key_len[other] == kn && !memcmp(keys[other], k, kn))
+            return (int32_t)other;
     }
+}
+
+uint64_t qd_char_pair_hash(const char *a, size_t an, const char *b, size_t bn)
+{
+    return hash3(&(char){(char)an}, 1, a, an, b, bn) | 1;
+}
+
+int qd_char_pair_known(const struct qd_vocab *v, uint64_t h)
+{
+    for (uint32_t i = (uint32_t)h & v->char_pairs_mask;; i = (i + 1) & v->char_pairs_mask) {
+        if (v->char_pairs[i] == h)
+            return 1;
+        if (!v->char_pairs[i])
+            return 0;
+    }
+}
+
+/* Every pair of adjacent characters inside the tokens' texts (characters cut as the SPM merge
+ * cuts its text: by the lead byte). */
+static enum qd_status char_pairs(struct qd_vocab *v)
+{
+    size_t pairs = 0;
+    for (int32_t i = 0; i < v->n; i++)
+        pairs += v->len[i];
+    uint64_t cap = 16;
+    while (cap < 2 * (uint64_t)pairs + 1)
+        cap *= 2;
+    if (cap > UINT32_MAX || !(v->char_pairs = calloc(cap, sizeof *v->char_pairs)))
+        return QD_ENOMEM;
+    v->char_pairs_mask = (uint32_t)(cap - 1);
+    for (int32_t i = 0; i < v->n; i++) {
+        const char *t = v->text[i];
+        size_t n = v->len[i], prev = 0, prev_n = 0;
+        for (size_t off = 0; off < n;) {
+            size_t c = qd_utf8_len((uint8_t)t[off]);
+            c = c < n - off ? c : n - off;
+            if (off) {
+                uint64_t h = qd_char_pair_hash(t + prev, prev_n, t + off, c);
+                uint32_t k = (uint32_t)h & v->char_pairs_mask;
+                while (v->char_pairs[k] && v->char_pairs[k] != h)
+                    k = (k + 1) & v->char_pairs_mask;
+                v->char_pairs[k] = h;
+            }
+            prev = off;
+            prev_n = c;
+            off += c;
+        }
+    }
+    return QD_OK;
 }
 
 int32_t qd_vocab_find(const struct qd_vocab *v, const char *s, size_t n)
@@ -584,6 +637,8 @@ enum qd_status qd_vocab_load(const struct qd_gguf *g, struct qd_vocab **out, cha
     free(order);
     if (!v->special || (s = make_pieces(v)) || (s = qd_special_index(v, err, errlen)))
         goto done;
+    if (v->kind == QD_VOCAB_SPM && (s = char_pairs(v)))
+        goto done;
     name_attributes(&L, v);
     byte_tables(v);
 done:
@@ -638,7 +693,7 @@ void qd_vocab_free(struct qd_vocab *v)
     free(v->text), free(v->len), free(v->score), free(v->attr), free(v->arena), free(v->by_text.slots);
     free(v->merge), free(v->merge_len), free(v->merge_arena), free(v->by_merge.slots);
     free(v->piece), free(v->piece_len), free(v->piece_arena);
-    free(v->special), free(v->special_rank), free(v->trie);
+    free(v->special), free(v->special_rank), free(v->trie), free(v->char_pairs);
     free(v);
 }
 

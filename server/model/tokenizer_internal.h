@@ -131,6 +131,15 @@ struct qd_trie_node {
 /* Builds v->trie and v->special_rank from v->special (tokenizer.c). */
 enum qd_status qd_special_index(struct qd_vocab *v, char *err, size_t errlen);
 
+/* tokenizer_strmap.c: a map for n keys (0, or -1 without memory); a key's value or -1 (a token
+ * text l, or a merge "l r" when r is not NULL); inserting key `id` of keys[] (an equal key there
+ * already stays, and its id is returned). */
+int qd_strmap_init(struct qd_strmap *m, uint32_t n);
+int32_t qd_strmap_find(const struct qd_strmap *m, const char *const *keys, const uint32_t *key_len, const char *l,
+                       size_t ln, const char *r, size_t rn);
+int32_t qd_strmap_insert(struct qd_strmap *m, const char *const *keys, const uint32_t *key_len, int32_t id);
+/* Fills v->char_pairs from the token texts. */
+enum qd_status qd_char_pairs_build(struct qd_vocab *v);
 /* The hash of two adjacent characters (their bytes), for char_pairs; never 0. */
 uint64_t qd_char_pair_hash(const char *a, size_t an, const char *b, size_t bn);
 int qd_char_pair_known(const struct qd_vocab *v, uint64_t h);

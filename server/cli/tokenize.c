@@ -127,7 +127,7 @@ int qd_cli_tokenize(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (!use_stdin && !file && !prompt) {
+    if (!use_stdin && !file && (!prompt || !*prompt)) { /* (an empty -p counts as none, as there) */
         fprintf(stderr, "quantd tokenize: must specify one of: --stdin, --file or --prompt\n");
         return 1;
     }

@@ -30,7 +30,8 @@ int qd_vocab_add_bos(const struct qd_vocab *v);
 const char *qd_vocab_type_name(const struct qd_vocab *v);
 const char *qd_vocab_pre_name(const struct qd_vocab *v);
 
-/* Tokenizes text[0, len) like llama_tokenize(vocab, text, len, ..., add_special, parse_special):
+/* Tokenizes text[0, len) like llama_tokenize(vocab, text, len, ..., add_special, parse_special)
+ * (the vocabulary is only read: threads may tokenize with one vocabulary at once):
  * add_special adds the BOS (and EOS) tokens the vocabulary asks for; parse_special turns the
  * texts of control tokens into those tokens (user-defined tokens always are). *ids is
  * malloc'd (the caller frees it), *n its length. QD_OK, or QD_EINVAL / QD_ENOMEM with err: text

@@ -104,8 +104,9 @@ def test_special_tokens_parse_unless_asked_not_to():
 
 def test_refusals_name_the_problem(tmp_path):
     path = vocab("llama-spm")
-    p = tokenize("-m", path)
-    assert p.returncode == 1 and b"must specify one of: --stdin, --file or --prompt" in p.stderr
+    for empty in ([], ["-p", ""]):
+        p = tokenize("-m", path, *empty)
+        assert p.returncode == 1 and b"must specify one of: --stdin, --file or --prompt" in p.stderr
     p = tokenize("-m", tmp_path / "none.gguf", "-p", "x")
     assert p.returncode == 1 and b"none.gguf" in p.stderr
     p = tokenize("-p", "x")

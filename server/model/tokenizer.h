@@ -34,7 +34,7 @@ const char *qd_vocab_pre_name(const struct qd_vocab *v);
  * (the vocabulary is only read: threads may tokenize with one vocabulary at once):
  * add_special adds the BOS (and EOS) tokens the vocabulary asks for; parse_special turns the
  * texts of control tokens into those tokens (user-defined tokens always are). *ids is
- * malloc'd (the caller frees it), *n its length. QD_OK, or QD_EINVAL / QD_ENOMEM with err: text
+ * malloc'd (the caller frees it; NULL when *n is 0), *n its length. QD_OK, or QD_EINVAL / QD_ENOMEM with err: text
  * that decodes past U+10FFFF into a BPE vocabulary (llama.cpp stops with an exception there),
  * or a byte that an SPM vocabulary has no token for. */
 enum qd_status qd_tokenize(const struct qd_vocab *v, const char *text, size_t len, int add_special,

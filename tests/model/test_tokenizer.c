@@ -102,7 +102,7 @@ static void vectors_of(const char *name)
         size_t n = 0;
         char err[512];
         assert_int_equal(qd_tokenize(v, p, len, 0, 0, &ids, &n, err, sizeof err), QD_OK);
-        if (n != nw || memcmp(ids, want, n * sizeof *ids))
+        if (n != nw || (n && memcmp(ids, want, n * sizeof *ids)))
             fail_msg("%s case %d ('%.40s'): %zu ids, llama.cpp %zu", name, cases, p, n, nw);
         free(ids);
         cases++;

@@ -40,6 +40,7 @@ struct qd_regex {
     uint32_t *ranges; /* lo, hi pairs */
     int n_ranges, cap_ranges;
     int root;
+    int lead; /* a K_REPEAT of one character, unbounded, that every match starts with; or -1 */
 };
 
 /* ---- parsing -------------------------------------------------------------------------------- */
@@ -391,6 +392,10 @@ struct qd_regex *qd_regex_compile(const uint32_t *pattern, size_t n, char *err, 
         qd_regex_free(re);
         return NULL;
     }
+    const struct node *r = &re->nodes[re->root];
+    int first = r->kind == K_SEQ ? r->first : -1;
+    re->lead = first >= 0 && re->nodes[first].kind == K_REPEAT && re->nodes[first].max == UNBOUNDED &&
+                       re->nodes[re->nodes[first].first].width == 1 ? first : -1;
     return re;
 }
 
@@ -593,7 +598,11 @@ static int m(struct ctx *c, int node, size_t pos, const struct frame *k)
     return 0;
 }
 
-/* The first match starting at or after `from` (std::regex_search), or 0. */
+/* The first match starting at or after `from` (std::regex_search), or 0.
+ *
+ * When every match starts with an unbounded repeat of one character (\s+$), an attempt that
+ * failed after the repeat ran from s to e has tried every end its continuation could have from
+ * any start in (s, e - min]: those starts are skipped (a long run of spaces is not quadratic). */
 static int search(struct ctx *c, size_t from, int continuous, size_t *ms)
 {
     for (size_t s = from; s <= c->n; s++) {
@@ -604,6 +613,14 @@ static int search(struct ctx *c, size_t from, int continuous, size_t *ms)
         }
         if (continuous)
             break;
+        if (c->re->lead >= 0 && !c->not_null) {
+            const struct node *lead = &c->re->nodes[c->re->lead];
+            size_t run = 0;
+            while (one(c, lead->first, s + run))
+                run++;
+            if (run > lead->min)
+                s += run - lead->min; /* (and the loop adds one) */
+        }
     }
     return 0;
 }

@@ -414,6 +414,18 @@ static void regex_long_runs_take_no_stack(void **state)
     assert_int_equal(qd_regex_split(re, t, n, lens), 3);
     assert_int_equal(lens[0], n - 2);
     qd_regex_free(re);
+    /* \s+$ over a run that does not end the text: each start fails, and is not tried anew */
+    uint32_t at_end[] = {'\\', 's', '+', '$'};
+    assert_non_null(re = qd_regex_compile(at_end, 4, err, sizeof err));
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(qd_regex_split(re, t, n, lens), 1);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_true((double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9 < 1.0);
+    t[n - 1] = ' ';
+    assert_int_equal(qd_regex_split(re, t, n, lens), 1);
+    assert_int_equal(lens[0], n);
+    qd_regex_free(re);
     free(t);
     free(lens);
 }

@@ -84,29 +84,43 @@ int qd_char_pair_known(const struct qd_vocab *v, uint64_t h)
 
 /* Every pair of adjacent characters inside the tokens' texts (characters cut as the SPM merge
  * cuts its text: by the lead byte). */
+/* Adds h to a set of cap slots (a power of two); whether it was new. */
+static int pair_add(uint64_t *slots, uint32_t mask, uint64_t h)
+{
+    uint32_t k = (uint32_t)h & mask;
+    while (slots[k] && slots[k] != h)
+        k = (k + 1) & mask;
+    int fresh = !slots[k];
+    slots[k] = h;
+    return fresh;
+}
+
 enum qd_status qd_char_pairs_build(struct qd_vocab *v)
 {
-    size_t pairs = 0;
-    for (int32_t i = 0; i < v->n; i++)
-        pairs += v->len[i];
-    uint64_t cap = 16;
-    while (cap < 2 * (uint64_t)pairs + 1)
-        cap *= 2;
-    if (cap > UINT32_MAX || !(v->char_pairs = calloc(cap, sizeof *v->char_pairs)))
+    uint32_t cap = 1 << 16, count = 0; /* grows: far fewer pairs differ than tokens hold */
+    if (!(v->char_pairs = calloc(cap, sizeof *v->char_pairs)))
         return QD_ENOMEM;
-    v->char_pairs_mask = (uint32_t)(cap - 1);
+    v->char_pairs_mask = cap - 1;
     for (int32_t i = 0; i < v->n; i++) {
         const char *t = v->text[i];
         size_t n = v->len[i], prev = 0, prev_n = 0;
         for (size_t off = 0; off < n;) {
             size_t c = qd_utf8_len((uint8_t)t[off]);
             c = c < n - off ? c : n - off;
-            if (off) {
-                uint64_t h = qd_char_pair_hash(t + prev, prev_n, t + off, c);
-                uint32_t k = (uint32_t)h & v->char_pairs_mask;
-                while (v->char_pairs[k] && v->char_pairs[k] != h)
-                    k = (k + 1) & v->char_pairs_mask;
-                v->char_pairs[k] = h;
+            if (off && pair_add(v->char_pairs, v->char_pairs_mask, qd_char_pair_hash(t + prev, prev_n, t + off, c)) &&
+                ++count > cap / 2) {
+                if (cap > 1u << 30)
+                    return QD_ENOMEM;
+                uint64_t *bigger = calloc((size_t)cap * 2, sizeof *bigger);
+                if (!bigger)
+                    return QD_ENOMEM;
+                for (uint32_t k = 0; k < cap; k++)
+                    if (v->char_pairs[k])
+                        pair_add(bigger, cap * 2 - 1, v->char_pairs[k]);
+                free(v->char_pairs);
+                v->char_pairs = bigger;
+                cap *= 2;
+                v->char_pairs_mask = cap - 1;
             }
             prev = off;
             prev_n = c;

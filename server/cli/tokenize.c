@@ -27,7 +27,8 @@ static void usage(FILE *to)
           "  --show-count           print the number of tokens\n"
           "  -e, --escape / --no-escape\n"
           "                         process \\n \\r \\t \\' \\\" \\\\ \\xHH in the text (default: on)\n"
-          "  --log-disable          accepted, as llama-tokenize does (quantd logs nothing here)\n",
+          "  --log-disable, -v, -t N, -c N, -ngl N, -lv N, --log-file F\n"
+          "                         accepted for llama-tokenize's command lines; no effect\n",
           to);
 }
 
@@ -64,6 +65,18 @@ static size_t process_escapes(char *s, size_t n)
         s[o++] = c;
     }
     return o;
+}
+
+/* Options every llama.cpp tool takes, which change nothing in tokenizing (threads, context,
+ * GPU layers, logging): accepted with their value, so that llama-tokenize's command lines run. */
+static int ignored_with_value(const char *a)
+{
+    static const char *const names[] = {"-t", "--threads", "-c", "--ctx-size", "-ngl", "--n-gpu-layers",
+                                        "--gpu-layers", "-lv", "--verbosity", "--log-verbosity", "--log-file"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(a, names[i]))
+            return 1;
+    return 0;
 }
 
 static char *read_stream(FILE *f, size_t *len)
@@ -112,7 +125,8 @@ int qd_cli_tokenize(int argc, char **argv)
         else if (!strcmp(a, "--show-count")) show_count = 1;
         else if (!strcmp(a, "-e") || !strcmp(a, "--escape")) escape = 1;
         else if (!strcmp(a, "--no-escape")) escape = 0;
-        else if (!strcmp(a, "--log-disable")) continue;
+        else if (!strcmp(a, "--log-disable") || !strcmp(a, "-v") || !strcmp(a, "--verbose")) continue;
+        else if (ignored_with_value(a) && i + 1 < argc) i++; /* llama.cpp's common options: no effect here */
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;

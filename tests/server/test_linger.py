@@ -1,6 +1,6 @@
 """The lingering close (server/http/linger.c), met by the clients most ML users script with:
 Python's urllib, http.client and requests write the whole body before they read, so an answer
-that refuses a body before or while it is sent (413, 401) only reaches them when the server
+that refuses a body before or while it is sent (413, 401, 431) only reaches them when the server
 reads and drops the rest of it for a while before the close. Bounded: past --linger-bytes the
 connection is reset, past --linger-timeout it is closed, past --linger-connections an early
 answer closes at once, and none of it delays SIGTERM. Each test starts its own
@@ -167,6 +167,17 @@ def test_urllib_reads_the_401_and_a_waiting_client_gets_no_100_continue(serve):
         assert r.status == 401 and not r.will_close
         r.read()
     c.close()
+    assert s.stop()[0] == 0
+
+
+def test_urllib_reads_the_431_of_headers_too_large(serve):
+    """Over --max-header-bytes (quantd's check), and past libmicrohttpd's 256 KiB buffer (its
+    own refusal, answered by quantd), with a body behind."""
+    s = serve("--max-body-bytes", 64 * MIB)
+    for size in (20000, 300000):
+        status, _, answer = urllib_post(s.base + "/dequantize", bytes(8 * MIB), {"X-Big": "a" * size})
+        assert status == 431 and error_code(answer) == "headers_too_large", (size, answer)
+    assert s.metric("quantd_lingered_connections_total") == 2
     assert s.stop()[0] == 0
 
 

@@ -377,12 +377,12 @@ static void log_mhd(void *cls, const char *fmt, va_list ap)
     static const char refusing[] = "Error processing request (HTTP response code is %u";
     static const char let_go[] = "Application reported internal error";
     char text[512], escaped[1024];
-    if (cut_on_purpose && !strncmp(fmt, let_go, sizeof let_go - 1))
-        return; /* cut_with_reply: answered, and the request logged as usual */
     va_list copy;
     va_copy(copy, ap);
     vsnprintf(text, sizeof text, fmt, copy);
     va_end(copy);
+    if (cut_on_purpose && !strncmp(text, let_go, sizeof let_go - 1))
+        return; /* cut_with_reply: answered, and the request logged as usual ("%s\n", the text) */
     if (!strncmp(fmt, refusing, sizeof refusing - 1)) {
         unsigned status = va_arg(ap, unsigned);
         if ((status == MHD_HTTP_REQUEST_HEADER_FIELDS_TOO_LARGE || status == MHD_HTTP_URI_TOO_LONG) &&

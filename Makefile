@@ -5,7 +5,8 @@
 #   make test            everything below that needs no GPU: test-unit, test-service, test-peers,
 #                        test-deploy, test-api-fuzz
 #   make test-unit       cmocka unit tests (kernels, the conversion engine)
-#   make test-service    service tests (a real quantd serve, libcurl) + the OpenAPI check
+#   make test-service    service tests (a real quantd serve, libcurl; Python's own clients in
+#                        tests/server/*.py) + the OpenAPI check
 #   make test-peers      pytest cross-checks against the peers, and the CLI (tests/peers); mlx-lm
 #                        loading quantd's MLX directories (tests/consumers/test_mlx_lm.py, CPU)
 #   make test-deploy     offline checks of Dockerfile and deploy/
@@ -155,6 +156,8 @@ test-service: $(SERVICE_QUANTD) $(SERVICE_TEST_BINS) .venv/ok
 	@set -e; for t in $(SERVICE_TEST_BINS); do echo "== $$t"; \
 	  QUANTD=$(abspath $(SERVICE_QUANTD)) QUANTD_RESPONSES=$(abspath $(BUILD))/responses.jsonl \
 	  QUANTD_TEST_LOG=$(abspath $(BUILD))/serve.log $$t; done
+	QUANTD=$(abspath $(SERVICE_QUANTD)) QUANTD_TEST_LOG=$(abspath $(BUILD))/serve.log \
+	  .venv/bin/python -m pytest -q -p no:cacheprovider tests/server
 	QUANTD_RESPONSES=$(abspath $(BUILD))/responses.jsonl .venv/bin/python -m pytest -q tests/api
 
 # Offline checks of Dockerfile and deploy/ against the built daemon (tests/deploy).

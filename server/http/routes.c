@@ -14,6 +14,7 @@
 #include "http/convert_route.h"
 #include "http/decode.h"
 #include "http/encode.h"
+#include "http/linger.h"
 #include "http/reply.h"
 #include "http/watchdog.h"
 #include "http/work_job.h"
@@ -286,7 +287,11 @@ static enum MHD_Result metrics_get(struct MHD_Connection *mc, struct conn *c, co
     qd_srv.backend->stats(qd_srv.backend, &bs);
     struct qd_hostmem_inflight in;
     qd_hostmem_inflight(&in);
+    struct qd_linger_stats ls;
+    qd_linger_stats(&ls);
     struct qd_metrics_gauges g = {
+        .lingering_connections = ls.lingering, .lingered_connections = ls.lingered, .lingered_bytes = ls.bytes,
+        .linger_full = ls.full,
         .inflight_body_bytes = (double)in.bytes, .inflight_body_limit_bytes = (double)in.limit,
         .inflight_body_refused = atomic_load(&qd_srv.inflight_refused), .convert_queue_depth = js.convert_depth,
         .convert_jobs_running = js.convert_running, .convert_workers = js.convert_workers,

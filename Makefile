@@ -2,9 +2,11 @@
 #   make                 bin/quantd (with the CUDA backend when nvcc is found, CPU-only otherwise)
 #   make deps            install the Debian packages that building and testing need (root)
 #   make venv            the Python venv the tests use (.venv: numpy, gguf, safetensors, pytest, ...)
-#   make test            everything below that needs no GPU: test-unit, test-service, test-peers,
-#                        test-deploy, test-api-fuzz
-#   make test-unit       cmocka unit tests (kernels, the conversion engine)
+#   make test            everything below that needs no GPU: check-openapi, test-unit, test-service,
+#                        test-peers, test-deploy, test-api-fuzz
+#   make openapi         rewrite api/openapi.yaml's enums from the code's tables (quantd openapi)
+#   make check-openapi   fail when api/openapi.yaml differs from what quantd openapi makes of it
+#   make test-unit       cmocka unit tests (kernels, the conversion engine, the CLI)
 #   make test-service    service tests (a real quantd serve, libcurl; Python's own clients in
 #                        tests/server/*.py) + the OpenAPI check
 #   make test-peers      pytest cross-checks against the peers, and the CLI (tests/peers); mlx-lm
@@ -80,7 +82,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all help deps venv test test-unit bench-iq4 bench-iqgrid test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-pinned bench-kquant-imx bench-convert bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all help deps venv openapi check-openapi test test-unit bench-iq4 bench-iqgrid test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-pinned bench-kquant-imx bench-convert bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 help:
@@ -121,8 +123,8 @@ venv: .venv/ok
 
 # ---- tests ----------------------------------------------------------------------------------
 TEST_SRCS := $(wildcard tests/kernels/test_*.c)
-# the checkpoint engine's unit tests link the service objects (backends, containers)
-CKPT_TEST_SRCS := $(wildcard tests/checkpoint/test_*.c)
+# the checkpoint engine's and the CLI's unit tests link the service objects (backends, containers)
+CKPT_TEST_SRCS := $(wildcard tests/checkpoint/test_*.c tests/cli/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%) $(CKPT_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 TEST_LIBS := -lcmocka
 
@@ -131,6 +133,9 @@ $(BUILD)/tests/%: tests/%.c $(KERNEL_OBJS)
 	$(CC) $(CFLAGS) -o $@ $< $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS)
 
 $(BUILD)/tests/checkpoint/test_%: tests/checkpoint/test_%.c $(SERVICE_OBJS) $(KERNEL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS)
+$(BUILD)/tests/cli/test_%: tests/cli/test_%.c $(SERVICE_OBJS) $(KERNEL_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS)
 
@@ -172,7 +177,21 @@ test-api-fuzz: bin/quantd .venv/ok
 fuzz-api: bin/quantd .venv/ok
 	QUANTD=$(abspath bin/quantd) tests/api/fuzz_api.sh $(or $(FUZZ_API_EXAMPLES),1500) $(or $(SEED),random)
 
-test: all test-unit test-service test-peers test-deploy test-api-fuzz test-soak-verdict
+test: all check-openapi test-unit test-service test-peers test-deploy test-api-fuzz test-soak-verdict
+
+# api/openapi.yaml is written by hand but for the enums marked "# quantd openapi: LIST", which
+# quantd openapi (server/cli/openapi.c) makes from the tables they mirror: the registry's formats
+# and components, llama-quantize's mixes, the dtypes, the job ops and states.
+openapi: bin/quantd
+	@mkdir -p $(BUILD)
+	bin/quantd openapi api/openapi.yaml > $(BUILD)/openapi.yaml
+	cp $(BUILD)/openapi.yaml api/openapi.yaml
+check-openapi: bin/quantd
+	@mkdir -p $(BUILD)
+	@bin/quantd openapi api/openapi.yaml > $(BUILD)/openapi.yaml
+	@cmp -s $(BUILD)/openapi.yaml api/openapi.yaml || { diff -u api/openapi.yaml $(BUILD)/openapi.yaml | head -40; \
+	  echo "api/openapi.yaml is not what the code makes of it: run 'make openapi' and commit the result"; exit 1; }
+	@echo "api/openapi.yaml: its enums are the code's"
 
 # ASan + UBSan: a separate build tree, the same tests.
 sanitize:

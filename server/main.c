@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/openapi.h"
 #include "service/serve.h"
 
 #ifndef QD_VERSION /* the Makefile sets it from the VERSION file */
@@ -21,6 +22,8 @@ static void usage(FILE *to)
           "  convert --in SRC --out DST (--fmt FMT | --recipe MIX) [--param k=v] [--skip RE] [--only RE]\n"
           "          [--force]           convert a whole model for its runtime (quantd convert --help)\n"
           "  serve [options]             run the HTTP service (quantd serve --help)\n"
+          "  openapi [SPEC]              print api/openapi.yaml with its enums made from the code's\n"
+          "                              tables (formats, mixes, components, dtypes; make openapi)\n"
           "  healthcheck [--listen ADDR:PORT] [--path /healthz]\n"
           "                              exit 0 when the service answers 200\n"
           "  version, --version          print quantd's version\n",
@@ -46,6 +49,8 @@ int main(int argc, char **argv)
         return qd_cli_convert(argc - 2, argv + 2);
     if (!strcmp(cmd, "dequantize"))
         return qd_cli_dequantize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "openapi"))
+        return qd_cli_openapi(argc - 2, argv + 2);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("quantd %s\n", QD_VERSION);
         return 0;

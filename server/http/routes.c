@@ -116,12 +116,10 @@ static void precheck_work(struct MHD_Connection *mc, struct conn *c)
 
 static void job_json_reply(struct qd_reply *r, int status, struct qd_job *j)
 {
-    static const char *const states[] = {"queued", "running", "done", "cancelled"};
-    static const char *const ops[] = {"quantize", "dequantize", "convert"};
     int st = atomic_load(&j->state);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", j->id);
-    cJSON_AddStringToObject(o, "op", ops[j->req.op]);
+    cJSON_AddStringToObject(o, "op", qd_op_name(j->req.op));
     const struct qd_convert_request *conv = qd_convert_job_request(j);
     if (j->req.f || conv)
         cJSON_AddStringToObject(o, "fmt", conv ? qd_convert_request_fmt(conv) : j->req.f->name);
@@ -136,7 +134,7 @@ static void job_json_reply(struct qd_reply *r, int status, struct qd_job *j)
         cJSON_AddNumberToObject(p, "bytes_per_s", secs > 0 ? done / secs : 0);
         cJSON_AddNumberToObject(p, "eta_s", secs > 0 && done > 0 && st != QD_JOB_DONE ? (total - done) / (done / secs) : 0);
     }
-    cJSON_AddStringToObject(o, "status", states[st]);
+    cJSON_AddStringToObject(o, "status", qd_job_state_name(st));
     cJSON_AddNumberToObject(o, "created", j->created_unix);
     char loc[96];
     snprintf(loc, sizeof loc, "/jobs/%s", j->id);

@@ -11,6 +11,15 @@
 
 enum qd_op { QD_OP_QUANTIZE, QD_OP_DEQUANTIZE, QD_OP_CONVERT /* /jobs only: a whole model */ };
 
+/* An op's name as the API spells it (/jobs?op=, a job's "op"; api/openapi.yaml's JobOp is made
+ * from these), NULL past the last. */
+static inline const char *qd_op_name(int op)
+{
+    static const char *const names[] = {[QD_OP_QUANTIZE] = "quantize", [QD_OP_DEQUANTIZE] = "dequantize",
+                                        [QD_OP_CONVERT] = "convert"};
+    return op >= 0 && op < (int)(sizeof names / sizeof *names) ? names[op] : NULL;
+}
+
 #define QD_REQ_MAX_PARAMS 16
 
 /* The request as named by the URL query and headers: cheap to decode, checked before the body

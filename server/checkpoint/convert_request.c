@@ -2,6 +2,7 @@
 #include "checkpoint/convert_request.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,6 +188,9 @@ const char *qd_convert_spec_fmt(const struct qd_convert_spec *s)
     return s->f ? s->f->name : s->to_float ? s->to_float : s->recipe;
 }
 
+/* Three decimals (a millisecond, a thousandth of a bit): what the figures can tell. */
+static double milli(double x) { return round(x * 1000.0) / 1000.0; }
+
 cJSON *qd_convert_summary_json(const struct qd_convert_spec *s, const struct qd_convert_summary *sum,
                                const char *backend)
 {
@@ -208,12 +212,12 @@ cJSON *qd_convert_summary_json(const struct qd_convert_spec *s, const struct qd_
     cJSON_AddNumberToObject(o, "bytes_in", (double)sum->bytes_in);
     cJSON_AddNumberToObject(o, "bytes_out", (double)sum->bytes_out);
     cJSON_AddNumberToObject(o, "bits_per_weight",
-                            sum->params_total ? (double)sum->bytes_out * 8.0 / (double)sum->params_total : 0.0);
-    cJSON_AddNumberToObject(o, "seconds", sum->seconds);
-    cJSON_AddNumberToObject(o, "gb_per_s", sum->seconds > 0 ? (double)sum->bytes_in / sum->seconds / 1e9 : 0.0);
-    cJSON_AddNumberToObject(o, "read_s", sum->stages.read_s);
-    cJSON_AddNumberToObject(o, "quantize_s", sum->stages.process_s);
-    cJSON_AddNumberToObject(o, "write_s", sum->stages.write_s);
+                            milli(sum->params_total ? (double)sum->bytes_out * 8.0 / (double)sum->params_total : 0.0));
+    cJSON_AddNumberToObject(o, "seconds", milli(sum->seconds));
+    cJSON_AddNumberToObject(o, "gb_per_s", milli(sum->seconds > 0 ? (double)sum->bytes_in / sum->seconds / 1e9 : 0.0));
+    cJSON_AddNumberToObject(o, "read_s", milli(sum->stages.read_s));
+    cJSON_AddNumberToObject(o, "quantize_s", milli(sum->stages.process_s));
+    cJSON_AddNumberToObject(o, "write_s", milli(sum->stages.write_s));
     if (sum->rule) { /* Hugging Face layouts: the model type and which rule chose the weights */
         cJSON_AddStringToObject(o, "arch", sum->arch);
         cJSON_AddStringToObject(o, "rule", sum->rule);
@@ -237,6 +241,12 @@ void qd_convert_imatrix_note(const struct qd_convert_summary *sum, char *out, si
     char others[48] = "";
     if (sum->imatrix_missing > 1)
         snprintf(others, sizeof others, " and %d other%s", sum->imatrix_missing - 1, sum->imatrix_missing > 2 ? "s" : "");
-    snprintf(out, len, "the importance matrix %s covered %d of the %d quantized tensors (no entry for %s%s): those "
-             "were quantized without one", sum->imatrix, sum->imatrix_covered, of, sum->imatrix_first_missing, others);
+    if (!sum->imatrix_covered)
+        snprintf(out, len, "the importance matrix %s covered none of the %d quantized tensors (no entry for %s%s): was "
+                 "it made for another model? They were quantized without one, and the output records none", sum->imatrix,
+                 of, sum->imatrix_first_missing, others);
+    else
+        snprintf(out, len, "the importance matrix %s covered %d of the %d quantized tensors (no entry for %s%s): those "
+                 "were quantized without one", sum->imatrix, sum->imatrix_covered, of, sum->imatrix_first_missing,
+                 others);
 }

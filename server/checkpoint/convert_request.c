@@ -95,7 +95,7 @@ static enum qd_status resolve_params(struct qd_convert_spec *s, const struct qd_
             snprintf(what, sizeof what, "--fmt %s (back to float)", s->to_float);
         else
             snprintf(what, sizeof what, "the %s mix", s->recipe);
-        snprintf(err, errlen, "--param does not apply to %s (it quantizes nothing)", what);
+        snprintf(err, errlen, "--param does not apply to %s: it quantizes nothing", what);
         return refuse(s, "bad_param");
     }
     if (s->f)

@@ -46,7 +46,9 @@ static void usage(FILE *to)
             "    --dry-run: each tensor's type and the output's size, nothing written (--out optional)\n"
             "    --split-max-tensors N, --split-max-size N(M|G): the output cut as llama-gguf-split cuts it\n"
             "    --keep-split: a split input's shards, each its own file, as llama-quantize keeps them\n"
-            "  A split GGUF (llama-gguf-split's NAME-00001-of-0000N.gguf ...) is given as its first shard.\n",
+            "  A split GGUF (llama-gguf-split's NAME-00001-of-0000N.gguf ...) is given as its first shard.\n"
+            "  llama-quantize's own command line (IN [OUT] TYPE [nthreads]): quantd llama-quantize --help.\n"
+            "  Exit status: 0, 1 (the input, the destination or the conversion failed), 2 (a bad request).\n",
             qd_convert_layouts_text(), qd_gguf_recipe_names());
 }
 

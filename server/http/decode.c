@@ -23,7 +23,8 @@ int qd_req_from_query(struct qd_req *q, const struct qd_kv *kv, int n, int allow
             q->op = QD_OP_CONVERT;
             for (int k = 0; k < n; k++)
                 if (!strcmp(kv[k].key, "op") && strcmp(kv[k].value ? kv[k].value : "", "convert")) {
-                    qd_reply_error(err, 400, "bad_op", "op is given twice (convert and '%.64s')", kv[k].value);
+                    qd_reply_error(err, 400, "bad_op", "op is given twice (convert and '%.64s')",
+                                   kv[k].value ? kv[k].value : "");
                     return -1;
                 }
             return 0;

@@ -22,6 +22,7 @@ import pytest
 from conftest import QUANTD, ROOT, tiny_hf
 
 TINY_GGUF = os.path.join(ROOT, "tests", "checkpoint", "tiny_gguf.py")
+TINY_IMATRIX = os.path.join(ROOT, "tests", "checkpoint", "tiny_imatrix.py")
 
 # (name, source, request, expected): request items in order, as the command line gives them
 # (key, value): "fmt", "recipe", "skip", "only", "param" ("k=v") or one of llama-quantize's
@@ -75,6 +76,9 @@ TABLE = [
     ("weights_both", "m.gguf", [("recipe", "Q4_0"), ("include-weights", "a"), ("exclude-weights", "b")],
      "bad_param"),
     ("split_size_bad", "m.gguf", [("recipe", "Q4_0"), ("split-max-size", "100K")], "bad_param"),
+    ("split_count_bad", "m.gguf", [("recipe", "Q4_0"), ("split-max-tensors", "0")], "bad_param"),
+    ("include_weights", "m.gguf", [("recipe", "Q4_0"), ("include-weights", "attn")], "ok"),
+    ("option_no_value", "m.gguf", [("recipe", "Q4_0"), ("output-tensor-type", "")], "bad_param"),
 ]
 REPEATED = ("tensor_type", "override_kv", "include_weights", "exclude_weights")
 
@@ -92,6 +96,9 @@ def service(tmp_path_factory):
     subprocess.run([QUANTD, "convert", "--in", data / "m.gguf", "--out", data / "m-q8_0.gguf", "--recipe", "Q8_0"],
                    check=True, capture_output=True)
     tiny_hf(data / "hf")
+    subprocess.run([sys.executable, TINY_IMATRIX, str(data / "m.gguf"), str(data / "m.imatrix.gguf"), "gguf"],
+                   check=True)
+    (data / "types.txt").write_text("attn_v=q8_0 ffn_down=q5_0\n")
     for d in ("cli", "lq", "job"):
         (data / d).mkdir()
     with socket.socket() as s:
@@ -190,6 +197,8 @@ def via_job(base, data, name, source, request):
             body.setdefault("params", {})[v.split("=", 1)[0]] = v.split("=", 1)[1]
         elif k in REPEATED:
             body.setdefault(k, []).append(v)
+        elif k == "split_max_tensors":  # a count is a JSON number
+            body[k] = int(v)
         else:
             body[k] = True if v is None else v
     status, _, r = http("POST", base + "/jobs?op=convert", json.dumps(body).encode(),
@@ -209,7 +218,7 @@ def via_job(base, data, name, source, request):
 
 # what every way's summary shares (the rest is timing, paths, the process's memory)
 COMMON = ("recipe", "pure", "dry_run", "fmt", "quantized", "copied", "cast_f16", "bytes_in", "bytes_out",
-          "bits_per_weight")
+          "bits_per_weight", "imatrix", "imatrix_entries", "imatrix_covered")
 
 
 def common(summary):
@@ -245,6 +254,38 @@ def test_same_request_same_answer(service, name, source, request_, expected):
         if cli_bytes is not None:
             assert sha(out) == sha(cli_bytes), (name, way)
         assert common(summary) == common(cli_summary), (name, way, summary, cli_summary)
+
+
+@pytest.mark.parametrize("name,request_,refused_by", [
+    ("imatrix", [("recipe", "Q4_K_M"), ("imatrix", "m.imatrix.gguf")],
+     {"/convert": "imatrix names a file: POST /convert takes one"}),
+    ("imatrix_exclude", [("recipe", "Q4_K_M"), ("imatrix", "m.imatrix.gguf"), ("exclude-weights", "ffn_up")],
+     {"/convert": "imatrix names a file: POST /convert takes one"}),
+    ("types_file", [("recipe", "Q4_K_M"), ("tensor-type-file", "types.txt")],
+     {"/convert": "tensor_type_file reads a file of the server's", "/jobs": "tensor_type_file reads a file of the "
+      "server's"}),
+])
+def test_same_answer_where_the_way_takes_it(service, name, request_, refused_by):
+    """What names a second file: the command line's relative to its directory, a job's in
+    --data-dir, and refused (400) where HTTP cannot take it; where taken, the same bytes and
+    summary (an imatrix's coverage included) everywhere."""
+    base, data = service
+    cli = via_cli(data, name, "m.gguf", request_)
+    assert cli[0] == "ok", cli
+    ways = {"/convert": via_convert_route(base, data, name, "m.gguf", request_),
+            "/jobs": via_job(base, data, name, "m.gguf", request_),
+            "llama-quantize": via_llama_quantize(data, name, "m.gguf", request_)}
+    for way, got in ways.items():
+        if way in refused_by:
+            assert got[0] == "error" and got[1][0] == "bad_request" and refused_by[way] in got[1][1], (way, got)
+            continue
+        assert got[0] == "ok", (name, way, got)
+        assert sha(got[1][0]) == sha(cli[1][0]), (name, way)
+        assert common(got[1][1]) == common(cli[1][1]), (name, way, got[1][1], cli[1][1])
+    if name.startswith("imatrix"):
+        s = cli[1][1]
+        assert s["imatrix"] == "m.imatrix.gguf" and 0 < s["imatrix_covered"] <= s["quantized"], s
+        assert (s["imatrix_covered"] < s["quantized"]) == (name == "imatrix_exclude"), s
 
 
 def test_names_resolve_as_their_canonical_spelling(tmp_path):

@@ -21,6 +21,9 @@ static void usage(FILE *to)
           "                              turn such a directory back into a raw tensor\n"
           "  convert --in SRC --out DST (--fmt FMT | --recipe MIX) [--param k=v] [--skip RE] [--only RE]\n"
           "          [--force]           convert a whole model for its runtime (quantd convert --help)\n"
+          "  llama-quantize [options] IN [OUT] TYPE [nthreads]\n"
+          "                              llama-quantize's command line, for its scripts\n"
+          "                              (quantd llama-quantize --help)\n"
           "  serve [options]             run the HTTP service (quantd serve --help)\n"
           "  openapi [SPEC]              print api/openapi.yaml with its enums made from the code's\n"
           "                              tables (formats, mixes, components, dtypes; make openapi)\n"
@@ -47,6 +50,8 @@ int main(int argc, char **argv)
         return qd_healthcheck_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "convert"))
         return qd_cli_convert(argc - 2, argv + 2);
+    if (!strcmp(cmd, "llama-quantize"))
+        return qd_cli_llama_quantize(argc - 2, argv + 2);
     if (!strcmp(cmd, "dequantize"))
         return qd_cli_dequantize(argc - 2, argv + 2);
     if (!strcmp(cmd, "openapi"))

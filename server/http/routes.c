@@ -181,9 +181,12 @@ static enum MHD_Result start_work(struct MHD_Connection *mc, struct conn *c, con
         qd_reply_error(&c->reply, 413, "json_too_large", "the convert request takes %zu bytes of JSON, over "
                        "--max-json-bytes (%lld)", c->len, qd_srv.config->max_json_bytes);
         return qd_conn_send(mc, c, &c->reply, 1);
-    } else if (c->req.op == QD_OP_CONVERT && /* checked whole before it is accepted */
-               !(conv = qd_convert_request_parse(qd_srv.config->data_dir, &c->req, c->body, c->len, &c->reply)))
-        return qd_conn_send(mc, c, &c->reply, 1);
+    } else if (c->req.op == QD_OP_CONVERT) { /* the query and the body, checked whole before it is accepted */
+        struct query q = {.n = 0};
+        if (!query_of(mc, c, &q) ||
+            !(conv = qd_convert_request_parse(qd_srv.config->data_dir, q.kv, q.n, c->body, c->len, &c->reply)))
+            return qd_conn_send(mc, c, &c->reply, 1);
+    }
     if (conv)
         conv->max_header_bytes = (uint64_t)qd_srv.config->max_safetensors_header_bytes;
     if (c->r->async && !conv && /* checked before it is accepted, as sync calls are */

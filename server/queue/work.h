@@ -28,8 +28,6 @@ static inline const char *qd_op_name(int op)
 struct qd_req {
     enum qd_op op;
     const struct qd_format *f; /* NULL: not in the query (dequantize reads it from the body) */
-    char fmt_name[32];         /* a conversion's fmt when it names no format (the job resolves it:
-                                  bf16|f16|f32 back to float), else "" */
     int has_dtype;
     enum qd_dtype dtype;       /* quantize: input dtype; dequantize: output dtype */
     int has_shape;

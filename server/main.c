@@ -20,6 +20,8 @@ static void usage(FILE *to)
           "                              turn such a directory back into a raw tensor\n"
           "  convert --in SRC --out DST (--fmt FMT | --recipe MIX) [--param k=v] [--skip RE] [--only RE]\n"
           "          [--force]           convert a whole model for its runtime (quantd convert --help)\n"
+          "  perplexity -m MODEL --tokens FILE [-c N] [--chunks N]\n"
+          "                              llama-perplexity's perplexity (quantd perplexity --help)\n"
           "  serve [options]             run the HTTP service (quantd serve --help)\n"
           "  healthcheck [--listen ADDR:PORT] [--path /healthz]\n"
           "                              exit 0 when the service answers 200\n"
@@ -44,6 +46,8 @@ int main(int argc, char **argv)
         return qd_healthcheck_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "convert"))
         return qd_cli_convert(argc - 2, argv + 2);
+    if (!strcmp(cmd, "perplexity"))
+        return qd_cli_perplexity(argc - 2, argv + 2);
     if (!strcmp(cmd, "dequantize"))
         return qd_cli_dequantize(argc - 2, argv + 2);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {

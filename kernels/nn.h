@@ -72,6 +72,10 @@ enum qd_status qd_nn_attention(float *out, const float *q, const float *k, const
  * may be gate. */
 void qd_nn_glu(float *out, const float *gate, const float *up, int64_t n, enum qd_glu_kind kind);
 
+/* x[i] rounded to dtype (QD_F16 or QD_BF16, nearest even as ggml converts) and back: what a KV
+ * cache of that type holds. QD_F32 leaves x as it is. */
+void qd_nn_round(float *x, int64_t n, enum qd_dtype dtype);
+
 /* Threads the ops use (0: the CPU backend's count, kernels/cpu/parallel.c). */
 void qd_nn_set_threads(int n);
 
@@ -88,6 +92,7 @@ struct qd_nn_backend {
                  const struct qd_nn_rope *r);
     enum qd_status (*attention)(float *out, const float *q, const float *k, const float *v, const struct qd_nn_attn *a);
     void (*glu)(float *out, const float *gate, const float *up, int64_t n, enum qd_glu_kind kind);
+    void (*round)(float *x, int64_t n, enum qd_dtype dtype);
 };
 
 extern const struct qd_nn_backend qd_nn_cpu;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../fp.h"
 #include "../nn.h"
 #include "cpu.h"
 
@@ -221,6 +222,16 @@ void qd_nn_glu(float *out, const float *gate, const float *up, int64_t n, enum q
         const float x = gate[i];
         out[i] = 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x))) * up[i];
     }
+}
+
+void qd_nn_round(float *x, int64_t n, enum qd_dtype dtype)
+{
+    if (dtype == QD_F16)
+        for (int64_t i = 0; i < n; i++)
+            x[i] = qd_f16_to_f32(qd_f32_to_f16(x[i]));
+    else if (dtype == QD_BF16)
+        for (int64_t i = 0; i < n; i++)
+            x[i] = qd_bf16_to_f32(qd_f32_to_bf16(x[i]));
 }
 
 /* ---- norms ---------------------------------------------------------------------------------- */
@@ -468,4 +479,5 @@ const struct qd_nn_backend qd_nn_cpu = {
     .rope = qd_nn_rope,
     .attention = qd_nn_attention,
     .glu = qd_nn_glu,
+    .round = qd_nn_round,
 };

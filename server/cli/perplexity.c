@@ -35,6 +35,8 @@ static void usage(FILE *to)
             "  --chunks N       at most N chunks (default: all that fit)\n"
             "  -b N             llama-perplexity's batch size (accepted; whole chunks run at once here)\n"
             "  -t N             threads (default: every core)\n"
+            "  -ctk, -ctv TYPE  the KV cache's types (--cache-type-k/-v: f16, the default as in llama.cpp,\n"
+            "                   bf16 or f32): keys and values rounded to them, as llama.cpp stores them\n"
             "  --dump-logits FILE  write each chunk's logits from position n_ctx/2 on, raw f32\n"
             "                   [chunks][n_ctx - n_ctx/2][n_vocab] (for comparisons)\n",
             qd_model_arch_names());
@@ -162,6 +164,15 @@ static uint64_t peak_rss_bytes(void)
     return kb * 1024;
 }
 
+static int parse_cache_type(const char *flag, const char *v, enum qd_dtype *out)
+{
+    if (!strcmp(v, "f32") || !strcmp(v, "f16") || !strcmp(v, "bf16"))
+        return qd_dtype_parse(v, out) ? -1 : 0;
+    fprintf(stderr, "quantd perplexity: %s takes f16, bf16 or f32 (quantized KV caches are not emulated), not '%s'\n",
+            flag, v);
+    return -1;
+}
+
 static int parse_int(const char *flag, const char *v, int min, int *out)
 {
     char *end;
@@ -179,6 +190,7 @@ int qd_cli_perplexity(int argc, char **argv)
 {
     const char *model_path = NULL, *tokens_path = NULL, *text_path = NULL, *dump_path = NULL;
     int n_ctx = 512, max_chunks = -1, n_batch = 2048, threads = 0;
+    enum qd_dtype cache_k = QD_F16, cache_v = QD_F16; /* llama.cpp's default KV cache */
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -202,6 +214,12 @@ int qd_cli_perplexity(int argc, char **argv)
                 return 2;
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
             if (parse_int(a, v, 1, &n_batch))
+                return 2;
+        } else if (!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k")) {
+            if (parse_cache_type(a, v, &cache_k))
+                return 2;
+        } else if (!strcmp(a, "-ctv") || !strcmp(a, "--cache-type-v")) {
+            if (parse_cache_type(a, v, &cache_v))
                 return 2;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             if (parse_int(a, v, 1, &threads))
@@ -277,7 +295,8 @@ int qd_cli_perplexity(int argc, char **argv)
     fprintf(stderr, "perplexity: calculating perplexity over %d chunks, n_ctx=%d, batch_size=%d, n_seq=%d\n",
             p.n_chunks, n_ctx, n_batch < n_seq * n_ctx ? n_batch : n_seq * n_ctx, n_seq);
 
-    struct qd_engine_opts o = {.n_ctx = n_ctx, .logits_from = p.first, .threads = threads};
+    struct qd_engine_opts o = {.n_ctx = n_ctx, .logits_from = p.first, .threads = threads, .cache_k = cache_k,
+                               .cache_v = cache_v};
     struct qd_engine_hooks h = {.ctx = &p, .on_logits = on_logits, .on_progress = on_progress};
     struct qd_engine_stats stats;
     status = qd_engine_run(&m, chunks, p.n_chunks, &o, &h, &stats, err, sizeof err);
@@ -311,6 +330,8 @@ int qd_cli_perplexity(int argc, char **argv)
     cJSON_AddNumberToObject(j, "tokens_scored", count);
     cJSON_AddNumberToObject(j, "chunks", p.n_chunks);
     cJSON_AddNumberToObject(j, "n_ctx", n_ctx);
+    cJSON_AddStringToObject(j, "cache_type_k", qd_dtype_name(cache_k));
+    cJSON_AddStringToObject(j, "cache_type_v", qd_dtype_name(cache_v));
     cJSON_AddNumberToObject(j, "seconds", stats.seconds);
     cJSON_AddNumberToObject(j, "read_seconds", stats.read_seconds);
     cJSON *mem = cJSON_AddObjectToObject(j, "memory");

@@ -17,6 +17,9 @@ struct qd_engine_opts {
     int n_ctx;            /* tokens per chunk */
     int logits_from;      /* the first position of a chunk whose logits are wanted */
     int threads;          /* 0: every core */
+    /* K and V rounded to these types as llama.cpp's KV cache holds them (its default: f16;
+     * QD_F32 keeps them exact; f16 and bf16 are the others) */
+    enum qd_dtype cache_k, cache_v;
     const struct qd_nn_backend *nn; /* NULL: the CPU */
 };
 

@@ -72,6 +72,8 @@ enum qd_status qd_graph_attention(struct qd_block_run *r)
     enum qd_status st = r->nn->rope(s->q, r->T, q_width, hp->n_head, hp->head_dim_k, r->pos, &hp->rope);
     if (st == QD_OK)
         st = r->nn->rope(s->k, r->T, k_width, hp->n_head_kv, hp->head_dim_k, r->pos, &hp->rope);
+    r->nn->round(s->k, r->T * k_width, r->cache_k);
+    r->nn->round(s->v, r->T * v_width, r->cache_v);
     const struct qd_nn_attn a = {.T = r->T, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
                                  .head_dim_k = hp->head_dim_k, .head_dim_v = hp->head_dim_v, .q_stride = q_width,
                                  .k_stride = k_width, .v_stride = v_width, .scale = hp->attn_scale};

@@ -31,6 +31,8 @@ struct qd_block_run {
     struct qd_block_scratch *s;
     qd_matmul_input_fn on_matmul_input;
     void *hook_ctx;
+    enum qd_dtype cache_k, cache_v; /* K (after rope) and V rounded to these, as llama.cpp's KV cache
+                                       of that type holds them (QD_F32: as they are) */
     char *err;
     size_t errlen;
 };

@@ -7,7 +7,9 @@ writer so that llama.cpp loads them:
 Weights are about N(0, 0.02), as runtimes initialise them, from an integer generator (sums of
 hashed 16-bit draws times a power of two: exact in f32, so the same floats on every machine and
 numpy version and the figures recorded from llama.cpp stay valid). A few planted hard rows in
-every matrix: one zero, one constant, one large (x40, sharpening the attention and the logits),
+every matrix: one zero, one constant, one large (x8: the
+FFN's three make activations some hundred times the others, as trained models' massive
+activations are; x4 in q and k),
 one with a single spike. Norm weights are about 1 with the same treatment.
 
 Cases (--case): untied (an output.weight), tied (none: the token embedding serves),
@@ -46,12 +48,12 @@ class Weights:
         scale = 2.0 ** np.round(np.log2(std / 37837.6))
         return (acc.astype(np.float32) * np.float32(scale)).reshape(shape)
 
-    def matrix(self, rows, cols, std=0.02):
+    def matrix(self, rows, cols, std=0.02, large=8.0):
         x = self.normal((rows, cols), std)
         if rows >= 8:  # the planted rows, at positions that depend on the shape
             x[rows // 7] = 0.0
             x[rows // 5] = np.float32(std)
-            x[rows // 3] *= np.float32(40.0)
+            x[rows // 3] *= np.float32(large)
             x[rows // 2] = 0.0
             x[rows // 2, (rows * 7) % cols] = np.float32(std * 50)
         return x
@@ -135,15 +137,18 @@ def main():
     w.add_add_eos_token(False)
 
     g = Weights(a.seed)
-    # the token embedding at about unit scale (a trained model's is), the rest N(0, 0.02)
-    w.add_tensor("token_embd.weight", g.matrix(vocab, h, 1.0))
+    # the token embedding and the output at a trained model's scale (their logits spread over a few
+    # units, a large row some tens), the rest N(0, 0.02)
+    w.add_tensor("token_embd.weight", g.matrix(vocab, h, 0.0625, 4.0))
     if a.case == "rope-freqs":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(hd, base))
     for i in range(a.layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", g.norm(h))
-        w.add_tensor(p + "attn_q.weight", g.matrix(heads * hd, h))
-        w.add_tensor(p + "attn_k.weight", g.matrix(kv_heads * hd, h))
+        # q and k's large rows at x4 (larger ones in both make scores whose f32 rounding alone moves
+        # the logits by more than 1e-4: a float64 forward pass shows it)
+        w.add_tensor(p + "attn_q.weight", g.matrix(heads * hd, h, large=4.0))
+        w.add_tensor(p + "attn_k.weight", g.matrix(kv_heads * hd, h, large=4.0))
         w.add_tensor(p + "attn_v.weight", g.matrix(kv_heads * hd, h))
         if a.arch == "qwen2":
             w.add_tensor(p + "attn_q.bias", g.normal((heads * hd,), 0.5))
@@ -159,7 +164,7 @@ def main():
         w.add_tensor(p + "ffn_down.weight", g.matrix(h, a.ffn))
     w.add_tensor("output_norm.weight", g.norm(h))
     if a.case != "tied":
-        w.add_tensor("output.weight", g.matrix(vocab, h))
+        w.add_tensor("output.weight", g.matrix(vocab, h, 0.0625, 4.0))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

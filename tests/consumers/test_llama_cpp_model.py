@@ -1,0 +1,87 @@
+"""The forward engine against llama.cpp itself (make test-consumers builds llama-perplexity,
+llama-tokenize and tests/consumers/llama_logits.c against the llama-cpp-python 0.3.36 sdist's
+llama.cpp; LLAMA_CPP_BIN names its bin/, LLAMA_LOGITS the logits tool). For every tiny model of
+tests/model/cases.py, from the same text (tests/fixtures/model/text.txt) tokenized by
+llama-tokenize:
+- every logit of every chunk (32 chunks of 64 tokens, positions from 32 on) against llama.cpp's
+  f32 path (f32 KV cache, no flash attention): per row, the largest difference over the row's
+  largest logit, below 1e-4 for every row;
+- the same against llama.cpp's defaults (an f16 KV cache and flash attention), quantd with its
+  default f16 KV cache;
+- ln PPL against llama-perplexity's within a relative 1e-5 (f32 path) and 1e-4 (defaults).
+The measured errors are printed (pytest -s)."""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "model"))
+from cases import CASES, FIXTURES, N_CTX, make_model, read_logits  # noqa: E402
+
+from conftest import QUANTD  # noqa: E402
+
+BIN = os.environ.get("LLAMA_CPP_BIN", "")
+LOGITS = os.environ.get("LLAMA_LOGITS", "")
+pytestmark = pytest.mark.skipif(not (os.path.exists(os.path.join(BIN, "llama-perplexity")) and os.path.exists(LOGITS)),
+                                reason="LLAMA_CPP_BIN / LLAMA_LOGITS are not set (make test-consumers builds them)")
+TEXT = os.path.join(FIXTURES, "text.txt")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    models = {case: make_model(case, d / (case + ".gguf")) for case in CASES}
+    p = subprocess.run([os.path.join(BIN, "llama-tokenize"), "-m", str(models["llama-tied"]), "-f", TEXT, "--ids",
+                        "--log-disable"], capture_output=True, text=True, check=True)
+    tokens = d / "tokens.bin"
+    np.array(json.loads(p.stdout.strip().splitlines()[-1]), dtype=np.int32).tofile(tokens)
+    return models, tokens
+
+
+def llama_ppl(model, *extra):
+    # llama.cpp's log goes through a thread that an exiting process sometimes cuts short: a run
+    # whose final line is missing is run again
+    for _ in range(3):
+        p = subprocess.run([os.path.join(BIN, "llama-perplexity"), "-m", str(model), "-f", TEXT, "-c", str(N_CTX),
+                            "-t", "2", *extra], capture_output=True, text=True, check=True)
+        m = re.search(r"Final estimate: PPL = ([0-9.]+)", p.stderr + p.stdout)
+        if m:
+            return float(m.group(1))
+    raise AssertionError("llama-perplexity printed no final estimate: " + p.stderr[-2000:])
+
+
+def quantd(model, tokens, dump, *extra):
+    p = subprocess.run([QUANTD, "perplexity", "-m", str(model), "--tokens", str(tokens), "-c", str(N_CTX), "-t", "2",
+                        "--dump-logits", str(dump), *extra], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def row_errors(ours, ref):
+    return np.abs(ours.astype(np.float64) - ref).max(axis=1) / np.abs(ref).max(axis=1)
+
+
+@pytest.mark.parametrize("mode", ["f32", "default"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_and_ln_ppl_equal_llama_cpp(setup, tmp_path, case, mode):
+    models, tokens = setup
+    model = models[case]
+    ref, ours = tmp_path / "ref.bin", tmp_path / "ours.bin"
+    kv, fa = ("f32", "off") if mode == "f32" else ("f16", "on")
+    subprocess.run([LOGITS, str(model), str(tokens), str(N_CTX), str(ref), kv, fa, "2"], check=True,
+                   capture_output=True)
+    s = quantd(model, tokens, ours, "-ctk", kv, "-ctv", kv)
+    n_vocab = 384
+    e = row_errors(read_logits(ours, n_vocab), read_logits(ref, n_vocab))
+    ln_ref = math.log(llama_ppl(model, *(["-ctk", "f32", "-ctv", "f32", "-fa", "off"] if mode == "f32" else [])))
+    rel = abs(s["ln_ppl"] - ln_ref) / ln_ref
+    print(f"\n{case} ({mode}): logits per row: median {np.median(e):.1e}, worst {e.max():.1e} over {len(e)} rows; "
+          f"ln PPL {s['ln_ppl']:.6f} against {ln_ref:.6f}: {rel:.1e}")
+    assert e.max() < 1e-4
+    assert rel < (1e-5 if mode == "f32" else 1e-4)

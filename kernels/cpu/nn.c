@@ -100,16 +100,11 @@ static inline float dot8(const float *x, const float *y, int64_t n)
 #define MM_RM 4
 #define MM_RN 3
 
-struct mm_job {
-    float *y;
-    const float *x, *w;
-    int64_t T, K, N, tiles_t, tiles;
-    int64_t next; /* the next macro tile, taken atomically */
-};
-
-/* acc[i][j] += x[i] . w[j] over [k0, k1) (k1 - k0 a multiple of 8) for rm x rn of the tile */
-static inline __attribute__((always_inline)) void mm_micro(int rm, int rn, const float *x, const float *w, int64_t K,
-                                                           int64_t k0, int64_t k1, lanes8 *acc, int acc_stride)
+/* acc[i][j] += x[i] . w[j] over [k0, k1) (k1 - k0 a multiple of 8) for rm x rn of the tile;
+ * rows of x and of w lie ldx and ldw floats apart */
+static inline __attribute__((always_inline)) void mm_micro(int rm, int rn, const float *x, int64_t ldx, const float *w,
+                                                           int64_t ldw, int64_t k0, int64_t k1, lanes8 *acc,
+                                                           int acc_stride)
 {
     lanes8 a[MM_RM][MM_RN];
     for (int i = 0; i < rm; i++)
@@ -118,9 +113,9 @@ static inline __attribute__((always_inline)) void mm_micro(int rm, int rn, const
     for (int64_t k = k0; k < k1; k += 8) {
         lanes8 wv[MM_RN];
         for (int j = 0; j < rn; j++)
-            wv[j] = l8_load(w + j * K + k);
+            wv[j] = l8_load(w + j * ldw + k);
         for (int i = 0; i < rm; i++) {
-            lanes8 xv = l8_load(x + i * K + k);
+            lanes8 xv = l8_load(x + i * ldx + k);
             for (int j = 0; j < rn; j++)
                 a[i][j] = l8_fma(xv, wv[j], a[i][j]);
         }
@@ -132,11 +127,11 @@ static inline __attribute__((always_inline)) void mm_micro(int rm, int rn, const
 
 #define MM_CASE(RM, RN)                                                                                                \
     case RM * 4 + RN:                                                                                                  \
-        mm_micro(RM, RN, x, w, K, k0, k1, acc, acc_stride);                                                            \
+        mm_micro(RM, RN, x, ldx, w, ldw, k0, k1, acc, acc_stride);                                                     \
         break;
 
-static void mm_micro_any(int rm, int rn, const float *x, const float *w, int64_t K, int64_t k0, int64_t k1, lanes8 *acc,
-                         int acc_stride)
+static void mm_micro_any(int rm, int rn, const float *x, int64_t ldx, const float *w, int64_t ldw, int64_t k0,
+                         int64_t k1, lanes8 *acc, int acc_stride)
 {
     switch (rm * 4 + rn) {
         MM_CASE(4, 3) MM_CASE(4, 2) MM_CASE(4, 1) MM_CASE(3, 3) MM_CASE(3, 2) MM_CASE(3, 1)
@@ -146,40 +141,62 @@ static void mm_micro_any(int rm, int rn, const float *x, const float *w, int64_t
     }
 }
 
+/* One macro tile: y[i][j] = x[i] . w[j] for i < tb <= MM_TB, j < nb <= MM_NB over K, rows
+ * ldx, ldw, ldy apart; acc holds MM_TB * MM_NB lanes (the caller's, 96 KiB). */
+static void mm_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t ldw, int tb, int nb,
+                    int64_t K, lanes8 *acc)
+{
+    const int64_t K8 = K / 8 * 8;
+    for (int i = 0; i < tb * MM_NB; i++)
+        acc[i] = l8_zero();
+    for (int64_t k0 = 0; k0 < K8; k0 += MM_KB) {
+        const int64_t k1 = k0 + MM_KB < K8 ? k0 + MM_KB : K8;
+        for (int jn = 0; jn < nb; jn += MM_RN) {
+            const int rn = nb - jn < MM_RN ? nb - jn : MM_RN;
+            for (int it = 0; it < tb; it += MM_RM) {
+                const int rm = tb - it < MM_RM ? tb - it : MM_RM;
+                mm_micro_any(rm, rn, x + it * ldx, ldx, w + jn * ldw, ldw, k0, k1, acc + it * MM_NB + jn, MM_NB);
+            }
+        }
+    }
+    for (int it = 0; it < tb; it++) {
+        const float *xr = x + it * ldx;
+        for (int jn = 0; jn < nb; jn++) {
+            float s = l8_sum(acc[it * MM_NB + jn]);
+            const float *wr = w + jn * ldw;
+            for (int64_t k = K8; k < K; k++) /* the tail of a row that is not whole lanes */
+                s += xr[k] * wr[k];
+            y[it * ldy + jn] = s;
+        }
+    }
+}
+
+/* y[M][N] (rows ldy apart) = x[M][K] . w[N][K]^T on the calling thread, tile by tile */
+static void mm_serial(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t ldw, int64_t M,
+                      int64_t N, int64_t K, lanes8 *acc)
+{
+    for (int64_t t0 = 0; t0 < M; t0 += MM_TB)
+        for (int64_t n0 = 0; n0 < N; n0 += MM_NB)
+            mm_tile(y + t0 * ldy + n0, ldy, x + t0 * ldx, ldx, w + n0 * ldw, ldw,
+                    (int)(M - t0 < MM_TB ? M - t0 : MM_TB), (int)(N - n0 < MM_NB ? N - n0 : MM_NB), K, acc);
+}
+
+struct mm_job {
+    float *y;
+    const float *x, *w;
+    int64_t T, K, N, tiles_t, tiles;
+    int64_t next; /* the next macro tile, taken atomically */
+};
+
 static void mm_worker(void *ctx, int tid, int n)
 {
     struct mm_job *j = ctx;
     (void)tid, (void)n;
     lanes8 acc[MM_TB * MM_NB]; /* 96 KiB of a worker's stack */
-    const int64_t K = j->K, K8 = K / 8 * 8;
     for (int64_t tile; (tile = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->tiles;) {
         const int64_t t0 = tile % j->tiles_t * MM_TB, n0 = tile / j->tiles_t * MM_NB;
-        const int tb = (int)(j->T - t0 < MM_TB ? j->T - t0 : MM_TB);
-        const int nb = (int)(j->N - n0 < MM_NB ? j->N - n0 : MM_NB);
-        for (int i = 0; i < tb * MM_NB; i++)
-            acc[i] = l8_zero();
-        for (int64_t k0 = 0; k0 < K8; k0 += MM_KB) {
-            const int64_t k1 = k0 + MM_KB < K8 ? k0 + MM_KB : K8;
-            for (int jn = 0; jn < nb; jn += MM_RN) {
-                const int rn = nb - jn < MM_RN ? nb - jn : MM_RN;
-                for (int it = 0; it < tb; it += MM_RM) {
-                    const int rm = tb - it < MM_RM ? tb - it : MM_RM;
-                    mm_micro_any(rm, rn, j->x + (t0 + it) * K, j->w + (n0 + jn) * K, K, k0, k1, acc + it * MM_NB + jn,
-                                 MM_NB);
-                }
-            }
-        }
-        for (int it = 0; it < tb; it++) {
-            const float *xr = j->x + (t0 + it) * K;
-            float *yr = j->y + (t0 + it) * j->N + n0;
-            for (int jn = 0; jn < nb; jn++) {
-                float s = l8_sum(acc[it * MM_NB + jn]);
-                const float *wr = j->w + (n0 + jn) * K;
-                for (int64_t k = K8; k < K; k++) /* the tail of a row that is not whole lanes */
-                    s += xr[k] * wr[k];
-                yr[jn] = s;
-            }
-        }
+        mm_tile(j->y + t0 * j->N + n0, j->N, j->x + t0 * j->K, j->K, j->w + n0 * j->K, j->K,
+                (int)(j->T - t0 < MM_TB ? j->T - t0 : MM_TB), (int)(j->N - n0 < MM_NB ? j->N - n0 : MM_NB), j->K, acc);
     }
 }
 
@@ -389,20 +406,21 @@ enum qd_status qd_nn_rope(float *x, int64_t T, int64_t stride, int n_head, int h
 
 /* ---- attention ------------------------------------------------------------------------------ */
 
-/* ggml's path without flash attention: kq = mul_mat(k, q) (8-lane dots), soft_max_ext with
- * the causal mask and the scale (exponentials summed in double, then times 1/sum), and
- * kqv = mul_mat(v^T, kq): each output value a dot product over the positions in 8 lanes, the
- * masked ones adding exact zeros. A task is one head over a stretch of query rows. */
-#define ATTN_ROWS 16
+/* ggml's path without flash attention, as two matmuls around a softmax: kq = mul_mat(k, q)
+ * (8-lane dots over the head), soft_max_ext with the causal mask and the scale (exponentials
+ * summed in double, then times 1/sum), kqv = mul_mat(v^T, kq) (8-lane dots over the positions,
+ * position t in lane t % 8, the masked ones adding exact zeros). A task is one head over a block
+ * of ATTN_ROWS query rows: its scores against the positions up to the block's last. */
+#define ATTN_ROWS 32
 
 struct attn_job {
     float *out;
-    const float *q, *k, *v;
+    const float *q, *k;
+    const float *vt; /* [n_head_kv][head_dim_v][len8]: V transposed, zero past T */
     const struct qd_nn_attn *a;
-    int64_t tasks, row_blocks;
+    int64_t tasks, row_blocks, len8;
     int64_t next;
-    float *scratch; /* per thread: scores [T], then the lanes of one output row [8][head_dim_v] */
-    int64_t scratch_per_thread;
+    float *scores; /* per thread: [ATTN_ROWS][len8] */
 };
 
 static void attn_worker(void *ctx, int tid, int nth)
@@ -410,62 +428,67 @@ static void attn_worker(void *ctx, int tid, int nth)
     struct attn_job *j = ctx;
     const struct qd_nn_attn *a = j->a;
     (void)nth;
-    float *p = j->scratch + tid * j->scratch_per_thread;
-    float *lanes = p + a->T;
+    lanes8 acc[MM_TB * MM_NB]; /* 96 KiB of a worker's stack */
+    float *s = j->scores + tid * ATTN_ROWS * j->len8;
     const int group = a->n_head / a->n_head_kv;
-    const int64_t dk = a->head_dim_k, dv = a->head_dim_v;
-    const int64_t out_stride = (int64_t)a->n_head * dv;
+    const int64_t dk = a->head_dim_k, dv = a->head_dim_v, out_stride = (int64_t)a->n_head * dv;
     for (int64_t task; (task = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->tasks;) {
-        const int h = (int)(task / j->row_blocks);
+        const int h = (int)(task / j->row_blocks), hk = h / group;
         const int64_t r0 = task % j->row_blocks * ATTN_ROWS;
-        const int64_t r1 = r0 + ATTN_ROWS < a->T ? r0 + ATTN_ROWS : a->T;
-        const int hk = h / group;
-        for (int64_t i = r0; i < r1; i++) {
-            const float *qi = j->q + i * a->q_stride + (int64_t)h * dk;
+        const int64_t rows = r0 + ATTN_ROWS < a->T ? ATTN_ROWS : a->T - r0;
+        const int64_t keys = r0 + rows, keys8 = (keys + 7) / 8 * 8;
+        mm_serial(s, j->len8, j->q + r0 * a->q_stride + (int64_t)h * dk, a->q_stride, j->k + (int64_t)hk * dk,
+                  a->k_stride, rows, keys, dk, acc);
+        for (int64_t i = 0; i < rows; i++) {
+            float *p = s + i * j->len8;
+            const int64_t last = r0 + i; /* the causal mask: positions 0..last */
             float max = -INFINITY;
-            for (int64_t t = 0; t <= i; t++) {
-                p[t] = dot8(qi, j->k + t * a->k_stride + (int64_t)hk * dk, dk) * a->scale;
+            for (int64_t t = 0; t <= last; t++) {
+                p[t] *= a->scale;
                 max = p[t] > max ? p[t] : max;
             }
             double sum = 0.0;
-            for (int64_t t = 0; t <= i; t++) {
+            for (int64_t t = 0; t <= last; t++) {
                 p[t] = expf(p[t] - max);
                 sum += (double)p[t];
             }
             const float inv = (float)(1.0 / sum);
-            for (int64_t t = 0; t <= i; t++)
+            for (int64_t t = 0; t <= last; t++)
                 p[t] *= inv;
-            /* out[d] = sum_t p[t] v[t][d], position t in lane t % 8 */
-            memset(lanes, 0, (size_t)(8 * dv) * sizeof *lanes);
-            for (int64_t t = 0; t <= i; t++) {
-                const float *vt = j->v + t * a->v_stride + (int64_t)hk * dv;
-                float *lane = lanes + (t & 7) * dv;
-                for (int64_t d = 0; d < dv; d++)
-                    lane[d] = fmaf(vt[d], p[t], lane[d]);
-            }
-            float *o = j->out + i * out_stride + (int64_t)h * dv;
-            for (int64_t d = 0; d < dv; d++) {
-                float s[8];
-                for (int l = 0; l < 8; l++)
-                    s[l] = lanes[l * dv + d];
-                const float h0 = s[4] + s[0], h1 = s[5] + s[1], h2 = s[6] + s[2], h3 = s[7] + s[3];
-                o[d] = (h0 + h2) + (h1 + h3);
-            }
+            for (int64_t t = last + 1; t < keys8; t++)
+                p[t] = 0.0f;
         }
+        mm_serial(j->out + r0 * out_stride + (int64_t)h * dv, out_stride, s, j->len8,
+                  j->vt + (int64_t)hk * dv * j->len8, j->len8, rows, dv, keys8, acc);
     }
 }
 
 enum qd_status qd_nn_attention(float *out, const float *q, const float *k, const float *v, const struct qd_nn_attn *a)
 {
-    struct attn_job j = {.out = out, .q = q, .k = k, .v = v, .a = a};
+    struct attn_job j = {.out = out, .q = q, .k = k, .a = a};
     j.row_blocks = (a->T + ATTN_ROWS - 1) / ATTN_ROWS;
     j.tasks = j.row_blocks * a->n_head;
+    j.len8 = (a->T + 7) / 8 * 8;
     const int nth = threads_for(j.tasks);
-    j.scratch_per_thread = a->T + 8 * (int64_t)a->head_dim_v;
-    if (!(j.scratch = malloc((size_t)(nth * j.scratch_per_thread) * sizeof *j.scratch)))
+    const int64_t dv = a->head_dim_v;
+    float *vt = malloc((size_t)((int64_t)a->n_head_kv * dv * j.len8) * sizeof *vt);
+    j.scores = malloc((size_t)(nth * ATTN_ROWS * j.len8) * sizeof *j.scores);
+    if (!vt || !j.scores) {
+        free(vt), free(j.scores);
         return QD_ENOMEM;
+    }
+    for (int hk = 0; hk < a->n_head_kv; hk++)
+        for (int64_t d = 0; d < dv; d++) {
+            float *row = vt + ((int64_t)hk * dv + d) * j.len8;
+            for (int64_t t = 0; t < a->T; t++)
+                row[t] = v[t * a->v_stride + hk * dv + d];
+            for (int64_t t = a->T; t < j.len8; t++)
+                row[t] = 0.0f;
+        }
+    j.vt = vt;
     qd_cpu_parallel(nth, attn_worker, &j);
-    free(j.scratch);
+    free(vt);
+    free(j.scores);
     return QD_OK;
 }
 

@@ -158,3 +158,22 @@ def test_refuses_an_architecture_it_lacks_and_a_model_without_vocabulary(models,
     bare = rewritten(models["llama-tied"], tmp_path / "bare.gguf", drop_prefix="tokenizer.")
     p = perplexity(bare, check=False)
     assert p.returncode == 1 and "no vocabulary" in p.stderr
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q5_1"])
+def test_quantized_model_runs_as_its_f32_dequantization(models, tmp_path, fmt):
+    """Each block is dequantized to f32 before it runs: a quantized file gives the logits of
+    its own F32 dequantization (quantd convert --recipe F32 --allow-requantize), bit for bit."""
+    q, f = tmp_path / "q.gguf", tmp_path / "f32.gguf"
+    for args in (["--in", models["llama-gqa"], "--out", q, "--fmt", fmt],
+                 ["--in", q, "--out", f, "--recipe", "F32", "--allow-requantize"]):
+        p = subprocess.run([QUANTD, "convert", *map(str, args)], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    sa = summary(perplexity(q, "--chunks", "4", "--dump-logits", a))
+    sb = summary(perplexity(f, "--chunks", "4", "--dump-logits", b))
+    assert a.read_bytes() == b.read_bytes() and sa["ln_ppl"] == sb["ln_ppl"]
+    # and the quantization is there: the logits moved from the F32 model's
+    c = tmp_path / "c.bin"
+    perplexity(models["llama-gqa"], "--chunks", "4", "--dump-logits", c)
+    assert a.read_bytes() != c.read_bytes()

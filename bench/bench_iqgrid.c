@@ -19,7 +19,7 @@ static uint64_t rng = 88172645463325252ull;
 static double uniform(void) { return uniform_from(&rng); }
 
 static const char *const names[3] = {"iq2_xxs + importance", "iq3_xxs + importance", "iq1_s + importance"};
-static const int bytes[3] = {66, QD_IQ3XXS_BYTES, QD_IQ1S_BYTES};
+static const int bytes[3] = {QD_IQ2_BLOCK_BYTES(QD_IQ2_XXS), QD_IQ3XXS_BYTES, QD_IQ1S_BYTES};
 
 static void run(int type, int avx2, const float *x, const float *qw, int64_t n, uint8_t *out)
 {

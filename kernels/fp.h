@@ -21,8 +21,9 @@
 /* Before a loop that a kernel runs a few times a block: on the GPU it stays a loop (one copy of
  * its body, not one per pass), so the code each warp walks through once a block is smaller and
  * its warps wait less on fetching instructions (no_instruction was iq2_xxs's largest stall
- * reason in Nsight Compute; docs/BENCHMARKS.md). An array the loop indexes then lives on the
- * stack: a caller that keeps its own in registers passes a copy (kernels/cuda/iq2.cu). */
+ * reason in Nsight Compute; the git history of docs/BENCHMARKS.md). An array the loop indexes
+ * then lives on the stack: a caller that keeps its own in registers passes a copy
+ * (kernels/cuda/iq2.cu). */
 #if defined(__CUDA_ARCH__) /* (the device pass alone: the host compiler knows no such pragma) */
 #define QD_ROLLED _Pragma("unroll 1")
 #else

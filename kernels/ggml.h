@@ -6,25 +6,9 @@
 #define QD_GGML_H
 
 #include "fp.h"
+#include "ggml_blocks.h"
 
 enum qd_ggml_type { QD_Q4_0, QD_Q4_1, QD_Q5_0, QD_Q5_1, QD_Q8_0, QD_Q8_1 };
-
-#define QD_GGML_QK 32
-
-/* ggml-common.h's blocks as model files hold them (f16 scales as their bits): one place for the
- * block sizes the registry, the CPU and the CUDA code use, each asserted against ggml's. */
-struct qd_block_q4_0 { uint16_t d; uint8_t qs[QD_GGML_QK / 2]; };
-struct qd_block_q4_1 { uint16_t d, m; uint8_t qs[QD_GGML_QK / 2]; };
-struct qd_block_q5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[QD_GGML_QK / 2]; };
-struct qd_block_q5_1 { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QD_GGML_QK / 2]; };
-struct qd_block_q8_0 { uint16_t d; int8_t qs[QD_GGML_QK]; };
-struct qd_block_q8_1 { uint16_t d, s; int8_t qs[QD_GGML_QK]; };
-QD_STATIC_ASSERT(sizeof(struct qd_block_q4_0) == 18, "block_q4_0: f16 d, 16 bytes of nibbles");
-QD_STATIC_ASSERT(sizeof(struct qd_block_q4_1) == 20, "block_q4_1: f16 d and m, 16 bytes of nibbles");
-QD_STATIC_ASSERT(sizeof(struct qd_block_q5_0) == 22, "block_q5_0: f16 d, 4 bytes of high bits, 16 of nibbles");
-QD_STATIC_ASSERT(sizeof(struct qd_block_q5_1) == 24, "block_q5_1: f16 d and m, 4 + 16 bytes");
-QD_STATIC_ASSERT(sizeof(struct qd_block_q8_0) == 34, "block_q8_0: f16 d, 32 int8");
-QD_STATIC_ASSERT(sizeof(struct qd_block_q8_1) == 36, "block_q8_1: f16 d and s, 32 int8");
 
 /* A type's block bytes; 0 for a code that is not a ggml type (never another type's size). */
 QD_HD int qd_ggml_block_bytes(int type)

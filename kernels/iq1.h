@@ -13,8 +13,9 @@
 #include "iqgrid.h"
 #include "kquants.h"
 
-#define QD_IQ1S_BYTES 50 /* f16 d, 32 low index bytes, 8 x u16 of 4 x 3 high bits, a 3-bit scale, the shift sign */
-#define QD_IQ1M_BYTES 56 /* 32 low index bytes, 16 of 2 x (3 high bits, shift sign), 4 x u16 scales and d */
+/* kernels/ggml_blocks.h */
+#define QD_IQ1S_BYTES ((int)sizeof(struct qd_block_iq1_s))
+#define QD_IQ1M_BYTES ((int)sizeof(struct qd_block_iq1_m))
 #define QD_IQ1_DELTA 0.125f /* IQ1S_DELTA and IQ1M_DELTA */
 
 /* Sorts idx[0..n) by x[idx] ascending, equal values in index order: what glibc's qsort (a

@@ -40,8 +40,11 @@ extern "C"
 #endif
 const struct qd_iq2_tables *qd_iq2_tables(int type);
 
-/* a block's bytes, as a constant expression where type is one (a GPU kernel's shared memory) */
-#define QD_IQ2_BLOCK_BYTES(type) ((type) == QD_IQ2_XXS ? 66 : (type) == QD_IQ2_XS ? 74 : 82)
+/* a block's bytes (kernels/ggml_blocks.h), as a constant expression where type is one (a GPU
+ * kernel's shared memory) */
+#define QD_IQ2_BLOCK_BYTES(type)                                                                \
+    ((type) == QD_IQ2_XXS ? (int)sizeof(struct qd_block_iq2_xxs)                              \
+     : (type) == QD_IQ2_XS ? (int)sizeof(struct qd_block_iq2_xs) : (int)sizeof(struct qd_block_iq2_s))
 QD_HD int qd_iq2_block_bytes(int type) { return QD_IQ2_BLOCK_BYTES(type); }
 
 /* ggml's grid for each type (iq2_data_index / iq2_grid_size) */

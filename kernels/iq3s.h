@@ -13,7 +13,7 @@
 
 #include "kquants.h"
 
-#define QD_IQ3S_BLOCK_BYTES 110
+#define QD_IQ3S_BLOCK_BYTES ((int)sizeof(struct qd_block_iq3_s)) /* kernels/ggml_blocks.h */
 #define QD_IQ3S_GRID 512
 #define QD_IQ3S_MAP 4096 /* every 4-tuple of 3-bit values */
 /* the neighbour lists' length: per off-grid tuple (3584 of them) its count, then the grid

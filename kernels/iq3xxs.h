@@ -12,7 +12,7 @@
 #include "iqgrid.h"
 #include "kquants.h"
 
-#define QD_IQ3XXS_BYTES 98 /* f16 d, 64 grid indices, 8 x u32 of 4 x 7 sign bits and a 4-bit scale */
+#define QD_IQ3XXS_BYTES ((int)sizeof(struct qd_block_iq3_xxs)) /* kernels/ggml_blocks.h */
 
 /* The neighbour of off-grid tuple u nearest xval at this scale, weighted (the first of equals):
  * its levels into L, its index. ggml aborts where every distance overflows (values near f32's

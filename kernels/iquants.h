@@ -15,16 +15,17 @@
 
 enum qd_iquant_type { QD_IQ4_NL, QD_IQ4_XS, QD_TQ1_0, QD_TQ2_0, QD_MXFP4_GGML };
 
-QD_HD int qd_iquant_block_elems(int type) { return type == QD_IQ4_NL || type == QD_MXFP4_GGML ? 32 : 256; }
+QD_HD int qd_iquant_block_elems(int type) { return type == QD_IQ4_NL || type == QD_MXFP4_GGML ? QD_GGML_QK : QD_QK_K; }
 
+/* A type's block bytes (kernels/ggml_blocks.h) */
 QD_HD int qd_iquant_block_bytes(int type)
 {
     switch (type) {
-    case QD_IQ4_NL: return 18;
-    case QD_IQ4_XS: return 136;
-    case QD_TQ1_0: return 54;
-    case QD_TQ2_0: return 66;
-    default: return 17;
+    case QD_IQ4_NL: return (int)sizeof(struct qd_block_iq4_nl);
+    case QD_IQ4_XS: return (int)sizeof(struct qd_block_iq4_xs);
+    case QD_TQ1_0: return (int)sizeof(struct qd_block_tq1_0);
+    case QD_TQ2_0: return (int)sizeof(struct qd_block_tq2_0);
+    default: return (int)sizeof(struct qd_block_mxfp4_ggml);
     }
 }
 

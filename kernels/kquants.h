@@ -13,21 +13,7 @@
 
 enum qd_kquant_type { QD_Q2_K, QD_Q3_K, QD_Q4_K, QD_Q5_K, QD_Q6_K };
 
-#define QD_QK_K 256
 #define QD_KQ_EPS 1e-15f /* GROUP_MAX_EPS: a sub-block below it is all zero */
-
-/* ggml-common.h's super-blocks as model files hold them (f16 scales as their bits), the one
- * place for their sizes, each asserted against ggml's. */
-struct qd_block_q2_K { uint8_t scales[QD_QK_K / 16]; uint8_t qs[QD_QK_K / 4]; uint16_t d, dmin; };
-struct qd_block_q3_K { uint8_t hmask[QD_QK_K / 8]; uint8_t qs[QD_QK_K / 4]; uint8_t scales[12]; uint16_t d; };
-struct qd_block_q4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QD_QK_K / 2]; };
-struct qd_block_q5_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QD_QK_K / 8]; uint8_t qs[QD_QK_K / 2]; };
-struct qd_block_q6_K { uint8_t ql[QD_QK_K / 2]; uint8_t qh[QD_QK_K / 4]; int8_t scales[QD_QK_K / 16]; uint16_t d; };
-QD_STATIC_ASSERT(sizeof(struct qd_block_q2_K) == 84, "block_q2_K: 16 + 64 bytes, f16 d and dmin");
-QD_STATIC_ASSERT(sizeof(struct qd_block_q3_K) == 110, "block_q3_K: 32 + 64 + 12 bytes, f16 d");
-QD_STATIC_ASSERT(sizeof(struct qd_block_q4_K) == 144, "block_q4_K: f16 d and dmin, 12 + 128 bytes");
-QD_STATIC_ASSERT(sizeof(struct qd_block_q5_K) == 176, "block_q5_K: f16 d and dmin, 12 + 32 + 128 bytes");
-QD_STATIC_ASSERT(sizeof(struct qd_block_q6_K) == 210, "block_q6_K: 128 + 64 + 16 bytes, f16 d");
 
 /* A type's super-block bytes; 0 for a code that is not a K-quant (never another type's size). */
 QD_HD int qd_kquant_block_bytes(int type)

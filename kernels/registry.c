@@ -429,39 +429,40 @@ const struct qd_format qd_formats[] = {
     KQUANT("q4_K", QD_Q4_K, sizeof(struct qd_block_q4_K), 12, 15, "ggml block_q4_K: 256 elements, 8 x (6-bit scale, 6-bit min), 4-bit codes"),
     KQUANT("q5_K", QD_Q5_K, sizeof(struct qd_block_q5_K), 13, 17, "ggml block_q5_K: 256 elements, 8 x (6-bit scale, 6-bit min), 5-bit codes"),
     KQUANT("q6_K", QD_Q6_K, sizeof(struct qd_block_q6_K), 14, 18, "ggml block_q6_K: 256 elements, 16 x int8 scales, 6-bit codes"),
-    IQUANT("iq4_nl", QD_IQ4_NL, 32, 18, 20, 25, ANY_BACKEND,
+    IQUANT("iq4_nl", QD_IQ4_NL, QD_GGML_QK, sizeof(struct qd_block_iq4_nl), 20, 25, ANY_BACKEND,
            "ggml block_iq4_nl: f16 d, 32 x 4-bit indices into a 16-value non-linear grid"),
-    IQUANT("iq4_xs", QD_IQ4_XS, 256, 136, 23, 30, ANY_BACKEND,
+    IQUANT("iq4_xs", QD_IQ4_XS, QD_QK_K, sizeof(struct qd_block_iq4_xs), 23, 30, ANY_BACKEND,
            "ggml block_iq4_xs: 256 elements, f16 d, 8 x 6-bit scales, 4-bit non-linear grid indices"),
-    IQUANT("tq1_0", QD_TQ1_0, 256, 54, 34, 36, ANY_BACKEND /* read and ignored, as ggml does */,
+    IQUANT("tq1_0", QD_TQ1_0, QD_QK_K, sizeof(struct qd_block_tq1_0), 34, 36, ANY_BACKEND /* read and ignored, as ggml does */,
            "ggml block_tq1_0: 256 ternary codes (-1, 0, 1) x f16 d, five per byte"),
-    IQUANT("tq2_0", QD_TQ2_0, 256, 66, 35, 37, ANY_BACKEND /* read and ignored, as ggml does */,
+    IQUANT("tq2_0", QD_TQ2_0, QD_QK_K, sizeof(struct qd_block_tq2_0), 35, 37, ANY_BACKEND /* read and ignored, as ggml does */,
            "ggml block_tq2_0: 256 ternary codes (-1, 0, 1) x f16 d, two bits each"),
     {.name = "iq3_s", .family = "iq3s", .doc = "ggml block_iq3_s: 256 elements, f16 d, 8 x 4-bit scales, "
-     "4-tuples of |x| as points of a 512-point grid, signs apart", .block_elems = 256, .block_bytes = 110,
-     .block_axis = "last", .bits_per_weight = 110 * 8.0 / 256, .gguf_type = 21, .gguf_file_type = 26,
+     "4-tuples of |x| as points of a 512-point grid, signs apart", .block_elems = QD_QK_K,
+     .block_bytes = sizeof(struct qd_block_iq3_s), .block_axis = "last",
+     .bits_per_weight = sizeof(struct qd_block_iq3_s) * 8.0 / QD_QK_K, .gguf_type = 21, .gguf_file_type = 26,
      .params = kquant_params, .importance = ANY_BACKEND, .layout = layout_iquant, .backend = BACKENDS(iq3s)},
-    IQGRID("iq3_xxs", QD_IQ3_XXS, 98, 18, 23, 0, "ggml block_iq3_xxs: 256 elements, f16 d, 8 x 4-bit scales, "
+    IQGRID("iq3_xxs", QD_IQ3_XXS, sizeof(struct qd_block_iq3_xxs), 18, 23, 0, "ggml block_iq3_xxs: 256 elements, f16 d, 8 x 4-bit scales, "
            "4-tuples of |x| as points of a 256-point grid, 7 sign bits per 8 values"),
-    IQGRID("iq1_s", QD_IQ1_S, 50, 19, 24, 1, "ggml block_iq1_s: 256 elements, f16 d, 8 x (3-bit scale, shift sign), "
+    IQGRID("iq1_s", QD_IQ1_S, sizeof(struct qd_block_iq1_s), 19, 24, 1, "ggml block_iq1_s: 256 elements, f16 d, 8 x (3-bit scale, shift sign), "
            "8-tuples of ternary values as points of a 2048-point grid (importance required)"),
-    IQGRID("iq1_m", QD_IQ1_M, 56, 29, 31, 0, "ggml block_iq1_m: 256 elements, 16 x (3-bit scale), 32 shift signs, "
+    IQGRID("iq1_m", QD_IQ1_M, sizeof(struct qd_block_iq1_m), 29, 31, 0, "ggml block_iq1_m: 256 elements, 16 x (3-bit scale), 32 shift signs, "
            "8-tuples of ternary values as points of a 2048-point grid, f16 d spread over the scales"),
     /* ggml's 2-bit grid types (kernels/iq2.h); iq2_xxs and iq2_xs quantize only with an importance */
 #define IQ2(nm, cd, bytes, gguf, ftype, req, dc)                                                \
-    {.name = nm, .family = "iq2", .doc = dc, .block_elems = 256, .block_bytes = bytes,         \
-     .block_axis = "last", .bits_per_weight = bytes * 8.0 / 256, .code = cd, .gguf_type = gguf, \
+    {.name = nm, .family = "iq2", .doc = dc, .block_elems = QD_QK_K, .block_bytes = bytes,     \
+     .block_axis = "last", .bits_per_weight = bytes * 8.0 / QD_QK_K, .code = cd, .gguf_type = gguf, \
      .gguf_file_type = ftype, .params = kquant_params, .importance = ANY_BACKEND,               \
      .importance_required = req, .layout = layout_iquant, .backend = BACKENDS(iq2)}
-    IQ2("iq2_xxs", QD_IQ2_XXS, 66, 16, 19, 1, "ggml block_iq2_xxs: 256 elements, f16 d, per 32 a 4-bit scale and "
+    IQ2("iq2_xxs", QD_IQ2_XXS, sizeof(struct qd_block_iq2_xxs), 16, 19, 1, "ggml block_iq2_xxs: 256 elements, f16 d, per 32 a 4-bit scale and "
         "four 8-tuples of |x| as points of a 256-point grid, 7 signs each (the eighth keeps an even count)"),
-    IQ2("iq2_xs", QD_IQ2_XS, 74, 17, 20, 1, "ggml block_iq2_xs: 256 elements, f16 d, per 16 a 4-bit scale, "
+    IQ2("iq2_xs", QD_IQ2_XS, sizeof(struct qd_block_iq2_xs), 17, 20, 1, "ggml block_iq2_xs: 256 elements, f16 d, per 16 a 4-bit scale, "
         "8-tuples of |x| as points of a 512-point grid, 7 signs each (the eighth keeps an even count)"),
-    IQ2("iq2_s", QD_IQ2_S, 82, 22, 28, 0, "ggml block_iq2_s: 256 elements, f16 d, per 16 a 4-bit scale, "
+    IQ2("iq2_s", QD_IQ2_S, sizeof(struct qd_block_iq2_s), 22, 28, 0, "ggml block_iq2_s: 256 elements, f16 d, per 16 a 4-bit scale, "
         "8-tuples of |x| as points of a 1024-point grid, 8 signs each"),
     /* "mxfp4" is the OCP layout (scales apart, OCP rounding); llama.cpp's own MXFP4 type keeps its
      * exponent in the block and picks codes by least error: other bytes, hence its own name */
-    IQUANT("mxfp4_ggml", QD_MXFP4_GGML, 32, 17, 39, 38, ANY_BACKEND /* read and ignored, as ggml does */,
+    IQUANT("mxfp4_ggml", QD_MXFP4_GGML, QD_GGML_QK, sizeof(struct qd_block_mxfp4_ggml), 39, 38, ANY_BACKEND /* read and ignored, as ggml does */,
            "ggml block_mxfp4 (llama.cpp's MXFP4, GGUF type 39): an E8M0 exponent, 32 x E2M1 codes"),
     {.name = "awq", .family = "awq", .doc = "AutoAWQ WQLinear_GEMM int4, input W [K, N]",
      .block_elems = 128, .block_axis = "rows", .bits_per_weight = 4.0 + 20.0 / 128,

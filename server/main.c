@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/openapi.h"
 #include "service/serve.h"
 
 #ifndef QD_VERSION /* the Makefile sets it from the VERSION file */
@@ -20,8 +21,15 @@ static void usage(FILE *to)
           "                              turn such a directory back into a raw tensor\n"
           "  convert --in SRC --out DST (--fmt FMT | --recipe MIX) [--param k=v] [--skip RE] [--only RE]\n"
           "          [--force]           convert a whole model for its runtime (quantd convert --help)\n"
+          "  llama-quantize [options] IN [OUT] TYPE [nthreads]\n"
+          "                              llama-quantize's command line, for its scripts\n"
+          "                              (quantd llama-quantize --help)\n"
+          "  perplexity -m MODEL --tokens FILE [-c N] [--chunks N]\n"
+          "                              llama-perplexity's perplexity (quantd perplexity --help)\n"
           "  tokenize -m MODEL.gguf (-p TEXT | -f FILE | --stdin) [--ids]  token ids as llama-tokenize\n"
           "  serve [options]             run the HTTP service (quantd serve --help)\n"
+          "  openapi [SPEC]              print api/openapi.yaml with its enums made from the code's\n"
+          "                              tables (formats, mixes, components, dtypes; make openapi)\n"
           "  healthcheck [--listen ADDR:PORT] [--path /healthz]\n"
           "                              exit 0 when the service answers 200\n"
           "  version, --version          print quantd's version\n",
@@ -45,10 +53,16 @@ int main(int argc, char **argv)
         return qd_healthcheck_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "convert"))
         return qd_cli_convert(argc - 2, argv + 2);
+    if (!strcmp(cmd, "llama-quantize"))
+        return qd_cli_llama_quantize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "perplexity"))
+        return qd_cli_perplexity(argc - 2, argv + 2);
     if (!strcmp(cmd, "tokenize"))
         return qd_cli_tokenize(argc - 2, argv + 2);
     if (!strcmp(cmd, "dequantize"))
         return qd_cli_dequantize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "openapi"))
+        return qd_cli_openapi(argc - 2, argv + 2);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("quantd %s\n", QD_VERSION);
         return 0;

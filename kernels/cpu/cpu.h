@@ -30,6 +30,11 @@ int qd_cpu_out_spans(struct qd_tensor *out, int64_t align, qd_out_span_fn fn, vo
 /* Threads qd_cpu_spans would use for n elements (to size per-thread partials). */
 int qd_cpu_threads_for(int64_t n);
 
+/* Runs fn(ctx, tid, n) for tid in [0, n) on n threads and returns when all are done (the
+ * model engine's ops split their own work by tid). */
+typedef void (*qd_parallel_fn)(void *ctx, int tid, int n);
+void qd_cpu_parallel(int n, qd_parallel_fn fn, void *ctx);
+
 /* Arms a non-finite check on the next input pass this thread drives (qd_cpu_spans): *first_bad
  * becomes the first NaN/Inf index or stays -1. qd_cpu_scan_end returns 1 when a pass took it. */
 void qd_cpu_scan_begin(int64_t *first_bad);

@@ -232,8 +232,9 @@ static inline __attribute__((always_inline)) int qd_ggml_q4_0_avx2_x8(const floa
         __m256i hi = _mm256_or_si256(q[1], _mm256_slli_epi32(q[3], 4));
         __m256i w = _mm256_packus_epi16(_mm256_packus_epi32(lo, hi), _mm256_setzero_si256());
         w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm_storeu_si128((__m128i *)(blk + 18 * b + 2), _mm256_castsi256_si128(w));
-        memcpy(blk + 18 * b, &dh[b], 2);
+        uint8_t *block = blk + sizeof(struct qd_block_q4_0) * b;
+        _mm_storeu_si128((__m128i *)(block + 2), _mm256_castsi256_si128(w));
+        memcpy(block, &dh[b], 2);
     }
     return 1;
 }

@@ -109,7 +109,7 @@ static inline void qd_iq2xxs_quantize_avx2(const struct qd_iq2_tables *QD_RESTRI
     int32_t Lqp[32][8] = {{0}};
     uint8_t signs[8][4];
     int zero[8];
-    for (int i = 0; i < 66; i++)
+    for (int i = 0; i < QD_IQ2_BLOCK_BYTES(QD_IQ2_XXS); i++)
         blk[i] = 0;
     float sumx2 = 0.0f;
     for (int i = 0; i < QD_QK_K; i++)
@@ -175,7 +175,7 @@ static inline void qd_iq2xxs_quantize_avx2(const struct qd_iq2_tables *QD_RESTRI
         max_scale = max_scale > scale ? max_scale : scale;
     }
     if (max_scale == 0.0f) { /* d 0 and every code cleared, as the scalar block does */
-        for (int i = 0; i < 66; i++)
+        for (int i = 0; i < QD_IQ2_BLOCK_BYTES(QD_IQ2_XXS); i++)
             blk[i] = 0;
         return;
     }

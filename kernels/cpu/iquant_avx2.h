@@ -181,7 +181,7 @@ static inline void qd_iq4_xs_quantize_avx2(const float *x, const float *qw, uint
 
 /* qd_iq4_quantize(0, ...) on eight consecutive iq4_nl blocks: x holds 256 values, block j at
  * x + 32 j; qw NULL (no importance) or eight pointers, block j's importance at qw[j]. Writes
- * 8 x 18 bytes. */
+ * 8 iq4_nl blocks. */
 static inline void qd_iq4_nl_quantize8_avx2(const float *x, const float *const *qw, uint8_t *blk)
 {
     const struct iq4_grid8 g = iq4_grid8_load();
@@ -200,8 +200,9 @@ static inline void qd_iq4_nl_quantize8_avx2(const float *x, const float *const *
     float scales[8];
     iq4_search8(&g, xt, w, scales);
     for (int j = 0; j < 8; j++) {
-        qd_put_f16(blk + 18 * j, scales[j]);
-        iq4_codes32(&g, x + 32 * j, scales[j] != 0.0f ? 1.0f / scales[j] : 0.0f, blk + 18 * j + 2);
+        uint8_t *b = blk + sizeof(struct qd_block_iq4_nl) * j;
+        qd_put_f16(b, scales[j]);
+        iq4_codes32(&g, x + 32 * j, scales[j] != 0.0f ? 1.0f / scales[j] : 0.0f, b + 2);
     }
 }
 

@@ -193,6 +193,31 @@ static void run_threads(int n, void *(*fn)(void *), void *arg, size_t size)
             pthread_join(th[i], NULL);
 }
 
+struct parallel_share {
+    qd_parallel_fn fn;
+    void *ctx;
+    int tid, n;
+};
+
+static void *parallel_run(void *arg)
+{
+    struct parallel_share *s = arg;
+    s->fn(s->ctx, s->tid, s->n);
+    return NULL;
+}
+
+void qd_cpu_parallel(int n, qd_parallel_fn fn, void *ctx)
+{
+    if (n < 1)
+        n = 1;
+    if (n > QD_CPU_MAX_THREADS)
+        n = QD_CPU_MAX_THREADS;
+    struct parallel_share s[QD_CPU_MAX_THREADS];
+    for (int i = 0; i < n; i++)
+        s[i] = (struct parallel_share){.fn = fn, .ctx = ctx, .tid = i, .n = n};
+    run_threads(n, parallel_run, s, sizeof s[0]);
+}
+
 static int span_drive(struct span_job *j)
 {
     j->n = qd_tensor_numel(j->t);

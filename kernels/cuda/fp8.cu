@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(THREADS, FP8_SMEM_CTAS) fp8_block_smem_kernel(
  * a 128 x 128 block): the range pass, then the codes from a second read of the block, which the
  * CTAs resident on an SM keep in L2 (a few tens of KB each). Holding the block in registers
  * instead costs 64 registers a thread at 256 threads and half the occupancy; on an H100 it was
- * the slower of the two for compressed-tensors' arithmetic (docs/BENCHMARKS.md has the
+ * the slower of the two for compressed-tensors' arithmetic (docs/BENCHMARKS.md's git history has the
  * figures). */
 template <int DT, int INT8, int CT, int THREADS>
 __global__ void __launch_bounds__(THREADS) fp8_block_l2_kernel(const void *x, fp8_geom g, uint8_t *codes, void *scales,

@@ -6,7 +6,7 @@
  * tables the host built (kernels/iqgrid.c), made once per context (1.6 MB for the IQ1 grid,
  * 0.13 MB for IQ3_XXS's). Copied per call from pageable memory, the IQ1 grid cost iq1_s 0.13 ms
  * of its 1.89 ms quantize of a 4096^2 tensor and 0.08 of its 0.19 ms dequantize
- * (docs/BENCHMARKS.md). */
+ * (measured: the git history of docs/BENCHMARKS.md). */
 #include "../iqgrid_quants.h"
 #include "iq1s_regs.cuh"
 #include "iq3xxs_lanes.cuh"

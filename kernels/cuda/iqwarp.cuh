@@ -15,7 +15,7 @@
  * lane's own loop at 4096^2, IQ2_XS's lists 30 candidates on average and up to 292) and iq1_s.
  * iq3_xxs's short lists (8 groups of 4 a sub-block, 31 trial scales) made a warp search
  * slower, 2.3x with a loop per group and 1.28x with these tasks, so iq3_xxs keeps a lane's own
- * search (docs/BENCHMARKS.md). */
+ * search (measured: the git history of docs/BENCHMARKS.md). */
 #ifndef QD_CUDA_IQWARP_CUH
 #define QD_CUDA_IQWARP_CUH
 
@@ -25,7 +25,8 @@
 /* A warp's shared state for G groups a lane. A list is kept as its offset in the tables' lists
  * and its count in 16 bits (not a pointer and an int): iq2_xxs's six CTAs an SM then take under
  * 196 KB of shared memory (31.8 KB each, was 33.3) and the driver leaves L1 the rest, 2 % faster
- * at 4096^2 (with the carveout forced to the largest, the old speed; docs/BENCHMARKS.md). */
+ * at 4096^2 (with the carveout forced to the largest, the old speed; the git history of
+ * docs/BENCHMARKS.md). */
 template <int G> struct qd_warp_search {
     unsigned long long best[32 * G]; /* (ordered distance << 32) | position, the least */
     int start[32 * G + 1];           /* each group's first task in the deal */
@@ -150,7 +151,7 @@ __device__ __forceinline__ void qd_warp_neighbours(qd_warp_search<G> *sh, const 
  * takes 8 (3.45-3.47 -> 3.27-3.30 ms at 4096^2, within its 168 registers), iq2_xs and iq2_s
  * too (iq2_xs with 16: no faster);
  * iq1_s, held to 128 registers for 8 CTAs an SM, 4 (8: 1.90-2.03 -> 2.01-2.06 ms;
- * docs/BENCHMARKS.md). */
+ * the git history of docs/BENCHMARKS.md). */
 template <class VALUE, int TASK_> struct qd_warp_point8 {
     static constexpr int TASK = TASK_;
     static_assert(TASK % QD_IQ_LIST_ALIGN == 0 && TASK <= QD_IQ_LIST_LOAD, "whole aligned loads within the table");

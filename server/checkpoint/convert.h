@@ -35,6 +35,8 @@ struct qd_convert_event {
     double nmse;
     uint64_t in_done, in_total; /* source tensor bytes */
     uint64_t out_done;
+    int no_importance;         /* GGUF: an importance matrix was given and has no entry for this
+                                  quantized tensor (llama-quantize's "did not find weights") */
 };
 
 struct qd_convert_opts {
@@ -93,6 +95,12 @@ struct qd_convert_summary {
     char arch[64];
     const char *rule;
     char rule_why[256];
+    /* GGUF with an importance matrix (--imatrix): its name as given (NULL: none), its entries
+     * left after --include-weights / --exclude-weights, and of the tensors quantized how many
+     * found their entry and how many did not, the first of those named. */
+    const char *imatrix;
+    int imatrix_entries, imatrix_covered, imatrix_missing;
+    char imatrix_first_missing[128];
 };
 
 /* ---- the dispatch: the layout table, the check, the run (convert_layouts.c) ----------------- */
@@ -148,6 +156,10 @@ const char *qd_convert_layouts_text(void);
 #define QD_NAME_FILTER_MAX_SIZE 512
 struct qd_name_filter;
 struct qd_name_filter *qd_name_filter_new(const char *skip, const char *only, char *err, size_t errlen);
+/* A filter keeping the names pattern re matches, bounded as --only is, its refusals naming
+ * option (--tensor-type) and the pattern as the user wrote it (shown; NULL: re). */
+struct qd_name_filter *qd_name_filter_pattern(const char *option, const char *shown, const char *re, char *err,
+                                              size_t errlen);
 int qd_name_filter_keeps(const struct qd_name_filter *nf, const char *name);
 void qd_name_filter_free(struct qd_name_filter *nf);
 

@@ -8,28 +8,53 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../kernels/ggml_blocks.h"
 #include "checkpoint/names.h"
 
-/* ggml.c type_traits: name, elements per block, bytes per block (ggml-common.h structs);
- * llama-quant.cpp's fallback for the 256-block types; llama-model-loader.cpp's guessed file type. */
+/* ggml.c type_traits: name, elements per block, bytes per block (the block structs of
+ * kernels/ggml_blocks.h); llama-quant.cpp's fallback for the 256-block types;
+ * llama-model-loader.cpp's guessed file type. */
+#define BLOCK(type, elems) elems, (int)sizeof(struct qd_block_##type)
+#define K QD_QK_K
 static const struct qd_ggml_type ggml_types[QD_GGML_TYPE_COUNT] = {
-    [0] = {"f32", 1, 4, 0, 0},          [1] = {"f16", 1, 2, 0, 1},           [2] = {"q4_0", 32, 18, 0, 2},
-    [3] = {"q4_1", 32, 20, 0, 3},       [6] = {"q5_0", 32, 22, 0, 8},        [7] = {"q5_1", 32, 24, 0, 9},
-    [8] = {"q8_0", 32, 34, 0, 7},       [9] = {"q8_1", 32, 36},
-    [10] = {"q2_K", 256, 84, QD_GGML_Q4_0, 10},      [11] = {"q3_K", 256, 110, QD_GGML_Q4_0, 12},
-    [12] = {"q4_K", 256, 144, QD_GGML_Q5_0, 15},     [13] = {"q5_K", 256, 176, QD_GGML_Q5_1, 17},
-    [14] = {"q6_K", 256, 210, QD_GGML_Q8_0, 18},     [15] = {"q8_K", 256, 292},
-    [16] = {"iq2_xxs", 256, 66, QD_GGML_IQ4_NL, 19}, [17] = {"iq2_xs", 256, 74, QD_GGML_IQ4_NL, 20},
-    [18] = {"iq3_xxs", 256, 98, QD_GGML_IQ4_NL, 23}, [19] = {"iq1_s", 256, 50, QD_GGML_IQ4_NL, 24},
-    [20] = {"iq4_nl", 32, 18, 0, 25},                [21] = {"iq3_s", 256, 110, QD_GGML_IQ4_NL, 26},
-    [22] = {"iq2_s", 256, 82, QD_GGML_IQ4_NL, 28},   [23] = {"iq4_xs", 256, 136, QD_GGML_IQ4_NL, 30},
-    [24] = {"i8", 1, 1},                [25] = {"i16", 1, 2},                [26] = {"i32", 1, 4},
-    [27] = {"i64", 1, 8},               [28] = {"f64", 1, 8},
-    [29] = {"iq1_m", 256, 56, QD_GGML_IQ4_NL, 31},   [30] = {"bf16", 1, 2, 0, 32},
-    [34] = {"tq1_0", 256, 54, QD_GGML_Q4_0, 36},     [35] = {"tq2_0", 256, 66, QD_GGML_Q4_0, 37},
-    [39] = {"mxfp4", 32, 17},           [40] = {"nvfp4", 64, 36, 0, 39},     [41] = {"q1_0", 128, 18, 0, 40},
-    [42] = {"q2_0", 64, 18, QD_GGML_Q4_0, 41},
+    [0] = {"f32", 1, 4, 0, 0},
+    [1] = {"f16", 1, 2, 0, 1},
+    [2] = {"q4_0", BLOCK(q4_0, QD_GGML_QK), 0, 2},
+    [3] = {"q4_1", BLOCK(q4_1, QD_GGML_QK), 0, 3},
+    [6] = {"q5_0", BLOCK(q5_0, QD_GGML_QK), 0, 8},
+    [7] = {"q5_1", BLOCK(q5_1, QD_GGML_QK), 0, 9},
+    [8] = {"q8_0", BLOCK(q8_0, QD_GGML_QK), 0, 7},
+    [9] = {"q8_1", BLOCK(q8_1, QD_GGML_QK)},
+    [10] = {"q2_K", BLOCK(q2_K, K), QD_GGML_Q4_0, 10},
+    [11] = {"q3_K", BLOCK(q3_K, K), QD_GGML_Q4_0, 12},
+    [12] = {"q4_K", BLOCK(q4_K, K), QD_GGML_Q5_0, 15},
+    [13] = {"q5_K", BLOCK(q5_K, K), QD_GGML_Q5_1, 17},
+    [14] = {"q6_K", BLOCK(q6_K, K), QD_GGML_Q8_0, 18},
+    [15] = {"q8_K", BLOCK(q8_K, K)},
+    [16] = {"iq2_xxs", BLOCK(iq2_xxs, K), QD_GGML_IQ4_NL, 19},
+    [17] = {"iq2_xs", BLOCK(iq2_xs, K), QD_GGML_IQ4_NL, 20},
+    [18] = {"iq3_xxs", BLOCK(iq3_xxs, K), QD_GGML_IQ4_NL, 23},
+    [19] = {"iq1_s", BLOCK(iq1_s, K), QD_GGML_IQ4_NL, 24},
+    [20] = {"iq4_nl", BLOCK(iq4_nl, QD_GGML_QK), 0, 25},
+    [21] = {"iq3_s", BLOCK(iq3_s, K), QD_GGML_IQ4_NL, 26},
+    [22] = {"iq2_s", BLOCK(iq2_s, K), QD_GGML_IQ4_NL, 28},
+    [23] = {"iq4_xs", BLOCK(iq4_xs, K), QD_GGML_IQ4_NL, 30},
+    [24] = {"i8", 1, 1},
+    [25] = {"i16", 1, 2},
+    [26] = {"i32", 1, 4},
+    [27] = {"i64", 1, 8},
+    [28] = {"f64", 1, 8},
+    [29] = {"iq1_m", BLOCK(iq1_m, K), QD_GGML_IQ4_NL, 31},
+    [30] = {"bf16", 1, 2, 0, 32},
+    [34] = {"tq1_0", BLOCK(tq1_0, K), QD_GGML_Q4_0, 36},
+    [35] = {"tq2_0", BLOCK(tq2_0, K), QD_GGML_Q4_0, 37},
+    [39] = {"mxfp4", BLOCK(mxfp4_ggml, QD_GGML_QK)},
+    [40] = {"nvfp4", BLOCK(nvfp4_ggml, QD_GGML_NVFP4_QK), 0, 39},
+    [41] = {"q1_0", BLOCK(q1_0, QD_GGML_Q1_0_QK), 0, 40},
+    [42] = {"q2_0", BLOCK(q2_0, QD_GGML_Q2_0_QK), QD_GGML_Q4_0, 41},
 };
+#undef K
+#undef BLOCK
 
 const struct qd_ggml_type *qd_ggml_type(uint32_t type)
 {

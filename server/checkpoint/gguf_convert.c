@@ -274,7 +274,9 @@ static void tensor_handed(void *ctx, int item)
                                       .fmt = p->action == QD_CONVERT_CAST ? qd_ggml_type(p->out.type)->name
                                               : p->f ? p->f->name : j->o->f ? j->o->f->name : "", .ms = (now - (j->last ? j->last : j->t0)) * 1e3,
                                       .has_nmse = j->o->report_error && p->action == QD_CONVERT_QUANTIZE,
-                                      .nmse = j->nmse, .in_done = s->bytes_in, .in_total = j->in_total};
+                                      .nmse = j->nmse, .in_done = s->bytes_in, .in_total = j->in_total,
+                                      .no_importance = p->action == QD_CONVERT_QUANTIZE && !p->importance &&
+                                                       j->o->gguf && j->o->gguf->imatrix_path};
         uint32_t nd = qd_gguf_n_dims(p->src->ne);
         ev.ndim = (int)nd;
         for (uint32_t d = 0; d < nd; d++) /* outermost first, as torch and safetensors list them */
@@ -425,6 +427,10 @@ static int plan_tensors(struct convert *c, const struct qd_gguf_recipe *recipe)
             qd_gguf_plan_importance(p, c->rs.has_imatrix ? &c->im : NULL, requires && !dry, c->err, c->errlen))
             return -1;
     }
+    if (opt && opt->imatrix_path && qd_gguf_plan_coverage(c->plan, c->n, &c->im, opt, c->s, c->err, c->errlen)) {
+        *c->status = QD_EINVAL;
+        return -1;
+    }
     return 0;
 }
 
@@ -440,7 +446,9 @@ static void plan_keys(struct convert *c, uint32_t file_type)
     extra[n++] = (struct qd_gguf_new_kv){"general.file_type", QD_GGUF_U32, .i = file_type};
     for (int i = 0; opt && i < opt->n_kv_overrides; i++)
         n = qd_gguf_kv_append(extra, n, qd_gguf_kv_of_override(&opt->kv_overrides[i]));
-    if (c->rs.has_imatrix) {
+    /* what llama-quantize records of the importance matrix; not where it covered none of the
+     * tensors quantized (quantd llama-quantize, which goes on): none of them used it */
+    if (c->rs.has_imatrix && !(c->s->imatrix_missing && !c->s->imatrix_covered)) {
         snprintf(c->imatrix_file, sizeof c->imatrix_file, "%s", opt->imatrix);
         n = qd_gguf_kv_append(extra, n, (struct qd_gguf_new_kv){"quantize.imatrix.file", QD_GGUF_STRING,
                                                                 .s = c->imatrix_file});

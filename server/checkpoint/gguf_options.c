@@ -115,14 +115,9 @@ static int add_tensor_type(struct qd_gguf_options *o, const char *v, char *err, 
     }
     for (char *c = pattern; *c; c++)
         *c = (char)tolower((unsigned char)*c);
-    struct qd_name_filter *match = NULL;
+    struct qd_name_filter *match = NULL; /* (its refusals name --tensor-type and the pattern given) */
     if (translate_pattern(pattern, posix, sizeof posix, err, errlen) ||
-        !(match = qd_name_filter_new(NULL, posix, err, errlen))) {
-        if (!match && strncmp(err, "--tensor-type", 13)) {
-            char why[512];
-            snprintf(why, sizeof why, "%s", err);
-            snprintf(err, errlen, "--tensor-type '%.80s': %s", pattern, why);
-        }
+        !(match = qd_name_filter_pattern("--tensor-type", pattern, posix, err, errlen))) {
         free(pattern);
         return -1;
     }

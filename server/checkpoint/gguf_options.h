@@ -58,6 +58,9 @@ struct qd_gguf_options {
     int split_max_tensors;        /* gguf-split --split-max-tensors N (0: no split by count) */
     uint64_t split_max_bytes;     /* gguf-split --split-max-size N(M|G), decimal units (0: none) */
     int keep_split;               /* --keep-split: a split input's shards, each its own file */
+    int imatrix_uncovered_ok;     /* not an option: an importance matrix with no entry for any
+                                     tensor quantized is converted without it, as llama-quantize
+                                     does (quantd llama-quantize), not refused (quantd convert) */
     int n_set;                    /* options given: any says the output is a GGUF */
 };
 

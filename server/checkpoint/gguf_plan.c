@@ -211,6 +211,37 @@ int qd_gguf_plan_importance(struct qd_gguf_plan *p, const struct qd_imatrix *im,
     return 0;
 }
 
+int qd_gguf_plan_coverage(const struct qd_gguf_plan *plan, int n, const struct qd_imatrix *im,
+                          const struct qd_gguf_options *opt, struct qd_convert_summary *s, char *err, size_t errlen)
+{
+    s->imatrix = opt->imatrix;
+    s->imatrix_entries = im->n;
+    s->imatrix_covered = s->imatrix_missing = 0;
+    s->imatrix_first_missing[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (plan[i].action != QD_CONVERT_QUANTIZE)
+            continue;
+        if (plan[i].importance)
+            s->imatrix_covered++;
+        else if (!s->imatrix_missing++)
+            snprintf(s->imatrix_first_missing, sizeof s->imatrix_first_missing, "%s", plan[i].src->name);
+    }
+    if (s->imatrix_covered || !s->imatrix_missing || opt->imatrix_uncovered_ok)
+        return 0;
+    /* llama-quantize quantizes on without it, a line per tensor, and records the file in the
+     * output as if it had been used: a wrong file goes unnoticed */
+    if (!im->n)
+        snprintf(err, errlen, "the importance matrix %.200s has no entry left after --include-weights / "
+                 "--exclude-weights, so it covers none of the %d tensors to quantize: give names that keep some",
+                 opt->imatrix, s->imatrix_missing);
+    else
+        snprintf(err, errlen, "the importance matrix %.200s covers none of the %d tensors to quantize (none of its %d "
+                 "entries names one; %s has none): it was made for another model. Make one for this model with "
+                 "llama-imatrix (quantd llama-quantize, as llama-quantize does, only warns)", opt->imatrix,
+                 s->imatrix_missing, im->n, s->imatrix_first_missing);
+    return -1;
+}
+
 /* gguf-split's split strategy over the output's tensors, in order: a new file every
  * split_max_tensors tensors, or before a tensor that would take the tensors' padded bytes past
  * split_max_bytes (a file never empty: a first tensor larger than that is refused, as

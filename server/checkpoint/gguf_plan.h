@@ -45,6 +45,11 @@ int qd_gguf_plan_target(struct qd_gguf_plan *p, uint32_t target, const struct qd
  * another size, or none where the type requires one. */
 int qd_gguf_plan_importance(struct qd_gguf_plan *p, const struct qd_imatrix *im, int requires, char *err,
                             size_t errlen);
+/* What the importance matrix im (opt's --imatrix, filtered) covered of the tensors plan[0..n)
+ * quantizes: s's imatrix counts. One that covers none of them is refused (-1 with err: made for
+ * another model), but with opt->imatrix_uncovered_ok (llama-quantize's way: it warns). */
+int qd_gguf_plan_coverage(const struct qd_gguf_plan *plan, int n, const struct qd_imatrix *im,
+                          const struct qd_gguf_options *opt, struct qd_convert_summary *s, char *err, size_t errlen);
 /* gguf-split's cut of plan[0..n) (opt's split size or count): split_of[i] per tensor; the
  * number of files, or -1 with err. */
 int qd_gguf_plan_splits(const struct qd_gguf_plan *plan, int n, const struct qd_gguf_options *opt, int *split_of,

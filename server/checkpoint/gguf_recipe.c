@@ -372,3 +372,8 @@ const struct qd_format *qd_gguf_format_of(uint32_t type)
             return &qd_formats[i];
     return NULL;
 }
+
+const struct qd_gguf_recipe *qd_gguf_recipe_at(int i)
+{
+    return i >= 0 && i < (int)(sizeof recipes / sizeof *recipes) ? &recipes[i] : NULL;
+}

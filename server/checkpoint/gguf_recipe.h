@@ -23,6 +23,9 @@ struct qd_gguf_recipe {
 const struct qd_gguf_recipe *qd_gguf_recipe_find(const char *name);
 /* The names quantd writes, space-separated (for messages and docs). */
 const char *qd_gguf_recipe_names(void);
+/* The table's entry i, in its order (the mixes, the float mixes, then the aliases), NULL past
+ * the last: what api/openapi.yaml's Recipe enum is made from. */
+const struct qd_gguf_recipe *qd_gguf_recipe_at(int i);
 
 /* What the rules read from the model; counters advance as tensors are typed in the loader's
  * order. */

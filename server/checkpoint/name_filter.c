@@ -127,8 +127,10 @@ static long cost_alternation(struct cost *c)
     }
 }
 
-/* Compiles re into slot after the bounds; 0, or -1 with the reason in err. */
-static int filter_compile(regex_t *slot, const char *re, const char *flag, char *err, size_t errlen)
+/* Compiles re into slot after the bounds; 0, or -1 with the reason in err, naming the option
+ * (flag) and the pattern as its user wrote it (shown). */
+static int filter_compile(regex_t *slot, const char *re, const char *flag, const char *shown, char *err,
+                          size_t errlen)
 {
     size_t len = strlen(re);
     if (len > QD_NAME_FILTER_MAX_BYTES) {
@@ -139,12 +141,13 @@ static int filter_compile(regex_t *slot, const char *re, const char *flag, char 
     struct cost c = {.p = re}; /* (at depth 0 a ')' is a plain character, as in glibc's EREs) */
     long size = cost_alternation(&c);
     if (c.backref) {
-        snprintf(err, errlen, "%s '%.64s': back-references (\\1 ... \\9) are not taken in a name filter", flag, re);
+        snprintf(err, errlen, "%s '%.64s': back-references (\\1 ... \\9) are not taken in a name filter", flag,
+                 shown);
         return -1;
     }
     if (size > QD_NAME_FILTER_MAX_SIZE) {
         snprintf(err, errlen, "%s '%.64s': its repetitions written out make it over %d atoms long (nested counts "
-                 "multiply: (a{1,50}){1,50} counts 5,100); the limit is %d", flag, re, QD_NAME_FILTER_MAX_SIZE,
+                 "multiply: (a{1,50}){1,50} counts 5,100); the limit is %d", flag, shown, QD_NAME_FILTER_MAX_SIZE,
                  QD_NAME_FILTER_MAX_SIZE);
         return -1;
     }
@@ -152,7 +155,7 @@ static int filter_compile(regex_t *slot, const char *re, const char *flag, char 
     if (rc) {
         char msg[128];
         regerror(rc, slot, msg, sizeof msg);
-        snprintf(err, errlen, "%s '%.64s': %s", flag, re, msg);
+        snprintf(err, errlen, "%s '%.64s': %s", flag, shown, msg);
         return -1;
     }
     return 0;
@@ -166,19 +169,35 @@ struct qd_name_filter *qd_name_filter_new(const char *skip, const char *only, ch
         return NULL;
     }
     if (skip) {
-        if (filter_compile(&nf->skip, skip, "--skip", err, errlen)) {
+        if (filter_compile(&nf->skip, skip, "--skip", skip, err, errlen)) {
             qd_name_filter_free(nf);
             return NULL;
         }
         nf->has_skip = 1;
     }
     if (only) {
-        if (filter_compile(&nf->only, only, "--only", err, errlen)) {
+        if (filter_compile(&nf->only, only, "--only", only, err, errlen)) {
             qd_name_filter_free(nf);
             return NULL;
         }
         nf->has_only = 1;
     }
+    return nf;
+}
+
+struct qd_name_filter *qd_name_filter_pattern(const char *option, const char *shown, const char *re, char *err,
+                                              size_t errlen)
+{
+    struct qd_name_filter *nf = calloc(1, sizeof *nf);
+    if (!nf) {
+        snprintf(err, errlen, "no memory");
+        return NULL;
+    }
+    if (filter_compile(&nf->only, re, option, shown ? shown : re, err, errlen)) {
+        free(nf);
+        return NULL;
+    }
+    nf->has_only = 1;
     return nf;
 }
 

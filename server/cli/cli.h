@@ -1,11 +1,35 @@
-/* The offline subcommands of bin/quantd: formats, quantize, dequantize, convert. */
+/* The offline subcommands of bin/quantd: formats, quantize, dequantize, convert, llama-quantize,
+ * perplexity. */
 #ifndef QD_CLI_H
 #define QD_CLI_H
+
+#include "checkpoint/convert_request.h"
 
 int qd_cli_formats(int argc, char **argv);
 int qd_cli_quantize(int argc, char **argv);
 int qd_cli_dequantize(int argc, char **argv);
 int qd_cli_convert(int argc, char **argv);
+/* quantd llama-quantize [options] IN [OUT] TYPE [nthreads]: llama-quantize's command line
+ * (llama_quantize.c). */
+int qd_cli_llama_quantize(int argc, char **argv);
+
+/* A conversion from a command line: what quantd convert and quantd llama-quantize parse from
+ * theirs, run the one way (convert.c). */
+struct qd_cli_conversion {
+    const char *prog;              /* "quantd convert": what messages begin with */
+    const char *in_name, *out_name; /* how the command line names the input and the output */
+    const char *src, *dst;
+    const struct qd_convert_arg *args; /* the request (convert_request.h) */
+    int nargs;
+    const char *backend, *devices; /* --backend auto|cpu|cuda, --devices LIST */
+    int overwrite, report_error;
+    int imatrix_uncovered_ok;      /* an importance matrix that covers nothing: a line per tensor,
+                                      a warning, and on (llama-quantize's way) */
+    int cpu_threads;               /* > 0: the CPU backend's threads */
+};
+/* 0, 1 (failed), 2 (a bad request), or 128 + the signal that stopped it. */
+int qd_cli_convert_run(const struct qd_cli_conversion *c);
+int qd_cli_perplexity(int argc, char **argv);
 int qd_cli_tokenize(int argc, char **argv);
 
 #endif

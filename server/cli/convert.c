@@ -12,7 +12,9 @@
 
 #include <cjson/cJSON.h>
 
+#include "../../kernels/cpu/cpu.h"
 #include "checkpoint/convert.h"
+#include "checkpoint/convert_request.h"
 #include "checkpoint/gguf_options.h"
 #include "checkpoint/gguf_recipe.h"
 #include "checkpoint/pipeline.h"
@@ -44,12 +46,15 @@ static void usage(FILE *to)
             "    --dry-run: each tensor's type and the output's size, nothing written (--out optional)\n"
             "    --split-max-tensors N, --split-max-size N(M|G): the output cut as llama-gguf-split cuts it\n"
             "    --keep-split: a split input's shards, each its own file, as llama-quantize keeps them\n"
-            "  A split GGUF (llama-gguf-split's NAME-00001-of-0000N.gguf ...) is given as its first shard.\n",
+            "  A split GGUF (llama-gguf-split's NAME-00001-of-0000N.gguf ...) is given as its first shard.\n"
+            "  llama-quantize's own command line (IN [OUT] TYPE [nthreads]): quantd llama-quantize --help.\n"
+            "  Exit status: 0, 1 (the input, the destination or the conversion failed), 2 (a bad request).\n",
             qd_convert_layouts_text(), qd_gguf_recipe_names());
 }
 
 struct progress {
     int tty;
+    int each_uncovered; /* a line per tensor the importance matrix has no entry for (llama-quantize's) */
     struct timespec start;
 };
 
@@ -63,6 +68,9 @@ static double since(const struct timespec *t0)
 static void on_tensor(void *ctx, const struct qd_convert_event *ev)
 {
     struct progress *pr = ctx;
+    if (pr->each_uncovered && ev->no_importance)
+        fprintf(stderr, "%sdid not find weights for %s: quantized without an importance\n", pr->tty ? "\n" : "",
+                ev->name);
     if (pr->tty) {
         double s = since(&pr->start), rate = s > 0 ? ev->in_done / s : 0;
         double eta = rate > 0 ? (double)(ev->in_total - ev->in_done) / rate : 0;
@@ -128,135 +136,31 @@ static uint64_t peak_rss_bytes(void)
     return kb * 1024;
 }
 
-int qd_cli_convert(int argc, char **argv)
+/* Runs the resolved request: the input and destination checked before any device is opened, the
+ * conversion, and its summary as the last line. 0, 1 (failed), or 128 + a stop signal. */
+static int run(const struct qd_cli_conversion *c, struct qd_convert_spec *spec)
 {
+    const char *prog = c->prog;
+    char err[1024];
     struct qd_convert_opts o;
     memset(&o, 0, sizeof o);
-    const char *fmt = NULL, *recipe = NULL, *backend_name = "auto", *devices = NULL, *params[64];
-    int nparams = 0;
-    static struct qd_gguf_options gguf; /* (large: not on the stack) */
-    qd_gguf_options_init(&gguf);
-    o.gguf = &gguf;
-    char err[1024];
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        int takes_value;
-        if (!strncmp(a, "--", 2) && qd_gguf_option_known(a + 2, &takes_value) && !strchr(a, '_')) {
-            const char *v = takes_value ? (i + 1 < argc ? argv[++i] : "") : NULL;
-            if (qd_gguf_option_set(&gguf, a + 2, v, err, sizeof err)) {
-                fprintf(stderr, "quantd convert: %s\n", err);
-                qd_gguf_options_free(&gguf);
-                return 2;
-            }
-            continue;
-        }
-        if (!strcmp(a, "--report-error")) {
-            o.report_error = 1;
-            continue;
-        }
-        if (!strcmp(a, "--force")) {
-            o.overwrite = 1;
-            continue;
-        }
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        }
-        const char *v = i + 1 < argc ? argv[++i] : NULL;
-        if (!v || strncmp(a, "--", 2)) {
-            fprintf(stderr, "quantd convert: bad or incomplete argument '%s' (quantd convert --help)\n", a);
-            return 2;
-        }
-        if (!strcmp(a, "--in")) o.src = v;
-        else if (!strcmp(a, "--out")) o.dst = v;
-        else if (!strcmp(a, "--fmt")) fmt = v;
-        else if (!strcmp(a, "--recipe")) recipe = v;
-        else if (!strcmp(a, "--skip")) o.skip = v;
-        else if (!strcmp(a, "--only")) o.only = v;
-        else if (!strcmp(a, "--backend")) backend_name = v;
-        else if (!strcmp(a, "--devices")) devices = v;
-        else if (!strcmp(a, "--param") && nparams < 64) params[nparams++] = v;
-        else {
-            fprintf(stderr, "quantd convert: unknown option '%s' (quantd convert --help)\n", a);
-            return 2;
-        }
-    }
-    if (fmt && recipe) {
-        fprintf(stderr, "quantd convert: give --fmt or --recipe, not both (a recipe chooses each tensor's format)\n");
+    qd_convert_spec_opts(spec, &o);
+    o.src = c->src, o.dst = c->dst;
+    o.overwrite = c->overwrite, o.report_error = c->report_error;
+    if (!o.src || (!o.dst && !spec->gguf.dry_run)) {
+        fprintf(stderr, "%s: %s is required (%s --help)\n", prog, !o.src ? c->in_name : c->out_name, prog);
         return 2;
     }
-    /* llama-quantize's numeric ids name mixes: --fmt 2 is --pure Q4_0 */
-    if (fmt && strspn(fmt, "0123456789") == strlen(fmt) && qd_convert_recipe_named(fmt)) {
-        recipe = fmt, fmt = NULL;
-        gguf.pure = 1;
-    }
-    if (!o.src || (!o.dst && !gguf.dry_run) || (!fmt && !recipe)) {
-        fprintf(stderr, "quantd convert: %s is required (quantd convert --help)\n",
-                !o.src ? "--in SRC" : !o.dst ? "--out DST" : "--fmt FMT or --recipe MIX");
-        return 2;
-    }
-    if (recipe) {
-        const struct qd_gguf_recipe *r = qd_convert_recipe_named(recipe);
-        const struct qd_format *f = r ? NULL : qd_convert_format_named(recipe);
-        if (f) {
-            fprintf(stderr, "quantd convert: '%s' is a format, not a llama-quantize mix: use --fmt %s\n", recipe,
-                    f->name);
-            return 2;
-        }
-        if (!r) {
-            fprintf(stderr, "quantd convert: unknown recipe '%s' (quantd writes %s)\n", recipe, qd_gguf_recipe_names());
-            return 2;
-        }
-        o.recipe = r->name;
-        fmt = r->fmt;
-        if (!fmt && nparams) { /* F16, BF16, F32, COPY: no quantizer to take parameters */
-            fprintf(stderr, "quantd convert: --param does not apply to the %s mix (it quantizes nothing)\n", r->name);
-            return 2;
-        }
-    }
-    const int named = fmt || !recipe; /* a format (or back to float), not a mix */
-    if (named && !(o.f = qd_convert_format_named(fmt)) && (o.to_float = qd_convert_to_float_named(fmt)) && nparams) {
-        fprintf(stderr, "quantd convert: --fmt %s (back to float) takes no --param\n", o.to_float);
-        return 2;
-    }
-    if (named && !o.f && !o.to_float) {
-        const struct qd_gguf_recipe *r = qd_convert_recipe_named(fmt);
-        if (r && !r->fmt)
-            fprintf(stderr, "quantd convert: '%s' is a llama-quantize mix, not a format: use --recipe %s\n", fmt,
-                    r->name);
-        else if (r)
-            fprintf(stderr, "quantd convert: '%s' is a llama-quantize mix, not one format: use --recipe %s (--fmt "
-                    "gives every quantized tensor one type, such as %s)\n", fmt, r->name, r->fmt);
-        else
-            fprintf(stderr, "quantd convert: unknown format '%s'; quantd convert writes:\n%s", fmt,
-                    qd_convert_layouts_text());
-        return 2;
-    }
-    if (o.f)
-        qd_params_default(o.f, &o.params);
-    for (int i = 0; o.f && i < nparams; i++) {
-        char key[64];
-        const char *eq = strchr(params[i], '=');
-        if (!eq || (size_t)(eq - params[i]) >= sizeof key) {
-            fprintf(stderr, "quantd convert: --param needs k=v (got '%s')\n", params[i]);
-            return 2;
-        }
-        memcpy(key, params[i], (size_t)(eq - params[i]));
-        key[eq - params[i]] = 0;
-        if (qd_params_set(o.f, &o.params, key, eq + 1, err, sizeof err) != QD_OK) {
-            fprintf(stderr, "quantd convert: %s\n", err);
-            return 2;
-        }
-    }
+    const char *backend_name = c->backend;
     if (strcmp(backend_name, "auto") && strcmp(backend_name, "cpu") && strcmp(backend_name, "cuda")) {
-        fprintf(stderr, "quantd convert: --backend must be auto, cpu or cuda\n");
+        fprintf(stderr, "%s: --backend must be auto, cpu or cuda\n", prog);
         return 2;
     }
     /* whether the input and the destination can do, before any device or tensor is touched */
     struct qd_convert_dest dest;
     enum qd_status st;
     if (qd_convert_check(&o, &dest, &st, err, sizeof err)) {
-        fprintf(stderr, "quantd convert: %s\n", err);
+        fprintf(stderr, "%s: %s\n", prog, err);
         return 1;
     }
     /* SIGINT, SIGTERM, SIGHUP: the conversion stops at its next tensor and removes what it wrote
@@ -272,14 +176,16 @@ int qd_cli_convert(int argc, char **argv)
     if (pthread_create(&watcher, NULL, watch_signals, &stop) == 0)
         pthread_detach(watcher);
     o.cancel = &stop_signal;
+    if (c->cpu_threads > 0) /* (the CPU backend's; a GPU's kernels have their own) */
+        qd_cpu_set_threads(c->cpu_threads);
     struct qd_backend b;
     double t_init = qd_pipe_clock_s();
-    int gpu = strcmp(backend_name, "cpu") && qd_backend_cuda_open(&b, devices, err, sizeof err) == 0;
+    int gpu = strcmp(backend_name, "cpu") && qd_backend_cuda_open(&b, c->devices, err, sizeof err) == 0;
     qd_pipe_trace("driver", -1, t_init, qd_pipe_clock_s(), 0);
     if (gpu) {
         /* the GPU */
     } else if (!strcmp(backend_name, "cuda")) {
-        fprintf(stderr, "quantd convert: --backend cuda: %s\n", err);
+        fprintf(stderr, "%s: --backend cuda: %s\n", prog, err);
         return 1;
     } else
         qd_backend_cpu_open(&b, err, sizeof err);
@@ -289,14 +195,15 @@ int qd_cli_convert(int argc, char **argv)
     o.worker = b.worker_open(&b, 0, name, sizeof name, err, sizeof err);
     qd_pipe_trace("worker", -1, t_worker, qd_pipe_clock_s(), 0);
     if (!o.worker) {
-        fprintf(stderr, "quantd convert: %s\n", err);
+        fprintf(stderr, "%s: %s\n", prog, err);
         b.close(&b);
         return 1;
     }
     if (qd_convert_spread(&o, err, sizeof err)) /* one worker per device slot */
-        fprintf(stderr, "quantd convert: a device is left out: %s\n", err);
+        fprintf(stderr, "%s: a device is left out: %s\n", prog, err);
     qd_pipe_trace("init", -1, t_init, qd_pipe_clock_s(), 0);
-    struct progress pr = {.tty = isatty(STDOUT_FILENO)}; /* a terminal: the bar; else JSON lines */
+    /* a terminal: the bar; else JSON lines */
+    struct progress pr = {.tty = isatty(STDOUT_FILENO), .each_uncovered = c->imatrix_uncovered_ok};
     clock_gettime(CLOCK_MONOTONIC, &pr.start);
     o.progress = on_tensor;
     o.progress_ctx = &pr;
@@ -312,39 +219,99 @@ int qd_cli_convert(int argc, char **argv)
         if (pr.tty)
             fputc('\n', stderr);
         if (st == QD_ECANCELED && stop_signal) {
-            fprintf(stderr, "quantd convert: stopped by %s; nothing was written (the partial output is removed)\n",
+            fprintf(stderr, "%s: stopped by %s; nothing was written (the partial output is removed)\n", prog,
                     signal_name(stop_signal));
             return 128 + stop_signal;
         }
-        fprintf(stderr, "quantd convert: %s\n", err);
+        fprintf(stderr, "%s: %s\n", prog, err);
         return 1;
     }
-    double bpw = s.params_total ? s.bytes_out * 8.0 / (double)s.params_total : 0;
-    char arch[512] = ""; /* Hugging Face layouts: the model type and which rule chose the weights */
-    if (s.rule) {
-        cJSON *a = cJSON_CreateObject();
-        cJSON_AddStringToObject(a, "arch", s.arch);
-        cJSON_AddStringToObject(a, "rule", s.rule);
-        if (s.rule_why[0])
-            cJSON_AddStringToObject(a, "rule_why", s.rule_why);
-        char *text = cJSON_PrintUnformatted(a);
-        if (text && strlen(text) > 2)
-            snprintf(arch, sizeof arch, "%.*s,", (int)strlen(text) - 2, text + 1);
-        free(text);
-        cJSON_Delete(a);
-    }
-    if (o.recipe) /* the mix asked for, before the rest */
-        printf("{\"summary\":{\"recipe\":\"%s\",%s", o.recipe, gguf.pure ? "\"pure\":true," : "");
-    else
-        printf("{\"summary\":{");
-    if (s.dry_run) /* nothing written: bytes_out is the size the file would have */
-        printf("\"dry_run\":true,");
-    printf("%s\"in\":\"%s\",\"out\":\"%s\",\"fmt\":\"%s\",\"backend\":\"%s\",\"quantized\":%d,"
-           "\"copied\":%d,\"cast_f16\":%d,\"bytes_in\":%" PRIu64 ",\"bytes_out\":%" PRIu64 ",\"bits_per_weight\":%.3f,"
-           "\"seconds\":%.3f,\"gb_per_s\":%.3f,\"read_s\":%.3f,\"quantize_s\":%.3f,\"write_s\":%.3f,"
-           "\"peak_rss_bytes\":%" PRIu64 "}}\n",
-           arch, o.src, o.dst ? o.dst : "", o.f ? o.f->name : o.to_float ? o.to_float : o.recipe, name, s.quantized, s.copied, s.cast, s.bytes_in, s.bytes_out, bpw, s.seconds,
-           s.seconds > 0 ? s.bytes_in / s.seconds / 1e9 : 0.0, s.stages.read_s, s.stages.process_s, s.stages.write_s,
-           peak_rss_bytes());
+    char note[512];
+    qd_convert_imatrix_note(&s, note, sizeof note);
+    if (note[0])
+        fprintf(stderr, "%s: warning: %s\n", prog, note);
+    cJSON *sum = qd_convert_summary_json(spec, &s, name), *line = cJSON_CreateObject();
+    cJSON_AddStringToObject(sum, "in", o.src); /* what only the command line has */
+    cJSON_AddStringToObject(sum, "out", o.dst ? o.dst : "");
+    cJSON_AddNumberToObject(sum, "peak_rss_bytes", (double)peak_rss_bytes());
+    cJSON_AddItemToObject(line, "summary", sum);
+    char *text = cJSON_PrintUnformatted(line);
+    if (text)
+        printf("%s\n", text);
+    free(text);
+    cJSON_Delete(line);
     return 0;
+}
+
+int qd_cli_convert_run(const struct qd_cli_conversion *c)
+{
+    const char *prog = c->prog;
+    struct qd_convert_spec *spec = qd_convert_spec_new();
+    char err[1024];
+    if (!spec) {
+        fprintf(stderr, "%s: no memory\n", prog);
+        return 1;
+    }
+    /* the request's names and options, resolved as every entry point resolves them */
+    if (qd_convert_resolve(spec, c->args, c->nargs, err, sizeof err) != QD_OK) {
+        fprintf(stderr, "%s: %s\n", prog, err);
+        qd_convert_spec_free(spec);
+        return 2;
+    }
+    spec->gguf.imatrix_uncovered_ok = c->imatrix_uncovered_ok;
+    int rc = run(c, spec);
+    qd_convert_spec_free(spec);
+    return rc;
+}
+
+int qd_cli_convert(int argc, char **argv)
+{
+    struct qd_cli_conversion c = {.prog = "quantd convert", .in_name = "--in SRC", .out_name = "--out DST", .backend = "auto"};
+    struct qd_convert_arg *args = calloc((size_t)argc + 1, sizeof *args);
+    if (!args) {
+        fprintf(stderr, "quantd convert: no memory\n");
+        return 1;
+    }
+    c.args = args;
+    int rc = -1;
+    for (int i = 0; rc < 0 && i < argc; i++) {
+        const char *a = argv[i];
+        int takes_value;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            rc = 0;
+        } else if (strncmp(a, "--", 2)) {
+            /* llama-quantize's form: IN OUT TYPE [nthreads] */
+            fprintf(stderr, "quantd convert: unexpected argument '%s': quantd convert takes options only (--in SRC "
+                    "--out DST --fmt FMT ...); for llama-quantize's command line (IN OUT TYPE [nthreads]) run quantd "
+                    "llama-quantize [options] IN OUT TYPE [nthreads]\n", a);
+            rc = 2;
+        } else if (!strcmp(a, "--report-error"))
+            c.report_error = 1;
+        else if (!strcmp(a, "--force"))
+            c.overwrite = 1;
+        else if (qd_gguf_option_known(a + 2, &takes_value) && !strchr(a, '_')) /* llama-quantize's */
+            args[c.nargs++] = (struct qd_convert_arg){a + 2, takes_value ? (i + 1 < argc ? argv[++i] : "") : NULL};
+        else if (i + 1 >= argc) {
+            fprintf(stderr, "quantd convert: %s needs a value (quantd convert --help)\n", a);
+            rc = 2;
+        } else {
+            const char *v = argv[++i];
+            if (!strcmp(a, "--in")) c.src = v;
+            else if (!strcmp(a, "--out")) c.dst = v;
+            else if (!strcmp(a, "--backend")) c.backend = v;
+            else if (!strcmp(a, "--devices")) c.devices = v;
+            else if (!strcmp(a, "--fmt") || !strcmp(a, "--recipe") || !strcmp(a, "--skip") || !strcmp(a, "--only") ||
+                     !strcmp(a, "--param"))
+                args[c.nargs++] = (struct qd_convert_arg){a + 2, v};
+            else {
+                fprintf(stderr, "quantd convert: unknown option '%s' (quantd convert --help)\n", a);
+                rc = 2;
+            }
+        }
+    }
+    if (rc < 0)
+        rc = qd_cli_convert_run(&c);
+    free(args);
+    return rc;
 }

@@ -3,12 +3,19 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 void *qd_file_read(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
         return NULL;
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode)) { /* a directory "opens" too */
+        fclose(f);
+        errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+        return NULL;
+    }
     char *buf = NULL;
     if (fseek(f, 0, SEEK_END) == 0) {
         long n = ftell(f);

@@ -30,6 +30,11 @@ struct qd_serve_config {
     long long max_inflight_bytes; /* request bodies held at once (503 beyond); 0: a quarter of memory */
     int convert_workers;     /* threads that run conversions, apart from the queue's workers */
     int max_connections;     /* open at once; beyond, 503 at accept */
+    /* after an answer that refuses a body the client is still sending: how long, how many of
+     * its bytes and how many connections at once it is read and dropped (0: closed at once) */
+    int linger_timeout_s;
+    long long linger_bytes;
+    int linger_connections;
 };
 
 /* Defaults, then the environment, then argv. Returns 0, 1 after printing --help, or -1 with err. */

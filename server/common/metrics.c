@@ -270,6 +270,15 @@ char *qd_metrics_render(const struct qd_metrics_gauges *g, size_t *len)
                "# TYPE quantd_slow_clients_cut_total counter\nquantd_slow_clients_cut_total %ld\n",
             g->queue_depth, g->queue_capacity, g->jobs_running, g->workers, g->jobs_stored,
             g->jobs_stored_bytes, g->inflight_requests, g->slow_clients_cut);
+    fprintf(o, "# HELP quantd_lingering_connections Connections whose body, refused before or while it was sent, is read and dropped now before the close (--linger-connections at most).\n"
+               "# TYPE quantd_lingering_connections gauge\nquantd_lingering_connections %d\n"
+               "# HELP quantd_lingered_connections_total Connections that lingered so after an early answer.\n"
+               "# TYPE quantd_lingered_connections_total counter\nquantd_lingered_connections_total %lu\n"
+               "# HELP quantd_lingered_bytes_total Body bytes read and dropped while lingering.\n"
+               "# TYPE quantd_lingered_bytes_total counter\nquantd_lingered_bytes_total %llu\n"
+               "# HELP quantd_linger_full_total Early answers closed at once, --linger-connections lingering already.\n"
+               "# TYPE quantd_linger_full_total counter\nquantd_linger_full_total %lu\n",
+            g->lingering_connections, g->lingered_connections, g->lingered_bytes, g->linger_full);
     fprintf(o, "# HELP quantd_inflight_body_bytes Request body bytes held now (received, queued or decoded).\n"
                "# TYPE quantd_inflight_body_bytes gauge\nquantd_inflight_body_bytes %.0f\n"
                "# HELP quantd_inflight_body_limit_bytes The most body bytes held at once (--max-inflight-bytes).\n"

@@ -34,6 +34,9 @@ struct qd_metrics_gauges {
     double jobs_stored_bytes;
     int inflight_requests;
     long slow_clients_cut;
+    int lingering_connections;           /* linger.h: read and dropped after an early answer */
+    unsigned long lingered_connections, linger_full;
+    unsigned long long lingered_bytes;
     const char *backend, *backend_info, *version;
     int devices, healthy, ready, draining;
     const int *device_healthy;          /* per GPU slot (devices of them) */

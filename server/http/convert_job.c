@@ -1,7 +1,5 @@
 /* Conversion jobs (convert_job.h). */
 #include "http/convert_job.h"
-#include "checkpoint/gguf_options.h"
-#include "checkpoint/gguf_recipe.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -10,6 +8,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <malloc.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +16,7 @@
 #include <unistd.h>
 
 #include "checkpoint/convert.h"
+#include "checkpoint/convert_request.h"
 #include "http/work_job.h"
 #include "common/metrics.h"
 
@@ -171,81 +171,122 @@ static int check_source_dir(const char *root, const char *dir, const char *rel, 
     return rc;
 }
 
-void qd_convert_name_error(struct qd_reply *err, const char *name, int as_recipe)
+/* The texts a request's items are made of, held until it is resolved. */
+struct texts {
+    char **p;
+    int n, cap;
+};
+
+static const char *keep(struct texts *t, char *text)
 {
-    const struct qd_format *f = qd_convert_format_named(name);
-    const struct qd_gguf_recipe *mix = qd_convert_recipe_named(name);
-    if (as_recipe && f)
-        qd_reply_error(err, 400, "unknown_recipe", "recipe '%.40s' is a format, not a llama-quantize mix: give fmt %s",
-                       name, f->name);
-    else if (as_recipe)
-        qd_reply_error(err, 400, "unknown_recipe", "unknown recipe '%.40s'%s%s (quantd writes %s)", name,
-                       mix ? ": spelled " : "", mix ? mix->name : "", qd_gguf_recipe_names());
-    else if (mix && !f && !mix->fmt)
-        qd_reply_error(err, 400, "unknown_format", "fmt '%.40s' is llama-quantize's %s mix, not a format (quantd "
-                       "convert --recipe %s writes it)", name, mix->name, mix->name);
-    else if (mix && !f)
-        qd_reply_error(err, 400, "unknown_format", "fmt '%.40s' is a llama-quantize mix, not one format: give recipe "
-                       "%s (fmt gives every quantized tensor one type, such as %s)", name, mix->name, mix->fmt);
-    else
-        qd_reply_error(err, 400, "unknown_format", "unknown format '%.64s'%s%s (GET /formats lists them)", name,
-                       f ? ": spelled " : "", f ? f->name : "");
+    if (text && t->n == t->cap) {
+        int cap = t->cap ? 2 * t->cap : 16;
+        char **p = realloc(t->p, (size_t)cap * sizeof *p);
+        if (!p) {
+            free(text);
+            return NULL;
+        }
+        t->p = p, t->cap = cap;
+    }
+    if (text)
+        t->p[t->n++] = text;
+    return text;
 }
 
-int qd_convert_gguf_option(struct qd_convert_request *r, const char *key, const char *value, struct qd_reply *err)
+static void texts_free(struct texts *t)
 {
-    if (!qd_gguf_option_known(key, NULL))
-        return 1;
-    if (!strcmp(key, "tensor_type_file") || !strcmp(key, "tensor-type-file")) {
-        qd_reply_error(err, 400, "bad_request", "tensor_type_file reads a file of the server's: give the entries as "
-                       "tensor_type (PATTERN=TYPE, repeated)");
-        return -1;
-    }
-    if (!r->gguf) {
-        if (!(r->gguf = malloc(sizeof *r->gguf))) {
+    for (int i = 0; i < t->n; i++)
+        free(t->p[i]);
+    free(t->p);
+}
+
+/* A request's items, growing (the body's members and the query's keys). */
+struct items {
+    struct qd_convert_arg *a;
+    int n, cap;
+    struct texts texts;
+};
+
+static int add(struct items *it, const char *key, const char *value, struct qd_reply *err)
+{
+    if (it->n == it->cap) {
+        int cap = it->cap ? 2 * it->cap : 32;
+        struct qd_convert_arg *a = realloc(it->a, (size_t)cap * sizeof *a);
+        if (!a) {
             qd_reply_error(err, 503, "out_of_memory", "no memory");
             return -1;
         }
-        qd_gguf_options_init(r->gguf);
+        it->a = a, it->cap = cap;
     }
-    char msg[512];
-    if (qd_gguf_option_set(r->gguf, key, value, msg, sizeof msg)) {
-        qd_reply_error(err, 400, "bad_param", "%s", msg);
-        return -1;
-    }
+    it->a[it->n++] = (struct qd_convert_arg){key, value};
     return 0;
 }
 
-/* A job body's member that is one of llama-quantize's options: a flag as true/false, a value
- * as a string; the repeatable ones (tensor_type, override_kv, include_weights,
+static void items_free(struct items *it)
+{
+    free(it->a);
+    texts_free(&it->texts);
+}
+
+/* A JSON scalar as the command line would write it: true/false, a whole number without a
+ * point, a string as it is; NULL for another type (or without memory). */
+static char *json_text(const cJSON *v)
+{
+    char buf[64];
+    if (cJSON_IsBool(v))
+        return strdup(cJSON_IsTrue(v) ? "true" : "false");
+    if (cJSON_IsString(v))
+        return strdup(v->valuestring);
+    if (!cJSON_IsNumber(v))
+        return NULL;
+    double x = v->valuedouble;
+    if (x == (double)(long long)x && fabs(x) < 1e15)
+        snprintf(buf, sizeof buf, "%lld", (long long)x);
+    else
+        snprintf(buf, sizeof buf, "%.17g", x);
+    return strdup(buf);
+}
+
+/* A query parameter or a body member that HTTP does not take, though the command line does:
+ * tensor_type_file reads a file of the server's. 1 when key is such, with the 400 in err. */
+static int http_refuses(const char *key, struct qd_reply *err)
+{
+    if (strcmp(key, "tensor_type_file") && strcmp(key, "tensor-type-file"))
+        return 0;
+    qd_reply_error(err, 400, "bad_request", "tensor_type_file reads a file of the server's: give the entries as "
+                   "tensor_type (PATTERN=TYPE, repeated)");
+    return 1;
+}
+
+/* A job body's member that is one of llama-quantize's options, as items: a flag as true/false,
+ * a value as a string; the repeatable ones (tensor_type, override_kv, include_weights,
  * exclude_weights) also as a list of strings, prune_layers as a list of layer numbers,
- * split_max_tensors as a number. 1 when it is none, 0 when set, -1 with the 400. */
-static int gguf_option_json(struct qd_convert_request *r, const cJSON *it, struct qd_reply *err)
+ * split_max_tensors as a number. -1 with the 400. */
+static int gguf_option_json(struct items *items, const cJSON *it, struct qd_reply *err)
 {
     int takes_value;
-    if (!qd_gguf_option_known(it->string, &takes_value))
-        return 1;
+    qd_gguf_option_known(it->string, &takes_value);
     const int prune = !strcmp(it->string, "prune_layers");
     const int repeatable = !strcmp(it->string, "tensor_type") || !strcmp(it->string, "override_kv") ||
                            !strcmp(it->string, "include_weights") || !strcmp(it->string, "exclude_weights");
-    if (!takes_value) {
-        if (!cJSON_IsBool(it)) {
-            qd_reply_error(err, 400, "bad_param", "%.40s takes true or false", it->string);
-            return -1;
-        }
-        return qd_convert_gguf_option(r, it->string, cJSON_IsTrue(it) ? "true" : "false", err) < 0 ? -1 : 0;
+    if (http_refuses(it->string, err))
+        return -1;
+    if (!takes_value && !cJSON_IsBool(it)) {
+        qd_reply_error(err, 400, "bad_param", "%.40s takes true or false", it->string);
+        return -1;
     }
-    if (cJSON_IsString(it) && strcmp(it->string, "split_max_tensors"))
-        return qd_convert_gguf_option(r, it->string, it->valuestring, err) < 0 ? -1 : 0;
-    if (!strcmp(it->string, "split_max_tensors")) { /* a count */
-        char text[32];
-        if (!cJSON_IsNumber(it) || it->valuedouble < 1 || it->valuedouble > 1e9 ||
-            it->valuedouble != (double)(int)it->valuedouble) {
-            qd_reply_error(err, 400, "bad_param", "split_max_tensors takes a positive integer");
+    if (!takes_value || (cJSON_IsString(it) && strcmp(it->string, "split_max_tensors")) ||
+        (cJSON_IsNumber(it) && !strcmp(it->string, "split_max_tensors"))) {
+        const char *text = keep(&items->texts, json_text(it));
+        if (!text) {
+            qd_reply_error(err, 503, "out_of_memory", "no memory");
             return -1;
         }
-        snprintf(text, sizeof text, "%d", (int)it->valuedouble);
-        return qd_convert_gguf_option(r, it->string, text, err) < 0 ? -1 : 0;
+        return add(items, it->string, text, err);
+    }
+    if (!strcmp(it->string, "split_max_tensors")) {
+        qd_reply_error(err, 400, "bad_param", "split_max_tensors takes a positive integer");
+        return -1;
     }
     if (!cJSON_IsArray(it) || !(prune || repeatable)) {
         qd_reply_error(err, 400, "bad_param", "%.40s takes a string%s", it->string,
@@ -263,28 +304,108 @@ static int gguf_option_json(struct qd_convert_request *r, const cJSON *it, struc
                            prune ? "a layer number (0, 1, ...)" : "a string");
             return -1;
         }
-        if (!prune && qd_convert_gguf_option(r, it->string, one->valuestring, err) < 0)
+        if (!prune && add(items, it->string, one->valuestring, err))
             return -1;
         if (prune && at < sizeof layers - 16)
             at += (size_t)snprintf(layers + at, sizeof layers - at, "%s%d", at ? "," : "", (int)one->valuedouble);
     }
-    if (prune && at && qd_convert_gguf_option(r, it->string, layers, err) < 0)
+    const char *text = prune && at ? keep(&items->texts, strdup(layers)) : NULL;
+    if (prune && at && !text) {
+        qd_reply_error(err, 503, "out_of_memory", "no memory");
         return -1;
-    return 0;
+    }
+    return prune && at ? add(items, it->string, text, err) : 0;
 }
 
-static int set_param(struct qd_convert_request *r, const char *k, const char *v, struct qd_reply *err)
+/* The body's "params" object, each member a "param" item k=v. */
+static int params_json(struct items *items, const cJSON *params, struct qd_reply *err)
 {
-    char msg[256];
-    if (qd_params_set(r->f, &r->params, k, v, msg, sizeof msg) != QD_OK) {
-        qd_reply_error(err, 400, "bad_param", "%s", msg);
+    if (!cJSON_IsObject(params)) {
+        qd_reply_error(err, 400, "bad_param", "params must be a JSON object");
         return -1;
+    }
+    const cJSON *p;
+    cJSON_ArrayForEach(p, params) {
+        char *v = json_text(p), *kv = NULL;
+        if (!cJSON_IsBool(p) && !cJSON_IsNumber(p) && !cJSON_IsString(p)) {
+            free(v);
+            qd_reply_error(err, 400, "bad_param", "parameter %.40s must be a number, boolean or string", p->string);
+            return -1;
+        }
+        size_t n = v ? strlen(p->string) + strlen(v) + 2 : 0;
+        if (v && (kv = malloc(n)))
+            snprintf(kv, n, "%s=%s", p->string, v);
+        free(v);
+        if (!keep(&items->texts, kv)) {
+            qd_reply_error(err, 503, "out_of_memory", "no memory");
+            return -1;
+        }
+        if (add(items, "param", kv, err))
+            return -1;
     }
     return 0;
 }
 
-struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const struct qd_req *q, const char *body,
-                                                    size_t len, struct qd_reply *err)
+/* The request's items from the JSON body (its own members: source, destination and overwrite
+ * into r), then the query's (which come later, so win). -1 with the 400. */
+static int request_items(struct qd_convert_request *r, const cJSON *o, const struct qd_kv *query, int nquery,
+                         struct items *items, const char **source, const char **destination, struct qd_reply *err)
+{
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o) {
+        const char *k = it->string;
+        if (!strcmp(k, "source") || !strcmp(k, "destination")) {
+            if (!cJSON_IsString(it)) {
+                qd_reply_error(err, 400, "bad_request", "%s must be a string (a path relative to --data-dir)", k);
+                return -1;
+            }
+            *(k[0] == 's' ? source : destination) = it->valuestring;
+        } else if (!strcmp(k, "overwrite")) {
+            if (!cJSON_IsBool(it)) {
+                qd_reply_error(err, 400, "bad_request", "overwrite must be true or false");
+                return -1;
+            }
+            r->overwrite = cJSON_IsTrue(it);
+        } else if (!strcmp(k, "fmt") || !strcmp(k, "recipe") || !strcmp(k, "skip") || !strcmp(k, "only")) {
+            if (!cJSON_IsString(it)) {
+                qd_reply_error(err, 400, !strcmp(k, "fmt") ? "unknown_format" : !strcmp(k, "recipe") ?
+                               "unknown_recipe" : "bad_request", "%s must be a string%s", k,
+                               k[0] == 's' || k[0] == 'o' ? " (a POSIX extended regex)" : "");
+                return -1;
+            }
+            if (add(items, k, it->valuestring, err))
+                return -1;
+        } else if (!strcmp(k, "params")) {
+            if (params_json(items, it, err))
+                return -1;
+        } else if (!strchr(k, '-') && qd_gguf_option_known(k, NULL)) { /* llama-quantize's, spelled with '_' */
+            if (gguf_option_json(items, it, err))
+                return -1;
+        } else {
+            qd_reply_error(err, 400, "bad_request", "unknown field '%.64s' in the convert request", k);
+            return -1;
+        }
+    }
+    for (int i = 0; i < nquery; i++) {
+        if (!strcmp(query[i].key, "op"))
+            continue;
+        if (http_refuses(query[i].key, err) || add(items, query[i].key, query[i].value, err))
+            return -1;
+    }
+    return 0;
+}
+
+void qd_convert_resolve_error(const struct qd_convert_spec *spec, enum qd_status st, const char *msg,
+                              struct qd_reply *err)
+{
+    if (st == QD_ENOMEM)
+        qd_reply_error(err, 503, "out_of_memory", "%s", msg);
+    else
+        qd_reply_error(err, 400, spec->code ? spec->code : "bad_request", "%s", msg);
+}
+
+struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const struct qd_kv *query, int nquery,
+                                                    const char *body, size_t len, struct qd_reply *err)
 {
     char root[PATH_MAX];
     if (!data_dir || !*data_dir || !realpath(data_dir, root)) {
@@ -293,9 +414,10 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
     }
     cJSON *o = cJSON_ParseWithLength(body ? body : "", len);
     struct qd_convert_request *r = calloc(1, sizeof *r);
-    if (!r || !(r->root = strdup(root))) {
+    struct items items = {0};
+    if (!r || !(r->root = strdup(root)) || !(r->spec = qd_convert_spec_new())) {
         cJSON_Delete(o);
-        free(r);
+        qd_convert_request_free(r);
         qd_reply_error(err, 503, "out_of_memory", "no memory");
         return NULL;
     }
@@ -309,123 +431,45 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
         qd_reply_error(err, 400, "bad_json", "the body must be a JSON object {\"source\", \"destination\", \"fmt\", ...}");
         goto bad;
     }
-    const cJSON *it;
-    cJSON_ArrayForEach(it, o) {
-        static const char *const keys[] = {"source", "destination", "fmt", "recipe", "params", "skip", "only",
-                                           "overwrite", NULL};
-        int known = 0;
-        for (const char *const *k = keys; *k; k++)
-            known |= !strcmp(it->string, *k);
-        if (!known && strchr(it->string, '-') == NULL) { /* llama-quantize's options, spelled with '_' */
-            int rc = gguf_option_json(r, it, err);
-            if (rc < 0)
-                goto bad;
-            known = rc == 0;
-        }
-        if (!known) {
-            qd_reply_error(err, 400, "bad_request", "unknown field '%.64s' in the convert request", it->string);
-            goto bad;
-        }
-    }
-    const char *fmt = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "fmt"));
-    const cJSON *recipe = cJSON_GetObjectItemCaseSensitive(o, "recipe");
-    if (q->fmt_name[0]) /* the query's fmt, which names no format (the query wins) */
-        fmt = q->fmt_name;
-    if (recipe) { /* a llama-quantize mix: its default type is the format (none for F16, BF16, F32, COPY) */
-        const struct qd_gguf_recipe *mix = qd_gguf_recipe_find(cJSON_GetStringValue(recipe));
-        if (!mix) {
-            if (cJSON_IsString(recipe))
-                qd_convert_name_error(err, recipe->valuestring, 1);
-            else
-                qd_reply_error(err, 400, "unknown_recipe", "recipe must be a string (quantd writes %s)",
-                               qd_gguf_recipe_names());
-            goto bad;
-        }
-        if (fmt || q->f) {
-            qd_reply_error(err, 400, "bad_request", "give fmt or recipe, not both (a recipe chooses each tensor's format)");
-            goto bad;
-        }
-        r->recipe = strdup(mix->name);
-        fmt = mix->fmt;
-    }
-    /* bf16|f16|f32: back to float, no format */
-    if (!q->f && fmt && !qd_convert_format_named(fmt))
-        r->to_float = qd_convert_to_float_named(fmt);
-    r->f = r->to_float ? NULL : qd_convert_format(q->f ? q->f : fmt ? qd_format_find(fmt) : NULL);
-    if (!r->f && !r->to_float && !r->recipe) {
-        if (fmt)
-            qd_convert_name_error(err, fmt, 0);
-        else
-            qd_reply_error(err, 400, "unknown_format", "fmt (or recipe) is missing (GET /formats lists them)");
+    const char *source = NULL, *destination = NULL;
+    if (request_items(r, o, query, nquery, &items, &source, &destination, err))
+        goto bad;
+    char msg[1024];
+    enum qd_status rs = qd_convert_resolve(r->spec, items.a, items.n, msg, sizeof msg);
+    if (rs != QD_OK) {
+        qd_convert_resolve_error(r->spec, rs, msg, err);
         goto bad;
     }
-    char msg[512];
-    const cJSON *params = cJSON_GetObjectItemCaseSensitive(o, "params");
-    if (!r->f) { /* nothing is quantized: no quantizer to take parameters */
-        if (q->nparams || (params && !(cJSON_IsObject(params) && !params->child))) {
-            qd_reply_error(err, 400, "bad_param", "%s%s takes no params (it quantizes nothing)",
-                           r->to_float ? "fmt " : "the recipe ", r->to_float ? r->to_float : r->recipe);
-            goto bad;
-        }
-    } else {
-        qd_params_default(r->f, &r->params);
-        if (qd_params_from_json(r->f, &r->params, params, msg, sizeof msg) != QD_OK) {
-            qd_reply_error(err, 400, "bad_param", "%s", msg);
-            goto bad;
-        }
-        for (int i = 0; i < q->nparams; i++) /* the query wins, as on the other routes */
-            if (set_param(r, q->param_key[i], q->param_value[i], err))
-                goto bad;
-    }
-    const cJSON *skip = cJSON_GetObjectItemCaseSensitive(o, "skip"), *only = cJSON_GetObjectItemCaseSensitive(o, "only");
-    if ((skip && !cJSON_IsString(skip)) || (only && !cJSON_IsString(only))) {
-        qd_reply_error(err, 400, "bad_request", "skip and only must be strings (POSIX extended regexes)");
-        goto bad;
-    }
-    r->skip = skip ? strdup(skip->valuestring) : NULL;
-    r->only = only ? strdup(only->valuestring) : NULL;
-    if (!(r->filter = qd_name_filter_new(r->skip, r->only, msg, sizeof msg))) {
-        qd_reply_error(err, 400, "bad_request", "%s", msg);
-        goto bad;
-    }
-    const cJSON *overwrite = cJSON_GetObjectItemCaseSensitive(o, "overwrite");
-    if (overwrite && !cJSON_IsBool(overwrite)) {
-        qd_reply_error(err, 400, "bad_request", "overwrite must be true or false");
-        goto bad;
-    }
-    r->overwrite = cJSON_IsTrue(overwrite);
-    const char *source = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "source"));
-    if (confine(root, "source", source, 1, &r->src, err) ||
-        confine(root, "destination", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, "destination")), 0,
-                &r->dst, err))
+    if (confine(root, "source", source, 1, &r->src, err) || confine(root, "destination", destination, 0, &r->dst, err))
         goto bad;
     struct stat sst;
     if (stat(r->src, &sst) == 0 && S_ISDIR(sst.st_mode) && check_source_dir(root, r->src, source, err))
         goto bad;
-    if (r->gguf && r->gguf->imatrix) { /* opened in the data directory; the file records the name given */
-        free(r->gguf->imatrix_path);
-        r->gguf->imatrix_path = NULL;
-        if (confine(root, "imatrix", r->gguf->imatrix, 1, &r->gguf->imatrix_path, err))
+    struct qd_gguf_options *gguf = &r->spec->gguf;
+    if (gguf->imatrix) { /* opened in the data directory; the file records the name given */
+        free(gguf->imatrix_path);
+        gguf->imatrix_path = NULL;
+        if (confine(root, "imatrix", gguf->imatrix, 1, &gguf->imatrix_path, err))
             goto bad;
     }
     /* the engine's own check: the source's kind for the format, the destination usable */
-    struct qd_convert_opts co = {.src = r->src, .dst = r->dst, .f = r->f, .to_float = r->to_float,
-                                 .params = r->params, .skip = r->skip, .only = r->only, .recipe = r->recipe,
-                                 .overwrite = r->overwrite, .root = r->root, .gguf = r->gguf};
+    struct qd_convert_opts co = {.src = r->src, .dst = r->dst, .overwrite = r->overwrite, .root = r->root};
+    qd_convert_spec_opts(r->spec, &co);
     struct qd_convert_dest d;
     enum qd_status st;
-    char why[1024];
-    if (qd_convert_check(&co, &d, &st, why, sizeof why)) {
-        scrub_request(r, why, sizeof why);
+    if (qd_convert_check(&co, &d, &st, msg, sizeof msg)) {
+        scrub_request(r, msg, sizeof msg);
         if (d.conflict)
-            qd_reply_error(err, 409, "exists", "%s", why);
+            qd_reply_error(err, 409, "exists", "%s", msg);
         else
-            qd_reply_error(err, qd_status_http(st), qd_status_code(st), "%s", why);
+            qd_reply_error(err, qd_status_http(st), qd_status_code(st), "%s", msg);
         goto bad;
     }
+    items_free(&items);
     cJSON_Delete(o);
     return r;
 bad:
+    items_free(&items);
     cJSON_Delete(o);
     qd_convert_request_free(r);
     return NULL;
@@ -448,13 +492,7 @@ void qd_convert_request_free(struct qd_convert_request *r)
     free(r->root);
     free(r->src);
     free(r->dst);
-    free(r->skip);
-    free(r->only);
-    qd_name_filter_free(r->filter);
-    if (r->gguf)
-        qd_gguf_options_free(r->gguf);
-    free(r->gguf);
-    free(r->recipe);
+    qd_convert_spec_free(r->spec);
     free(r);
 }
 
@@ -480,14 +518,11 @@ static void on_tensor(void *ctx, const struct qd_convert_event *ev)
 static void convert(struct qd_job *j, struct qd_backend *b, void *worker)
 {
     const struct qd_convert_request *r = j->payload;
-    struct run run = {.j = j, .types = r->gguf && r->gguf->dry_run ? cJSON_CreateObject() : NULL};
-    /* (the filter exists without skip and only too: back to float, which takes neither, gets none) */
-    struct qd_convert_opts o = {.src = r->src, .dst = r->dst, .f = r->f, .to_float = r->to_float,
-                                .params = r->params, .skip = r->skip, .only = r->only,
-                                .filter = r->to_float ? NULL : r->filter, .recipe = r->recipe, .gguf = r->gguf,
-                                .max_header_bytes = r->max_header_bytes, .backend = b, .worker = worker,
-                                .progress = on_tensor, .progress_ctx = &run, .cancel = &j->cancel,
+    struct run run = {.j = j, .types = r->spec->gguf.dry_run ? cJSON_CreateObject() : NULL};
+    struct qd_convert_opts o = {.src = r->src, .dst = r->dst, .max_header_bytes = r->max_header_bytes, .backend = b,
+                                .worker = worker, .progress = on_tensor, .progress_ctx = &run, .cancel = &j->cancel,
                                 .overwrite = r->overwrite || r->spooled, .root = r->root, .one_file = r->spooled};
+    qd_convert_spec_opts(r->spec, &o);
     char why[256];
     qd_convert_spread(&o, why, sizeof why); /* its tensors go to every device, as the CLI's do */
     struct qd_convert_summary s;
@@ -510,28 +545,12 @@ static void convert(struct qd_job *j, struct qd_backend *b, void *worker)
     }
     qd_metrics_convert(qd_convert_request_fmt(r), "ok", s.bytes_in, s.quantized + s.copied + s.cast);
     char *config = s.layout_config;
-    cJSON *sum = cJSON_CreateObject();
-    if (r->recipe) /* the mix asked for, as the CLI's summary has it */
-        cJSON_AddStringToObject(sum, "recipe", r->recipe);
-    cJSON_AddStringToObject(sum, "fmt", qd_convert_request_fmt(r));
-    cJSON_AddNumberToObject(sum, "quantized", s.quantized);
-    cJSON_AddNumberToObject(sum, "copied", s.copied);
-    cJSON_AddNumberToObject(sum, "cast_f16", s.cast);
-    cJSON_AddNumberToObject(sum, "bytes_in", (double)s.bytes_in);
-    cJSON_AddNumberToObject(sum, "bytes_out", (double)s.bytes_out);
-    cJSON_AddNumberToObject(sum, "seconds", s.seconds);
-    cJSON_AddStringToObject(sum, "backend", j->backend);
-    if (s.rule) { /* Hugging Face layouts: the model type and which rule chose the weights */
-        cJSON_AddStringToObject(sum, "arch", s.arch);
-        cJSON_AddStringToObject(sum, "rule", s.rule);
-        if (s.rule_why[0])
-            cJSON_AddStringToObject(sum, "rule_why", s.rule_why);
-    }
-    if (s.dry_run) { /* nothing written: each tensor's type and the size the file would have */
-        cJSON_AddBoolToObject(sum, "dry_run", 1);
+    cJSON *sum = qd_convert_summary_json(r->spec, &s, j->backend);
+    if (s.dry_run) { /* nothing written: each tensor's type */
         cJSON_AddItemToObject(sum, "tensors", run.types);
         run.types = NULL;
     }
+    cJSON_Delete(run.types);
     if (!r->spooled || s.dry_run) {
         free(config);
         qd_reply_json(&j->reply, 200, sum);
@@ -577,7 +596,7 @@ const struct qd_job_type qd_convert_job_type = {
 
 const char *qd_convert_request_fmt(const struct qd_convert_request *r)
 {
-    return r->f ? r->f->name : r->to_float ? r->to_float : r->recipe;
+    return qd_convert_spec_fmt(r->spec);
 }
 
 const struct qd_convert_request *qd_convert_job_request(const struct qd_job *j)

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "checkpoint/convert.h"
-#include "checkpoint/gguf_recipe.h"
+#include "checkpoint/convert_request.h"
 
 struct qd_convert_upload {
     int fd;
@@ -108,8 +108,11 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
     }
     struct qd_convert_upload *u = calloc(1, sizeof *u);
     struct qd_convert_request *r = u ? calloc(1, sizeof *r) : NULL;
-    if (!r) {
-        free(u);
+    struct qd_convert_arg *args = r ? calloc((size_t)n + 1, sizeof *args) : NULL;
+    if (!args || !(r->spec = qd_convert_spec_new())) {
+        if (r)
+            free(r->spec);
+        free(args), free(r), free(u);
         qd_reply_error(err, 503, "out_of_memory", "no memory");
         return NULL;
     }
@@ -118,97 +121,53 @@ struct qd_convert_upload *qd_convert_upload_begin(const struct qd_kv *kv, int n,
     r->spool_fd[0] = r->spool_fd[1] = -1;
     u->limit = (unsigned long long)limit;
     r->spooled = 1;
+    /* the query is the request (convert_request.h), but for what one uploaded file cannot do */
+    int nargs = 0;
     for (int i = 0; i < n; i++) {
-        const char *v = kv[i].value ? kv[i].value : "";
-        if (!strcmp(kv[i].key, "fmt") && !(r->f = qd_convert_format(qd_format_find(v))) &&
-            !(r->to_float = qd_convert_to_float_named(v))) { /* (bf16|f16|f32: back to float) */
-            qd_convert_name_error(err, v, 0);
-            goto bad;
-        }
-        if (!strcmp(kv[i].key, "recipe")) {
-            const struct qd_gguf_recipe *mix = qd_gguf_recipe_find(v);
-            if (!mix) {
-                qd_convert_name_error(err, v, 1);
-                goto bad;
-            }
-            free(r->recipe);
-            r->recipe = strdup(mix->name);
-        }
-    }
-    if (r->recipe && (r->f || r->to_float)) {
-        qd_reply_error(err, 400, "bad_request", "give fmt or recipe, not both (a recipe chooses each tensor's format)");
-        goto bad;
-    }
-    const char *mix_fmt = r->recipe ? qd_gguf_recipe_find(r->recipe)->fmt : NULL;
-    if (mix_fmt) /* (F16, BF16, F32 and COPY quantize nothing: no format) */
-        r->f = qd_format_find(mix_fmt);
-    if (!r->f && !r->to_float && !r->recipe) {
-        qd_reply_error(err, 400, "missing_format", "fmt (or recipe) is required (GET /formats lists them)");
-        goto bad;
-    }
-    if (r->f)
-        qd_params_default(r->f, &r->params);
-    char msg[512];
-    for (int i = 0; i < n; i++) {
-        const char *k = kv[i].key, *v = kv[i].value ? kv[i].value : "";
-        if (!strcmp(k, "fmt") || !strcmp(k, "recipe"))
-            continue;
-        if (!strcmp(k, "skip") || !strcmp(k, "only")) {
-            char **slot = !strcmp(k, "skip") ? &r->skip : &r->only;
-            free(*slot);
-            *slot = strdup(v);
-            continue;
-        }
+        const char *k = kv[i].key;
         if (!strcmp(k, "imatrix")) { /* a second file: a job reads it from --data-dir */
             qd_reply_error(err, 400, "bad_request", "imatrix names a file: POST /convert takes one, the model; give "
                            "the imatrix to a conversion job (POST /jobs?op=convert, paths in --data-dir)");
             goto bad;
         }
-        int gguf_option = qd_convert_gguf_option(r, k, v, err); /* llama-quantize's options */
-        if (gguf_option < 0)
-            goto bad;
-        if (gguf_option == 0)
-            continue;
-        if (!r->f) { /* nothing is quantized: no quantizer to take parameters */
-            qd_reply_error(err, 400, "bad_param", "%s%s takes no parameters ('%.32s'): it quantizes nothing",
-                           r->to_float ? "fmt " : "the recipe ", r->to_float ? r->to_float : r->recipe, k);
+        if (!strcmp(k, "tensor_type_file") || !strcmp(k, "tensor-type-file")) {
+            qd_reply_error(err, 400, "bad_request", "tensor_type_file reads a file of the server's: give the entries "
+                           "as tensor_type (PATTERN=TYPE, repeated)");
             goto bad;
         }
-        if (!qd_param_find(k) || !qd_format_accepts(r->f, k)) {
-            qd_reply_error(err, 400, "unknown_param", "unknown parameter '%.32s' for format %s", k, r->f->name);
-            goto bad;
-        }
-        if (qd_params_set(r->f, &r->params, k, v, msg, sizeof msg) != QD_OK) {
-            qd_reply_error(err, 400, "bad_param", "%s", msg);
-            goto bad;
-        }
+        args[nargs++] = (struct qd_convert_arg){k, kv[i].value};
     }
-    if (r->gguf && (r->gguf->split_max_tensors || r->gguf->split_max_bytes)) {
+    char msg[1024];
+    enum qd_status rs = qd_convert_resolve(r->spec, args, nargs, msg, sizeof msg);
+    if (rs != QD_OK) {
+        qd_convert_resolve_error(r->spec, rs, msg, err);
+        goto bad;
+    }
+    const struct qd_gguf_options *gguf = &r->spec->gguf;
+    if (gguf->split_max_tensors || gguf->split_max_bytes) {
         qd_reply_error(err, 400, "bad_request", "a split output is several files and POST /convert answers one: give "
                        "split_max_tensors / split_max_size to a conversion job (POST /jobs?op=convert)");
         goto bad;
     }
-    if (r->gguf && r->gguf->keep_split) {
+    if (gguf->keep_split) {
         qd_reply_error(err, 400, "bad_request", "keep_split keeps a split model's shards, several files, and POST "
                        "/convert takes and answers one: give keep_split to a conversion job (POST /jobs?op=convert, "
                        "source the first shard in --data-dir)");
-        goto bad;
-    }
-    if (!(r->filter = qd_name_filter_new(r->skip, r->only, msg, sizeof msg))) {
-        qd_reply_error(err, 400, "bad_request", "%s", msg);
         goto bad;
     }
     if (!(u->dir = strdup(spool_dir)) || !(u->path = spool_name(spool_dir, "upload", &u->fd))) {
         qd_reply_error(err, 503, "out_of_memory", "cannot spool the upload: %s", strerror(errno));
         goto bad;
     }
+    free(args);
     return u;
 bad:
+    free(args);
     qd_convert_upload_abort(u);
     return NULL;
 }
 
-const struct qd_format *qd_convert_upload_format(const struct qd_convert_upload *u) { return u->req->f; }
+const struct qd_format *qd_convert_upload_format(const struct qd_convert_upload *u) { return u->req->spec->f; }
 
 int qd_convert_upload_write(struct qd_convert_upload *u, const char *data, size_t n, struct qd_reply *err)
 {

@@ -16,19 +16,27 @@ int qd_req_from_query(struct qd_req *q, const struct qd_kv *kv, int n, int allow
                       struct qd_reply *err)
 {
     char msg[ERRLEN];
+    /* a conversion job's query is its request's (convert_job.c resolves it with its body, as
+     * every conversion is resolved): nothing of it is read here */
+    for (int i = 0; allow_op && i < n; i++)
+        if (!strcmp(kv[i].key, "op") && kv[i].value && !strcmp(kv[i].value, "convert")) {
+            q->op = QD_OP_CONVERT;
+            for (int k = 0; k < n; k++)
+                if (!strcmp(kv[k].key, "op") && strcmp(kv[k].value ? kv[k].value : "", "convert")) {
+                    qd_reply_error(err, 400, "bad_op", "op is given twice (convert and '%.64s')",
+                                   kv[k].value ? kv[k].value : "");
+                    return -1;
+                }
+            return 0;
+        }
     /* fmt first: whether another key is a parameter depends on it */
     for (int i = 0; i < n; i++) {
         const char *k = kv[i].key, *v = kv[i].value ? kv[i].value : "";
         if (!strcmp(k, "fmt")) {
-            /* a conversion job's fmt may name no format (bf16|f16|f32: back to float); the job
-             * resolves it (op may come after fmt: checked below). An empty one names nothing:
-             * refused here, not left to fail inside a job already answered 202. */
-            if (!(q->f = qd_format_find(v)) && !(allow_op && *v && strlen(v) < sizeof q->fmt_name)) {
+            if (!(q->f = qd_format_find(v))) {
                 qd_reply_error(err, 400, "unknown_format", "unknown format '%.64s' (GET /formats lists them)", v);
                 return -1;
             }
-            if (!q->f)
-                strcpy(q->fmt_name, v);
         } else if (!strcmp(k, "op") && allow_op) {
             if (!strcmp(v, "quantize"))
                 q->op = QD_OP_QUANTIZE;
@@ -41,10 +49,6 @@ int qd_req_from_query(struct qd_req *q, const struct qd_kv *kv, int n, int allow
                 return -1;
             }
         }
-    }
-    if (q->fmt_name[0] && q->op != QD_OP_CONVERT) {
-        qd_reply_error(err, 400, "unknown_format", "unknown format '%.64s' (GET /formats lists them)", q->fmt_name);
-        return -1;
     }
     struct qd_params scratch;
     if (q->f)

@@ -18,8 +18,9 @@ struct qd_kv {
 };
 
 /* Decodes the query of /quantize, /dequantize or /jobs into q (op set by the caller, or by an
- * op= key when allow_op). Unknown keys that are not parameters of fmt are errors. Returns 0, or
- * -1 with a 400 in err. */
+ * op= key when allow_op). Unknown keys that are not parameters of fmt are errors. op=convert
+ * only sets q->op: a conversion's query is its request's (convert_job.h). Returns 0, or -1
+ * with a 400 in err. */
 int qd_req_from_query(struct qd_req *q, const struct qd_kv *kv, int n, int allow_op,
                       struct qd_reply *err);
 

@@ -6,12 +6,16 @@
  * suspends the connection, which the worker resumes when the answer is ready. No HTTP thread
  * waits on work.
  *
- * Three answers do not fit that life, and quantd writes them to the socket itself, then the
- * connection closes (reply.h, qd_reply_wire): one decided in the middle of a body (over the
- * limit, no memory, a full disk; libmicrohttpd can only answer before the body or after its
- * end), one to a connection over --max-connections (listener.c), and the 431 for a request
- * line and headers over libmicrohttpd's connection buffer, which it would otherwise answer with
- * its own HTML page (log_mhd). */
+ * Some answers do not fit that life, and quantd writes them to the socket itself, then the
+ * connection closes (reply.h, qd_reply_wire): a refusal decided from the headers of a request
+ * with a body (413 by its Content-Length, 401, 431), which must go out before the body and
+ * without a 100 Continue; one decided in the middle of a body (over the limit, no memory, a full
+ * disk; libmicrohttpd can only answer before the body or after its end); one to a connection
+ * over --max-connections (listener.c); and the 431 for a request line and headers over
+ * libmicrohttpd's connection buffer, which it would otherwise answer with its own HTML page
+ * (log_mhd). Where the client may still be sending, the close lingers (linger.h): the rest of
+ * the body is read and dropped for a bounded time and size, so that a client that writes its
+ * whole body before it reads gets the answer rather than a reset. */
 #include "http/http.h"
 
 #include <arpa/inet.h>
@@ -34,6 +38,7 @@
 #include "http/conn.h"
 #include "http/convert_route.h"
 #include "http/decode.h"
+#include "http/linger.h"
 #include "http/listener.h"
 #include "http/reply.h"
 #include "http/routes.h"
@@ -163,19 +168,34 @@ static enum MHD_Result last_call(struct MHD_Connection *mc, struct conn *c, cons
     return c->r->answer(mc, c, method);
 }
 
-/* An answer decided in the middle of a body, which libmicrohttpd can only send after the body's
- * end (that may never come): quantd writes it to the socket, and returning MHD_NO makes
- * libmicrohttpd close the connection without reading the rest. */
+/* Set on a thread that let go of a connection on purpose (cut_with_reply), until libmicrohttpd
+ * has closed it: its "Application reported internal error" line is then not an error. */
+static _Thread_local int cut_on_purpose;
+
+/* An answer decided before a body the client is sending, or in the middle of it, which
+ * libmicrohttpd can only send after the body's end (that may never come): quantd writes it to
+ * the socket and lingers on it (linger.h), and returning MHD_NO makes libmicrohttpd let go of
+ * the connection without reading the rest. */
 static enum MHD_Result cut_with_reply(struct MHD_Connection *mc, struct conn *c)
 {
     char wire[2048];
     size_t n = qd_reply_wire(&c->reply, wire, sizeof wire);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (ci && n)
-        qd_reply_send_now(ci->connect_fd, wire, n);
+    if (!ci || !n) /* (not an error's small answer: never so) */
+        return qd_conn_send(mc, c, &c->reply, 1);
+    qd_linger_answer(ci->connect_fd, wire, n);
     c->status = c->reply.status;
     c->bytes_out = c->reply.len;
+    cut_on_purpose = 1;
     return MHD_NO;
+}
+
+/* Whether the request announces a body (a Content-Length above 0, or a chunked one). */
+static int has_body(struct MHD_Connection *mc)
+{
+    const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    return (cl && strtoull(cl, NULL, 10) > 0) ||
+           MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url,
@@ -194,13 +214,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         atomic_fetch_add(&qd_srv.inflight, 1);
         qd_watch_request(mc, 1);
         first_call(mc, c, url, method);
-        /* a body over the limit by its Content-Length is refused before it, at once: the client
-         * may be about to send 10^14 bytes, or waiting on a 100 Continue it must not get.
-         * libmicrohttpd then reads none of it and closes the connection after the answer. Other
-         * errors wait for the end of the body (read and dropped, the connection kept): a client
-         * that writes its whole body before it reads would meet a reset instead of the answer */
-        if (c->reply.status == 413)
-            return qd_conn_send(mc, c, &c->reply, 1);
+        /* a body over the limit by its Content-Length, or one that is not authorized or whose
+         * headers are too large, is refused before it, at once: the client may be about to
+         * send 10^14 bytes, or waiting on a 100 Continue it must not get. The close lingers
+         * (the rest read and dropped, within --linger-bytes and --linger-timeout). Other errors
+         * (400, 404 ...) wait for the end of the body (read and dropped up to the limit, the
+         * connection kept), as does a refusal of a request without a body */
+        int s = c->reply.status;
+        if (s == 413 || ((s == 401 || s == 431) && has_body(mc)))
+            return cut_with_reply(mc, c);
         return MHD_YES;
     }
     if (*upload_size) {
@@ -272,6 +294,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls,
 {
     struct conn *c = *con_cls;
     qd_watch_request(mc, 0);
+    cut_on_purpose = 0; /* (libmicrohttpd's line, if any, came before) */
     /* cut for its timeout (an answer nobody reads, a stalled body): close with a reset, so that
      * the kernel drops an unsent answer now rather than probing a zero window for minutes */
     if (why == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED) {
@@ -340,8 +363,8 @@ static int answer_oversized_head(void)
     char wire[1024];
     size_t n = qd_reply_wire(&r, wire, sizeof wire);
     qd_reply_free(&r);
-    if (n)
-        qd_reply_send_now(fd, wire, n);
+    if (n) /* (the rest of the head, and any body, read and dropped while the close lingers) */
+        qd_linger_answer(fd, wire, n);
     return n != 0;
 }
 
@@ -352,11 +375,14 @@ static int answer_oversized_head(void)
 static void log_mhd(void *cls, const char *fmt, va_list ap)
 {
     static const char refusing[] = "Error processing request (HTTP response code is %u";
+    static const char let_go[] = "Application reported internal error";
     char text[512], escaped[1024];
     va_list copy;
     va_copy(copy, ap);
     vsnprintf(text, sizeof text, fmt, copy);
     va_end(copy);
+    if (cut_on_purpose && !strncmp(text, let_go, sizeof let_go - 1))
+        return; /* cut_with_reply: answered, and the request logged as usual ("%s\n", the text) */
     if (!strncmp(fmt, refusing, sizeof refusing - 1)) {
         unsigned status = va_arg(ap, unsigned);
         if ((status == MHD_HTTP_REQUEST_HEADER_FIELDS_TOO_LARGE || status == MHD_HTTP_URI_TOO_LONG) &&
@@ -458,8 +484,10 @@ int qd_http_start(const struct qd_serve_config *cfg, struct qd_backend *b, char 
         qd_listener_close();
         return -1;
     }
-    if (qd_watch_start(cfg->conn_timeout_s)) {
-        snprintf(err, errlen, "cannot start the slow-client watchdog");
+    if (qd_watch_start(cfg->conn_timeout_s) || qd_linger_start(cfg->linger_timeout_s, cfg->linger_bytes,
+                                                               cfg->linger_connections)) {
+        snprintf(err, errlen, "cannot start the slow-client watchdog or the lingering close");
+        qd_watch_stop();
         qd_listener_stop();
         MHD_stop_daemon(qd_srv.daemon);
         qd_srv.daemon = NULL;
@@ -498,6 +526,7 @@ void qd_http_stop(void)
      * thread that is answering an error of its own (its queueing of the answer refuses once
      * stopping, and the thread then builds the headers of no answer) */
     qd_watch_close_all();
+    qd_linger_stop(); /* (lingering connections hold places under the limit too) */
     for (int i = 0; i < 200 && qd_listener_connections() > 0; i++)
         usleep(10000);
     if (qd_srv.daemon)

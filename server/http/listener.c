@@ -254,6 +254,12 @@ void qd_listener_closed(int fd)
         atomic_fetch_sub(&L.open, 1);
 }
 
+void qd_listener_held(int fd)
+{
+    if (fd >= 0 && fd < L.nheld && !atomic_exchange(&L.held[fd], 1))
+        atomic_fetch_add(&L.open, 1);
+}
+
 int qd_listener_connections(void) { return atomic_load(&L.open); }
 
 long qd_listener_refused(void) { return atomic_load(&L.refused); }

@@ -34,6 +34,9 @@ int qd_listener_start(struct MHD_Daemon *d, int max_connections);
 /* The connection on fd is closing (libmicrohttpd's notification, which comes before it closes
  * the descriptor): its place is free. */
 void qd_listener_closed(int fd);
+/* A copy of a connection's descriptor, on fd, keeps the connection open after libmicrohttpd
+ * let go of it (linger.h): it holds a place until qd_listener_closed(fd). */
+void qd_listener_held(int fd);
 /* Connections open now, those refused for the limit since the start, and the GET /healthz
  * answered over the limit. */
 int qd_listener_connections(void);

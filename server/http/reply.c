@@ -125,12 +125,16 @@ void qd_reply_error(struct qd_reply *r, int status, const char *code, const char
 
 size_t qd_reply_wire(const struct qd_reply *r, char *buf, size_t cap)
 {
-    char retry[40] = "";
+    char extra[160] = ""; /* the headers qd_conn_send adds to an error */
     if (r->retry_after_s)
-        snprintf(retry, sizeof retry, "Retry-After: %d\r\n", r->retry_after_s);
+        snprintf(extra, sizeof extra, "Retry-After: %d\r\n", r->retry_after_s);
+    else if (r->status == 401)
+        snprintf(extra, sizeof extra, "WWW-Authenticate: Bearer\r\n");
+    else if (r->allow)
+        snprintf(extra, sizeof extra, "Allow: %.120s\r\n", r->allow);
     int n = snprintf(buf, cap, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s"
                      "Connection: close\r\n\r\n", r->status, MHD_get_reason_phrase_for((unsigned)r->status),
-                     r->content_type ? r->content_type : "application/json", r->len, retry);
+                     r->content_type ? r->content_type : "application/json", r->len, extra);
     if (n < 0 || (size_t)n + r->len > cap || r->nparts)
         return 0;
     memcpy(buf + n, r->body, r->len);

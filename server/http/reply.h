@@ -26,10 +26,11 @@ void qd_reply_take_parts(struct qd_reply *r, int status, const char *content_typ
 char *qd_reply_joined(const struct qd_reply *r);
 void qd_reply_free(struct qd_reply *r);
 
-/* The answer as bytes on the wire: status line, Content-Type, Content-Length, Retry-After when
- * set, "Connection: close", then the body (an error's JSON). For the few answers quantd writes to
- * a socket itself, where libmicrohttpd cannot send one: a connection refused at accept, a
- * request cut in the middle of its body. The length, or 0 when it does not fit in cap. */
+/* The answer as bytes on the wire: status line, Content-Type, Content-Length, Retry-After,
+ * WWW-Authenticate (401) or Allow when set, "Connection: close", then the body (an error's JSON).
+ * For the few answers quantd writes to a socket itself, where libmicrohttpd cannot send one: a
+ * connection refused at accept, a request refused before or in the middle of a body it is still
+ * sending (linger.h). The length, or 0 when it does not fit in cap. */
 size_t qd_reply_wire(const struct qd_reply *r, char *buf, size_t cap);
 /* Writes what the socket takes now (it never blocks: the answer is small and the socket's
  * buffer empty, or the peer is not reading and gets less), then ends the sending side. */

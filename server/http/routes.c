@@ -14,6 +14,7 @@
 #include "http/convert_route.h"
 #include "http/decode.h"
 #include "http/encode.h"
+#include "http/linger.h"
 #include "http/reply.h"
 #include "http/watchdog.h"
 #include "http/work_job.h"
@@ -115,12 +116,10 @@ static void precheck_work(struct MHD_Connection *mc, struct conn *c)
 
 static void job_json_reply(struct qd_reply *r, int status, struct qd_job *j)
 {
-    static const char *const states[] = {"queued", "running", "done", "cancelled"};
-    static const char *const ops[] = {"quantize", "dequantize", "convert"};
     int st = atomic_load(&j->state);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", j->id);
-    cJSON_AddStringToObject(o, "op", ops[j->req.op]);
+    cJSON_AddStringToObject(o, "op", qd_op_name(j->req.op));
     const struct qd_convert_request *conv = qd_convert_job_request(j);
     if (j->req.f || conv)
         cJSON_AddStringToObject(o, "fmt", conv ? qd_convert_request_fmt(conv) : j->req.f->name);
@@ -135,7 +134,7 @@ static void job_json_reply(struct qd_reply *r, int status, struct qd_job *j)
         cJSON_AddNumberToObject(p, "bytes_per_s", secs > 0 ? done / secs : 0);
         cJSON_AddNumberToObject(p, "eta_s", secs > 0 && done > 0 && st != QD_JOB_DONE ? (total - done) / (done / secs) : 0);
     }
-    cJSON_AddStringToObject(o, "status", states[st]);
+    cJSON_AddStringToObject(o, "status", qd_job_state_name(st));
     cJSON_AddNumberToObject(o, "created", j->created_unix);
     char loc[96];
     snprintf(loc, sizeof loc, "/jobs/%s", j->id);
@@ -182,9 +181,12 @@ static enum MHD_Result start_work(struct MHD_Connection *mc, struct conn *c, con
         qd_reply_error(&c->reply, 413, "json_too_large", "the convert request takes %zu bytes of JSON, over "
                        "--max-json-bytes (%lld)", c->len, qd_srv.config->max_json_bytes);
         return qd_conn_send(mc, c, &c->reply, 1);
-    } else if (c->req.op == QD_OP_CONVERT && /* checked whole before it is accepted */
-               !(conv = qd_convert_request_parse(qd_srv.config->data_dir, &c->req, c->body, c->len, &c->reply)))
-        return qd_conn_send(mc, c, &c->reply, 1);
+    } else if (c->req.op == QD_OP_CONVERT) { /* the query and the body, checked whole before it is accepted */
+        struct query q = {.n = 0};
+        if (!query_of(mc, c, &q) ||
+            !(conv = qd_convert_request_parse(qd_srv.config->data_dir, q.kv, q.n, c->body, c->len, &c->reply)))
+            return qd_conn_send(mc, c, &c->reply, 1);
+    }
     if (conv)
         conv->max_header_bytes = (uint64_t)qd_srv.config->max_safetensors_header_bytes;
     if (c->r->async && !conv && /* checked before it is accepted, as sync calls are */
@@ -286,7 +288,11 @@ static enum MHD_Result metrics_get(struct MHD_Connection *mc, struct conn *c, co
     qd_srv.backend->stats(qd_srv.backend, &bs);
     struct qd_hostmem_inflight in;
     qd_hostmem_inflight(&in);
+    struct qd_linger_stats ls;
+    qd_linger_stats(&ls);
     struct qd_metrics_gauges g = {
+        .lingering_connections = ls.lingering, .lingered_connections = ls.lingered, .lingered_bytes = ls.bytes,
+        .linger_full = ls.full,
         .inflight_body_bytes = (double)in.bytes, .inflight_body_limit_bytes = (double)in.limit,
         .inflight_body_refused = atomic_load(&qd_srv.inflight_refused), .convert_queue_depth = js.convert_depth,
         .convert_jobs_running = js.convert_running, .convert_workers = js.convert_workers,

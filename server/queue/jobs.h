@@ -28,6 +28,15 @@ struct qd_job_type {
 
 enum qd_job_state { QD_JOB_QUEUED, QD_JOB_RUNNING, QD_JOB_DONE, QD_JOB_CANCELLED };
 
+/* A state's name in a job's "status" (api/openapi.yaml's JobStatus is made from these), NULL
+ * past the last. */
+static inline const char *qd_job_state_name(int state)
+{
+    static const char *const names[] = {[QD_JOB_QUEUED] = "queued", [QD_JOB_RUNNING] = "running",
+                                        [QD_JOB_DONE] = "done", [QD_JOB_CANCELLED] = "cancelled"};
+    return state >= 0 && state < (int)(sizeof names / sizeof *names) ? names[state] : NULL;
+}
+
 struct qd_job {
     atomic_int refs;
     atomic_int state;          /* enum qd_job_state */

@@ -11,6 +11,15 @@
 
 enum qd_op { QD_OP_QUANTIZE, QD_OP_DEQUANTIZE, QD_OP_CONVERT /* /jobs only: a whole model */ };
 
+/* An op's name as the API spells it (/jobs?op=, a job's "op"; api/openapi.yaml's JobOp is made
+ * from these), NULL past the last. */
+static inline const char *qd_op_name(int op)
+{
+    static const char *const names[] = {[QD_OP_QUANTIZE] = "quantize", [QD_OP_DEQUANTIZE] = "dequantize",
+                                        [QD_OP_CONVERT] = "convert"};
+    return op >= 0 && op < (int)(sizeof names / sizeof *names) ? names[op] : NULL;
+}
+
 #define QD_REQ_MAX_PARAMS 16
 
 /* The request as named by the URL query and headers: cheap to decode, checked before the body
@@ -19,8 +28,6 @@ enum qd_op { QD_OP_QUANTIZE, QD_OP_DEQUANTIZE, QD_OP_CONVERT /* /jobs only: a wh
 struct qd_req {
     enum qd_op op;
     const struct qd_format *f; /* NULL: not in the query (dequantize reads it from the body) */
-    char fmt_name[32];         /* a conversion's fmt when it names no format (the job resolves it:
-                                  bf16|f16|f32 back to float), else "" */
     int has_dtype;
     enum qd_dtype dtype;       /* quantize: input dtype; dequantize: output dtype */
     int has_shape;

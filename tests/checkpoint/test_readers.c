@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "../../kernels/registry.h"
 #include "checkpoint/gguf.h"
 #include "gguf_bytes.h"
 #include "checkpoint/names.h"
@@ -232,6 +233,29 @@ static void safetensors_header_limit(void **state)
     st_expect(h, 4, strlen(h) - 1, "over the limit of");
 }
 
+/* The GGUF reader's type table and the registry read each block size from one struct
+ * (kernels/ggml_blocks.h): every format with a GGUF type has its geometry there, the same. */
+static void gguf_types_match_the_registry(void **state)
+{
+    (void)state;
+    int checked = 0;
+    for (int i = 0; i < qd_format_count; i++) {
+        const struct qd_format *f = &qd_formats[i];
+        if (!f->gguf_type)
+            continue;
+        const struct qd_ggml_type *t = qd_ggml_type((uint32_t)f->gguf_type);
+        if (!t)
+            fail_msg("%s: GGUF type %d is not in gguf.c's table", f->name, f->gguf_type);
+        if (t->block_elems != f->block_elems || t->block_bytes != f->block_bytes)
+            fail_msg("%s: the registry says %d elements in %d bytes, gguf.c's %s %d in %d", f->name,
+                     f->block_elems, f->block_bytes, t->name, t->block_elems, t->block_bytes);
+        checked++;
+    }
+    assert_true(checked >= 23); /* the legacy, K, IQ, ternary and MXFP4 types */
+    assert_int_equal(qd_ggml_type(15)->block_bytes, 292); /* q8_K: read, never written */
+    assert_int_equal(qd_ggml_type(40)->block_bytes, 36);  /* ggml's nvfp4 */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -243,6 +267,7 @@ int main(void)
         cmocka_unit_test(cancel_stops_a_parse),
         cmocka_unit_test(safetensors_names_are_whole_and_unique),
         cmocka_unit_test(safetensors_header_limit),
+        cmocka_unit_test(gguf_types_match_the_registry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -47,7 +47,7 @@ static void fill_block(float *x, int kind)
 
 enum { T_IQ2_XXS, T_IQ3_XXS, T_IQ1_S };
 static const char *const type_name[] = {"iq2_xxs", "iq3_xxs", "iq1_s"};
-static const int type_bytes[] = {66, QD_IQ3XXS_BYTES, QD_IQ1S_BYTES};
+static const int type_bytes[] = {QD_IQ2_BLOCK_BYTES(QD_IQ2_XXS), QD_IQ3XXS_BYTES, QD_IQ1S_BYTES};
 
 static void quantize(int type, int avx2, const float *x, const float *qw, uint8_t *blk)
 {

@@ -340,7 +340,7 @@ def test_refusals(tmp_path, source):
     assert p.returncode == 1 and "needs its weight_zero_point" in p.stderr, p.stderr
     assert not (tmp_path / "b").exists()
     p = run_quantd("convert", "--in", q, "--out", tmp_path / "c", "--fmt", "bf16", "--param", "x=1", check=False)
-    assert p.returncode == 2 and "no --param" in p.stderr, p.stderr
+    assert p.returncode == 2 and "--param does not apply to --fmt bf16 (back to float)" in p.stderr, p.stderr
     p = run_quantd("convert", "--in", q, "--out", tmp_path / "e", "--fmt", "bf16", "--skip", "q_proj", check=False)
     assert p.returncode == 1 and "every quantized weight back" in p.stderr, p.stderr
     p = run_quantd("convert", "--in", q / "model.safetensors", "--out", tmp_path / "d.safetensors", "--fmt", "f32",

@@ -1,0 +1,104 @@
+/* The ops a transformer's forward pass is made of, once per backend (kernels/cpu/nn.c: plain f32,
+ * the reference). A model's graph (server/model/arch_*.c) composes them; the layer-major driver
+ * (server/model/engine.c) owns the order. Every tensor is row-major f32 in the backend's memory:
+ * activations [T][width] with T tokens of one chunk, weights [N][K] as GGUF stores them (a row per
+ * output, K contiguous).
+ *
+ * The arithmetic follows ggml's CPU f32 path (ggml-cpu/ops.cpp, vec.cpp) where the order of its
+ * roundings shows in the result: norms sum squares in double, softmax sums its exponentials in
+ * double, rope builds its angles by repeated f32 products; dot products run in 8 f32 lanes with
+ * fused multiply-adds, as llamafile's sgemm does for f32 on AVX2. */
+#ifndef QD_NN_H
+#define QD_NN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "registry.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ggml's rope modes: NORMAL rotates adjacent pairs (x[2i], x[2i+1]), NEOX the two halves
+ * (x[i], x[i + n_rot/2]) (ggml.h GGML_ROPE_TYPE_*). */
+enum qd_rope_kind { QD_ROPE_NONE, QD_ROPE_NORMAL, QD_ROPE_NEOX };
+
+/* The rotary embedding's parameters, as ggml_rope_ext takes them. freq_factors (n_rot/2 values,
+ * NULL for none) divide each pair's angle: Llama 3's rope_freqs.weight. ext_factor != 0 is YaRN
+ * (its ramp between beta_fast and beta_slow over n_ctx_orig), attn_factor scales cos and sin. */
+struct qd_nn_rope {
+    enum qd_rope_kind kind;
+    int n_rot;
+    float freq_base, freq_scale;
+    float ext_factor, attn_factor, beta_fast, beta_slow;
+    int n_ctx_orig;
+    const float *freq_factors;
+};
+
+/* Causal self-attention over one chunk: q [T][q_stride] holding n_head heads of head_dim_k,
+ * k [T][k_stride] and v [T][v_stride] holding n_head_kv heads (head h reads kv head
+ * h / (n_head / n_head_kv), ggml's broadcast), out [T][n_head * head_dim_v]. Scores are
+ * q.k * scale, then softmax over positions 0..t. */
+struct qd_nn_attn {
+    int64_t T;
+    int n_head, n_head_kv, head_dim_k, head_dim_v;
+    int64_t q_stride, k_stride, v_stride;
+    float scale;
+};
+
+enum qd_glu_kind { QD_GLU_SILU, QD_GLU_GELU };
+
+/* y[T][N] = x[T][K] . w[N][K]^T */
+void qd_nn_matmul(float *y, const float *x, const float *w, int64_t T, int64_t K, int64_t N);
+/* y[t][i] += b[i] for every row t (a bias) */
+void qd_nn_add_row(float *y, const float *b, int64_t T, int64_t n);
+/* y[i] += a[i] (a residual) */
+void qd_nn_add(float *y, const float *a, int64_t n);
+/* Each of the rows of x [rows][n] divided by its root mean square (eps inside the root), times
+ * w (n values; NULL: none): ggml_rms_norm then ggml_mul. y may be x. */
+void qd_nn_rms_norm(float *y, const float *x, const float *w, int64_t rows, int64_t n, float eps);
+/* ggml_norm (mean and variance) times w plus b (either NULL: none). y may be x. */
+void qd_nn_layer_norm(float *y, const float *x, const float *w, const float *b, int64_t rows, int64_t n, float eps);
+/* Rotates the first r->n_rot values of each head of x [T][stride] (n_head heads of head_dim at
+ * the row's start) in place, token t at position pos[t]. QD_ENOMEM without memory for its
+ * angles. */
+enum qd_status qd_nn_rope(float *x, int64_t T, int64_t stride, int n_head, int head_dim, const int32_t *pos,
+                          const struct qd_nn_rope *r);
+/* Causal attention (struct qd_nn_attn). QD_ENOMEM when its per-thread row of scores cannot be
+ * had. */
+enum qd_status qd_nn_attention(float *out, const float *q, const float *k, const float *v, const struct qd_nn_attn *a);
+/* out[i] = act(gate[i]) * up[i] over T rows of n (ggml_swiglu_split / ggml_geglu_split); out
+ * may be gate. */
+void qd_nn_glu(float *out, const float *gate, const float *up, int64_t n, enum qd_glu_kind kind);
+
+/* x[i] rounded to dtype (QD_F16 or QD_BF16, nearest even as ggml converts) and back: what a KV
+ * cache of that type holds. QD_F32 leaves x as it is. */
+void qd_nn_round(float *x, int64_t n, enum qd_dtype dtype);
+
+/* Threads the ops use (0: the CPU backend's count, kernels/cpu/parallel.c). */
+void qd_nn_set_threads(int n);
+
+/* The op table the engine calls through: one per backend, so that a second backend is a second
+ * table, not a second engine. */
+struct qd_nn_backend {
+    const char *name;
+    void (*matmul)(float *y, const float *x, const float *w, int64_t T, int64_t K, int64_t N);
+    void (*add_row)(float *y, const float *b, int64_t T, int64_t n);
+    void (*add)(float *y, const float *a, int64_t n);
+    void (*rms_norm)(float *y, const float *x, const float *w, int64_t rows, int64_t n, float eps);
+    void (*layer_norm)(float *y, const float *x, const float *w, const float *b, int64_t rows, int64_t n, float eps);
+    enum qd_status (*rope)(float *x, int64_t T, int64_t stride, int n_head, int head_dim, const int32_t *pos,
+                 const struct qd_nn_rope *r);
+    enum qd_status (*attention)(float *out, const float *q, const float *k, const float *v, const struct qd_nn_attn *a);
+    void (*glu)(float *out, const float *gate, const float *up, int64_t n, enum qd_glu_kind kind);
+    void (*round)(float *x, int64_t n, enum qd_dtype dtype);
+};
+
+extern const struct qd_nn_backend qd_nn_cpu;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

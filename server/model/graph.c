@@ -1,0 +1,97 @@
+/* The builders a block's graph composes (graph.h), each the counterpart of one of llama.cpp's
+ * llm_graph_context builders (src/llama-graph.cpp), over the backend's op table. */
+#include <stdio.h>
+
+#include "model/graph.h"
+
+int64_t qd_block_scratch_floats(const struct qd_model_hparams *hp, int64_t T)
+{
+    const int64_t q = (int64_t)hp->n_head * hp->head_dim_k, k = (int64_t)hp->n_head_kv * hp->head_dim_k;
+    const int64_t v = (int64_t)hp->n_head_kv * hp->head_dim_v, attn = (int64_t)hp->n_head * hp->head_dim_v;
+    return T * (2 * hp->n_embd + q + k + v + attn + 2 * hp->n_ff);
+}
+
+void qd_block_scratch_init(struct qd_block_scratch *s, float *buf, const struct qd_model_hparams *hp, int64_t T)
+{
+    const int64_t q = (int64_t)hp->n_head * hp->head_dim_k, k = (int64_t)hp->n_head_kv * hp->head_dim_k;
+    const int64_t v = (int64_t)hp->n_head_kv * hp->head_dim_v, attn = (int64_t)hp->n_head * hp->head_dim_v;
+    s->cur = buf;
+    s->q = s->cur + T * hp->n_embd;
+    s->k = s->q + T * q;
+    s->v = s->k + T * k;
+    s->attn = s->v + T * v;
+    s->proj = s->attn + T * attn;
+    s->gate = s->proj + T * hp->n_embd;
+    s->up = s->gate + T * hp->n_ff;
+}
+
+static const struct qd_model_tensor *weight(const struct qd_block_run *r, enum qd_model_weight w)
+{
+    return w < QD_W_COUNT && r->b->w[w].data ? &r->b->w[w] : NULL;
+}
+
+void qd_graph_norm(struct qd_block_run *r, float *out, const float *x, enum qd_model_weight role,
+                   enum qd_model_weight bias, int64_t rows, int64_t n)
+{
+    const struct qd_model_tensor *w = weight(r, role), *b = weight(r, bias);
+    const struct qd_model_hparams *hp = &r->m->hp;
+    if (r->m->arch->norm == QD_NORM_LAYER)
+        r->nn->layer_norm(out, x, w ? w->data : NULL, b ? b->data : NULL, rows, n, hp->norm_eps);
+    else {
+        r->nn->rms_norm(out, x, w ? w->data : NULL, rows, n, hp->norm_eps);
+        if (b)
+            r->nn->add_row(out, b->data, rows, n);
+    }
+}
+
+void qd_graph_linear(struct qd_block_run *r, float *out, const float *x, enum qd_model_weight role,
+                     enum qd_model_weight bias)
+{
+    const struct qd_model_tensor *w = weight(r, role), *b = weight(r, bias);
+    if (r->on_matmul_input)
+        r->on_matmul_input(r->hook_ctx, r->layer, w->name, x, r->T, w->cols);
+    r->nn->matmul(out, x, w->data, r->T, w->cols, w->rows);
+    if (b)
+        r->nn->add_row(out, b->data, r->T, w->rows);
+}
+
+enum qd_status qd_graph_attention(struct qd_block_run *r)
+{
+    const struct qd_model_hparams *hp = &r->m->hp;
+    struct qd_block_scratch *s = r->s;
+    const int64_t q_width = (int64_t)hp->n_head * hp->head_dim_k, k_width = (int64_t)hp->n_head_kv * hp->head_dim_k;
+    const int64_t v_width = (int64_t)hp->n_head_kv * hp->head_dim_v;
+    qd_graph_linear(r, s->q, s->cur, QD_W_ATTN_Q, QD_W_ATTN_Q_B);
+    qd_graph_linear(r, s->k, s->cur, QD_W_ATTN_K, QD_W_ATTN_K_B);
+    qd_graph_linear(r, s->v, s->cur, QD_W_ATTN_V, QD_W_ATTN_V_B);
+    /* Qwen3's per-head norms come before rope */
+    if (weight(r, QD_W_ATTN_Q_NORM))
+        qd_graph_norm(r, s->q, s->q, QD_W_ATTN_Q_NORM, QD_W_COUNT, r->T * hp->n_head, hp->head_dim_k);
+    if (weight(r, QD_W_ATTN_K_NORM))
+        qd_graph_norm(r, s->k, s->k, QD_W_ATTN_K_NORM, QD_W_COUNT, r->T * hp->n_head_kv, hp->head_dim_k);
+    enum qd_status st = r->nn->rope(s->q, r->T, q_width, hp->n_head, hp->head_dim_k, r->pos, &hp->rope);
+    if (st == QD_OK)
+        st = r->nn->rope(s->k, r->T, k_width, hp->n_head_kv, hp->head_dim_k, r->pos, &hp->rope);
+    r->nn->round(s->k, r->T * k_width, r->cache_k);
+    r->nn->round(s->v, r->T * v_width, r->cache_v);
+    const struct qd_nn_attn a = {.T = r->T, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
+                                 .head_dim_k = hp->head_dim_k, .head_dim_v = hp->head_dim_v, .q_stride = q_width,
+                                 .k_stride = k_width, .v_stride = v_width, .scale = hp->attn_scale};
+    if (st == QD_OK)
+        st = r->nn->attention(s->attn, s->q, s->k, s->v, &a);
+    if (st != QD_OK) {
+        snprintf(r->err, r->errlen, "block %d: no memory for the attention's scratch", r->layer);
+        return st;
+    }
+    qd_graph_linear(r, s->proj, s->attn, QD_W_ATTN_OUT, QD_W_ATTN_OUT_B);
+    return QD_OK;
+}
+
+void qd_graph_ffn(struct qd_block_run *r)
+{
+    struct qd_block_scratch *s = r->s;
+    qd_graph_linear(r, s->up, s->cur, QD_W_FFN_UP, QD_W_FFN_UP_B);
+    qd_graph_linear(r, s->gate, s->cur, QD_W_FFN_GATE, QD_W_FFN_GATE_B);
+    r->nn->glu(s->gate, s->gate, s->up, r->T * r->m->hp.n_ff, r->m->arch->act);
+    qd_graph_linear(r, s->proj, s->gate, QD_W_FFN_DOWN, QD_W_FFN_DOWN_B);
+}

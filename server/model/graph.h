@@ -1,0 +1,62 @@
+/* What a block's graph function sees (server/model/arch_*.c) and the builders it composes, as
+ * llama.cpp's models compose llm_graph_context's build_norm / build_qkv / build_attn / build_ffn:
+ * a graph says which ops run in which order; the engine (engine.c) says which chunk and which
+ * block, and owns the memory. */
+#ifndef QD_MODEL_GRAPH_H
+#define QD_MODEL_GRAPH_H
+
+#include "model/model.h"
+
+/* Called with the activations entering each matmul (x [T][K], the backend's memory), before it
+ * runs, with the weight's GGUF name: the importance-matrix collector's tap. */
+typedef void (*qd_matmul_input_fn)(void *ctx, int layer, const char *weight, const float *x, int64_t T, int64_t K);
+
+/* One chunk's scratch for one block, sized by qd_block_scratch_floats. */
+struct qd_block_scratch {
+    float *cur;   /* [T][n_embd]: a norm's output */
+    float *q, *k, *v;
+    float *attn;  /* [T][n_head * head_dim_v] */
+    float *proj;  /* [T][n_embd]: a sub-block's output before the residual */
+    float *gate, *up; /* [T][n_ff] */
+};
+
+struct qd_block_run {
+    const struct qd_model *m;
+    const struct qd_model_block *b;
+    const struct qd_nn_backend *nn;
+    int layer;
+    float *hidden;        /* [T][n_embd], in and out */
+    int64_t T;
+    const int32_t *pos;   /* [T] */
+    struct qd_block_scratch *s;
+    qd_matmul_input_fn on_matmul_input;
+    void *hook_ctx;
+    enum qd_dtype cache_k, cache_v; /* K (after rope) and V rounded to these, as llama.cpp's KV cache
+                                       of that type holds them (QD_F32: as they are) */
+    char *err;
+    size_t errlen;
+};
+
+/* Floats of scratch one chunk of T tokens needs, and the scratch laid out in buf. */
+int64_t qd_block_scratch_floats(const struct qd_model_hparams *hp, int64_t T);
+void qd_block_scratch_init(struct qd_block_scratch *s, float *buf, const struct qd_model_hparams *hp, int64_t T);
+
+/* build_norm: the architecture's norm of x [rows][n] times weight role (plus bias where the file
+ * has one; QD_W_COUNT: none), into out. */
+void qd_graph_norm(struct qd_block_run *r, float *out, const float *x, enum qd_model_weight role,
+                   enum qd_model_weight bias, int64_t rows, int64_t n);
+/* build_lora_mm plus the bias: out [T][rows of w] = x . w^T (+ b where the file has it), the
+ * hook told first. */
+void qd_graph_linear(struct qd_block_run *r, float *out, const float *x, enum qd_model_weight w,
+                     enum qd_model_weight bias);
+/* build_qkv + the q/k norms where present + rope + build_attn: self-attention of r->s->cur into
+ * r->s->proj (after the output projection). */
+enum qd_status qd_graph_attention(struct qd_block_run *r);
+/* build_ffn with a parallel gate (LLM_FFN_PAR): down(act(gate(x)) * up(x)) of r->s->cur into
+ * r->s->proj. */
+void qd_graph_ffn(struct qd_block_run *r);
+
+/* The graphs of one block (arch_*.c), named in the architecture table (model_arch.c). */
+enum qd_status qd_arch_llama_block(struct qd_block_run *r);
+
+#endif

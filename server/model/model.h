@@ -1,0 +1,117 @@
+/* A GGUF model as the forward engine runs it: its architecture's row (model_arch.c), its
+ * hyperparameters read once from the metadata as llama.cpp's loader reads them
+ * (llama_model::load_hparams), the vocabulary facts a pass needs (size, BOS), and its tensors,
+ * read a block at a time and dequantized to f32 (model_load.c). */
+#ifndef QD_MODEL_H
+#define QD_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "checkpoint/gguf_shards.h"
+#include "../../kernels/nn.h"
+
+/* The tensors of one block, by role. A row of the architecture table says which it needs and
+ * which it may have; the GGUF names are "blk.N." + qd_model_weight_names[role]. */
+enum qd_model_weight {
+    QD_W_ATTN_NORM,
+    QD_W_ATTN_Q, QD_W_ATTN_Q_B,
+    QD_W_ATTN_K, QD_W_ATTN_K_B,
+    QD_W_ATTN_V, QD_W_ATTN_V_B,
+    QD_W_ATTN_Q_NORM, QD_W_ATTN_K_NORM,
+    QD_W_ATTN_OUT, QD_W_ATTN_OUT_B,
+    QD_W_FFN_NORM,
+    QD_W_FFN_GATE, QD_W_FFN_GATE_B,
+    QD_W_FFN_UP, QD_W_FFN_UP_B,
+    QD_W_FFN_DOWN, QD_W_FFN_DOWN_B,
+    QD_W_COUNT
+};
+
+#define QD_W_BIT(w) (1ull << (w))
+
+extern const char *const qd_model_weight_names[QD_W_COUNT];
+
+enum qd_norm_kind { QD_NORM_RMS, QD_NORM_LAYER };
+
+struct qd_model_hparams {
+    int64_t n_vocab, n_embd, n_layer, n_ff;
+    int n_head, n_head_kv, head_dim_k, head_dim_v;
+    int64_t n_ctx_train;
+    float norm_eps;             /* rms or layer norm epsilon, as the architecture's norm takes */
+    float attn_scale;           /* the scores' scale: 1/sqrt(head_dim_k) unless the file names one */
+    struct qd_nn_rope rope;     /* freq_factors set once rope_freqs.weight is read */
+};
+
+struct qd_model;
+struct qd_model_block;
+struct qd_block_run;
+
+/* One architecture: its GGUF name, the kinds of its norm and rope, the block tensors it needs
+ * and those it may have, the activation of its FFN, and the graph of one block. */
+struct qd_model_arch {
+    const char *name;
+    enum qd_norm_kind norm;
+    enum qd_rope_kind rope;
+    uint64_t required, optional; /* QD_W_BIT(role) */
+    enum qd_glu_kind act;
+    int rope_freqs;              /* reads rope_freqs.weight (Llama 3's scaling) when the file has it */
+    enum qd_status (*block)(struct qd_block_run *r);
+};
+
+const struct qd_model_arch *qd_model_arch_find(const char *name);
+/* The names the engine runs, space separated ("llama qwen2 qwen3"). */
+const char *qd_model_arch_names(void);
+
+/* One weight in f32, [rows][cols] (cols the input width), or data NULL when absent. */
+struct qd_model_tensor {
+    float *data;
+    int64_t rows, cols;
+    const char *name; /* its GGUF name (the hooks see it) */
+};
+
+/* The weights of one block, dequantized; buffers reused from block to block. */
+struct qd_model_block {
+    int layer;
+    struct qd_model_tensor w[QD_W_COUNT];
+    char names[QD_W_COUNT][QD_GGUF_MAX_NAME];
+    float *buf[QD_W_COUNT];      /* the allocations behind w[].data, kept across blocks */
+    size_t capacity[QD_W_COUNT]; /* floats allocated per role */
+};
+
+struct qd_model {
+    struct qd_gguf_model file;
+    const struct qd_model_arch *arch;
+    char arch_name[64];
+    struct qd_model_hparams hp;
+    int32_t bos;          /* -1: none */
+    int add_bos;          /* the vocabulary adds a BOS (llama_vocab_get_add_bos) */
+    float *rope_freqs;    /* n_rot/2 values, or NULL */
+    const struct qd_gguf_tensor *token_embd, *output, *output_norm, *output_b;
+};
+
+/* Opens the model at path (a GGUF, or a split model's first shard) and checks everything a pass
+ * needs: an architecture the engine runs (a clear message listing them otherwise), the
+ * hyperparameters, a vocabulary, every block tensor present with its shape and a type quantd
+ * dequantizes. 0, or -1 with err and *status. qd_model_close frees m either way. */
+int qd_model_open(const char *path, struct qd_model *m, enum qd_status *status, char *err, size_t errlen);
+void qd_model_close(struct qd_model *m);
+
+/* Reads block `layer`'s weights into b, dequantized to f32 (b's buffers grow as needed and are
+ * kept; qd_model_block_free releases them); the file's pages of that block are dropped after.
+ * QD_OK, or a status with err. */
+enum qd_status qd_model_block_load(struct qd_model *m, int layer, struct qd_model_block *b, char *err, size_t errlen);
+void qd_model_block_free(struct qd_model_block *b);
+/* Bytes of f32 the largest block takes. */
+size_t qd_model_block_bytes(const struct qd_model *m);
+
+/* Rows `ids` of tensor t (a [rows][cols] weight, any type quantd dequantizes), in f32, into out
+ * [n][cols]: the token embedding's lookup. */
+enum qd_status qd_model_rows(const struct qd_model *m, const struct qd_gguf_tensor *t, const int32_t *ids, int64_t n,
+                             float *out, char *err, size_t errlen);
+/* The whole tensor t in f32 into out (rows x cols values). */
+enum qd_status qd_model_tensor_f32(const struct qd_model *m, const struct qd_gguf_tensor *t, float *out, char *err,
+                                   size_t errlen);
+/* Drops the file's cached pages of t (a weight read once per run). */
+void qd_model_release(const struct qd_model *m, const struct qd_gguf_tensor *t);
+
+#endif

@@ -1,0 +1,52 @@
+/* The architectures the engine runs: one row each (llama.cpp's per-architecture
+ * load_arch_tensors and llama_model_rope_type, as data), and the GGUF names of a block's
+ * tensors (llama-arch.cpp LLM_TENSOR_NAMES). Adding an architecture is a row here plus, when
+ * its block differs, a graph function (arch_*.c). */
+#include <string.h>
+
+#include "model/graph.h"
+
+const char *const qd_model_weight_names[QD_W_COUNT] = {
+    [QD_W_ATTN_NORM] = "attn_norm.weight",
+    [QD_W_ATTN_Q] = "attn_q.weight",         [QD_W_ATTN_Q_B] = "attn_q.bias",
+    [QD_W_ATTN_K] = "attn_k.weight",         [QD_W_ATTN_K_B] = "attn_k.bias",
+    [QD_W_ATTN_V] = "attn_v.weight",         [QD_W_ATTN_V_B] = "attn_v.bias",
+    [QD_W_ATTN_Q_NORM] = "attn_q_norm.weight", [QD_W_ATTN_K_NORM] = "attn_k_norm.weight",
+    [QD_W_ATTN_OUT] = "attn_output.weight",  [QD_W_ATTN_OUT_B] = "attn_output.bias",
+    [QD_W_FFN_NORM] = "ffn_norm.weight",
+    [QD_W_FFN_GATE] = "ffn_gate.weight",     [QD_W_FFN_GATE_B] = "ffn_gate.bias",
+    [QD_W_FFN_UP] = "ffn_up.weight",         [QD_W_FFN_UP_B] = "ffn_up.bias",
+    [QD_W_FFN_DOWN] = "ffn_down.weight",     [QD_W_FFN_DOWN_B] = "ffn_down.bias",
+};
+
+#define B QD_W_BIT
+/* the dense pre-norm block every row below starts from */
+#define DENSE (B(QD_W_ATTN_NORM) | B(QD_W_ATTN_Q) | B(QD_W_ATTN_K) | B(QD_W_ATTN_V) | B(QD_W_ATTN_OUT) | \
+               B(QD_W_FFN_NORM) | B(QD_W_FFN_GATE) | B(QD_W_FFN_UP) | B(QD_W_FFN_DOWN))
+#define QKV_BIAS (B(QD_W_ATTN_Q_B) | B(QD_W_ATTN_K_B) | B(QD_W_ATTN_V_B))
+
+static const struct qd_model_arch archs[] = {
+    /* llama (SmolLM2, Llama 2/3, Mistral 7B's GGUFs): optional biases everywhere
+     * (create_tensor_qkv, wo_b, the FFN's), Llama 3's rope_freqs */
+    {.name = "llama", .norm = QD_NORM_RMS, .rope = QD_ROPE_NORMAL, .required = DENSE,
+     .optional = QKV_BIAS | B(QD_W_ATTN_OUT_B) | B(QD_W_FFN_GATE_B) | B(QD_W_FFN_UP_B) | B(QD_W_FFN_DOWN_B),
+     .act = QD_GLU_SILU, .rope_freqs = 1, .block = qd_arch_llama_block},
+    /* qwen2: neox rope, q/k/v biases */
+    {.name = "qwen2", .norm = QD_NORM_RMS, .rope = QD_ROPE_NEOX, .required = DENSE, .optional = QKV_BIAS,
+     .act = QD_GLU_SILU, .block = qd_arch_llama_block},
+    /* qwen3: neox rope, per-head q/k rms norms before rope */
+    {.name = "qwen3", .norm = QD_NORM_RMS, .rope = QD_ROPE_NEOX,
+     .required = DENSE | B(QD_W_ATTN_Q_NORM) | B(QD_W_ATTN_K_NORM), .optional = QKV_BIAS, .act = QD_GLU_SILU,
+     .block = qd_arch_llama_block},
+};
+#undef B
+
+const struct qd_model_arch *qd_model_arch_find(const char *name)
+{
+    for (size_t i = 0; name && i < sizeof archs / sizeof *archs; i++)
+        if (!strcmp(archs[i].name, name))
+            return &archs[i];
+    return NULL;
+}
+
+const char *qd_model_arch_names(void) { return "llama qwen2 qwen3"; }

@@ -1,0 +1,523 @@
+/* Opening a GGUF model for the engine (model.h): its hyperparameters as llama.cpp's loader reads
+ * them (llama_model::load_hparams and the architecture's load_arch_hparams), its vocabulary's
+ * size and BOS (llama_vocab::load), every block tensor found and checked up front, then each
+ * block read and dequantized to f32 when the engine asks for it. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../kernels/fp.h"
+#include "../../kernels/quantize.h"
+#include "checkpoint/gguf_recipe.h"
+#include "model/model.h"
+
+/* ---- metadata ------------------------------------------------------------------------------- */
+
+/* A numeric key's value (an array's first element: per-layer arrays) as double. 1 when present,
+ * 0 when absent, -1 when not numeric. *n_elems gets an array's length (1 for a scalar). */
+static int kv_number(const struct qd_gguf *g, const char *key, double *out, uint64_t *n_elems)
+{
+    const struct qd_gguf_kv *kv = qd_gguf_find(g, key);
+    if (!kv)
+        return 0;
+    uint32_t type = kv->type;
+    const uint8_t *v = kv->value;
+    uint64_t n = 1;
+    if (type == QD_GGUF_ARRAY) {
+        memcpy(&type, v, 4);
+        memcpy(&n, v + 4, 8);
+        if (!n)
+            return -1;
+        v += 12;
+    }
+    if (n_elems)
+        *n_elems = n;
+    union {
+        uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32; float f32;
+        uint64_t u64; int64_t i64; double f64;
+    } u;
+    switch (type) {
+    case QD_GGUF_U8: case QD_GGUF_BOOL: memcpy(&u.u8, v, 1); *out = u.u8; return 1;
+    case QD_GGUF_I8: memcpy(&u.i8, v, 1); *out = u.i8; return 1;
+    case QD_GGUF_U16: memcpy(&u.u16, v, 2); *out = u.u16; return 1;
+    case QD_GGUF_I16: memcpy(&u.i16, v, 2); *out = u.i16; return 1;
+    case QD_GGUF_U32: memcpy(&u.u32, v, 4); *out = u.u32; return 1;
+    case QD_GGUF_I32: memcpy(&u.i32, v, 4); *out = u.i32; return 1;
+    case QD_GGUF_F32: memcpy(&u.f32, v, 4); *out = u.f32; return 1;
+    case QD_GGUF_U64: memcpy(&u.u64, v, 8); *out = (double)u.u64; return 1;
+    case QD_GGUF_I64: memcpy(&u.i64, v, 8); *out = (double)u.i64; return 1;
+    case QD_GGUF_F64: memcpy(&u.f64, v, 8); *out = u.f64; return 1;
+    default: return -1;
+    }
+}
+
+/* Whether every element of a per-layer array key equals the first (the engine takes one size
+ * for all blocks). */
+static int kv_array_uniform(const struct qd_gguf *g, const char *key)
+{
+    const struct qd_gguf_kv *kv = qd_gguf_find(g, key);
+    if (!kv || kv->type != QD_GGUF_ARRAY)
+        return 1;
+    uint32_t type;
+    uint64_t n;
+    memcpy(&type, kv->value, 4);
+    memcpy(&n, kv->value + 4, 8);
+    const size_t size = type == QD_GGUF_U32 || type == QD_GGUF_I32 ? 4 : type == QD_GGUF_U64 || type == QD_GGUF_I64 ? 8 : 0;
+    if (!size)
+        return 0;
+    for (uint64_t i = 1; i < n; i++)
+        if (memcmp(kv->value + 12, kv->value + 12 + i * size, size))
+            return 0;
+    return 1;
+}
+
+struct meta {
+    const struct qd_gguf *g;
+    const char *arch;
+    char *err;
+    size_t errlen;
+};
+
+/* "<arch>.<suffix>" as a number: required ones fail with a message naming the key. */
+static int arch_key(struct meta *mt, const char *suffix, int required, double *out)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", mt->arch, suffix);
+    int found = kv_number(mt->g, key, out, NULL);
+    if (found < 0) {
+        snprintf(mt->err, mt->errlen, "the model's key %s is not a number", key);
+        return -1;
+    }
+    if (!found && required) {
+        snprintf(mt->err, mt->errlen, "the model has no %s key, which llama.cpp's loader requires too", key);
+        return -1;
+    }
+    if (found && !kv_array_uniform(mt->g, key)) {
+        snprintf(mt->err, mt->errlen, "the model's %s differs from block to block: the engine runs blocks of one "
+                 "size only", key);
+        return -1;
+    }
+    return found;
+}
+
+static char *arch_string(struct meta *mt, const char *suffix)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", mt->arch, suffix);
+    return qd_gguf_string(mt->g, key);
+}
+
+/* llama_model::load_hparams, for the keys the engine's architectures read. */
+static int read_hparams(struct qd_model *m, char *err, size_t errlen)
+{
+    struct meta mt = {.g = &m->file.g, .arch = m->arch_name, .err = err, .errlen = errlen};
+    struct qd_model_hparams *hp = &m->hp;
+    double v;
+    if (arch_key(&mt, "context_length", 1, &v) < 0)
+        return -1;
+    hp->n_ctx_train = (int64_t)v;
+    if (arch_key(&mt, "embedding_length", 1, &v) < 0)
+        return -1;
+    hp->n_embd = (int64_t)v;
+    if (arch_key(&mt, "block_count", 1, &v) < 0)
+        return -1;
+    hp->n_layer = (int64_t)v;
+    if (arch_key(&mt, "feed_forward_length", 1, &v) < 0)
+        return -1;
+    hp->n_ff = (int64_t)v;
+    if (arch_key(&mt, "attention.head_count", 1, &v) < 0)
+        return -1;
+    hp->n_head = (int)v;
+    hp->n_head_kv = hp->n_head;
+    if (arch_key(&mt, "attention.head_count_kv", 0, &v) < 0)
+        return -1;
+    else if (v > 0)
+        hp->n_head_kv = (int)v;
+    if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_ff <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
+        hp->n_head % hp->n_head_kv || hp->n_embd % hp->n_head) {
+        snprintf(err, errlen, "the model's sizes do not fit together: embedding %" PRId64 ", %" PRId64 " blocks, "
+                 "feed-forward %" PRId64 ", %d heads, %d key/value heads", hp->n_embd, hp->n_layer, hp->n_ff,
+                 hp->n_head, hp->n_head_kv);
+        return -1;
+    }
+    hp->head_dim_k = hp->head_dim_v = (int)(hp->n_embd / hp->n_head);
+    int found;
+    if ((found = arch_key(&mt, "attention.key_length", 0, &v)) < 0)
+        return -1;
+    if (found)
+        hp->head_dim_k = (int)v;
+    if ((found = arch_key(&mt, "attention.value_length", 0, &v)) < 0)
+        return -1;
+    if (found)
+        hp->head_dim_v = (int)v;
+
+    const char *eps_key = m->arch->norm == QD_NORM_RMS ? "attention.layer_norm_rms_epsilon" : "attention.layer_norm_epsilon";
+    if (arch_key(&mt, eps_key, 1, &v) < 0)
+        return -1;
+    hp->norm_eps = (float)v;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim_k);
+
+    struct qd_nn_rope *r = &hp->rope;
+    r->kind = m->arch->rope;
+    r->n_rot = hp->head_dim_k;
+    if ((found = arch_key(&mt, "rope.dimension_count", 0, &v)) < 0)
+        return -1;
+    if (found)
+        r->n_rot = (int)v;
+    if (r->n_rot != hp->head_dim_k) { /* llama.cpp refuses it for llama; qwen's graphs assert it */
+        snprintf(err, errlen, "the model rotates %d of each head's %d values (rope.dimension_count): the %s graph "
+                 "rotates whole heads (llama.cpp refuses it too)", r->n_rot, hp->head_dim_k, m->arch_name);
+        return -1;
+    }
+    r->freq_base = 10000.0f;
+    if (arch_key(&mt, "rope.freq_base", 0, &v) < 0)
+        return -1;
+    else if (v > 0)
+        r->freq_base = (float)v;
+    char *scaling = arch_string(&mt, "rope.scaling.type");
+    int none = scaling && !strcmp(scaling, "none");
+    if (scaling && strcmp(scaling, "none") && strcmp(scaling, "linear")) {
+        snprintf(err, errlen, "the model's rope scaling '%s' is not one the engine runs yet (it runs none and "
+                 "linear, and Llama 3's rope_freqs)", scaling);
+        free(scaling);
+        return -1;
+    }
+    free(scaling);
+    double factor = 0;
+    if ((found = arch_key(&mt, "rope.scaling.factor", 0, &factor)) < 0)
+        return -1;
+    if (!found && arch_key(&mt, "rope.scale_linear", 0, &factor) < 0)
+        return -1;
+    r->freq_scale = factor == 0.0 || none ? 1.0f : (float)(1.0 / factor);
+    r->n_ctx_orig = (int)hp->n_ctx_train;
+    if ((found = arch_key(&mt, "rope.scaling.original_context_length", 0, &v)) < 0)
+        return -1;
+    if (found && v > 0)
+        r->n_ctx_orig = (int)v;
+    /* llama_context_default_params: YaRN off unless the scaling is YaRN */
+    r->ext_factor = 0.0f;
+    r->attn_factor = 1.0f;
+    r->beta_fast = 32.0f;
+    r->beta_slow = 1.0f;
+    return 0;
+}
+
+/* llama_vocab::load: the vocabulary's size and whether each sequence starts with a BOS. */
+static int read_vocab(struct qd_model *m, char *err, size_t errlen)
+{
+    const struct qd_gguf *g = &m->file.g;
+    const struct qd_gguf_kv *tokens = qd_gguf_find(g, "tokenizer.ggml.tokens");
+    char *model = qd_gguf_string(g, "tokenizer.ggml.model");
+    if (!tokens || tokens->type != QD_GGUF_ARRAY || !model) {
+        free(model);
+        snprintf(err, errlen, "the model has no vocabulary (tokenizer.ggml.model and tokenizer.ggml.tokens): "
+                 "llama.cpp cannot run it either; convert it again with its tokenizer");
+        return -1;
+    }
+    uint64_t n;
+    memcpy(&n, tokens->value + 4, 8);
+    /* the BOS default by tokenizer kind (llama_vocab::load: SPM and WPM add one, BPE for the
+     * Llama 3 family of pre-tokenizers), then the file's own key */
+    char *pre = qd_gguf_string(g, "tokenizer.ggml.pre");
+    static const char *const llama3_pre[] = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+                                             "midm-2.0", "lfm2", "jina-v5-nano"};
+    m->add_bos = !strcmp(model, "llama") || !strcmp(model, "bert");
+    if (!strcmp(model, "gpt2") && pre)
+        for (size_t i = 0; i < sizeof llama3_pre / sizeof *llama3_pre; i++)
+            m->add_bos |= !strcmp(pre, llama3_pre[i]);
+    m->bos = !strcmp(model, "llama") ? 1 : !strcmp(model, "gpt2") ? 11 : -1;
+    free(pre);
+    free(model);
+    double v;
+    if (kv_number(g, "tokenizer.ggml.add_bos_token", &v, NULL) > 0)
+        m->add_bos = v != 0;
+    if (kv_number(g, "tokenizer.ggml.bos_token_id", &v, NULL) > 0)
+        m->bos = (int32_t)v;
+    if (m->add_bos && (m->bos < 0 || (uint64_t)m->bos >= n)) {
+        snprintf(err, errlen, "the vocabulary adds a BOS token but names none within its %" PRIu64 " tokens", n);
+        return -1;
+    }
+    m->hp.n_vocab = (int64_t)n;
+    return 0;
+}
+
+/* ---- tensors -------------------------------------------------------------------------------- */
+
+static const struct qd_gguf_tensor *find_tensor(const struct qd_model *m, const char *name)
+{
+    for (int64_t i = 0; i < m->file.g.n_tensors; i++)
+        if (!strcmp(m->file.g.tensors[i].name, name))
+            return &m->file.g.tensors[i];
+    return NULL;
+}
+
+static int is_float_type(uint32_t type)
+{
+    return type == QD_GGML_F32 || type == QD_GGML_F16 || type == QD_GGML_BF16;
+}
+
+/* A tensor the engine reads: 2-D (or 1-D) of the expected shape and a type quantd dequantizes. */
+static int check_tensor(const struct qd_gguf_tensor *t, int64_t cols, int64_t rows, char *err, size_t errlen)
+{
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1) {
+        snprintf(err, errlen, "tensor %s is [%" PRId64 ", %" PRId64 ", %" PRId64 "], the model's sizes say [%" PRId64
+                 ", %" PRId64 "]", t->name, t->ne[0], t->ne[1], t->ne[2], cols, rows);
+        return -1;
+    }
+    if (!is_float_type(t->type)) {
+        const struct qd_format *f = qd_gguf_format_of(t->type);
+        if (!f || !f->backend[QD_BACKEND_CPU].dequantize) {
+            const struct qd_ggml_type *ty = qd_ggml_type(t->type);
+            snprintf(err, errlen, "tensor %s is of ggml type %s, which quantd does not dequantize", t->name,
+                     ty ? ty->name : "(unknown)");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The expected [cols, rows] of a block tensor role (GGUF ne[0], ne[1]). */
+static void role_shape(const struct qd_model_hparams *hp, enum qd_model_weight w, int64_t *cols, int64_t *rows)
+{
+    const int64_t q = (int64_t)hp->n_head * hp->head_dim_k, k = (int64_t)hp->n_head_kv * hp->head_dim_k;
+    const int64_t v = (int64_t)hp->n_head_kv * hp->head_dim_v, o = (int64_t)hp->n_head * hp->head_dim_v;
+    *rows = 1;
+    switch (w) {
+    case QD_W_ATTN_NORM: case QD_W_FFN_NORM: case QD_W_ATTN_OUT_B: case QD_W_FFN_DOWN_B: *cols = hp->n_embd; break;
+    case QD_W_ATTN_Q: *cols = hp->n_embd, *rows = q; break;
+    case QD_W_ATTN_K: *cols = hp->n_embd, *rows = k; break;
+    case QD_W_ATTN_V: *cols = hp->n_embd, *rows = v; break;
+    case QD_W_ATTN_Q_B: *cols = q; break;
+    case QD_W_ATTN_K_B: *cols = k; break;
+    case QD_W_ATTN_V_B: *cols = v; break;
+    case QD_W_ATTN_Q_NORM: case QD_W_ATTN_K_NORM: *cols = hp->head_dim_k; break;
+    case QD_W_ATTN_OUT: *cols = o, *rows = hp->n_embd; break;
+    case QD_W_FFN_GATE: case QD_W_FFN_UP: *cols = hp->n_embd, *rows = hp->n_ff; break;
+    case QD_W_FFN_GATE_B: case QD_W_FFN_UP_B: *cols = hp->n_ff; break;
+    case QD_W_FFN_DOWN: *cols = hp->n_ff, *rows = hp->n_embd; break;
+    default: *cols = 0; break;
+    }
+}
+
+static const struct qd_gguf_tensor *block_tensor(const struct qd_model *m, int layer, enum qd_model_weight w)
+{
+    char name[QD_GGUF_MAX_NAME + 16];
+    snprintf(name, sizeof name, "blk.%d.%s", layer, qd_model_weight_names[w]);
+    return find_tensor(m, name);
+}
+
+static int check_tensors(struct qd_model *m, char *err, size_t errlen)
+{
+    const struct qd_model_hparams *hp = &m->hp;
+    const struct qd_model_arch *a = m->arch;
+    for (int l = 0; l < hp->n_layer; l++)
+        for (int w = 0; w < QD_W_COUNT; w++) {
+            const uint64_t bit = QD_W_BIT(w);
+            const struct qd_gguf_tensor *t = (a->required | a->optional) & bit ? block_tensor(m, l, w) : NULL;
+            int64_t cols, rows;
+            if (!t && (a->required & bit)) {
+                snprintf(err, errlen, "the model has no tensor blk.%d.%s, which a %s block needs", l,
+                         qd_model_weight_names[w], a->name);
+                return -1;
+            }
+            role_shape(hp, w, &cols, &rows);
+            if (t && check_tensor(t, cols, rows, err, errlen))
+                return -1;
+        }
+    m->token_embd = find_tensor(m, "token_embd.weight");
+    m->output_norm = find_tensor(m, "output_norm.weight");
+    m->output = find_tensor(m, "output.weight");
+    m->output_b = find_tensor(m, "output.bias");
+    if (!m->token_embd || !m->output_norm) {
+        snprintf(err, errlen, "the model has no %s", m->token_embd ? "output_norm.weight" : "token_embd.weight");
+        return -1;
+    }
+    if (!m->output) /* tied: llama.cpp duplicates the token embedding (TENSOR_DUPLICATED) */
+        m->output = m->token_embd;
+    hp = &m->hp;
+    if (check_tensor(m->token_embd, hp->n_embd, hp->n_vocab, err, errlen) ||
+        check_tensor(m->output, hp->n_embd, hp->n_vocab, err, errlen) ||
+        check_tensor(m->output_norm, hp->n_embd, 1, err, errlen) ||
+        (m->output_b && check_tensor(m->output_b, hp->n_vocab, 1, err, errlen)))
+        return -1;
+    const struct qd_gguf_tensor *freqs = a->rope_freqs ? find_tensor(m, "rope_freqs.weight") : NULL;
+    if (freqs) {
+        if (freqs->type != QD_GGML_F32 || freqs->ne[0] < hp->rope.n_rot / 2) {
+            snprintf(err, errlen, "tensor rope_freqs.weight must hold %d f32 values (n_rot/2)", hp->rope.n_rot / 2);
+            return -1;
+        }
+        if (!(m->rope_freqs = malloc((size_t)freqs->ne[0] * sizeof *m->rope_freqs))) {
+            snprintf(err, errlen, "no memory");
+            return -1;
+        }
+        memcpy(m->rope_freqs, freqs->data, (size_t)freqs->ne[0] * sizeof *m->rope_freqs);
+        m->hp.rope.freq_factors = m->rope_freqs;
+    }
+    return 0;
+}
+
+int qd_model_open(const char *path, struct qd_model *m, enum qd_status *status, char *err, size_t errlen)
+{
+    memset(m, 0, sizeof *m);
+    if (qd_gguf_model_open(path, 0, &m->file, NULL, status, err, errlen))
+        return -1;
+    *status = QD_EINVAL;
+    char *arch = qd_gguf_string(&m->file.g, "general.architecture");
+    if (!arch) {
+        snprintf(err, errlen, "the model has no general.architecture key");
+        return -1;
+    }
+    snprintf(m->arch_name, sizeof m->arch_name, "%s", arch);
+    free(arch);
+    if (!(m->arch = qd_model_arch_find(m->arch_name))) {
+        snprintf(err, errlen, "the engine does not run architecture '%s' yet: it runs %s", m->arch_name,
+                 qd_model_arch_names());
+        return -1;
+    }
+    if (read_hparams(m, err, errlen) || read_vocab(m, err, errlen) || check_tensors(m, err, errlen))
+        return -1;
+    *status = QD_OK;
+    return 0;
+}
+
+void qd_model_close(struct qd_model *m)
+{
+    qd_gguf_model_close(&m->file);
+    free(m->rope_freqs);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- dequantizing ----------------------------------------------------------------------------- */
+
+static uint64_t row_bytes(const struct qd_gguf_tensor *t)
+{
+    const int64_t ne[4] = {t->ne[0], 1, 1, 1};
+    return qd_ggml_nbytes(t->type, ne);
+}
+
+/* n rows of t starting at data (rows of t's type) to f32 */
+static enum qd_status rows_f32(const struct qd_gguf_tensor *t, const uint8_t *data, int64_t n, float *out, char *err,
+                               size_t errlen)
+{
+    const int64_t count = n * t->ne[0];
+    switch (t->type) {
+    case QD_GGML_F32: memcpy(out, data, (size_t)count * sizeof *out); return QD_OK;
+    case QD_GGML_F16:
+        for (int64_t i = 0; i < count; i++) {
+            uint16_t h;
+            memcpy(&h, data + 2 * i, 2);
+            out[i] = qd_f16_to_f32(h);
+        }
+        return QD_OK;
+    case QD_GGML_BF16:
+        for (int64_t i = 0; i < count; i++) {
+            uint16_t h;
+            memcpy(&h, data + 2 * i, 2);
+            out[i] = qd_bf16_to_f32(h);
+        }
+        return QD_OK;
+    default: break;
+    }
+    const struct qd_format *f = qd_gguf_format_of(t->type);
+    struct qd_params p;
+    qd_params_default(f, &p);
+    struct qd_tensor o = {.data = out, .dtype = QD_F32};
+    const int64_t shape[2] = {n, t->ne[0]};
+    enum qd_status st = qd_tensor_set_shape(&o, 2, shape);
+    const void *comp[1] = {data};
+    if (st == QD_OK)
+        st = qd_dequantize(QD_BACKEND_CPU, f, comp, &p, &o, err, errlen);
+    return st;
+}
+
+enum qd_status qd_model_rows(const struct qd_model *m, const struct qd_gguf_tensor *t, const int32_t *ids, int64_t n,
+                             float *out, char *err, size_t errlen)
+{
+    const uint64_t rb = row_bytes(t);
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= t->ne[1]) {
+            snprintf(err, errlen, "token id %" PRId32 " is outside the vocabulary's %" PRId64 " tokens", ids[i], t->ne[1]);
+            return QD_EINVAL;
+        }
+        enum qd_status st = rows_f32(t, t->data + (uint64_t)ids[i] * rb, 1, out + i * t->ne[0], err, errlen);
+        if (st != QD_OK)
+            return st;
+    }
+    (void)m;
+    return QD_OK;
+}
+
+enum qd_status qd_model_tensor_f32(const struct qd_model *m, const struct qd_gguf_tensor *t, float *out, char *err,
+                                   size_t errlen)
+{
+    (void)m;
+    return rows_f32(t, t->data, t->ne[1] * t->ne[2] * t->ne[3], out, err, errlen);
+}
+
+void qd_model_release(const struct qd_model *m, const struct qd_gguf_tensor *t)
+{
+    (void)m;
+    qd_release_pages(t->data, t->bytes);
+}
+
+enum qd_status qd_model_block_load(struct qd_model *m, int layer, struct qd_model_block *b, char *err, size_t errlen)
+{
+    const struct qd_model_arch *a = m->arch;
+    b->layer = layer;
+    for (int w = 0; w < QD_W_COUNT; w++) {
+        struct qd_model_tensor *mt = &b->w[w];
+        const struct qd_gguf_tensor *t = (a->required | a->optional) & QD_W_BIT(w) ? block_tensor(m, layer, w) : NULL;
+        if (!t) {
+            mt->data = NULL;
+            continue;
+        }
+        const size_t count = (size_t)(t->ne[0] * t->ne[1]);
+        if (count > b->capacity[w]) {
+            float *grown = realloc(b->buf[w], count * sizeof *grown);
+            if (!grown) {
+                snprintf(err, errlen, "no memory for tensor %s (%zu bytes in f32)", t->name, count * sizeof *grown);
+                return QD_ENOMEM;
+            }
+            b->buf[w] = grown;
+            b->capacity[w] = count;
+        }
+        mt->data = b->buf[w];
+        snprintf(b->names[w], sizeof b->names[w], "%s", t->name);
+        mt->name = b->names[w];
+        mt->cols = t->ne[0];
+        mt->rows = t->ne[1];
+        enum qd_status st = qd_model_tensor_f32(m, t, mt->data, err, errlen);
+        if (st != QD_OK) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", err);
+            snprintf(err, errlen, "tensor %s: %s", t->name, why);
+            return st;
+        }
+        qd_model_release(m, t);
+    }
+    return QD_OK;
+}
+
+void qd_model_block_free(struct qd_model_block *b)
+{
+    for (int w = 0; w < QD_W_COUNT; w++)
+        free(b->buf[w]);
+    memset(b, 0, sizeof *b);
+}
+
+size_t qd_model_block_bytes(const struct qd_model *m)
+{
+    size_t most = 0;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        size_t sum = 0;
+        for (int w = 0; w < QD_W_COUNT; w++) {
+            const struct qd_gguf_tensor *t = block_tensor(m, l, w);
+            if (t && ((m->arch->required | m->arch->optional) & QD_W_BIT(w)))
+                sum += (size_t)(t->ne[0] * t->ne[1]) * sizeof(float);
+        }
+        most = sum > most ? sum : most;
+    }
+    return most;
+}

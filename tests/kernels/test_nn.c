@@ -1,0 +1,204 @@
+/* kernels/cpu/nn.c, the transformer ops on the CPU: each against a plain double-precision
+ * reference written from its definition (ggml's op), on awkward sizes (rows that are not whole
+ * 8-lanes, tiles cut short, K across several blocks), and the properties the engine relies on: a
+ * token's matmul row does not depend on which other tokens share the batch or on the thread
+ * count; rope at position 0 is the identity; attention over one position returns its value. */
+#include "../../kernels/cpu/cpu.h"
+#include "../../kernels/nn.h"
+#include "helpers.h"
+
+static float *randn(int64_t n, float scale)
+{
+    float *x = malloc((size_t)n * sizeof *x);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = test_normal() * scale;
+    return x;
+}
+
+static void matmul_matches_double_reference(void **state)
+{
+    (void)state;
+    test_seed();
+    const int64_t Ts[] = {1, 3, 5, 67, 130}, Ks[] = {1, 7, 8, 64, 600, 1030}, Ns[] = {1, 2, 3, 50, 97};
+    for (size_t a = 0; a < 5; a++)
+        for (size_t b = 0; b < 6; b++)
+            for (size_t c = 0; c < 5; c++) {
+                const int64_t T = Ts[a], K = Ks[b], N = Ns[c];
+                float *x = randn(T * K, 1.0f), *w = randn(N * K, 0.05f), *y = malloc((size_t)(T * N) * sizeof *y);
+                qd_nn_matmul(y, x, w, T, K, N);
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t n = 0; n < N; n++) {
+                        double ref = 0, mag = 0;
+                        for (int64_t k = 0; k < K; k++) {
+                            ref += (double)x[t * K + k] * w[n * K + k];
+                            mag += fabs((double)x[t * K + k] * w[n * K + k]);
+                        }
+                        /* f32 accumulation: within a few ulps of the sum of magnitudes */
+                        if (fabs(y[t * N + n] - ref) > 1e-6 * mag + 1e-30) {
+                            fail_msg("T=%lld K=%lld N=%lld at [%lld][%lld]: %.9g vs %.9g", (long long)T, (long long)K,
+                                     (long long)N, (long long)t, (long long)n, y[t * N + n], ref);
+                        }
+                    }
+                free(x), free(w), free(y);
+            }
+}
+
+static void matmul_row_does_not_depend_on_the_batch_or_threads(void **state)
+{
+    (void)state;
+    test_seed();
+    const int64_t T = 77, K = 1100, N = 101;
+    float *x = randn(T * K, 1.0f), *w = randn(N * K, 0.02f);
+    float *all = malloc((size_t)(T * N) * sizeof *all), *one = malloc((size_t)N * sizeof *one);
+    qd_nn_set_threads(2);
+    qd_nn_matmul(all, x, w, T, K, N);
+    qd_nn_set_threads(1);
+    for (int64_t t = 0; t < T; t++) {
+        qd_nn_matmul(one, x + t * K, w, 1, K, N);
+        assert_memory_equal(one, all + t * N, (size_t)N * sizeof *one);
+    }
+    qd_nn_set_threads(0);
+    free(x), free(w), free(all), free(one);
+}
+
+static void rms_norm_matches_its_definition(void **state)
+{
+    (void)state;
+    test_seed();
+    const int64_t rows = 9, n = 333;
+    float *x = randn(rows * n, 3.0f), *w = randn(n, 1.0f), *y = malloc((size_t)(rows * n) * sizeof *y);
+    qd_nn_rms_norm(y, x, w, rows, n, 1e-5f);
+    for (int64_t r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++)
+            ss += (double)x[r * n + i] * x[r * n + i];
+        const double scale = 1.0 / sqrt(ss / n + 1e-5);
+        for (int64_t i = 0; i < n; i++)
+            assert_true(fabs(y[r * n + i] - x[r * n + i] * scale * w[i]) <= 1e-6 * fabs(x[r * n + i] * scale * w[i]) + 1e-7);
+    }
+    /* in place gives the same bits */
+    float *z = malloc((size_t)(rows * n) * sizeof *z);
+    memcpy(z, x, (size_t)(rows * n) * sizeof *z);
+    qd_nn_rms_norm(z, z, w, rows, n, 1e-5f);
+    assert_memory_equal(z, y, (size_t)(rows * n) * sizeof *z);
+    free(x), free(w), free(y), free(z);
+}
+
+/* rope in double: pair (a, b) rotated by pos * base^(-2i/n_rot) / factor[i] */
+static void rope_reference(double *x, int head_dim, int n_rot, int neox, int pos, float base, const float *ff)
+{
+    for (int i = 0; i < n_rot / 2; i++) {
+        const double theta = pos * pow(base, -2.0 * i / n_rot) / (ff ? ff[i] : 1.0);
+        double *a = neox ? &x[i] : &x[2 * i], *b = neox ? &x[i + n_rot / 2] : &x[2 * i + 1];
+        const double x0 = *a, x1 = *b;
+        *a = x0 * cos(theta) - x1 * sin(theta);
+        *b = x0 * sin(theta) + x1 * cos(theta);
+    }
+    (void)head_dim;
+}
+
+static void rope_normal_and_neox_rotate_their_pairs(void **state)
+{
+    (void)state;
+    test_seed();
+    const int T = 40, n_head = 3, head_dim = 16;
+    float ff[8];
+    for (int i = 0; i < 8; i++)
+        ff[i] = 1.0f + (float)i;
+    for (int kind = 0; kind < 2; kind++)
+        for (int with_ff = 0; with_ff < 2; with_ff++) {
+            const int64_t stride = n_head * head_dim + 5; /* rows wider than the heads (a fused qkv's view) */
+            float *x = randn(T * stride, 1.0f), *orig = malloc((size_t)(T * stride) * sizeof *orig);
+            memcpy(orig, x, (size_t)(T * stride) * sizeof *x);
+            int32_t pos[40];
+            for (int t = 0; t < T; t++)
+                pos[t] = t * 7;
+            struct qd_nn_rope r = {.kind = kind ? QD_ROPE_NEOX : QD_ROPE_NORMAL, .n_rot = head_dim, .freq_base = 10000.0f,
+                                   .freq_scale = 1.0f, .attn_factor = 1.0f, .beta_fast = 32.0f, .beta_slow = 1.0f,
+                                   .n_ctx_orig = 4096, .freq_factors = with_ff ? ff : NULL};
+            assert_int_equal(qd_nn_rope(x, T, stride, n_head, head_dim, pos, &r), QD_OK);
+            for (int t = 0; t < T; t++) {
+                for (int h = 0; h < n_head; h++) {
+                    double ref[16];
+                    for (int i = 0; i < head_dim; i++)
+                        ref[i] = orig[t * stride + h * head_dim + i];
+                    rope_reference(ref, head_dim, head_dim, kind, pos[t], 10000.0f, with_ff ? ff : NULL);
+                    for (int i = 0; i < head_dim; i++)
+                        assert_true(fabs(x[t * stride + h * head_dim + i] - ref[i]) < 2e-4 * (1 + fabs(ref[i])));
+                }
+                /* the values past the heads are untouched */
+                assert_memory_equal(x + t * stride + n_head * head_dim, orig + t * stride + n_head * head_dim,
+                                    5 * sizeof *x);
+            }
+            /* position 0 is the identity */
+            assert_memory_equal(x, orig, (size_t)(n_head * head_dim) * sizeof *x);
+            free(x), free(orig);
+        }
+}
+
+static void attention_matches_causal_softmax_with_gqa(void **state)
+{
+    (void)state;
+    test_seed();
+    const int T = 37, n_head = 6, n_kv = 2, dk = 12, dv = 20;
+    const struct qd_nn_attn a = {.T = T, .n_head = n_head, .n_head_kv = n_kv, .head_dim_k = dk, .head_dim_v = dv,
+                                 .q_stride = n_head * dk, .k_stride = n_kv * dk, .v_stride = n_kv * dv,
+                                 .scale = 1.0f / sqrtf((float)dk)};
+    float *q = randn(T * n_head * dk, 2.0f), *k = randn(T * n_kv * dk, 2.0f), *v = randn(T * n_kv * dv, 1.0f);
+    float *out = malloc((size_t)(T * n_head * dv) * sizeof *out);
+    qd_nn_set_threads(2);
+    assert_int_equal(qd_nn_attention(out, q, k, v, &a), QD_OK);
+    qd_nn_set_threads(0);
+    for (int h = 0; h < n_head; h++) {
+        const int hk = h / (n_head / n_kv);
+        for (int i = 0; i < T; i++) {
+            double s[37], max = -1e300, sum = 0;
+            for (int t = 0; t <= i; t++) {
+                s[t] = 0;
+                for (int d = 0; d < dk; d++)
+                    s[t] += (double)q[i * n_head * dk + h * dk + d] * k[t * n_kv * dk + hk * dk + d];
+                s[t] *= 1.0 / sqrt(dk);
+                max = s[t] > max ? s[t] : max;
+            }
+            for (int t = 0; t <= i; t++)
+                sum += s[t] = exp(s[t] - max);
+            for (int d = 0; d < dv; d++) {
+                double o = 0;
+                for (int t = 0; t <= i; t++)
+                    o += s[t] / sum * v[t * n_kv * dv + hk * dv + d];
+                assert_true(fabs(out[i * n_head * dv + h * dv + d] - o) < 1e-5);
+            }
+        }
+    }
+    /* the first position attends to itself alone: its value, exactly (p = 1) */
+    for (int h = 0; h < n_head; h++)
+        assert_memory_equal(out + h * dv, v + h / (n_head / n_kv) * dv, (size_t)dv * sizeof *out);
+    free(q), free(k), free(v), free(out);
+}
+
+static void swiglu_is_silu_times_up(void **state)
+{
+    (void)state;
+    test_seed();
+    const int64_t n = 1000;
+    float *g = randn(n, 4.0f), *u = randn(n, 1.0f), *o = malloc((size_t)n * sizeof *o);
+    qd_nn_glu(o, g, u, n, QD_GLU_SILU);
+    for (int64_t i = 0; i < n; i++) {
+        const double ref = g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+        assert_true(fabs(o[i] - ref) <= 1e-6 * fabs(ref) + 1e-7);
+    }
+    free(g), free(u), free(o);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(matmul_matches_double_reference),
+        cmocka_unit_test(matmul_row_does_not_depend_on_the_batch_or_threads),
+        cmocka_unit_test(rms_norm_matches_its_definition),
+        cmocka_unit_test(rope_normal_and_neox_rotate_their_pairs),
+        cmocka_unit_test(attention_matches_causal_softmax_with_gqa),
+        cmocka_unit_test(swiglu_is_silu_times_up),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

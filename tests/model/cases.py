@@ -1,0 +1,56 @@
+"""The tiny models the engine is held against llama.cpp with (tests/model/tiny_model.py's
+arguments by case name), and what the checks share: running quantd perplexity, reading the
+logits it dumps, the relative error of one set of logits against another."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY = os.path.join(HERE, "tiny_model.py")
+FIXTURES = os.path.join(HERE, "..", "fixtures", "model")
+
+N_CTX, N_CHUNKS = 64, 4
+
+CASES = {
+    "llama-untied": ["--arch", "llama", "--case", "untied"],
+    "llama-tied": ["--arch", "llama", "--case", "tied"],
+    "llama-rope-freqs": ["--arch", "llama", "--case", "rope-freqs"],
+    "llama-gqa": ["--arch", "llama", "--case", "gqa", "--ffn", "150", "--layers", "3"],
+    "qwen2": ["--arch", "qwen2", "--case", "gqa"],
+    "qwen3": ["--arch", "qwen3", "--case", "gqa"],
+}
+
+
+def make_model(case, path):
+    subprocess.run([sys.executable, TINY, str(path), *CASES[case]], check=True)
+    return path
+
+
+def text():
+    """The text the recorded figures were made from (tests/fixtures/model/text.txt)."""
+    with open(os.path.join(FIXTURES, "text.txt"), encoding="utf-8") as f:
+        return f.read()
+
+
+def quantd_perplexity(quantd, model, tokens, dump, *extra):
+    """quantd perplexity's JSON summary (its last stdout line), its logits dumped to `dump`."""
+    p = subprocess.run([quantd, "perplexity", "-m", str(model), "--tokens", str(tokens), "-c", str(N_CTX),
+                        "--chunks", str(N_CHUNKS), "--dump-logits", str(dump), *extra],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1]), p
+
+
+def read_logits(path, n_vocab):
+    """[chunks * rows, n_vocab] f32: rows from position n_ctx/2 of each chunk."""
+    return np.fromfile(path, dtype=np.float32).reshape(-1, n_vocab)
+
+
+def relative_errors(ours, ref):
+    """max |ours - ref| over a row, over the row's largest |ref|: the worst row, and over all rows at once."""
+    diff = np.abs(ours.astype(np.float64) - ref)
+    scale = np.abs(ref).max(axis=1)
+    return float((diff.max(axis=1) / scale).max()), float(diff.max() / np.abs(ref).max())

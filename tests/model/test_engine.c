@@ -1,0 +1,340 @@
+/* server/model: the loader and the layer-major driver on a tiny Llama built byte by byte here
+ * (its accuracy against llama.cpp is tests/peers/test_model_engine.py's). What is proven:
+ * - the order is layer-major: every chunk passes block L before block L+1 (the matmul hook sees
+ *   blocks in order, each with every chunk), and a chunk's logits do not depend on the chunks run
+ *   beside it (bit for bit, alone or with others);
+ * - the matmul-input hook sees every matmul of every block with its weight's name and width
+ *   (q, k and v the same input), then the output head;
+ * - the logits callback gets the chunks in order, the rows from logits_from on;
+ * - NaN/Inf in the hidden states stops the run naming the block and the chunk;
+ * - the loader refuses an architecture it lacks (listing those it runs), a missing block tensor,
+ *   a tensor of the wrong shape, a model without a vocabulary. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "../checkpoint/gguf_bytes.h"
+#include "model/engine.h"
+
+enum { EMBD = 16, FF = 24, HEADS = 4, KV_HEADS = 2, HD = 4, LAYERS = 2, VOCAB = 40, CTX = 8 };
+
+struct tiny {
+    int drop_tensor;       /* index into the tensor list to leave out, -1: none */
+    int bad_shape;         /* give attn_k the q's shape */
+    int no_vocab;
+    const char *arch;
+    float poison;          /* a value planted in blk.1.ffn_down (0: none) */
+};
+
+struct tensor_spec {
+    char name[64];
+    int64_t cols, rows;
+};
+
+static int specs(struct tensor_spec *t, const struct tiny *o)
+{
+    int n = 0;
+    snprintf(t[n].name, 64, "token_embd.weight"), t[n].cols = EMBD, t[n++].rows = VOCAB;
+    for (int l = 0; l < LAYERS; l++) {
+        static const struct {
+            const char *name;
+            int64_t cols, rows;
+        } blk[] = {{"attn_norm.weight", EMBD, 1}, {"attn_q.weight", EMBD, HEADS * HD},
+                   {"attn_k.weight", EMBD, KV_HEADS * HD}, {"attn_v.weight", EMBD, KV_HEADS * HD},
+                   {"attn_output.weight", HEADS * HD, EMBD}, {"ffn_norm.weight", EMBD, 1},
+                   {"ffn_gate.weight", EMBD, FF}, {"ffn_up.weight", EMBD, FF}, {"ffn_down.weight", FF, EMBD}};
+        for (size_t i = 0; i < sizeof blk / sizeof *blk; i++) {
+            snprintf(t[n].name, 64, "blk.%d.%s", l, blk[i].name);
+            t[n].cols = blk[i].cols, t[n].rows = blk[i].rows;
+            if (o->bad_shape && l == 1 && i == 2)
+                t[n].rows = HEADS * HD;
+            n++;
+        }
+    }
+    snprintf(t[n].name, 64, "output_norm.weight"), t[n].cols = EMBD, t[n++].rows = 1;
+    snprintf(t[n].name, 64, "output.weight"), t[n].cols = EMBD, t[n++].rows = VOCAB;
+    if (o->drop_tensor >= 0) {
+        memmove(&t[o->drop_tensor], &t[o->drop_tensor + 1], (size_t)(n - o->drop_tensor - 1) * sizeof *t);
+        n--;
+    }
+    return n;
+}
+
+static void kv_u32(struct buf *b, const char *key, uint32_t v)
+{
+    put_str(b, key);
+    put_u32(b, 4); /* GGUF_TYPE_UINT32 */
+    put_u32(b, v);
+}
+
+static void kv_f32(struct buf *b, const char *key, float v)
+{
+    put_str(b, key);
+    put_u32(b, 6);
+    put(b, &v, 4);
+}
+
+static void kv_str(struct buf *b, const char *key, const char *v)
+{
+    put_str(b, key);
+    put_u32(b, 8);
+    put_str(b, v);
+}
+
+/* A tiny Llama in a temporary file (its path in `path`): weights from a fixed integer generator. */
+static void write_tiny(const struct tiny *o, char *path)
+{
+    struct tensor_spec t[64];
+    const int nt = specs(t, o);
+    const char *arch = o->arch ? o->arch : "llama";
+    struct buf b = {0};
+    gguf_header(&b, (uint64_t)nt, o->no_vocab ? 9 : 11);
+    char key[96];
+    kv_str(&b, "general.architecture", arch);
+#define KEY(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
+    kv_u32(&b, KEY("context_length"), 64);
+    kv_u32(&b, KEY("embedding_length"), EMBD);
+    kv_u32(&b, KEY("block_count"), LAYERS);
+    kv_u32(&b, KEY("feed_forward_length"), FF);
+    kv_u32(&b, KEY("attention.head_count"), HEADS);
+    kv_u32(&b, KEY("attention.head_count_kv"), KV_HEADS);
+    kv_f32(&b, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+    kv_f32(&b, KEY("rope.freq_base"), 10000.0f);
+#undef KEY
+    if (!o->no_vocab) {
+        kv_str(&b, "tokenizer.ggml.model", "llama");
+        put_str(&b, "tokenizer.ggml.tokens");
+        put_u32(&b, 9); /* array */
+        put_u32(&b, 8); /* of strings */
+        put_u64(&b, VOCAB);
+        for (int i = 0; i < VOCAB; i++) {
+            char s[16];
+            snprintf(s, sizeof s, "t%d", i);
+            put_str(&b, s);
+        }
+    }
+    uint64_t offset = 0;
+    for (int i = 0; i < nt; i++) {
+        put_str(&b, t[i].name);
+        put_u32(&b, t[i].rows > 1 ? 2 : 1);
+        put_u64(&b, (uint64_t)t[i].cols);
+        if (t[i].rows > 1)
+            put_u64(&b, (uint64_t)t[i].rows);
+        put_u32(&b, 0); /* f32 */
+        put_u64(&b, offset);
+        offset += (uint64_t)(t[i].cols * t[i].rows * 4 + 31) / 32 * 32;
+    }
+    while (b.n % 32)
+        put(&b, "", 1);
+    uint32_t state = 12345;
+    for (int i = 0; i < nt; i++) {
+        const int norm = strstr(t[i].name, "norm") != NULL;
+        const int64_t n = t[i].cols * t[i].rows;
+        for (int64_t k = 0; k < n; k++) {
+            state = state * 1664525u + 1013904223u;
+            float v = ((float)(state >> 8) / 16777216.0f - 0.5f) * (norm ? 0.2f : 0.6f) + (norm ? 1.0f : 0.0f);
+            if (o->poison != 0.0f && !strcmp(t[i].name, "blk.1.ffn_down.weight") && k == 7)
+                v = o->poison;
+            put(&b, &v, 4);
+        }
+        while (b.n % 32)
+            put(&b, "", 1);
+    }
+    strcpy(path, "/tmp/qd_test_engine_XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, b.p, b.n), (ssize_t)b.n);
+    close(fd);
+    free(b.p);
+}
+
+static const struct tiny plain = {.drop_tensor = -1};
+
+/* ---- hooks ------------------------------------------------------------------------------------ */
+
+struct record {
+    int calls, last_layer, layer_major_ok;
+    int calls_per_layer[LAYERS + 1];
+    char names[LAYERS + 1][8][64];
+    int64_t widths[LAYERS + 1][8];
+    int n_names[LAYERS + 1];
+    float qkv_first[3];
+    int chunks_seen, rows_seen, from_seen, in_order;
+    float *logits; /* [chunks][rows][VOCAB] */
+};
+
+static void on_matmul(void *ctx, int layer, const char *weight, const float *x, int64_t T, int64_t K)
+{
+    struct record *r = ctx;
+    r->calls++;
+    if (layer < r->last_layer)
+        r->layer_major_ok = 0;
+    r->last_layer = layer;
+    r->calls_per_layer[layer]++;
+    int seen = 0;
+    for (int i = 0; i < r->n_names[layer]; i++)
+        seen |= !strcmp(r->names[layer][i], weight);
+    if (!seen && r->n_names[layer] < 8) {
+        snprintf(r->names[layer][r->n_names[layer]], 64, "%s", weight);
+        r->widths[layer][r->n_names[layer]++] = K;
+    }
+    if (layer == 0) { /* q, k and v see one input */
+        const char *qkv[3] = {"blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"};
+        for (int i = 0; i < 3; i++)
+            if (!strcmp(weight, qkv[i]))
+                r->qkv_first[i] = x[5 * K + 3];
+    }
+    (void)T;
+}
+
+static int on_logits(void *ctx, int chunk, int from, int rows, const float *logits, int64_t n_vocab)
+{
+    struct record *r = ctx;
+    r->in_order &= chunk == r->chunks_seen;
+    r->chunks_seen++;
+    r->rows_seen = rows, r->from_seen = from;
+    memcpy(r->logits + (size_t)chunk * (size_t)rows * (size_t)n_vocab, logits,
+           (size_t)rows * (size_t)n_vocab * sizeof *logits);
+    return 0;
+}
+
+static enum qd_status run(const char *path, const int32_t *tokens, int chunks, struct record *r, char *err)
+{
+    struct qd_model m;
+    enum qd_status st;
+    if (qd_model_open(path, &m, &st, err, 512)) {
+        qd_model_close(&m);
+        return st;
+    }
+    struct qd_engine_opts o = {.n_ctx = CTX, .logits_from = 3, .threads = 2, .cache_k = QD_F32, .cache_v = QD_F32};
+    struct qd_engine_hooks h = {.ctx = r, .on_logits = on_logits, .on_matmul_input = on_matmul};
+    struct qd_engine_stats stats;
+    st = qd_engine_run(&m, tokens, chunks, &o, &h, &stats, err, 512);
+    if (st == QD_OK) {
+        assert_true(stats.hidden_bytes == (size_t)chunks * CTX * EMBD * 4);
+        assert_true(stats.peak_bytes >= stats.hidden_bytes + stats.block_bytes);
+    }
+    qd_model_close(&m);
+    return st;
+}
+
+static void fresh(struct record *r, int chunks)
+{
+    memset(r, 0, sizeof *r);
+    r->layer_major_ok = r->in_order = 1;
+    r->logits = calloc((size_t)chunks * (CTX - 3) * VOCAB, sizeof *r->logits);
+}
+
+static void engine_is_layer_major_and_hooks_see_every_matmul(void **state)
+{
+    (void)state;
+    char path[64], err[512];
+    write_tiny(&plain, path);
+    int32_t tokens[3 * CTX];
+    for (int i = 0; i < 3 * CTX; i++)
+        tokens[i] = (i * 7 + 3) % VOCAB;
+    struct record r;
+    fresh(&r, 3);
+    assert_int_equal(run(path, tokens, 3, &r, err), QD_OK);
+    assert_true(r.layer_major_ok);
+    /* 7 matmuls per block per chunk, then the head once per chunk */
+    assert_int_equal(r.calls_per_layer[0], 7 * 3);
+    assert_int_equal(r.calls_per_layer[1], 7 * 3);
+    assert_int_equal(r.calls_per_layer[LAYERS], 3);
+    assert_int_equal(r.n_names[1], 7);
+    const char *want[7] = {"blk.1.attn_q.weight", "blk.1.attn_k.weight", "blk.1.attn_v.weight",
+                           "blk.1.attn_output.weight", "blk.1.ffn_up.weight", "blk.1.ffn_gate.weight",
+                           "blk.1.ffn_down.weight"};
+    const int64_t widths[7] = {EMBD, EMBD, EMBD, HEADS * HD, EMBD, EMBD, FF};
+    for (int i = 0; i < 7; i++) {
+        assert_string_equal(r.names[1][i], want[i]);
+        assert_int_equal(r.widths[1][i], widths[i]);
+    }
+    assert_string_equal(r.names[LAYERS][0], "output.weight");
+    assert_true(r.qkv_first[0] == r.qkv_first[1] && r.qkv_first[1] == r.qkv_first[2]);
+    assert_true(r.in_order && r.chunks_seen == 3 && r.rows_seen == CTX - 3 && r.from_seen == 3);
+
+    /* chunk 2 alone gives the same logits, bit for bit */
+    struct record alone;
+    fresh(&alone, 1);
+    assert_int_equal(run(path, tokens + 2 * CTX, 1, &alone, err), QD_OK);
+    assert_memory_equal(alone.logits, r.logits + 2 * (CTX - 3) * VOCAB, (size_t)(CTX - 3) * VOCAB * sizeof(float));
+    for (int i = 0; i < (CTX - 3) * VOCAB; i++)
+        assert_true(isfinite(alone.logits[i]));
+    free(alone.logits);
+    free(r.logits);
+    unlink(path);
+}
+
+static void nonfinite_hidden_state_names_the_block(void **state)
+{
+    (void)state;
+    char path[64], err[512];
+    struct tiny o = plain;
+    o.poison = INFINITY;
+    write_tiny(&o, path);
+    int32_t tokens[2 * CTX];
+    for (int i = 0; i < 2 * CTX; i++)
+        tokens[i] = (i * 5 + 1) % VOCAB;
+    struct record r;
+    fresh(&r, 2);
+    assert_int_equal(run(path, tokens, 2, &r, err), QD_ENONFINITE);
+    assert_non_null(strstr(err, "block 1 gave NaN/Inf in chunk 1"));
+    free(r.logits);
+    unlink(path);
+}
+
+static void token_outside_the_vocabulary_is_refused(void **state)
+{
+    (void)state;
+    char path[64], err[512];
+    write_tiny(&plain, path);
+    int32_t tokens[CTX] = {1, 2, VOCAB + 5};
+    struct record r;
+    fresh(&r, 1);
+    assert_int_equal(run(path, tokens, 1, &r, err), QD_EINVAL);
+    assert_non_null(strstr(err, "token id 45 is outside the vocabulary's 40 tokens"));
+    free(r.logits);
+    unlink(path);
+}
+
+static void loader_refusals_name_the_problem(void **state)
+{
+    (void)state;
+    static const struct {
+        struct tiny o;
+        const char *msg;
+    } cases[] = {
+        {{.drop_tensor = -1, .arch = "gemma2"}, "does not run architecture 'gemma2' yet: it runs llama qwen2 qwen3"},
+        {{.drop_tensor = 12}, "no tensor blk.1.attn_k.weight, which a llama block needs"},
+        {{.drop_tensor = -1, .bad_shape = 1}, "tensor blk.1.attn_k.weight is [16, 16, 1], the model's sizes say [16, 8]"},
+        {{.drop_tensor = -1, .no_vocab = 1}, "has no vocabulary"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char path[64], err[512] = "";
+        write_tiny(&cases[i].o, path);
+        struct qd_model m;
+        enum qd_status st;
+        assert_int_equal(qd_model_open(path, &m, &st, err, sizeof err), -1);
+        qd_model_close(&m);
+        if (!strstr(err, cases[i].msg))
+            fail_msg("case %zu: '%s' does not say '%s'", i, err, cases[i].msg);
+        unlink(path);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(engine_is_layer_major_and_hooks_see_every_matmul),
+        cmocka_unit_test(nonfinite_hidden_state_names_the_block),
+        cmocka_unit_test(token_outside_the_vocabulary_is_refused),
+        cmocka_unit_test(loader_refusals_name_the_problem),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Tiny seeded F32 models for the forward engine's checks, written with the `gguf` package's own
+writer so that llama.cpp loads them:
+
+    tiny_model.py OUT.gguf [--arch llama|qwen2|qwen3] [--case NAME] [--seed N] [sizes...]
+
+Weights are about N(0, 0.02), as runtimes initialise them, from an integer generator (sums of
+hashed 16-bit draws times a power of two: exact in f32, so the same floats on every machine and
+numpy version and the figures recorded from llama.cpp stay valid). A few planted hard rows in
+every matrix: one zero, one constant, one large (x8: the
+FFN's three make activations some hundred times the others, as trained models' massive
+activations are; x4 in q and k),
+one with a single spike. Norm weights are about 1 with the same treatment.
+
+Cases (--case): untied (an output.weight), tied (none: the token embedding serves),
+rope-freqs (Llama 3's rope scaling: rope_freqs.weight from its factors), gqa (fewer key/value
+heads than heads); qwen2 adds q/k/v biases, qwen3 per-head q/k norms and a head size that is not
+n_embd / n_head (attention.key_length).
+
+The vocabulary is SentencePiece-style with byte fallback (<unk>, <s>, </s>, the 256 byte tokens,
+a few pieces, padding tokens up to --vocab) so llama.cpp can tokenize any text; the tokenizer
+KVs say add BOS."""
+import argparse
+
+import numpy as np
+import gguf
+
+CASES = ("untied", "tied", "rope-freqs", "gqa")
+
+
+class Weights:
+    """Exact pseudo-normal weights: a 64-bit counter hashed into four 16-bit draws per value."""
+
+    def __init__(self, seed):
+        self.state = (seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % 2**64
+
+    def normal(self, shape, std):
+        n = int(np.prod(shape))
+        idx = np.arange(n, dtype=np.uint64) + np.uint64(self.state)
+        self.state = (self.state + n * 0x9E3779B97F4A7C15 + 1) % 2**64
+        acc = np.zeros(n, dtype=np.int64)
+        for k in range(4):
+            h = (idx * np.uint64(0x9E3779B97F4A7C15 + 2 * k + 1)) ^ (idx >> np.uint64(29))
+            h = (h * np.uint64(0xBF58476D1CE4E5B9)) >> np.uint64(40)
+            acc += (h & np.uint64(0xFFFF)).astype(np.int64) - 32768
+        # the sum of four uniform draws on [-32768, 32768) has a standard deviation of 37837.6;
+        # the scale is a power of two near std / 37837.6, so every value stays exact
+        scale = 2.0 ** np.round(np.log2(std / 37837.6))
+        return (acc.astype(np.float32) * np.float32(scale)).reshape(shape)
+
+    def matrix(self, rows, cols, std=0.02, large=8.0):
+        x = self.normal((rows, cols), std)
+        if rows >= 8:  # the planted rows, at positions that depend on the shape
+            x[rows // 7] = 0.0
+            x[rows // 5] = np.float32(std)
+            x[rows // 3] *= np.float32(large)
+            x[rows // 2] = 0.0
+            x[rows // 2, (rows * 7) % cols] = np.float32(std * 50)
+        return x
+
+    def norm(self, n):
+        x = np.float32(1.0) + self.normal((n,), 0.1)
+        x[n // 3] = np.float32(3.0)
+        return x
+
+
+def llama3_rope_factors(n_rot, base, factor=8.0, low=1.0, high=4.0, orig=8192):
+    """convert_hf_to_gguf's rope_freqs for rope_scaling type llama3."""
+    freqs = 1.0 / (base ** (np.arange(0, n_rot, 2, dtype=np.float32) / n_rot))
+    low_wavelen, high_wavelen = orig / low, orig / high
+    out = []
+    for f in freqs:
+        wavelen = 2 * np.pi / f
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (orig / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3"])
+    ap.add_argument("--case", default="untied", choices=CASES)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--ffn", type=int, default=160)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=0, help="default: heads (gqa: heads / 2)")
+    ap.add_argument("--head-dim", type=int, default=0, help="qwen3: attention.key_length (default 24)")
+    ap.add_argument("--vocab", type=int, default=384)
+    ap.add_argument("--ctx", type=int, default=256, help="context_length")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+
+    pieces = ["▁the", "▁a", "▁of", "▁and", "▁to", "▁in", "▁is", "▁quant", "ize", "▁model", "e", "t", "▁"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)
+    scores = [0.0, 0.0, 0.0] + [0.0] * 256 + [-float(i) for i in range(len(pieces))]
+    while len(tokens) < a.vocab:
+        tokens.append(f"<pad{len(tokens)}>"), types.append(1), scores.append(-1000.0 - len(tokens))
+    vocab, h = len(tokens), a.hidden
+    heads = a.heads
+    kv_heads = a.kv_heads or (heads // 2 if a.case == "gqa" else heads)
+    hd = a.head_dim or (24 if a.arch == "qwen3" else h // heads)
+    base = 500000.0 if a.case == "rope-freqs" else 10000.0
+
+    w = gguf.GGUFWriter(a.out, a.arch)
+    w.add_name(f"quantd tiny {a.arch} {a.case}")
+    w.add_context_length(a.ctx)
+    w.add_embedding_length(h)
+    w.add_block_count(a.layers)
+    w.add_feed_forward_length(a.ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    if a.arch == "qwen3" or hd != h // heads:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    w.add_rope_dimension_count(hd)
+    w.add_layer_norm_rms_eps(1e-6 if a.arch != "llama" else 1e-5)
+    w.add_rope_freq_base(base)
+    w.add_file_type(0)
+    w.add_vocab_size(vocab)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+    g = Weights(a.seed)
+    # the token embedding and the output at a trained model's scale (their logits spread over a few
+    # units, a large row some tens), the rest N(0, 0.02)
+    w.add_tensor("token_embd.weight", g.matrix(vocab, h, 0.0625, 4.0))
+    if a.case == "rope-freqs":
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(hd, base))
+    for i in range(a.layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", g.norm(h))
+        # q and k's large rows at x4 (larger ones in both make scores whose f32 rounding alone moves
+        # the logits by more than 1e-4: a float64 forward pass shows it)
+        w.add_tensor(p + "attn_q.weight", g.matrix(heads * hd, h, large=4.0))
+        w.add_tensor(p + "attn_k.weight", g.matrix(kv_heads * hd, h, large=4.0))
+        w.add_tensor(p + "attn_v.weight", g.matrix(kv_heads * hd, h))
+        if a.arch == "qwen2":
+            w.add_tensor(p + "attn_q.bias", g.normal((heads * hd,), 0.5))
+            w.add_tensor(p + "attn_k.bias", g.normal((kv_heads * hd,), 0.5))
+            w.add_tensor(p + "attn_v.bias", g.normal((kv_heads * hd,), 0.05))
+        if a.arch == "qwen3":
+            w.add_tensor(p + "attn_q_norm.weight", g.norm(hd))
+            w.add_tensor(p + "attn_k_norm.weight", g.norm(hd))
+        w.add_tensor(p + "attn_output.weight", g.matrix(h, heads * hd))
+        w.add_tensor(p + "ffn_norm.weight", g.norm(h))
+        w.add_tensor(p + "ffn_gate.weight", g.matrix(a.ffn, h))
+        w.add_tensor(p + "ffn_up.weight", g.matrix(a.ffn, h))
+        w.add_tensor(p + "ffn_down.weight", g.matrix(h, a.ffn))
+    w.add_tensor("output_norm.weight", g.norm(h))
+    if a.case != "tied":
+        w.add_tensor("output.weight", g.matrix(vocab, h, 0.0625, 4.0))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -108,7 +108,7 @@ enum qd_status qd_tokens_parse(const void *buf, size_t len, enum qd_tokens_forma
     }
     if (fmt == QD_TOKENS_INT32 && len % 4) {
         snprintf(err, errlen, "raw token ids are little-endian int32, 4 bytes each: %zu bytes is not a whole number "
-                 "of them (for a JSON array, name the file *.json)", len);
+                 "of them (nor a JSON array: one starts with '[' and ends with ']')", len);
         return QD_EINVAL;
     }
     size_t cap = fmt == QD_TOKENS_INT32 ? len / 4 : len / 2 + 1;
@@ -133,10 +133,15 @@ enum qd_status qd_tokens_parse(const void *buf, size_t len, enum qd_tokens_forma
     return QD_OK;
 }
 
-enum qd_tokens_format qd_tokens_format_of(const char *path)
+enum qd_tokens_format qd_tokens_detect(const void *buf, size_t len)
 {
-    size_t n = strlen(path);
-    return n >= 5 && !strcmp(path + n - 5, ".json") ? QD_TOKENS_JSON : QD_TOKENS_INT32;
+    const uint8_t *b = buf;
+    size_t first = 0, last = len;
+    while (first < len && json_space(b[first]))
+        first++;
+    while (last > first && json_space(b[last - 1]))
+        last--;
+    return last - first >= 2 && b[first] == '[' && b[last - 1] == ']' ? QD_TOKENS_JSON : QD_TOKENS_INT32;
 }
 
 enum qd_status qd_tokens_load(const char *path, int32_t n_vocab, int32_t **ids, size_t *n, char *err, size_t errlen)
@@ -161,7 +166,7 @@ enum qd_status qd_tokens_load(const char *path, int32_t n_vocab, int32_t **ids, 
     }
     fclose(f);
     char why[512];
-    enum qd_status s = qd_tokens_parse(buf, len, qd_tokens_format_of(path), n_vocab, ids, n, why, sizeof why);
+    enum qd_status s = qd_tokens_parse(buf, len, qd_tokens_detect(buf, len), n_vocab, ids, n, why, sizeof why);
     free(buf);
     if (s != QD_OK)
         snprintf(err, errlen, "'%s': %s", path, why);

@@ -23,11 +23,13 @@ enum qd_tokens_format { QD_TOKENS_INT32, QD_TOKENS_JSON };
 enum qd_status qd_tokens_parse(const void *buf, size_t len, enum qd_tokens_format fmt, int32_t n_vocab,
                                int32_t **ids, size_t *n, char *err, size_t errlen);
 
-/* The form a file name says: a name ending in ".json" is JSON, any other raw int32. */
-enum qd_tokens_format qd_tokens_format_of(const char *path);
+/* The form of buf[0, len): JSON when its first and last bytes other than JSON white space are
+ * '[' and ']', raw int32 otherwise. (Raw ids below 2^24 end in a 0 byte, so a raw file is never
+ * taken for JSON; `llama-tokenize --ids` output is JSON.) */
+enum qd_tokens_format qd_tokens_detect(const void *buf, size_t len);
 
-/* Reads a whole file in the form its name says and parses it as qd_tokens_parse does; QD_EIO
- * when it cannot be read. err names the file. */
+/* Reads a whole file, in the form qd_tokens_detect finds, and parses it as qd_tokens_parse does;
+ * QD_EIO when it cannot be read. err names the file. */
 enum qd_status qd_tokens_load(const char *path, int32_t n_vocab, int32_t **ids, size_t *n, char *err, size_t errlen);
 
 #endif

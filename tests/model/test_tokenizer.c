@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../checkpoint/gguf_bytes.h"
 #include "model/tokenizer.h"
@@ -582,8 +583,23 @@ static void tokens_in_reads_int32_and_json(void **state)
     assert_int_equal(n, 4);
     assert_memory_equal(ids, want, sizeof want);
     free(ids);
-    assert_int_equal(qd_tokens_format_of("x/ids.json"), QD_TOKENS_JSON);
-    assert_int_equal(qd_tokens_format_of("x/ids.bin"), QD_TOKENS_INT32);
+    assert_int_equal(qd_tokens_detect(json, strlen(json)), QD_TOKENS_JSON);
+    assert_int_equal(qd_tokens_detect(raw, sizeof raw), QD_TOKENS_INT32);
+    const uint8_t starts_like_json[] = {'[', 0, 0, 0, 1, 0, 0, 0}; /* ids 91 and 1 */
+    assert_int_equal(qd_tokens_detect(starts_like_json, sizeof starts_like_json), QD_TOKENS_INT32);
+    /* a file: llama-tokenize --ids output */
+    char path[] = "/tmp/qd_tokens_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "[1, 15043, 3186]\n", 17), 17);
+    close(fd);
+    assert_int_equal(qd_tokens_load(path, 32000, &ids, &n, err, sizeof err), QD_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[2], 3186);
+    free(ids);
+    assert_int_equal(qd_tokens_load(path, 3000, &ids, &n, err, sizeof err), QD_EINVAL);
+    assert_non_null(strstr(err, path));
+    unlink(path);
 }
 
 static void tokens_in_refuses_bad_ids_with_their_place(void **state)

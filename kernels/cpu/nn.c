@@ -225,8 +225,41 @@ void qd_nn_add(float *y, const float *a, int64_t n)
         y[i] += a[i];
 }
 
-/* ggml_vec_swiglu_f32: silu(g) = g / (1 + e^-g), times up. ggml_geglu's tanh approximation of
- * GELU (ggml_gelu_f32, without the f16 table). */
+void qd_nn_scale(float *x, int64_t n, float s)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= s;
+}
+
+void qd_nn_softcap(float *x, int64_t n, float cap)
+{
+    const float inv = 1.0f / cap;
+    for (int64_t i = 0; i < n; i++)
+        x[i] = tanhf(x[i] * inv) * cap;
+}
+
+/* ggml_gelu_f32, the tanh approximation in f32, as ggml-cpu.c is compiled (GCC's default
+ * contraction fuses 1 + a*x*x into one fused multiply-add): this way every one of the 65536
+ * entries of ggml_table_gelu_f16 comes out the same, which the plain expression misses by one. */
+static float gelu_tanh(float x)
+{
+    const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f;
+    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * fmaf(coef_a * x, x, 1.0f)));
+}
+
+/* ggml_vec_geglu_f32 under GGML_GELU_FP16 (ggml-cpu/vec.h, always defined there): 0 below -10,
+ * x itself above 10, else ggml_table_gelu_f16[f16(x)], the f16 rounding of gelu at the f16
+ * value of x. */
+static float gelu_f16_table(float x)
+{
+    if (x <= -10.0f)
+        return 0.0f;
+    if (x >= 10.0f)
+        return x;
+    return qd_f16_to_f32(qd_f32_to_f16(gelu_tanh(qd_f16_to_f32(qd_f32_to_f16(x)))));
+}
+
+/* ggml_vec_swiglu_f32: silu(g) = g / (1 + e^-g), times up; ggml_vec_geglu_f32 (gelu_f16_table). */
 void qd_nn_glu(float *out, const float *gate, const float *up, int64_t n, enum qd_glu_kind kind)
 {
     if (kind == QD_GLU_SILU) {
@@ -234,11 +267,8 @@ void qd_nn_glu(float *out, const float *gate, const float *up, int64_t n, enum q
             out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
         return;
     }
-    const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f;
-    for (int64_t i = 0; i < n; i++) {
-        const float x = gate[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x))) * up[i];
-    }
+    for (int64_t i = 0; i < n; i++)
+        out[i] = gelu_f16_table(gate[i]) * up[i];
 }
 
 void qd_nn_round(float *x, int64_t n, enum qd_dtype dtype)
@@ -441,19 +471,27 @@ static void attn_worker(void *ctx, int tid, int nth)
                   a->k_stride, rows, keys, dk, acc);
         for (int64_t i = 0; i < rows; i++) {
             float *p = s + i * j->len8;
-            const int64_t last = r0 + i; /* the causal mask: positions 0..last */
+            const int64_t last = r0 + i; /* the causal mask: positions first..last */
+            const int64_t first = a->window > 0 && last - a->window + 1 > 0 ? last - a->window + 1 : 0;
             float max = -INFINITY;
-            for (int64_t t = 0; t <= last; t++) {
+            if (a->softcap > 0.0f) { /* build_attn_mha: scale by 1/cap, tanh, scale by cap, then softmax */
+                const float inv = 1.0f / a->softcap;
+                for (int64_t t = first; t <= last; t++)
+                    p[t] = tanhf(p[t] * inv) * a->softcap;
+            }
+            for (int64_t t = first; t <= last; t++) {
                 p[t] *= a->scale;
                 max = p[t] > max ? p[t] : max;
             }
             double sum = 0.0;
-            for (int64_t t = 0; t <= last; t++) {
+            for (int64_t t = first; t <= last; t++) {
                 p[t] = expf(p[t] - max);
                 sum += (double)p[t];
             }
             const float inv = (float)(1.0 / sum);
-            for (int64_t t = 0; t <= last; t++)
+            for (int64_t t = 0; t < first; t++)
+                p[t] = 0.0f;
+            for (int64_t t = first; t <= last; t++)
                 p[t] *= inv;
             for (int64_t t = last + 1; t < keys8; t++)
                 p[t] = 0.0f;
@@ -497,6 +535,8 @@ const struct qd_nn_backend qd_nn_cpu = {
     .matmul = qd_nn_matmul,
     .add_row = qd_nn_add_row,
     .add = qd_nn_add,
+    .scale = qd_nn_scale,
+    .softcap = qd_nn_softcap,
     .rms_norm = qd_nn_rms_norm,
     .layer_norm = qd_nn_layer_norm,
     .rope = qd_nn_rope,

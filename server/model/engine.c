@@ -76,6 +76,8 @@ static enum qd_status run_head(struct qd_model *m, float *hidden, int n_chunks, 
         nn->matmul(logits, cur, out, rows, n_embd, n_vocab);
         if (bias)
             nn->add_row(logits, bias, rows, n_vocab);
+        if (hp->final_softcap > 0.0f)
+            nn->softcap(logits, (int64_t)rows * n_vocab, hp->final_softcap);
         int64_t bad = first_nonfinite(logits, (int64_t)rows * n_vocab);
         if (bad >= 0) {
             snprintf(err, errlen, "the output head gave NaN/Inf in chunk %d at position %" PRId64
@@ -131,6 +133,8 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
     double t0 = now_s();
     if ((st = qd_model_rows(m, m->token_embd, tokens, all, hidden, err, errlen)) != QD_OK)
         goto done;
+    if (hp->embd_scale != 1.0f) /* gemma: ggml_scale(inpL, sqrtf(n_embd)) */
+        nn->scale(hidden, all * n_embd, hp->embd_scale);
     qd_model_release(m, m->token_embd);
     stats->read_seconds += now_s() - t0;
 

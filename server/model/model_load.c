@@ -201,7 +201,21 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
     r->attn_factor = 1.0f;
     r->beta_fast = 32.0f;
     r->beta_slow = 1.0f;
-    return 0;
+
+    if (hp->n_layer > QD_MODEL_MAX_LAYERS) {
+        snprintf(err, errlen, "the model has %" PRId64 " blocks: the engine runs at most %d (llama.cpp's "
+                 "LLAMA_MAX_LAYERS)", hp->n_layer, QD_MODEL_MAX_LAYERS);
+        return -1;
+    }
+    hp->embd_scale = 1.0f;
+    hp->rope_swa = *r;
+    return m->arch->hparams ? m->arch->hparams(m, err, errlen) : 0;
+}
+
+int qd_model_key(struct qd_model *m, const char *suffix, int required, double *out, char *err, size_t errlen)
+{
+    struct meta mt = {.g = &m->file.g, .arch = m->arch_name, .err = err, .errlen = errlen};
+    return arch_key(&mt, suffix, required, out);
 }
 
 /* llama_vocab::load: the vocabulary's size and whether each sequence starts with a BOS. */
@@ -279,13 +293,16 @@ static int check_tensor(const struct qd_gguf_tensor *t, int64_t cols, int64_t ro
 }
 
 /* The expected [cols, rows] of a block tensor role (GGUF ne[0], ne[1]). */
-static void role_shape(const struct qd_model_hparams *hp, enum qd_model_weight w, int64_t *cols, int64_t *rows)
+static void role_shape(const struct qd_model_arch *a, const struct qd_model_hparams *hp, enum qd_model_weight w,
+                       int64_t *cols, int64_t *rows)
 {
     const int64_t q = (int64_t)hp->n_head * hp->head_dim_k, k = (int64_t)hp->n_head_kv * hp->head_dim_k;
     const int64_t v = (int64_t)hp->n_head_kv * hp->head_dim_v, o = (int64_t)hp->n_head * hp->head_dim_v;
     *rows = 1;
     switch (w) {
-    case QD_W_ATTN_NORM: case QD_W_FFN_NORM: case QD_W_ATTN_OUT_B: case QD_W_FFN_DOWN_B: *cols = hp->n_embd; break;
+    case QD_W_ATTN_NORM: case QD_W_FFN_NORM: case QD_W_ATTN_OUT_B: case QD_W_FFN_DOWN_B:
+    case QD_W_ATTN_POST_NORM: case QD_W_FFN_POST_NORM: *cols = hp->n_embd; break;
+    case QD_W_ATTN_QKV: *cols = hp->n_embd, *rows = q + k + v; break;
     case QD_W_ATTN_Q: *cols = hp->n_embd, *rows = q; break;
     case QD_W_ATTN_K: *cols = hp->n_embd, *rows = k; break;
     case QD_W_ATTN_V: *cols = hp->n_embd, *rows = v; break;
@@ -294,7 +311,8 @@ static void role_shape(const struct qd_model_hparams *hp, enum qd_model_weight w
     case QD_W_ATTN_V_B: *cols = v; break;
     case QD_W_ATTN_Q_NORM: case QD_W_ATTN_K_NORM: *cols = hp->head_dim_k; break;
     case QD_W_ATTN_OUT: *cols = o, *rows = hp->n_embd; break;
-    case QD_W_FFN_GATE: case QD_W_FFN_UP: *cols = hp->n_embd, *rows = hp->n_ff; break;
+    case QD_W_FFN_GATE: *cols = hp->n_embd, *rows = hp->n_ff; break;
+    case QD_W_FFN_UP: *cols = hp->n_embd, *rows = a->ffn_up_fused ? 2 * hp->n_ff : hp->n_ff; break;
     case QD_W_FFN_GATE_B: case QD_W_FFN_UP_B: *cols = hp->n_ff; break;
     case QD_W_FFN_DOWN: *cols = hp->n_ff, *rows = hp->n_embd; break;
     default: *cols = 0; break;
@@ -322,9 +340,17 @@ static int check_tensors(struct qd_model *m, char *err, size_t errlen)
                          qd_model_weight_names[w], a->name);
                 return -1;
             }
-            role_shape(hp, w, &cols, &rows);
+            role_shape(a, hp, w, &cols, &rows);
             if (t && check_tensor(t, cols, rows, err, errlen))
                 return -1;
+        }
+    /* a fused q/k/v (phi3) or the three apart (create_tensor_qkv takes either) */
+    for (int l = 0; (a->optional & QD_W_BIT(QD_W_ATTN_QKV)) && l < hp->n_layer; l++)
+        if (!block_tensor(m, l, QD_W_ATTN_QKV) &&
+            !(block_tensor(m, l, QD_W_ATTN_Q) && block_tensor(m, l, QD_W_ATTN_K) && block_tensor(m, l, QD_W_ATTN_V))) {
+            snprintf(err, errlen, "the model has neither blk.%d.attn_qkv.weight nor blk.%d's attn_q, attn_k and "
+                     "attn_v, one of which a %s block needs", l, l, a->name);
+            return -1;
         }
     m->token_embd = find_tensor(m, "token_embd.weight");
     m->output_norm = find_tensor(m, "output_norm.weight");
@@ -334,7 +360,7 @@ static int check_tensors(struct qd_model *m, char *err, size_t errlen)
         snprintf(err, errlen, "the model has no %s", m->token_embd ? "output_norm.weight" : "token_embd.weight");
         return -1;
     }
-    if (!m->output) /* tied: llama.cpp duplicates the token embedding (TENSOR_DUPLICATED) */
+    if (!m->output || a->tied_output) /* tied: llama.cpp duplicates the token embedding (TENSOR_DUPLICATED) */
         m->output = m->token_embd;
     hp = &m->hp;
     if (check_tensor(m->token_embd, hp->n_embd, hp->n_vocab, err, errlen) ||

@@ -2,7 +2,9 @@
 (tests/fixtures/model/, made by tests/fixtures/make_model_fixtures.py; the live comparison is
 tests/consumers/test_llama_cpp_model.py). For each tiny model (tests/model/cases.py: Llama
 untied, tied, with Llama 3's rope_freqs, with GQA; Qwen2 with q/k/v biases; Qwen3 with q/k norms
-and a head size apart from n_embd / n_head):
+and a head size apart from n_embd / n_head; Gemma 2 with soft-capped scores and logits and a
+sliding window of 8 on alternate blocks; Gemma 3 with q/k norms, 2 sliding blocks of 3 with their
+own rope base, linear rope scaling on the global one; Phi-3 with fused qkv and gate/up):
 - the logits of llama.cpp's f32 path (f32 KV cache, no flash attention) within a relative 1e-4
   (per row: the largest difference over the row's largest logit), quantd run the same way
   (-ctk f32 -ctv f32);

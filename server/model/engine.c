@@ -112,6 +112,12 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
         qd_cpu_set_threads(o->threads);
         qd_nn_set_threads(o->threads);
     }
+    /* LongRoPE (llama_model::get_rope_factors): the long factors once a sequence outgrows the
+     * original context, the short ones within it */
+    if (m->rope_short || m->rope_long) {
+        const float *f = o->n_ctx > hp->rope.n_ctx_orig && m->rope_long ? m->rope_long : m->rope_short;
+        m->hp.rope.freq_factors = m->hp.rope_swa.freq_factors = f;
+    }
     const int64_t T = o->n_ctx, n_embd = hp->n_embd, all = (int64_t)n_chunks * T;
     enum qd_status st = QD_ENOMEM;
     struct qd_model_block block = {0};

@@ -76,6 +76,13 @@ static void graph_qkv(struct qd_block_run *r)
     r->nn->matmul(s->q, s->cur, qkv->data, r->T, qkv->cols, q);
     r->nn->matmul(s->k, s->cur, qkv->data + q * qkv->cols, r->T, qkv->cols, k);
     r->nn->matmul(s->v, s->cur, qkv->data + (q + k) * qkv->cols, r->T, qkv->cols, v);
+    /* separate q/k/v biases beside a fused matrix (create_tensor_qkv allows them) */
+    const enum qd_model_weight bias[3] = {QD_W_ATTN_Q_B, QD_W_ATTN_K_B, QD_W_ATTN_V_B};
+    float *out[3] = {s->q, s->k, s->v};
+    const int64_t width[3] = {q, k, v};
+    for (int i = 0; i < 3; i++)
+        if (weight(r, bias[i]))
+            r->nn->add_row(out[i], weight(r, bias[i])->data, r->T, width[i]);
 }
 
 enum qd_status qd_graph_attention(struct qd_block_run *r)

@@ -62,5 +62,6 @@ enum qd_status qd_arch_llama_block(struct qd_block_run *r);
 enum qd_status qd_arch_gemma_block(struct qd_block_run *r);
 int qd_arch_gemma2_hparams(struct qd_model *m, char *err, size_t errlen);
 int qd_arch_gemma3_hparams(struct qd_model *m, char *err, size_t errlen);
+int qd_arch_mistral3_hparams(struct qd_model *m, char *err, size_t errlen); /* arch_mistral3.c */
 
 #endif

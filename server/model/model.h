@@ -71,6 +71,7 @@ struct qd_model_arch {
     int q_prescale;              /* q times attn_scale before the scores, which then take 1.0 (gemma, phi3) */
     int ffn_up_fused;            /* ffn_up holds the gate's rows then the up's, [2 n_ff] (phi3) */
     int tied_output;             /* the token embedding is the output even where output.weight exists (gemma2) */
+    int rope_long_short;         /* LongRoPE: rope_factors_long/short.weight, long past n_ctx_orig (phi3) */
     /* the architecture's own hyperparameters (its load_arch_hparams), after the common ones; 0 or
      * -1 with err */
     int (*hparams)(struct qd_model *m, char *err, size_t errlen);
@@ -106,6 +107,7 @@ struct qd_model {
     int add_bos;          /* the vocabulary adds a BOS (llama_vocab_get_add_bos) */
     float *rope_freqs;    /* n_rot/2 values, or NULL */
     const struct qd_gguf_tensor *token_embd, *output, *output_norm, *output_b;
+    float *rope_short, *rope_long; /* LongRoPE's factors (n_rot/2 each), or NULL (phi3) */
 };
 
 /* Opens the model at path (a GGUF, or a split model's first shard) and checks everything a pass

@@ -178,7 +178,8 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
         r->freq_base = (float)v;
     char *scaling = arch_string(&mt, "rope.scaling.type");
     int none = scaling && !strcmp(scaling, "none");
-    if (scaling && strcmp(scaling, "none") && strcmp(scaling, "linear")) {
+    if (scaling && strcmp(scaling, "none") && strcmp(scaling, "linear") &&
+        !(m->arch->rope_long_short && !strcmp(scaling, "longrope"))) {
         snprintf(err, errlen, "the model's rope scaling '%s' is not one the engine runs yet (it runs none and "
                  "linear, and Llama 3's rope_freqs)", scaling);
         free(scaling);
@@ -201,6 +202,11 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
     r->attn_factor = 1.0f;
     r->beta_fast = 32.0f;
     r->beta_slow = 1.0f;
+    /* llama_context: the cos/sin factor times rope.scaling.attn_factor (LongRoPE's, e.g.) */
+    if ((found = arch_key(&mt, "rope.scaling.attn_factor", 0, &v)) < 0)
+        return -1;
+    if (found && v != 0.0)
+        r->attn_factor = (float)v;
 
     if (hp->n_layer > QD_MODEL_MAX_LAYERS) {
         snprintf(err, errlen, "the model has %" PRId64 " blocks: the engine runs at most %d (llama.cpp's "
@@ -326,6 +332,25 @@ static const struct qd_gguf_tensor *block_tensor(const struct qd_model *m, int l
     return find_tensor(m, name);
 }
 
+/* A per-pair rope factor tensor (n_rot/2 f32 values) copied into *out; absent: NULL. */
+static int read_rope_factors(struct qd_model *m, const char *name, float **out, char *err, size_t errlen)
+{
+    const struct qd_gguf_tensor *t = find_tensor(m, name);
+    const int n = m->hp.rope.n_rot / 2;
+    if (!t)
+        return 0;
+    if (t->type != QD_GGML_F32 || t->ne[0] != n || t->ne[1] != 1) {
+        snprintf(err, errlen, "tensor %s must hold %d f32 values (n_rot/2)", name, n);
+        return -1;
+    }
+    if (!(*out = malloc((size_t)n * sizeof **out))) {
+        snprintf(err, errlen, "no memory");
+        return -1;
+    }
+    memcpy(*out, t->data, (size_t)n * sizeof **out);
+    return 0;
+}
+
 static int check_tensors(struct qd_model *m, char *err, size_t errlen)
 {
     const struct qd_model_hparams *hp = &m->hp;
@@ -367,6 +392,9 @@ static int check_tensors(struct qd_model *m, char *err, size_t errlen)
         check_tensor(m->output, hp->n_embd, hp->n_vocab, err, errlen) ||
         check_tensor(m->output_norm, hp->n_embd, 1, err, errlen) ||
         (m->output_b && check_tensor(m->output_b, hp->n_vocab, 1, err, errlen)))
+        return -1;
+    if (a->rope_long_short && (read_rope_factors(m, "rope_factors_short.weight", &m->rope_short, err, errlen) ||
+                               read_rope_factors(m, "rope_factors_long.weight", &m->rope_long, err, errlen)))
         return -1;
     const struct qd_gguf_tensor *freqs = a->rope_freqs ? find_tensor(m, "rope_freqs.weight") : NULL;
     if (freqs) {
@@ -412,6 +440,8 @@ void qd_model_close(struct qd_model *m)
 {
     qd_gguf_model_close(&m->file);
     free(m->rope_freqs);
+    free(m->rope_short);
+    free(m->rope_long);
     memset(m, 0, sizeof *m);
 }
 

@@ -25,6 +25,8 @@ CASES = {
     "gemma2": ["--arch", "gemma2", "--case", "gqa", "--layers", "3", "--post-norm", "0.0625"],
     "gemma3": ["--arch", "gemma3", "--case", "gqa", "--layers", "3", "--post-norm", "0.0625"],
     "phi3": ["--arch", "phi3", "--case", "gqa"],
+    "phi3-longrope": ["--arch", "phi3", "--case", "longrope"],
+    "mistral3": ["--arch", "mistral3", "--case", "tied", "--kv-heads", "2"],
 }
 
 

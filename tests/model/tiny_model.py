@@ -23,7 +23,11 @@ logits at 6 (both well inside what the planted rows reach, so the caps bite). ge
 block with q/k norms, a head size apart from n_embd / n_head, an output.weight of its own, a
 window of 8 on two blocks of three (sliding_window_pattern 3) with their own rope base (10000)
 while the global block has base 1e6 and linear rope scaling x8, logits soft-capped at 6. phi3:
-q/k/v in one attn_qkv, gate and up in one ffn_up of 2 n_ff rows, GQA.
+q/k/v in one attn_qkv, gate and up in one ffn_up of 2 n_ff rows, GQA; its longrope case adds
+LongRoPE (rope_factors_short/long, an original context of 32 so the long ones apply to chunks of
+64, rope.scaling.attn_factor 1.19), q/k/v biases beside the fused matrix and a tied output.
+mistral3: Llama's block with a head size apart from n_embd / n_head and biases on the
+attention's output and the FFN.
 
 The vocabulary is SentencePiece-style with byte fallback (<unk>, <s>, </s>, the 256 byte tokens,
 a few pieces, padding tokens up to --vocab) so llama.cpp can tokenize any text; the tokenizer
@@ -33,7 +37,7 @@ import argparse
 import numpy as np
 import gguf
 
-CASES = ("untied", "tied", "rope-freqs", "gqa")
+CASES = ("untied", "tied", "rope-freqs", "gqa", "longrope")
 
 
 class Weights:
@@ -92,7 +96,8 @@ def llama3_rope_factors(n_rot, base, factor=8.0, low=1.0, high=4.0, orig=8192):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
+    ap.add_argument("--arch", default="llama",
+                    choices=["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "mistral3"])
     ap.add_argument("--case", default="untied", choices=CASES)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--ffn", type=int, default=160)
@@ -115,7 +120,7 @@ def main():
     vocab, h = len(tokens), a.hidden
     heads = a.heads
     kv_heads = a.kv_heads or (heads // 2 if a.case == "gqa" else heads)
-    hd = a.head_dim or (24 if a.arch in ("qwen3", "gemma3") else h // heads)
+    hd = a.head_dim or (24 if a.arch in ("qwen3", "gemma3", "mistral3") else h // heads)
     base = 500000.0 if a.case == "rope-freqs" else 10000.0
 
     w = gguf.GGUFWriter(a.out, a.arch)
@@ -127,7 +132,7 @@ def main():
     w.add_feed_forward_length(a.ffn)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    if a.arch in ("qwen3", "gemma3") or hd != h // heads:
+    if a.arch in ("qwen3", "gemma3", "mistral3") or hd != h // heads:
         w.add_key_length(hd)
         w.add_value_length(hd)
     w.add_rope_dimension_count(hd)
@@ -139,6 +144,10 @@ def main():
         w.add_final_logit_softcapping(6.0)
     if a.arch == "gemma2":
         w.add_attn_logit_softcapping(1.5)
+    if a.case == "longrope":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
+        w.add_rope_scaling_orig_ctx_len(32)
+        w.add_rope_scaling_attn_factors(1.19)
     if a.arch == "gemma3":
         w.add_sliding_window_pattern(3)
         w.add_rope_freq_base_swa(10000.0)
@@ -163,6 +172,10 @@ def main():
     w.add_tensor("token_embd.weight", g.matrix(vocab, h, 0.0625, 4.0))
     if a.case == "rope-freqs":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(hd, base))
+    if a.case == "longrope":  # Phi-3's shape of factors: about 1 for the short, growing to some tens for the long
+        ramp = np.linspace(0.0, 1.0, hd // 2, dtype=np.float32)
+        w.add_tensor("rope_factors_short.weight", np.float32(1.0) + np.float32(0.1) * ramp)
+        w.add_tensor("rope_factors_long.weight", np.float32(1.0) + np.float32(30.0) * ramp * ramp)
     for i in range(a.layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", g.norm(h))
@@ -177,7 +190,7 @@ def main():
             w.add_tensor(p + "attn_q.weight", q)
             w.add_tensor(p + "attn_k.weight", k)
             w.add_tensor(p + "attn_v.weight", v)
-        if a.arch == "qwen2":
+        if a.arch == "qwen2" or a.case == "longrope":
             w.add_tensor(p + "attn_q.bias", g.normal((heads * hd,), 0.5))
             w.add_tensor(p + "attn_k.bias", g.normal((kv_heads * hd,), 0.5))
             w.add_tensor(p + "attn_v.bias", g.normal((kv_heads * hd,), 0.05))
@@ -185,6 +198,8 @@ def main():
             w.add_tensor(p + "attn_q_norm.weight", g.norm(hd))
             w.add_tensor(p + "attn_k_norm.weight", g.norm(hd))
         w.add_tensor(p + "attn_output.weight", g.matrix(h, heads * hd))
+        if a.arch == "mistral3":
+            w.add_tensor(p + "attn_output.bias", g.normal((h,), 0.05))
         if gemma:
             w.add_tensor(p + "post_attention_norm.weight", g.norm(h) * np.float32(a.post_norm))
         w.add_tensor(p + "ffn_norm.weight", g.norm(h))
@@ -195,6 +210,10 @@ def main():
             w.add_tensor(p + "ffn_gate.weight", gate)
             w.add_tensor(p + "ffn_up.weight", up)
         w.add_tensor(p + "ffn_down.weight", g.matrix(h, a.ffn))
+        if a.arch == "mistral3":
+            w.add_tensor(p + "ffn_gate.bias", g.normal((a.ffn,), 0.5))
+            w.add_tensor(p + "ffn_up.bias", g.normal((a.ffn,), 0.05))
+            w.add_tensor(p + "ffn_down.bias", g.normal((h,), 0.05))
         if gemma:
             w.add_tensor(p + "post_ffw_norm.weight", g.norm(h) * np.float32(a.post_norm))
     w.add_tensor("output_norm.weight", g.norm(h))

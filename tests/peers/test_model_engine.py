@@ -4,7 +4,9 @@ tests/consumers/test_llama_cpp_model.py). For each tiny model (tests/model/cases
 untied, tied, with Llama 3's rope_freqs, with GQA; Qwen2 with q/k/v biases; Qwen3 with q/k norms
 and a head size apart from n_embd / n_head; Gemma 2 with soft-capped scores and logits and a
 sliding window of 8 on alternate blocks; Gemma 3 with q/k norms, 2 sliding blocks of 3 with their
-own rope base, linear rope scaling on the global one; Phi-3 with fused qkv and gate/up):
+own rope base, linear rope scaling on the global one; Phi-3 with fused qkv and gate/up, and with
+LongRoPE's long factors, its attention factor and q/k/v biases; Mistral 3 with output and FFN
+biases):
 - the logits of llama.cpp's f32 path (f32 KV cache, no flash attention) within a relative 1e-4
   (per row: the largest difference over the row's largest logit), quantd run the same way
   (-ctk f32 -ctv f32);
@@ -160,6 +162,31 @@ def test_refuses_an_architecture_it_lacks_and_a_model_without_vocabulary(models,
     bare = rewritten(models["llama-tied"], tmp_path / "bare.gguf", drop_prefix="tokenizer.")
     p = perplexity(bare, check=False)
     assert p.returncode == 1 and "no vocabulary" in p.stderr
+
+
+def test_refuses_what_the_dense_architectures_do_not_run_yet(models, tmp_path):
+    """Mistral 3's attention temperature tuning (Llama 4's) is refused by name, not run wrong."""
+    import gguf
+    src = models["mistral3"]
+    r = gguf.GGUFReader(str(src))
+    dst = tmp_path / "temp.gguf"
+    w = gguf.GGUFWriter(str(dst), "mistral3")
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(name, field.contents())
+        else:
+            w.add_key_value(name, field.contents(), field.types[0])
+    w.add_float32("mistral3.attention.temperature_scale", 0.1)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_shape=list(reversed([int(x) for x in t.shape])))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    p = perplexity(dst, check=False)
+    assert p.returncode == 1 and "attention.temperature_scale = 0.1" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q5_1"])

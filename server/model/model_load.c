@@ -407,7 +407,7 @@ static int check_tensors(struct qd_model *m, char *err, size_t errlen)
             return -1;
         }
         memcpy(m->rope_freqs, freqs->data, (size_t)freqs->ne[0] * sizeof *m->rope_freqs);
-        m->hp.rope.freq_factors = m->rope_freqs;
+        m->hp.rope.freq_factors = m->hp.rope_swa.freq_factors = m->rope_freqs;
     }
     return 0;
 }

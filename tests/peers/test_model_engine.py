@@ -164,13 +164,12 @@ def test_refuses_an_architecture_it_lacks_and_a_model_without_vocabulary(models,
     assert p.returncode == 1 and "no vocabulary" in p.stderr
 
 
-def test_refuses_what_the_dense_architectures_do_not_run_yet(models, tmp_path):
-    """Mistral 3's attention temperature tuning (Llama 4's) is refused by name, not run wrong."""
+def copied(src, dst, extra_f32=None, drop_tensor=None):
+    """A copy of a GGUF with an f32 key added or a tensor left out, through the gguf package."""
     import gguf
-    src = models["mistral3"]
     r = gguf.GGUFReader(str(src))
-    dst = tmp_path / "temp.gguf"
-    w = gguf.GGUFWriter(str(dst), "mistral3")
+    arch = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(str(dst), arch)
     for name, field in r.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
             continue
@@ -178,15 +177,27 @@ def test_refuses_what_the_dense_architectures_do_not_run_yet(models, tmp_path):
             w.add_array(name, field.contents())
         else:
             w.add_key_value(name, field.contents(), field.types[0])
-    w.add_float32("mistral3.attention.temperature_scale", 0.1)
+    for key, value in (extra_f32 or {}).items():
+        w.add_float32(key, value)
     for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_shape=list(reversed([int(x) for x in t.shape])))
+        if t.name != drop_tensor:
+            w.add_tensor(t.name, np.array(t.data), raw_shape=list(reversed([int(x) for x in t.shape])))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    p = perplexity(dst, check=False)
+    return dst
+
+
+def test_refuses_what_the_dense_architectures_lack_or_do_not_run_yet(models, tmp_path):
+    """Mistral 3's attention temperature tuning (Llama 4's) is refused by name, not run wrong; a
+    Phi-3 block with neither its fused q/k/v nor the three apart is named."""
+    temp = copied(models["mistral3"], tmp_path / "temp.gguf", extra_f32={"mistral3.attention.temperature_scale": 0.1})
+    p = perplexity(temp, check=False)
     assert p.returncode == 1 and "attention.temperature_scale = 0.1" in p.stderr, p.stderr
+    no_qkv = copied(models["phi3"], tmp_path / "no_qkv.gguf", drop_tensor="blk.1.attn_qkv.weight")
+    p = perplexity(no_qkv, check=False)
+    assert p.returncode == 1 and "neither blk.1.attn_qkv.weight nor blk.1's attn_q, attn_k and attn_v" in p.stderr
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q5_1"])

@@ -4,6 +4,7 @@
  * repeated f32 products); dot products keep 8 f32 lanes with fused multiply-adds and add them
  * up at the end as llamafile's tinyBLAS does (ggml's f32 mul_mat on AVX2). */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -247,16 +248,25 @@ static float gelu_tanh(float x)
     return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * fmaf(coef_a * x, x, 1.0f)));
 }
 
+/* ggml_table_gelu_f16: gelu of every f16 value, rounded to f16 (ggml_cpu_init builds the same) */
+static uint16_t gelu_table[1 << 16];
+static pthread_once_t gelu_table_once = PTHREAD_ONCE_INIT;
+
+static void gelu_table_build(void)
+{
+    for (uint32_t i = 0; i < 1u << 16; i++)
+        gelu_table[i] = qd_f32_to_f16(gelu_tanh(qd_f16_to_f32((uint16_t)i)));
+}
+
 /* ggml_vec_geglu_f32 under GGML_GELU_FP16 (ggml-cpu/vec.h, always defined there): 0 below -10,
- * x itself above 10, else ggml_table_gelu_f16[f16(x)], the f16 rounding of gelu at the f16
- * value of x. */
-static float gelu_f16_table(float x)
+ * x itself above 10, else the table's entry at the f16 value of x. */
+static inline float gelu_f16_table(float x)
 {
     if (x <= -10.0f)
         return 0.0f;
     if (x >= 10.0f)
         return x;
-    return qd_f16_to_f32(qd_f32_to_f16(gelu_tanh(qd_f16_to_f32(qd_f32_to_f16(x)))));
+    return qd_f16_to_f32(gelu_table[qd_f32_to_f16(x)]);
 }
 
 /* ggml_vec_swiglu_f32: silu(g) = g / (1 + e^-g), times up; ggml_vec_geglu_f32 (gelu_f16_table). */
@@ -267,6 +277,7 @@ void qd_nn_glu(float *out, const float *gate, const float *up, int64_t n, enum q
             out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
         return;
     }
+    pthread_once(&gelu_table_once, gelu_table_build);
     for (int64_t i = 0; i < n; i++)
         out[i] = gelu_f16_table(gate[i]) * up[i];
 }

@@ -58,5 +58,10 @@ void qd_graph_ffn(struct qd_block_run *r);
 
 /* The graphs of one block (arch_*.c), named in the architecture table (model_arch.c). */
 enum qd_status qd_arch_llama_block(struct qd_block_run *r);
+/* ---- dense architectures beyond llama (arch_gemma.c): graphs and hyperparameters ---- */
+enum qd_status qd_arch_gemma_block(struct qd_block_run *r);
+int qd_arch_gemma2_hparams(struct qd_model *m, char *err, size_t errlen);
+int qd_arch_gemma3_hparams(struct qd_model *m, char *err, size_t errlen);
+int qd_arch_mistral3_hparams(struct qd_model *m, char *err, size_t errlen); /* arch_mistral3.c */
 
 #endif

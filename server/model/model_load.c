@@ -178,7 +178,8 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
         r->freq_base = (float)v;
     char *scaling = arch_string(&mt, "rope.scaling.type");
     int none = scaling && !strcmp(scaling, "none");
-    if (scaling && strcmp(scaling, "none") && strcmp(scaling, "linear")) {
+    if (scaling && strcmp(scaling, "none") && strcmp(scaling, "linear") &&
+        !(m->arch->rope_long_short && !strcmp(scaling, "longrope"))) {
         snprintf(err, errlen, "the model's rope scaling '%s' is not one the engine runs yet (it runs none and "
                  "linear, and Llama 3's rope_freqs)", scaling);
         free(scaling);
@@ -201,7 +202,26 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
     r->attn_factor = 1.0f;
     r->beta_fast = 32.0f;
     r->beta_slow = 1.0f;
-    return 0;
+    /* llama_context: the cos/sin factor times rope.scaling.attn_factor (LongRoPE's, e.g.) */
+    if ((found = arch_key(&mt, "rope.scaling.attn_factor", 0, &v)) < 0)
+        return -1;
+    if (found && v != 0.0)
+        r->attn_factor = (float)v;
+
+    if (hp->n_layer > QD_MODEL_MAX_LAYERS) {
+        snprintf(err, errlen, "the model has %" PRId64 " blocks: the engine runs at most %d (llama.cpp's "
+                 "LLAMA_MAX_LAYERS)", hp->n_layer, QD_MODEL_MAX_LAYERS);
+        return -1;
+    }
+    hp->embd_scale = 1.0f;
+    hp->rope_swa = *r;
+    return m->arch->hparams ? m->arch->hparams(m, err, errlen) : 0;
+}
+
+int qd_model_key(struct qd_model *m, const char *suffix, int required, double *out, char *err, size_t errlen)
+{
+    struct meta mt = {.g = &m->file.g, .arch = m->arch_name, .err = err, .errlen = errlen};
+    return arch_key(&mt, suffix, required, out);
 }
 
 /* llama_vocab::load: the vocabulary's size and whether each sequence starts with a BOS. */
@@ -279,13 +299,16 @@ static int check_tensor(const struct qd_gguf_tensor *t, int64_t cols, int64_t ro
 }
 
 /* The expected [cols, rows] of a block tensor role (GGUF ne[0], ne[1]). */
-static void role_shape(const struct qd_model_hparams *hp, enum qd_model_weight w, int64_t *cols, int64_t *rows)
+static void role_shape(const struct qd_model_arch *a, const struct qd_model_hparams *hp, enum qd_model_weight w,
+                       int64_t *cols, int64_t *rows)
 {
     const int64_t q = (int64_t)hp->n_head * hp->head_dim_k, k = (int64_t)hp->n_head_kv * hp->head_dim_k;
     const int64_t v = (int64_t)hp->n_head_kv * hp->head_dim_v, o = (int64_t)hp->n_head * hp->head_dim_v;
     *rows = 1;
     switch (w) {
-    case QD_W_ATTN_NORM: case QD_W_FFN_NORM: case QD_W_ATTN_OUT_B: case QD_W_FFN_DOWN_B: *cols = hp->n_embd; break;
+    case QD_W_ATTN_NORM: case QD_W_FFN_NORM: case QD_W_ATTN_OUT_B: case QD_W_FFN_DOWN_B:
+    case QD_W_ATTN_POST_NORM: case QD_W_FFN_POST_NORM: *cols = hp->n_embd; break;
+    case QD_W_ATTN_QKV: *cols = hp->n_embd, *rows = q + k + v; break;
     case QD_W_ATTN_Q: *cols = hp->n_embd, *rows = q; break;
     case QD_W_ATTN_K: *cols = hp->n_embd, *rows = k; break;
     case QD_W_ATTN_V: *cols = hp->n_embd, *rows = v; break;
@@ -294,7 +317,8 @@ static void role_shape(const struct qd_model_hparams *hp, enum qd_model_weight w
     case QD_W_ATTN_V_B: *cols = v; break;
     case QD_W_ATTN_Q_NORM: case QD_W_ATTN_K_NORM: *cols = hp->head_dim_k; break;
     case QD_W_ATTN_OUT: *cols = o, *rows = hp->n_embd; break;
-    case QD_W_FFN_GATE: case QD_W_FFN_UP: *cols = hp->n_embd, *rows = hp->n_ff; break;
+    case QD_W_FFN_GATE: *cols = hp->n_embd, *rows = hp->n_ff; break;
+    case QD_W_FFN_UP: *cols = hp->n_embd, *rows = a->ffn_up_fused ? 2 * hp->n_ff : hp->n_ff; break;
     case QD_W_FFN_GATE_B: case QD_W_FFN_UP_B: *cols = hp->n_ff; break;
     case QD_W_FFN_DOWN: *cols = hp->n_ff, *rows = hp->n_embd; break;
     default: *cols = 0; break;
@@ -306,6 +330,25 @@ static const struct qd_gguf_tensor *block_tensor(const struct qd_model *m, int l
     char name[QD_GGUF_MAX_NAME + 16];
     snprintf(name, sizeof name, "blk.%d.%s", layer, qd_model_weight_names[w]);
     return find_tensor(m, name);
+}
+
+/* A per-pair rope factor tensor (n_rot/2 f32 values) copied into *out; absent: NULL. */
+static int read_rope_factors(struct qd_model *m, const char *name, float **out, char *err, size_t errlen)
+{
+    const struct qd_gguf_tensor *t = find_tensor(m, name);
+    const int n = m->hp.rope.n_rot / 2;
+    if (!t)
+        return 0;
+    if (t->type != QD_GGML_F32 || t->ne[0] != n || t->ne[1] != 1) {
+        snprintf(err, errlen, "tensor %s must hold %d f32 values (n_rot/2)", name, n);
+        return -1;
+    }
+    if (!(*out = malloc((size_t)n * sizeof **out))) {
+        snprintf(err, errlen, "no memory");
+        return -1;
+    }
+    memcpy(*out, t->data, (size_t)n * sizeof **out);
+    return 0;
 }
 
 static int check_tensors(struct qd_model *m, char *err, size_t errlen)
@@ -322,9 +365,17 @@ static int check_tensors(struct qd_model *m, char *err, size_t errlen)
                          qd_model_weight_names[w], a->name);
                 return -1;
             }
-            role_shape(hp, w, &cols, &rows);
+            role_shape(a, hp, w, &cols, &rows);
             if (t && check_tensor(t, cols, rows, err, errlen))
                 return -1;
+        }
+    /* a fused q/k/v (phi3) or the three apart (create_tensor_qkv takes either) */
+    for (int l = 0; (a->optional & QD_W_BIT(QD_W_ATTN_QKV)) && l < hp->n_layer; l++)
+        if (!block_tensor(m, l, QD_W_ATTN_QKV) &&
+            !(block_tensor(m, l, QD_W_ATTN_Q) && block_tensor(m, l, QD_W_ATTN_K) && block_tensor(m, l, QD_W_ATTN_V))) {
+            snprintf(err, errlen, "the model has neither blk.%d.attn_qkv.weight nor blk.%d's attn_q, attn_k and "
+                     "attn_v, one of which a %s block needs", l, l, a->name);
+            return -1;
         }
     m->token_embd = find_tensor(m, "token_embd.weight");
     m->output_norm = find_tensor(m, "output_norm.weight");
@@ -334,13 +385,16 @@ static int check_tensors(struct qd_model *m, char *err, size_t errlen)
         snprintf(err, errlen, "the model has no %s", m->token_embd ? "output_norm.weight" : "token_embd.weight");
         return -1;
     }
-    if (!m->output) /* tied: llama.cpp duplicates the token embedding (TENSOR_DUPLICATED) */
+    if (!m->output || a->tied_output) /* tied: llama.cpp duplicates the token embedding (TENSOR_DUPLICATED) */
         m->output = m->token_embd;
     hp = &m->hp;
     if (check_tensor(m->token_embd, hp->n_embd, hp->n_vocab, err, errlen) ||
         check_tensor(m->output, hp->n_embd, hp->n_vocab, err, errlen) ||
         check_tensor(m->output_norm, hp->n_embd, 1, err, errlen) ||
         (m->output_b && check_tensor(m->output_b, hp->n_vocab, 1, err, errlen)))
+        return -1;
+    if (a->rope_long_short && (read_rope_factors(m, "rope_factors_short.weight", &m->rope_short, err, errlen) ||
+                               read_rope_factors(m, "rope_factors_long.weight", &m->rope_long, err, errlen)))
         return -1;
     const struct qd_gguf_tensor *freqs = a->rope_freqs ? find_tensor(m, "rope_freqs.weight") : NULL;
     if (freqs) {
@@ -353,7 +407,7 @@ static int check_tensors(struct qd_model *m, char *err, size_t errlen)
             return -1;
         }
         memcpy(m->rope_freqs, freqs->data, (size_t)freqs->ne[0] * sizeof *m->rope_freqs);
-        m->hp.rope.freq_factors = m->rope_freqs;
+        m->hp.rope.freq_factors = m->hp.rope_swa.freq_factors = m->rope_freqs;
     }
     return 0;
 }
@@ -386,6 +440,8 @@ void qd_model_close(struct qd_model *m)
 {
     qd_gguf_model_close(&m->file);
     free(m->rope_freqs);
+    free(m->rope_short);
+    free(m->rope_long);
     memset(m, 0, sizeof *m);
 }
 

@@ -1,5 +1,5 @@
 /* The offline subcommands of bin/quantd: formats, quantize, dequantize, convert, llama-quantize,
- * perplexity. */
+ * perplexity, imatrix. */
 #ifndef QD_CLI_H
 #define QD_CLI_H
 
@@ -30,5 +30,6 @@ struct qd_cli_conversion {
 /* 0, 1 (failed), 2 (a bad request), or 128 + the signal that stopped it. */
 int qd_cli_convert_run(const struct qd_cli_conversion *c);
 int qd_cli_perplexity(int argc, char **argv);
+int qd_cli_imatrix(int argc, char **argv);
 
 #endif

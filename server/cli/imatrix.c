@@ -41,7 +41,8 @@ static void usage(FILE *to)
             "  --chunks N          at most N chunks (default: all that fit)\n"
             "  --chunk N           start from chunk N (--from-chunk; default 0)\n"
             "  --process-output    collect the output head's input too (output.weight)\n"
-            "  --in-file FILE      an earlier imatrix (GGUF or .dat) added in; repeatable, or A,B,...;\n"
+            "  --in-file FILE      an earlier imatrix (GGUF or .dat) added in; A,B,... or repeated (every\n"
+            "                      one is added: llama-imatrix keeps only the last of repeated flags);\n"
             "                      without --tokens the files are only combined\n"
             "  --no-ppl            skip the perplexity\n"
             "  -b N                llama-imatrix's batch size (default 2048; only the count of chunks per\n"
@@ -309,6 +310,16 @@ int qd_cli_imatrix(int argc, char **argv)
         goto done;
     }
     rc = 1;
+    /* the output's folder is checked before the run, not after it */
+    {
+        const char *slash = strrchr(out, '/');
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - out) + 1 : 1, slash ? out : ".");
+        if (access(dir, W_OK)) {
+            fprintf(stderr, "quantd imatrix: -o %s: the folder %s: %s\n", out, dir, strerror(errno));
+            goto done;
+        }
+    }
     if (format == 0 && (strlen(out) < 5 || strcmp(out + strlen(out) - 5, ".gguf")))
         fprintf(stderr, "imatrix: saving imatrix using GGUF format with a different suffix than .gguf\n"
                 "imatrix: if you want the previous imatrix format, use --output-format dat\n");

@@ -230,8 +230,8 @@ $(BUILD)/fuzz/fuzz_decode: $(FUZZ_SRCS)
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_SRCS) -lcjson -lmicrohttpd -lm -pthread
 # The checkpoint readers (GGUF, safetensors): one target, both parsers.
-FUZZ_READERS_SRCS := tests/checkpoint/fuzz_readers.c server/checkpoint/gguf.c server/checkpoint/safetensors.c server/checkpoint/json_span.c server/checkpoint/names.c server/checkpoint/imatrix.c
-$(BUILD)/fuzz/fuzz_readers: $(FUZZ_READERS_SRCS) server/checkpoint/gguf.h server/checkpoint/safetensors.h server/checkpoint/imatrix.h
+FUZZ_READERS_SRCS := tests/checkpoint/fuzz_readers.c server/checkpoint/gguf.c server/checkpoint/safetensors.c server/checkpoint/json_span.c server/checkpoint/names.c server/checkpoint/imatrix.c server/checkpoint/imatrix_sums.c
+$(BUILD)/fuzz/fuzz_readers: $(FUZZ_READERS_SRCS) server/checkpoint/gguf.h server/checkpoint/safetensors.h server/checkpoint/imatrix.h server/checkpoint/imatrix_sums.h
 	@mkdir -p $(dir $@)
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_READERS_SRCS) -lcjson -lm -pthread

@@ -230,7 +230,7 @@ static int load_gguf(struct qd_imatrix_sums *s, const uint8_t *b, size_t len, ch
             e->sums[k] += f32_at(t->data + 4 * k);
         for (int64_t k = 0; k < ncounts; k++) {
             const float c = f32_at(counts->data + 4 * k);
-            if (!(c >= 0.0f && c < 9e18f)) {
+            if (!(c >= 0.0f && c < 1e15f)) { /* tokens: far more than any text has */
                 snprintf(err, errlen, "%.*s: a count of %g", (int)stem, t->name, c);
                 goto done;
             }

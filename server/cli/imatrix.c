@@ -49,6 +49,7 @@ static void usage(FILE *to)
             "                      pass it prints depends on it: whole chunks run at once here)\n"
             "  --output-frequency N, --save-frequency N\n"
             "                      accepted; the file is written once, at the end\n"
+            "  -ctk, -ctv TYPE     the KV cache's types (f16, the default as in llama.cpp, bf16 or f32)\n"
             "  -t N                threads (default: every core)\n",
             qd_model_arch_names());
 }
@@ -64,6 +65,15 @@ static int parse_int(const char *flag, const char *v, int min, int *out)
     }
     *out = (int)x;
     return 0;
+}
+
+static int parse_cache_type(const char *flag, const char *v, enum qd_dtype *out)
+{
+    if (!strcmp(v, "f32") || !strcmp(v, "f16") || !strcmp(v, "bf16"))
+        return qd_dtype_parse(v, out) ? -1 : 0;
+    fprintf(stderr, "quantd imatrix: %s takes f16, bf16 or f32 (quantized KV caches are not emulated), not '%s'\n", flag,
+            v);
+    return -1;
 }
 
 /* ---- the perplexity alongside (compute_imatrix's process_logits) ------------------------------ */
@@ -145,7 +155,8 @@ static int load_files(struct qd_imatrix_sums *s, char **files, int n)
 
 /* Runs the model over the chunks into s (and the perplexity). 0, or 1 with a message. */
 static int compute(struct qd_imatrix_sums *s, const char *model_path, int32_t *tokens, int64_t n_tokens, int n_ctx,
-                   int max_chunks, int from_chunk, int n_batch, int threads, int process_output, int ppl)
+                   int max_chunks, int from_chunk, int n_batch, int threads, int process_output, int ppl,
+                   const enum qd_dtype cache[2])
 {
     char err[1024];
     struct qd_model m;
@@ -201,7 +212,7 @@ static int compute(struct qd_imatrix_sums *s, const char *model_path, int32_t *t
     /* the head's rows: every position when its input is collected (llama-imatrix asks for
      * every logit), else the scored half */
     struct qd_engine_opts o = {.n_ctx = n_ctx, .logits_from = process_output ? 0 : n_ctx / 2, .threads = threads,
-                               .cache_k = QD_F16, .cache_v = QD_F16};
+                               .cache_k = cache[0], .cache_v = cache[1]};
     struct qd_engine_hooks h = {.ctx = &r, .on_logits = on_logits, .on_matmul_input = on_matmul_input,
                                 .on_progress = on_progress, .cancel = &c.stop};
     struct qd_engine_stats stats;
@@ -233,6 +244,7 @@ int qd_cli_imatrix(int argc, char **argv)
     const char *model_path = NULL, *tokens_path = NULL, *text_path = NULL, *out = "imatrix.gguf";
     int n_ctx = 512, max_chunks = -1, from_chunk = 0, n_batch = 2048, threads = 0, process_output = 0, ppl = 1;
     int format = 0, ignored; /* format: 0 unsaid, 1 gguf, 2 dat */
+    enum qd_dtype cache[2] = {QD_F16, QD_F16}; /* llama.cpp's default KV cache */
     char **in_files = calloc((size_t)(argc ? argc : 1), sizeof *in_files);
     int n_in = 0, rc = 2;
     struct qd_imatrix_sums s = {0};
@@ -283,6 +295,10 @@ int qd_cli_imatrix(int argc, char **argv)
                 goto done;
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
             if (parse_int(a, v, 1, &n_batch))
+                goto done;
+        } else if (!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k") || !strcmp(a, "-ctv") ||
+                   !strcmp(a, "--cache-type-v")) {
+            if (parse_cache_type(a, v, &cache[a[strlen(a) - 1] == 'v']))
                 goto done;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             if (parse_int(a, v, 1, &threads))
@@ -335,7 +351,7 @@ int qd_cli_imatrix(int argc, char **argv)
             goto done;
         }
         if (compute(&s, model_path, tokens, n_tokens, n_ctx, max_chunks, from_chunk, n_batch, threads, process_output,
-                    ppl))
+                    ppl, cache))
             goto done;
     } else
         fprintf(stderr, "imatrix: no tokens given; combining precomputed matrices only\n");

@@ -154,7 +154,7 @@ static int load_files(struct qd_imatrix_sums *s, char **files, int n)
 }
 
 /* Runs the model over the chunks into s (and the perplexity). 0, or 1 with a message. */
-static int compute(struct qd_imatrix_sums *s, const char *model_path, int32_t *tokens, int64_t n_tokens, int n_ctx,
+static int compute(const char *prog, struct qd_imatrix_sums *s, const char *model_path, int32_t *tokens, int64_t n_tokens, int n_ctx,
                    int max_chunks, int from_chunk, int n_batch, int threads, int process_output, int ppl,
                    const enum qd_dtype cache[2])
 {
@@ -162,7 +162,7 @@ static int compute(struct qd_imatrix_sums *s, const char *model_path, int32_t *t
     struct qd_model m;
     enum qd_status status;
     if (qd_model_open(model_path, &m, &status, err, sizeof err)) {
-        fprintf(stderr, "quantd imatrix: %s: %s\n", model_path, err);
+        fprintf(stderr, "%s: %s: %s\n", prog, model_path, err);
         qd_model_close(&m);
         return 1;
     }
@@ -170,21 +170,21 @@ static int compute(struct qd_imatrix_sums *s, const char *model_path, int32_t *t
     int32_t *chunks = NULL;
     if (from_chunk > 0) {
         if ((int64_t)(from_chunk + 2) * n_ctx >= n_tokens) {
-            fprintf(stderr, "quantd imatrix: there will be not enough tokens left after removing %d chunks\n",
-                    from_chunk);
+            fprintf(stderr, "%s: there will be not enough tokens left after removing %d chunks\n",
+                    prog, from_chunk);
             goto done;
         }
         tokens += (int64_t)from_chunk * n_ctx, n_tokens -= (int64_t)from_chunk * n_ctx;
     }
     if (n_tokens < 2 * (int64_t)n_ctx) {
-        fprintf(stderr, "quantd imatrix: you need at least %d tokens for a context of %d tokens; the token file "
-                "holds only %" PRId64 " (give a longer text or a smaller -c)\n", 2 * n_ctx, n_ctx, n_tokens);
+        fprintf(stderr, "%s: you need at least %d tokens for a context of %d tokens; the token file "
+                "holds only %" PRId64 " (give a longer text or a smaller -c)\n", prog, 2 * n_ctx, n_ctx, n_tokens);
         goto done;
     }
     const int64_t max_fit = n_tokens / n_ctx;
     const int n_chunks = max_chunks < 0 || max_chunks > max_fit ? (int)max_fit : max_chunks;
     if (n_chunks < 1) {
-        fprintf(stderr, "quantd imatrix: --chunks 0 collects nothing\n");
+        fprintf(stderr, "%s: --chunks 0 collects nothing\n", prog);
         goto done;
     }
     if (n_ctx > m.hp.n_ctx_train)
@@ -192,12 +192,12 @@ static int compute(struct qd_imatrix_sums *s, const char *model_path, int32_t *t
                 m.hp.n_ctx_train, n_ctx);
     for (int64_t i = 0; i < (int64_t)n_chunks * n_ctx; i++)
         if (tokens[i] >= m.hp.n_vocab) {
-            fprintf(stderr, "quantd imatrix: token %" PRId64 " of the file is %" PRId32 ", outside the model's "
-                    "vocabulary of %" PRId64 ": the tokens were made for another model\n", i, tokens[i], m.hp.n_vocab);
+            fprintf(stderr, "%s: token %" PRId64 " of the file is %" PRId32 ", outside the model's "
+                    "vocabulary of %" PRId64 ": the tokens were made for another model\n", prog, i, tokens[i], m.hp.n_vocab);
             goto done;
         }
     if (!(chunks = malloc((size_t)n_chunks * (size_t)n_ctx * sizeof *chunks))) {
-        fprintf(stderr, "quantd imatrix: no memory\n");
+        fprintf(stderr, "%s: no memory\n", prog);
         goto done;
     }
     memcpy(chunks, tokens, (size_t)n_chunks * (size_t)n_ctx * sizeof *chunks);
@@ -217,9 +217,10 @@ static int compute(struct qd_imatrix_sums *s, const char *model_path, int32_t *t
                                 .on_progress = on_progress, .cancel = &c.stop};
     struct qd_engine_stats stats;
     status = qd_engine_run(&m, chunks, n_chunks, &o, &h, &stats, err, sizeof err);
-    printf("\n");
+    if (ppl)
+        printf("\n");
     if (status != QD_OK || c.status != QD_OK) {
-        fprintf(stderr, "quantd imatrix: %s\n", c.status != QD_OK ? c.err : err);
+        fprintf(stderr, "%s: %s\n", prog, c.status != QD_OK ? c.err : err);
         goto done;
     }
     if (ppl) {
@@ -350,7 +351,7 @@ int qd_cli_imatrix(int argc, char **argv)
             fprintf(stderr, "quantd imatrix: %s\n", err);
             goto done;
         }
-        if (compute(&s, model_path, tokens, n_tokens, n_ctx, max_chunks, from_chunk, n_batch, threads, process_output,
+        if (compute("quantd imatrix", &s, model_path, tokens, n_tokens, n_ctx, max_chunks, from_chunk, n_batch, threads, process_output,
                     ppl, cache))
             goto done;
     } else
@@ -367,6 +368,31 @@ int qd_cli_imatrix(int argc, char **argv)
 done:
     free(tokens);
     free(in_files);
+    qd_imatrix_sums_free(&s);
+    return rc;
+}
+
+int qd_cli_imatrix_make(const char *prog, const char *model, const char *tokens_path, const char *dataset, int n_ctx,
+                        int max_chunks, int threads, const char *out)
+{
+    char err[1024];
+    int64_t n_tokens = 0;
+    int32_t *tokens = qd_tokens_file_read(tokens_path, &n_tokens, err, sizeof err);
+    if (!tokens) {
+        fprintf(stderr, "%s: %s\n", prog, err);
+        return 1;
+    }
+    struct qd_imatrix_sums s = {.chunk_size = n_ctx};
+    const enum qd_dtype cache[2] = {QD_F16, QD_F16};
+    int rc = compute(prog, &s, model, tokens, n_tokens, n_ctx, max_chunks, 0, 2048, threads, 0, 0, cache);
+    if (!rc && qd_imatrix_sums_write(&s, out, 0, dataset, err, sizeof err)) {
+        fprintf(stderr, "%s: the importance matrix: %s\n", prog, err);
+        rc = 1;
+    }
+    if (!rc)
+        fprintf(stderr, "%s: importance matrix of %d entries from %d chunks of %d tokens\n", prog, s.n,
+                qd_imatrix_sums_chunks(&s), n_ctx);
+    free(tokens);
     qd_imatrix_sums_free(&s);
     return rc;
 }

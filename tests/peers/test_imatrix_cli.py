@@ -203,3 +203,33 @@ def test_refusals_leave_nothing_behind(models, tmp_path):
     p = quantd("imatrix", "-m", models["llama-untied"], "-f", "text.txt", check=False)
     assert p.returncode == 2 and "--tokens" in p.stderr
     assert sorted(os.listdir(tmp_path)) == ["bad.gguf"]
+
+
+def test_convert_calibrate_is_imatrix_then_convert(models, tmp_path):
+    """quantd convert --calibrate-tokens: the matrix quantd imatrix makes, then the conversion with
+    it, in one run: the same file byte for byte as the two steps, its quantize.imatrix.* keys
+    naming the text (--calibrate) as llama-quantize names an imatrix file; no temporary left."""
+    model = models["llama-wide"]
+    quantd("imatrix", "-m", model, "--tokens", TOKENS, "-f", "text.txt", "-c", 64, "--chunks", 8, "--no-ppl",
+           "-o", tmp_path / "text.txt")
+    quantd("convert", "--in", model, "--out", "two.gguf", "--recipe", "IQ2_XXS", "--imatrix", "text.txt", cwd=tmp_path)
+    env_tmp = tmp_path / "tmpdir"
+    env_tmp.mkdir()
+    p = subprocess.run([QUANTD, "convert", "--in", str(model), "--out", "one.gguf", "--recipe", "IQ2_XXS",
+                        "--calibrate", "text.txt", "--calibrate-tokens", TOKENS, "--calibrate-ctx", "64",
+                        "--calibrate-chunks", "8"], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "TMPDIR": str(env_tmp)})
+    assert p.returncode == 0, p.stderr
+    assert open(tmp_path / "one.gguf", "rb").read() == open(tmp_path / "two.gguf", "rb").read()
+    kv = {f.name: f.contents() for f in gguf.GGUFReader(str(tmp_path / "one.gguf")).fields.values()
+          if f.name.startswith("quantize.imatrix")}
+    assert kv == {"quantize.imatrix.file": "text.txt", "quantize.imatrix.dataset": "text.txt",
+                  "quantize.imatrix.entries_count": 14, "quantize.imatrix.chunks_count": 8}
+    assert os.listdir(env_tmp) == []
+    # refusals: the text without its ids, both sources, a context under 16
+    for args, says in ((["--calibrate", "text.txt"], "--calibrate-tokens"),
+                       (["--calibrate-tokens", TOKENS, "--imatrix", "text.txt"], "not both"),
+                       (["--calibrate-tokens", TOKENS, "--calibrate-ctx", "8"], ">= 16")):
+        p = quantd("convert", "--in", model, "--out", "x.gguf", "--recipe", "IQ2_XXS", *args, check=False, cwd=tmp_path)
+        assert p.returncode == 2 and says in p.stderr, p.stderr
+    assert not os.path.exists(tmp_path / "x.gguf")

@@ -82,6 +82,7 @@ struct run {
     struct qd_imatrix_collector *c;
     const int32_t *tokens; /* the original tokens (targets are never a substituted BOS) */
     int n_ctx, first, ppl;
+    int chunk_base; /* the first chunk of this engine run */
     double nll, nll2;
     int64_t count;
 };
@@ -104,6 +105,7 @@ static int on_logits(void *ctx, int chunk, int from, int rows, const float *logi
         return r->c->stop;
     /* positions n_ctx/2 .. n_ctx-2 predict the next token (from is 0 with --process-output) */
     const int skip = r->first - from;
+    chunk += r->chunk_base;
     const int32_t *targets = r->tokens + (int64_t)chunk * r->n_ctx + r->first + 1;
     for (int i = 0; i < rows - skip - 1; i++) {
         const double v = token_nll(logits + (int64_t)(skip + i) * n_vocab, n_vocab, targets[i]);
@@ -207,7 +209,16 @@ static int compute(const char *prog, struct qd_imatrix_sums *s, const char *mode
     fprintf(stderr, "imatrix: computing over %d chunks, n_ctx=%d, batch_size=%d, n_seq=%d\n", n_chunks, n_ctx,
             n_batch < n_seq * n_ctx ? n_batch : n_seq * n_ctx, n_seq);
 
+    /* llama-imatrix runs n_seq chunks to a batch, and its 16-token rule counts the batch's
+     * tokens: chunks under 16 tokens are collected, except those of a last batch of fewer than
+     * 16 tokens (its perplexity still counts; they run again without the collector) */
+    int collected = n_chunks;
     struct qd_imatrix_collector c = {.sums = s, .process_output = process_output};
+    if (n_ctx < 16) {
+        const int last = n_chunks - (n_chunks - 1) / n_seq * n_seq;
+        collected = (int64_t)last * n_ctx < 16 ? n_chunks - last : n_chunks;
+        c.min_tokens = 1;
+    }
     struct run r = {.c = &c, .tokens = tokens, .n_ctx = n_ctx, .first = n_ctx / 2, .ppl = ppl};
     /* the head's rows: every position when its input is collected (llama-imatrix asks for
      * every logit), else the scored half */
@@ -215,8 +226,14 @@ static int compute(const char *prog, struct qd_imatrix_sums *s, const char *mode
                                .cache_k = cache[0], .cache_v = cache[1]};
     struct qd_engine_hooks h = {.ctx = &r, .on_logits = on_logits, .on_matmul_input = on_matmul_input,
                                 .on_progress = on_progress, .cancel = &c.stop};
-    struct qd_engine_stats stats;
-    status = qd_engine_run(&m, chunks, n_chunks, &o, &h, &stats, err, sizeof err);
+    struct qd_engine_stats stats = {0};
+    status = collected ? qd_engine_run(&m, chunks, collected, &o, &h, &stats, err, sizeof err) : QD_OK;
+    if (status == QD_OK && c.status == QD_OK && collected < n_chunks && ppl) {
+        h.on_matmul_input = NULL;
+        r.chunk_base = collected;
+        status = qd_engine_run(&m, chunks + (int64_t)collected * n_ctx, n_chunks - collected, &o, &h, &stats, err,
+                               sizeof err);
+    }
     if (ppl)
         printf("\n");
     if (status != QD_OK || c.status != QD_OK) {

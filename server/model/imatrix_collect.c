@@ -55,7 +55,7 @@ void qd_imatrix_collect_matmul(void *ctx, int layer, const char *weight, const f
 {
     struct qd_imatrix_collector *c = ctx;
     (void)layer;
-    if (c->stop || T < QD_IMATRIX_MIN_TOKENS)
+    if (c->stop || T < (c->min_tokens > 0 ? c->min_tokens : QD_IMATRIX_MIN_TOKENS))
         return;
     if (strncmp(weight, "blk.", 4) && !(c->process_output && !strcmp(weight, "output.weight")))
         return;

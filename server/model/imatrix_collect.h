@@ -15,6 +15,8 @@
 struct qd_imatrix_collector {
     struct qd_imatrix_sums *sums;
     int process_output; /* collect the output head (--process-output) */
+    int min_tokens;     /* the fewest tokens of a matmul collected (0: llama-imatrix's 16; a caller
+                           whose chunks run several to a batch there, as short ones do, sets 1) */
     int last;           /* the entry the last call used (the next is usually the one after) */
     volatile int stop;  /* set on a failure: the engine's cancel flag */
     enum qd_status status;

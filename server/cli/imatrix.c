@@ -324,6 +324,9 @@ int qd_cli_imatrix(int argc, char **argv)
         } else if (!strcmp(a, "-ofreq") || !strcmp(a, "--output-frequency") || !strcmp(a, "--save-frequency")) {
             if (parse_int(a, v, 0, &ignored))
                 goto done;
+            if (!strcmp(a, "--save-frequency") && ignored > 0)
+                fprintf(stderr, "imatrix: --save-frequency: no copies at_N: the matrix is whole only after the last "
+                        "block of a layer-major run, and is written once\n");
         } else {
             fprintf(stderr, "quantd imatrix: unknown option '%s' (quantd imatrix --help)\n", a);
             goto done;

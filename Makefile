@@ -246,8 +246,8 @@ $(BUILD)/fuzz/fuzz_decode: $(FUZZ_SRCS)
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_SRCS) -lcjson -lmicrohttpd -lm -pthread
 # The checkpoint readers (GGUF, safetensors): one target, both parsers.
-FUZZ_READERS_SRCS := tests/checkpoint/fuzz_readers.c server/checkpoint/gguf.c server/checkpoint/safetensors.c server/checkpoint/json_span.c server/checkpoint/names.c server/checkpoint/imatrix.c
-$(BUILD)/fuzz/fuzz_readers: $(FUZZ_READERS_SRCS) server/checkpoint/gguf.h server/checkpoint/safetensors.h server/checkpoint/imatrix.h
+FUZZ_READERS_SRCS := tests/checkpoint/fuzz_readers.c server/checkpoint/gguf.c server/checkpoint/safetensors.c server/checkpoint/json_span.c server/checkpoint/names.c server/checkpoint/imatrix.c server/checkpoint/imatrix_sums.c
+$(BUILD)/fuzz/fuzz_readers: $(FUZZ_READERS_SRCS) server/checkpoint/gguf.h server/checkpoint/safetensors.h server/checkpoint/imatrix.h server/checkpoint/imatrix_sums.h
 	@mkdir -p $(dir $@)
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_READERS_SRCS) -lcjson -lm -pthread
@@ -452,7 +452,7 @@ test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(
 	  LLAMA_LOGITS=$(abspath $(BUILD)/consumers/llama_logits) SMOLLM2_GGUF=$(abspath $(SMOLLM2_GGUF)) \
 	  QD_VOCAB_DIR=$(abspath $(VOCAB_DIR)) \
 	  .venv/bin/python -m pytest -q tests/consumers/test_llama_cpp.py tests/consumers/test_llama_cpp_split.py \
-	  tests/consumers/test_llama_cpp_model.py tests/consumers/test_llama_cpp_tokenize.py tests/consumers/test_mlx_lm.py
+	  tests/consumers/test_llama_cpp_model.py tests/consumers/test_llama_cpp_tokenize.py tests/consumers/test_llama_cpp_imatrix.py tests/consumers/test_mlx_lm.py
 	QUANTD=$(abspath bin/quantd) $(CONSUMERS_PY) -m pytest -q -p no:cacheprovider \
 	  tests/consumers/test_compressed_tensors.py tests/consumers/test_ct_codes.py tests/consumers/test_transformers_bnb.py \
 	  tests/consumers/test_arch_transformers.py tests/consumers/test_arch_gpu.py tests/consumers/test_fp8_transformers.py \

@@ -47,10 +47,10 @@ static void usage(FILE *to)
             "    --split-max-tensors N, --split-max-size N(M|G): the output cut as llama-gguf-split cuts it\n"
             "    --keep-split: a split input's shards, each its own file, as llama-quantize keeps them\n"
             "  A split GGUF (llama-gguf-split's NAME-00001-of-0000N.gguf ...) is given as its first shard.\n"
-            "    --calibrate-tokens FILE: the importance matrix made first from a text's token ids\n"
-            "      (quantd imatrix's, chunks of --calibrate-ctx N tokens, default 512, at most\n"
-            "      --calibrate-chunks N) and used as --imatrix is; the output records it under the\n"
-            "      name --calibrate TEXT gives (the text the ids are of), else the token file's\n"
+            "    --calibrate TEXT: the importance matrix made first from the text (quantd imatrix's,\n"
+            "      chunks of --calibrate-ctx N tokens, default 512, at most --calibrate-chunks N) and\n"
+            "      used as --imatrix is, recorded under the text's name; --calibrate-tokens FILE: from\n"
+            "      token ids instead (with --calibrate TEXT too, recorded under the text's name)\n"
             "  llama-quantize's own command line (IN [OUT] TYPE [nthreads]): quantd llama-quantize --help.\n"
             "  Exit status: 0, 1 (the input, the destination or the conversion failed), 2 (a bad request).\n",
             qd_convert_layouts_text(), qd_gguf_recipe_names());
@@ -172,8 +172,8 @@ static int run(const struct qd_cli_conversion *c, struct qd_convert_spec *spec)
         return 1;
     }
     /* the importance matrix, once the destination is known to take the output */
-    if (c->calibrate_tokens &&
-        qd_cli_imatrix_make(prog, c->src, c->calibrate_tokens, c->calibrate_name, c->calibrate_ctx,
+    if (c->calibrate_out &&
+        qd_cli_imatrix_make(prog, c->src, c->calibrate_text, c->calibrate_tokens, c->calibrate_name, c->calibrate_ctx,
                             c->calibrate_chunks, c->cpu_threads, c->calibrate_out))
         return 1;
     /* SIGINT, SIGTERM, SIGHUP: the conversion stops at its next tensor and removes what it wrote
@@ -289,7 +289,6 @@ int qd_cli_convert(int argc, char **argv)
 {
     struct qd_cli_conversion c = {.prog = "quantd convert", .in_name = "--in SRC", .out_name = "--out DST", .backend = "auto",
                                   .calibrate_ctx = 512, .calibrate_chunks = -1};
-    const char *calibrate_text = NULL;
     char calibrate_path[4096];
     struct qd_convert_arg *args = calloc((size_t)argc + 1, sizeof *args);
     if (!args) {
@@ -325,7 +324,7 @@ int qd_cli_convert(int argc, char **argv)
             else if (!strcmp(a, "--out")) c.dst = v;
             else if (!strcmp(a, "--backend")) c.backend = v;
             else if (!strcmp(a, "--devices")) c.devices = v;
-            else if (!strcmp(a, "--calibrate")) calibrate_text = v;
+            else if (!strcmp(a, "--calibrate")) c.calibrate_text = v;
             else if (!strcmp(a, "--calibrate-tokens")) c.calibrate_tokens = v;
             else if (!strcmp(a, "--calibrate-ctx") || !strcmp(a, "--calibrate-chunks")) {
                 /* a chunk of fewer than 16 tokens gives no matrix (llama-imatrix's rule) */
@@ -347,16 +346,10 @@ int qd_cli_convert(int argc, char **argv)
             }
         }
     }
-    if (rc < 0 && calibrate_text && !c.calibrate_tokens) {
-        fprintf(stderr, "quantd convert: --calibrate TEXT needs quantd's tokenizer, which this build lacks: give the "
-                "text's token ids with --calibrate-tokens FILE (llama-tokenize -m MODEL -f TEXT --ids --no-escape "
-                "--log-disable)\n");
-        rc = 2;
-    }
-    if (rc < 0 && c.calibrate_tokens) {
+    if (rc < 0 && (c.calibrate_text || c.calibrate_tokens)) {
         for (int i = 0; i < c.nargs; i++)
             if (!strcmp(args[i].key, "imatrix")) {
-                fprintf(stderr, "quantd convert: give --imatrix FILE or --calibrate-tokens FILE, not both\n");
+                fprintf(stderr, "quantd convert: give --imatrix FILE or --calibrate, not both\n");
                 rc = 2;
             }
         /* a temporary the matrix is written to, named for this process */
@@ -364,7 +357,7 @@ int qd_cli_convert(int argc, char **argv)
         snprintf(calibrate_path, sizeof calibrate_path, "%s/quantd-calibrate-%ld.imatrix.gguf", tmp && *tmp ? tmp : "/tmp",
                  (long)getpid());
         c.calibrate_out = calibrate_file = calibrate_path;
-        c.calibrate_name = calibrate_text ? calibrate_text : c.calibrate_tokens;
+        c.calibrate_name = c.calibrate_text ? c.calibrate_text : c.calibrate_tokens;
         args[c.nargs++] = (struct qd_convert_arg){"imatrix", calibrate_path};
     }
     if (rc < 0)

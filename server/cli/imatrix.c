@@ -18,22 +18,22 @@
 #include "cli/files.h"
 #include "model/engine.h"
 #include "model/imatrix_collect.h"
-#include "model/tokens_file.h"
+#include "model/model_input.h"
 
 static void usage(FILE *to)
 {
     fprintf(to,
-            "usage: quantd imatrix -m MODEL --tokens FILE [-o OUT] [-c N] [--chunks N] [--process-output]\n"
+            "usage: quantd imatrix -m MODEL (-f TEXT | --tokens FILE) [-o OUT] [-c N] [--chunks N] [--process-output]\n"
             "                      [--output-format gguf|dat] [--in-file FILE ...] [--no-ppl] [--chunk N] [-t N]\n"
             "       quantd imatrix --in-file A --in-file B ... [-o OUT] [-c N]   (combine only)\n"
             "  llama-imatrix's importance matrix of a GGUF model over a text's tokens: per weight of the\n"
             "  blocks, the sum of the squares of each input column over the tokens and their count, in\n"
             "  llama-imatrix's file (read by llama-quantize --imatrix and quantd convert --imatrix).\n"
             "  -m MODEL            a GGUF model (a split model: its first shard); architectures: %s\n"
-            "  --tokens FILE       the text's token ids: little-endian int32 or a JSON array\n"
-            "                      (llama-tokenize -m MODEL -f TEXT --ids --no-escape --log-disable)\n"
-            "  -f TEXT             the text the tokens are of (recorded as the dataset; tokenizing it\n"
-            "                      needs quantd's tokenizer: give --tokens too)\n"
+            "  -f TEXT             the text, tokenized with the model's vocabulary as llama-imatrix\n"
+            "                      does (its BOS added); recorded as the dataset\n"
+            "  --tokens FILE       token ids instead (little-endian int32 or a JSON array); with -f\n"
+            "                      too, the ids are run and -f names the dataset\n"
             "  -o OUT              the output (default imatrix.gguf), written whole or not at all\n"
             "  --output-format F   gguf (default) or dat (the legacy format)\n"
             "  -c N                tokens per chunk (--ctx-size; default 512); also the chunk size of\n"
@@ -332,18 +332,14 @@ int qd_cli_imatrix(int argc, char **argv)
             goto done;
         }
     }
-    if (text_path && !tokens_path) {
-        fprintf(stderr, "quantd imatrix: -f TEXT needs quantd's tokenizer, which this build lacks: give the text's "
-                "token ids with --tokens FILE (llama-tokenize -m MODEL -f TEXT --ids --no-escape --log-disable)\n");
+    if (!tokens_path && !text_path && !n_in) {
+        fprintf(stderr, "quantd imatrix: give -f TEXT or --tokens FILE (and -m MODEL) to compute an importance "
+                "matrix, or --in-file FILE to combine earlier ones\n");
         goto done;
     }
-    if (!tokens_path && !n_in) {
-        fprintf(stderr, "quantd imatrix: give --tokens FILE (and -m MODEL) to compute an importance matrix, or "
-                "--in-file FILE to combine earlier ones\n");
-        goto done;
-    }
-    if (tokens_path && !model_path) {
-        fprintf(stderr, "quantd imatrix: -m MODEL is required with --tokens (quantd imatrix --help)\n");
+    if ((tokens_path || text_path) && !model_path) {
+        fprintf(stderr, "quantd imatrix: -m MODEL is required with %s (quantd imatrix --help)\n",
+                tokens_path ? "--tokens" : "-f");
         goto done;
     }
     rc = 1;
@@ -364,22 +360,24 @@ int qd_cli_imatrix(int argc, char **argv)
     s.chunk_size = n_ctx;
     if (load_files(&s, in_files, n_in))
         goto done;
-    if (tokens_path) {
+    if (tokens_path || text_path) {
         char err[1024];
         int64_t n_tokens = 0;
-        if (!(tokens = qd_tokens_file_read(tokens_path, &n_tokens, err, sizeof err))) {
+        if (!(tokens = qd_model_input_tokens(model_path, tokens_path ? NULL : text_path, tokens_path, &n_tokens, err,
+                                             sizeof err))) {
             fprintf(stderr, "quantd imatrix: %s\n", err);
             goto done;
         }
-        if (compute("quantd imatrix", &s, model_path, tokens, n_tokens, n_ctx, max_chunks, from_chunk, n_batch, threads, process_output,
+        if (compute("quantd imatrix", &s, model_path, tokens, n_tokens, n_ctx, max_chunks, from_chunk, n_batch, threads,
+                    process_output,
                     ppl, cache))
             goto done;
     } else
         fprintf(stderr, "imatrix: no tokens given; combining precomputed matrices only\n");
     char err[1024];
     /* the dataset recorded: the text's name when it is given, else the token file's */
-    if (qd_imatrix_sums_write(&s, out, format == 2, tokens_path ? (text_path ? text_path : tokens_path) : NULL, err,
-                              sizeof err)) {
+    const char *dataset = text_path ? text_path : tokens_path; /* NULL: only combined */
+    if (qd_imatrix_sums_write(&s, out, format == 2, dataset, err, sizeof err)) {
         fprintf(stderr, "quantd imatrix: %s\n", err);
         goto done;
     }
@@ -392,12 +390,13 @@ done:
     return rc;
 }
 
-int qd_cli_imatrix_make(const char *prog, const char *model, const char *tokens_path, const char *dataset, int n_ctx,
-                        int max_chunks, int threads, const char *out)
+int qd_cli_imatrix_make(const char *prog, const char *model, const char *text_path, const char *tokens_path,
+                        const char *dataset, int n_ctx, int max_chunks, int threads, const char *out)
 {
     char err[1024];
     int64_t n_tokens = 0;
-    int32_t *tokens = qd_tokens_file_read(tokens_path, &n_tokens, err, sizeof err);
+    int32_t *tokens = qd_model_input_tokens(model, tokens_path ? NULL : text_path, tokens_path, &n_tokens, err,
+                                            sizeof err);
     if (!tokens) {
         fprintf(stderr, "%s: %s\n", prog, err);
         return 1;

@@ -19,12 +19,12 @@
 #include "cli/cli.h"
 #include "cli/files.h"
 #include "model/engine.h"
-#include "model/tokens_file.h"
+#include "model/model_input.h"
 
 static void usage(FILE *to)
 {
     fprintf(to,
-            "usage: quantd perplexity -m MODEL --tokens FILE [-c N] [--chunks N] [-b N] [-t N]\n"
+            "usage: quantd perplexity -m MODEL (-f TEXT | --tokens FILE) [-c N] [--chunks N] [-b N] [-t N]\n"
             "  llama-perplexity's perplexity of a GGUF model over a text's tokens, scored as it scores them:\n"
             "  chunks of -c tokens (default 512), each chunk's first token replaced by BOS when the\n"
             "  vocabulary adds one, each chunk scored over its second half.\n"
@@ -32,7 +32,8 @@ static void usage(FILE *to)
             "  --tokens FILE    the token ids: little-endian int32, or a JSON array of integers\n"
             "                   (llama-tokenize --ids --no-escape prints the one llama-perplexity\n"
             "                   scores: without --no-escape it reads \\n, \\x41 ... as escapes)\n"
-            "  -f TEXT          a text file (needs quantd's tokenizer: give --tokens until then)\n"
+            "  -f TEXT          a text file, tokenized with the model's vocabulary as llama-perplexity\n"
+            "                   does (its BOS added); --tokens FILE gives the ids instead\n"
             "  -c N             tokens per chunk (--ctx-size; default 512)\n"
             "  --chunks N       at most N chunks (default: all that fit)\n"
             "  -b N             llama-perplexity's batch size (accepted; whole chunks run at once here)\n"
@@ -174,20 +175,16 @@ int qd_cli_perplexity(int argc, char **argv)
             return 2;
         }
     }
-    if (text_path && !tokens_path) {
-        fprintf(stderr, "quantd perplexity: -f TEXT needs quantd's tokenizer, which this build lacks: give the "
-                "text's token ids with --tokens FILE (llama-tokenize -m MODEL -f TEXT --ids --no-escape --log-disable)\n");
-        return 2;
-    }
-    if (!model_path || !tokens_path) {
+    if (!model_path || (!tokens_path && !text_path)) {
         fprintf(stderr, "quantd perplexity: %s is required (quantd perplexity --help)\n",
-                !model_path ? "-m MODEL" : "--tokens FILE");
+                !model_path ? "-m MODEL" : "-f TEXT or --tokens FILE");
         return 2;
     }
 
     char err[1024];
     int64_t n_tokens = 0;
-    int32_t *tokens = qd_tokens_file_read(tokens_path, &n_tokens, err, sizeof err);
+    int32_t *tokens = qd_model_input_tokens(model_path, tokens_path ? NULL : text_path, tokens_path, &n_tokens, err,
+                                            sizeof err);
     if (!tokens) {
         fprintf(stderr, "quantd perplexity: %s\n", err);
         return 1;

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import struct
+import shutil
 import subprocess
 import sys
 
@@ -200,8 +201,8 @@ def test_refusals_leave_nothing_behind(models, tmp_path):
     p = quantd("imatrix", "-m", models["llama-untied"], "--tokens", TOKENS, "-c", 1500, "-o", tmp_path / "v.gguf",
                check=False)
     assert p.returncode == 1 and "at least 3000 tokens" in p.stderr
-    p = quantd("imatrix", "-m", models["llama-untied"], "-f", "text.txt", check=False)
-    assert p.returncode == 2 and "--tokens" in p.stderr
+    p = quantd("imatrix", "-m", models["llama-untied"], "-f", tmp_path / "no-such-text.txt", check=False)
+    assert p.returncode == 1 and "no-such-text.txt" in p.stderr and "No such file" in p.stderr
     assert sorted(os.listdir(tmp_path)) == ["bad.gguf"]
 
 
@@ -226,10 +227,28 @@ def test_convert_calibrate_is_imatrix_then_convert(models, tmp_path):
     assert kv == {"quantize.imatrix.file": "text.txt", "quantize.imatrix.dataset": "text.txt",
                   "quantize.imatrix.entries_count": 14, "quantize.imatrix.chunks_count": 8}
     assert os.listdir(env_tmp) == []
-    # refusals: the text without its ids, both sources, a context under 16
-    for args, says in ((["--calibrate", "text.txt"], "--calibrate-tokens"),
-                       (["--calibrate-tokens", TOKENS, "--imatrix", "text.txt"], "not both"),
+    # the text alone, tokenized by quantd (llama-tokenize's ids, tests/peers/test_tokenize.py):
+    # the same file again
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    shutil.copy(os.path.join(TEXT_DIR, "text.txt"), sub / "text.txt")
+    quantd("convert", "--in", model, "--out", "three.gguf", "--recipe", "IQ2_XXS", "--calibrate", "text.txt",
+           "--calibrate-ctx", "64", "--calibrate-chunks", "8", cwd=sub)
+    assert open(sub / "three.gguf", "rb").read() == open(tmp_path / "two.gguf", "rb").read()
+    # refusals: both sources, a context under 16
+    for args, says in ((["--calibrate-tokens", TOKENS, "--imatrix", "text.txt"], "not both"),
                        (["--calibrate-tokens", TOKENS, "--calibrate-ctx", "8"], ">= 16")):
         p = quantd("convert", "--in", model, "--out", "x.gguf", "--recipe", "IQ2_XXS", *args, check=False, cwd=tmp_path)
         assert p.returncode == 2 and says in p.stderr, p.stderr
     assert not os.path.exists(tmp_path / "x.gguf")
+
+
+def test_text_runs_as_its_token_ids(models, tmp_path):
+    """-f TEXT alone: quantd's tokenizer gives llama-tokenize's ids (tests/fixtures/model/tokens.bin
+    was made by it from this text), so the matrix is the one --tokens gives, byte for byte (both
+    name the text as their dataset)."""
+    text = os.path.join(TEXT_DIR, "text.txt")
+    common = ("-m", models["llama-untied"], "-c", 64, "--chunks", 4, "--no-ppl", "-f", text)
+    quantd("imatrix", *common, "-o", tmp_path / "text.gguf")
+    quantd("imatrix", *common, "--tokens", TOKENS, "-o", tmp_path / "ids.gguf")
+    assert open(tmp_path / "text.gguf", "rb").read() == open(tmp_path / "ids.gguf", "rb").read()

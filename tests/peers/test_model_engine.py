@@ -111,6 +111,15 @@ def test_json_token_file_equals_binary(models, tmp_path):
     assert a["ln_ppl"] == b["ln_ppl"]
 
 
+def test_text_equals_its_token_ids(models):
+    """-f TEXT: quantd's tokenizer makes llama-tokenize's ids of the text (tokens.bin was made by
+    it), so the figures are those of --tokens."""
+    p = subprocess.run([QUANTD, "perplexity", "-m", str(models["llama-tied"]), "-f", os.path.join(FIXTURES, "text.txt"),
+                        "-c", str(N_CTX), "-t", "2", "--chunks", "2"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert summary(p)["ln_ppl"] == summary(perplexity(models["llama-tied"], "--chunks", "2"))["ln_ppl"]
+
+
 def test_refusals(models, tmp_path):
     short = tmp_path / "short.bin"
     np.fromfile(TOKENS, dtype=np.int32)[:2 * N_CTX - 1].tofile(short)
@@ -120,12 +129,12 @@ def test_refusals(models, tmp_path):
     outside = tmp_path / "outside.bin"
     np.array([1] + [5000] * 200, dtype=np.int32).tofile(outside)
     p = perplexity(models["llama-tied"], tokens=outside, check=False)
-    assert p.returncode == 1 and "outside the model's vocabulary of 384" in p.stderr
+    assert p.returncode == 1 and "token id 5000 at index 1 is outside the vocabulary (0..383)" in p.stderr
 
     odd = tmp_path / "odd.bin"
     odd.write_bytes(b"\x01\x00\x00")
     p = perplexity(models["llama-tied"], tokens=odd, check=False)
-    assert p.returncode == 1 and "not a whole number of little-endian int32" in p.stderr
+    assert p.returncode == 1 and "3 bytes is not a whole number" in p.stderr
 
     p = perplexity(models["llama-tied"], "-ctk", "q8_0", check=False)
     assert p.returncode == 2 and "f16, bf16 or f32" in p.stderr

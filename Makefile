@@ -17,7 +17,7 @@
 #   make test-consumers  the runtimes themselves: llama.cpp built from source (quantize, and the forward
 #                        engine against llama-perplexity), torch stacks
 #   make sanitize        the unit and service tests built with ASan + UBSan
-#   make fuzz            libFuzzer over the request decoders and checkpoint readers (FUZZ_SECONDS)
+#   make fuzz            libFuzzer over the request decoders, checkpoint readers and base logits (FUZZ_SECONDS)
 #   make fuzz-long       the same for FUZZ_RUNS executions
 #   make bench           CPU kernel table + service benchmark
 #   make bench-iq4       the iq4_nl/iq4_xs search on one core, scalar against AVX2 (bench/bench_iq4.c)
@@ -235,13 +235,21 @@ $(BUILD)/fuzz/fuzz_readers: $(FUZZ_READERS_SRCS) server/checkpoint/gguf.h server
 	@mkdir -p $(dir $@)
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_READERS_SRCS) -lcjson -lm -pthread
+# llama-perplexity's base logits file (server/model/kld_file.c) and the statistics over its rows.
+FUZZ_KLD_SRCS := tests/model/fuzz_kld_base.c server/model/kld_file.c server/model/kld.c
+$(BUILD)/fuzz/fuzz_kld_base: $(FUZZ_KLD_SRCS) server/model/kld.h
+	@mkdir -p $(dir $@)
+	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_KLD_SRCS) -lcjson -lm -pthread
 FUZZ_LIMIT ?= -max_total_time=$(FUZZ_SECONDS)
-fuzz: $(BUILD)/fuzz/fuzz_decode $(BUILD)/fuzz/fuzz_readers
-	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/corpus_readers
+fuzz: $(BUILD)/fuzz/fuzz_decode $(BUILD)/fuzz/fuzz_readers $(BUILD)/fuzz/fuzz_kld_base
+	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/corpus_readers $(BUILD)/fuzz/corpus_kld
 	$(BUILD)/fuzz/fuzz_decode $(FUZZ_LIMIT) -max_len=4096 -rss_limit_mb=1024 -dict=tests/server/fuzz.dict \
 	  $(BUILD)/fuzz/corpus tests/server/fuzz_seeds
 	$(BUILD)/fuzz/fuzz_readers $(FUZZ_LIMIT) -max_len=4096 -rss_limit_mb=1024 -dict=tests/checkpoint/fuzz.dict \
 	  $(BUILD)/fuzz/corpus_readers tests/checkpoint/fuzz_seeds
+	$(BUILD)/fuzz/fuzz_kld_base $(FUZZ_LIMIT) -max_len=4096 -rss_limit_mb=1024 -dict=tests/model/fuzz.dict \
+	  $(BUILD)/fuzz/corpus_kld tests/model/fuzz_seeds
 
 # Every target for FUZZ_RUNS executions (ASan + UBSan, as make fuzz builds them).
 fuzz-long:

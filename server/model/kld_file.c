@@ -54,8 +54,8 @@ enum qd_status qd_kld_base_open_stream(FILE *f, const char *name, int64_t size, 
     const int64_t left = size - QD_KLD_HEADER_BYTES;
     if (n_tokens > left / 4) {
         snprintf(err, errlen, "%s is truncated: its header promises %" PRId32 " chunks of %" PRId32 " tokens "
-                 "(%" PRId64 " bytes), the file holds %" PRId64 " bytes after the header", b->name, b->n_chunk,
-                 b->n_ctx, 4 * n_tokens, left);
+                 "(4 bytes each), the file holds %" PRId64 " bytes after the header", b->name, b->n_chunk, b->n_ctx,
+                 left);
         return QD_EINVAL;
     }
     const int64_t after_tokens = left - 4 * n_tokens;

@@ -12,7 +12,15 @@ PCT = {"Maximum": "max", "99.9%": "p99_9", "99.0%": "p99", "95.0%": "p95", "90.0
 def parse(text):
     """{"ppl": {...}, "kld": {...}, "delta_p": {...}, "same_top_p": x, "same_top_p_error": y,
     "chunks": [line, ...]} from llama-perplexity's (or quantd's) printed KL divergence report;
-    None when the final statistics are missing (llama.cpp's log thread sometimes drops them)."""
+    None when the final statistics are missing or cut short (llama.cpp's log thread sometimes drops
+    an exiting process's last lines)."""
+    try:
+        return _parse(text)
+    except (AttributeError, TypeError):  # a section missing: a regex found nothing
+        return None
+
+
+def _parse(text):
     out = {"ppl": {}, "kld": {}, "delta_p": {}}
 
     def pair(label):

@@ -60,12 +60,15 @@ enum qd_status qd_kld_base_open_stream(FILE *f, const char *name, int64_t size, 
     }
     const int64_t after_tokens = left - 4 * n_tokens;
     if (b->n_chunk > after_tokens / chunk_bytes || after_tokens != chunk_bytes * b->n_chunk) {
-        const int truncated = b->n_chunk > after_tokens / chunk_bytes;
+        char need[48];
+        if (b->n_chunk > INT64_MAX / chunk_bytes)
+            snprintf(need, sizeof need, "more than 2^63");
+        else
+            snprintf(need, sizeof need, "%" PRId64, chunk_bytes * b->n_chunk);
         snprintf(err, errlen, "%s is %s: %" PRId32 " chunks of %d scored rows of %" PRId64 " bytes (n_ctx %" PRId32
-                 ", n_vocab %" PRId32 ") need %s%" PRId64 " bytes after the tokens, the file has %" PRId64, b->name,
-                 truncated ? "truncated" : "longer than its header says", b->n_chunk, qd_kld_rows(b->n_ctx),
-                 2 * qd_kld_row_words(b->n_vocab), b->n_ctx, b->n_vocab, truncated ? "more than " : "",
-                 truncated ? after_tokens : chunk_bytes * b->n_chunk, after_tokens);
+                 ", n_vocab %" PRId32 ") need %s bytes after the tokens, the file has %" PRId64, b->name,
+                 b->n_chunk > after_tokens / chunk_bytes ? "truncated" : "longer than its header says", b->n_chunk,
+                 qd_kld_rows(b->n_ctx), 2 * qd_kld_row_words(b->n_vocab), b->n_ctx, b->n_vocab, need, after_tokens);
         return QD_EINVAL;
     }
     if (!(b->tokens = malloc((size_t)n_tokens * sizeof *b->tokens))) {

@@ -403,6 +403,11 @@ int qd_cli_perplexity(int argc, char **argv)
                 "log-probabilities (written by a run of the base model with --kl-divergence-base FILE alone)\n");
         return 2;
     }
+    if (kl_divergence && dump_path) {
+        fprintf(stderr, "quantd perplexity: --dump-logits is not taken with --kl-divergence (run the model without "
+                "--kl-divergence to dump its logits)\n");
+        return 2;
+    }
     if (kl_divergence)
         return kld_run(model_path, base_path, tokens_path, ctx_given ? n_ctx : 0, max_chunks, threads, cache_k, cache_v,
                        n_batch);

@@ -158,6 +158,11 @@ def test_refusals(models, tmp_path):
 
     kld = ("--kl-divergence",)
     assert "needs --kl-divergence-base FILE" in refuse("-m", m, "--kl-divergence", code=2)
+    assert "not taken with --kl-divergence" in refuse("-m", m, "--kl-divergence-base", BASE, *kld, "--dump-logits",
+                                                      tmp_path / "x", code=2)
+    # --chunks N scores the base's first N chunks
+    s = summary(run("-m", m, "--kl-divergence-base", BASE, *kld, "--chunks", 2))
+    assert s["chunks"] == 2 and s["tokens_scored"] == 2 * (N_CTX - 1 - N_CTX // 2)
     # another vocabulary: a real model with 400 tokens against the 384-token base
     other = tmp_path / "v400.gguf"
     subprocess.run([sys.executable, TINY, str(other), *recorded()["args"], "--vocab", "400"], check=True)

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -201,6 +202,13 @@ static uint64_t peak_rss_bytes(void)
     if (f)
         fclose(f);
     return kb * 1024;
+}
+
+/* whether two paths name one existing file (an output must not replace an input) */
+static int same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return a && b && !stat(a, &sa) && !stat(b, &sb) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 /* the run's time and memory, in each summary */
@@ -470,6 +478,11 @@ int qd_cli_perplexity(int argc, char **argv)
     memcpy(chunks, tokens, (size_t)p.n_chunks * (size_t)n_ctx * sizeof *chunks);
     for (int c = 0; m.add_bos && c < p.n_chunks; c++)
         chunks[(int64_t)c * n_ctx] = m.bos;
+    if (base_path && (same_file(base_path, model_path) || same_file(base_path, tokens_path))) {
+        fprintf(stderr, "quantd perplexity: --kl-divergence-base %s names the %s: give the base logits a file of "
+                "their own\n", base_path, same_file(base_path, model_path) ? "model" : "token file");
+        goto done;
+    }
     if (base_path) {
         if (qd_kld_writer_open(base_path, n_ctx, (int32_t)m.hp.n_vocab, p.n_chunks, tokens, &writer, err, sizeof err)) {
             fprintf(stderr, "quantd perplexity: %s\n", err);

@@ -10,7 +10,8 @@ llama-cpp-python 0.3.36 sdist's llama.cpp; LLAMA_CPP_BIN names its bin/). For a 
 llama-perplexity's figures on Q itself (8-bit activations in its dot products) are printed
 beside them (pytest -s). The tiny llama-gqa model (Q4_0, Q8_0, 32 chunks of 64), and
 SmolLM2-135M-Instruct (its Q4_1 file's F32 dequantization as the source, Q4_0, 4 chunks of 512
-of llama.cpp's docs/build.md)."""
+of llama.cpp's docs/build.md; its smallest divergences, at the base file's resolution, within
+1e-5 nats)."""
 import json
 import os
 import subprocess
@@ -54,8 +55,9 @@ def llama(model, *args, report=False):
     raise AssertionError("llama-perplexity printed no KL divergence statistics:\n" + p.stdout[-2000:])
 
 
-def exchange(tmp, source, fmt, text, ctx, chunks):
-    """the comparisons of the module docstring for one source model and format"""
+def exchange(tmp, source, fmt, text, ctx, chunks, kld_floor=0.0):
+    """the comparisons of the module docstring for one source model and format (kld_floor:
+    test_model_kld.compare's)"""
     tokens = tmp / "tokens.bin"
     p = subprocess.run([os.path.join(BIN, "llama-tokenize"), "-m", str(source), "-f", text, "--ids", "--no-escape",
                         "--log-disable"], capture_output=True, text=True, check=True)
@@ -73,9 +75,9 @@ def exchange(tmp, source, fmt, text, ctx, chunks):
     on_file = llama(q, "--kl-divergence-base", llama_base, "--kl-divergence", report=True)
     ours = json.loads(quantd("perplexity", "-m", q, "--kl-divergence-base", llama_base, "--kl-divergence", *F32_PATH,
                              "-t", "2").stdout.strip().splitlines()[-1])
-    worst = compare(ours, ref, f"{fmt}: quantd on llama-perplexity's base")
+    worst = compare(ours, ref, f"{fmt}: quantd on llama-perplexity's base", kld_floor=kld_floor)
     theirs = llama(deq, "--kl-divergence-base", our_base, "--kl-divergence", report=True)
-    worst_back = compare(theirs, ref, f"{fmt}: llama-perplexity on quantd's base", roundings=2)
+    worst_back = compare(theirs, ref, f"{fmt}: llama-perplexity on quantd's base", roundings=2, kld_floor=kld_floor)
     print(f"{fmt}: mean KLD quantd {ours['kld']['mean']:.6f}, llama-perplexity on the F32 dequantization "
           f"{ref['kld']['mean']:.6f} (on quantd's base {theirs['kld']['mean']:.6f}), on the {fmt} file itself "
           f"{on_file['kld']['mean']:.6f}; same top p {ours['same_top_p']:.4f} / {ref['same_top_p']:.4f} / "
@@ -93,4 +95,7 @@ def test_tiny_model_base_files_both_ways(tmp_path, fmt):
 def test_smollm2_base_files_both_ways(tmp_path):
     source = tmp_path / "source-f32.gguf"
     quantd("convert", "--in", SMOLLM2, "--out", source, "--recipe", "F32", "--allow-requantize")
-    exchange(tmp_path, source, "q4_0", os.path.join(BIN, "..", "..", "docs", "build.md"), 512, 4)
+    # its smallest divergences (the minimum, the 0.1 % percentile: ~1e-5 nats) sit at the base
+    # file's resolution, where quantd's and llama.cpp's f32 logits (summed in other orders) part
+    # by a few 1e-6 nats: those are held within 1e-5 nats, every other figure within 1 %
+    exchange(tmp_path, source, "q4_0", os.path.join(BIN, "..", "..", "docs", "build.md"), 512, 4, kld_floor=1e-5)

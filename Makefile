@@ -18,7 +18,8 @@
 #   make test-consumers  the runtimes themselves: llama.cpp built from source (quantize, and the forward
 #                        engine against llama-perplexity), torch stacks
 #   make sanitize        the unit and service tests built with ASan + UBSan
-#   make fuzz            libFuzzer over the request decoders, checkpoint readers, tokenizer (FUZZ_SECONDS)
+#   make fuzz            libFuzzer over the request decoders, checkpoint readers, tokenizer and base
+#                        logits (FUZZ_SECONDS)
 #   make fuzz-long       the same for FUZZ_RUNS executions
 #   make bench           CPU kernel table + service benchmark
 #   make bench-iq4       the iq4_nl/iq4_xs search on one core, scalar against AVX2 (bench/bench_iq4.c)
@@ -258,15 +259,23 @@ $(BUILD)/fuzz/fuzz_tokenizer: $(FUZZ_TOKENIZER_SRCS) $(wildcard server/model/tok
 	@mkdir -p $(dir $@)
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_TOKENIZER_SRCS) -lm -pthread
+# llama-perplexity's base logits file (server/model/kld_file.c) and the statistics over its rows.
+FUZZ_KLD_SRCS := tests/model/fuzz_kld_base.c server/model/kld_file.c server/model/kld.c
+$(BUILD)/fuzz/fuzz_kld_base: $(FUZZ_KLD_SRCS) server/model/kld.h
+	@mkdir -p $(dir $@)
+	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_KLD_SRCS) -lcjson -lm -pthread
 FUZZ_LIMIT ?= -max_total_time=$(FUZZ_SECONDS)
-fuzz: $(BUILD)/fuzz/fuzz_decode $(BUILD)/fuzz/fuzz_readers $(BUILD)/fuzz/fuzz_tokenizer $(VOCAB_DIR)/ok
-	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/corpus_readers $(BUILD)/fuzz/corpus_tokenizer
+fuzz: $(BUILD)/fuzz/fuzz_decode $(BUILD)/fuzz/fuzz_readers $(BUILD)/fuzz/fuzz_tokenizer $(BUILD)/fuzz/fuzz_kld_base $(VOCAB_DIR)/ok
+	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/corpus_readers $(BUILD)/fuzz/corpus_tokenizer $(BUILD)/fuzz/corpus_kld
 	$(BUILD)/fuzz/fuzz_decode $(FUZZ_LIMIT) -max_len=4096 -rss_limit_mb=1024 -dict=tests/server/fuzz.dict \
 	  $(BUILD)/fuzz/corpus tests/server/fuzz_seeds
 	$(BUILD)/fuzz/fuzz_readers $(FUZZ_LIMIT) -max_len=4096 -rss_limit_mb=1024 -dict=tests/checkpoint/fuzz.dict \
 	  $(BUILD)/fuzz/corpus_readers tests/checkpoint/fuzz_seeds
 	QD_VOCAB_DIR=$(abspath $(VOCAB_DIR)) $(BUILD)/fuzz/fuzz_tokenizer $(FUZZ_LIMIT) -max_len=4096 -rss_limit_mb=2048 \
 	  -dict=tests/model/fuzz.dict $(BUILD)/fuzz/corpus_tokenizer tests/model/fuzz_seeds
+	$(BUILD)/fuzz/fuzz_kld_base $(FUZZ_LIMIT) -max_len=4096 -rss_limit_mb=1024 -dict=tests/model/fuzz_kld.dict \
+	  $(BUILD)/fuzz/corpus_kld tests/model/fuzz_kld_seeds
 
 # Every target for FUZZ_RUNS executions (ASan + UBSan, as make fuzz builds them).
 fuzz-long:
@@ -452,7 +461,7 @@ test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(
 	  LLAMA_LOGITS=$(abspath $(BUILD)/consumers/llama_logits) SMOLLM2_GGUF=$(abspath $(SMOLLM2_GGUF)) \
 	  QD_VOCAB_DIR=$(abspath $(VOCAB_DIR)) \
 	  .venv/bin/python -m pytest -q tests/consumers/test_llama_cpp.py tests/consumers/test_llama_cpp_split.py \
-	  tests/consumers/test_llama_cpp_model.py tests/consumers/test_llama_cpp_tokenize.py tests/consumers/test_llama_cpp_imatrix.py tests/consumers/test_mlx_lm.py
+	  tests/consumers/test_llama_cpp_model.py tests/consumers/test_llama_cpp_tokenize.py tests/consumers/test_llama_cpp_imatrix.py tests/consumers/test_llama_cpp_kld.py tests/consumers/test_mlx_lm.py
 	QUANTD=$(abspath bin/quantd) $(CONSUMERS_PY) -m pytest -q -p no:cacheprovider \
 	  tests/consumers/test_compressed_tensors.py tests/consumers/test_ct_codes.py tests/consumers/test_transformers_bnb.py \
 	  tests/consumers/test_arch_transformers.py tests/consumers/test_arch_gpu.py tests/consumers/test_fp8_transformers.py \

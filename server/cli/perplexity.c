@@ -4,7 +4,9 @@
  * each chunk is scored over its second half (positions n_ctx/2 .. n_ctx-2 predicting the next
  * token), the statistics summed in double as llama-perplexity sums them. Its lines come out as it
  * prints them ("[1]x.xxxx,[2]..." on stdout, "Final estimate: PPL = X +/- Y" on stderr), then one
- * JSON summary line on stdout. */
+ * JSON summary line on stdout. --kl-divergence-base FILE also writes llama-perplexity's base
+ * logits file; with --kl-divergence it reads one instead and prints its KL divergence table and
+ * statistics (server/model/kld.h). */
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -12,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -20,11 +23,13 @@
 #include "cli/files.h"
 #include "model/engine.h"
 #include "model/model_input.h"
+#include "model/kld.h"
 
 static void usage(FILE *to)
 {
     fprintf(to,
             "usage: quantd perplexity -m MODEL (-f TEXT | --tokens FILE) [-c N] [--chunks N] [-b N] [-t N]\n"
+            "                         [--kl-divergence-base FILE [--kl-divergence]]\n"
             "  llama-perplexity's perplexity of a GGUF model over a text's tokens, scored as it scores them:\n"
             "  chunks of -c tokens (default 512), each chunk's first token replaced by BOS when the\n"
             "  vocabulary adds one, each chunk scored over its second half.\n"
@@ -41,7 +46,16 @@ static void usage(FILE *to)
             "  -ctk, -ctv TYPE  the KV cache's types (--cache-type-k/-v: f16, the default as in llama.cpp,\n"
             "                   bf16 or f32): keys and values rounded to them, as llama.cpp stores them\n"
             "  --dump-logits FILE  write each chunk's logits from position n_ctx/2 on, raw f32\n"
-            "                   [chunks][n_ctx - n_ctx/2][n_vocab] (for comparisons)\n",
+            "                   [chunks][n_ctx - n_ctx/2][n_vocab] (for comparisons)\n"
+            "  --kl-divergence-base FILE  alone: also write the base model's log-probabilities to FILE in\n"
+            "                   llama-perplexity's format (its --kl-divergence reads quantd's and the other\n"
+            "                   way round); an existing FILE is replaced, as llama-perplexity replaces it,\n"
+            "                   but only once the new one is whole (it is written beside it, then renamed)\n"
+            "  --kl-divergence  read FILE instead and report this model's KL divergence from the base, its\n"
+            "                   perplexity against the base's, delta-p and the share of the same top token,\n"
+            "                   as llama-perplexity does; the tokens, -c and the chunks are the file's\n"
+            "                   (--tokens, when given, must be the file's; -c below the file's is refused;\n"
+            "                   --chunks N scores the first N of them)\n",
             qd_model_arch_names());
 }
 
@@ -53,8 +67,26 @@ struct ppl {
     double nll, nll2;
     int64_t count;
     FILE *dump;
-    char dump_err[256];
+    struct qd_kld_writer *writer; /* --kl-divergence-base alone */
+    struct qd_kld_base *base;     /* --kl-divergence: the base's rows, read chunk by chunk */
+    struct qd_kld_stats *kld;
+    uint16_t *base_rows;
+    char hook_err[512];
 };
+
+/* --kl-divergence: the chunk's rows against the base's, and llama-perplexity's running line */
+static int kld_chunk(struct ppl *p, int chunk, int rows, const float *logits, int64_t n_vocab, const int32_t *targets)
+{
+    if (qd_kld_base_read_chunk(p->base, p->base_rows, p->hook_err, sizeof p->hook_err))
+        return 1;
+    const int64_t words = qd_kld_row_words(n_vocab);
+    for (int i = 0; i < rows - 1; i++)
+        qd_kld_stats_add(p->kld, logits + (int64_t)i * n_vocab, n_vocab, p->base_rows + (int64_t)i * words, targets[i]);
+    if (chunk == 0)
+        qd_kld_print_header(stdout);
+    qd_kld_print_chunk(p->kld, chunk + 1, stdout);
+    return 0;
+}
 
 /* log_softmax as llama-perplexity computes it: the maximum in f32, the exponentials summed in
  * double, the token's log-probability logit - max - log(sum). */
@@ -73,16 +105,24 @@ static int on_logits(void *ctx, int chunk, int from, int rows, const float *logi
 {
     struct ppl *p = ctx;
     const int32_t *targets = p->tokens + (int64_t)chunk * p->n_ctx + from + 1;
-    for (int i = 0; i < rows - 1; i++) { /* the last position predicts past the chunk */
-        const double v = token_nll(logits + (int64_t)i * n_vocab, n_vocab, targets[i]);
-        p->nll += v;
-        p->nll2 += v * v;
-    }
+    if (p->kld)
+        return kld_chunk(p, chunk, rows, logits, n_vocab, targets);
+    if (p->writer) { /* llama-perplexity sums its float figure when it writes a base */
+        if (qd_kld_writer_chunk(p->writer, logits, rows - 1, targets, &p->nll, &p->nll2, p->hook_err,
+                                sizeof p->hook_err))
+            return 1;
+    } else
+        for (int i = 0; i < rows - 1; i++) { /* the last position predicts past the chunk */
+            const double v = token_nll(logits + (int64_t)i * n_vocab, n_vocab, targets[i]);
+            p->nll += v;
+            p->nll2 += v * v;
+        }
     p->count += rows - 1;
     printf("[%d]%.4lf,", chunk + 1, exp(p->nll / (double)p->count));
     fflush(stdout);
-    if (p->dump && fwrite(logits, sizeof *logits, (size_t)rows * (size_t)n_vocab, p->dump) != (size_t)rows * (size_t)n_vocab) {
-        snprintf(p->dump_err, sizeof p->dump_err, "%s", strerror(errno));
+    const size_t n_logits = (size_t)rows * (size_t)n_vocab;
+    if (p->dump && fwrite(logits, sizeof *logits, n_logits, p->dump) != n_logits) {
+        snprintf(p->hook_err, sizeof p->hook_err, "%s", strerror(errno));
         return 1;
     }
     return 0;
@@ -110,6 +150,139 @@ static uint64_t peak_rss_bytes(void)
     return kb * 1024;
 }
 
+/* whether two paths name one existing file (an output must not replace an input) */
+static int same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return a && b && !stat(a, &sa) && !stat(b, &sb) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* the run's time and memory, in each summary */
+static void add_run(cJSON *j, const struct qd_engine_stats *stats)
+{
+    cJSON_AddNumberToObject(j, "seconds", stats->seconds);
+    cJSON_AddNumberToObject(j, "read_seconds", stats->read_seconds);
+    cJSON *mem = cJSON_AddObjectToObject(j, "memory");
+    cJSON_AddNumberToObject(mem, "peak_bytes", (double)stats->peak_bytes);
+    cJSON_AddNumberToObject(mem, "hidden_bytes", (double)stats->hidden_bytes);
+    cJSON_AddNumberToObject(mem, "block_bytes", (double)stats->block_bytes);
+    cJSON_AddNumberToObject(mem, "scratch_bytes", (double)stats->scratch_bytes);
+    cJSON_AddNumberToObject(mem, "head_bytes", (double)stats->head_bytes);
+    cJSON_AddNumberToObject(mem, "peak_rss_bytes", (double)peak_rss_bytes());
+}
+
+/* --kl-divergence: the model over the base file's tokens, against its log-probabilities, as
+ * llama-perplexity's kl_divergence() (the chunks and n_ctx are the file's). ctx_given: -c when
+ * the user gave it, else 0. Returns the exit code. */
+static int kld_run(const char *model_path, const char *base_path, const char *text_path,
+                   const char *tokens_path, int ctx_given, int max_chunks, int threads, enum qd_dtype cache_k,
+                   enum qd_dtype cache_v, int n_batch)
+{
+    char err[1024];
+    struct qd_kld_base base;
+    struct qd_model m;
+    struct qd_kld_stats kld = {0};
+    enum qd_status status;
+    int32_t *given = NULL, *chunks = NULL;
+    int rc = 1;
+    memset(&m, 0, sizeof m);
+    if (qd_kld_base_open(base_path, &base, err, sizeof err)) {
+        fprintf(stderr, "quantd perplexity: %s\n", err);
+        goto done;
+    }
+    const int n_ctx = base.n_ctx;
+    if (ctx_given && ctx_given < n_ctx) {
+        fprintf(stderr, "quantd perplexity: %s has been computed with n_ctx %d, while -c is %d: give -c %d (or leave "
+                "-c out: the base's is used)\n", base_path, n_ctx, ctx_given, n_ctx);
+        goto done;
+    }
+    if (tokens_path || text_path) { /* optional: then it must be the text the base was computed over */
+        int64_t n_given = 0;
+        if (!(given = qd_model_input_tokens(model_path, tokens_path ? NULL : text_path, tokens_path, &n_given, err,
+                                            sizeof err))) {
+            fprintf(stderr, "quantd perplexity: %s\n", err);
+            goto done;
+        }
+        const int64_t n_base = (int64_t)base.n_chunk * n_ctx;
+        int64_t at = 0;
+        while (at < n_base && at < n_given && given[at] == base.tokens[at])
+            at++;
+        if (at < n_base) {
+            fprintf(stderr, "quantd perplexity: %s holds the log-probabilities of %d chunks of %d tokens, but the "
+                    "tokens of %s %s (token %" PRId64 "): the base was computed over another text; leave -f/--tokens "
+                    "out to use the base's\n", base_path, base.n_chunk, n_ctx, tokens_path ? tokens_path : text_path,
+                    at == n_given ? "end first" : "differ", at);
+            goto done;
+        }
+    }
+    if (qd_model_open(model_path, &m, &status, err, sizeof err)) {
+        fprintf(stderr, "quantd perplexity: %s: %s\n", model_path, err);
+        goto done;
+    }
+    if (m.hp.n_vocab != base.n_vocab) {
+        fprintf(stderr, "quantd perplexity: inconsistent vocabulary: %s holds log-probabilities over %d tokens, %s "
+                "has %" PRId64 ": the base must come from a model with the same vocabulary\n", base_path,
+                base.n_vocab, model_path, m.hp.n_vocab);
+        goto done;
+    }
+    const int n_chunks = max_chunks >= 0 && max_chunks < base.n_chunk ? max_chunks : base.n_chunk;
+    if (n_chunks < 1) {
+        fprintf(stderr, "quantd perplexity: --chunks 0 scores nothing\n");
+        goto done;
+    }
+    const int rows = qd_kld_rows(n_ctx);
+    struct ppl p = {.tokens = base.tokens, .n_ctx = n_ctx, .first = n_ctx / 2, .n_chunks = n_chunks, .base = &base,
+                    .kld = &kld};
+    if (qd_kld_stats_init(&kld, (int64_t)n_chunks * rows) ||
+        !(p.base_rows = malloc((size_t)rows * 2 * (size_t)qd_kld_row_words(base.n_vocab))) ||
+        !(chunks = malloc((size_t)n_chunks * (size_t)n_ctx * sizeof *chunks))) {
+        fprintf(stderr, "quantd perplexity: no memory for %d chunks of %d positions over %d tokens\n", n_chunks, rows,
+                base.n_vocab);
+        free(p.base_rows);
+        goto done;
+    }
+    memcpy(chunks, base.tokens, (size_t)n_chunks * (size_t)n_ctx * sizeof *chunks);
+    for (int c = 0; m.add_bos && c < n_chunks; c++)
+        chunks[(int64_t)c * n_ctx] = m.bos;
+    const int n_seq = n_batch / n_ctx > 1 ? n_batch / n_ctx : 1;
+    fprintf(stderr, "kl_divergence: computing over %d chunks, n_ctx=%d, batch_size=%d, n_seq=%d\n", n_chunks, n_ctx,
+            n_batch, n_seq);
+    struct qd_engine_opts o = {.n_ctx = n_ctx, .logits_from = n_ctx / 2, .threads = threads, .cache_k = cache_k,
+                               .cache_v = cache_v};
+    struct qd_engine_hooks h = {.ctx = &p, .on_logits = on_logits, .on_progress = on_progress};
+    struct qd_engine_stats stats;
+    status = qd_engine_run(&m, chunks, n_chunks, &o, &h, &stats, err, sizeof err);
+    free(p.base_rows);
+    if (status != QD_OK) {
+        fprintf(stderr, "quantd perplexity: %s\n", p.hook_err[0] ? p.hook_err : err);
+        goto done;
+    }
+    printf("\n");
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model", model_path);
+    cJSON_AddStringToObject(j, "kl_divergence_base", base_path);
+    cJSON_AddStringToObject(j, "architecture", m.arch_name);
+    cJSON_AddNumberToObject(j, "tokens_scored", (double)kld.count);
+    cJSON_AddNumberToObject(j, "chunks", n_chunks);
+    cJSON_AddNumberToObject(j, "n_ctx", n_ctx);
+    qd_kld_report(&kld, stdout, j);
+    cJSON_AddStringToObject(j, "cache_type_k", qd_dtype_name(cache_k));
+    cJSON_AddStringToObject(j, "cache_type_v", qd_dtype_name(cache_v));
+    add_run(j, &stats);
+    char *line = cJSON_PrintUnformatted(j);
+    printf("\n%s\n", line ? line : "{}");
+    free(line);
+    cJSON_Delete(j);
+    rc = 0;
+done:
+    qd_kld_stats_free(&kld);
+    free(chunks);
+    free(given);
+    qd_kld_base_close(&base);
+    qd_model_close(&m);
+    return rc;
+}
+
 static int parse_cache_type(const char *flag, const char *v, enum qd_dtype *out)
 {
     if (!strcmp(v, "f32") || !strcmp(v, "f16") || !strcmp(v, "bf16"))
@@ -134,14 +307,18 @@ static int parse_int(const char *flag, const char *v, int min, int *out)
 
 int qd_cli_perplexity(int argc, char **argv)
 {
-    const char *model_path = NULL, *tokens_path = NULL, *text_path = NULL, *dump_path = NULL;
-    int n_ctx = 512, max_chunks = -1, n_batch = 2048, threads = 0;
+    const char *model_path = NULL, *tokens_path = NULL, *text_path = NULL, *dump_path = NULL, *base_path = NULL;
+    int n_ctx = 512, max_chunks = -1, n_batch = 2048, threads = 0, kl_divergence = 0, ctx_given = 0;
     enum qd_dtype cache_k = QD_F16, cache_v = QD_F16; /* llama.cpp's default KV cache */
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--kl-divergence")) {
+            kl_divergence = 1;
+            continue;
         }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
         if (!v) {
@@ -152,9 +329,11 @@ int qd_cli_perplexity(int argc, char **argv)
         else if (!strcmp(a, "--tokens")) tokens_path = v;
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) text_path = v;
         else if (!strcmp(a, "--dump-logits")) dump_path = v;
+        else if (!strcmp(a, "--kl-divergence-base")) base_path = v;
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
             if (parse_int(a, v, 2, &n_ctx))
                 return 2;
+            ctx_given = 1;
         } else if (!strcmp(a, "--chunks")) {
             if (parse_int(a, v, -1, &max_chunks))
                 return 2;
@@ -175,6 +354,23 @@ int qd_cli_perplexity(int argc, char **argv)
             return 2;
         }
     }
+    if (kl_divergence && !base_path) {
+        fprintf(stderr, "quantd perplexity: --kl-divergence needs --kl-divergence-base FILE, the base model's "
+                "log-probabilities (written by a run of the base model with --kl-divergence-base FILE alone)\n");
+        return 2;
+    }
+    if (kl_divergence && dump_path) {
+        fprintf(stderr, "quantd perplexity: --dump-logits is not taken with --kl-divergence (run the model without "
+                "--kl-divergence to dump its logits)\n");
+        return 2;
+    }
+    if (!model_path) {
+        fprintf(stderr, "quantd perplexity: -m MODEL is required (quantd perplexity --help)\n");
+        return 2;
+    }
+    if (kl_divergence)
+        return kld_run(model_path, base_path, text_path, tokens_path, ctx_given ? n_ctx : 0, max_chunks, threads,
+                       cache_k, cache_v, n_batch);
     if (!model_path || (!tokens_path && !text_path)) {
         fprintf(stderr, "quantd perplexity: %s is required (quantd perplexity --help)\n",
                 !model_path ? "-m MODEL" : "-f TEXT or --tokens FILE");
@@ -200,6 +396,7 @@ int qd_cli_perplexity(int argc, char **argv)
     int rc = 1;
     int32_t *chunks = NULL;
     struct ppl p = {.tokens = tokens, .n_ctx = n_ctx, .first = n_ctx / 2};
+    struct qd_kld_writer writer = {0};
     if (n_tokens < 2 * (int64_t)n_ctx) {
         fprintf(stderr, "quantd perplexity: you need at least %d tokens to evaluate perplexity with a context of %d; "
                 "the token file holds only %" PRId64 " tokens (give a longer text or a smaller -c)\n", 2 * n_ctx, n_ctx,
@@ -229,6 +426,19 @@ int qd_cli_perplexity(int argc, char **argv)
     memcpy(chunks, tokens, (size_t)p.n_chunks * (size_t)n_ctx * sizeof *chunks);
     for (int c = 0; m.add_bos && c < p.n_chunks; c++)
         chunks[(int64_t)c * n_ctx] = m.bos;
+    if (base_path && (same_file(base_path, model_path) || same_file(base_path, tokens_path))) {
+        fprintf(stderr, "quantd perplexity: --kl-divergence-base %s names the %s: give the base logits a file of "
+                "their own\n", base_path, same_file(base_path, model_path) ? "model" : "token file");
+        goto done;
+    }
+    if (base_path) {
+        if (qd_kld_writer_open(base_path, n_ctx, (int32_t)m.hp.n_vocab, p.n_chunks, tokens, &writer, err, sizeof err)) {
+            fprintf(stderr, "quantd perplexity: %s\n", err);
+            goto done;
+        }
+        p.writer = &writer;
+        fprintf(stderr, "perplexity: saving all logits to %s\n", base_path);
+    }
     if (dump_path && !(p.dump = fopen(dump_path, "wb"))) {
         fprintf(stderr, "quantd perplexity: %s: %s\n", dump_path, strerror(errno));
         goto done;
@@ -244,7 +454,7 @@ int qd_cli_perplexity(int argc, char **argv)
     status = qd_engine_run(&m, chunks, p.n_chunks, &o, &h, &stats, err, sizeof err);
     printf("\n");
     if (status != QD_OK) {
-        fprintf(stderr, "quantd perplexity: %s\n", p.dump_err[0] ? p.dump_err : err);
+        fprintf(stderr, "quantd perplexity: %s\n", p.hook_err[0] ? p.hook_err : err);
         goto done;
     }
     if (p.dump && fclose(p.dump)) {
@@ -253,6 +463,10 @@ int qd_cli_perplexity(int argc, char **argv)
         goto done;
     }
     p.dump = NULL;
+    if (p.writer && qd_kld_writer_commit(p.writer, err, sizeof err)) {
+        fprintf(stderr, "quantd perplexity: %s\n", err);
+        goto done;
+    }
     /* llama-perplexity's final estimate and its error: the standard error of the mean NLL,
      * carried to the perplexity by its derivative */
     const double count = (double)p.count, mean = p.nll / count, ppl = exp(mean);
@@ -265,6 +479,8 @@ int qd_cli_perplexity(int argc, char **argv)
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", model_path);
     cJSON_AddStringToObject(j, "architecture", m.arch_name);
+    if (base_path)
+        cJSON_AddStringToObject(j, "kl_divergence_base", base_path);
     cJSON_AddNumberToObject(j, "ln_ppl", mean);
     cJSON_AddNumberToObject(j, "ln_ppl_error", err_nll);
     cJSON_AddNumberToObject(j, "ppl", ppl);
@@ -274,21 +490,15 @@ int qd_cli_perplexity(int argc, char **argv)
     cJSON_AddNumberToObject(j, "n_ctx", n_ctx);
     cJSON_AddStringToObject(j, "cache_type_k", qd_dtype_name(cache_k));
     cJSON_AddStringToObject(j, "cache_type_v", qd_dtype_name(cache_v));
-    cJSON_AddNumberToObject(j, "seconds", stats.seconds);
-    cJSON_AddNumberToObject(j, "read_seconds", stats.read_seconds);
-    cJSON *mem = cJSON_AddObjectToObject(j, "memory");
-    cJSON_AddNumberToObject(mem, "peak_bytes", (double)stats.peak_bytes);
-    cJSON_AddNumberToObject(mem, "hidden_bytes", (double)stats.hidden_bytes);
-    cJSON_AddNumberToObject(mem, "block_bytes", (double)stats.block_bytes);
-    cJSON_AddNumberToObject(mem, "scratch_bytes", (double)stats.scratch_bytes);
-    cJSON_AddNumberToObject(mem, "head_bytes", (double)stats.head_bytes);
-    cJSON_AddNumberToObject(mem, "peak_rss_bytes", (double)peak_rss_bytes());
+    add_run(j, &stats);
     char *line = cJSON_PrintUnformatted(j);
     printf("%s\n", line ? line : "{}");
     free(line);
     cJSON_Delete(j);
     rc = 0;
 done:
+    if (p.writer)
+        qd_kld_writer_abort(p.writer); /* removes an unfinished file; nothing after a commit */
     if (p.dump) {
         fclose(p.dump);
         if (rc)

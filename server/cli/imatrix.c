@@ -19,6 +19,7 @@
 #include "model/engine.h"
 #include "model/imatrix_collect.h"
 #include "model/model_input.h"
+#include "model/ppl.h"
 
 static void usage(FILE *to)
 {
@@ -83,20 +84,8 @@ struct run {
     const int32_t *tokens; /* the original tokens (targets are never a substituted BOS) */
     int n_ctx, first, ppl;
     int chunk_base; /* the first chunk of this engine run */
-    double nll, nll2;
-    int64_t count;
+    struct qd_ppl ppl_sum;
 };
-
-static double token_nll(const float *logits, int64_t n_vocab, int32_t tok)
-{
-    float max = logits[0];
-    for (int64_t i = 1; i < n_vocab; i++)
-        max = logits[i] > max ? logits[i] : max;
-    double sum = 0.0;
-    for (int64_t i = 0; i < n_vocab; i++)
-        sum += expf(logits[i] - max);
-    return -((double)(logits[tok] - max) - log(sum));
-}
 
 static int on_logits(void *ctx, int chunk, int from, int rows, const float *logits, int64_t n_vocab)
 {
@@ -107,13 +96,8 @@ static int on_logits(void *ctx, int chunk, int from, int rows, const float *logi
     const int skip = r->first - from;
     chunk += r->chunk_base;
     const int32_t *targets = r->tokens + (int64_t)chunk * r->n_ctx + r->first + 1;
-    for (int i = 0; i < rows - skip - 1; i++) {
-        const double v = token_nll(logits + (int64_t)(skip + i) * n_vocab, n_vocab, targets[i]);
-        r->nll += v;
-        r->nll2 += v * v;
-    }
-    r->count += rows - skip - 1;
-    printf("[%d]%.4lf,", chunk + 1, exp(r->nll / (double)r->count));
+    qd_ppl_add(&r->ppl_sum, logits + (int64_t)skip * n_vocab, rows - skip - 1, n_vocab, targets);
+    printf("[%d]%.4lf,", chunk + 1, qd_ppl_running(&r->ppl_sum));
     fflush(stdout);
     return r->c->stop;
 }
@@ -241,10 +225,9 @@ static int compute(const char *prog, struct qd_imatrix_sums *s, const char *mode
         goto done;
     }
     if (ppl) {
-        const double count = (double)r.count, mean = r.nll / count;
-        const double var = r.nll2 / count - mean * mean;
-        if (var > 0)
-            printf("Final estimate: PPL = %.4lf +/- %.5lf\n", exp(mean), sqrt(var / (count - 1)) * exp(mean));
+        double mean, err_nll;
+        if (qd_ppl_final(&r.ppl_sum, &mean, &err_nll) == 0)
+            printf("Final estimate: PPL = %.4lf +/- %.5lf\n", exp(mean), err_nll * exp(mean));
         else
             printf("Unexpected negative standard deviation of log(prob)\n");
     }

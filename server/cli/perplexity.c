@@ -22,8 +22,9 @@
 #include "cli/cli.h"
 #include "cli/files.h"
 #include "model/engine.h"
-#include "model/model_input.h"
 #include "model/kld.h"
+#include "model/model_input.h"
+#include "model/ppl.h"
 
 static void usage(FILE *to)
 {
@@ -64,8 +65,7 @@ static void usage(FILE *to)
 struct ppl {
     const int32_t *tokens; /* the original tokens (targets are never a substituted BOS) */
     int n_ctx, first, n_chunks;
-    double nll, nll2;
-    int64_t count;
+    struct qd_ppl sum;
     FILE *dump;
     struct qd_kld_writer *writer; /* --kl-divergence-base alone */
     struct qd_kld_base *base;     /* --kl-divergence: the base's rows, read chunk by chunk */
@@ -88,19 +88,6 @@ static int kld_chunk(struct ppl *p, int chunk, int rows, const float *logits, in
     return 0;
 }
 
-/* log_softmax as llama-perplexity computes it: the maximum in f32, the exponentials summed in
- * double, the token's log-probability logit - max - log(sum). */
-static double token_nll(const float *logits, int64_t n_vocab, int32_t tok)
-{
-    float max = logits[0];
-    for (int64_t i = 1; i < n_vocab; i++)
-        max = logits[i] > max ? logits[i] : max;
-    double sum = 0.0;
-    for (int64_t i = 0; i < n_vocab; i++)
-        sum += expf(logits[i] - max);
-    return -((double)(logits[tok] - max) - log(sum));
-}
-
 static int on_logits(void *ctx, int chunk, int from, int rows, const float *logits, int64_t n_vocab)
 {
     struct ppl *p = ctx;
@@ -108,17 +95,13 @@ static int on_logits(void *ctx, int chunk, int from, int rows, const float *logi
     if (p->kld)
         return kld_chunk(p, chunk, rows, logits, n_vocab, targets);
     if (p->writer) { /* llama-perplexity sums its float figure when it writes a base */
-        if (qd_kld_writer_chunk(p->writer, logits, rows - 1, targets, &p->nll, &p->nll2, p->hook_err,
+        if (qd_kld_writer_chunk(p->writer, logits, rows - 1, targets, &p->sum.nll, &p->sum.nll2, p->hook_err,
                                 sizeof p->hook_err))
             return 1;
-    } else
-        for (int i = 0; i < rows - 1; i++) { /* the last position predicts past the chunk */
-            const double v = token_nll(logits + (int64_t)i * n_vocab, n_vocab, targets[i]);
-            p->nll += v;
-            p->nll2 += v * v;
-        }
-    p->count += rows - 1;
-    printf("[%d]%.4lf,", chunk + 1, exp(p->nll / (double)p->count));
+        p->sum.count += rows - 1;
+    } else /* the last position predicts past the chunk */
+        qd_ppl_add(&p->sum, logits, rows - 1, n_vocab, targets);
+    printf("[%d]%.4lf,", chunk + 1, qd_ppl_running(&p->sum));
     fflush(stdout);
     const size_t n_logits = (size_t)rows * (size_t)n_vocab;
     if (p->dump && fwrite(logits, sizeof *logits, n_logits, p->dump) != n_logits) {
@@ -469,12 +452,12 @@ int qd_cli_perplexity(int argc, char **argv)
     }
     /* llama-perplexity's final estimate and its error: the standard error of the mean NLL,
      * carried to the perplexity by its derivative */
-    const double count = (double)p.count, mean = p.nll / count, ppl = exp(mean);
-    double var = p.nll2 / count - mean * mean, err_nll = 0.0;
-    if (var > 0) {
-        err_nll = sqrt(var / (count - 1));
+    double mean, err_nll;
+    const int var_ok = qd_ppl_final(&p.sum, &mean, &err_nll) == 0;
+    const double ppl = exp(mean), count = (double)p.sum.count;
+    if (var_ok)
         fprintf(stderr, "Final estimate: PPL = %.4lf +/- %.5lf\n", ppl, err_nll * ppl);
-    } else
+    else
         fprintf(stderr, "Unexpected negative standard deviation of log(prob)\n");
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", model_path);

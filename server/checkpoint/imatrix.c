@@ -48,10 +48,15 @@ static float f32_at(const uint8_t *p)
     return v;
 }
 
-/* common_imatrix_load_legacy */
-static int load_legacy(const uint8_t *b, size_t len, struct qd_imatrix *m, char *err, size_t errlen)
+float qd_imatrix_dat_value(const struct qd_imatrix_dat_entry *e, int32_t k) { return f32_at(e->values + 4 * (size_t)k); }
+
+int qd_imatrix_dat_walk(const uint8_t *b, size_t len,
+                        int (*entry)(void *ctx, const struct qd_imatrix_dat_entry *e, char *err, size_t errlen),
+                        void *ctx, int32_t *chunk_count, const char **dataset, size_t *dataset_len, char *err,
+                        size_t errlen)
 {
     size_t at = 0;
+    *chunk_count = 0, *dataset = NULL, *dataset_len = 0;
 #define NEED(n, what)                                                                                         \
     if ((n) > len - at) {                                                                                     \
         snprintf(err, errlen, "the file ends inside %s (it is neither a GGUF imatrix nor a complete .dat one)", \
@@ -65,7 +70,6 @@ static int load_legacy(const uint8_t *b, size_t len, struct qd_imatrix *m, char 
         snprintf(err, errlen, "no entries (the .dat header says %d)", n_entries);
         return -1;
     }
-    m->legacy = 1;
     for (int32_t i = 0; i < n_entries; i++) {
         NEED(4, "an entry's name length");
         const int32_t name_len = i32_at(b + at);
@@ -75,44 +79,69 @@ static int load_legacy(const uint8_t *b, size_t len, struct qd_imatrix *m, char 
             return -1;
         }
         NEED((size_t)name_len, "an entry's name");
-        const char *name = (const char *)b + at;
+        struct qd_imatrix_dat_entry e = {.name = (const char *)b + at, .name_len = strnlen((const char *)b + at,
+                                                                                             (size_t)name_len)};
         at += (size_t)name_len;
         NEED(8, "an entry's call and value counts");
-        const int32_t ncall = i32_at(b + at), nval = i32_at(b + at + 4);
+        e.ncall = i32_at(b + at), e.nval = i32_at(b + at + 4);
         at += 8;
-        if (nval < 1) {
-            snprintf(err, errlen, "entry %d: %d values", i + 1, nval);
+        if (e.nval < 1) {
+            snprintf(err, errlen, "entry %d: %d values", i + 1, e.nval);
             return -1;
         }
-        NEED((size_t)nval * 4, "an entry's values");
-        /* the name ends at its first NUL, as std::string of its bytes does */
-        struct qd_imatrix_entry *e = entry_for(m, name, strnlen(name, (size_t)name_len), nval);
-        if (!e) {
-            snprintf(err, errlen, "no memory for the importance matrix");
+        NEED((size_t)e.nval * 4, "an entry's values");
+        e.values = b + at;
+        at += (size_t)e.nval * 4;
+        if (entry(ctx, &e, err, errlen))
             return -1;
-        }
-        /* sums hold (raw / count) * ncall: divided by ncall when it is positive */
-        for (int32_t k = 0; k < nval; k++) {
-            const float sum = f32_at(b + at + 4 * (size_t)k);
-            e->values[k] = ncall > 0 ? sum / (float)(int64_t)ncall : sum;
-        }
-        at += (size_t)nval * 4;
     }
     /* the chunk count and the dataset's name follow, when the file has them */
     if (len - at >= 4) {
-        m->chunk_count = i32_at(b + at);
+        *chunk_count = i32_at(b + at);
         at += 4;
         if (len - at >= 4) {
             const int32_t n = i32_at(b + at);
             at += 4;
-            if (n > 0 && (size_t)n <= len - at && !(m->dataset = strndup((const char *)b + at, (size_t)n))) {
-                snprintf(err, errlen, "no memory");
-                return -1;
+            if (n > 0 && (size_t)n <= len - at) {
+                *dataset = (const char *)b + at;
+                *dataset_len = strnlen(*dataset, (size_t)n);
             }
         }
     }
     return 0;
 #undef NEED
+}
+
+/* load_legacy's entry: the values divided by ncall when it is positive (sums hold
+ * (raw / count) * ncall) */
+static int legacy_entry(void *ctx, const struct qd_imatrix_dat_entry *d, char *err, size_t errlen)
+{
+    struct qd_imatrix *m = ctx;
+    struct qd_imatrix_entry *e = entry_for(m, d->name, d->name_len, d->nval);
+    if (!e) {
+        snprintf(err, errlen, "no memory for the importance matrix");
+        return -1;
+    }
+    for (int32_t k = 0; k < d->nval; k++) {
+        const float sum = qd_imatrix_dat_value(d, k);
+        e->values[k] = d->ncall > 0 ? sum / (float)(int64_t)d->ncall : sum;
+    }
+    return 0;
+}
+
+/* common_imatrix_load_legacy */
+static int load_legacy(const uint8_t *b, size_t len, struct qd_imatrix *m, char *err, size_t errlen)
+{
+    const char *dataset;
+    size_t dataset_len;
+    m->legacy = 1;
+    if (qd_imatrix_dat_walk(b, len, legacy_entry, m, &m->chunk_count, &dataset, &dataset_len, err, errlen))
+        return -1;
+    if (dataset && !(m->dataset = strndup(dataset, dataset_len))) {
+        snprintf(err, errlen, "no memory");
+        return -1;
+    }
+    return 0;
 }
 
 static int has_suffix(const char *s, const char *suffix, size_t *stem)

@@ -40,4 +40,24 @@ void qd_imatrix_filter(struct qd_imatrix *m, const char *const *include, int n_i
 const struct qd_imatrix_entry *qd_imatrix_find(const struct qd_imatrix *m, const char *name);
 void qd_imatrix_free(struct qd_imatrix *m);
 
+/* ---- the legacy .dat file as it stands, for every reader of it (common_imatrix_load_legacy) */
+
+/* One entry: its name (its bytes up to the first NUL, as std::string of them ends), the call
+ * count and the nval f32 values (little-endian, unaligned: qd_imatrix_dat_value reads one). */
+struct qd_imatrix_dat_entry {
+    const char *name;
+    size_t name_len;
+    int32_t ncall, nval;
+    const uint8_t *values;
+};
+float qd_imatrix_dat_value(const struct qd_imatrix_dat_entry *e, int32_t k);
+/* Walks a .dat file held in b: entry() for each entry in order (a nonzero return stops the walk,
+ * with its message in err), then the optional trailer: *chunk_count (0 without one) and the
+ * dataset's name (*dataset NULL without one; *dataset_len bytes up to its first NUL). Every
+ * count and length is checked against what is left first. 0, or -1 with err. */
+int qd_imatrix_dat_walk(const uint8_t *b, size_t len,
+                        int (*entry)(void *ctx, const struct qd_imatrix_dat_entry *e, char *err, size_t errlen),
+                        void *ctx, int32_t *chunk_count, const char **dataset, size_t *dataset_len, char *err,
+                        size_t errlen);
+
 #endif

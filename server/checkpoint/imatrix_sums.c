@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "checkpoint/gguf.h"
+#include "checkpoint/imatrix.h"
 
 static struct qd_imatrix_stat *find(struct qd_imatrix_sums *s, const char *name, size_t name_len)
 {
@@ -114,65 +115,36 @@ static float f32_at(const uint8_t *p)
     return v;
 }
 
+/* load_legacy's entry: a .dat's values are sums / count x ncall, so times chunk_size they are
+ * the sums again, with ncall x chunk_size tokens; an entry met before keeps its number of
+ * counts */
+static int legacy_entry(void *ctx, const struct qd_imatrix_dat_entry *d, char *err, size_t errlen)
+{
+    struct qd_imatrix_sums *s = ctx;
+    struct qd_imatrix_stat *old = find(s, d->name, d->name_len);
+    struct qd_imatrix_stat *e = entry_n(s, d->name, d->name_len, d->nval, old ? old->n_counts : 1, err, errlen);
+    if (!e)
+        return -1;
+    for (int32_t k = 0; k < d->nval; k++)
+        e->sums[k] += qd_imatrix_dat_value(d, k) * (float)s->chunk_size;
+    for (int64_t k = 0; k < e->n_counts; k++)
+        e->counts[k] += (int64_t)d->ncall * s->chunk_size;
+    return 0;
+}
+
 /* common_imatrix_load_legacy, then load_imatrix's legacy branch */
 static int load_legacy(struct qd_imatrix_sums *s, const uint8_t *b, size_t len, char *err, size_t errlen)
 {
-    size_t at = 0;
-#define NEED(n, what)                                                                                             \
-    if ((n) > len - at) {                                                                                         \
-        snprintf(err, errlen, "the file ends inside %s (it is neither a GGUF imatrix nor a complete .dat one)", what); \
-        return -1;                                                                                                \
-    }
-    NEED(4, "the entry count");
-    const int32_t n_entries = i32_at(b);
-    at = 4;
-    if (n_entries < 1) {
-        snprintf(err, errlen, "no entries (the .dat header says %d)", n_entries);
+    int32_t chunk_count;
+    const char *dataset;
+    size_t dataset_len;
+    if (qd_imatrix_dat_walk(b, len, legacy_entry, s, &chunk_count, &dataset, &dataset_len, err, errlen))
+        return -1;
+    if (dataset && add_dataset(s, dataset, dataset_len)) {
+        snprintf(err, errlen, "no memory");
         return -1;
     }
-    for (int32_t i = 0; i < n_entries; i++) {
-        NEED(4, "an entry's name length");
-        const int32_t name_len = i32_at(b + at);
-        at += 4;
-        if (name_len < 0) {
-            snprintf(err, errlen, "entry %d: a name length of %d", i + 1, name_len);
-            return -1;
-        }
-        NEED((size_t)name_len, "an entry's name");
-        const char *name = (const char *)b + at;
-        at += (size_t)name_len;
-        NEED(8, "an entry's call and value counts");
-        const int32_t ncall = i32_at(b + at), nval = i32_at(b + at + 4);
-        at += 8;
-        if (nval < 1) {
-            snprintf(err, errlen, "entry %d: %d values", i + 1, nval);
-            return -1;
-        }
-        NEED((size_t)nval * 4, "an entry's values");
-        /* the name ends at its first NUL, as std::string of its bytes does; an entry met before
-         * keeps its number of counts */
-        const size_t n = strnlen(name, (size_t)name_len);
-        struct qd_imatrix_stat *old = find(s, name, n);
-        struct qd_imatrix_stat *e = entry_n(s, name, n, nval, old ? old->n_counts : 1, err, errlen);
-        if (!e)
-            return -1;
-        for (int32_t k = 0; k < nval; k++)
-            e->sums[k] += f32_at(b + at + 4 * (size_t)k) * (float)s->chunk_size;
-        for (int64_t k = 0; k < e->n_counts; k++)
-            e->counts[k] += (int64_t)ncall * s->chunk_size;
-        at += (size_t)nval * 4;
-    }
-    /* the chunk count and the dataset's name follow, when the file has them */
-    if (len - at >= 8) {
-        const int32_t n = i32_at(b + at + 4);
-        at += 8;
-        if (n > 0 && (size_t)n <= len - at && add_dataset(s, (const char *)b + at, strnlen((const char *)b + at, (size_t)n))) {
-            snprintf(err, errlen, "no memory");
-            return -1;
-        }
-    }
     return 0;
-#undef NEED
 }
 
 static const struct qd_gguf_tensor *tensor_named(const struct qd_gguf *g, const char *stem, size_t n, const char *suffix)

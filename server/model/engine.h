@@ -30,6 +30,9 @@ struct qd_engine_hooks {
     int (*on_logits)(void *ctx, int chunk, int from, int rows, const float *logits, int64_t n_vocab);
     /* The activations entering each matmul (graph.h); layer is n_layer for the output head. */
     qd_matmul_input_fn on_matmul_input;
+    /* The activations entering each expert's matmul, by expert (graph.h; NULL: on_matmul_input
+     * gets them). */
+    qd_matmul_expert_input_fn on_matmul_expert_input;
     /* After each block (and the head: done == total). */
     void (*on_progress)(void *ctx, int done, int total);
     const volatile int *cancel; /* nonzero: stop at the next block or chunk */

@@ -24,6 +24,11 @@ enum qd_model_weight {
     QD_W_FFN_GATE, QD_W_FFN_GATE_B,
     QD_W_FFN_UP, QD_W_FFN_UP_B,
     QD_W_FFN_DOWN, QD_W_FFN_DOWN_B,
+    /* mixture of experts (arch_moe.c): the router, the experts' 3-D weights [n_expert][rows][cols],
+     * a shared expert and its scalar gate (qwen2moe) */
+    QD_W_FFN_GATE_INP,
+    QD_W_FFN_GATE_EXPS, QD_W_FFN_UP_EXPS, QD_W_FFN_DOWN_EXPS,
+    QD_W_FFN_GATE_INP_SHEXP, QD_W_FFN_GATE_SHEXP, QD_W_FFN_UP_SHEXP, QD_W_FFN_DOWN_SHEXP,
     QD_W_COUNT
 };
 
@@ -40,6 +45,11 @@ struct qd_model_hparams {
     float norm_eps;             /* rms or layer norm epsilon, as the architecture's norm takes */
     float attn_scale;           /* the scores' scale: 1/sqrt(head_dim_k) unless the file names one */
     struct qd_nn_rope rope;     /* freq_factors set once rope_freqs.weight is read */
+    /* mixture of experts (n_expert 0: a dense FFN): expert_count, expert_used_count, the
+     * experts' and the shared expert's widths, and the routing (kernels/nn.h) */
+    int n_expert, n_expert_used;
+    int64_t n_ff_exp, n_ff_shexp;
+    struct qd_nn_moe_gating gating;
 };
 
 struct qd_model;
@@ -55,6 +65,7 @@ struct qd_model_arch {
     uint64_t required, optional; /* QD_W_BIT(role) */
     enum qd_glu_kind act;
     int rope_freqs;              /* reads rope_freqs.weight (Llama 3's scaling) when the file has it */
+    const struct qd_model_moe *moe; /* NULL: no experts */
     enum qd_status (*block)(struct qd_block_run *r);
 };
 
@@ -62,10 +73,22 @@ const struct qd_model_arch *qd_model_arch_find(const char *name);
 /* The names the engine runs, space separated ("llama qwen2 qwen3"). */
 const char *qd_model_arch_names(void);
 
+/* How an architecture's blocks hold experts (arch_moe.c's rows; llama.cpp's load_arch_tensors
+ * and the arguments its graph passes build_moe_ffn): the roles that replace the dense FFN when
+ * the file has experts (required) or may come with them (optional), whether the routing weights
+ * are renormalised over the chosen experts (norm_w), and whether the file must have experts
+ * (qwen2moe, qwen3moe) or may (llama: Mixtral). */
+struct qd_model_moe {
+    uint64_t required, optional;
+    int norm_w;
+    int experts_required;
+};
+
 /* One weight in f32, [rows][cols] (cols the input width), or data NULL when absent. */
 struct qd_model_tensor {
     float *data;
     int64_t rows, cols;
+    int64_t experts;  /* 1, or the experts of a 3-D weight stored one [rows][cols] after another */
     const char *name; /* its GGUF name (the hooks see it) */
 };
 

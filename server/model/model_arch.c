@@ -17,6 +17,12 @@ const char *const qd_model_weight_names[QD_W_COUNT] = {
     [QD_W_FFN_GATE] = "ffn_gate.weight",     [QD_W_FFN_GATE_B] = "ffn_gate.bias",
     [QD_W_FFN_UP] = "ffn_up.weight",         [QD_W_FFN_UP_B] = "ffn_up.bias",
     [QD_W_FFN_DOWN] = "ffn_down.weight",     [QD_W_FFN_DOWN_B] = "ffn_down.bias",
+    /* mixtures of experts (arch_moe.c) */
+    [QD_W_FFN_GATE_INP] = "ffn_gate_inp.weight",
+    [QD_W_FFN_GATE_EXPS] = "ffn_gate_exps.weight", [QD_W_FFN_UP_EXPS] = "ffn_up_exps.weight",
+    [QD_W_FFN_DOWN_EXPS] = "ffn_down_exps.weight",
+    [QD_W_FFN_GATE_INP_SHEXP] = "ffn_gate_inp_shexp.weight", [QD_W_FFN_GATE_SHEXP] = "ffn_gate_shexp.weight",
+    [QD_W_FFN_UP_SHEXP] = "ffn_up_shexp.weight",   [QD_W_FFN_DOWN_SHEXP] = "ffn_down_shexp.weight",
 };
 
 #define B QD_W_BIT
@@ -30,7 +36,7 @@ static const struct qd_model_arch archs[] = {
      * (create_tensor_qkv, wo_b, the FFN's), Llama 3's rope_freqs */
     {.name = "llama", .norm = QD_NORM_RMS, .rope = QD_ROPE_NORMAL, .required = DENSE,
      .optional = QKV_BIAS | B(QD_W_ATTN_OUT_B) | B(QD_W_FFN_GATE_B) | B(QD_W_FFN_UP_B) | B(QD_W_FFN_DOWN_B),
-     .act = QD_GLU_SILU, .rope_freqs = 1, .block = qd_arch_llama_block},
+     .act = QD_GLU_SILU, .rope_freqs = 1, .moe = &qd_moe_mixtral, .block = qd_arch_llama_block},
     /* qwen2: neox rope, q/k/v biases */
     {.name = "qwen2", .norm = QD_NORM_RMS, .rope = QD_ROPE_NEOX, .required = DENSE, .optional = QKV_BIAS,
      .act = QD_GLU_SILU, .block = qd_arch_llama_block},
@@ -38,6 +44,14 @@ static const struct qd_model_arch archs[] = {
     {.name = "qwen3", .norm = QD_NORM_RMS, .rope = QD_ROPE_NEOX,
      .required = DENSE | B(QD_W_ATTN_Q_NORM) | B(QD_W_ATTN_K_NORM), .optional = QKV_BIAS, .act = QD_GLU_SILU,
      .block = qd_arch_llama_block},
+    /* ---- mixtures of experts (arch_moe.c) ---- */
+    /* qwen2moe: qwen2's attention (neox rope, q/k/v biases), experts and a gated shared expert */
+    {.name = "qwen2moe", .norm = QD_NORM_RMS, .rope = QD_ROPE_NEOX, .required = DENSE, .optional = QKV_BIAS,
+     .act = QD_GLU_SILU, .moe = &qd_moe_qwen2moe, .block = qd_arch_llama_block},
+    /* qwen3moe: qwen3's attention (per-head q/k norms), experts */
+    {.name = "qwen3moe", .norm = QD_NORM_RMS, .rope = QD_ROPE_NEOX,
+     .required = DENSE | B(QD_W_ATTN_Q_NORM) | B(QD_W_ATTN_K_NORM), .optional = QKV_BIAS, .act = QD_GLU_SILU,
+     .moe = &qd_moe_qwen3moe, .block = qd_arch_llama_block},
 };
 #undef B
 
@@ -49,4 +63,4 @@ const struct qd_model_arch *qd_model_arch_find(const char *name)
     return NULL;
 }
 
-const char *qd_model_arch_names(void) { return "llama qwen2 qwen3"; }
+const char *qd_model_arch_names(void) { return "llama qwen2 qwen3 qwen2moe qwen3moe"; }

@@ -11,7 +11,7 @@
 #include "../../kernels/fp.h"
 #include "../../kernels/quantize.h"
 #include "checkpoint/gguf_recipe.h"
-#include "model/model.h"
+#include "model/graph.h"
 
 /* ---- metadata ------------------------------------------------------------------------------- */
 
@@ -109,6 +109,56 @@ static char *arch_string(struct meta *mt, const char *suffix)
     return qd_gguf_string(mt->g, key);
 }
 
+/* The experts' keys (llama_model::load_hparams's expert_count and expert_used_count, the
+ * architectures' expert_feed_forward_length and expert_shared_feed_forward_length): 0, or -1
+ * with mt->err. Without an architecture row for experts, a file with them is refused. */
+static int read_experts(struct meta *mt, struct qd_model *m)
+{
+    struct qd_model_hparams *hp = &m->hp;
+    const struct qd_model_moe *moe = m->arch->moe;
+    double v = 0;
+    int found;
+    if ((found = arch_key(mt, "expert_count", 0, &v)) < 0)
+        return -1;
+    hp->n_expert = found ? (int)v : 0;
+    v = 0;
+    if ((found = arch_key(mt, "expert_used_count", 0, &v)) < 0)
+        return -1;
+    hp->n_expert_used = found ? (int)v : 0;
+    if (!hp->n_expert && moe && moe->experts_required) {
+        snprintf(mt->err, mt->errlen, "a %s model needs %s.expert_count > 0 (llama.cpp refuses it too)", m->arch->name,
+                 mt->arch);
+        return -1;
+    }
+    if (!hp->n_expert)
+        return 0;
+    if (!moe) {
+        snprintf(mt->err, mt->errlen, "the model has %d experts (%s.expert_count), which the engine's %s graph does "
+                 "not run", hp->n_expert, mt->arch, m->arch->name);
+        return -1;
+    }
+    if (hp->n_expert < 0 || hp->n_expert_used <= 0 || hp->n_expert_used > hp->n_expert) {
+        snprintf(mt->err, mt->errlen, "the model uses %d of its %d experts a token (%s.expert_used_count): it must "
+                 "use between 1 and all of them", hp->n_expert_used, hp->n_expert, mt->arch);
+        return -1;
+    }
+    /* the experts' width: Mixtral's is n_ff; the qwens name theirs or take n_ff / n_expert_used */
+    hp->n_ff_exp = hp->n_ff;
+    if (moe != &qd_moe_mixtral) {
+        v = 0;
+        if ((found = arch_key(mt, "expert_feed_forward_length", 0, &v)) < 0)
+            return -1;
+        hp->n_ff_exp = found && v > 0 ? (int64_t)v : hp->n_ff / hp->n_expert_used;
+    }
+    v = 0;
+    if ((found = arch_key(mt, "expert_shared_feed_forward_length", 0, &v)) < 0)
+        return -1;
+    hp->n_ff_shexp = found && v > 0 ? (int64_t)v : hp->n_ff;
+    /* llama.cpp passes softmax and no scale (expert_weights_scale is not read for these) */
+    hp->gating = (struct qd_nn_moe_gating){.func = QD_MOE_SOFTMAX, .norm_w = moe->norm_w, .w_scale = 0.0f};
+    return 0;
+}
+
 /* llama_model::load_hparams, for the keys the engine's architectures read. */
 static int read_hparams(struct qd_model *m, char *err, size_t errlen)
 {
@@ -196,6 +246,8 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
         return -1;
     if (found && v > 0)
         r->n_ctx_orig = (int)v;
+    if (read_experts(&mt, m) < 0)
+        return -1;
     /* llama_context_default_params: YaRN off unless the scaling is YaRN */
     r->ext_factor = 0.0f;
     r->attn_factor = 1.0f;
@@ -258,12 +310,17 @@ static int is_float_type(uint32_t type)
     return type == QD_GGML_F32 || type == QD_GGML_F16 || type == QD_GGML_BF16;
 }
 
-/* A tensor the engine reads: 2-D (or 1-D) of the expected shape and a type quantd dequantizes. */
-static int check_tensor(const struct qd_gguf_tensor *t, int64_t cols, int64_t rows, char *err, size_t errlen)
+/* A tensor the engine reads: 2-D (or 1-D; 3-D for experts) of the expected shape and a type
+ * quantd dequantizes. */
+static int check_tensor3(const struct qd_gguf_tensor *t, int64_t cols, int64_t rows, int64_t experts, char *err,
+                         size_t errlen)
 {
-    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1) {
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != experts || t->ne[3] != 1) {
+        char third[32] = "";
+        if (experts > 1)
+            snprintf(third, sizeof third, ", %" PRId64, experts);
         snprintf(err, errlen, "tensor %s is [%" PRId64 ", %" PRId64 ", %" PRId64 "], the model's sizes say [%" PRId64
-                 ", %" PRId64 "]", t->name, t->ne[0], t->ne[1], t->ne[2], cols, rows);
+                 ", %" PRId64 "%s]", t->name, t->ne[0], t->ne[1], t->ne[2], cols, rows, third);
         return -1;
     }
     if (!is_float_type(t->type)) {
@@ -278,9 +335,16 @@ static int check_tensor(const struct qd_gguf_tensor *t, int64_t cols, int64_t ro
     return 0;
 }
 
-/* The expected [cols, rows] of a block tensor role (GGUF ne[0], ne[1]). */
-static void role_shape(const struct qd_model_hparams *hp, enum qd_model_weight w, int64_t *cols, int64_t *rows)
+static int check_tensor(const struct qd_gguf_tensor *t, int64_t cols, int64_t rows, char *err, size_t errlen)
 {
+    return check_tensor3(t, cols, rows, 1, err, errlen);
+}
+
+/* The expected [cols, rows, experts] of a block tensor role (GGUF ne[0], ne[1], ne[2]). */
+static void role_shape(const struct qd_model_hparams *hp, enum qd_model_weight w, int64_t *cols, int64_t *rows,
+                       int64_t *experts)
+{
+    *experts = 1;
     const int64_t q = (int64_t)hp->n_head * hp->head_dim_k, k = (int64_t)hp->n_head_kv * hp->head_dim_k;
     const int64_t v = (int64_t)hp->n_head_kv * hp->head_dim_v, o = (int64_t)hp->n_head * hp->head_dim_v;
     *rows = 1;
@@ -297,6 +361,12 @@ static void role_shape(const struct qd_model_hparams *hp, enum qd_model_weight w
     case QD_W_FFN_GATE: case QD_W_FFN_UP: *cols = hp->n_embd, *rows = hp->n_ff; break;
     case QD_W_FFN_GATE_B: case QD_W_FFN_UP_B: *cols = hp->n_ff; break;
     case QD_W_FFN_DOWN: *cols = hp->n_ff, *rows = hp->n_embd; break;
+    case QD_W_FFN_GATE_INP: *cols = hp->n_embd, *rows = hp->n_expert; break;
+    case QD_W_FFN_GATE_EXPS: case QD_W_FFN_UP_EXPS: *cols = hp->n_embd, *rows = hp->n_ff_exp, *experts = hp->n_expert; break;
+    case QD_W_FFN_DOWN_EXPS: *cols = hp->n_ff_exp, *rows = hp->n_embd, *experts = hp->n_expert; break;
+    case QD_W_FFN_GATE_INP_SHEXP: *cols = hp->n_embd; break;
+    case QD_W_FFN_GATE_SHEXP: case QD_W_FFN_UP_SHEXP: *cols = hp->n_embd, *rows = hp->n_ff_shexp; break;
+    case QD_W_FFN_DOWN_SHEXP: *cols = hp->n_ff_shexp, *rows = hp->n_embd; break;
     default: *cols = 0; break;
     }
 }
@@ -308,22 +378,40 @@ static const struct qd_gguf_tensor *block_tensor(const struct qd_model *m, int l
     return find_tensor(m, name);
 }
 
+/* The roles a block of m needs and may have: the row's, with the experts' in place of the dense
+ * FFN when the model has experts. */
+#define DENSE_FFN (QD_W_BIT(QD_W_FFN_GATE) | QD_W_BIT(QD_W_FFN_UP) | QD_W_BIT(QD_W_FFN_DOWN) | \
+                   QD_W_BIT(QD_W_FFN_GATE_B) | QD_W_BIT(QD_W_FFN_UP_B) | QD_W_BIT(QD_W_FFN_DOWN_B))
+static uint64_t roles_required(const struct qd_model *m)
+{
+    const struct qd_model_arch *a = m->arch;
+    return m->hp.n_expert ? (a->required & ~DENSE_FFN) | a->moe->required : a->required;
+}
+
+static uint64_t roles_read(const struct qd_model *m)
+{
+    const struct qd_model_arch *a = m->arch;
+    return m->hp.n_expert ? ((a->required | a->optional) & ~DENSE_FFN) | a->moe->required | a->moe->optional
+                          : a->required | a->optional;
+}
+
 static int check_tensors(struct qd_model *m, char *err, size_t errlen)
 {
     const struct qd_model_hparams *hp = &m->hp;
     const struct qd_model_arch *a = m->arch;
+    const uint64_t required = roles_required(m), read = roles_read(m);
     for (int l = 0; l < hp->n_layer; l++)
         for (int w = 0; w < QD_W_COUNT; w++) {
             const uint64_t bit = QD_W_BIT(w);
-            const struct qd_gguf_tensor *t = (a->required | a->optional) & bit ? block_tensor(m, l, w) : NULL;
-            int64_t cols, rows;
-            if (!t && (a->required & bit)) {
-                snprintf(err, errlen, "the model has no tensor blk.%d.%s, which a %s block needs", l,
-                         qd_model_weight_names[w], a->name);
+            const struct qd_gguf_tensor *t = read & bit ? block_tensor(m, l, w) : NULL;
+            int64_t cols, rows, experts;
+            if (!t && (required & bit)) {
+                snprintf(err, errlen, "the model has no tensor blk.%d.%s, which a %s block%s needs", l,
+                         qd_model_weight_names[w], a->name, hp->n_expert ? " with experts" : "");
                 return -1;
             }
-            role_shape(hp, w, &cols, &rows);
-            if (t && check_tensor(t, cols, rows, err, errlen))
+            role_shape(hp, w, &cols, &rows, &experts);
+            if (t && check_tensor3(t, cols, rows, experts, err, errlen))
                 return -1;
         }
     m->token_embd = find_tensor(m, "token_embd.weight");
@@ -464,16 +552,17 @@ void qd_model_release(const struct qd_model *m, const struct qd_gguf_tensor *t)
 
 enum qd_status qd_model_block_load(struct qd_model *m, int layer, struct qd_model_block *b, char *err, size_t errlen)
 {
-    const struct qd_model_arch *a = m->arch;
+    const uint64_t read = roles_read(m);
     b->layer = layer;
     for (int w = 0; w < QD_W_COUNT; w++) {
         struct qd_model_tensor *mt = &b->w[w];
-        const struct qd_gguf_tensor *t = (a->required | a->optional) & QD_W_BIT(w) ? block_tensor(m, layer, w) : NULL;
+        const struct qd_gguf_tensor *t = read & QD_W_BIT(w) ? block_tensor(m, layer, w) : NULL;
         if (!t) {
             mt->data = NULL;
             continue;
         }
-        const size_t count = (size_t)(t->ne[0] * t->ne[1]);
+        /* every expert at once: a block of a large mixture takes n_expert times its FFN in f32 */
+        const size_t count = (size_t)(t->ne[0] * t->ne[1] * t->ne[2]);
         if (count > b->capacity[w]) {
             float *grown = realloc(b->buf[w], count * sizeof *grown);
             if (!grown) {
@@ -488,6 +577,7 @@ enum qd_status qd_model_block_load(struct qd_model *m, int layer, struct qd_mode
         mt->name = b->names[w];
         mt->cols = t->ne[0];
         mt->rows = t->ne[1];
+        mt->experts = t->ne[2];
         enum qd_status st = qd_model_tensor_f32(m, t, mt->data, err, errlen);
         if (st != QD_OK) {
             char why[512];
@@ -510,12 +600,13 @@ void qd_model_block_free(struct qd_model_block *b)
 size_t qd_model_block_bytes(const struct qd_model *m)
 {
     size_t most = 0;
+    const uint64_t read = roles_read(m);
     for (int l = 0; l < m->hp.n_layer; l++) {
         size_t sum = 0;
         for (int w = 0; w < QD_W_COUNT; w++) {
             const struct qd_gguf_tensor *t = block_tensor(m, l, w);
-            if (t && ((m->arch->required | m->arch->optional) & QD_W_BIT(w)))
-                sum += (size_t)(t->ne[0] * t->ne[1]) * sizeof(float);
+            if (t && (read & QD_W_BIT(w)))
+                sum += (size_t)(t->ne[0] * t->ne[1] * t->ne[2]) * sizeof(float);
         }
         most = sum > most ? sum : most;
     }

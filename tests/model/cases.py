@@ -21,6 +21,10 @@ CASES = {
     "llama-gqa": ["--arch", "llama", "--case", "gqa", "--ffn", "150", "--layers", "3"],
     "qwen2": ["--arch", "qwen2", "--case", "gqa"],
     "qwen3": ["--arch", "qwen3", "--case", "gqa"],
+    # mixtures of experts (8 experts, 2 or 4 a token)
+    "mixtral": ["--arch", "llama", "--case", "gqa", "--experts", "8", "--experts-used", "2", "--ffn", "64"],
+    "qwen2moe": ["--arch", "qwen2moe", "--case", "gqa", "--experts", "8", "--experts-used", "4", "--ffn", "96"],
+    "qwen3moe": ["--arch", "qwen3moe", "--case", "gqa", "--experts", "8", "--experts-used", "2"],
 }
 
 

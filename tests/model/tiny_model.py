@@ -2,7 +2,8 @@
 """Tiny seeded F32 models for the forward engine's checks, written with the `gguf` package's own
 writer so that llama.cpp loads them:
 
-    tiny_model.py OUT.gguf [--arch llama|qwen2|qwen3] [--case NAME] [--seed N] [sizes...]
+    tiny_model.py OUT.gguf [--arch llama|qwen2|qwen3|qwen2moe|qwen3moe] [--case NAME] [--seed N]
+                  [--experts N --experts-used K] [sizes...]
 
 Weights are about N(0, 0.02), as runtimes initialise them, from an integer generator (sums of
 hashed 16-bit draws times a power of two: exact in f32, so the same floats on every machine and
@@ -16,6 +17,13 @@ Cases (--case): untied (an output.weight), tied (none: the token embedding serve
 rope-freqs (Llama 3's rope scaling: rope_freqs.weight from its factors), gqa (fewer key/value
 heads than heads); qwen2 adds q/k/v biases, qwen3 per-head q/k norms and a head size that is not
 n_embd / n_head (attention.key_length).
+
+Mixtures of experts: --experts N (llama: Mixtral's layout, ffn_gate_inp + ffn_{gate,up,down}_exps
+in place of the dense FFN, each expert --ffn wide) with --experts-used K; qwen2moe (qwen2's
+attention, experts --expert-ffn wide and a shared expert --ffn wide with its gate) and qwen3moe
+(qwen3's attention, experts) need them. The router's weights are N(0, 0.3) without planted rows,
+so that the router's probabilities differ enough for llama.cpp and quantd to choose the same
+experts.
 
 The vocabulary is SentencePiece-style with byte fallback (<unk>, <s>, </s>, the 256 byte tokens,
 a few pieces, padding tokens up to --vocab) so llama.cpp can tokenize any text; the tokenizer
@@ -81,10 +89,28 @@ def llama3_rope_factors(n_rot, base, factor=8.0, low=1.0, high=4.0, orig=8192):
     return np.array(out, dtype=np.float32)
 
 
+def add_experts(w, g, p, a, h):
+    """A block's mixture of experts: the router, the experts' 3-D weights (numpy [n_expert][rows][cols]
+    is GGUF's [cols, rows, n_expert]) and, for qwen2moe, the shared expert and its gate."""
+    ff = a.ffn if a.arch == "llama" else a.expert_ffn
+    w.add_tensor(p + "ffn_gate_inp.weight", g.normal((a.experts, h), 0.3))
+    w.add_tensor(p + "ffn_gate_exps.weight", np.stack([g.matrix(ff, h) for _ in range(a.experts)]))
+    w.add_tensor(p + "ffn_up_exps.weight", np.stack([g.matrix(ff, h) for _ in range(a.experts)]))
+    w.add_tensor(p + "ffn_down_exps.weight", np.stack([g.matrix(h, ff) for _ in range(a.experts)]))
+    if a.arch == "qwen2moe":
+        w.add_tensor(p + "ffn_gate_inp_shexp.weight", g.normal((h,), 0.3))
+        w.add_tensor(p + "ffn_gate_shexp.weight", g.matrix(a.ffn, h))
+        w.add_tensor(p + "ffn_up_shexp.weight", g.matrix(a.ffn, h))
+        w.add_tensor(p + "ffn_down_shexp.weight", g.matrix(h, a.ffn))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3"])
+    ap.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe"])
+    ap.add_argument("--experts", type=int, default=0, help="expert_count (0: a dense FFN)")
+    ap.add_argument("--experts-used", type=int, default=2, help="expert_used_count")
+    ap.add_argument("--expert-ffn", type=int, default=48, help="qwen2moe/qwen3moe: expert_feed_forward_length")
     ap.add_argument("--case", default="untied", choices=CASES)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--ffn", type=int, default=160)
@@ -106,7 +132,10 @@ def main():
     vocab, h = len(tokens), a.hidden
     heads = a.heads
     kv_heads = a.kv_heads or (heads // 2 if a.case == "gqa" else heads)
-    hd = a.head_dim or (24 if a.arch == "qwen3" else h // heads)
+    qwen3_attn = a.arch in ("qwen3", "qwen3moe")
+    hd = a.head_dim or (24 if qwen3_attn else h // heads)
+    if a.arch in ("qwen2moe", "qwen3moe") and not a.experts:
+        raise SystemExit(f"--arch {a.arch} needs --experts")
     base = 500000.0 if a.case == "rope-freqs" else 10000.0
 
     w = gguf.GGUFWriter(a.out, a.arch)
@@ -117,7 +146,14 @@ def main():
     w.add_feed_forward_length(a.ffn)
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    if a.arch == "qwen3" or hd != h // heads:
+    if a.experts:
+        w.add_expert_count(a.experts)
+        w.add_expert_used_count(a.experts_used)
+        if a.arch != "llama":
+            w.add_expert_feed_forward_length(a.expert_ffn)
+        if a.arch == "qwen2moe":
+            w.add_expert_shared_feed_forward_length(a.ffn)
+    if qwen3_attn or hd != h // heads:
         w.add_key_length(hd)
         w.add_value_length(hd)
     w.add_rope_dimension_count(hd)
@@ -150,18 +186,21 @@ def main():
         w.add_tensor(p + "attn_q.weight", g.matrix(heads * hd, h, large=4.0))
         w.add_tensor(p + "attn_k.weight", g.matrix(kv_heads * hd, h, large=4.0))
         w.add_tensor(p + "attn_v.weight", g.matrix(kv_heads * hd, h))
-        if a.arch == "qwen2":
+        if a.arch in ("qwen2", "qwen2moe"):
             w.add_tensor(p + "attn_q.bias", g.normal((heads * hd,), 0.5))
             w.add_tensor(p + "attn_k.bias", g.normal((kv_heads * hd,), 0.5))
             w.add_tensor(p + "attn_v.bias", g.normal((kv_heads * hd,), 0.05))
-        if a.arch == "qwen3":
+        if qwen3_attn:
             w.add_tensor(p + "attn_q_norm.weight", g.norm(hd))
             w.add_tensor(p + "attn_k_norm.weight", g.norm(hd))
         w.add_tensor(p + "attn_output.weight", g.matrix(h, heads * hd))
         w.add_tensor(p + "ffn_norm.weight", g.norm(h))
-        w.add_tensor(p + "ffn_gate.weight", g.matrix(a.ffn, h))
-        w.add_tensor(p + "ffn_up.weight", g.matrix(a.ffn, h))
-        w.add_tensor(p + "ffn_down.weight", g.matrix(h, a.ffn))
+        if a.experts:
+            add_experts(w, g, p, a, h)
+        else:
+            w.add_tensor(p + "ffn_gate.weight", g.matrix(a.ffn, h))
+            w.add_tensor(p + "ffn_up.weight", g.matrix(a.ffn, h))
+            w.add_tensor(p + "ffn_down.weight", g.matrix(h, a.ffn))
     w.add_tensor("output_norm.weight", g.norm(h))
     if a.case != "tied":
         w.add_tensor("output.weight", g.matrix(vocab, h, 0.0625, 4.0))

@@ -9,6 +9,9 @@ llama-tokenize:
 - the same against llama.cpp's defaults (an f16 KV cache and flash attention), quantd with its
   default f16 KV cache;
 - ln PPL against llama-perplexity's within a relative 1e-5 (f32 path) and 1e-4 (defaults).
+The mixtures of experts on the defaults path: a token whose top-k choice nearly ties may be
+routed otherwise (tests/model/cases.py), so there at most 1% of the rows may pass 1e-4 (none
+1e-2) and ln PPL is held within 1e-3; on the f32 path they are held as the dense models are.
 The measured errors are printed (pytest -s)."""
 import json
 import math
@@ -22,7 +25,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "model"))
-from cases import CASES, FIXTURES, N_CTX, make_model, read_logits  # noqa: E402
+from cases import CASES, FIXTURES, MOE_CASES, MOE_DEFAULT_LN_PPL_TOLERANCE, N_CTX, make_model, read_logits  # noqa: E402,E501
 
 from conftest import QUANTD  # noqa: E402
 
@@ -83,6 +86,10 @@ def test_logits_and_ln_ppl_equal_llama_cpp(setup, tmp_path, case, mode):
     rel = abs(s["ln_ppl"] - ln_ref) / ln_ref
     print(f"\n{case} ({mode}): logits per row: median {np.median(e):.1e}, worst {e.max():.1e} over {len(e)} rows; "
           f"ln PPL {s['ln_ppl']:.6f} against {ln_ref:.6f}: {rel:.1e}")
+    if case in MOE_CASES and mode == "default":
+        assert (e >= 1e-4).mean() <= 0.01 and e.max() < 1e-2
+        assert rel < MOE_DEFAULT_LN_PPL_TOLERANCE
+        return
     assert e.max() < 1e-4
     assert rel < (1e-5 if mode == "f32" else 1e-4)
 

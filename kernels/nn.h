@@ -55,11 +55,16 @@ enum qd_glu_kind { QD_GLU_SILU, QD_GLU_GELU };
  * probabilities the weights, renormalised to sum 1 when norm_w, then times w_scale (0 or 1:
  * left as they are). */
 enum qd_moe_gate { QD_MOE_SOFTMAX, QD_MOE_SIGMOID };
+#define QD_NN_MAX_EXPERTS 512 /* llama.cpp's LLAMA_MAX_EXPERTS */
+/* With n_group > 1 the experts form n_group groups of n_expert / n_group; a group's score is
+ * the sum of its two best choice scores, and only the n_group_used best groups' experts may be
+ * chosen (DeepSeek V3's group-limited routing). */
 struct qd_nn_moe_gating {
     enum qd_moe_gate func;
     int norm_w;
     float w_scale;
     const float *bias;
+    int n_group, n_group_used;
 };
 
 /* y[T][N] = x[T][K] . w[N][K]^T */

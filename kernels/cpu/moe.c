@@ -23,12 +23,51 @@ static void softmax_row(float *p, int n)
         p[i] *= inv;
 }
 
-/* The score an expert is chosen by: its probability, plus its bias where there is one. */
-static inline float choice_score(const float *p, const float *bias, int32_t e)
+/* The n best of score[0..n) into id (descending, ties to the lower index). */
+static void top_n(int32_t *id, const float *score, int n_all, int n)
 {
-    return bias ? p[e] + bias[e] : p[e];
+    int kept = 0;
+    for (int32_t e = 0; e < n_all; e++) {
+        int at = kept;
+        /* candidates come in index order: on a tie the lower index stays first */
+        while (at > 0 && score[id[at - 1]] < score[e])
+            at--;
+        if (at >= n)
+            continue;
+        for (int j = kept < n ? kept : n - 1; j > at; j--)
+            id[j] = id[j - 1];
+        id[at] = e;
+        kept += kept < n;
+    }
 }
 
+/* Group-limited routing: the experts outside the n_group_used best groups (each scored by the
+ * sum of its two best, ggml_sum_rows in double) masked to -inf (ggml_fill + set_rows). */
+static void mask_groups(float *score, int n_expert, int n_group, int n_group_used)
+{
+    const int per = n_expert / n_group;
+    float group_score[QD_NN_MAX_EXPERTS];
+    int32_t best[QD_NN_MAX_EXPERTS];
+    for (int g = 0; g < n_group; g++) {
+        const int two = per < 2 ? per : 2;
+        top_n(best, score + g * per, per, two);
+        double sum = 0.0;
+        for (int j = 0; j < two; j++)
+            sum += (double)score[g * per + best[j]];
+        group_score[g] = (float)sum;
+    }
+    top_n(best, group_score, n_group, n_group_used);
+    for (int g = 0; g < n_group; g++) {
+        int kept = 0;
+        for (int j = 0; j < n_group_used; j++)
+            kept |= best[j] == g;
+        if (!kept)
+            for (int i = 0; i < per; i++)
+                score[g * per + i] = -INFINITY;
+    }
+}
+
+/* n_expert <= QD_NN_MAX_EXPERTS (the loader checks it) */
 void qd_nn_moe_route(int32_t *ids, float *weights, float *logits, int64_t T, int n_expert, int n_used,
                      const struct qd_nn_moe_gating *g)
 {
@@ -41,22 +80,14 @@ void qd_nn_moe_route(int32_t *ids, float *weights, float *logits, int64_t T, int
                 p[e] = 1.0f / (1.0f + expf(-p[e]));
         else
             softmax_row(p, n_expert);
-        /* the n_used best by insertion into a sorted prefix (n_used is small: 2 to 16); the
-         * bias only ranks, the weights come from the unbiased probabilities */
-        int kept = 0;
-        for (int32_t e = 0; e < n_expert; e++) {
-            const float score = choice_score(p, g->bias, e);
-            int at = kept;
-            /* experts come in index order: on a tie the lower index stays first */
-            while (at > 0 && choice_score(p, g->bias, id[at - 1]) < score)
-                at--;
-            if (at >= n_used)
-                continue;
-            for (int j = kept < n_used ? kept : n_used - 1; j > at; j--)
-                id[j] = id[j - 1];
-            id[at] = e;
-            kept += kept < n_used;
-        }
+        /* the n_used best (n_used is small: 2 to 16); the bias and the groups only rank, the
+         * weights come from the unbiased probabilities */
+        float score[QD_NN_MAX_EXPERTS];
+        for (int e = 0; e < n_expert; e++)
+            score[e] = g->bias ? p[e] + g->bias[e] : p[e];
+        if (g->n_group > 1)
+            mask_groups(score, n_expert, g->n_group, g->n_group_used);
+        top_n(id, score, n_expert, n_used);
         for (int j = 0; j < n_used; j++)
             w[j] = p[id[j]];
         if (g->norm_w) {

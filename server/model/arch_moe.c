@@ -27,6 +27,11 @@ const struct qd_model_moe qd_moe_qwen2moe = {
     .norm_w = 0, .experts_required = 1};
 /* qwen3moe: routed experts only, renormalised */
 const struct qd_model_moe qd_moe_qwen3moe = {.required = EXPERTS, .norm_w = 1, .experts_required = 1};
+/* deepseek2: shared experts without a gate, the choice bias (DeepSeek V3), the renormalisation,
+ * scale and gating function from the file's keys */
+const struct qd_model_moe qd_moe_deepseek2 = {
+    .required = EXPERTS | B(QD_W_FFN_GATE_SHEXP) | B(QD_W_FFN_UP_SHEXP) | B(QD_W_FFN_DOWN_SHEXP),
+    .optional = B(QD_W_FFN_EXP_PROBS_B), .experts_required = 1};
 #undef B
 
 /* out [n][rows] = x [n][cols] . (expert e of weight role)^T, the hooks told first. */
@@ -78,17 +83,20 @@ static void run_expert(struct qd_block_run *r, int e)
     }
 }
 
-/* qwen2moe's shared expert, gated by sigmoid(gate_inp_shexp . x), added to r->s->proj */
+/* The shared expert (qwen2moe: gated by sigmoid(gate_inp_shexp . x)), added to r->s->proj */
 static void shared_expert(struct qd_block_run *r)
 {
     struct qd_block_scratch *s = r->s;
     const int64_t n_embd = r->m->hp.n_embd, n_ff = r->b->w[QD_W_FFN_UP_SHEXP].rows;
-    qd_graph_linear(r, s->router, s->cur, QD_W_FFN_GATE_INP_SHEXP, QD_W_COUNT); /* [T][1] */
+    const int gated = r->b->w[QD_W_FFN_GATE_INP_SHEXP].data != NULL;
+    if (gated)
+        qd_graph_linear(r, s->router, s->cur, QD_W_FFN_GATE_INP_SHEXP, QD_W_COUNT); /* [T][1] */
     qd_graph_linear(r, s->up, s->cur, QD_W_FFN_UP_SHEXP, QD_W_COUNT);
     qd_graph_linear(r, s->gate, s->cur, QD_W_FFN_GATE_SHEXP, QD_W_COUNT);
     r->nn->glu(s->gate, s->gate, s->up, r->T * n_ff, r->m->arch->act);
     qd_graph_linear(r, s->expert_x, s->gate, QD_W_FFN_DOWN_SHEXP, QD_W_COUNT);
-    r->nn->sigmoid_gate(s->expert_x, s->router, r->T, n_embd);
+    if (gated)
+        r->nn->sigmoid_gate(s->expert_x, s->router, r->T, n_embd);
     r->nn->add(s->proj, s->expert_x, r->T * n_embd); /* moe_out + ffn_shexp_out */
 }
 
@@ -97,10 +105,13 @@ void qd_graph_moe(struct qd_block_run *r)
     const struct qd_model_hparams *hp = &r->m->hp;
     struct qd_block_scratch *s = r->s;
     qd_graph_linear(r, s->router, s->cur, QD_W_FFN_GATE_INP, QD_W_COUNT);
-    r->nn->moe_route(s->expert_ids, s->expert_w, s->router, r->T, hp->n_expert, hp->n_expert_used, &hp->gating);
+    struct qd_nn_moe_gating gating = hp->gating;
+    if (r->b->w[QD_W_FFN_EXP_PROBS_B].data)
+        gating.bias = r->b->w[QD_W_FFN_EXP_PROBS_B].data;
+    r->nn->moe_route(s->expert_ids, s->expert_w, s->router, r->T, hp->n_expert, hp->n_expert_used, &gating);
     for (int e = 0; e < hp->n_expert; e++)
         run_expert(r, e);
     r->nn->moe_sum(s->proj, s->expert_out, s->expert_w, r->T, hp->n_expert_used, hp->n_embd);
-    if (r->b->w[QD_W_FFN_GATE_INP_SHEXP].data)
+    if (r->b->w[QD_W_FFN_UP_SHEXP].data)
         shared_expert(r);
 }

@@ -75,9 +75,10 @@ void qd_graph_ffn(struct qd_block_run *r);
  * r->s->proj (arch_moe.c). */
 void qd_graph_moe(struct qd_block_run *r);
 /* the architectures' ways of holding experts (arch_moe.c) */
-extern const struct qd_model_moe qd_moe_mixtral, qd_moe_qwen2moe, qd_moe_qwen3moe;
+extern const struct qd_model_moe qd_moe_mixtral, qd_moe_qwen2moe, qd_moe_qwen3moe, qd_moe_deepseek2;
 
 /* The graphs of one block (arch_*.c), named in the architecture table (model_arch.c). */
 enum qd_status qd_arch_llama_block(struct qd_block_run *r);
+enum qd_status qd_arch_deepseek2_block(struct qd_block_run *r);
 
 #endif

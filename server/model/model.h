@@ -29,6 +29,12 @@ enum qd_model_weight {
     QD_W_FFN_GATE_INP,
     QD_W_FFN_GATE_EXPS, QD_W_FFN_UP_EXPS, QD_W_FFN_DOWN_EXPS,
     QD_W_FFN_GATE_INP_SHEXP, QD_W_FFN_GATE_SHEXP, QD_W_FFN_UP_SHEXP, QD_W_FFN_DOWN_SHEXP,
+    QD_W_FFN_EXP_PROBS_B,
+    /* DeepSeek's multi-head latent attention (arch_deepseek2.c): q through a low-rank pair
+     * with a norm between (or one q), the compressed key/value and the shared rope key, their
+     * norm, and the expansion to heads (kv_b, or its halves k_b / v_b per head) */
+    QD_W_ATTN_QA, QD_W_ATTN_QA_NORM, QD_W_ATTN_QB,
+    QD_W_ATTN_KV_A_MQA, QD_W_ATTN_KV_A_NORM, QD_W_ATTN_KV_B, QD_W_ATTN_K_B_MLA, QD_W_ATTN_V_B_MLA,
     QD_W_COUNT
 };
 
@@ -50,6 +56,13 @@ struct qd_model_hparams {
     int n_expert, n_expert_used;
     int64_t n_ff_exp, n_ff_shexp;
     struct qd_nn_moe_gating gating;
+    int n_dense_lead;          /* leading blocks with a dense FFN (leading_dense_block_count) */
+    int n_expert_shared;       /* DeepSeek's shared experts, one FFN n_expert_shared * n_ff_exp wide */
+    /* DeepSeek's latent attention (0 elsewhere): the ranks of q's and kv's compressions, each
+     * head's key (nope + rope) and value sizes, and whether the file splits kv_b into k_b / v_b
+     * (attention.key_length_mla: the absorbed form llama.cpp runs as one shared key/value head) */
+    int n_lora_q, n_lora_kv, head_dim_k_mla, head_dim_v_mla, mla_absorbed;
+    float yarn_log_mul;        /* rope.scaling.yarn_log_multiplier / 0.1 (deepseek2's reading) */
 };
 
 struct qd_model;
@@ -66,6 +79,7 @@ struct qd_model_arch {
     enum qd_glu_kind act;
     int rope_freqs;              /* reads rope_freqs.weight (Llama 3's scaling) when the file has it */
     const struct qd_model_moe *moe; /* NULL: no experts */
+    int mla;                        /* DeepSeek's latent attention: its keys, rope on part of a head */
     enum qd_status (*block)(struct qd_block_run *r);
 };
 

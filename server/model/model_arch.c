@@ -23,6 +23,12 @@ const char *const qd_model_weight_names[QD_W_COUNT] = {
     [QD_W_FFN_DOWN_EXPS] = "ffn_down_exps.weight",
     [QD_W_FFN_GATE_INP_SHEXP] = "ffn_gate_inp_shexp.weight", [QD_W_FFN_GATE_SHEXP] = "ffn_gate_shexp.weight",
     [QD_W_FFN_UP_SHEXP] = "ffn_up_shexp.weight",   [QD_W_FFN_DOWN_SHEXP] = "ffn_down_shexp.weight",
+    [QD_W_FFN_EXP_PROBS_B] = "exp_probs_b.bias",
+    /* DeepSeek's latent attention (arch_deepseek2.c) */
+    [QD_W_ATTN_QA] = "attn_q_a.weight", [QD_W_ATTN_QA_NORM] = "attn_q_a_norm.weight",
+    [QD_W_ATTN_QB] = "attn_q_b.weight", [QD_W_ATTN_KV_A_MQA] = "attn_kv_a_mqa.weight",
+    [QD_W_ATTN_KV_A_NORM] = "attn_kv_a_norm.weight", [QD_W_ATTN_KV_B] = "attn_kv_b.weight",
+    [QD_W_ATTN_K_B_MLA] = "attn_k_b.weight", [QD_W_ATTN_V_B_MLA] = "attn_v_b.weight",
 };
 
 #define B QD_W_BIT
@@ -52,6 +58,14 @@ static const struct qd_model_arch archs[] = {
     {.name = "qwen3moe", .norm = QD_NORM_RMS, .rope = QD_ROPE_NEOX,
      .required = DENSE | B(QD_W_ATTN_Q_NORM) | B(QD_W_ATTN_K_NORM), .optional = QKV_BIAS, .act = QD_GLU_SILU,
      .moe = &qd_moe_qwen3moe, .block = qd_arch_llama_block},
+    /* deepseek2: latent attention (the q LoRA or one q; kv_b or k_b / v_b: which the file has
+     * is checked by the loader), leading dense blocks, then experts with shared ones */
+    {.name = "deepseek2", .norm = QD_NORM_RMS, .rope = QD_ROPE_NORMAL,
+     .required = B(QD_W_ATTN_NORM) | B(QD_W_ATTN_KV_A_MQA) | B(QD_W_ATTN_KV_A_NORM) | B(QD_W_ATTN_OUT) |
+                 B(QD_W_FFN_NORM) | B(QD_W_FFN_GATE) | B(QD_W_FFN_UP) | B(QD_W_FFN_DOWN),
+     .optional = B(QD_W_ATTN_Q) | B(QD_W_ATTN_QA) | B(QD_W_ATTN_QA_NORM) | B(QD_W_ATTN_QB) | B(QD_W_ATTN_KV_B) |
+                 B(QD_W_ATTN_K_B_MLA) | B(QD_W_ATTN_V_B_MLA),
+     .act = QD_GLU_SILU, .moe = &qd_moe_deepseek2, .mla = 1, .block = qd_arch_deepseek2_block},
 };
 #undef B
 
@@ -63,4 +77,4 @@ const struct qd_model_arch *qd_model_arch_find(const char *name)
     return NULL;
 }
 
-const char *qd_model_arch_names(void) { return "llama qwen2 qwen3 qwen2moe qwen3moe"; }
+const char *qd_model_arch_names(void) { return "llama qwen2 qwen3 qwen2moe qwen3moe deepseek2"; }

@@ -109,6 +109,90 @@ static char *arch_string(struct meta *mt, const char *suffix)
     return qd_gguf_string(mt->g, key);
 }
 
+/* deepseek2's load_arch_hparams: the leading dense blocks, the experts' width and the shared
+ * ones (both required), the weights' renormalisation, scale and gating function. */
+static int read_deepseek2_experts(struct meta *mt, struct qd_model *m)
+{
+    struct qd_model_hparams *hp = &m->hp;
+    double v = 0;
+    int found;
+    if ((found = arch_key(mt, "leading_dense_block_count", 0, &v)) < 0)
+        return -1;
+    hp->n_dense_lead = found ? (int)v : 0;
+    if (arch_key(mt, "expert_feed_forward_length", 1, &v) < 0)
+        return -1;
+    hp->n_ff_exp = (int64_t)v;
+    if (arch_key(mt, "expert_shared_count", 1, &v) < 0)
+        return -1;
+    hp->n_expert_shared = (int)v;
+    hp->n_ff_shexp = hp->n_ff_exp * hp->n_expert_shared;
+    v = 0;
+    if ((found = arch_key(mt, "expert_weights_scale", 0, &v)) < 0)
+        return -1;
+    hp->gating.w_scale = (float)v;
+    v = 0;
+    if ((found = arch_key(mt, "expert_weights_norm", 0, &v)) < 0)
+        return -1;
+    hp->gating.norm_w = v != 0;
+    v = 0;
+    if ((found = arch_key(mt, "expert_gating_func", 0, &v)) < 0)
+        return -1;
+    /* llama_expert_gating_func_type: 0 (none: DeepSeek V2's softmax), 1 softmax, 2 sigmoid */
+    if (v != 0 && v != 1 && v != 2) {
+        snprintf(mt->err, mt->errlen, "the model's expert gating function %g (%s.expert_gating_func) is not one the "
+                 "engine runs (1: softmax, 2: sigmoid)", v, mt->arch);
+        return -1;
+    }
+    hp->gating.func = v == 2 ? QD_MOE_SIGMOID : QD_MOE_SOFTMAX;
+    if (hp->n_dense_lead < 0 || hp->n_dense_lead > hp->n_layer || hp->n_ff_exp <= 0 || hp->n_expert_shared < 0) {
+        snprintf(mt->err, mt->errlen, "the model's expert sizes do not fit together: %d leading dense blocks of %"
+                 PRId64 ", experts %" PRId64 " wide, %d shared", hp->n_dense_lead, hp->n_layer, hp->n_ff_exp,
+                 hp->n_expert_shared);
+        return -1;
+    }
+    return 0;
+}
+
+/* deepseek2's latent attention keys: the compressions' ranks and, in files that split kv_b, the
+ * heads' own sizes (key_length then holds the shared head llama.cpp attends with). */
+static int read_mla(struct meta *mt, struct qd_model *m)
+{
+    struct qd_model_hparams *hp = &m->hp;
+    double v = 0;
+    int found;
+    if (arch_key(mt, "attention.q_lora_rank", 1, &v) < 0)
+        return -1;
+    hp->n_lora_q = (int)v;
+    if (arch_key(mt, "attention.kv_lora_rank", 1, &v) < 0)
+        return -1;
+    hp->n_lora_kv = (int)v;
+    hp->head_dim_k_mla = hp->head_dim_k, hp->head_dim_v_mla = hp->head_dim_v;
+    double k = 0, vl = 0;
+    int has_k, has_v;
+    if ((has_k = arch_key(mt, "attention.key_length_mla", 0, &k)) < 0 ||
+        (has_v = arch_key(mt, "attention.value_length_mla", 0, &vl)) < 0)
+        return -1;
+    hp->mla_absorbed = has_k && k > 0;
+    if (hp->mla_absorbed) {
+        hp->head_dim_k_mla = (int)k, hp->head_dim_v_mla = (int)vl;
+        if (hp->head_dim_k != hp->n_lora_kv + hp->rope.n_rot || hp->head_dim_v != hp->n_lora_kv) {
+            snprintf(mt->err, mt->errlen, "the model's shared key/value head (attention.key_length %d, value_length "
+                     "%d) is not kv_lora_rank + rope (%d + %d) and kv_lora_rank", hp->head_dim_k, hp->head_dim_v,
+                     hp->n_lora_kv, hp->rope.n_rot);
+            return -1;
+        }
+    }
+    (void)found;
+    if (hp->n_lora_q < 0 || hp->n_lora_kv <= 0 || hp->head_dim_k_mla <= hp->rope.n_rot || hp->head_dim_v_mla <= 0 ||
+        hp->rope.n_rot % 2) {
+        snprintf(mt->err, mt->errlen, "the model's latent attention sizes do not fit together: q rank %d, kv rank %d, "
+                 "key %d (rope %d), value %d", hp->n_lora_q, hp->n_lora_kv, hp->head_dim_k_mla, hp->rope.n_rot,
+                 hp->head_dim_v_mla);
+        return -1;
+    }
+    return 0;
+}
+
 /* The experts' keys (llama_model::load_hparams's expert_count and expert_used_count, the
  * architectures' expert_feed_forward_length and expert_shared_feed_forward_length): 0, or -1
  * with mt->err. Without an architecture row for experts, a file with them is refused. */
@@ -142,7 +226,8 @@ static int read_experts(struct meta *mt, struct qd_model *m)
                  "use between 1 and all of them", hp->n_expert_used, hp->n_expert, mt->arch);
         return -1;
     }
-    /* the experts' width: Mixtral's is n_ff; the qwens name theirs or take n_ff / n_expert_used */
+    /* the experts' width: Mixtral's is n_ff; the qwens name theirs or take n_ff / n_expert_used
+     * (deepseek2's: read_deepseek2_experts) */
     hp->n_ff_exp = hp->n_ff;
     if (moe != &qd_moe_mixtral) {
         v = 0;
@@ -156,7 +241,28 @@ static int read_experts(struct meta *mt, struct qd_model *m)
     hp->n_ff_shexp = found && v > 0 ? (int64_t)v : hp->n_ff;
     /* llama.cpp passes softmax and no scale (expert_weights_scale is not read for these) */
     hp->gating = (struct qd_nn_moe_gating){.func = QD_MOE_SOFTMAX, .norm_w = moe->norm_w, .w_scale = 0.0f};
-    return 0;
+    if (hp->n_expert > QD_NN_MAX_EXPERTS) {
+        snprintf(mt->err, mt->errlen, "the model has %d experts: the engine (as llama.cpp) runs at most %d",
+                 hp->n_expert, QD_NN_MAX_EXPERTS);
+        return -1;
+    }
+    /* group-limited routing (llama_model::load_hparams reads it for every architecture) */
+    v = 0;
+    if ((found = arch_key(mt, "expert_group_count", 0, &v)) < 0)
+        return -1;
+    hp->gating.n_group = found ? (int)v : 0;
+    v = 0;
+    if ((found = arch_key(mt, "expert_group_used_count", 0, &v)) < 0)
+        return -1;
+    hp->gating.n_group_used = found ? (int)v : 0;
+    if (hp->gating.n_group > 1 && (hp->n_expert % hp->gating.n_group || hp->gating.n_group_used < 1 ||
+                                   hp->gating.n_group_used > hp->gating.n_group)) {
+        snprintf(mt->err, mt->errlen, "the model's %d experts in %d groups, %d used (%s.expert_group_count, "
+                 "expert_group_used_count), do not fit together", hp->n_expert, hp->gating.n_group,
+                 hp->gating.n_group_used, mt->arch);
+        return -1;
+    }
+    return moe == &qd_moe_deepseek2 ? read_deepseek2_experts(mt, m) : 0;
 }
 
 /* llama_model::load_hparams, for the keys the engine's architectures read. */
@@ -216,7 +322,9 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
         return -1;
     if (found)
         r->n_rot = (int)v;
-    if (r->n_rot != hp->head_dim_k) { /* llama.cpp refuses it for llama; qwen's graphs assert it */
+    if (m->arch->mla && read_mla(&mt, m) < 0)
+        return -1;
+    if (!m->arch->mla && r->n_rot != hp->head_dim_k) { /* llama.cpp refuses it for llama; qwen's graphs assert it */
         snprintf(err, errlen, "the model rotates %d of each head's %d values (rope.dimension_count): the %s graph "
                  "rotates whole heads (llama.cpp refuses it too)", r->n_rot, hp->head_dim_k, m->arch_name);
         return -1;
@@ -253,6 +361,12 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
     r->attn_factor = 1.0f;
     r->beta_fast = 32.0f;
     r->beta_slow = 1.0f;
+    if (m->arch->mla) {
+        /* deepseek2.cpp: the scores' scale mscale^2 / sqrt(nope + rope), mscale 1 without YaRN */
+        const float attn_factor_org = r->attn_factor * (1.0f + 0.1f * logf(1.0f / r->freq_scale));
+        const float mscale = attn_factor_org * (1.0f + 0.1f * hp->yarn_log_mul * logf(1.0f / r->freq_scale));
+        hp->attn_scale = 1.0f * mscale * mscale / sqrtf((float)hp->head_dim_k_mla);
+    }
     return 0;
 }
 
@@ -345,8 +459,11 @@ static void role_shape(const struct qd_model_hparams *hp, enum qd_model_weight w
                        int64_t *experts)
 {
     *experts = 1;
-    const int64_t q = (int64_t)hp->n_head * hp->head_dim_k, k = (int64_t)hp->n_head_kv * hp->head_dim_k;
-    const int64_t v = (int64_t)hp->n_head_kv * hp->head_dim_v, o = (int64_t)hp->n_head * hp->head_dim_v;
+    /* DeepSeek's latent attention: q and the output have the heads' own sizes */
+    const int dk = hp->n_lora_kv ? hp->head_dim_k_mla : hp->head_dim_k;
+    const int dv = hp->n_lora_kv ? hp->head_dim_v_mla : hp->head_dim_v, nope = dk - hp->rope.n_rot;
+    const int64_t q = (int64_t)hp->n_head * dk, k = (int64_t)hp->n_head_kv * hp->head_dim_k;
+    const int64_t v = (int64_t)hp->n_head_kv * hp->head_dim_v, o = (int64_t)hp->n_head * dv;
     *rows = 1;
     switch (w) {
     case QD_W_ATTN_NORM: case QD_W_FFN_NORM: case QD_W_ATTN_OUT_B: case QD_W_FFN_DOWN_B: *cols = hp->n_embd; break;
@@ -367,6 +484,15 @@ static void role_shape(const struct qd_model_hparams *hp, enum qd_model_weight w
     case QD_W_FFN_GATE_INP_SHEXP: *cols = hp->n_embd; break;
     case QD_W_FFN_GATE_SHEXP: case QD_W_FFN_UP_SHEXP: *cols = hp->n_embd, *rows = hp->n_ff_shexp; break;
     case QD_W_FFN_DOWN_SHEXP: *cols = hp->n_ff_shexp, *rows = hp->n_embd; break;
+    case QD_W_FFN_EXP_PROBS_B: *cols = hp->n_expert; break;
+    case QD_W_ATTN_QA: *cols = hp->n_embd, *rows = hp->n_lora_q; break;
+    case QD_W_ATTN_QA_NORM: *cols = hp->n_lora_q; break;
+    case QD_W_ATTN_QB: *cols = hp->n_lora_q, *rows = q; break;
+    case QD_W_ATTN_KV_A_MQA: *cols = hp->n_embd, *rows = hp->n_lora_kv + hp->rope.n_rot; break;
+    case QD_W_ATTN_KV_A_NORM: *cols = hp->n_lora_kv; break;
+    case QD_W_ATTN_KV_B: *cols = hp->n_lora_kv, *rows = (int64_t)hp->n_head * (nope + dv); break;
+    case QD_W_ATTN_K_B_MLA: *cols = nope, *rows = hp->n_lora_kv, *experts = hp->n_head; break;
+    case QD_W_ATTN_V_B_MLA: *cols = hp->n_lora_kv, *rows = dv, *experts = hp->n_head; break;
     default: *cols = 0; break;
     }
 }
@@ -378,30 +504,47 @@ static const struct qd_gguf_tensor *block_tensor(const struct qd_model *m, int l
     return find_tensor(m, name);
 }
 
-/* The roles a block of m needs and may have: the row's, with the experts' in place of the dense
- * FFN when the model has experts. */
+/* The roles block `layer` of m needs and may have: the row's, with the experts' in place of the
+ * dense FFN in a block with experts (after deepseek2's leading dense blocks), and DeepSeek's q
+ * and key/value expansion in the form the file has. */
 #define DENSE_FFN (QD_W_BIT(QD_W_FFN_GATE) | QD_W_BIT(QD_W_FFN_UP) | QD_W_BIT(QD_W_FFN_DOWN) | \
                    QD_W_BIT(QD_W_FFN_GATE_B) | QD_W_BIT(QD_W_FFN_UP_B) | QD_W_BIT(QD_W_FFN_DOWN_B))
-static uint64_t roles_required(const struct qd_model *m)
+#define MLA_FORMS (QD_W_BIT(QD_W_ATTN_Q) | QD_W_BIT(QD_W_ATTN_QA) | QD_W_BIT(QD_W_ATTN_QA_NORM) | \
+                   QD_W_BIT(QD_W_ATTN_QB) | QD_W_BIT(QD_W_ATTN_KV_B) | QD_W_BIT(QD_W_ATTN_K_B_MLA) | \
+                   QD_W_BIT(QD_W_ATTN_V_B_MLA))
+static uint64_t roles_required(const struct qd_model *m, int layer)
 {
     const struct qd_model_arch *a = m->arch;
-    return m->hp.n_expert ? (a->required & ~DENSE_FFN) | a->moe->required : a->required;
+    const struct qd_model_hparams *hp = &m->hp;
+    uint64_t req = hp->n_expert && layer >= hp->n_dense_lead ? (a->required & ~DENSE_FFN) | a->moe->required
+                                                              : a->required;
+    if (a->mla) {
+        req |= hp->n_lora_q > 0 ? QD_W_BIT(QD_W_ATTN_QA) | QD_W_BIT(QD_W_ATTN_QA_NORM) | QD_W_BIT(QD_W_ATTN_QB)
+                                : QD_W_BIT(QD_W_ATTN_Q);
+        req |= hp->mla_absorbed ? QD_W_BIT(QD_W_ATTN_K_B_MLA) | QD_W_BIT(QD_W_ATTN_V_B_MLA) : QD_W_BIT(QD_W_ATTN_KV_B);
+    }
+    return req;
 }
 
-static uint64_t roles_read(const struct qd_model *m)
+static uint64_t roles_read(const struct qd_model *m, int layer)
 {
     const struct qd_model_arch *a = m->arch;
-    return m->hp.n_expert ? ((a->required | a->optional) & ~DENSE_FFN) | a->moe->required | a->moe->optional
-                          : a->required | a->optional;
+    const struct qd_model_hparams *hp = &m->hp;
+    uint64_t read = a->required | a->optional;
+    if (hp->n_expert && layer >= hp->n_dense_lead)
+        read = (read & ~DENSE_FFN) | a->moe->required | a->moe->optional;
+    if (a->mla) /* only the form the file's keys say */
+        read = (read & ~MLA_FORMS) | (roles_required(m, layer) & MLA_FORMS);
+    return read;
 }
 
 static int check_tensors(struct qd_model *m, char *err, size_t errlen)
 {
     const struct qd_model_hparams *hp = &m->hp;
     const struct qd_model_arch *a = m->arch;
-    const uint64_t required = roles_required(m), read = roles_read(m);
     for (int l = 0; l < hp->n_layer; l++)
         for (int w = 0; w < QD_W_COUNT; w++) {
+            const uint64_t required = roles_required(m, l), read = roles_read(m, l);
             const uint64_t bit = QD_W_BIT(w);
             const struct qd_gguf_tensor *t = read & bit ? block_tensor(m, l, w) : NULL;
             int64_t cols, rows, experts;
@@ -552,7 +695,7 @@ void qd_model_release(const struct qd_model *m, const struct qd_gguf_tensor *t)
 
 enum qd_status qd_model_block_load(struct qd_model *m, int layer, struct qd_model_block *b, char *err, size_t errlen)
 {
-    const uint64_t read = roles_read(m);
+    const uint64_t read = roles_read(m, layer);
     b->layer = layer;
     for (int w = 0; w < QD_W_COUNT; w++) {
         struct qd_model_tensor *mt = &b->w[w];
@@ -600,8 +743,8 @@ void qd_model_block_free(struct qd_model_block *b)
 size_t qd_model_block_bytes(const struct qd_model *m)
 {
     size_t most = 0;
-    const uint64_t read = roles_read(m);
     for (int l = 0; l < m->hp.n_layer; l++) {
+        const uint64_t read = roles_read(m, l);
         size_t sum = 0;
         for (int w = 0; w < QD_W_COUNT; w++) {
             const struct qd_gguf_tensor *t = block_tensor(m, l, w);

@@ -3,7 +3,8 @@
 tests/consumers/test_llama_cpp_model.py). For each tiny model (tests/model/cases.py: Llama
 untied, tied, with Llama 3's rope_freqs, with GQA; Qwen2 with q/k/v biases; Qwen3 with q/k norms
 and a head size apart from n_embd / n_head; the mixtures of experts Mixtral, qwen2moe with its
-shared expert, qwen3moe, 8 experts with 2 or 4 a token):
+shared expert, qwen3moe, 8 experts with 2 or 4 a token; deepseek2 in DeepSeek V2's layout and
+in V3's, tests/model/cases.py):
 - the logits of llama.cpp's f32 path (f32 KV cache, no flash attention) within a relative 1e-4
   (per row: the largest difference over the row's largest logit), quantd run the same way
   (-ctk f32 -ctv f32);

@@ -265,6 +265,36 @@ static int read_experts(struct meta *mt, struct qd_model *m)
     return moe == &qd_moe_deepseek2 ? read_deepseek2_experts(mt, m) : 0;
 }
 
+/* YaRN as llama_context sets it up for deepseek2: the ramp on (ext_factor 1), the log
+ * multiplier deepseek2's loader reads (over 0.1), and the attention factor that rope's own
+ * 1 + 0.1 ln(factor) cancels, times rope.scaling.attn_factor. */
+static int read_yarn(struct meta *mt, struct qd_model *m)
+{
+    struct qd_model_hparams *hp = &m->hp;
+    struct qd_nn_rope *r = &hp->rope;
+    double v = 0;
+    int found;
+    if ((found = arch_key(mt, "rope.scaling.yarn_log_multiplier", 0, &v)) < 0)
+        return -1;
+    hp->yarn_log_mul = found ? (float)v / 0.1f : 0.0f;
+    r->ext_factor = 1.0f;
+    const float factor = 1.0f / r->freq_scale;
+    if (hp->yarn_log_mul != 0.0f) {
+        /* get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dims) with deepseek2's
+         * mscale = mscale_all_dims unless that is 1: the same number over itself */
+        const float mscale = hp->yarn_log_mul;
+        const float a = factor <= 1.0f ? 1.0f : 0.1f * mscale * logf(factor) + 1.0f;
+        r->attn_factor = a / a;
+    } else
+        r->attn_factor = factor <= 1.0f ? 1.0f : 0.1f * 1.0f * logf(factor) + 1.0f;
+    r->attn_factor *= 1.0f / (1.0f + 0.1f * logf(factor));
+    v = 1.0;
+    if ((found = arch_key(mt, "rope.scaling.attn_factor", 0, &v)) < 0)
+        return -1;
+    r->attn_factor *= found ? (float)v : 1.0f;
+    return 0;
+}
+
 /* llama_model::load_hparams, for the keys the engine's architectures read. */
 static int read_hparams(struct qd_model *m, char *err, size_t errlen)
 {
@@ -336,9 +366,11 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
         r->freq_base = (float)v;
     char *scaling = arch_string(&mt, "rope.scaling.type");
     int none = scaling && !strcmp(scaling, "none");
-    if (scaling && strcmp(scaling, "none") && strcmp(scaling, "linear")) {
-        snprintf(err, errlen, "the model's rope scaling '%s' is not one the engine runs yet (it runs none and "
-                 "linear, and Llama 3's rope_freqs)", scaling);
+    /* YaRN: deepseek2's (the graph that reads its log multiplier and pre-scales the scores) */
+    const int yarn = scaling && !strcmp(scaling, "yarn") && m->arch->mla;
+    if (scaling && strcmp(scaling, "none") && strcmp(scaling, "linear") && !yarn) {
+        snprintf(err, errlen, "the model's rope scaling '%s' is not one the engine runs yet for %s (it runs none and "
+                 "linear, Llama 3's rope_freqs, and deepseek2's yarn)", scaling, m->arch_name);
         free(scaling);
         return -1;
     }
@@ -361,6 +393,8 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
     r->attn_factor = 1.0f;
     r->beta_fast = 32.0f;
     r->beta_slow = 1.0f;
+    if (yarn && read_yarn(&mt, m) < 0)
+        return -1;
     if (m->arch->mla) {
         /* deepseek2.cpp: the scores' scale mscale^2 / sqrt(nope + rope), mscale 1 without YaRN */
         const float attn_factor_org = r->attn_factor * (1.0f + 0.1f * logf(1.0f / r->freq_scale));

@@ -27,11 +27,13 @@ CASES = {
     "qwen3moe": ["--arch", "qwen3moe", "--case", "gqa", "--experts", "8", "--experts-used", "2"],
     # DeepSeek V2's layout: q LoRA, k_b / v_b, softmax routing; V3's: one q, kv_b, sigmoid routing
     # with the choice bias, renormalised and scaled weights, groups; each with a leading dense block
+    # and YaRN (V2's mscale_all_dim 0.707, V3's 1)
     "deepseek2": ["--arch", "deepseek2", "--layers", "3", "--experts", "8", "--experts-used", "2", "--mla-split",
-                  "--ffn", "96"],
+                  "--ffn", "96", "--yarn", "40", "--yarn-orig", "32", "--yarn-log-mul", "0.0707"],
     "deepseek2-v3": ["--arch", "deepseek2", "--layers", "3", "--experts", "8", "--experts-used", "4", "--q-lora", "0",
                      "--ffn", "96", "--shared", "2", "--gating", "sigmoid", "--probs-bias", "--weights-norm",
-                     "--weights-scale", "2.5", "--groups", "4", "--groups-used", "2"],
+                     "--weights-scale", "2.5", "--groups", "4", "--groups-used", "2", "--yarn", "4", "--yarn-orig", "16",
+                     "--yarn-log-mul", "0.1"],
 }
 
 # The mixtures of experts: their routing is a discontinuity (a top-k choice between two experts

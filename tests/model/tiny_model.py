@@ -30,7 +30,9 @@ deepseek2 (multi-head latent attention, --experts needed): --q-lora N (0: one at
 form of attn_kv_b with attention.key_length_mla, which llama.cpp runs as one shared head),
 --dense-lead N leading blocks with a dense --ffn FFN, then experts --expert-ffn wide with
 --shared shared ones, --gating softmax|sigmoid, --probs-bias (exp_probs_b), --weights-norm,
---weights-scale, --groups G --groups-used U (group-limited routing).
+--weights-scale, --groups G --groups-used U (group-limited routing), --yarn FACTOR with
+--yarn-orig N and --yarn-log-mul M (rope.scaling.yarn_log_multiplier, 0.1 * mscale_all_dim as the
+converter writes it).
 
 The vocabulary is SentencePiece-style with byte fallback (<unk>, <s>, </s>, the 256 byte tokens,
 a few pieces, padding tokens up to --vocab) so llama.cpp can tokenize any text; the tokenizer
@@ -118,6 +120,12 @@ def add_deepseek2_keys(w, a, heads):
     w.add_expert_weights_norm(a.weights_norm)
     w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if a.gating == "sigmoid"
                              else gguf.ExpertGatingFuncType.SOFTMAX)
+    if a.yarn:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(a.yarn)
+        w.add_rope_scaling_orig_ctx_len(a.yarn_orig)
+        if a.yarn_log_mul:
+            w.add_rope_scaling_yarn_log_mul(a.yarn_log_mul)
     if a.groups:
         w.add_expert_group_count(a.groups)
         w.add_expert_group_used_count(a.groups_used)
@@ -195,6 +203,9 @@ def main():
     ap.add_argument("--weights-scale", type=float, default=1.0)
     ap.add_argument("--groups", type=int, default=0)
     ap.add_argument("--groups-used", type=int, default=0)
+    ap.add_argument("--yarn", type=float, default=0.0, help="YaRN's factor (0: no scaling)")
+    ap.add_argument("--yarn-orig", type=int, default=32, help="rope.scaling.original_context_length")
+    ap.add_argument("--yarn-log-mul", type=float, default=0.0)
     ap.add_argument("--experts", type=int, default=0, help="expert_count (0: a dense FFN)")
     ap.add_argument("--experts-used", type=int, default=2, help="expert_used_count")
     ap.add_argument("--expert-ffn", type=int, default=48, help="qwen2moe/qwen3moe: expert_feed_forward_length")

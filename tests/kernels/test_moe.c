@@ -1,7 +1,7 @@
 /* kernels/cpu/moe.c, a mixture of experts' ops: the routing against a reference written from
  * build_moe_ffn's definition (probabilities, the n_used largest by a full sort, their weights,
  * renormalised or not, scaled), the choice bias that ranks without weighing, ties to the lower
- * index; the weighted sum in slot order; the shared expert's sigmoid gate. */
+ * index, group-limited routing; the weighted sum in slot order; the shared expert's sigmoid gate. */
 #include <math.h>
 
 #include "../../kernels/nn.h"
@@ -107,6 +107,30 @@ static void route_renormalises_with_a_floor(void **state)
     assert_true(w[1] == s1 / 6.103515625e-5f);
 }
 
+static void route_keeps_to_the_best_groups(void **state)
+{
+    (void)state;
+    /* 8 experts in 4 groups of 2; groups scored by their two best: g0 0.9+0.0, g1 0.5+0.5,
+     * g2 0.8+0.3, g3 0.2+0.1. The best two groups are g2 (1.1) and g1 (1.0): expert 0 (the best
+     * alone) is out */
+    float logits[8] = {0.9f, 0.0f, 0.5f, 0.5f, 0.8f, 0.3f, 0.2f, 0.1f}, w[3];
+    int32_t ids[3];
+    const struct qd_nn_moe_gating g = {.func = QD_MOE_SIGMOID, .n_group = 4, .n_group_used = 2};
+    /* the logits as sigmoid inputs that give those probabilities */
+    for (int e = 0; e < 8; e++)
+        logits[e] = logf(logits[e] / (1.0f - logits[e] + 1e-30f) + 1e-30f);
+    qd_nn_moe_route(ids, w, logits, 1, 8, 3, &g);
+    assert_int_equal(ids[0], 4);
+    assert_true((ids[1] == 2 && ids[2] == 3) || (ids[1] == 3 && ids[2] == 2));
+    /* without groups expert 0 leads */
+    const struct qd_nn_moe_gating plain = {.func = QD_MOE_SIGMOID};
+    float again[8] = {0.9f, 0.0f, 0.5f, 0.5f, 0.8f, 0.3f, 0.2f, 0.1f};
+    for (int e = 0; e < 8; e++)
+        again[e] = logf(again[e] / (1.0f - again[e] + 1e-30f) + 1e-30f);
+    qd_nn_moe_route(ids, w, again, 1, 8, 3, &plain);
+    assert_int_equal(ids[0], 0);
+}
+
 static void sum_adds_weighted_slots_in_order(void **state)
 {
     (void)state;
@@ -150,6 +174,7 @@ int main(void)
         cmocka_unit_test(route_matches_sorted_probabilities),
         cmocka_unit_test(route_breaks_ties_by_lower_index_and_bias_only_ranks),
         cmocka_unit_test(route_renormalises_with_a_floor),
+        cmocka_unit_test(route_keeps_to_the_best_groups),
         cmocka_unit_test(sum_adds_weighted_slots_in_order),
         cmocka_unit_test(sigmoid_gate_scales_each_row),
     };

@@ -7,7 +7,9 @@
  *
  * Memory: the hidden states + one block's weights in f32 + one chunk's scratch (q, k, v, the
  * attention's output, the FFN's two intermediates) while the blocks run; then the output weight
- * in f32 + one chunk's logits. qd_engine_stats reports each. */
+ * in f32 + one chunk's logits. qd_engine_stats reports each. A block with experts is read whole:
+ * every expert in f32 (Qwen3-30B-A3B's 128 experts of 3 x 2048 x 768: 2.4 GB a block), not only
+ * those the tokens route to. */
 #ifndef QD_MODEL_ENGINE_H
 #define QD_MODEL_ENGINE_H
 

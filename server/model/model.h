@@ -84,7 +84,7 @@ struct qd_model_arch {
 };
 
 const struct qd_model_arch *qd_model_arch_find(const char *name);
-/* The names the engine runs, space separated ("llama qwen2 qwen3"). */
+/* The names the engine runs, space separated ("llama qwen2 qwen3 ..."). */
 const char *qd_model_arch_names(void);
 
 /* How an architecture's blocks hold experts (arch_moe.c's rows; llama.cpp's load_arch_tensors

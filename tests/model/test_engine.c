@@ -11,7 +11,8 @@
  *   n_expert_used experts, the same rows entering an expert's gate, up and down; without it the
  *   plain hook gets those rows under the tensor's name;
  * - the loader refuses an architecture it lacks (listing those it runs), a missing block tensor,
- *   a tensor of the wrong shape, a model without a vocabulary. */
+ *   a tensor of the wrong shape, a model without a vocabulary, a mixture of experts without
+ *   experts. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -417,6 +418,7 @@ static void loader_refusals_name_the_problem(void **state)
         {{.drop_tensor = 12}, "no tensor blk.1.attn_k.weight, which a llama block needs"},
         {{.drop_tensor = -1, .bad_shape = 1}, "tensor blk.1.attn_k.weight is [16, 16, 1], the model's sizes say [16, 8]"},
         {{.drop_tensor = -1, .no_vocab = 1}, "has no vocabulary"},
+        {{.drop_tensor = -1, .arch = "qwen3moe"}, "a qwen3moe model needs qwen3moe.expert_count > 0"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char path[64], err[512] = "";

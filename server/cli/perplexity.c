@@ -19,6 +19,7 @@
 #include "cli/cli.h"
 #include "cli/files.h"
 #include "model/engine.h"
+#include "model/tokens_file.h"
 
 static void usage(FILE *to)
 {
@@ -41,63 +42,6 @@ static void usage(FILE *to)
             "  --dump-logits FILE  write each chunk's logits from position n_ctx/2 on, raw f32\n"
             "                   [chunks][n_ctx - n_ctx/2][n_vocab] (for comparisons)\n",
             qd_model_arch_names());
-}
-
-/* ---- token files ------------------------------------------------------------------------------ */
-
-/* Token ids from a file: a JSON array of integers, or raw little-endian int32. (The tokenizer's
- * own reader of token files replaces this one when it lands.) NULL with err. */
-static int32_t *read_tokens(const char *path, int64_t *n, char *err, size_t errlen)
-{
-    size_t len;
-    char *buf = qd_file_read(path, &len);
-    if (!buf) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t at = 0;
-    while (at < len && isspace((unsigned char)buf[at]))
-        at++;
-    int32_t *ids = NULL;
-    if (at < len && buf[at] == '[') {
-        cJSON *arr = cJSON_ParseWithLength(buf, len);
-        int count = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : -1;
-        if (count < 0)
-            snprintf(err, errlen, "%s: not a JSON array of token ids", path);
-        else if ((ids = malloc((size_t)(count ? count : 1) * sizeof *ids))) {
-            int i = 0;
-            for (cJSON *e = arr->child; e; e = e->next, i++) {
-                if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
-                    e->valuedouble > INT32_MAX) {
-                    snprintf(err, errlen, "%s: element %d is not a token id (a non-negative integer)", path, i);
-                    free(ids);
-                    ids = NULL;
-                    break;
-                }
-                ids[i] = (int32_t)e->valuedouble;
-            }
-            *n = count;
-        } else
-            snprintf(err, errlen, "no memory");
-        cJSON_Delete(arr);
-    } else if (len % 4) {
-        snprintf(err, errlen, "%s: %zu bytes is not a whole number of little-endian int32 token ids (nor a JSON "
-                 "array)", path, len);
-    } else if ((ids = malloc(len ? len : 1))) {
-        memcpy(ids, buf, len);
-        *n = (int64_t)(len / 4);
-        for (int64_t i = 0; i < *n; i++)
-            if (ids[i] < 0) {
-                snprintf(err, errlen, "%s: token %" PRId64 " is negative (%" PRId32 "): not an int32 token file", path,
-                         i, ids[i]);
-                free(ids);
-                ids = NULL;
-                break;
-            }
-    } else
-        snprintf(err, errlen, "no memory");
-    free(buf);
-    return ids;
 }
 
 /* ---- the statistics ------------------------------------------------------------------------- */
@@ -243,7 +187,7 @@ int qd_cli_perplexity(int argc, char **argv)
 
     char err[1024];
     int64_t n_tokens = 0;
-    int32_t *tokens = read_tokens(tokens_path, &n_tokens, err, sizeof err);
+    int32_t *tokens = qd_tokens_file_read(tokens_path, &n_tokens, err, sizeof err);
     if (!tokens) {
         fprintf(stderr, "quantd perplexity: %s\n", err);
         return 1;

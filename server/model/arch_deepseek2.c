@@ -29,7 +29,9 @@ static void copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t 
 static void head_linear(struct qd_block_run *r, float *out, const float *x, enum qd_model_weight role, int h)
 {
     const struct qd_model_tensor *w = &r->b->w[role];
-    if (r->on_matmul_input)
+    if (r->on_matmul_head_input)
+        r->on_matmul_head_input(r->hook_ctx, r->layer, w->name, h, (int)w->experts, x, r->T, w->cols);
+    else if (r->on_matmul_input)
         r->on_matmul_input(r->hook_ctx, r->layer, w->name, x, r->T, w->cols);
     r->nn->matmul(out, x, w->data + (int64_t)h * w->rows * w->cols, r->T, w->cols, w->rows);
 }

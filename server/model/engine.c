@@ -76,6 +76,8 @@ static enum qd_status run_head(struct qd_model *m, float *hidden, int n_chunks, 
         nn->matmul(logits, cur, out, rows, n_embd, n_vocab);
         if (bias)
             nn->add_row(logits, bias, rows, n_vocab);
+        if (hp->final_softcap > 0.0f)
+            nn->softcap(logits, (int64_t)rows * n_vocab, hp->final_softcap);
         int64_t bad = first_nonfinite(logits, (int64_t)rows * n_vocab);
         if (bad >= 0) {
             snprintf(err, errlen, "the output head gave NaN/Inf in chunk %d at position %" PRId64
@@ -110,6 +112,12 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
         qd_cpu_set_threads(o->threads);
         qd_nn_set_threads(o->threads);
     }
+    /* LongRoPE (llama_model::get_rope_factors): the long factors once a sequence outgrows the
+     * original context, the short ones within it */
+    if (m->rope_short || m->rope_long) {
+        const float *f = o->n_ctx > hp->rope.n_ctx_orig && m->rope_long ? m->rope_long : m->rope_short;
+        m->hp.rope.freq_factors = m->hp.rope_swa.freq_factors = f;
+    }
     const int64_t T = o->n_ctx, n_embd = hp->n_embd, all = (int64_t)n_chunks * T;
     enum qd_status st = QD_ENOMEM;
     struct qd_model_block block = {0};
@@ -131,6 +139,8 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
     double t0 = now_s();
     if ((st = qd_model_rows(m, m->token_embd, tokens, all, hidden, err, errlen)) != QD_OK)
         goto done;
+    if (hp->embd_scale != 1.0f) /* gemma: ggml_scale(inpL, sqrtf(n_embd)) */
+        nn->scale(hidden, all * n_embd, hp->embd_scale);
     qd_model_release(m, m->token_embd);
     stats->read_seconds += now_s() - t0;
 
@@ -150,7 +160,9 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
             struct qd_block_run r = {.m = m, .b = &block, .nn = nn, .layer = layer,
                                      .hidden = hidden + (int64_t)c * T * n_embd, .T = T, .pos = pos, .s = &s,
                                      .on_matmul_input = h ? h->on_matmul_input : NULL,
-                                     .on_matmul_expert_input = h ? h->on_matmul_expert_input : NULL, .hook_ctx = h ? h->ctx : NULL,
+                                     .on_matmul_expert_input = h ? h->on_matmul_expert_input : NULL,
+                                     .on_matmul_head_input = h ? h->on_matmul_head_input : NULL,
+                                     .hook_ctx = h ? h->ctx : NULL,
                                      .cache_k = o->cache_k, .cache_v = o->cache_v, .err = err,
                                      .errlen = errlen};
             if ((st = m->arch->block(&r)) != QD_OK)

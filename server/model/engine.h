@@ -35,6 +35,9 @@ struct qd_engine_hooks {
     /* The activations entering each expert's matmul, by expert (graph.h; NULL: on_matmul_input
      * gets them). */
     qd_matmul_expert_input_fn on_matmul_expert_input;
+    /* The activations entering each head's slice of a per-head weight (graph.h; NULL:
+     * on_matmul_input gets them). */
+    qd_matmul_head_input_fn on_matmul_head_input;
     /* After each block (and the head: done == total). */
     void (*on_progress)(void *ctx, int done, int total);
     const volatile int *cancel; /* nonzero: stop at the next block or chunk */

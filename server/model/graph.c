@@ -89,28 +89,63 @@ void qd_graph_linear(struct qd_block_run *r, float *out, const float *x, enum qd
         r->nn->add_row(out, b->data, r->T, w->rows);
 }
 
+/* build_qkv: q, k and v of r->s->cur, from one fused matrix (phi3's attn_qkv: its rows q, then
+ * k, then v; one matmul in ggml, here three over its row ranges, which gives the same sums) or
+ * three. */
+static void graph_qkv(struct qd_block_run *r)
+{
+    const struct qd_model_tensor *qkv = weight(r, QD_W_ATTN_QKV);
+    struct qd_block_scratch *s = r->s;
+    if (!qkv) {
+        qd_graph_linear(r, s->q, s->cur, QD_W_ATTN_Q, QD_W_ATTN_Q_B);
+        qd_graph_linear(r, s->k, s->cur, QD_W_ATTN_K, QD_W_ATTN_K_B);
+        qd_graph_linear(r, s->v, s->cur, QD_W_ATTN_V, QD_W_ATTN_V_B);
+        return;
+    }
+    const struct qd_model_hparams *hp = &r->m->hp;
+    const int64_t q = (int64_t)hp->n_head * hp->head_dim_k, k = (int64_t)hp->n_head_kv * hp->head_dim_k;
+    const int64_t v = (int64_t)hp->n_head_kv * hp->head_dim_v;
+    if (r->on_matmul_input)
+        r->on_matmul_input(r->hook_ctx, r->layer, qkv->name, s->cur, r->T, qkv->cols);
+    r->nn->matmul(s->q, s->cur, qkv->data, r->T, qkv->cols, q);
+    r->nn->matmul(s->k, s->cur, qkv->data + q * qkv->cols, r->T, qkv->cols, k);
+    r->nn->matmul(s->v, s->cur, qkv->data + (q + k) * qkv->cols, r->T, qkv->cols, v);
+    /* separate q/k/v biases beside a fused matrix (create_tensor_qkv allows them) */
+    const enum qd_model_weight bias[3] = {QD_W_ATTN_Q_B, QD_W_ATTN_K_B, QD_W_ATTN_V_B};
+    float *out[3] = {s->q, s->k, s->v};
+    const int64_t width[3] = {q, k, v};
+    for (int i = 0; i < 3; i++)
+        if (weight(r, bias[i]))
+            r->nn->add_row(out[i], weight(r, bias[i])->data, r->T, width[i]);
+}
+
 enum qd_status qd_graph_attention(struct qd_block_run *r)
 {
     const struct qd_model_hparams *hp = &r->m->hp;
     struct qd_block_scratch *s = r->s;
     const int64_t q_width = (int64_t)hp->n_head * hp->head_dim_k, k_width = (int64_t)hp->n_head_kv * hp->head_dim_k;
     const int64_t v_width = (int64_t)hp->n_head_kv * hp->head_dim_v;
-    qd_graph_linear(r, s->q, s->cur, QD_W_ATTN_Q, QD_W_ATTN_Q_B);
-    qd_graph_linear(r, s->k, s->cur, QD_W_ATTN_K, QD_W_ATTN_K_B);
-    qd_graph_linear(r, s->v, s->cur, QD_W_ATTN_V, QD_W_ATTN_V_B);
-    /* Qwen3's per-head norms come before rope */
+    const int swa = hp->n_swa > 0 && hp->swa[r->layer];
+    const struct qd_nn_rope *rope = swa ? &hp->rope_swa : &hp->rope;
+    graph_qkv(r);
+    /* Qwen3's and Gemma 3's per-head norms come before rope */
     if (weight(r, QD_W_ATTN_Q_NORM))
         qd_graph_norm(r, s->q, s->q, QD_W_ATTN_Q_NORM, QD_W_COUNT, r->T * hp->n_head, hp->head_dim_k);
     if (weight(r, QD_W_ATTN_K_NORM))
         qd_graph_norm(r, s->k, s->k, QD_W_ATTN_K_NORM, QD_W_COUNT, r->T * hp->n_head_kv, hp->head_dim_k);
-    enum qd_status st = r->nn->rope(s->q, r->T, q_width, hp->n_head, hp->head_dim_k, r->pos, &hp->rope);
+    enum qd_status st = r->nn->rope(s->q, r->T, q_width, hp->n_head, hp->head_dim_k, r->pos, rope);
     if (st == QD_OK)
-        st = r->nn->rope(s->k, r->T, k_width, hp->n_head_kv, hp->head_dim_k, r->pos, &hp->rope);
+        st = r->nn->rope(s->k, r->T, k_width, hp->n_head_kv, hp->head_dim_k, r->pos, rope);
+    /* gemma and phi3 scale q (ggml_scale after rope) and give build_attn a scale of 1 */
+    if (r->m->arch->q_prescale)
+        r->nn->scale(s->q, r->T * q_width, hp->attn_scale);
     r->nn->round(s->k, r->T * k_width, r->cache_k);
     r->nn->round(s->v, r->T * v_width, r->cache_v);
     const struct qd_nn_attn a = {.T = r->T, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
                                  .head_dim_k = hp->head_dim_k, .head_dim_v = hp->head_dim_v, .q_stride = q_width,
-                                 .k_stride = k_width, .v_stride = v_width, .scale = hp->attn_scale};
+                                 .k_stride = k_width, .v_stride = v_width,
+                                 .scale = r->m->arch->q_prescale ? 1.0f : hp->attn_scale,
+                                 .softcap = hp->attn_softcap, .window = swa ? hp->n_swa : 0};
     if (st == QD_OK)
         st = r->nn->attention(s->attn, s->q, s->k, s->v, &a);
     if (st != QD_OK) {
@@ -124,8 +159,19 @@ enum qd_status qd_graph_attention(struct qd_block_run *r)
 void qd_graph_ffn(struct qd_block_run *r)
 {
     struct qd_block_scratch *s = r->s;
-    qd_graph_linear(r, s->up, s->cur, QD_W_FFN_UP, QD_W_FFN_UP_B);
-    qd_graph_linear(r, s->gate, s->cur, QD_W_FFN_GATE, QD_W_FFN_GATE_B);
-    r->nn->glu(s->gate, s->gate, s->up, r->T * r->m->hp.n_ff, r->m->arch->act);
+    const int64_t n_ff = r->m->hp.n_ff;
+    const struct qd_model_tensor *up = weight(r, QD_W_FFN_UP);
+    if (r->m->arch->ffn_up_fused) {
+        /* phi3 (LLM_FFN_SWIGLU, LLM_FFN_SEQ): one matmul to [2 n_ff], ggml_swiglu of its halves,
+         * the first the gate */
+        if (r->on_matmul_input)
+            r->on_matmul_input(r->hook_ctx, r->layer, up->name, s->cur, r->T, up->cols);
+        r->nn->matmul(s->gate, s->cur, up->data, r->T, up->cols, n_ff);
+        r->nn->matmul(s->up, s->cur, up->data + n_ff * up->cols, r->T, up->cols, n_ff);
+    } else {
+        qd_graph_linear(r, s->up, s->cur, QD_W_FFN_UP, QD_W_FFN_UP_B);
+        qd_graph_linear(r, s->gate, s->cur, QD_W_FFN_GATE, QD_W_FFN_GATE_B);
+    }
+    r->nn->glu(s->gate, s->gate, s->up, r->T * n_ff, r->m->arch->act);
     qd_graph_linear(r, s->proj, s->gate, QD_W_FFN_DOWN, QD_W_FFN_DOWN_B);
 }

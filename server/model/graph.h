@@ -16,6 +16,12 @@ typedef void (*qd_matmul_input_fn)(void *ctx, int layer, const char *weight, con
  * on_matmul_input gets these rows there, under the tensor's name, expert by expert. */
 typedef void (*qd_matmul_expert_input_fn)(void *ctx, int layer, const char *weight, int expert, int n_expert,
                                           const float *x, int64_t rows, int64_t K);
+/* The tap for one head's slice of a per-head 3-D weight (DeepSeek's attn_k_b / attn_v_b, a
+ * batched MUL_MAT in llama.cpp): x [T][K] enters slice `head` of n_head; all heads see the same
+ * T tokens (one count, as llama-imatrix keeps for a dense 3-D weight). A caller that sets only
+ * on_matmul_input gets these rows there, under the tensor's name, head by head. */
+typedef void (*qd_matmul_head_input_fn)(void *ctx, int layer, const char *weight, int head, int n_head,
+                                        const float *x, int64_t T, int64_t K);
 
 /* One chunk's scratch for one block, sized by qd_block_scratch_floats. */
 struct qd_block_scratch {
@@ -45,6 +51,7 @@ struct qd_block_run {
     struct qd_block_scratch *s;
     qd_matmul_input_fn on_matmul_input;
     qd_matmul_expert_input_fn on_matmul_expert_input;
+    qd_matmul_head_input_fn on_matmul_head_input;
     void *hook_ctx;
     enum qd_dtype cache_k, cache_v; /* K (after rope) and V rounded to these, as llama.cpp's KV cache
                                        of that type holds them (QD_F32: as they are) */
@@ -80,5 +87,10 @@ extern const struct qd_model_moe qd_moe_mixtral, qd_moe_qwen2moe, qd_moe_qwen3mo
 /* The graphs of one block (arch_*.c), named in the architecture table (model_arch.c). */
 enum qd_status qd_arch_llama_block(struct qd_block_run *r);
 enum qd_status qd_arch_deepseek2_block(struct qd_block_run *r);
+/* ---- dense architectures beyond llama (arch_gemma.c): graphs and hyperparameters ---- */
+enum qd_status qd_arch_gemma_block(struct qd_block_run *r);
+int qd_arch_gemma2_hparams(struct qd_model *m, char *err, size_t errlen);
+int qd_arch_gemma3_hparams(struct qd_model *m, char *err, size_t errlen);
+int qd_arch_mistral3_hparams(struct qd_model *m, char *err, size_t errlen); /* arch_mistral3.c */
 
 #endif

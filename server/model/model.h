@@ -35,6 +35,9 @@ enum qd_model_weight {
      * norm, and the expansion to heads (kv_b, or its halves k_b / v_b per head) */
     QD_W_ATTN_QA, QD_W_ATTN_QA_NORM, QD_W_ATTN_QB,
     QD_W_ATTN_KV_A_MQA, QD_W_ATTN_KV_A_NORM, QD_W_ATTN_KV_B, QD_W_ATTN_K_B_MLA, QD_W_ATTN_V_B_MLA,
+    /* ---- dense architectures beyond llama (gemma2, gemma3, phi3) ---- */
+    QD_W_ATTN_QKV,                             /* phi3: q, k and v in one matrix, in that order */
+    QD_W_ATTN_POST_NORM, QD_W_FFN_POST_NORM,   /* gemma: norms of each sub-block's output */
     QD_W_COUNT
 };
 
@@ -43,6 +46,8 @@ enum qd_model_weight {
 extern const char *const qd_model_weight_names[QD_W_COUNT];
 
 enum qd_norm_kind { QD_NORM_RMS, QD_NORM_LAYER };
+
+#define QD_MODEL_MAX_LAYERS 512 /* llama.cpp's LLAMA_MAX_LAYERS */
 
 struct qd_model_hparams {
     int64_t n_vocab, n_embd, n_layer, n_ff;
@@ -63,6 +68,13 @@ struct qd_model_hparams {
      * (attention.key_length_mla: the absorbed form llama.cpp runs as one shared key/value head) */
     int n_lora_q, n_lora_kv, head_dim_k_mla, head_dim_v_mla, mla_absorbed;
     float yarn_log_mul;        /* rope.scaling.yarn_log_multiplier / 0.1 (deepseek2's reading) */
+    /* ---- dense architectures beyond llama (gemma2, gemma3, phi3) ---- */
+    float embd_scale;           /* the token embeddings times this (gemma: sqrt(n_embd)); 1: none */
+    float attn_softcap;         /* attention logit soft-capping (gemma2); 0: none */
+    float final_softcap;        /* final logit soft-capping (gemma2, gemma3); 0: none */
+    int64_t n_swa;              /* the sliding window of the layers marked in swa[]; 0: none */
+    unsigned char swa[QD_MODEL_MAX_LAYERS]; /* 1: block l attends through the window, with rope_swa */
+    struct qd_nn_rope rope_swa; /* the sliding-window layers' rope (gemma3: its own base) */
 };
 
 struct qd_model;
@@ -80,6 +92,14 @@ struct qd_model_arch {
     int rope_freqs;              /* reads rope_freqs.weight (Llama 3's scaling) when the file has it */
     const struct qd_model_moe *moe; /* NULL: no experts */
     int mla;                        /* DeepSeek's latent attention: its keys, rope on part of a head */
+    /* ---- dense architectures beyond llama (gemma2, gemma3, phi3) ---- */
+    int q_prescale;              /* q times attn_scale before the scores, which then take 1.0 (gemma, phi3) */
+    int ffn_up_fused;            /* ffn_up holds the gate's rows then the up's, [2 n_ff] (phi3) */
+    int tied_output;             /* the token embedding is the output even where output.weight exists (gemma2) */
+    int rope_long_short;         /* LongRoPE: rope_factors_long/short.weight, long past n_ctx_orig (phi3) */
+    /* the architecture's own hyperparameters (its load_arch_hparams), after the common ones; 0 or
+     * -1 with err */
+    int (*hparams)(struct qd_model *m, char *err, size_t errlen);
     enum qd_status (*block)(struct qd_block_run *r);
 };
 
@@ -124,6 +144,7 @@ struct qd_model {
     int add_bos;          /* the vocabulary adds a BOS (llama_vocab_get_add_bos) */
     float *rope_freqs;    /* n_rot/2 values, or NULL */
     const struct qd_gguf_tensor *token_embd, *output, *output_norm, *output_b;
+    float *rope_short, *rope_long; /* LongRoPE's factors (n_rot/2 each), or NULL (phi3) */
 };
 
 /* Opens the model at path (a GGUF, or a split model's first shard) and checks everything a pass
@@ -132,6 +153,10 @@ struct qd_model {
  * dequantizes. 0, or -1 with err and *status. qd_model_close frees m either way. */
 int qd_model_open(const char *path, struct qd_model *m, enum qd_status *status, char *err, size_t errlen);
 void qd_model_close(struct qd_model *m);
+/* The number under "<architecture>.<suffix>" (an array's first element) into *out: 1 found, 0
+ * absent (an error when required), -1 with err when not a number: for the architectures'
+ * hparams functions. */
+int qd_model_key(struct qd_model *m, const char *suffix, int required, double *out, char *err, size_t errlen);
 
 /* Reads block `layer`'s weights into b, dequantized to f32 (b's buffers grow as needed and are
  * kept; qd_model_block_free releases them); the file's pages of that block are dropped after.

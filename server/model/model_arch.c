@@ -29,6 +29,8 @@ const char *const qd_model_weight_names[QD_W_COUNT] = {
     [QD_W_ATTN_QB] = "attn_q_b.weight", [QD_W_ATTN_KV_A_MQA] = "attn_kv_a_mqa.weight",
     [QD_W_ATTN_KV_A_NORM] = "attn_kv_a_norm.weight", [QD_W_ATTN_KV_B] = "attn_kv_b.weight",
     [QD_W_ATTN_K_B_MLA] = "attn_k_b.weight", [QD_W_ATTN_V_B_MLA] = "attn_v_b.weight",
+    [QD_W_ATTN_QKV] = "attn_qkv.weight",
+    [QD_W_ATTN_POST_NORM] = "post_attention_norm.weight", [QD_W_FFN_POST_NORM] = "post_ffw_norm.weight",
 };
 
 #define B QD_W_BIT
@@ -50,6 +52,28 @@ static const struct qd_model_arch archs[] = {
     {.name = "qwen3", .norm = QD_NORM_RMS, .rope = QD_ROPE_NEOX,
      .required = DENSE | B(QD_W_ATTN_Q_NORM) | B(QD_W_ATTN_K_NORM), .optional = QKV_BIAS, .act = QD_GLU_SILU,
      .block = qd_arch_llama_block},
+    /* ---- dense architectures beyond llama ---- */
+    /* gemma2: post-norms, GELU, q scaled before the scores, soft-capped scores and logits, a
+     * sliding window on every other block; the output always the token embedding */
+    {.name = "gemma2", .norm = QD_NORM_RMS, .rope = QD_ROPE_NEOX,
+     .required = DENSE | B(QD_W_ATTN_POST_NORM) | B(QD_W_FFN_POST_NORM), .optional = QKV_BIAS, .act = QD_GLU_GELU,
+     .q_prescale = 1, .tied_output = 1, .hparams = qd_arch_gemma2_hparams, .block = qd_arch_gemma_block},
+    /* gemma3: gemma2's block with q/k norms, five sliding blocks to one global with their own rope
+     * base, no score soft-capping */
+    {.name = "gemma3", .norm = QD_NORM_RMS, .rope = QD_ROPE_NEOX,
+     .required = DENSE | B(QD_W_ATTN_POST_NORM) | B(QD_W_FFN_POST_NORM) | B(QD_W_ATTN_Q_NORM) |
+                 B(QD_W_ATTN_K_NORM), .optional = QKV_BIAS, .act = QD_GLU_GELU,
+     .q_prescale = 1, .hparams = qd_arch_gemma3_hparams, .block = qd_arch_gemma_block},
+    /* phi3: q, k, v in one matrix (or apart), the gate and up in one, q scaled before the scores,
+     * LongRoPE's factors; its sliding window is ignored, as llama.cpp does for now */
+    {.name = "phi3", .norm = QD_NORM_RMS, .rope = QD_ROPE_NEOX,
+     .required = B(QD_W_ATTN_NORM) | B(QD_W_ATTN_OUT) | B(QD_W_FFN_NORM) | B(QD_W_FFN_UP) | B(QD_W_FFN_DOWN),
+     .optional = B(QD_W_ATTN_QKV) | B(QD_W_ATTN_Q) | B(QD_W_ATTN_K) | B(QD_W_ATTN_V) | QKV_BIAS, .act = QD_GLU_SILU,
+     .q_prescale = 1, .ffn_up_fused = 1, .rope_long_short = 1, .block = qd_arch_llama_block},
+    /* mistral3: llama's block and tensors (optional output and FFN biases, rope_freqs) */
+    {.name = "mistral3", .norm = QD_NORM_RMS, .rope = QD_ROPE_NORMAL, .required = DENSE,
+     .optional = QKV_BIAS | B(QD_W_ATTN_OUT_B) | B(QD_W_FFN_GATE_B) | B(QD_W_FFN_UP_B) | B(QD_W_FFN_DOWN_B),
+     .act = QD_GLU_SILU, .rope_freqs = 1, .hparams = qd_arch_mistral3_hparams, .block = qd_arch_llama_block},
     /* ---- mixtures of experts (arch_moe.c) ---- */
     /* qwen2moe: qwen2's attention (neox rope, q/k/v biases), experts and a gated shared expert */
     {.name = "qwen2moe", .norm = QD_NORM_RMS, .rope = QD_ROPE_NEOX, .required = DENSE, .optional = QKV_BIAS,
@@ -77,4 +101,7 @@ const struct qd_model_arch *qd_model_arch_find(const char *name)
     return NULL;
 }
 
-const char *qd_model_arch_names(void) { return "llama qwen2 qwen3 qwen2moe qwen3moe deepseek2"; }
+const char *qd_model_arch_names(void)
+{
+    return "llama qwen2 qwen3 gemma2 gemma3 phi3 mistral3 qwen2moe qwen3moe deepseek2";
+}

@@ -1,12 +1,109 @@
-/* The keys of the engine's mixtures of experts and of DeepSeek's latent attention (llama.cpp's
- * load_hparams for expert_count and the like, deepseek2's load_arch_hparams, llama_context's YaRN
- * set-up), read into struct qd_model_hparams as model_load.c reads the rest. */
+/* A GGUF's metadata as the model loader reads it ("<arch>.<suffix>" numbers and strings, per-layer
+ * arrays of one value), and the keys of the engine's mixtures of experts and of DeepSeek's latent
+ * attention (llama.cpp's load_hparams for expert_count and the like, deepseek2's
+ * load_arch_hparams, llama_context's YaRN set-up), read into struct qd_model_hparams as
+ * model_load.c reads the rest. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "model/graph.h"
 #include "model/model_keys.h"
+
+/* ---- metadata ------------------------------------------------------------------------------- */
+
+int qd_model_kv_number(const struct qd_gguf *g, const char *key, double *out, uint64_t *n_elems)
+{
+    const struct qd_gguf_kv *kv = qd_gguf_find(g, key);
+    if (!kv)
+        return 0;
+    uint32_t type = kv->type;
+    const uint8_t *v = kv->value;
+    uint64_t n = 1;
+    if (type == QD_GGUF_ARRAY) {
+        memcpy(&type, v, 4);
+        memcpy(&n, v + 4, 8);
+        if (!n)
+            return -1;
+        v += 12;
+    }
+    if (n_elems)
+        *n_elems = n;
+    union {
+        uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32; float f32;
+        uint64_t u64; int64_t i64; double f64;
+    } u;
+    switch (type) {
+    case QD_GGUF_U8: case QD_GGUF_BOOL: memcpy(&u.u8, v, 1); *out = u.u8; return 1;
+    case QD_GGUF_I8: memcpy(&u.i8, v, 1); *out = u.i8; return 1;
+    case QD_GGUF_U16: memcpy(&u.u16, v, 2); *out = u.u16; return 1;
+    case QD_GGUF_I16: memcpy(&u.i16, v, 2); *out = u.i16; return 1;
+    case QD_GGUF_U32: memcpy(&u.u32, v, 4); *out = u.u32; return 1;
+    case QD_GGUF_I32: memcpy(&u.i32, v, 4); *out = u.i32; return 1;
+    case QD_GGUF_F32: memcpy(&u.f32, v, 4); *out = u.f32; return 1;
+    case QD_GGUF_U64: memcpy(&u.u64, v, 8); *out = (double)u.u64; return 1;
+    case QD_GGUF_I64: memcpy(&u.i64, v, 8); *out = (double)u.i64; return 1;
+    case QD_GGUF_F64: memcpy(&u.f64, v, 8); *out = u.f64; return 1;
+    default: return -1;
+    }
+}
+
+/* Whether every element of a per-layer array key equals the first (the engine takes one size
+ * for all blocks). */
+static int kv_array_uniform(const struct qd_gguf *g, const char *key)
+{
+    const struct qd_gguf_kv *kv = qd_gguf_find(g, key);
+    if (!kv || kv->type != QD_GGUF_ARRAY)
+        return 1;
+    uint32_t type;
+    uint64_t n;
+    memcpy(&type, kv->value, 4);
+    memcpy(&n, kv->value + 4, 8);
+    const size_t size = type == QD_GGUF_U32 || type == QD_GGUF_I32 ? 4 : type == QD_GGUF_U64 || type == QD_GGUF_I64 ? 8 : 0;
+    if (!size)
+        return 0;
+    for (uint64_t i = 1; i < n; i++)
+        if (memcmp(kv->value + 12, kv->value + 12 + i * size, size))
+            return 0;
+    return 1;
+}
+
+int qd_model_keys_number(struct qd_model_keys *mt, const char *suffix, int required, double *out)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", mt->arch, suffix);
+    int found = qd_model_kv_number(mt->g, key, out, NULL);
+    if (found < 0) {
+        snprintf(mt->err, mt->errlen, "the model's key %s is not a number", key);
+        return -1;
+    }
+    if (!found && required) {
+        snprintf(mt->err, mt->errlen, "the model has no %s key, which llama.cpp's loader requires too", key);
+        return -1;
+    }
+    if (found && !kv_array_uniform(mt->g, key)) {
+        snprintf(mt->err, mt->errlen, "the model's %s differs from block to block: the engine runs blocks of one "
+                 "size only", key);
+        return -1;
+    }
+    return found;
+}
+
+char *qd_model_keys_string(struct qd_model_keys *mt, const char *suffix)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", mt->arch, suffix);
+    return qd_gguf_string(mt->g, key);
+}
+
+int qd_model_key(struct qd_model *m, const char *suffix, int required, double *out, char *err, size_t errlen)
+{
+    struct qd_model_keys mt = {.g = &m->file.g, .arch = m->arch_name, .err = err, .errlen = errlen};
+    return qd_model_keys_number(&mt, suffix, required, out);
+}
+
+/* ---- the experts' and latent attention's keys ---------------------------------------------- */
 
 /* deepseek2's load_arch_hparams: the leading dense blocks, the experts' width and the shared
  * ones (both required), the weights' renormalisation, scale and gating function. */
@@ -15,26 +112,26 @@ static int read_deepseek2_experts(struct qd_model_keys *mt, struct qd_model *m)
     struct qd_model_hparams *hp = &m->hp;
     double v = 0;
     int found;
-    if ((found = qd_model_key(mt, "leading_dense_block_count", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(mt, "leading_dense_block_count", 0, &v)) < 0)
         return -1;
     hp->n_dense_lead = found ? (int)v : 0;
-    if (qd_model_key(mt, "expert_feed_forward_length", 1, &v) < 0)
+    if (qd_model_keys_number(mt, "expert_feed_forward_length", 1, &v) < 0)
         return -1;
     hp->n_ff_exp = (int64_t)v;
-    if (qd_model_key(mt, "expert_shared_count", 1, &v) < 0)
+    if (qd_model_keys_number(mt, "expert_shared_count", 1, &v) < 0)
         return -1;
     hp->n_expert_shared = (int)v;
     hp->n_ff_shexp = hp->n_ff_exp * hp->n_expert_shared;
     v = 0;
-    if ((found = qd_model_key(mt, "expert_weights_scale", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(mt, "expert_weights_scale", 0, &v)) < 0)
         return -1;
     hp->gating.w_scale = (float)v;
     v = 0;
-    if ((found = qd_model_key(mt, "expert_weights_norm", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(mt, "expert_weights_norm", 0, &v)) < 0)
         return -1;
     hp->gating.norm_w = v != 0;
     v = 0;
-    if ((found = qd_model_key(mt, "expert_gating_func", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(mt, "expert_gating_func", 0, &v)) < 0)
         return -1;
     /* llama_expert_gating_func_type: 0 (none: DeepSeek V2's softmax), 1 softmax, 2 sigmoid */
     if (v != 0 && v != 1 && v != 2) {
@@ -59,17 +156,17 @@ int qd_model_read_mla(struct qd_model_keys *mt, struct qd_model *m)
     struct qd_model_hparams *hp = &m->hp;
     double v = 0;
     int found;
-    if (qd_model_key(mt, "attention.q_lora_rank", 1, &v) < 0)
+    if (qd_model_keys_number(mt, "attention.q_lora_rank", 1, &v) < 0)
         return -1;
     hp->n_lora_q = (int)v;
-    if (qd_model_key(mt, "attention.kv_lora_rank", 1, &v) < 0)
+    if (qd_model_keys_number(mt, "attention.kv_lora_rank", 1, &v) < 0)
         return -1;
     hp->n_lora_kv = (int)v;
     hp->head_dim_k_mla = hp->head_dim_k, hp->head_dim_v_mla = hp->head_dim_v;
     double k = 0, vl = 0;
     int has_k, has_v;
-    if ((has_k = qd_model_key(mt, "attention.key_length_mla", 0, &k)) < 0 ||
-        (has_v = qd_model_key(mt, "attention.value_length_mla", 0, &vl)) < 0)
+    if ((has_k = qd_model_keys_number(mt, "attention.key_length_mla", 0, &k)) < 0 ||
+        (has_v = qd_model_keys_number(mt, "attention.value_length_mla", 0, &vl)) < 0)
         return -1;
     hp->mla_absorbed = has_k && k > 0;
     if (hp->mla_absorbed) {
@@ -101,11 +198,11 @@ int qd_model_read_experts(struct qd_model_keys *mt, struct qd_model *m)
     const struct qd_model_moe *moe = m->arch->moe;
     double v = 0;
     int found;
-    if ((found = qd_model_key(mt, "expert_count", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(mt, "expert_count", 0, &v)) < 0)
         return -1;
     hp->n_expert = found ? (int)v : 0;
     v = 0;
-    if ((found = qd_model_key(mt, "expert_used_count", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(mt, "expert_used_count", 0, &v)) < 0)
         return -1;
     hp->n_expert_used = found ? (int)v : 0;
     if (!hp->n_expert && moe && moe->experts_required) {
@@ -130,12 +227,12 @@ int qd_model_read_experts(struct qd_model_keys *mt, struct qd_model *m)
     hp->n_ff_exp = hp->n_ff;
     if (moe != &qd_moe_mixtral) {
         v = 0;
-        if ((found = qd_model_key(mt, "expert_feed_forward_length", 0, &v)) < 0)
+        if ((found = qd_model_keys_number(mt, "expert_feed_forward_length", 0, &v)) < 0)
             return -1;
         hp->n_ff_exp = found && v > 0 ? (int64_t)v : hp->n_ff / hp->n_expert_used;
     }
     v = 0;
-    if ((found = qd_model_key(mt, "expert_shared_feed_forward_length", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(mt, "expert_shared_feed_forward_length", 0, &v)) < 0)
         return -1;
     hp->n_ff_shexp = found && v > 0 ? (int64_t)v : hp->n_ff;
     /* llama.cpp passes softmax and no scale (expert_weights_scale is not read for these) */
@@ -147,11 +244,11 @@ int qd_model_read_experts(struct qd_model_keys *mt, struct qd_model *m)
     }
     /* group-limited routing (llama_model::load_hparams reads it for every architecture) */
     v = 0;
-    if ((found = qd_model_key(mt, "expert_group_count", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(mt, "expert_group_count", 0, &v)) < 0)
         return -1;
     hp->gating.n_group = found ? (int)v : 0;
     v = 0;
-    if ((found = qd_model_key(mt, "expert_group_used_count", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(mt, "expert_group_used_count", 0, &v)) < 0)
         return -1;
     hp->gating.n_group_used = found ? (int)v : 0;
     if (hp->gating.n_group > 1 && (hp->n_expert % hp->gating.n_group || hp->gating.n_group_used < 1 ||
@@ -173,7 +270,7 @@ int qd_model_read_yarn(struct qd_model_keys *mt, struct qd_model *m)
     struct qd_nn_rope *r = &hp->rope;
     double v = 0;
     int found;
-    if ((found = qd_model_key(mt, "rope.scaling.yarn_log_multiplier", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(mt, "rope.scaling.yarn_log_multiplier", 0, &v)) < 0)
         return -1;
     hp->yarn_log_mul = found ? (float)v / 0.1f : 0.0f;
     r->ext_factor = 1.0f;
@@ -188,7 +285,7 @@ int qd_model_read_yarn(struct qd_model_keys *mt, struct qd_model *m)
         r->attn_factor = factor <= 1.0f ? 1.0f : 0.1f * 1.0f * logf(factor) + 1.0f;
     r->attn_factor *= 1.0f / (1.0f + 0.1f * logf(factor));
     v = 1.0;
-    if ((found = qd_model_key(mt, "rope.scaling.attn_factor", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(mt, "rope.scaling.attn_factor", 0, &v)) < 0)
         return -1;
     r->attn_factor *= found ? (float)v : 1.0f;
     return 0;

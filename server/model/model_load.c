@@ -14,132 +14,29 @@
 #include "model/graph.h"
 #include "model/model_keys.h"
 
-/* ---- metadata ------------------------------------------------------------------------------- */
-
-/* A numeric key's value (an array's first element: per-layer arrays) as double. 1 when present,
- * 0 when absent, -1 when not numeric. *n_elems gets an array's length (1 for a scalar). */
-static int kv_number(const struct qd_gguf *g, const char *key, double *out, uint64_t *n_elems)
-{
-    const struct qd_gguf_kv *kv = qd_gguf_find(g, key);
-    if (!kv)
-        return 0;
-    uint32_t type = kv->type;
-    const uint8_t *v = kv->value;
-    uint64_t n = 1;
-    if (type == QD_GGUF_ARRAY) {
-        memcpy(&type, v, 4);
-        memcpy(&n, v + 4, 8);
-        if (!n)
-            return -1;
-        v += 12;
-    }
-    if (n_elems)
-        *n_elems = n;
-    union {
-        uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32; float f32;
-        uint64_t u64; int64_t i64; double f64;
-    } u;
-    switch (type) {
-    case QD_GGUF_U8: case QD_GGUF_BOOL: memcpy(&u.u8, v, 1); *out = u.u8; return 1;
-    case QD_GGUF_I8: memcpy(&u.i8, v, 1); *out = u.i8; return 1;
-    case QD_GGUF_U16: memcpy(&u.u16, v, 2); *out = u.u16; return 1;
-    case QD_GGUF_I16: memcpy(&u.i16, v, 2); *out = u.i16; return 1;
-    case QD_GGUF_U32: memcpy(&u.u32, v, 4); *out = u.u32; return 1;
-    case QD_GGUF_I32: memcpy(&u.i32, v, 4); *out = u.i32; return 1;
-    case QD_GGUF_F32: memcpy(&u.f32, v, 4); *out = u.f32; return 1;
-    case QD_GGUF_U64: memcpy(&u.u64, v, 8); *out = (double)u.u64; return 1;
-    case QD_GGUF_I64: memcpy(&u.i64, v, 8); *out = (double)u.i64; return 1;
-    case QD_GGUF_F64: memcpy(&u.f64, v, 8); *out = u.f64; return 1;
-    default: return -1;
-    }
-}
-
-/* Whether every element of a per-layer array key equals the first (the engine takes one size
- * for all blocks). */
-static int kv_array_uniform(const struct qd_gguf *g, const char *key)
-{
-    const struct qd_gguf_kv *kv = qd_gguf_find(g, key);
-    if (!kv || kv->type != QD_GGUF_ARRAY)
-        return 1;
-    uint32_t type;
-    uint64_t n;
-    memcpy(&type, kv->value, 4);
-    memcpy(&n, kv->value + 4, 8);
-    const size_t size = type == QD_GGUF_U32 || type == QD_GGUF_I32 ? 4 : type == QD_GGUF_U64 || type == QD_GGUF_I64 ? 8 : 0;
-    if (!size)
-        return 0;
-    for (uint64_t i = 1; i < n; i++)
-        if (memcmp(kv->value + 12, kv->value + 12 + i * size, size))
-            return 0;
-    return 1;
-}
-
-struct meta {
-    const struct qd_gguf *g;
-    const char *arch;
-    char *err;
-    size_t errlen;
-};
-
-/* "<arch>.<suffix>" as a number: required ones fail with a message naming the key. */
-static int arch_key(struct meta *mt, const char *suffix, int required, double *out)
-{
-    char key[160];
-    snprintf(key, sizeof key, "%s.%s", mt->arch, suffix);
-    int found = kv_number(mt->g, key, out, NULL);
-    if (found < 0) {
-        snprintf(mt->err, mt->errlen, "the model's key %s is not a number", key);
-        return -1;
-    }
-    if (!found && required) {
-        snprintf(mt->err, mt->errlen, "the model has no %s key, which llama.cpp's loader requires too", key);
-        return -1;
-    }
-    if (found && !kv_array_uniform(mt->g, key)) {
-        snprintf(mt->err, mt->errlen, "the model's %s differs from block to block: the engine runs blocks of one "
-                 "size only", key);
-        return -1;
-    }
-    return found;
-}
-
-static char *arch_string(struct meta *mt, const char *suffix)
-{
-    char key[160];
-    snprintf(key, sizeof key, "%s.%s", mt->arch, suffix);
-    return qd_gguf_string(mt->g, key);
-}
-
-int qd_model_key(struct qd_model_keys *k, const char *suffix, int required, double *out)
-{
-    struct meta mt = {.g = k->g, .arch = k->arch, .err = k->err, .errlen = k->errlen};
-    return arch_key(&mt, suffix, required, out);
-}
-
 /* llama_model::load_hparams, for the keys the engine's architectures read. */
 static int read_hparams(struct qd_model *m, char *err, size_t errlen)
 {
-    struct meta mt = {.g = &m->file.g, .arch = m->arch_name, .err = err, .errlen = errlen};
-    struct qd_model_keys keys = {.g = mt.g, .arch = mt.arch, .err = err, .errlen = errlen};
+    struct qd_model_keys keys = {.g = &m->file.g, .arch = m->arch_name, .err = err, .errlen = errlen};
     struct qd_model_hparams *hp = &m->hp;
     double v;
-    if (arch_key(&mt, "context_length", 1, &v) < 0)
+    if (qd_model_keys_number(&keys, "context_length", 1, &v) < 0)
         return -1;
     hp->n_ctx_train = (int64_t)v;
-    if (arch_key(&mt, "embedding_length", 1, &v) < 0)
+    if (qd_model_keys_number(&keys, "embedding_length", 1, &v) < 0)
         return -1;
     hp->n_embd = (int64_t)v;
-    if (arch_key(&mt, "block_count", 1, &v) < 0)
+    if (qd_model_keys_number(&keys, "block_count", 1, &v) < 0)
         return -1;
     hp->n_layer = (int64_t)v;
-    if (arch_key(&mt, "feed_forward_length", 1, &v) < 0)
+    if (qd_model_keys_number(&keys, "feed_forward_length", 1, &v) < 0)
         return -1;
     hp->n_ff = (int64_t)v;
-    if (arch_key(&mt, "attention.head_count", 1, &v) < 0)
+    if (qd_model_keys_number(&keys, "attention.head_count", 1, &v) < 0)
         return -1;
     hp->n_head = (int)v;
     hp->n_head_kv = hp->n_head;
-    if (arch_key(&mt, "attention.head_count_kv", 0, &v) < 0)
+    if (qd_model_keys_number(&keys, "attention.head_count_kv", 0, &v) < 0)
         return -1;
     else if (v > 0)
         hp->n_head_kv = (int)v;
@@ -152,17 +49,17 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
     }
     hp->head_dim_k = hp->head_dim_v = (int)(hp->n_embd / hp->n_head);
     int found;
-    if ((found = arch_key(&mt, "attention.key_length", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(&keys, "attention.key_length", 0, &v)) < 0)
         return -1;
     if (found)
         hp->head_dim_k = (int)v;
-    if ((found = arch_key(&mt, "attention.value_length", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(&keys, "attention.value_length", 0, &v)) < 0)
         return -1;
     if (found)
         hp->head_dim_v = (int)v;
 
     const char *eps_key = m->arch->norm == QD_NORM_RMS ? "attention.layer_norm_rms_epsilon" : "attention.layer_norm_epsilon";
-    if (arch_key(&mt, eps_key, 1, &v) < 0)
+    if (qd_model_keys_number(&keys, eps_key, 1, &v) < 0)
         return -1;
     hp->norm_eps = (float)v;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim_k);
@@ -170,7 +67,7 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
     struct qd_nn_rope *r = &hp->rope;
     r->kind = m->arch->rope;
     r->n_rot = hp->head_dim_k;
-    if ((found = arch_key(&mt, "rope.dimension_count", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(&keys, "rope.dimension_count", 0, &v)) < 0)
         return -1;
     if (found)
         r->n_rot = (int)v;
@@ -182,29 +79,31 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
         return -1;
     }
     r->freq_base = 10000.0f;
-    if (arch_key(&mt, "rope.freq_base", 0, &v) < 0)
+    if (qd_model_keys_number(&keys, "rope.freq_base", 0, &v) < 0)
         return -1;
     else if (v > 0)
         r->freq_base = (float)v;
-    char *scaling = arch_string(&mt, "rope.scaling.type");
+    char *scaling = qd_model_keys_string(&keys, "rope.scaling.type");
     int none = scaling && !strcmp(scaling, "none");
-    /* YaRN: deepseek2's (the graph that reads its log multiplier and pre-scales the scores) */
+    /* YaRN: deepseek2's (the graph that reads its log multiplier and pre-scales the scores);
+     * LongRoPE: the architectures with rope_factors_long/short (phi3) */
     const int yarn = scaling && !strcmp(scaling, "yarn") && m->arch->mla;
-    if (scaling && strcmp(scaling, "none") && strcmp(scaling, "linear") && !yarn) {
+    const int longrope = scaling && !strcmp(scaling, "longrope") && m->arch->rope_long_short;
+    if (scaling && strcmp(scaling, "none") && strcmp(scaling, "linear") && !yarn && !longrope) {
         snprintf(err, errlen, "the model's rope scaling '%s' is not one the engine runs yet for %s (it runs none and "
-                 "linear, Llama 3's rope_freqs, and deepseek2's yarn)", scaling, m->arch_name);
+                 "linear, Llama 3's rope_freqs, phi3's longrope and deepseek2's yarn)", scaling, m->arch_name);
         free(scaling);
         return -1;
     }
     free(scaling);
     double factor = 0;
-    if ((found = arch_key(&mt, "rope.scaling.factor", 0, &factor)) < 0)
+    if ((found = qd_model_keys_number(&keys, "rope.scaling.factor", 0, &factor)) < 0)
         return -1;
-    if (!found && arch_key(&mt, "rope.scale_linear", 0, &factor) < 0)
+    if (!found && qd_model_keys_number(&keys, "rope.scale_linear", 0, &factor) < 0)
         return -1;
     r->freq_scale = factor == 0.0 || none ? 1.0f : (float)(1.0 / factor);
     r->n_ctx_orig = (int)hp->n_ctx_train;
-    if ((found = arch_key(&mt, "rope.scaling.original_context_length", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(&keys, "rope.scaling.original_context_length", 0, &v)) < 0)
         return -1;
     if (found && v > 0)
         r->n_ctx_orig = (int)v;
@@ -215,6 +114,12 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
     r->attn_factor = 1.0f;
     r->beta_fast = 32.0f;
     r->beta_slow = 1.0f;
+    /* llama_context: the cos/sin factor times rope.scaling.attn_factor (LongRoPE's, e.g.; YaRN's
+     * reader below sets its own and multiplies this in) */
+    if ((found = qd_model_keys_number(&keys, "rope.scaling.attn_factor", 0, &v)) < 0)
+        return -1;
+    if (found && v != 0.0)
+        r->attn_factor = (float)v;
     if (yarn && qd_model_read_yarn(&keys, m) < 0)
         return -1;
     if (m->arch->mla) {
@@ -223,7 +128,15 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
         const float mscale = attn_factor_org * (1.0f + 0.1f * hp->yarn_log_mul * logf(1.0f / r->freq_scale));
         hp->attn_scale = 1.0f * mscale * mscale / sqrtf((float)hp->head_dim_k_mla);
     }
-    return 0;
+
+    if (hp->n_layer > QD_MODEL_MAX_LAYERS) {
+        snprintf(err, errlen, "the model has %" PRId64 " blocks: the engine runs at most %d (llama.cpp's "
+                 "LLAMA_MAX_LAYERS)", hp->n_layer, QD_MODEL_MAX_LAYERS);
+        return -1;
+    }
+    hp->embd_scale = 1.0f;
+    hp->rope_swa = *r;
+    return m->arch->hparams ? m->arch->hparams(m, err, errlen) : 0;
 }
 
 /* llama_vocab::load: the vocabulary's size and whether each sequence starts with a BOS. */
@@ -253,9 +166,9 @@ static int read_vocab(struct qd_model *m, char *err, size_t errlen)
     free(pre);
     free(model);
     double v;
-    if (kv_number(g, "tokenizer.ggml.add_bos_token", &v, NULL) > 0)
+    if (qd_model_kv_number(g, "tokenizer.ggml.add_bos_token", &v, NULL) > 0)
         m->add_bos = v != 0;
-    if (kv_number(g, "tokenizer.ggml.bos_token_id", &v, NULL) > 0)
+    if (qd_model_kv_number(g, "tokenizer.ggml.bos_token_id", &v, NULL) > 0)
         m->bos = (int32_t)v;
     if (m->add_bos && (m->bos < 0 || (uint64_t)m->bos >= n)) {
         snprintf(err, errlen, "the vocabulary adds a BOS token but names none within its %" PRIu64 " tokens", n);
@@ -311,8 +224,8 @@ static int check_tensor(const struct qd_gguf_tensor *t, int64_t cols, int64_t ro
 }
 
 /* The expected [cols, rows, experts] of a block tensor role (GGUF ne[0], ne[1], ne[2]). */
-static void role_shape(const struct qd_model_hparams *hp, enum qd_model_weight w, int64_t *cols, int64_t *rows,
-                       int64_t *experts)
+static void role_shape(const struct qd_model_arch *a, const struct qd_model_hparams *hp, enum qd_model_weight w,
+                       int64_t *cols, int64_t *rows, int64_t *experts)
 {
     *experts = 1;
     /* DeepSeek's latent attention: q and the output have the heads' own sizes */
@@ -322,7 +235,9 @@ static void role_shape(const struct qd_model_hparams *hp, enum qd_model_weight w
     const int64_t v = (int64_t)hp->n_head_kv * hp->head_dim_v, o = (int64_t)hp->n_head * dv;
     *rows = 1;
     switch (w) {
-    case QD_W_ATTN_NORM: case QD_W_FFN_NORM: case QD_W_ATTN_OUT_B: case QD_W_FFN_DOWN_B: *cols = hp->n_embd; break;
+    case QD_W_ATTN_NORM: case QD_W_FFN_NORM: case QD_W_ATTN_OUT_B: case QD_W_FFN_DOWN_B:
+    case QD_W_ATTN_POST_NORM: case QD_W_FFN_POST_NORM: *cols = hp->n_embd; break;
+    case QD_W_ATTN_QKV: *cols = hp->n_embd, *rows = q + k + v; break;
     case QD_W_ATTN_Q: *cols = hp->n_embd, *rows = q; break;
     case QD_W_ATTN_K: *cols = hp->n_embd, *rows = k; break;
     case QD_W_ATTN_V: *cols = hp->n_embd, *rows = v; break;
@@ -331,7 +246,8 @@ static void role_shape(const struct qd_model_hparams *hp, enum qd_model_weight w
     case QD_W_ATTN_V_B: *cols = v; break;
     case QD_W_ATTN_Q_NORM: case QD_W_ATTN_K_NORM: *cols = hp->head_dim_k; break;
     case QD_W_ATTN_OUT: *cols = o, *rows = hp->n_embd; break;
-    case QD_W_FFN_GATE: case QD_W_FFN_UP: *cols = hp->n_embd, *rows = hp->n_ff; break;
+    case QD_W_FFN_GATE: *cols = hp->n_embd, *rows = hp->n_ff; break;
+    case QD_W_FFN_UP: *cols = hp->n_embd, *rows = a->ffn_up_fused ? 2 * hp->n_ff : hp->n_ff; break;
     case QD_W_FFN_GATE_B: case QD_W_FFN_UP_B: *cols = hp->n_ff; break;
     case QD_W_FFN_DOWN: *cols = hp->n_ff, *rows = hp->n_embd; break;
     case QD_W_FFN_GATE_INP: *cols = hp->n_embd, *rows = hp->n_expert; break;
@@ -394,6 +310,25 @@ static uint64_t roles_read(const struct qd_model *m, int layer)
     return read;
 }
 
+/* A per-pair rope factor tensor (n_rot/2 f32 values) copied into *out; absent: NULL. */
+static int read_rope_factors(struct qd_model *m, const char *name, float **out, char *err, size_t errlen)
+{
+    const struct qd_gguf_tensor *t = find_tensor(m, name);
+    const int n = m->hp.rope.n_rot / 2;
+    if (!t)
+        return 0;
+    if (t->type != QD_GGML_F32 || t->ne[0] != n || t->ne[1] != 1) {
+        snprintf(err, errlen, "tensor %s must hold %d f32 values (n_rot/2)", name, n);
+        return -1;
+    }
+    if (!(*out = malloc((size_t)n * sizeof **out))) {
+        snprintf(err, errlen, "no memory");
+        return -1;
+    }
+    memcpy(*out, t->data, (size_t)n * sizeof **out);
+    return 0;
+}
+
 static int check_tensors(struct qd_model *m, char *err, size_t errlen)
 {
     const struct qd_model_hparams *hp = &m->hp;
@@ -409,9 +344,17 @@ static int check_tensors(struct qd_model *m, char *err, size_t errlen)
                          qd_model_weight_names[w], a->name, hp->n_expert ? " with experts" : "");
                 return -1;
             }
-            role_shape(hp, w, &cols, &rows, &experts);
+            role_shape(a, hp, w, &cols, &rows, &experts);
             if (t && check_tensor3(t, cols, rows, experts, err, errlen))
                 return -1;
+        }
+    /* a fused q/k/v (phi3) or the three apart (create_tensor_qkv takes either) */
+    for (int l = 0; (a->optional & QD_W_BIT(QD_W_ATTN_QKV)) && l < hp->n_layer; l++)
+        if (!block_tensor(m, l, QD_W_ATTN_QKV) &&
+            !(block_tensor(m, l, QD_W_ATTN_Q) && block_tensor(m, l, QD_W_ATTN_K) && block_tensor(m, l, QD_W_ATTN_V))) {
+            snprintf(err, errlen, "the model has neither blk.%d.attn_qkv.weight nor blk.%d's attn_q, attn_k and "
+                     "attn_v, one of which a %s block needs", l, l, a->name);
+            return -1;
         }
     m->token_embd = find_tensor(m, "token_embd.weight");
     m->output_norm = find_tensor(m, "output_norm.weight");
@@ -421,13 +364,16 @@ static int check_tensors(struct qd_model *m, char *err, size_t errlen)
         snprintf(err, errlen, "the model has no %s", m->token_embd ? "output_norm.weight" : "token_embd.weight");
         return -1;
     }
-    if (!m->output) /* tied: llama.cpp duplicates the token embedding (TENSOR_DUPLICATED) */
+    if (!m->output || a->tied_output) /* tied: llama.cpp duplicates the token embedding (TENSOR_DUPLICATED) */
         m->output = m->token_embd;
     hp = &m->hp;
     if (check_tensor(m->token_embd, hp->n_embd, hp->n_vocab, err, errlen) ||
         check_tensor(m->output, hp->n_embd, hp->n_vocab, err, errlen) ||
         check_tensor(m->output_norm, hp->n_embd, 1, err, errlen) ||
         (m->output_b && check_tensor(m->output_b, hp->n_vocab, 1, err, errlen)))
+        return -1;
+    if (a->rope_long_short && (read_rope_factors(m, "rope_factors_short.weight", &m->rope_short, err, errlen) ||
+                               read_rope_factors(m, "rope_factors_long.weight", &m->rope_long, err, errlen)))
         return -1;
     const struct qd_gguf_tensor *freqs = a->rope_freqs ? find_tensor(m, "rope_freqs.weight") : NULL;
     if (freqs) {
@@ -440,7 +386,7 @@ static int check_tensors(struct qd_model *m, char *err, size_t errlen)
             return -1;
         }
         memcpy(m->rope_freqs, freqs->data, (size_t)freqs->ne[0] * sizeof *m->rope_freqs);
-        m->hp.rope.freq_factors = m->rope_freqs;
+        m->hp.rope.freq_factors = m->hp.rope_swa.freq_factors = m->rope_freqs;
     }
     return 0;
 }
@@ -473,6 +419,8 @@ void qd_model_close(struct qd_model *m)
 {
     qd_gguf_model_close(&m->file);
     free(m->rope_freqs);
+    free(m->rope_short);
+    free(m->rope_long);
     memset(m, 0, sizeof *m);
 }
 

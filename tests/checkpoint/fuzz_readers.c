@@ -1,4 +1,5 @@
-/* libFuzzer over the checkpoint readers (server/checkpoint/gguf.c, safetensors.c, imatrix.c): any bytes
+/* libFuzzer over the checkpoint readers (server/checkpoint/gguf.c, safetensors.c, imatrix.c, and
+ * imatrix_sums.c's combining loader, twice over the same matrix as --in-file A,A does): any bytes
  * are either a parsed file whose every tensor lies inside the input, or an error message;
  * never a crash, a leak or a read outside the buffer (ASan + UBSan). make fuzz. */
 #include <stdint.h>
@@ -7,6 +8,7 @@
 
 #include "checkpoint/gguf.h"
 #include "checkpoint/imatrix.h"
+#include "checkpoint/imatrix_sums.h"
 #include "checkpoint/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -39,5 +41,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         qd_imatrix_free(&m);
     } else if (!err[0])
         __builtin_trap();
+    struct qd_imatrix_sums sums = {.chunk_size = 512};
+    for (int pass = 0; pass < 2; pass++) {
+        err[0] = 0;
+        if (qd_imatrix_sums_load(&sums, data, size, err, sizeof err)) {
+            if (!err[0])
+                __builtin_trap();
+            break;
+        }
+        for (int i = 0; i < sums.n; i++)
+            if (sums.e[i].n_vals < 1 || sums.e[i].n_counts < 1 || sums.e[i].n_vals % sums.e[i].n_counts)
+                __builtin_trap();
+    }
+    qd_imatrix_sums_free(&sums);
     return 0;
 }

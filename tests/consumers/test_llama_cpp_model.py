@@ -9,6 +9,11 @@ llama-tokenize:
 - the same against llama.cpp's defaults (an f16 KV cache and flash attention), quantd with its
   default f16 KV cache;
 - ln PPL against llama-perplexity's within a relative 1e-5 (f32 path) and 1e-4 (defaults).
+Gemma's GELU is read from ggml's table of f16 results by the input's f16 value: where quantd's
+and ggml's f32 sums differ in their last bit, an input can round to the neighbouring f16 value
+and that activation moves by one f16 step (2^-11), which a few rows' logits show at up to 1e-3;
+for those architectures the bound is 1e-4 for 95% of the rows and 1e-3 for the worst, with a
+median below 1e-5 (quantd's GELU is ggml's table entry for entry, see tests/kernels/test_nn.c).
 The mixtures of experts on the defaults path: a token whose top-k choice nearly ties may be
 routed otherwise (tests/model/cases.py), so there at most 1% of the rows may pass 1e-4 (none
 1e-2) and ln PPL is held within 1e-3; on the f32 path they are held as the dense models are.
@@ -90,7 +95,10 @@ def test_logits_and_ln_ppl_equal_llama_cpp(setup, tmp_path, case, mode):
         assert (e >= 1e-4).mean() <= 0.01 and e.max() < 1e-2
         assert rel < MOE_DEFAULT_LN_PPL_TOLERANCE
         return
-    assert e.max() < 1e-4
+    if case.startswith("gemma"):  # the f16 GELU table's one-step flips (see the module's docstring)
+        assert np.median(e) < 1e-5 and (e < 1e-4).mean() >= 0.95 and e.max() < 1e-3
+    else:
+        assert e.max() < 1e-4
     assert rel < (1e-5 if mode == "f32" else 1e-4)
 
 

@@ -2,8 +2,10 @@
  * reference written from its definition (ggml's op), on awkward sizes (rows that are not whole
  * 8-lanes, tiles cut short, K across several blocks), and the properties the engine relies on: a
  * token's matmul row does not depend on which other tokens share the batch or on the thread
- * count; rope at position 0 is the identity; attention over one position returns its value. */
+ * count; rope at position 0 is the identity; attention over one position returns its value
+ * (with a sliding window of one, every position). */
 #include "../../kernels/cpu/cpu.h"
+#include "../../kernels/fp.h"
 #include "../../kernels/nn.h"
 #include "helpers.h"
 
@@ -136,6 +138,49 @@ static void rope_normal_and_neox_rotate_their_pairs(void **state)
         }
 }
 
+/* The attention of a, in double from its definition: scores q.k, soft-capped where a says, times
+ * the scale, softmax over the positions the causal mask and the window leave. */
+static void attention_check(const struct qd_nn_attn *a, uint64_t seed_note)
+{
+    const int T = (int)a->T, n_head = a->n_head, n_kv = a->n_head_kv, dk = a->head_dim_k, dv = a->head_dim_v;
+    float *q = randn(T * n_head * dk, 2.0f), *k = randn(T * n_kv * dk, 2.0f), *v = randn(T * n_kv * dv, 1.0f);
+    float *out = malloc((size_t)(T * n_head * dv) * sizeof *out);
+    double *s = malloc((size_t)T * sizeof *s);
+    qd_nn_set_threads(2);
+    assert_int_equal(qd_nn_attention(out, q, k, v, a), QD_OK);
+    qd_nn_set_threads(0);
+    for (int h = 0; h < n_head; h++) {
+        const int hk = h / (n_head / n_kv);
+        for (int i = 0; i < T; i++) {
+            const int first = a->window > 0 && i - a->window + 1 > 0 ? i - (int)a->window + 1 : 0;
+            double max = -1e300, sum = 0;
+            for (int t = first; t <= i; t++) {
+                s[t] = 0;
+                for (int d = 0; d < dk; d++)
+                    s[t] += (double)q[i * n_head * dk + h * dk + d] * k[t * n_kv * dk + hk * dk + d];
+                if (a->softcap > 0)
+                    s[t] = a->softcap * tanh(s[t] / a->softcap);
+                s[t] *= a->scale;
+                max = s[t] > max ? s[t] : max;
+            }
+            for (int t = first; t <= i; t++)
+                sum += s[t] = exp(s[t] - max);
+            for (int d = 0; d < dv; d++) {
+                double o = 0;
+                for (int t = first; t <= i; t++)
+                    o += s[t] / sum * v[t * n_kv * dv + hk * dv + d];
+                if (fabs(out[i * n_head * dv + h * dv + d] - o) >= 1e-5)
+                    fail_msg("case %llu head %d row %d dim %d: %.9g vs %.9g", (unsigned long long)seed_note, h, i, d,
+                             out[i * n_head * dv + h * dv + d], o);
+            }
+        }
+    }
+    /* the first position attends to itself alone: its value, exactly (p = 1) */
+    for (int h = 0; h < n_head; h++)
+        assert_memory_equal(out + h * dv, v + h / (n_head / n_kv) * dv, (size_t)dv * sizeof *out);
+    free(q), free(k), free(v), free(out), free(s);
+}
+
 static void attention_matches_causal_softmax_with_gqa(void **state)
 {
     (void)state;
@@ -144,36 +189,102 @@ static void attention_matches_causal_softmax_with_gqa(void **state)
     const struct qd_nn_attn a = {.T = T, .n_head = n_head, .n_head_kv = n_kv, .head_dim_k = dk, .head_dim_v = dv,
                                  .q_stride = n_head * dk, .k_stride = n_kv * dk, .v_stride = n_kv * dv,
                                  .scale = 1.0f / sqrtf((float)dk)};
-    float *q = randn(T * n_head * dk, 2.0f), *k = randn(T * n_kv * dk, 2.0f), *v = randn(T * n_kv * dv, 1.0f);
-    float *out = malloc((size_t)(T * n_head * dv) * sizeof *out);
-    qd_nn_set_threads(2);
-    assert_int_equal(qd_nn_attention(out, q, k, v, &a), QD_OK);
-    qd_nn_set_threads(0);
-    for (int h = 0; h < n_head; h++) {
-        const int hk = h / (n_head / n_kv);
-        for (int i = 0; i < T; i++) {
-            double s[37], max = -1e300, sum = 0;
-            for (int t = 0; t <= i; t++) {
-                s[t] = 0;
-                for (int d = 0; d < dk; d++)
-                    s[t] += (double)q[i * n_head * dk + h * dk + d] * k[t * n_kv * dk + hk * dk + d];
-                s[t] *= 1.0 / sqrt(dk);
-                max = s[t] > max ? s[t] : max;
-            }
-            for (int t = 0; t <= i; t++)
-                sum += s[t] = exp(s[t] - max);
-            for (int d = 0; d < dv; d++) {
-                double o = 0;
-                for (int t = 0; t <= i; t++)
-                    o += s[t] / sum * v[t * n_kv * dv + hk * dv + d];
-                assert_true(fabs(out[i * n_head * dv + h * dv + d] - o) < 1e-5);
-            }
+    attention_check(&a, 0);
+}
+
+/* Gemma's: a sliding window shorter than the chunk (and one of a single position: each token
+ * sees itself only, so its output is its own value), scores soft-capped at a cap they exceed
+ * (q and k of 2: raw scores of some tens against a cap of 3), a scale of 1 (q scaled before) */
+static void attention_window_and_softcap_match_their_definition(void **state)
+{
+    (void)state;
+    test_seed();
+    const int T = 45, n_head = 4, n_kv = 2, dk = 16, dv = 8;
+    const int64_t windows[] = {0, 1, 8, 33, 45, 100};
+    const float caps[] = {0.0f, 3.0f};
+    for (size_t w = 0; w < sizeof windows / sizeof *windows; w++)
+        for (size_t c = 0; c < 2; c++) {
+            const struct qd_nn_attn a = {.T = T, .n_head = n_head, .n_head_kv = n_kv, .head_dim_k = dk,
+                                         .head_dim_v = dv, .q_stride = n_head * dk, .k_stride = n_kv * dk,
+                                         .v_stride = n_kv * dv, .scale = c ? 1.0f : 0.25f, .softcap = caps[c],
+                                         .window = windows[w]};
+            attention_check(&a, w * 2 + c);
         }
+    /* a window of one: every row its own value */
+    const struct qd_nn_attn one = {.T = 20, .n_head = 2, .n_head_kv = 2, .head_dim_k = 8, .head_dim_v = 8,
+                                   .q_stride = 16, .k_stride = 16, .v_stride = 16, .scale = 1.0f, .window = 1};
+    float *q = randn(20 * 16, 2.0f), *k = randn(20 * 16, 2.0f), *v = randn(20 * 16, 1.0f), out[20 * 16];
+    assert_int_equal(qd_nn_attention(out, q, k, v, &one), QD_OK);
+    assert_memory_equal(out, v, sizeof out);
+    free(q), free(k), free(v);
+}
+
+/* gelu's tanh approximation in double */
+static double gelu_ref(double x) { return 0.5 * x * (1.0 + tanh(0.7978845608028654 * x * (1.0 + 0.044715 * x * x))); }
+
+/* ggml's f16 table: the result is an f16 value within half an f16 step of gelu at the input's f16
+ * value, the same for every input that rounds to that f16 value; exact (x, 0) beyond +-10. */
+static void geglu_reads_gelu_as_ggmls_f16_table(void **state)
+{
+    (void)state;
+    test_seed();
+    const int64_t n = 20000;
+    float *g = randn(n, 4.0f), *u = malloc((size_t)n * sizeof *u), *o = malloc((size_t)n * sizeof *o);
+    float *g16 = malloc((size_t)n * sizeof *g16), *o16 = malloc((size_t)n * sizeof *o16);
+    g[0] = 10.0f, g[1] = 123.5f, g[2] = -10.0f, g[3] = -55.0f, g[4] = 9.99f, g[5] = -9.99f;
+    for (int64_t i = 0; i < n; i++) {
+        u[i] = 1.0f;
+        g16[i] = qd_f16_to_f32(qd_f32_to_f16(g[i]));
     }
-    /* the first position attends to itself alone: its value, exactly (p = 1) */
-    for (int h = 0; h < n_head; h++)
-        assert_memory_equal(out + h * dv, v + h / (n_head / n_kv) * dv, (size_t)dv * sizeof *out);
-    free(q), free(k), free(v), free(out);
+    qd_nn_glu(o, g, u, n, QD_GLU_GELU);
+    qd_nn_glu(o16, g16, u, n, QD_GLU_GELU);
+    assert_true(o[0] == 10.0f && o[1] == 123.5f && o[2] == 0.0f && o[3] == 0.0f);
+    for (int64_t i = 4; i < n; i++) {
+        if (fabsf(g[i]) >= 10.0f)
+            continue;
+        assert_true(o[i] == o16[i]);                              /* one result per f16 input */
+        assert_true(qd_f16_to_f32(qd_f32_to_f16(o[i])) == o[i]); /* an f16 value */
+        const double ref = gelu_ref(g16[i]);
+        /* half an f16 step of the result (2^-11 relative; subnormals' step 2^-24), plus f32's
+         * own error where 1 + tanh cancels for negative inputs (an f32 step of 1, times x / 2) */
+        const double bound = fabs(ref) * (1.0 / 2048) + 3e-8 + 0.5 * fabs(g16[i]) * 1.2e-7;
+        if (fabs(o[i] - ref) > bound)
+            fail_msg("gelu(%.9g) = %.9g, want %.9g", g16[i], o[i], ref);
+    }
+    /* the one entry of ggml_table_gelu_f16 (read from ggml-cpu's own table) that gelu without
+     * the fused multiply-add ggml-cpu.c is compiled with misses: f16 0xbfff (-1.99902344) gives
+     * f16 0xa9d3, not 0xa9d2 */
+    const float at = qd_f16_to_f32(0xbfff), one = 1.0f;
+    float got;
+    qd_nn_glu(&got, &at, &one, 1, QD_GLU_GELU);
+    assert_int_equal(qd_f32_to_f16(got), 0xa9d3);
+    /* times up */
+    for (int64_t i = 0; i < n; i++)
+        u[i] = (float)(i % 7) - 3.0f;
+    qd_nn_glu(o16, g, u, n, QD_GLU_GELU);
+    for (int64_t i = 0; i < n; i++)
+        assert_true(o16[i] == o[i] * u[i]);
+    free(g), free(u), free(o), free(g16), free(o16);
+}
+
+static void softcap_and_scale_match_their_definitions(void **state)
+{
+    (void)state;
+    test_seed();
+    const int64_t n = 5000;
+    float *x = randn(n, 20.0f), *y = malloc((size_t)n * sizeof *y);
+    memcpy(y, x, (size_t)n * sizeof *y);
+    qd_nn_softcap(y, n, 6.0f);
+    for (int64_t i = 0; i < n; i++) {
+        const double ref = 6.0 * tanh(x[i] / 6.0);
+        assert_true(fabs(y[i] - ref) <= 1e-6 * 6.0);
+        assert_true(fabsf(y[i]) <= 6.0f);
+    }
+    memcpy(y, x, (size_t)n * sizeof *y);
+    qd_nn_scale(y, n, 0.125f);
+    for (int64_t i = 0; i < n; i++)
+        assert_true(y[i] == x[i] * 0.125f);
+    free(x), free(y);
 }
 
 static void swiglu_is_silu_times_up(void **state)
@@ -199,6 +310,9 @@ int main(void)
         cmocka_unit_test(rope_normal_and_neox_rotate_their_pairs),
         cmocka_unit_test(attention_matches_causal_softmax_with_gqa),
         cmocka_unit_test(swiglu_is_silu_times_up),
+        cmocka_unit_test(attention_window_and_softcap_match_their_definition),
+        cmocka_unit_test(geglu_reads_gelu_as_ggmls_f16_table),
+        cmocka_unit_test(softcap_and_scale_match_their_definitions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

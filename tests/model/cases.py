@@ -21,6 +21,12 @@ CASES = {
     "llama-gqa": ["--arch", "llama", "--case", "gqa", "--ffn", "150", "--layers", "3"],
     "qwen2": ["--arch", "qwen2", "--case", "gqa"],
     "qwen3": ["--arch", "qwen3", "--case", "gqa"],
+    # ---- dense architectures beyond llama ----
+    "gemma2": ["--arch", "gemma2", "--case", "gqa", "--layers", "3", "--post-norm", "0.0625"],
+    "gemma3": ["--arch", "gemma3", "--case", "gqa", "--layers", "3", "--post-norm", "0.0625"],
+    "phi3": ["--arch", "phi3", "--case", "gqa"],
+    "phi3-longrope": ["--arch", "phi3", "--case", "longrope"],
+    "mistral3": ["--arch", "mistral3", "--case", "tied", "--kv-heads", "2"],
     # mixtures of experts (8 experts, 2 or 4 a token)
     "mixtral": ["--arch", "llama", "--case", "gqa", "--experts", "8", "--experts-used", "2", "--ffn", "64"],
     "qwen2moe": ["--arch", "qwen2moe", "--case", "gqa", "--experts", "8", "--experts-used", "4", "--ffn", "96"],

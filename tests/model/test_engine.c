@@ -414,7 +414,11 @@ static void loader_refusals_name_the_problem(void **state)
         struct tiny o;
         const char *msg;
     } cases[] = {
-        {{.drop_tensor = -1, .arch = "gemma2"}, "does not run architecture 'gemma2' yet: it runs llama qwen2 qwen3"},
+        {{.drop_tensor = -1, .arch = "mamba"}, "does not run architecture 'mamba' yet: it runs llama qwen2 qwen3"},
+        /* a llama block's tensors under gemma2: its post-norms are missing */
+        {{.drop_tensor = -1, .arch = "gemma2"}, "no tensor blk.0.post_attention_norm.weight, which a gemma2 block needs"},
+        /* under phi3: neither its fused attn_qkv nor q/k/v apart is wanting, its ffn_up is half its size */
+        {{.drop_tensor = -1, .arch = "phi3"}, "tensor blk.0.ffn_up.weight is [16, "},
         {{.drop_tensor = 12}, "no tensor blk.1.attn_k.weight, which a llama block needs"},
         {{.drop_tensor = -1, .bad_shape = 1}, "tensor blk.1.attn_k.weight is [16, 16, 1], the model's sizes say [16, 8]"},
         {{.drop_tensor = -1, .no_vocab = 1}, "has no vocabulary"},

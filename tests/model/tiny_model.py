@@ -2,8 +2,8 @@
 """Tiny seeded F32 models for the forward engine's checks, written with the `gguf` package's own
 writer so that llama.cpp loads them:
 
-    tiny_model.py OUT.gguf [--arch llama|qwen2|qwen3|qwen2moe|qwen3moe] [--case NAME] [--seed N]
-                  [--experts N --experts-used K] [sizes...]
+    tiny_model.py OUT.gguf [--arch llama|qwen2|qwen3|gemma2|gemma3|phi3|mistral3|qwen2moe|qwen3moe|deepseek2]
+                  [--case NAME] [--seed N] [--experts N --experts-used K] [sizes...]
 
 Weights are about N(0, 0.02), as runtimes initialise them, from an integer generator (sums of
 hashed 16-bit draws times a power of two: exact in f32, so the same floats on every machine and
@@ -17,6 +17,18 @@ Cases (--case): untied (an output.weight), tied (none: the token embedding serve
 rope-freqs (Llama 3's rope scaling: rope_freqs.weight from its factors), gqa (fewer key/value
 heads than heads); qwen2 adds q/k/v biases, qwen3 per-head q/k norms and a head size that is not
 n_embd / n_head (attention.key_length).
+
+gemma2: post-attention and post-FFN norms, GELU, always tied; a sliding window of 8 tokens on
+the even blocks (shorter than a chunk, so it masks), attention scores soft-capped at 1.5 and
+logits at 6 (both well inside what the planted rows reach, so the caps bite). gemma3: gemma2's
+block with q/k norms, a head size apart from n_embd / n_head, an output.weight of its own, a
+window of 8 on two blocks of three (sliding_window_pattern 3) with their own rope base (10000)
+while the global block has base 1e6 and linear rope scaling x8, logits soft-capped at 6. phi3:
+q/k/v in one attn_qkv, gate and up in one ffn_up of 2 n_ff rows, GQA; its longrope case adds
+LongRoPE (rope_factors_short/long, an original context of 32 so the long ones apply to chunks of
+64, rope.scaling.attn_factor 1.19), q/k/v biases beside the fused matrix and a tied output.
+mistral3: Llama's block with a head size apart from n_embd / n_head and biases on the
+attention's output and the FFN.
 
 Mixtures of experts: --experts N (llama: Mixtral's layout, ffn_gate_inp + ffn_{gate,up,down}_exps
 in place of the dense FFN, each expert --ffn wide) with --experts-used K; qwen2moe (qwen2's
@@ -42,7 +54,7 @@ import argparse
 import numpy as np
 import gguf
 
-CASES = ("untied", "tied", "rope-freqs", "gqa")
+CASES = ("untied", "tied", "rope-freqs", "gqa", "longrope")
 
 
 class Weights:
@@ -188,7 +200,8 @@ def add_experts(w, g, p, a, h):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "deepseek2"])
+    ap.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "mistral3",
+                             "qwen2moe", "qwen3moe", "deepseek2"])
     ap.add_argument("--q-lora", type=int, default=48)
     ap.add_argument("--kv-lora", type=int, default=32)
     ap.add_argument("--rope-dim", type=int, default=16)
@@ -219,6 +232,7 @@ def main():
     ap.add_argument("--vocab", type=int, default=384)
     ap.add_argument("--ctx", type=int, default=256, help="context_length")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--post-norm", type=float, default=1.0, help="gemma: the post-norms' weights' scale")
     a = ap.parse_args()
 
     pieces = ["▁the", "▁a", "▁of", "▁and", "▁to", "▁in", "▁is", "▁quant", "ize", "▁model", "e", "t", "▁"]
@@ -231,13 +245,14 @@ def main():
     heads = a.heads
     kv_heads = a.kv_heads or (heads // 2 if a.case == "gqa" else heads)
     qwen3_attn = a.arch in ("qwen3", "qwen3moe")
-    hd = a.head_dim or (24 if qwen3_attn else h // heads)
+    hd = a.head_dim or (24 if a.arch in ("qwen3", "qwen3moe", "gemma3", "mistral3") else h // heads)
     if a.arch in ("qwen2moe", "qwen3moe", "deepseek2") and not a.experts:
         raise SystemExit(f"--arch {a.arch} needs --experts")
     base = 500000.0 if a.case == "rope-freqs" else 10000.0
 
     w = gguf.GGUFWriter(a.out, a.arch)
-    w.add_name(f"quantd tiny {a.arch} {a.case}")
+    # (llama.cpp's vocabulary loader looks up Phi-3's special tokens in any model named "phi3")
+    w.add_name(f"quantd tiny {a.arch if a.arch != 'phi3' else 'phi-three'} {a.case}")
     w.add_context_length(a.ctx)
     w.add_embedding_length(h)
     w.add_block_count(a.layers)
@@ -254,12 +269,27 @@ def main():
             w.add_expert_shared_feed_forward_length(a.ffn)
     if a.arch == "deepseek2":
         add_deepseek2_keys(w, a, heads)
-    elif qwen3_attn or hd != h // heads:
+    elif a.arch in ("qwen3", "qwen3moe", "gemma3", "mistral3") or hd != h // heads:
         w.add_key_length(hd)
         w.add_value_length(hd)
     w.add_rope_dimension_count(a.rope_dim if a.arch == "deepseek2" else hd)
     w.add_layer_norm_rms_eps(1e-6 if a.arch != "llama" else 1e-5)
-    w.add_rope_freq_base(base)
+    w.add_rope_freq_base(1e6 if a.arch == "gemma3" else base)
+    gemma = a.arch in ("gemma2", "gemma3")
+    if gemma:
+        w.add_sliding_window(8)
+        w.add_final_logit_softcapping(6.0)
+    if a.arch == "gemma2":
+        w.add_attn_logit_softcapping(1.5)
+    if a.case == "longrope":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
+        w.add_rope_scaling_orig_ctx_len(32)
+        w.add_rope_scaling_attn_factors(1.19)
+    if a.arch == "gemma3":
+        w.add_sliding_window_pattern(3)
+        w.add_rope_freq_base_swa(10000.0)
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(8.0)
     w.add_file_type(0)
     w.add_vocab_size(vocab)
     w.add_tokenizer_model("llama")
@@ -279,6 +309,10 @@ def main():
     w.add_tensor("token_embd.weight", g.matrix(vocab, h, 0.0625, 4.0))
     if a.case == "rope-freqs":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(hd, base))
+    if a.case == "longrope":  # Phi-3's shape of factors: about 1 for the short, growing to some tens for the long
+        ramp = np.linspace(0.0, 1.0, hd // 2, dtype=np.float32)
+        w.add_tensor("rope_factors_short.weight", np.float32(1.0) + np.float32(0.1) * ramp)
+        w.add_tensor("rope_factors_long.weight", np.float32(1.0) + np.float32(30.0) * ramp * ramp)
     for i in range(a.layers):
         p = f"blk.{i}."
         if a.arch == "deepseek2":
@@ -287,26 +321,46 @@ def main():
         w.add_tensor(p + "attn_norm.weight", g.norm(h))
         # q and k's large rows at x4 (larger ones in both make scores whose f32 rounding alone moves
         # the logits by more than 1e-4: a float64 forward pass shows it)
-        w.add_tensor(p + "attn_q.weight", g.matrix(heads * hd, h, large=4.0))
-        w.add_tensor(p + "attn_k.weight", g.matrix(kv_heads * hd, h, large=4.0))
-        w.add_tensor(p + "attn_v.weight", g.matrix(kv_heads * hd, h))
-        if a.arch in ("qwen2", "qwen2moe"):
+        q = g.matrix(heads * hd, h, large=4.0)
+        k = g.matrix(kv_heads * hd, h, large=4.0)
+        v = g.matrix(kv_heads * hd, h)
+        if a.arch == "phi3":
+            w.add_tensor(p + "attn_qkv.weight", np.concatenate([q, k, v]))
+        else:
+            w.add_tensor(p + "attn_q.weight", q)
+            w.add_tensor(p + "attn_k.weight", k)
+            w.add_tensor(p + "attn_v.weight", v)
+        if a.arch in ("qwen2", "qwen2moe") or a.case == "longrope":
             w.add_tensor(p + "attn_q.bias", g.normal((heads * hd,), 0.5))
             w.add_tensor(p + "attn_k.bias", g.normal((kv_heads * hd,), 0.5))
             w.add_tensor(p + "attn_v.bias", g.normal((kv_heads * hd,), 0.05))
-        if qwen3_attn:
+        if qwen3_attn or a.arch == "gemma3":
             w.add_tensor(p + "attn_q_norm.weight", g.norm(hd))
             w.add_tensor(p + "attn_k_norm.weight", g.norm(hd))
         w.add_tensor(p + "attn_output.weight", g.matrix(h, heads * hd))
+        if a.arch == "mistral3":
+            w.add_tensor(p + "attn_output.bias", g.normal((h,), 0.05))
+        if gemma:
+            w.add_tensor(p + "post_attention_norm.weight", g.norm(h) * np.float32(a.post_norm))
         w.add_tensor(p + "ffn_norm.weight", g.norm(h))
         if a.experts:
             add_experts(w, g, p, a, h)
         else:
-            w.add_tensor(p + "ffn_gate.weight", g.matrix(a.ffn, h))
-            w.add_tensor(p + "ffn_up.weight", g.matrix(a.ffn, h))
+            gate, up = g.matrix(a.ffn, h), g.matrix(a.ffn, h)
+            if a.arch == "phi3":
+                w.add_tensor(p + "ffn_up.weight", np.concatenate([gate, up]))
+            else:
+                w.add_tensor(p + "ffn_gate.weight", gate)
+                w.add_tensor(p + "ffn_up.weight", up)
             w.add_tensor(p + "ffn_down.weight", g.matrix(h, a.ffn))
+        if a.arch == "mistral3":
+            w.add_tensor(p + "ffn_gate.bias", g.normal((a.ffn,), 0.5))
+            w.add_tensor(p + "ffn_up.bias", g.normal((a.ffn,), 0.05))
+            w.add_tensor(p + "ffn_down.bias", g.normal((h,), 0.05))
+        if gemma:
+            w.add_tensor(p + "post_ffw_norm.weight", g.norm(h) * np.float32(a.post_norm))
     w.add_tensor("output_norm.weight", g.norm(h))
-    if a.case != "tied":
+    if a.case != "tied" and a.arch != "gemma2":  # gemma2 always reads the token embedding
         w.add_tensor("output.weight", g.matrix(vocab, h, 0.0625, 4.0))
     w.write_header_to_file()
     w.write_kv_data_to_file()

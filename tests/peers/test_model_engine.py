@@ -2,9 +2,12 @@
 (tests/fixtures/model/, made by tests/fixtures/make_model_fixtures.py; the live comparison is
 tests/consumers/test_llama_cpp_model.py). For each tiny model (tests/model/cases.py: Llama
 untied, tied, with Llama 3's rope_freqs, with GQA; Qwen2 with q/k/v biases; Qwen3 with q/k norms
-and a head size apart from n_embd / n_head; the mixtures of experts Mixtral, qwen2moe with its
-shared expert, qwen3moe, 8 experts with 2 or 4 a token; deepseek2 in DeepSeek V2's layout and
-in V3's, tests/model/cases.py):
+and a head size apart from n_embd / n_head; Gemma 2 with soft-capped scores and logits and a
+sliding window of 8 on alternate blocks; Gemma 3 with q/k norms, 2 sliding blocks of 3 with their
+own rope base, linear rope scaling on the global one; Phi-3 with fused qkv and gate/up, and with
+LongRoPE's long factors, its attention factor and q/k/v biases; Mistral 3 with output and FFN
+biases; the mixtures of experts Mixtral, qwen2moe with its shared expert, qwen3moe, 8 experts
+with 2 or 4 a token; deepseek2 in DeepSeek V2's layout and in V3's, tests/model/cases.py):
 - the logits of llama.cpp's f32 path (f32 KV cache, no flash attention) within a relative 1e-4
   (per row: the largest difference over the row's largest logit), quantd run the same way
   (-ctk f32 -ctv f32);
@@ -162,6 +165,42 @@ def test_refuses_an_architecture_it_lacks_and_a_model_without_vocabulary(models,
     bare = rewritten(models["llama-tied"], tmp_path / "bare.gguf", drop_prefix="tokenizer.")
     p = perplexity(bare, check=False)
     assert p.returncode == 1 and "no vocabulary" in p.stderr
+
+
+def copied(src, dst, extra_f32=None, drop_tensor=None):
+    """A copy of a GGUF with an f32 key added or a tensor left out, through the gguf package."""
+    import gguf
+    r = gguf.GGUFReader(str(src))
+    arch = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(str(dst), arch)
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(name, field.contents())
+        else:
+            w.add_key_value(name, field.contents(), field.types[0])
+    for key, value in (extra_f32 or {}).items():
+        w.add_float32(key, value)
+    for t in r.tensors:
+        if t.name != drop_tensor:
+            w.add_tensor(t.name, np.array(t.data), raw_shape=list(reversed([int(x) for x in t.shape])))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_refuses_what_the_dense_architectures_lack_or_do_not_run_yet(models, tmp_path):
+    """Mistral 3's attention temperature tuning (Llama 4's) is refused by name, not run wrong; a
+    Phi-3 block with neither its fused q/k/v nor the three apart is named."""
+    temp = copied(models["mistral3"], tmp_path / "temp.gguf", extra_f32={"mistral3.attention.temperature_scale": 0.1})
+    p = perplexity(temp, check=False)
+    assert p.returncode == 1 and "attention.temperature_scale = 0.1" in p.stderr, p.stderr
+    no_qkv = copied(models["phi3"], tmp_path / "no_qkv.gguf", drop_tensor="blk.1.attn_qkv.weight")
+    p = perplexity(no_qkv, check=False)
+    assert p.returncode == 1 and "neither blk.1.attn_qkv.weight nor blk.1's attn_q, attn_k and attn_v" in p.stderr
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q5_1"])

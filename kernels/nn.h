@@ -53,6 +53,24 @@ struct qd_nn_attn {
 
 enum qd_glu_kind { QD_GLU_SILU, QD_GLU_GELU };
 
+/* A mixture of experts' routing, as llama.cpp's build_moe_ffn takes it: the router's logits to
+ * probabilities (softmax over the experts, or each one's sigmoid), bias (NULL: none; DeepSeek V3's
+ * exp_probs_b) added for the choice of experts only, the n_used largest chosen, their
+ * probabilities the weights, renormalised to sum 1 when norm_w, then times w_scale (0 or 1:
+ * left as they are). */
+enum qd_moe_gate { QD_MOE_SOFTMAX, QD_MOE_SIGMOID };
+#define QD_NN_MAX_EXPERTS 512 /* llama.cpp's LLAMA_MAX_EXPERTS */
+/* With n_group > 1 the experts form n_group groups of n_expert / n_group; a group's score is
+ * the sum of its two best choice scores, and only the n_group_used best groups' experts may be
+ * chosen (DeepSeek V3's group-limited routing). */
+struct qd_nn_moe_gating {
+    enum qd_moe_gate func;
+    int norm_w;
+    float w_scale;
+    const float *bias;
+    int n_group, n_group_used;
+};
+
 /* y[T][N] = x[T][K] . w[N][K]^T */
 void qd_nn_matmul(float *y, const float *x, const float *w, int64_t T, int64_t K, int64_t N);
 /* y[t][i] += b[i] for every row t (a bias) */
@@ -82,6 +100,19 @@ enum qd_status qd_nn_attention(float *out, const float *q, const float *k, const
  * of f16 results indexed by the f16 input (GGML_GELU_FP16), exact beyond +-10. */
 void qd_nn_glu(float *out, const float *gate, const float *up, int64_t n, enum qd_glu_kind kind);
 
+/* Routes T tokens among n_expert experts (struct qd_nn_moe_gating): logits [T][n_expert] is
+ * replaced by the probabilities; ids [T][n_used] gets each token's experts, most probable first
+ * (ggml_argsort_top_k), weights [T][n_used] their weights. */
+void qd_nn_moe_route(int32_t *ids, float *weights, float *logits, int64_t T, int n_expert, int n_used,
+                     const struct qd_nn_moe_gating *g);
+/* out[t] = experts[t][0] * weights[t][0] + experts[t][1] * weights[t][1] + ..., each product
+ * rounded to f32 and the sum taken in slot order (ggml_mul, then build_moe_ffn's chain of
+ * ggml_add); experts [T][n_used][n], weights [T][n_used], out [T][n]. */
+void qd_nn_moe_sum(float *out, const float *experts, const float *weights, int64_t T, int n_used, int64_t n);
+/* y[t][i] *= sigmoid(g[t]), the sigmoid taken as silu(g) / g (qwen2moe's shared-expert gate,
+ * as llama.cpp computes it); y [T][n], g [T]. */
+void qd_nn_sigmoid_gate(float *y, const float *g, int64_t T, int64_t n);
+
 /* x[i] rounded to dtype (QD_F16 or QD_BF16, nearest even as ggml converts) and back: what a KV
  * cache of that type holds. QD_F32 leaves x as it is. */
 void qd_nn_round(float *x, int64_t n, enum qd_dtype dtype);
@@ -105,6 +136,10 @@ struct qd_nn_backend {
     enum qd_status (*attention)(float *out, const float *q, const float *k, const float *v, const struct qd_nn_attn *a);
     void (*glu)(float *out, const float *gate, const float *up, int64_t n, enum qd_glu_kind kind);
     void (*round)(float *x, int64_t n, enum qd_dtype dtype);
+    void (*moe_route)(int32_t *ids, float *weights, float *logits, int64_t T, int n_expert, int n_used,
+                      const struct qd_nn_moe_gating *g);
+    void (*moe_sum)(float *out, const float *experts, const float *weights, int64_t T, int n_used, int64_t n);
+    void (*sigmoid_gate)(float *y, const float *g, int64_t T, int64_t n);
 };
 
 extern const struct qd_nn_backend qd_nn_cpu;

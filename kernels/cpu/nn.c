@@ -554,4 +554,7 @@ const struct qd_nn_backend qd_nn_cpu = {
     .attention = qd_nn_attention,
     .glu = qd_nn_glu,
     .round = qd_nn_round,
+    .moe_route = qd_nn_moe_route,
+    .moe_sum = qd_nn_moe_sum,
+    .sigmoid_gate = qd_nn_sigmoid_gate,
 };

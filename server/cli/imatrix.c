@@ -107,6 +107,18 @@ static void on_matmul_input(void *ctx, int layer, const char *weight, const floa
     qd_imatrix_collect_matmul(((struct run *)ctx)->c, layer, weight, x, T, K);
 }
 
+static void on_matmul_expert_input(void *ctx, int layer, const char *weight, int expert, int n_expert, const float *x,
+                                   int64_t rows, int64_t K)
+{
+    qd_imatrix_collect_expert_matmul(((struct run *)ctx)->c, layer, weight, expert, n_expert, x, rows, K);
+}
+
+static void on_matmul_head_input(void *ctx, int layer, const char *weight, int head, int n_head, const float *x,
+                                 int64_t T, int64_t K)
+{
+    qd_imatrix_collect_head_matmul(((struct run *)ctx)->c, layer, weight, head, n_head, x, T, K);
+}
+
 static void on_progress(void *ctx, int done, int total)
 {
     (void)ctx;
@@ -209,11 +221,15 @@ static int compute(const char *prog, struct qd_imatrix_sums *s, const char *mode
     struct qd_engine_opts o = {.n_ctx = n_ctx, .logits_from = process_output ? 0 : n_ctx / 2, .threads = threads,
                                .cache_k = cache[0], .cache_v = cache[1]};
     struct qd_engine_hooks h = {.ctx = &r, .on_logits = on_logits, .on_matmul_input = on_matmul_input,
-                                .on_progress = on_progress, .cancel = &c.stop};
+                                .on_matmul_expert_input = on_matmul_expert_input,
+                                .on_matmul_head_input = on_matmul_head_input, .on_progress = on_progress,
+                                .cancel = &c.stop};
     struct qd_engine_stats stats = {0};
     status = collected ? qd_engine_run(&m, chunks, collected, &o, &h, &stats, err, sizeof err) : QD_OK;
     if (status == QD_OK && c.status == QD_OK && collected < n_chunks && ppl) {
         h.on_matmul_input = NULL;
+        h.on_matmul_expert_input = NULL;
+        h.on_matmul_head_input = NULL;
         r.chunk_base = collected;
         status = qd_engine_run(&m, chunks + (int64_t)collected * n_ctx, n_chunks - collected, &o, &h, &stats, err,
                                sizeof err);

@@ -3,6 +3,9 @@
  *
  *     h = h + wo . attn(rope(wq . norm(h)), rope(wk . norm(h)), wv . norm(h))
  *     h = h + down(silu(gate . norm(h)) * (up . norm(h)))
+ *
+ * with a mixture of experts in place of the FFN where the block has a router (Mixtral's
+ * "llama" files, qwen2moe, qwen3moe: arch_moe.c).
  */
 #include "model/graph.h"
 
@@ -18,7 +21,10 @@ enum qd_status qd_arch_llama_block(struct qd_block_run *r)
     r->nn->add(r->hidden, s->proj, T * n_embd); /* ffn_inp = attn_out + inpSA */
 
     qd_graph_norm(r, s->cur, r->hidden, QD_W_FFN_NORM, QD_W_COUNT, T, n_embd);
-    qd_graph_ffn(r);
+    if (r->b->w[QD_W_FFN_GATE_INP].data)
+        qd_graph_moe(r);
+    else
+        qd_graph_ffn(r);
     r->nn->add(r->hidden, s->proj, T * n_embd); /* l_out = ffn_out + ffn_inp */
     return QD_OK;
 }

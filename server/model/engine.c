@@ -159,7 +159,10 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
             }
             struct qd_block_run r = {.m = m, .b = &block, .nn = nn, .layer = layer,
                                      .hidden = hidden + (int64_t)c * T * n_embd, .T = T, .pos = pos, .s = &s,
-                                     .on_matmul_input = h ? h->on_matmul_input : NULL, .hook_ctx = h ? h->ctx : NULL,
+                                     .on_matmul_input = h ? h->on_matmul_input : NULL,
+                                     .on_matmul_expert_input = h ? h->on_matmul_expert_input : NULL,
+                                     .on_matmul_head_input = h ? h->on_matmul_head_input : NULL,
+                                     .hook_ctx = h ? h->ctx : NULL,
                                      .cache_k = o->cache_k, .cache_v = o->cache_v, .err = err,
                                      .errlen = errlen};
             if ((st = m->arch->block(&r)) != QD_OK)

@@ -7,7 +7,9 @@
  *
  * Memory: the hidden states + one block's weights in f32 + one chunk's scratch (q, k, v, the
  * attention's output, the FFN's two intermediates) while the blocks run; then the output weight
- * in f32 + one chunk's logits. qd_engine_stats reports each. */
+ * in f32 + one chunk's logits. qd_engine_stats reports each. A block with experts is read whole:
+ * every expert in f32 (Qwen3-30B-A3B's 128 experts of 3 x 2048 x 768: 2.4 GB a block), not only
+ * those the tokens route to. */
 #ifndef QD_MODEL_ENGINE_H
 #define QD_MODEL_ENGINE_H
 
@@ -30,6 +32,12 @@ struct qd_engine_hooks {
     int (*on_logits)(void *ctx, int chunk, int from, int rows, const float *logits, int64_t n_vocab);
     /* The activations entering each matmul (graph.h); layer is n_layer for the output head. */
     qd_matmul_input_fn on_matmul_input;
+    /* The activations entering each expert's matmul, by expert (graph.h; NULL: on_matmul_input
+     * gets them). */
+    qd_matmul_expert_input_fn on_matmul_expert_input;
+    /* The activations entering each head's slice of a per-head weight (graph.h; NULL:
+     * on_matmul_input gets them). */
+    qd_matmul_head_input_fn on_matmul_head_input;
     /* After each block (and the head: done == total). */
     void (*on_progress)(void *ctx, int done, int total);
     const volatile int *cancel; /* nonzero: stop at the next block or chunk */

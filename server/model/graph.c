@@ -4,11 +4,31 @@
 
 #include "model/graph.h"
 
+_Static_assert(sizeof(int32_t) == sizeof(float), "the expert ids share the float scratch");
+
+/* The FFN scratch's width: the dense FFN's, an expert's or the shared expert's, the widest. */
+static int64_t ffn_width(const struct qd_model_hparams *hp)
+{
+    int64_t n = hp->n_ff;
+    if (hp->n_expert) {
+        n = hp->n_ff_exp > n ? hp->n_ff_exp : n;
+        n = hp->n_ff_shexp > n ? hp->n_ff_shexp : n;
+    }
+    return n;
+}
+
+/* floats of the mixture of experts' scratch (int32 ids and rows take a float's room each) */
+static int64_t moe_floats(const struct qd_model_hparams *hp, int64_t T)
+{
+    const int64_t k = hp->n_expert_used;
+    return hp->n_expert ? T * (hp->n_expert + 2 * k + 1 + 2 * hp->n_embd + k * hp->n_embd) : 0;
+}
+
 int64_t qd_block_scratch_floats(const struct qd_model_hparams *hp, int64_t T)
 {
     const int64_t q = (int64_t)hp->n_head * hp->head_dim_k, k = (int64_t)hp->n_head_kv * hp->head_dim_k;
     const int64_t v = (int64_t)hp->n_head_kv * hp->head_dim_v, attn = (int64_t)hp->n_head * hp->head_dim_v;
-    return T * (2 * hp->n_embd + q + k + v + attn + 2 * hp->n_ff);
+    return T * (2 * hp->n_embd + q + k + v + attn + 2 * ffn_width(hp)) + moe_floats(hp, T);
 }
 
 void qd_block_scratch_init(struct qd_block_scratch *s, float *buf, const struct qd_model_hparams *hp, int64_t T)
@@ -22,7 +42,21 @@ void qd_block_scratch_init(struct qd_block_scratch *s, float *buf, const struct 
     s->attn = s->v + T * v;
     s->proj = s->attn + T * attn;
     s->gate = s->proj + T * hp->n_embd;
-    s->up = s->gate + T * hp->n_ff;
+    s->up = s->gate + T * ffn_width(hp);
+    float *next = s->up + T * ffn_width(hp);
+    if (!hp->n_expert) {
+        s->router = s->expert_w = s->expert_x = s->expert_y = s->expert_out = NULL;
+        s->expert_ids = s->expert_rows = NULL;
+        return;
+    }
+    const int64_t used = hp->n_expert_used;
+    s->router = next;
+    s->expert_w = s->router + T * hp->n_expert;
+    s->expert_ids = (int32_t *)(s->expert_w + T * used); /* int32 and float are both 4 bytes */
+    s->expert_rows = s->expert_ids + T * used;
+    s->expert_x = (float *)(s->expert_rows + T);
+    s->expert_y = s->expert_x + T * hp->n_embd;
+    s->expert_out = s->expert_y + T * hp->n_embd;
 }
 
 static const struct qd_model_tensor *weight(const struct qd_block_run *r, enum qd_model_weight w)

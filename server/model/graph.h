@@ -10,6 +10,18 @@
 /* Called with the activations entering each matmul (x [T][K], the backend's memory), before it
  * runs, with the weight's GGUF name: the importance-matrix collector's tap. */
 typedef void (*qd_matmul_input_fn)(void *ctx, int layer, const char *weight, const float *x, int64_t T, int64_t K);
+/* The same tap for an expert's weight (a 3-D *_exps tensor): x [rows][K] are the activations of
+ * the tokens routed to expert `expert` (of the tensor's n_expert), the rows llama.cpp's
+ * MUL_MAT_ID hands that expert (the per-expert counts of llama-imatrix). A caller that sets only
+ * on_matmul_input gets these rows there, under the tensor's name, expert by expert. */
+typedef void (*qd_matmul_expert_input_fn)(void *ctx, int layer, const char *weight, int expert, int n_expert,
+                                          const float *x, int64_t rows, int64_t K);
+/* The tap for one head's slice of a per-head 3-D weight (DeepSeek's attn_k_b / attn_v_b, a
+ * batched MUL_MAT in llama.cpp): x [T][K] enters slice `head` of n_head; all heads see the same
+ * T tokens (one count, as llama-imatrix keeps for a dense 3-D weight). A caller that sets only
+ * on_matmul_input gets these rows there, under the tensor's name, head by head. */
+typedef void (*qd_matmul_head_input_fn)(void *ctx, int layer, const char *weight, int head, int n_head,
+                                        const float *x, int64_t T, int64_t K);
 
 /* One chunk's scratch for one block, sized by qd_block_scratch_floats. */
 struct qd_block_scratch {
@@ -17,7 +29,15 @@ struct qd_block_scratch {
     float *q, *k, *v;
     float *attn;  /* [T][n_head * head_dim_v] */
     float *proj;  /* [T][n_embd]: a sub-block's output before the residual */
-    float *gate, *up; /* [T][n_ff] */
+    float *gate, *up; /* [T][n_ff] (the widest of the dense, expert and shared-expert FFNs) */
+    /* a mixture of experts (none without experts) */
+    float *router;        /* [T][n_expert]: the router's logits, then probabilities */
+    float *expert_w;      /* [T][n_expert_used] */
+    int32_t *expert_ids;  /* [T][n_expert_used] */
+    int32_t *expert_rows; /* [T]: the tokens routed to one expert */
+    float *expert_x;      /* [T][n_embd]: their activations */
+    float *expert_y;      /* [T][n_embd]: one expert's outputs */
+    float *expert_out;    /* [T][n_expert_used][n_embd]: each token's experts' outputs, by slot */
 };
 
 struct qd_block_run {
@@ -30,6 +50,8 @@ struct qd_block_run {
     const int32_t *pos;   /* [T] */
     struct qd_block_scratch *s;
     qd_matmul_input_fn on_matmul_input;
+    qd_matmul_expert_input_fn on_matmul_expert_input;
+    qd_matmul_head_input_fn on_matmul_head_input;
     void *hook_ctx;
     enum qd_dtype cache_k, cache_v; /* K (after rope) and V rounded to these, as llama.cpp's KV cache
                                        of that type holds them (QD_F32: as they are) */
@@ -56,8 +78,15 @@ enum qd_status qd_graph_attention(struct qd_block_run *r);
  * r->s->proj. */
 void qd_graph_ffn(struct qd_block_run *r);
 
+/* build_moe_ffn (+ qwen2moe's gated shared expert): the mixture of experts of r->s->cur into
+ * r->s->proj (arch_moe.c). */
+void qd_graph_moe(struct qd_block_run *r);
+/* the architectures' ways of holding experts (arch_moe.c) */
+extern const struct qd_model_moe qd_moe_mixtral, qd_moe_qwen2moe, qd_moe_qwen3moe, qd_moe_deepseek2;
+
 /* The graphs of one block (arch_*.c), named in the architecture table (model_arch.c). */
 enum qd_status qd_arch_llama_block(struct qd_block_run *r);
+enum qd_status qd_arch_deepseek2_block(struct qd_block_run *r);
 /* ---- dense architectures beyond llama (arch_gemma.c): graphs and hyperparameters ---- */
 enum qd_status qd_arch_gemma_block(struct qd_block_run *r);
 int qd_arch_gemma2_hparams(struct qd_model *m, char *err, size_t errlen);

@@ -107,3 +107,56 @@ enum qd_status qd_imatrix_collect_experts(struct qd_imatrix_collector *c, const 
     }
     return c->status;
 }
+
+void qd_imatrix_collect_expert_matmul(void *ctx, int layer, const char *weight, int expert, int n_expert,
+                                      const float *x, int64_t rows, int64_t K)
+{
+    struct qd_imatrix_collector *c = ctx;
+    (void)layer;
+    if (c->stop)
+        return;
+    if (expert < 0 || expert >= n_expert) {
+        snprintf(c->err, sizeof c->err, "%s: rows for expert %d of %d", weight, expert, n_expert);
+        fail(c, QD_EINVAL);
+        return;
+    }
+    struct qd_imatrix_stat *e = entry(c, weight, K * n_expert, n_expert);
+    if (!e)
+        return;
+    float *acc = e->sums + (int64_t)expert * K;
+    for (int64_t t = 0; t < rows; t++)
+        add_squares(acc, x + t * K, K);
+    if (!all_finite(acc, K)) {
+        snprintf(c->err, sizeof c->err, "non-finite values detected in %s (the sums of x^2 overflow f32)", weight);
+        fail(c, QD_ENONFINITE);
+        return;
+    }
+    e->counts[expert] += rows;
+}
+
+void qd_imatrix_collect_head_matmul(void *ctx, int layer, const char *weight, int head, int n_head, const float *x,
+                                    int64_t T, int64_t K)
+{
+    struct qd_imatrix_collector *c = ctx;
+    (void)layer;
+    if (c->stop || T < (c->min_tokens > 0 ? c->min_tokens : QD_IMATRIX_MIN_TOKENS) || strncmp(weight, "blk.", 4))
+        return;
+    if (head < 0 || head >= n_head) {
+        snprintf(c->err, sizeof c->err, "%s: rows for head %d of %d", weight, head, n_head);
+        fail(c, QD_EINVAL);
+        return;
+    }
+    struct qd_imatrix_stat *e = entry(c, weight, K * n_head, 1);
+    if (!e)
+        return;
+    float *acc = e->sums + (int64_t)head * K;
+    for (int64_t t = 0; t < T; t++)
+        add_squares(acc, x + t * K, K);
+    if (!all_finite(acc, K)) {
+        snprintf(c->err, sizeof c->err, "non-finite values detected in %s (the sums of x^2 overflow f32)", weight);
+        fail(c, QD_ENONFINITE);
+        return;
+    }
+    if (head == 0)
+        e->counts[0] += T;
+}

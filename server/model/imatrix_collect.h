@@ -3,7 +3,8 @@
  * "output.weight" with process_output) whose matmul takes 16 or more tokens at once, the sum of
  * x^2 per input column and the tokens seen, per weight: q, k and v take the same input and
  * each gets its own entry. An expert weight (a 3-D ffn_*_exps of n_expert matrices) is counted
- * per expert through qd_imatrix_collect_experts (the routed tokens' rows), as MUL_MAT_ID is. */
+ * per expert (the routed tokens' rows), as MUL_MAT_ID is: by the engine's expert hook
+ * (qd_imatrix_collect_expert_matmul), or given the routing (qd_imatrix_collect_experts). */
 #ifndef QD_MODEL_IMATRIX_COLLECT_H
 #define QD_MODEL_IMATRIX_COLLECT_H
 
@@ -35,5 +36,18 @@ void qd_imatrix_collect_matmul(void *ctx, int layer, const char *weight, const f
 enum qd_status qd_imatrix_collect_experts(struct qd_imatrix_collector *c, const char *weight, int64_t n_expert,
                                           const int32_t *ids, int64_t n_used, const float *x, int64_t x_rows,
                                           int64_t T, int64_t K);
+
+/* The engine's on_matmul_expert_input hook (graph.h; ctx: a struct qd_imatrix_collector): x
+ * [rows][K], the rows routed to expert `expert` of weight's n_expert, add to that expert's sums
+ * and count, whatever their number (llama-imatrix's MUL_MAT_ID). A failure sets status, err and
+ * stop. */
+void qd_imatrix_collect_expert_matmul(void *ctx, int layer, const char *weight, int expert, int n_expert,
+                                      const float *x, int64_t rows, int64_t K);
+
+/* The engine's on_matmul_head_input hook (graph.h): x [T][K] into slice `head` of weight's
+ * n_head, under the 16-token rule of on_matmul_input; one count for the weight, taken with head
+ * 0 (llama-imatrix's MUL_MAT over a 3-D weight). A failure sets status, err and stop. */
+void qd_imatrix_collect_head_matmul(void *ctx, int layer, const char *weight, int head, int n_head, const float *x,
+                                    int64_t T, int64_t K);
 
 #endif

@@ -24,6 +24,17 @@ enum qd_model_weight {
     QD_W_FFN_GATE, QD_W_FFN_GATE_B,
     QD_W_FFN_UP, QD_W_FFN_UP_B,
     QD_W_FFN_DOWN, QD_W_FFN_DOWN_B,
+    /* mixture of experts (arch_moe.c): the router, the experts' 3-D weights [n_expert][rows][cols],
+     * a shared expert and its scalar gate (qwen2moe) */
+    QD_W_FFN_GATE_INP,
+    QD_W_FFN_GATE_EXPS, QD_W_FFN_UP_EXPS, QD_W_FFN_DOWN_EXPS,
+    QD_W_FFN_GATE_INP_SHEXP, QD_W_FFN_GATE_SHEXP, QD_W_FFN_UP_SHEXP, QD_W_FFN_DOWN_SHEXP,
+    QD_W_FFN_EXP_PROBS_B,
+    /* DeepSeek's multi-head latent attention (arch_deepseek2.c): q through a low-rank pair
+     * with a norm between (or one q), the compressed key/value and the shared rope key, their
+     * norm, and the expansion to heads (kv_b, or its halves k_b / v_b per head) */
+    QD_W_ATTN_QA, QD_W_ATTN_QA_NORM, QD_W_ATTN_QB,
+    QD_W_ATTN_KV_A_MQA, QD_W_ATTN_KV_A_NORM, QD_W_ATTN_KV_B, QD_W_ATTN_K_B_MLA, QD_W_ATTN_V_B_MLA,
     /* ---- dense architectures beyond llama (gemma2, gemma3, phi3) ---- */
     QD_W_ATTN_QKV,                             /* phi3: q, k and v in one matrix, in that order */
     QD_W_ATTN_POST_NORM, QD_W_FFN_POST_NORM,   /* gemma: norms of each sub-block's output */
@@ -45,6 +56,18 @@ struct qd_model_hparams {
     float norm_eps;             /* rms or layer norm epsilon, as the architecture's norm takes */
     float attn_scale;           /* the scores' scale: 1/sqrt(head_dim_k) unless the file names one */
     struct qd_nn_rope rope;     /* freq_factors set once rope_freqs.weight is read */
+    /* mixture of experts (n_expert 0: a dense FFN): expert_count, expert_used_count, the
+     * experts' and the shared expert's widths, and the routing (kernels/nn.h) */
+    int n_expert, n_expert_used;
+    int64_t n_ff_exp, n_ff_shexp;
+    struct qd_nn_moe_gating gating;
+    int n_dense_lead;          /* leading blocks with a dense FFN (leading_dense_block_count) */
+    int n_expert_shared;       /* DeepSeek's shared experts, one FFN n_expert_shared * n_ff_exp wide */
+    /* DeepSeek's latent attention (0 elsewhere): the ranks of q's and kv's compressions, each
+     * head's key (nope + rope) and value sizes, and whether the file splits kv_b into k_b / v_b
+     * (attention.key_length_mla: the absorbed form llama.cpp runs as one shared key/value head) */
+    int n_lora_q, n_lora_kv, head_dim_k_mla, head_dim_v_mla, mla_absorbed;
+    float yarn_log_mul;        /* rope.scaling.yarn_log_multiplier / 0.1 (deepseek2's reading) */
     /* ---- dense architectures beyond llama (gemma2, gemma3, phi3) ---- */
     float embd_scale;           /* the token embeddings times this (gemma: sqrt(n_embd)); 1: none */
     float attn_softcap;         /* attention logit soft-capping (gemma2); 0: none */
@@ -67,6 +90,8 @@ struct qd_model_arch {
     uint64_t required, optional; /* QD_W_BIT(role) */
     enum qd_glu_kind act;
     int rope_freqs;              /* reads rope_freqs.weight (Llama 3's scaling) when the file has it */
+    const struct qd_model_moe *moe; /* NULL: no experts */
+    int mla;                        /* DeepSeek's latent attention: its keys, rope on part of a head */
     /* ---- dense architectures beyond llama (gemma2, gemma3, phi3) ---- */
     int q_prescale;              /* q times attn_scale before the scores, which then take 1.0 (gemma, phi3) */
     int ffn_up_fused;            /* ffn_up holds the gate's rows then the up's, [2 n_ff] (phi3) */
@@ -79,13 +104,25 @@ struct qd_model_arch {
 };
 
 const struct qd_model_arch *qd_model_arch_find(const char *name);
-/* The names the engine runs, space separated ("llama qwen2 qwen3"). */
+/* The names the engine runs, space separated ("llama qwen2 qwen3 ..."). */
 const char *qd_model_arch_names(void);
+
+/* How an architecture's blocks hold experts (arch_moe.c's rows; llama.cpp's load_arch_tensors
+ * and the arguments its graph passes build_moe_ffn): the roles that replace the dense FFN when
+ * the file has experts (required) or may come with them (optional), whether the routing weights
+ * are renormalised over the chosen experts (norm_w), and whether the file must have experts
+ * (qwen2moe, qwen3moe) or may (llama: Mixtral). */
+struct qd_model_moe {
+    uint64_t required, optional;
+    int norm_w;
+    int experts_required;
+};
 
 /* One weight in f32, [rows][cols] (cols the input width), or data NULL when absent. */
 struct qd_model_tensor {
     float *data;
     int64_t rows, cols;
+    int64_t experts;  /* 1, or the experts of a 3-D weight stored one [rows][cols] after another */
     const char *name; /* its GGUF name (the hooks see it) */
 };
 

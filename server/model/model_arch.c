@@ -17,6 +17,18 @@ const char *const qd_model_weight_names[QD_W_COUNT] = {
     [QD_W_FFN_GATE] = "ffn_gate.weight",     [QD_W_FFN_GATE_B] = "ffn_gate.bias",
     [QD_W_FFN_UP] = "ffn_up.weight",         [QD_W_FFN_UP_B] = "ffn_up.bias",
     [QD_W_FFN_DOWN] = "ffn_down.weight",     [QD_W_FFN_DOWN_B] = "ffn_down.bias",
+    /* mixtures of experts (arch_moe.c) */
+    [QD_W_FFN_GATE_INP] = "ffn_gate_inp.weight",
+    [QD_W_FFN_GATE_EXPS] = "ffn_gate_exps.weight", [QD_W_FFN_UP_EXPS] = "ffn_up_exps.weight",
+    [QD_W_FFN_DOWN_EXPS] = "ffn_down_exps.weight",
+    [QD_W_FFN_GATE_INP_SHEXP] = "ffn_gate_inp_shexp.weight", [QD_W_FFN_GATE_SHEXP] = "ffn_gate_shexp.weight",
+    [QD_W_FFN_UP_SHEXP] = "ffn_up_shexp.weight",   [QD_W_FFN_DOWN_SHEXP] = "ffn_down_shexp.weight",
+    [QD_W_FFN_EXP_PROBS_B] = "exp_probs_b.bias",
+    /* DeepSeek's latent attention (arch_deepseek2.c) */
+    [QD_W_ATTN_QA] = "attn_q_a.weight", [QD_W_ATTN_QA_NORM] = "attn_q_a_norm.weight",
+    [QD_W_ATTN_QB] = "attn_q_b.weight", [QD_W_ATTN_KV_A_MQA] = "attn_kv_a_mqa.weight",
+    [QD_W_ATTN_KV_A_NORM] = "attn_kv_a_norm.weight", [QD_W_ATTN_KV_B] = "attn_kv_b.weight",
+    [QD_W_ATTN_K_B_MLA] = "attn_k_b.weight", [QD_W_ATTN_V_B_MLA] = "attn_v_b.weight",
     [QD_W_ATTN_QKV] = "attn_qkv.weight",
     [QD_W_ATTN_POST_NORM] = "post_attention_norm.weight", [QD_W_FFN_POST_NORM] = "post_ffw_norm.weight",
 };
@@ -32,7 +44,7 @@ static const struct qd_model_arch archs[] = {
      * (create_tensor_qkv, wo_b, the FFN's), Llama 3's rope_freqs */
     {.name = "llama", .norm = QD_NORM_RMS, .rope = QD_ROPE_NORMAL, .required = DENSE,
      .optional = QKV_BIAS | B(QD_W_ATTN_OUT_B) | B(QD_W_FFN_GATE_B) | B(QD_W_FFN_UP_B) | B(QD_W_FFN_DOWN_B),
-     .act = QD_GLU_SILU, .rope_freqs = 1, .block = qd_arch_llama_block},
+     .act = QD_GLU_SILU, .rope_freqs = 1, .moe = &qd_moe_mixtral, .block = qd_arch_llama_block},
     /* qwen2: neox rope, q/k/v biases */
     {.name = "qwen2", .norm = QD_NORM_RMS, .rope = QD_ROPE_NEOX, .required = DENSE, .optional = QKV_BIAS,
      .act = QD_GLU_SILU, .block = qd_arch_llama_block},
@@ -62,6 +74,22 @@ static const struct qd_model_arch archs[] = {
     {.name = "mistral3", .norm = QD_NORM_RMS, .rope = QD_ROPE_NORMAL, .required = DENSE,
      .optional = QKV_BIAS | B(QD_W_ATTN_OUT_B) | B(QD_W_FFN_GATE_B) | B(QD_W_FFN_UP_B) | B(QD_W_FFN_DOWN_B),
      .act = QD_GLU_SILU, .rope_freqs = 1, .hparams = qd_arch_mistral3_hparams, .block = qd_arch_llama_block},
+    /* ---- mixtures of experts (arch_moe.c) ---- */
+    /* qwen2moe: qwen2's attention (neox rope, q/k/v biases), experts and a gated shared expert */
+    {.name = "qwen2moe", .norm = QD_NORM_RMS, .rope = QD_ROPE_NEOX, .required = DENSE, .optional = QKV_BIAS,
+     .act = QD_GLU_SILU, .moe = &qd_moe_qwen2moe, .block = qd_arch_llama_block},
+    /* qwen3moe: qwen3's attention (per-head q/k norms), experts */
+    {.name = "qwen3moe", .norm = QD_NORM_RMS, .rope = QD_ROPE_NEOX,
+     .required = DENSE | B(QD_W_ATTN_Q_NORM) | B(QD_W_ATTN_K_NORM), .optional = QKV_BIAS, .act = QD_GLU_SILU,
+     .moe = &qd_moe_qwen3moe, .block = qd_arch_llama_block},
+    /* deepseek2: latent attention (the q LoRA or one q; kv_b or k_b / v_b: which the file has
+     * is checked by the loader), leading dense blocks, then experts with shared ones */
+    {.name = "deepseek2", .norm = QD_NORM_RMS, .rope = QD_ROPE_NORMAL,
+     .required = B(QD_W_ATTN_NORM) | B(QD_W_ATTN_KV_A_MQA) | B(QD_W_ATTN_KV_A_NORM) | B(QD_W_ATTN_OUT) |
+                 B(QD_W_FFN_NORM) | B(QD_W_FFN_GATE) | B(QD_W_FFN_UP) | B(QD_W_FFN_DOWN),
+     .optional = B(QD_W_ATTN_Q) | B(QD_W_ATTN_QA) | B(QD_W_ATTN_QA_NORM) | B(QD_W_ATTN_QB) | B(QD_W_ATTN_KV_B) |
+                 B(QD_W_ATTN_K_B_MLA) | B(QD_W_ATTN_V_B_MLA),
+     .act = QD_GLU_SILU, .moe = &qd_moe_deepseek2, .mla = 1, .block = qd_arch_deepseek2_block},
 };
 #undef B
 
@@ -73,4 +101,7 @@ const struct qd_model_arch *qd_model_arch_find(const char *name)
     return NULL;
 }
 
-const char *qd_model_arch_names(void) { return "llama qwen2 qwen3 gemma2 gemma3 phi3 mistral3"; }
+const char *qd_model_arch_names(void)
+{
+    return "llama qwen2 qwen3 gemma2 gemma3 phi3 mistral3 qwen2moe qwen3moe deepseek2";
+}

@@ -11,127 +11,32 @@
 #include "../../kernels/fp.h"
 #include "../../kernels/quantize.h"
 #include "checkpoint/gguf_recipe.h"
-#include "model/model.h"
-
-/* ---- metadata ------------------------------------------------------------------------------- */
-
-/* A numeric key's value (an array's first element: per-layer arrays) as double. 1 when present,
- * 0 when absent, -1 when not numeric. *n_elems gets an array's length (1 for a scalar). */
-static int kv_number(const struct qd_gguf *g, const char *key, double *out, uint64_t *n_elems)
-{
-    const struct qd_gguf_kv *kv = qd_gguf_find(g, key);
-    if (!kv)
-        return 0;
-    uint32_t type = kv->type;
-    const uint8_t *v = kv->value;
-    uint64_t n = 1;
-    if (type == QD_GGUF_ARRAY) {
-        memcpy(&type, v, 4);
-        memcpy(&n, v + 4, 8);
-        if (!n)
-            return -1;
-        v += 12;
-    }
-    if (n_elems)
-        *n_elems = n;
-    union {
-        uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32; float f32;
-        uint64_t u64; int64_t i64; double f64;
-    } u;
-    switch (type) {
-    case QD_GGUF_U8: case QD_GGUF_BOOL: memcpy(&u.u8, v, 1); *out = u.u8; return 1;
-    case QD_GGUF_I8: memcpy(&u.i8, v, 1); *out = u.i8; return 1;
-    case QD_GGUF_U16: memcpy(&u.u16, v, 2); *out = u.u16; return 1;
-    case QD_GGUF_I16: memcpy(&u.i16, v, 2); *out = u.i16; return 1;
-    case QD_GGUF_U32: memcpy(&u.u32, v, 4); *out = u.u32; return 1;
-    case QD_GGUF_I32: memcpy(&u.i32, v, 4); *out = u.i32; return 1;
-    case QD_GGUF_F32: memcpy(&u.f32, v, 4); *out = u.f32; return 1;
-    case QD_GGUF_U64: memcpy(&u.u64, v, 8); *out = (double)u.u64; return 1;
-    case QD_GGUF_I64: memcpy(&u.i64, v, 8); *out = (double)u.i64; return 1;
-    case QD_GGUF_F64: memcpy(&u.f64, v, 8); *out = u.f64; return 1;
-    default: return -1;
-    }
-}
-
-/* Whether every element of a per-layer array key equals the first (the engine takes one size
- * for all blocks). */
-static int kv_array_uniform(const struct qd_gguf *g, const char *key)
-{
-    const struct qd_gguf_kv *kv = qd_gguf_find(g, key);
-    if (!kv || kv->type != QD_GGUF_ARRAY)
-        return 1;
-    uint32_t type;
-    uint64_t n;
-    memcpy(&type, kv->value, 4);
-    memcpy(&n, kv->value + 4, 8);
-    const size_t size = type == QD_GGUF_U32 || type == QD_GGUF_I32 ? 4 : type == QD_GGUF_U64 || type == QD_GGUF_I64 ? 8 : 0;
-    if (!size)
-        return 0;
-    for (uint64_t i = 1; i < n; i++)
-        if (memcmp(kv->value + 12, kv->value + 12 + i * size, size))
-            return 0;
-    return 1;
-}
-
-struct meta {
-    const struct qd_gguf *g;
-    const char *arch;
-    char *err;
-    size_t errlen;
-};
-
-/* "<arch>.<suffix>" as a number: required ones fail with a message naming the key. */
-static int arch_key(struct meta *mt, const char *suffix, int required, double *out)
-{
-    char key[160];
-    snprintf(key, sizeof key, "%s.%s", mt->arch, suffix);
-    int found = kv_number(mt->g, key, out, NULL);
-    if (found < 0) {
-        snprintf(mt->err, mt->errlen, "the model's key %s is not a number", key);
-        return -1;
-    }
-    if (!found && required) {
-        snprintf(mt->err, mt->errlen, "the model has no %s key, which llama.cpp's loader requires too", key);
-        return -1;
-    }
-    if (found && !kv_array_uniform(mt->g, key)) {
-        snprintf(mt->err, mt->errlen, "the model's %s differs from block to block: the engine runs blocks of one "
-                 "size only", key);
-        return -1;
-    }
-    return found;
-}
-
-static char *arch_string(struct meta *mt, const char *suffix)
-{
-    char key[160];
-    snprintf(key, sizeof key, "%s.%s", mt->arch, suffix);
-    return qd_gguf_string(mt->g, key);
-}
+#include "model/graph.h"
+#include "model/model_keys.h"
 
 /* llama_model::load_hparams, for the keys the engine's architectures read. */
 static int read_hparams(struct qd_model *m, char *err, size_t errlen)
 {
-    struct meta mt = {.g = &m->file.g, .arch = m->arch_name, .err = err, .errlen = errlen};
+    struct qd_model_keys keys = {.g = &m->file.g, .arch = m->arch_name, .err = err, .errlen = errlen};
     struct qd_model_hparams *hp = &m->hp;
     double v;
-    if (arch_key(&mt, "context_length", 1, &v) < 0)
+    if (qd_model_keys_number(&keys, "context_length", 1, &v) < 0)
         return -1;
     hp->n_ctx_train = (int64_t)v;
-    if (arch_key(&mt, "embedding_length", 1, &v) < 0)
+    if (qd_model_keys_number(&keys, "embedding_length", 1, &v) < 0)
         return -1;
     hp->n_embd = (int64_t)v;
-    if (arch_key(&mt, "block_count", 1, &v) < 0)
+    if (qd_model_keys_number(&keys, "block_count", 1, &v) < 0)
         return -1;
     hp->n_layer = (int64_t)v;
-    if (arch_key(&mt, "feed_forward_length", 1, &v) < 0)
+    if (qd_model_keys_number(&keys, "feed_forward_length", 1, &v) < 0)
         return -1;
     hp->n_ff = (int64_t)v;
-    if (arch_key(&mt, "attention.head_count", 1, &v) < 0)
+    if (qd_model_keys_number(&keys, "attention.head_count", 1, &v) < 0)
         return -1;
     hp->n_head = (int)v;
     hp->n_head_kv = hp->n_head;
-    if (arch_key(&mt, "attention.head_count_kv", 0, &v) < 0)
+    if (qd_model_keys_number(&keys, "attention.head_count_kv", 0, &v) < 0)
         return -1;
     else if (v > 0)
         hp->n_head_kv = (int)v;
@@ -144,17 +49,17 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
     }
     hp->head_dim_k = hp->head_dim_v = (int)(hp->n_embd / hp->n_head);
     int found;
-    if ((found = arch_key(&mt, "attention.key_length", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(&keys, "attention.key_length", 0, &v)) < 0)
         return -1;
     if (found)
         hp->head_dim_k = (int)v;
-    if ((found = arch_key(&mt, "attention.value_length", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(&keys, "attention.value_length", 0, &v)) < 0)
         return -1;
     if (found)
         hp->head_dim_v = (int)v;
 
     const char *eps_key = m->arch->norm == QD_NORM_RMS ? "attention.layer_norm_rms_epsilon" : "attention.layer_norm_epsilon";
-    if (arch_key(&mt, eps_key, 1, &v) < 0)
+    if (qd_model_keys_number(&keys, eps_key, 1, &v) < 0)
         return -1;
     hp->norm_eps = (float)v;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim_k);
@@ -162,51 +67,67 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
     struct qd_nn_rope *r = &hp->rope;
     r->kind = m->arch->rope;
     r->n_rot = hp->head_dim_k;
-    if ((found = arch_key(&mt, "rope.dimension_count", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(&keys, "rope.dimension_count", 0, &v)) < 0)
         return -1;
     if (found)
         r->n_rot = (int)v;
-    if (r->n_rot != hp->head_dim_k) { /* llama.cpp refuses it for llama; qwen's graphs assert it */
+    if (m->arch->mla && qd_model_read_mla(&keys, m) < 0)
+        return -1;
+    if (!m->arch->mla && r->n_rot != hp->head_dim_k) { /* llama.cpp refuses it for llama; qwen's graphs assert it */
         snprintf(err, errlen, "the model rotates %d of each head's %d values (rope.dimension_count): the %s graph "
                  "rotates whole heads (llama.cpp refuses it too)", r->n_rot, hp->head_dim_k, m->arch_name);
         return -1;
     }
     r->freq_base = 10000.0f;
-    if (arch_key(&mt, "rope.freq_base", 0, &v) < 0)
+    if (qd_model_keys_number(&keys, "rope.freq_base", 0, &v) < 0)
         return -1;
     else if (v > 0)
         r->freq_base = (float)v;
-    char *scaling = arch_string(&mt, "rope.scaling.type");
+    char *scaling = qd_model_keys_string(&keys, "rope.scaling.type");
     int none = scaling && !strcmp(scaling, "none");
-    if (scaling && strcmp(scaling, "none") && strcmp(scaling, "linear") &&
-        !(m->arch->rope_long_short && !strcmp(scaling, "longrope"))) {
-        snprintf(err, errlen, "the model's rope scaling '%s' is not one the engine runs yet (it runs none and "
-                 "linear, and Llama 3's rope_freqs)", scaling);
+    /* YaRN: deepseek2's (the graph that reads its log multiplier and pre-scales the scores);
+     * LongRoPE: the architectures with rope_factors_long/short (phi3) */
+    const int yarn = scaling && !strcmp(scaling, "yarn") && m->arch->mla;
+    const int longrope = scaling && !strcmp(scaling, "longrope") && m->arch->rope_long_short;
+    if (scaling && strcmp(scaling, "none") && strcmp(scaling, "linear") && !yarn && !longrope) {
+        snprintf(err, errlen, "the model's rope scaling '%s' is not one the engine runs yet for %s (it runs none and "
+                 "linear, Llama 3's rope_freqs, phi3's longrope and deepseek2's yarn)", scaling, m->arch_name);
         free(scaling);
         return -1;
     }
     free(scaling);
     double factor = 0;
-    if ((found = arch_key(&mt, "rope.scaling.factor", 0, &factor)) < 0)
+    if ((found = qd_model_keys_number(&keys, "rope.scaling.factor", 0, &factor)) < 0)
         return -1;
-    if (!found && arch_key(&mt, "rope.scale_linear", 0, &factor) < 0)
+    if (!found && qd_model_keys_number(&keys, "rope.scale_linear", 0, &factor) < 0)
         return -1;
     r->freq_scale = factor == 0.0 || none ? 1.0f : (float)(1.0 / factor);
     r->n_ctx_orig = (int)hp->n_ctx_train;
-    if ((found = arch_key(&mt, "rope.scaling.original_context_length", 0, &v)) < 0)
+    if ((found = qd_model_keys_number(&keys, "rope.scaling.original_context_length", 0, &v)) < 0)
         return -1;
     if (found && v > 0)
         r->n_ctx_orig = (int)v;
+    if (qd_model_read_experts(&keys, m) < 0)
+        return -1;
     /* llama_context_default_params: YaRN off unless the scaling is YaRN */
     r->ext_factor = 0.0f;
     r->attn_factor = 1.0f;
     r->beta_fast = 32.0f;
     r->beta_slow = 1.0f;
-    /* llama_context: the cos/sin factor times rope.scaling.attn_factor (LongRoPE's, e.g.) */
-    if ((found = arch_key(&mt, "rope.scaling.attn_factor", 0, &v)) < 0)
+    /* llama_context: the cos/sin factor times rope.scaling.attn_factor (LongRoPE's, e.g.; YaRN's
+     * reader below sets its own and multiplies this in) */
+    if ((found = qd_model_keys_number(&keys, "rope.scaling.attn_factor", 0, &v)) < 0)
         return -1;
     if (found && v != 0.0)
         r->attn_factor = (float)v;
+    if (yarn && qd_model_read_yarn(&keys, m) < 0)
+        return -1;
+    if (m->arch->mla) {
+        /* deepseek2.cpp: the scores' scale mscale^2 / sqrt(nope + rope), mscale 1 without YaRN */
+        const float attn_factor_org = r->attn_factor * (1.0f + 0.1f * logf(1.0f / r->freq_scale));
+        const float mscale = attn_factor_org * (1.0f + 0.1f * hp->yarn_log_mul * logf(1.0f / r->freq_scale));
+        hp->attn_scale = 1.0f * mscale * mscale / sqrtf((float)hp->head_dim_k_mla);
+    }
 
     if (hp->n_layer > QD_MODEL_MAX_LAYERS) {
         snprintf(err, errlen, "the model has %" PRId64 " blocks: the engine runs at most %d (llama.cpp's "
@@ -216,12 +137,6 @@ static int read_hparams(struct qd_model *m, char *err, size_t errlen)
     hp->embd_scale = 1.0f;
     hp->rope_swa = *r;
     return m->arch->hparams ? m->arch->hparams(m, err, errlen) : 0;
-}
-
-int qd_model_key(struct qd_model *m, const char *suffix, int required, double *out, char *err, size_t errlen)
-{
-    struct meta mt = {.g = &m->file.g, .arch = m->arch_name, .err = err, .errlen = errlen};
-    return arch_key(&mt, suffix, required, out);
 }
 
 /* llama_vocab::load: the vocabulary's size and whether each sequence starts with a BOS. */
@@ -251,9 +166,9 @@ static int read_vocab(struct qd_model *m, char *err, size_t errlen)
     free(pre);
     free(model);
     double v;
-    if (kv_number(g, "tokenizer.ggml.add_bos_token", &v, NULL) > 0)
+    if (qd_model_kv_number(g, "tokenizer.ggml.add_bos_token", &v, NULL) > 0)
         m->add_bos = v != 0;
-    if (kv_number(g, "tokenizer.ggml.bos_token_id", &v, NULL) > 0)
+    if (qd_model_kv_number(g, "tokenizer.ggml.bos_token_id", &v, NULL) > 0)
         m->bos = (int32_t)v;
     if (m->add_bos && (m->bos < 0 || (uint64_t)m->bos >= n)) {
         snprintf(err, errlen, "the vocabulary adds a BOS token but names none within its %" PRIu64 " tokens", n);
@@ -278,12 +193,17 @@ static int is_float_type(uint32_t type)
     return type == QD_GGML_F32 || type == QD_GGML_F16 || type == QD_GGML_BF16;
 }
 
-/* A tensor the engine reads: 2-D (or 1-D) of the expected shape and a type quantd dequantizes. */
-static int check_tensor(const struct qd_gguf_tensor *t, int64_t cols, int64_t rows, char *err, size_t errlen)
+/* A tensor the engine reads: 2-D (or 1-D; 3-D for experts) of the expected shape and a type
+ * quantd dequantizes. */
+static int check_tensor3(const struct qd_gguf_tensor *t, int64_t cols, int64_t rows, int64_t experts, char *err,
+                         size_t errlen)
 {
-    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1) {
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != experts || t->ne[3] != 1) {
+        char third[32] = "";
+        if (experts > 1)
+            snprintf(third, sizeof third, ", %" PRId64, experts);
         snprintf(err, errlen, "tensor %s is [%" PRId64 ", %" PRId64 ", %" PRId64 "], the model's sizes say [%" PRId64
-                 ", %" PRId64 "]", t->name, t->ne[0], t->ne[1], t->ne[2], cols, rows);
+                 ", %" PRId64 "%s]", t->name, t->ne[0], t->ne[1], t->ne[2], cols, rows, third);
         return -1;
     }
     if (!is_float_type(t->type)) {
@@ -298,12 +218,21 @@ static int check_tensor(const struct qd_gguf_tensor *t, int64_t cols, int64_t ro
     return 0;
 }
 
-/* The expected [cols, rows] of a block tensor role (GGUF ne[0], ne[1]). */
-static void role_shape(const struct qd_model_arch *a, const struct qd_model_hparams *hp, enum qd_model_weight w,
-                       int64_t *cols, int64_t *rows)
+static int check_tensor(const struct qd_gguf_tensor *t, int64_t cols, int64_t rows, char *err, size_t errlen)
 {
-    const int64_t q = (int64_t)hp->n_head * hp->head_dim_k, k = (int64_t)hp->n_head_kv * hp->head_dim_k;
-    const int64_t v = (int64_t)hp->n_head_kv * hp->head_dim_v, o = (int64_t)hp->n_head * hp->head_dim_v;
+    return check_tensor3(t, cols, rows, 1, err, errlen);
+}
+
+/* The expected [cols, rows, experts] of a block tensor role (GGUF ne[0], ne[1], ne[2]). */
+static void role_shape(const struct qd_model_arch *a, const struct qd_model_hparams *hp, enum qd_model_weight w,
+                       int64_t *cols, int64_t *rows, int64_t *experts)
+{
+    *experts = 1;
+    /* DeepSeek's latent attention: q and the output have the heads' own sizes */
+    const int dk = hp->n_lora_kv ? hp->head_dim_k_mla : hp->head_dim_k;
+    const int dv = hp->n_lora_kv ? hp->head_dim_v_mla : hp->head_dim_v, nope = dk - hp->rope.n_rot;
+    const int64_t q = (int64_t)hp->n_head * dk, k = (int64_t)hp->n_head_kv * hp->head_dim_k;
+    const int64_t v = (int64_t)hp->n_head_kv * hp->head_dim_v, o = (int64_t)hp->n_head * dv;
     *rows = 1;
     switch (w) {
     case QD_W_ATTN_NORM: case QD_W_FFN_NORM: case QD_W_ATTN_OUT_B: case QD_W_FFN_DOWN_B:
@@ -321,6 +250,21 @@ static void role_shape(const struct qd_model_arch *a, const struct qd_model_hpar
     case QD_W_FFN_UP: *cols = hp->n_embd, *rows = a->ffn_up_fused ? 2 * hp->n_ff : hp->n_ff; break;
     case QD_W_FFN_GATE_B: case QD_W_FFN_UP_B: *cols = hp->n_ff; break;
     case QD_W_FFN_DOWN: *cols = hp->n_ff, *rows = hp->n_embd; break;
+    case QD_W_FFN_GATE_INP: *cols = hp->n_embd, *rows = hp->n_expert; break;
+    case QD_W_FFN_GATE_EXPS: case QD_W_FFN_UP_EXPS: *cols = hp->n_embd, *rows = hp->n_ff_exp, *experts = hp->n_expert; break;
+    case QD_W_FFN_DOWN_EXPS: *cols = hp->n_ff_exp, *rows = hp->n_embd, *experts = hp->n_expert; break;
+    case QD_W_FFN_GATE_INP_SHEXP: *cols = hp->n_embd; break;
+    case QD_W_FFN_GATE_SHEXP: case QD_W_FFN_UP_SHEXP: *cols = hp->n_embd, *rows = hp->n_ff_shexp; break;
+    case QD_W_FFN_DOWN_SHEXP: *cols = hp->n_ff_shexp, *rows = hp->n_embd; break;
+    case QD_W_FFN_EXP_PROBS_B: *cols = hp->n_expert; break;
+    case QD_W_ATTN_QA: *cols = hp->n_embd, *rows = hp->n_lora_q; break;
+    case QD_W_ATTN_QA_NORM: *cols = hp->n_lora_q; break;
+    case QD_W_ATTN_QB: *cols = hp->n_lora_q, *rows = q; break;
+    case QD_W_ATTN_KV_A_MQA: *cols = hp->n_embd, *rows = hp->n_lora_kv + hp->rope.n_rot; break;
+    case QD_W_ATTN_KV_A_NORM: *cols = hp->n_lora_kv; break;
+    case QD_W_ATTN_KV_B: *cols = hp->n_lora_kv, *rows = (int64_t)hp->n_head * (nope + dv); break;
+    case QD_W_ATTN_K_B_MLA: *cols = nope, *rows = hp->n_lora_kv, *experts = hp->n_head; break;
+    case QD_W_ATTN_V_B_MLA: *cols = hp->n_lora_kv, *rows = dv, *experts = hp->n_head; break;
     default: *cols = 0; break;
     }
 }
@@ -330,6 +274,40 @@ static const struct qd_gguf_tensor *block_tensor(const struct qd_model *m, int l
     char name[QD_GGUF_MAX_NAME + 16];
     snprintf(name, sizeof name, "blk.%d.%s", layer, qd_model_weight_names[w]);
     return find_tensor(m, name);
+}
+
+/* The roles block `layer` of m needs and may have: the row's, with the experts' in place of the
+ * dense FFN in a block with experts (after deepseek2's leading dense blocks), and DeepSeek's q
+ * and key/value expansion in the form the file has. */
+#define DENSE_FFN (QD_W_BIT(QD_W_FFN_GATE) | QD_W_BIT(QD_W_FFN_UP) | QD_W_BIT(QD_W_FFN_DOWN) | \
+                   QD_W_BIT(QD_W_FFN_GATE_B) | QD_W_BIT(QD_W_FFN_UP_B) | QD_W_BIT(QD_W_FFN_DOWN_B))
+#define MLA_FORMS (QD_W_BIT(QD_W_ATTN_Q) | QD_W_BIT(QD_W_ATTN_QA) | QD_W_BIT(QD_W_ATTN_QA_NORM) | \
+                   QD_W_BIT(QD_W_ATTN_QB) | QD_W_BIT(QD_W_ATTN_KV_B) | QD_W_BIT(QD_W_ATTN_K_B_MLA) | \
+                   QD_W_BIT(QD_W_ATTN_V_B_MLA))
+static uint64_t roles_required(const struct qd_model *m, int layer)
+{
+    const struct qd_model_arch *a = m->arch;
+    const struct qd_model_hparams *hp = &m->hp;
+    uint64_t req = hp->n_expert && layer >= hp->n_dense_lead ? (a->required & ~DENSE_FFN) | a->moe->required
+                                                              : a->required;
+    if (a->mla) {
+        req |= hp->n_lora_q > 0 ? QD_W_BIT(QD_W_ATTN_QA) | QD_W_BIT(QD_W_ATTN_QA_NORM) | QD_W_BIT(QD_W_ATTN_QB)
+                                : QD_W_BIT(QD_W_ATTN_Q);
+        req |= hp->mla_absorbed ? QD_W_BIT(QD_W_ATTN_K_B_MLA) | QD_W_BIT(QD_W_ATTN_V_B_MLA) : QD_W_BIT(QD_W_ATTN_KV_B);
+    }
+    return req;
+}
+
+static uint64_t roles_read(const struct qd_model *m, int layer)
+{
+    const struct qd_model_arch *a = m->arch;
+    const struct qd_model_hparams *hp = &m->hp;
+    uint64_t read = a->required | a->optional;
+    if (hp->n_expert && layer >= hp->n_dense_lead)
+        read = (read & ~DENSE_FFN) | a->moe->required | a->moe->optional;
+    if (a->mla) /* only the form the file's keys say */
+        read = (read & ~MLA_FORMS) | (roles_required(m, layer) & MLA_FORMS);
+    return read;
 }
 
 /* A per-pair rope factor tensor (n_rot/2 f32 values) copied into *out; absent: NULL. */
@@ -357,16 +335,17 @@ static int check_tensors(struct qd_model *m, char *err, size_t errlen)
     const struct qd_model_arch *a = m->arch;
     for (int l = 0; l < hp->n_layer; l++)
         for (int w = 0; w < QD_W_COUNT; w++) {
+            const uint64_t required = roles_required(m, l), read = roles_read(m, l);
             const uint64_t bit = QD_W_BIT(w);
-            const struct qd_gguf_tensor *t = (a->required | a->optional) & bit ? block_tensor(m, l, w) : NULL;
-            int64_t cols, rows;
-            if (!t && (a->required & bit)) {
-                snprintf(err, errlen, "the model has no tensor blk.%d.%s, which a %s block needs", l,
-                         qd_model_weight_names[w], a->name);
+            const struct qd_gguf_tensor *t = read & bit ? block_tensor(m, l, w) : NULL;
+            int64_t cols, rows, experts;
+            if (!t && (required & bit)) {
+                snprintf(err, errlen, "the model has no tensor blk.%d.%s, which a %s block%s needs", l,
+                         qd_model_weight_names[w], a->name, hp->n_expert ? " with experts" : "");
                 return -1;
             }
-            role_shape(a, hp, w, &cols, &rows);
-            if (t && check_tensor(t, cols, rows, err, errlen))
+            role_shape(a, hp, w, &cols, &rows, &experts);
+            if (t && check_tensor3(t, cols, rows, experts, err, errlen))
                 return -1;
         }
     /* a fused q/k/v (phi3) or the three apart (create_tensor_qkv takes either) */
@@ -520,16 +499,17 @@ void qd_model_release(const struct qd_model *m, const struct qd_gguf_tensor *t)
 
 enum qd_status qd_model_block_load(struct qd_model *m, int layer, struct qd_model_block *b, char *err, size_t errlen)
 {
-    const struct qd_model_arch *a = m->arch;
+    const uint64_t read = roles_read(m, layer);
     b->layer = layer;
     for (int w = 0; w < QD_W_COUNT; w++) {
         struct qd_model_tensor *mt = &b->w[w];
-        const struct qd_gguf_tensor *t = (a->required | a->optional) & QD_W_BIT(w) ? block_tensor(m, layer, w) : NULL;
+        const struct qd_gguf_tensor *t = read & QD_W_BIT(w) ? block_tensor(m, layer, w) : NULL;
         if (!t) {
             mt->data = NULL;
             continue;
         }
-        const size_t count = (size_t)(t->ne[0] * t->ne[1]);
+        /* every expert at once: a block of a large mixture takes n_expert times its FFN in f32 */
+        const size_t count = (size_t)(t->ne[0] * t->ne[1] * t->ne[2]);
         if (count > b->capacity[w]) {
             float *grown = realloc(b->buf[w], count * sizeof *grown);
             if (!grown) {
@@ -544,6 +524,7 @@ enum qd_status qd_model_block_load(struct qd_model *m, int layer, struct qd_mode
         mt->name = b->names[w];
         mt->cols = t->ne[0];
         mt->rows = t->ne[1];
+        mt->experts = t->ne[2];
         enum qd_status st = qd_model_tensor_f32(m, t, mt->data, err, errlen);
         if (st != QD_OK) {
             char why[512];
@@ -567,11 +548,12 @@ size_t qd_model_block_bytes(const struct qd_model *m)
 {
     size_t most = 0;
     for (int l = 0; l < m->hp.n_layer; l++) {
+        const uint64_t read = roles_read(m, l);
         size_t sum = 0;
         for (int w = 0; w < QD_W_COUNT; w++) {
             const struct qd_gguf_tensor *t = block_tensor(m, l, w);
-            if (t && ((m->arch->required | m->arch->optional) & QD_W_BIT(w)))
-                sum += (size_t)(t->ne[0] * t->ne[1]) * sizeof(float);
+            if (t && (read & QD_W_BIT(w)))
+                sum += (size_t)(t->ne[0] * t->ne[1] * t->ne[2]) * sizeof(float);
         }
         most = sum > most ? sum : most;
     }

@@ -14,6 +14,9 @@ and ggml's f32 sums differ in their last bit, an input can round to the neighbou
 and that activation moves by one f16 step (2^-11), which a few rows' logits show at up to 1e-3;
 for those architectures the bound is 1e-4 for 95% of the rows and 1e-3 for the worst, with a
 median below 1e-5 (quantd's GELU is ggml's table entry for entry, see tests/kernels/test_nn.c).
+The mixtures of experts on the defaults path: a token whose top-k choice nearly ties may be
+routed otherwise (tests/model/cases.py), so there at most 1% of the rows may pass 1e-4 (none
+1e-2) and ln PPL is held within 1e-3; on the f32 path they are held as the dense models are.
 The measured errors are printed (pytest -s)."""
 import json
 import math
@@ -27,7 +30,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "model"))
-from cases import CASES, FIXTURES, N_CTX, make_model, read_logits  # noqa: E402
+from cases import CASES, FIXTURES, MOE_CASES, MOE_DEFAULT_LN_PPL_TOLERANCE, N_CTX, make_model, read_logits  # noqa: E402,E501
 
 from conftest import QUANTD  # noqa: E402
 
@@ -88,6 +91,10 @@ def test_logits_and_ln_ppl_equal_llama_cpp(setup, tmp_path, case, mode):
     rel = abs(s["ln_ppl"] - ln_ref) / ln_ref
     print(f"\n{case} ({mode}): logits per row: median {np.median(e):.1e}, worst {e.max():.1e} over {len(e)} rows; "
           f"ln PPL {s['ln_ppl']:.6f} against {ln_ref:.6f}: {rel:.1e}")
+    if case in MOE_CASES and mode == "default":
+        assert (e >= 1e-4).mean() <= 0.01 and e.max() < 1e-2
+        assert rel < MOE_DEFAULT_LN_PPL_TOLERANCE
+        return
     if case.startswith("gemma"):  # the f16 GELU table's one-step flips (see the module's docstring)
         assert np.median(e) < 1e-5 and (e < 1e-4).mean() >= 0.95 and e.max() < 1e-3
     else:
@@ -95,14 +102,16 @@ def test_logits_and_ln_ppl_equal_llama_cpp(setup, tmp_path, case, mode):
     assert rel < (1e-5 if mode == "f32" else 1e-4)
 
 
+@pytest.mark.parametrize("case", ["llama-gqa", "qwen3moe", "deepseek2"])
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
-def test_quantized_file_equals_llama_cpp_on_its_f32_dequantization(setup, tmp_path, fmt):
+def test_quantized_file_equals_llama_cpp_on_its_f32_dequantization(setup, tmp_path, fmt, case):
     """quantd dequantizes each block to f32, so a quantized file's ln PPL is llama-perplexity's on
     that file's F32 dequantization; llama.cpp's own figure on the quantized file also rounds the
-    activations to 8 bits in its CPU dot products (printed, not compared)."""
+    activations to 8 bits in its CPU dot products (printed, not compared). The mixtures of experts
+    have their 3-D expert tensors quantized."""
     models, tokens = setup
     q, f = tmp_path / "q.gguf", tmp_path / "f32.gguf"
-    for args in (["--in", models["llama-gqa"], "--out", q, "--fmt", fmt],
+    for args in (["--in", models[case], "--out", q, "--fmt", fmt],
                  ["--in", q, "--out", f, "--recipe", "F32", "--allow-requantize"]):
         p = subprocess.run([QUANTD, "convert", *map(str, args)], capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
@@ -110,7 +119,7 @@ def test_quantized_file_equals_llama_cpp_on_its_f32_dequantization(setup, tmp_pa
     ln_deq = math.log(llama_ppl(f, "-ctk", "f32", "-ctv", "f32", "-fa", "off"))
     ln_file = math.log(llama_ppl(q, "-ctk", "f32", "-ctv", "f32", "-fa", "off", "--no-repack"))
     rel = abs(s["ln_ppl"] - ln_deq) / ln_deq
-    print(f"\n{fmt}: quantd ln PPL {s['ln_ppl']:.6f}; llama.cpp on the F32 dequantization {ln_deq:.6f} ({rel:.1e}), "
+    print(f"\n{case} {fmt}: quantd ln PPL {s['ln_ppl']:.6f}; llama.cpp on the F32 dequantization {ln_deq:.6f} ({rel:.1e}), "
           f"on the {fmt} file itself {ln_file:.6f}")
     assert rel < 1e-5
 

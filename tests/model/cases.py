@@ -27,7 +27,29 @@ CASES = {
     "phi3": ["--arch", "phi3", "--case", "gqa"],
     "phi3-longrope": ["--arch", "phi3", "--case", "longrope"],
     "mistral3": ["--arch", "mistral3", "--case", "tied", "--kv-heads", "2"],
+    # mixtures of experts (8 experts, 2 or 4 a token)
+    "mixtral": ["--arch", "llama", "--case", "gqa", "--experts", "8", "--experts-used", "2", "--ffn", "64"],
+    "qwen2moe": ["--arch", "qwen2moe", "--case", "gqa", "--experts", "8", "--experts-used", "4", "--ffn", "96"],
+    "qwen3moe": ["--arch", "qwen3moe", "--case", "gqa", "--experts", "8", "--experts-used", "2"],
+    # DeepSeek V2's layout: q LoRA, k_b / v_b, softmax routing; V3's: one q, kv_b, sigmoid routing
+    # with the choice bias, renormalised and scaled weights, groups; each with a leading dense block
+    # and YaRN (V2's mscale_all_dim 0.707, V3's 1)
+    "deepseek2": ["--arch", "deepseek2", "--layers", "3", "--experts", "8", "--experts-used", "2", "--mla-split",
+                  "--ffn", "96", "--yarn", "40", "--yarn-orig", "32", "--yarn-log-mul", "0.0707"],
+    "deepseek2-v3": ["--arch", "deepseek2", "--layers", "3", "--experts", "8", "--experts-used", "4", "--q-lora", "0",
+                     "--ffn", "96", "--shared", "2", "--gating", "sigmoid", "--probs-bias", "--weights-norm",
+                     "--weights-scale", "2.5", "--groups", "4", "--groups-used", "2", "--yarn", "4", "--yarn-orig", "16",
+                     "--yarn-log-mul", "0.1"],
 }
+
+# The mixtures of experts: their routing is a discontinuity (a top-k choice between two experts
+# whose probabilities nearly tie flips under a rounding of the order of f16's), so off llama.cpp's
+# f32 path the comparisons allow for a few tokens routed otherwise: on llama.cpp's defaults (f16
+# Q, K and V in flash attention) and in llama-perplexity, whose batches of several sequences run
+# other kernels than a single sequence does (qwen3moe: one token of chunk 18 moves its ln PPL by
+# 2.5e-4 while every logit of llama_logits's default run is within 5e-5 of quantd's).
+MOE_CASES = frozenset(c for c, args in CASES.items() if "--experts" in args)
+MOE_DEFAULT_LN_PPL_TOLERANCE = 1e-3
 
 
 def make_model(case, path):

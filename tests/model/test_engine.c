@@ -7,8 +7,12 @@
  *   (q, k and v the same input), then the output head;
  * - the logits callback gets the chunks in order, the rows from logits_from on;
  * - NaN/Inf in the hidden states stops the run naming the block and the chunk;
+ * - with experts (Mixtral's layout), the expert hook sees each expert's rows: every token at
+ *   n_expert_used experts, the same rows entering an expert's gate, up and down; without it the
+ *   plain hook gets those rows under the tensor's name;
  * - the loader refuses an architecture it lacks (listing those it runs), a missing block tensor,
- *   a tensor of the wrong shape, a model without a vocabulary. */
+ *   a tensor of the wrong shape, a model without a vocabulary, a mixture of experts without
+ *   experts. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +26,7 @@
 #include "model/engine.h"
 
 enum { EMBD = 16, FF = 24, HEADS = 4, KV_HEADS = 2, HD = 4, LAYERS = 2, VOCAB = 40, CTX = 8 };
+enum { EXPERTS = 6, EXPERTS_USED = 2 };
 
 struct tiny {
     int drop_tensor;       /* index into the tensor list to leave out, -1: none */
@@ -29,17 +34,18 @@ struct tiny {
     int no_vocab;
     const char *arch;
     float poison;          /* a value planted in blk.1.ffn_down (0: none) */
+    int experts;           /* Mixtral's layout: EXPERTS experts, EXPERTS_USED a token */
 };
 
 struct tensor_spec {
     char name[64];
-    int64_t cols, rows;
+    int64_t cols, rows, experts; /* experts 0: a 2-D (or 1-D) tensor */
 };
 
 static int specs(struct tensor_spec *t, const struct tiny *o)
 {
     int n = 0;
-    snprintf(t[n].name, 64, "token_embd.weight"), t[n].cols = EMBD, t[n++].rows = VOCAB;
+    snprintf(t[n].name, 64, "token_embd.weight"), t[n].cols = EMBD, t[n].experts = 0, t[n++].rows = VOCAB;
     for (int l = 0; l < LAYERS; l++) {
         static const struct {
             const char *name;
@@ -48,16 +54,27 @@ static int specs(struct tensor_spec *t, const struct tiny *o)
                    {"attn_k.weight", EMBD, KV_HEADS * HD}, {"attn_v.weight", EMBD, KV_HEADS * HD},
                    {"attn_output.weight", HEADS * HD, EMBD}, {"ffn_norm.weight", EMBD, 1},
                    {"ffn_gate.weight", EMBD, FF}, {"ffn_up.weight", EMBD, FF}, {"ffn_down.weight", FF, EMBD}};
-        for (size_t i = 0; i < sizeof blk / sizeof *blk; i++) {
+        for (size_t i = 0; i < sizeof blk / sizeof *blk - (o->experts ? 3 : 0); i++) {
             snprintf(t[n].name, 64, "blk.%d.%s", l, blk[i].name);
-            t[n].cols = blk[i].cols, t[n].rows = blk[i].rows;
+            t[n].cols = blk[i].cols, t[n].rows = blk[i].rows, t[n].experts = 0;
             if (o->bad_shape && l == 1 && i == 2)
                 t[n].rows = HEADS * HD;
             n++;
         }
+        if (o->experts) {
+            static const struct {
+                const char *name;
+                int64_t cols, rows, experts;
+            } moe[] = {{"ffn_gate_inp.weight", EMBD, EXPERTS, 0}, {"ffn_gate_exps.weight", EMBD, FF, EXPERTS},
+                       {"ffn_up_exps.weight", EMBD, FF, EXPERTS}, {"ffn_down_exps.weight", FF, EMBD, EXPERTS}};
+            for (size_t i = 0; i < sizeof moe / sizeof *moe; i++, n++) {
+                snprintf(t[n].name, 64, "blk.%d.%s", l, moe[i].name);
+                t[n].cols = moe[i].cols, t[n].rows = moe[i].rows, t[n].experts = moe[i].experts;
+            }
+        }
     }
-    snprintf(t[n].name, 64, "output_norm.weight"), t[n].cols = EMBD, t[n++].rows = 1;
-    snprintf(t[n].name, 64, "output.weight"), t[n].cols = EMBD, t[n++].rows = VOCAB;
+    snprintf(t[n].name, 64, "output_norm.weight"), t[n].cols = EMBD, t[n].experts = 0, t[n++].rows = 1;
+    snprintf(t[n].name, 64, "output.weight"), t[n].cols = EMBD, t[n].experts = 0, t[n++].rows = VOCAB;
     if (o->drop_tensor >= 0) {
         memmove(&t[o->drop_tensor], &t[o->drop_tensor + 1], (size_t)(n - o->drop_tensor - 1) * sizeof *t);
         n--;
@@ -93,7 +110,7 @@ static void write_tiny(const struct tiny *o, char *path)
     const int nt = specs(t, o);
     const char *arch = o->arch ? o->arch : "llama";
     struct buf b = {0};
-    gguf_header(&b, (uint64_t)nt, o->no_vocab ? 9 : 11);
+    gguf_header(&b, (uint64_t)nt, (o->no_vocab ? 9 : 11) + (o->experts ? 2 : 0));
     char key[96];
     kv_str(&b, "general.architecture", arch);
 #define KEY(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
@@ -105,6 +122,10 @@ static void write_tiny(const struct tiny *o, char *path)
     kv_u32(&b, KEY("attention.head_count_kv"), KV_HEADS);
     kv_f32(&b, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
     kv_f32(&b, KEY("rope.freq_base"), 10000.0f);
+    if (o->experts) {
+        kv_u32(&b, KEY("expert_count"), EXPERTS);
+        kv_u32(&b, KEY("expert_used_count"), EXPERTS_USED);
+    }
 #undef KEY
     if (!o->no_vocab) {
         kv_str(&b, "tokenizer.ggml.model", "llama");
@@ -121,20 +142,23 @@ static void write_tiny(const struct tiny *o, char *path)
     uint64_t offset = 0;
     for (int i = 0; i < nt; i++) {
         put_str(&b, t[i].name);
-        put_u32(&b, t[i].rows > 1 ? 2 : 1);
+        const int64_t experts = t[i].experts ? t[i].experts : 1;
+        put_u32(&b, t[i].experts ? 3 : t[i].rows > 1 ? 2 : 1);
         put_u64(&b, (uint64_t)t[i].cols);
-        if (t[i].rows > 1)
+        if (t[i].rows > 1 || t[i].experts)
             put_u64(&b, (uint64_t)t[i].rows);
+        if (t[i].experts)
+            put_u64(&b, (uint64_t)t[i].experts);
         put_u32(&b, 0); /* f32 */
         put_u64(&b, offset);
-        offset += (uint64_t)(t[i].cols * t[i].rows * 4 + 31) / 32 * 32;
+        offset += (uint64_t)(t[i].cols * t[i].rows * experts * 4 + 31) / 32 * 32;
     }
     while (b.n % 32)
         put(&b, "", 1);
     uint32_t state = 12345;
     for (int i = 0; i < nt; i++) {
         const int norm = strstr(t[i].name, "norm") != NULL;
-        const int64_t n = t[i].cols * t[i].rows;
+        const int64_t n = t[i].cols * t[i].rows * (t[i].experts ? t[i].experts : 1);
         for (int64_t k = 0; k < n; k++) {
             state = state * 1664525u + 1013904223u;
             float v = ((float)(state >> 8) / 16777216.0f - 0.5f) * (norm ? 0.2f : 0.6f) + (norm ? 1.0f : 0.0f);
@@ -303,6 +327,86 @@ static void token_outside_the_vocabulary_is_refused(void **state)
     unlink(path);
 }
 
+/* ---- experts ---------------------------------------------------------------------------------- */
+
+struct expert_record {
+    int64_t rows[LAYERS][3][EXPERTS]; /* gate, up, down */
+    int64_t plain_rows[LAYERS][3];    /* the same tensors through the plain hook */
+    int bad;
+};
+
+static int exps_role(const char *weight)
+{
+    return strstr(weight, "ffn_gate_exps") ? 0 : strstr(weight, "ffn_up_exps") ? 1 : strstr(weight, "ffn_down_exps") ? 2 : -1;
+}
+
+static void on_expert(void *ctx, int layer, const char *weight, int expert, int n_expert, const float *x, int64_t rows,
+                      int64_t K)
+{
+    struct expert_record *r = ctx;
+    const int role = exps_role(weight);
+    if (role < 0 || layer < 0 || layer >= LAYERS || expert < 0 || expert >= n_expert || n_expert != EXPERTS || rows < 1 ||
+        K != (role == 2 ? FF : EMBD) || !isfinite(x[rows * K - 1])) {
+        r->bad++;
+        return;
+    }
+    r->rows[layer][role][expert] += rows;
+}
+
+static void on_plain(void *ctx, int layer, const char *weight, const float *x, int64_t T, int64_t K)
+{
+    struct expert_record *r = ctx;
+    const int role = exps_role(weight);
+    if (role >= 0 && layer < LAYERS)
+        r->plain_rows[layer][role] += T;
+    (void)x, (void)K;
+}
+
+static void expert_hook_tells_each_expert_its_rows(void **state)
+{
+    (void)state;
+    char path[64], err[512];
+    struct tiny o = plain;
+    o.experts = 1;
+    write_tiny(&o, path);
+    int32_t tokens[2 * CTX];
+    for (int i = 0; i < 2 * CTX; i++)
+        tokens[i] = (i * 11 + 2) % VOCAB;
+    struct qd_model m;
+    enum qd_status st;
+    assert_int_equal(qd_model_open(path, &m, &st, err, sizeof err), 0);
+    assert_int_equal(m.hp.n_expert, EXPERTS);
+    const struct qd_engine_opts opts = {.n_ctx = CTX, .logits_from = 3, .threads = 2, .cache_k = QD_F32,
+                                        .cache_v = QD_F32};
+    struct qd_engine_stats stats;
+    for (int with_expert_hook = 0; with_expert_hook < 2; with_expert_hook++) {
+        struct expert_record r = {0};
+        struct qd_engine_hooks h = {.ctx = &r, .on_matmul_input = on_plain,
+                                    .on_matmul_expert_input = with_expert_hook ? on_expert : NULL};
+        assert_int_equal(qd_engine_run(&m, tokens, 2, &opts, &h, &stats, err, sizeof err), QD_OK);
+        assert_int_equal(r.bad, 0);
+        for (int l = 0; l < LAYERS; l++) {
+            int64_t total = 0, used = 0;
+            for (int e = 0; e < EXPERTS; e++) {
+                /* an expert's gate, up and down see the same rows */
+                assert_int_equal(r.rows[l][0][e], r.rows[l][1][e]);
+                assert_int_equal(r.rows[l][1][e], r.rows[l][2][e]);
+                total += r.rows[l][1][e];
+                used += r.rows[l][1][e] > 0;
+            }
+            if (with_expert_hook) {
+                assert_int_equal(total, 2 * CTX * EXPERTS_USED); /* every token at EXPERTS_USED experts */
+                assert_true(used >= EXPERTS_USED);
+                assert_int_equal(r.plain_rows[l][1], 0);
+            } else
+                for (int role = 0; role < 3; role++)
+                    assert_int_equal(r.plain_rows[l][role], 2 * CTX * EXPERTS_USED);
+        }
+    }
+    qd_model_close(&m);
+    unlink(path);
+}
+
 static void loader_refusals_name_the_problem(void **state)
 {
     (void)state;
@@ -318,6 +422,7 @@ static void loader_refusals_name_the_problem(void **state)
         {{.drop_tensor = 12}, "no tensor blk.1.attn_k.weight, which a llama block needs"},
         {{.drop_tensor = -1, .bad_shape = 1}, "tensor blk.1.attn_k.weight is [16, 16, 1], the model's sizes say [16, 8]"},
         {{.drop_tensor = -1, .no_vocab = 1}, "has no vocabulary"},
+        {{.drop_tensor = -1, .arch = "qwen3moe"}, "a qwen3moe model needs qwen3moe.expert_count > 0"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char path[64], err[512] = "";
@@ -338,6 +443,7 @@ int main(void)
         cmocka_unit_test(engine_is_layer_major_and_hooks_see_every_matmul),
         cmocka_unit_test(nonfinite_hidden_state_names_the_block),
         cmocka_unit_test(token_outside_the_vocabulary_is_refused),
+        cmocka_unit_test(expert_hook_tells_each_expert_its_rows),
         cmocka_unit_test(loader_refusals_name_the_problem),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

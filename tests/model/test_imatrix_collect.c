@@ -1,8 +1,9 @@
 /* server/model/imatrix_collect.c and server/checkpoint/imatrix_sums.c, imatrix_write.c: what
  * the collector takes (blk.* weights of 16 tokens or more; the output head on request; q and k
- * each their own entry of the same input), experts counted per expert, the two files read back
- * through llama-quantize's reader (imatrix.c) and through the combining loader, sizes that
- * disagree refused, overflow stopped, and a file written whole or not at all. */
+ * each their own entry of the same input), experts counted per expert (given the routing, or
+ * through the engine's expert hook), per-head weights' slices with one count, the two files
+ * read back through llama-quantize's reader (imatrix.c) and through the combining loader, sizes
+ * that disagree refused, overflow stopped, and a file written whole or not at all. */
 #include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
@@ -105,6 +106,79 @@ static void experts_are_counted_per_expert(void **state)
     assert_int_equal(qd_imatrix_collect_experts(&c, "blk.1.ffn_up_exps.weight", 3, bad, 2, x, 1, 1, 3), QD_EINVAL);
     assert_non_null(strstr(c.err, "expert 5 of 3"));
     assert_true(c.stop);
+    qd_imatrix_sums_free(&s);
+}
+
+/* The engine's expert hook: each expert's routed rows (any number, under 16 too) into that
+ * expert's slice and count, the same sums as the routing's own path; an expert out of range
+ * refused. */
+static void expert_hook_counts_each_experts_rows(void **state)
+{
+    (void)state;
+    struct qd_imatrix_sums s = {.chunk_size = 4}, ref = {.chunk_size = 4};
+    struct qd_imatrix_collector c = {.sums = &s}, cr = {.sums = &ref};
+    const int32_t ids[4 * 2] = {0, 1, 1, 0, 0, 1, 1, 0};
+    float x[4 * 2 * 3], rows[4 * 3];
+    fill(x, 24, 2.0f);
+    assert_int_equal(qd_imatrix_collect_experts(&cr, "blk.0.ffn_down_exps.weight", 3, ids, 2, x, 2, 4, 3), QD_OK);
+    for (int e = 0; e < 3; e++) { /* the rows routed to e, slot-major as MUL_MAT_ID visits them */
+        int64_t n = 0;
+        for (int slot = 0; slot < 2; slot++)
+            for (int t = 0; t < 4; t++)
+                if (ids[t * 2 + slot] == e)
+                    memcpy(rows + 3 * n++, x + (t * 2 + slot) * 3, 3 * sizeof *rows);
+        qd_imatrix_collect_expert_matmul(&c, 0, "blk.0.ffn_down_exps.weight", e, 3, rows, n, 3);
+    }
+    assert_int_equal(c.status, QD_OK);
+    const struct qd_imatrix_stat *a = stat_of(&s, "blk.0.ffn_down_exps.weight");
+    const struct qd_imatrix_stat *b = stat_of(&ref, "blk.0.ffn_down_exps.weight");
+    assert_non_null(a);
+    assert_int_equal(a->n_counts, 3);
+    assert_int_equal(a->n_vals, 9);
+    for (int e = 0; e < 3; e++)
+        assert_int_equal(a->counts[e], b->counts[e]);
+    assert_int_equal(a->counts[0], 4);
+    assert_int_equal(a->counts[2], 0);
+    for (int j = 0; j < 9; j++)
+        assert_true(a->sums[j] == b->sums[j]);
+    qd_imatrix_collect_expert_matmul(&c, 0, "blk.0.ffn_down_exps.weight", 3, 3, rows, 1, 3);
+    assert_int_equal(c.status, QD_EINVAL);
+    assert_non_null(strstr(c.err, "expert 3 of 3"));
+    assert_true(c.stop);
+    qd_imatrix_sums_free(&s);
+    qd_imatrix_sums_free(&ref);
+}
+
+/* A per-head 3-D weight (DeepSeek's attn_k_b): each head's slice its own sums, one count of
+ * the tokens for all heads, under 16 tokens skipped; a head out of range refused. */
+static void head_hook_keeps_one_count(void **state)
+{
+    (void)state;
+    struct qd_imatrix_sums s = {.chunk_size = 20};
+    struct qd_imatrix_collector c = {.sums = &s};
+    float x[2][20 * 4];
+    fill(x[0], 80, 1.0f);
+    fill(x[1], 80, 3.0f);
+    for (int h = 0; h < 2; h++)
+        qd_imatrix_collect_head_matmul(&c, 0, "blk.0.attn_k_b.weight", h, 2, x[h], 20, 4);
+    qd_imatrix_collect_head_matmul(&c, 0, "blk.0.attn_v_b.weight", 0, 2, x[0], 15, 4); /* under 16 tokens */
+    assert_int_equal(c.status, QD_OK);
+    assert_int_equal(s.n, 1);
+    const struct qd_imatrix_stat *k = stat_of(&s, "blk.0.attn_k_b.weight");
+    assert_non_null(k);
+    assert_int_equal(k->n_vals, 8);
+    assert_int_equal(k->n_counts, 1);
+    assert_int_equal(k->counts[0], 20);
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++) {
+            float want = 0.0f;
+            for (int t = 0; t < 20; t++)
+                want += x[h][t * 4 + j] * x[h][t * 4 + j];
+            assert_true(k->sums[h * 4 + j] == want);
+        }
+    qd_imatrix_collect_head_matmul(&c, 0, "blk.0.attn_k_b.weight", 2, 2, x[0], 20, 4);
+    assert_int_equal(c.status, QD_EINVAL);
+    assert_non_null(strstr(c.err, "head 2 of 2"));
     qd_imatrix_sums_free(&s);
 }
 
@@ -297,6 +371,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(collector_takes_block_weights_of_16_tokens_or_more),
         cmocka_unit_test(experts_are_counted_per_expert),
+        cmocka_unit_test(expert_hook_counts_each_experts_rows),
+        cmocka_unit_test(head_hook_keeps_one_count),
         cmocka_unit_test(sizes_that_disagree_are_refused),
         cmocka_unit_test(overflow_stops_the_collector),
         cmocka_unit_test(gguf_reads_back_through_both_readers),

@@ -6,13 +6,15 @@ and a head size apart from n_embd / n_head; Gemma 2 with soft-capped scores and 
 sliding window of 8 on alternate blocks; Gemma 3 with q/k norms, 2 sliding blocks of 3 with their
 own rope base, linear rope scaling on the global one; Phi-3 with fused qkv and gate/up, and with
 LongRoPE's long factors, its attention factor and q/k/v biases; Mistral 3 with output and FFN
-biases):
+biases; the mixtures of experts Mixtral, qwen2moe with its shared expert, qwen3moe, 8 experts
+with 2 or 4 a token; deepseek2 in DeepSeek V2's layout and in V3's, tests/model/cases.py):
 - the logits of llama.cpp's f32 path (f32 KV cache, no flash attention) within a relative 1e-4
   (per row: the largest difference over the row's largest logit), quantd run the same way
   (-ctk f32 -ctv f32);
 - the mean negative log-likelihood (ln PPL) equal to llama-perplexity's within a relative 1e-5
   on that path, and within 1e-4 of llama-perplexity's run with its defaults (an f16 KV cache,
-  which quantd's default emulates);
+  which quantd's default emulates; 1e-3 for the mixtures of experts, whose routing may flip on a
+  near tie there: tests/model/cases.py);
 - llama-perplexity's running line ("[1]x,[2]y,...": the perplexity after each chunk) within a
   relative 1e-5 on the f32 path.
 And the command's refusals: too few tokens, an architecture the engine lacks, a model without
@@ -28,7 +30,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "model"))
-from cases import CASES, FIXTURES, N_CTX, make_model, read_logits  # noqa: E402
+from cases import CASES, FIXTURES, MOE_CASES, MOE_DEFAULT_LN_PPL_TOLERANCE, N_CTX, make_model, read_logits  # noqa: E402,E501
 
 QUANTD = os.environ.get("QUANTD", os.path.join(HERE, "..", "..", "bin", "quantd"))
 TOKENS = os.path.join(FIXTURES, "tokens.bin")
@@ -90,7 +92,8 @@ def test_perplexity_equals_llama_perplexity_defaults(models, case):
     ln_ref = math.log(rec["default"]["ppl"])
     rel = abs(s["ln_ppl"] - ln_ref) / ln_ref
     print(f"{case}: ln PPL {s['ln_ppl']:.6f} against llama-perplexity's default {ln_ref:.6f}: {rel:.2e}")
-    assert rel < 1e-4
+    # experts' routing flips on near ties off the f32 path (cases.py)
+    assert rel < (MOE_DEFAULT_LN_PPL_TOLERANCE if case in MOE_CASES else 1e-4)
     assert s["cache_type_k"] == "f16" and s["memory"]["peak_bytes"] > 0
 
 

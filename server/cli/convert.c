@@ -19,6 +19,7 @@
 #include "checkpoint/gguf_recipe.h"
 #include "checkpoint/pipeline.h"
 #include "cli/cli.h"
+#include "cli/files.h"
 
 static void usage(FILE *to)
 {
@@ -129,21 +130,6 @@ static void *watch_signals(void *arg)
     _exit(128 + sig);
 }
 
-/* This process's peak resident set (VmHWM: per address space, so a forked parent's pages do
- * not count, unlike getrusage's ru_maxrss); 0 where /proc is missing. */
-static uint64_t peak_rss_bytes(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    uint64_t kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %" SCNu64 " kB", &kb) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kb * 1024;
-}
-
 /* Runs the resolved request: the input and destination checked before any device is opened, the
  * conversion, and its summary as the last line. 0, 1 (failed), or 128 + a stop signal. */
 static int run(const struct qd_cli_conversion *c, struct qd_convert_spec *spec)
@@ -246,7 +232,7 @@ static int run(const struct qd_cli_conversion *c, struct qd_convert_spec *spec)
     cJSON *sum = qd_convert_summary_json(spec, &s, name), *line = cJSON_CreateObject();
     cJSON_AddStringToObject(sum, "in", o.src); /* what only the command line has */
     cJSON_AddStringToObject(sum, "out", o.dst ? o.dst : "");
-    cJSON_AddNumberToObject(sum, "peak_rss_bytes", (double)peak_rss_bytes());
+    cJSON_AddNumberToObject(sum, "peak_rss_bytes", (double)qd_peak_rss_bytes());
     cJSON_AddItemToObject(line, "summary", sum);
     char *text = cJSON_PrintUnformatted(line);
     if (text)

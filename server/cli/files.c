@@ -1,6 +1,7 @@
 #include "cli/files.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -45,4 +46,17 @@ int qd_file_write(const char *path, const void *data, size_t len)
         return -1;
     }
     return 0;
+}
+
+uint64_t qd_peak_rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    uint64_t kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %" SCNu64 " kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kb * 1024;
 }

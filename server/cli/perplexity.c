@@ -120,19 +120,6 @@ static void on_progress(void *ctx, int done, int total)
         fputc('\n', stderr);
 }
 
-static uint64_t peak_rss_bytes(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    uint64_t kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %" SCNu64 " kB", &kb) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kb * 1024;
-}
-
 /* whether two paths name one existing file (an output must not replace an input) */
 static int same_file(const char *a, const char *b)
 {
@@ -151,7 +138,7 @@ static void add_run(cJSON *j, const struct qd_engine_stats *stats)
     cJSON_AddNumberToObject(mem, "block_bytes", (double)stats->block_bytes);
     cJSON_AddNumberToObject(mem, "scratch_bytes", (double)stats->scratch_bytes);
     cJSON_AddNumberToObject(mem, "head_bytes", (double)stats->head_bytes);
-    cJSON_AddNumberToObject(mem, "peak_rss_bytes", (double)peak_rss_bytes());
+    cJSON_AddNumberToObject(mem, "peak_rss_bytes", (double)qd_peak_rss_bytes());
 }
 
 /* --kl-divergence: the model over the base file's tokens, against its log-probabilities, as

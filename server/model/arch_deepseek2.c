@@ -136,11 +136,6 @@ enum qd_status qd_arch_deepseek2_block(struct qd_block_run *r)
         return st;
     r->nn->add(r->hidden, s->proj, T * n_embd); /* ffn_inp = attn_out + inpSA */
 
-    qd_graph_norm(r, s->cur, r->hidden, QD_W_FFN_NORM, QD_W_COUNT, T, n_embd);
-    if (r->b->w[QD_W_FFN_GATE_INP].data)
-        qd_graph_moe(r);
-    else
-        qd_graph_ffn(r);
-    r->nn->add(r->hidden, s->proj, T * n_embd); /* l_out = ffn_out + ffn_inp */
+    qd_graph_ffn_residual(r);
     return QD_OK;
 }

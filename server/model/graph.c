@@ -175,3 +175,15 @@ void qd_graph_ffn(struct qd_block_run *r)
     r->nn->glu(s->gate, s->gate, s->up, r->T * n_ff, r->m->arch->act);
     qd_graph_linear(r, s->proj, s->gate, QD_W_FFN_DOWN, QD_W_FFN_DOWN_B);
 }
+
+void qd_graph_ffn_residual(struct qd_block_run *r)
+{
+    const int64_t T = r->T, n_embd = r->m->hp.n_embd;
+    struct qd_block_scratch *s = r->s;
+    qd_graph_norm(r, s->cur, r->hidden, QD_W_FFN_NORM, QD_W_COUNT, T, n_embd);
+    if (r->b->w[QD_W_FFN_GATE_INP].data)
+        qd_graph_moe(r);
+    else
+        qd_graph_ffn(r);
+    r->nn->add(r->hidden, s->proj, T * n_embd); /* l_out = ffn_out + ffn_inp */
+}

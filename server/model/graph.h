@@ -81,6 +81,9 @@ void qd_graph_ffn(struct qd_block_run *r);
 /* build_moe_ffn (+ qwen2moe's gated shared expert): the mixture of experts of r->s->cur into
  * r->s->proj (arch_moe.c). */
 void qd_graph_moe(struct qd_block_run *r);
+/* A pre-norm block's second half: r->hidden += ffn(norm(r->hidden)), the mixture of experts
+ * where the block has a router, the dense FFN elsewhere (llama.cpp's ffn_inp -> l_out). */
+void qd_graph_ffn_residual(struct qd_block_run *r);
 /* the architectures' ways of holding experts (arch_moe.c) */
 extern const struct qd_model_moe qd_moe_mixtral, qd_moe_qwen2moe, qd_moe_qwen3moe, qd_moe_deepseek2;
 

@@ -31,6 +31,7 @@
 #   make soak-leak-check the soak with a leak preloaded into the daemon: its verdict must fail
 #   make test-soak-verdict the soak's memory and latency verdicts on made-up series (in make test)
 #   make test-gpu        GPU vs CPU bytes, compute-sanitizer, service tests on CUDA (a GPU machine)
+#   make test-gpu-model  the forward engine on CUDA against the CPU (a GPU machine)
 #   make test-faults     injected device faults against a live daemon (a GPU machine)
 #   make bench-gpu       the kernel, bitsandbytes and service benchmarks on a GPU
 #   make bench-pinned    pinned host memory: cudaHostAlloc against registered huge pages (a GPU machine)
@@ -77,7 +78,7 @@ CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCC_FLAGS  ?= -O3 -std=c++17 --fmad=false -gencode=arch=compute_90,code=sm_90 \
                -gencode=arch=compute_90,code=compute_90 -Xcompiler -Wall
 override CFLAGS += -DQD_WITH_CUDA -I$(CUDA_HOME)/include
-LDLIBS      += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+LDLIBS      += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
 CUDA_OBJS   := $(CUDA_SRCS:%.cu=$(BUILD)/%.o)
 endif
 
@@ -85,7 +86,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all help deps venv openapi check-openapi test test-unit bench-iq4 bench-iqgrid test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-pinned bench-kquant-imx bench-convert bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all help deps venv openapi check-openapi test test-unit test-gpu-model bench-iq4 bench-iqgrid test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-pinned bench-kquant-imx bench-convert bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 help:
@@ -393,6 +394,10 @@ bin/quantd-faults: $(KERNEL_OBJS) $(FAULT_OBJS)
 $(BUILD)/tests/gpu/test_faults: tests/gpu/test_faults.c tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) -lcurl $(TEST_LIBS)
+# the forward engine's CUDA backend against its CPU backend (tests/gpu/test_model_gpu.py)
+test-gpu-model: check-cuda bin/quantd
+	QUANTD=$(abspath bin/quantd) $(PYTHON) -m pytest -q -s tests/gpu/test_model_gpu.py
+
 test-faults: check-cuda bin/quantd-faults $(BUILD)/tests/gpu/test_faults
 	QUANTD=$(abspath bin/quantd-faults) $(BUILD)/tests/gpu/test_faults
 

@@ -17,15 +17,20 @@
 #include "cli/cli.h"
 #include "cli/files.h"
 #include "model/engine.h"
+#include "model/engine_backend.h"
 #include "model/imatrix_collect.h"
 #include "model/model_input.h"
 #include "model/ppl.h"
+
+/* the forward engine's backend (--backend, --max-device-bytes) */
+static const struct qd_nn_backend *engine_nn;
 
 static void usage(FILE *to)
 {
     fprintf(to,
             "usage: quantd imatrix -m MODEL (-f TEXT | --tokens FILE) [-o OUT] [-c N] [--chunks N] [--process-output]\n"
             "                      [--output-format gguf|dat] [--in-file FILE ...] [--no-ppl] [--chunk N] [-t N]\n"
+            "                      [--backend auto|cpu|cuda] [--max-device-bytes N]\n"
             "       quantd imatrix --in-file A --in-file B ... [-o OUT] [-c N]   (combine only)\n"
             "  llama-imatrix's importance matrix of a GGUF model over a text's tokens: per weight of the\n"
             "  blocks, the sum of the squares of each input column over the tokens and their count, in\n"
@@ -51,7 +56,10 @@ static void usage(FILE *to)
             "  --output-frequency N, --save-frequency N\n"
             "                      accepted; the file is written once, at the end\n"
             "  -ctk, -ctv TYPE     the KV cache's types (f16, the default as in llama.cpp, bf16 or f32)\n"
-            "  -t N                threads (default: every core)\n",
+            "  -t N                threads (default: every core)\n"
+            "  --backend B         auto (default: CUDA where built and a device answers, else the CPU),\n"
+            "                      cpu or cuda (bf16 matmul inputs with f32 sums there)\n"
+            "  --max-device-bytes N  the most device memory the run may hold (4GiB, 512MiB, ...)\n",
             qd_model_arch_names());
 }
 
@@ -218,7 +226,7 @@ static int compute(const char *prog, struct qd_imatrix_sums *s, const char *mode
     struct run r = {.c = &c, .tokens = tokens, .n_ctx = n_ctx, .first = n_ctx / 2, .ppl = ppl};
     /* the head's rows: every position when its input is collected (llama-imatrix asks for
      * every logit), else the scored half */
-    struct qd_engine_opts o = {.n_ctx = n_ctx, .logits_from = process_output ? 0 : n_ctx / 2, .threads = threads,
+    struct qd_engine_opts o = {.nn = engine_nn, .n_ctx = n_ctx, .logits_from = process_output ? 0 : n_ctx / 2, .threads = threads,
                                .cache_k = cache[0], .cache_v = cache[1]};
     struct qd_engine_hooks h = {.ctx = &r, .on_logits = on_logits, .on_matmul_input = on_matmul_input,
                                 .on_matmul_expert_input = on_matmul_expert_input,
@@ -247,8 +255,12 @@ static int compute(const char *prog, struct qd_imatrix_sums *s, const char *mode
         else
             printf("Unexpected negative standard deviation of log(prob)\n");
     }
-    fprintf(stderr, "imatrix: %.2f s (%.2f s reading weights), %.1f MiB at most\n", stats.seconds, stats.read_seconds,
+    fprintf(stderr, "imatrix: %.2f s (%.2f s reading weights), %.1f MiB at most", stats.seconds, stats.read_seconds,
             (double)stats.peak_bytes / 1048576.0);
+    if (stats.device_peak_bytes)
+        fprintf(stderr, ", %.1f MiB of %s memory at most", (double)stats.device_peak_bytes / 1048576.0,
+                engine_nn->name);
+    fprintf(stderr, "\n");
     rc = 0;
 done:
     free(chunks);
@@ -258,6 +270,8 @@ done:
 
 int qd_cli_imatrix(int argc, char **argv)
 {
+    const char *backend = "auto";
+    size_t max_device_bytes = 0;
     const char *model_path = NULL, *tokens_path = NULL, *text_path = NULL, *out = "imatrix.gguf";
     int n_ctx = 512, max_chunks = -1, from_chunk = 0, n_batch = 2048, threads = 0, process_output = 0, ppl = 1;
     int format = 0, ignored; /* format: 0 unsaid, 1 gguf, 2 dat */
@@ -320,6 +334,13 @@ int qd_cli_imatrix(int argc, char **argv)
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             if (parse_int(a, v, 1, &threads))
                 goto done;
+        } else if (!strcmp(a, "--backend")) {
+            backend = v;
+        } else if (!strcmp(a, "--max-device-bytes")) {
+            if (qd_parse_bytes(v, &max_device_bytes)) {
+                fprintf(stderr, "quantd imatrix: --max-device-bytes takes a byte count such as 4GiB, not '%s'\n", v);
+                goto done;
+            }
         } else if (!strcmp(a, "-ofreq") || !strcmp(a, "--output-frequency") || !strcmp(a, "--save-frequency")) {
             if (parse_int(a, v, 0, &ignored))
                 goto done;
@@ -340,6 +361,13 @@ int qd_cli_imatrix(int argc, char **argv)
         fprintf(stderr, "quantd imatrix: -m MODEL is required with %s (quantd imatrix --help)\n",
                 tokens_path ? "--tokens" : "-f");
         goto done;
+    }
+    if (tokens_path || text_path) {
+        char why[320];
+        if (qd_engine_backend(backend, max_device_bytes, &engine_nn, why, sizeof why)) {
+            fprintf(stderr, "quantd imatrix: %s\n", why);
+            goto done;
+        }
     }
     rc = 1;
     /* the output's folder is checked before the run, not after it */

@@ -22,6 +22,7 @@
 #include "cli/cli.h"
 #include "cli/files.h"
 #include "model/engine.h"
+#include "model/engine_backend.h"
 #include "model/kld.h"
 #include "model/model_input.h"
 #include "model/ppl.h"
@@ -30,7 +31,8 @@ static void usage(FILE *to)
 {
     fprintf(to,
             "usage: quantd perplexity -m MODEL (-f TEXT | --tokens FILE) [-c N] [--chunks N] [-b N] [-t N]\n"
-            "                         [--kl-divergence-base FILE [--kl-divergence]]\n"
+            "                         [--kl-divergence-base FILE [--kl-divergence]] [--backend B]\n"
+            "                         [--max-device-bytes N]\n"
             "  llama-perplexity's perplexity of a GGUF model over a text's tokens, scored as it scores them:\n"
             "  chunks of -c tokens (default 512), each chunk's first token replaced by BOS when the\n"
             "  vocabulary adds one, each chunk scored over its second half.\n"
@@ -44,6 +46,12 @@ static void usage(FILE *to)
             "  --chunks N       at most N chunks (default: all that fit)\n"
             "  -b N             llama-perplexity's batch size (accepted; whole chunks run at once here)\n"
             "  -t N             threads (default: every core)\n"
+            "  --backend B      auto (default: CUDA where built and a device answers, else the CPU), cpu\n"
+            "                   or cuda: on CUDA the matmuls take bf16 inputs with f32 sums, so the\n"
+            "                   figures differ from the CPU's f32 ones in their last digits\n"
+            "  --max-device-bytes N  the most device memory the run may hold (4GiB, 512MiB, ...; default:\n"
+            "                   the device's): the blocks stream through it one at a time, the chunks'\n"
+            "                   hidden states stay in host memory when they do not fit\n"
             "  -ctk, -ctv TYPE  the KV cache's types (--cache-type-k/-v: f16, the default as in llama.cpp,\n"
             "                   bf16 or f32): keys and values rounded to them, as llama.cpp stores them\n"
             "  --dump-logits FILE  write each chunk's logits from position n_ctx/2 on, raw f32\n"
@@ -127,9 +135,14 @@ static int same_file(const char *a, const char *b)
     return a && b && !stat(a, &sa) && !stat(b, &sb) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
+/* the forward engine's backend (--backend, --max-device-bytes) */
+static const struct qd_nn_backend *engine_nn;
+
 /* the run's time and memory, in each summary */
 static void add_run(cJSON *j, const struct qd_engine_stats *stats)
 {
+    cJSON_AddStringToObject(j, "backend", engine_nn ? engine_nn->name : "cpu");
+    cJSON_AddNumberToObject(j, "chunks_together", stats->chunks_together);
     cJSON_AddNumberToObject(j, "seconds", stats->seconds);
     cJSON_AddNumberToObject(j, "read_seconds", stats->read_seconds);
     cJSON *mem = cJSON_AddObjectToObject(j, "memory");
@@ -139,6 +152,7 @@ static void add_run(cJSON *j, const struct qd_engine_stats *stats)
     cJSON_AddNumberToObject(mem, "scratch_bytes", (double)stats->scratch_bytes);
     cJSON_AddNumberToObject(mem, "head_bytes", (double)stats->head_bytes);
     cJSON_AddNumberToObject(mem, "peak_rss_bytes", (double)qd_peak_rss_bytes());
+    cJSON_AddNumberToObject(mem, "device_peak_bytes", (double)stats->device_peak_bytes);
 }
 
 /* --kl-divergence: the model over the base file's tokens, against its log-probabilities, as
@@ -217,7 +231,7 @@ static int kld_run(const char *model_path, const char *base_path, const char *te
     const int n_seq = n_batch / n_ctx > 1 ? n_batch / n_ctx : 1;
     fprintf(stderr, "kl_divergence: computing over %d chunks, n_ctx=%d, batch_size=%d, n_seq=%d\n", n_chunks, n_ctx,
             n_batch, n_seq);
-    struct qd_engine_opts o = {.n_ctx = n_ctx, .logits_from = n_ctx / 2, .threads = threads, .cache_k = cache_k,
+    struct qd_engine_opts o = {.nn = engine_nn, .n_ctx = n_ctx, .logits_from = n_ctx / 2, .threads = threads, .cache_k = cache_k,
                                .cache_v = cache_v};
     struct qd_engine_hooks h = {.ctx = &p, .on_logits = on_logits, .on_progress = on_progress};
     struct qd_engine_stats stats;
@@ -280,6 +294,8 @@ int qd_cli_perplexity(int argc, char **argv)
     const char *model_path = NULL, *tokens_path = NULL, *text_path = NULL, *dump_path = NULL, *base_path = NULL;
     int n_ctx = 512, max_chunks = -1, n_batch = 2048, threads = 0, kl_divergence = 0, ctx_given = 0;
     enum qd_dtype cache_k = QD_F16, cache_v = QD_F16; /* llama.cpp's default KV cache */
+    const char *backend = "auto";
+    size_t max_device_bytes = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -300,6 +316,13 @@ int qd_cli_perplexity(int argc, char **argv)
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) text_path = v;
         else if (!strcmp(a, "--dump-logits")) dump_path = v;
         else if (!strcmp(a, "--kl-divergence-base")) base_path = v;
+        else if (!strcmp(a, "--backend")) backend = v;
+        else if (!strcmp(a, "--max-device-bytes")) {
+            if (qd_parse_bytes(v, &max_device_bytes)) {
+                fprintf(stderr, "quantd perplexity: --max-device-bytes takes a byte count such as 4GiB, not '%s'\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
             if (parse_int(a, v, 2, &n_ctx))
                 return 2;
@@ -323,6 +346,11 @@ int qd_cli_perplexity(int argc, char **argv)
             fprintf(stderr, "quantd perplexity: unknown option '%s' (quantd perplexity --help)\n", a);
             return 2;
         }
+    }
+    char why[320];
+    if (qd_engine_backend(backend, max_device_bytes, &engine_nn, why, sizeof why)) {
+        fprintf(stderr, "quantd perplexity: %s\n", why);
+        return 2;
     }
     if (kl_divergence && !base_path) {
         fprintf(stderr, "quantd perplexity: --kl-divergence needs --kl-divergence-base FILE, the base model's "
@@ -417,7 +445,7 @@ int qd_cli_perplexity(int argc, char **argv)
     fprintf(stderr, "perplexity: calculating perplexity over %d chunks, n_ctx=%d, batch_size=%d, n_seq=%d\n",
             p.n_chunks, n_ctx, n_batch < n_seq * n_ctx ? n_batch : n_seq * n_ctx, n_seq);
 
-    struct qd_engine_opts o = {.n_ctx = n_ctx, .logits_from = p.first, .threads = threads, .cache_k = cache_k,
+    struct qd_engine_opts o = {.nn = engine_nn, .n_ctx = n_ctx, .logits_from = p.first, .threads = threads, .cache_k = cache_k,
                                .cache_v = cache_v};
     struct qd_engine_hooks h = {.ctx = &p, .on_logits = on_logits, .on_progress = on_progress};
     struct qd_engine_stats stats;

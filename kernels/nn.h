@@ -119,6 +119,8 @@ void qd_nn_sigmoid_gate(float *y, const float *g, int64_t T, int64_t n);
  * cache of that type holds. QD_F32 leaves x as it is. */
 void qd_nn_round(float *x, int64_t n, enum qd_dtype dtype);
 
+/* acc[j] += x[t][j] * x[t][j] for t = 0..T-1 in order, f32 (the CPU's add_squares) */
+void qd_nn_add_squares(float *acc, const float *x, int64_t T, int64_t K);
 /* The first non-finite value of x [n], or -1. */
 int64_t qd_nn_first_nonfinite(const float *x, int64_t n);
 
@@ -148,6 +150,9 @@ struct qd_nn_backend {
     void (*unbind)(const float *host);
     int64_t (*first_nonfinite)(const float *x, int64_t n);
     size_t (*peak_bytes)(void);          /* the most of its own memory held so far (NULL: none) */
+    /* acc [K] (host memory) += x[t][j]^2 for the rows t in order, in f32: the importance
+     * matrix's sums (llama-imatrix's order), without the rows leaving the backend */
+    void (*add_squares)(float *acc, const float *x, int64_t T, int64_t K);
     const char *(*error)(void);          /* NULL, or what failed (the ops return nothing: a device
                                             backend keeps its first failure; NULL op: never fails) */
     void (*matmul)(float *y, const float *x, const float *w, int64_t T, int64_t K, int64_t N);

@@ -560,6 +560,13 @@ enum qd_status qd_nn_attention(float *out, const float *q, const float *k, const
     return QD_OK;
 }
 
+void qd_nn_add_squares(float *acc, const float *x, int64_t T, int64_t K)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < K; j++)
+            acc[j] += x[t * K + j] * x[t * K + j];
+}
+
 int64_t qd_nn_first_nonfinite(const float *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
@@ -571,6 +578,7 @@ int64_t qd_nn_first_nonfinite(const float *x, int64_t n)
 const struct qd_nn_backend qd_nn_cpu = {
     .name = "cpu",
     .first_nonfinite = qd_nn_first_nonfinite,
+    .add_squares = qd_nn_add_squares,
     .matmul = qd_nn_matmul,
     .add_row = qd_nn_add_row,
     .add = qd_nn_add,

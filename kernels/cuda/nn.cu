@@ -582,9 +582,39 @@ static int64_t nn_first_nonfinite(const float *x, int64_t n)
     return got == ~0ull ? -1 : (int64_t)got;
 }
 
+/* ---- the importance matrix's sums: a thread per column, the rows in order (the CPU's sums) --- */
+
+__global__ void k_add_squares(float *acc, const float *x, int64_t T, int64_t K)
+{
+    GRID_STRIDE(j, K)
+    {
+        float a = acc[j];
+        for (int64_t t = 0; t < T; t++) {
+            const float v = x[t * K + j];
+            a += v * v;
+        }
+        acc[j] = a;
+    }
+}
+
+static void nn_add_squares(float *acc, const float *x, int64_t T, int64_t K)
+{
+    float *dacc = nn.staging; /* (K floats; the staging buffer is free between bindings) */
+    if ((size_t)K * sizeof(float) > NN_PIECE_BYTES) {
+        if (!nn.error[0])
+            snprintf(nn.error, sizeof nn.error, "an importance row of %lld values is too wide", (long long)K);
+        return;
+    }
+    NN_CHECK(cudaMemcpyAsync(dacc, acc, (size_t)K * sizeof(float), cudaMemcpyHostToDevice, nn.stream), "sums");
+    k_add_squares<<<(unsigned)((K + 127) / 128), 128, 0, nn.stream>>>(dacc, x, T, K);
+    NN_LAUNCHED("add_squares");
+    NN_CHECK(cudaMemcpyAsync(acc, dacc, (size_t)K * sizeof(float), cudaMemcpyDeviceToHost, nn.stream), "sums");
+    nn_sync();
+}
+
 extern "C" const struct qd_nn_backend qd_nn_cuda = {
     /* .name */ "cuda",
-    nn_alloc, nn_free, nn_sync, nn_bind, nn_unbind, nn_first_nonfinite, nn_peak, nn_error,
+    nn_alloc, nn_free, nn_sync, nn_bind, nn_unbind, nn_first_nonfinite, nn_peak, nn_add_squares, nn_error,
     nn_matmul, nn_add_row, nn_add, nn_scale, nn_softcap, nn_rms_norm, nn_layer_norm, nn_rope, nn_attention, nn_glu,
     nn_round, nn_moe_route, nn_moe_sum, nn_sigmoid_gate,
 };

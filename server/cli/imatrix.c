@@ -217,7 +217,7 @@ static int compute(const char *prog, struct qd_imatrix_sums *s, const char *mode
      * tokens: chunks under 16 tokens are collected, except those of a last batch of fewer than
      * 16 tokens (its perplexity still counts; they run again without the collector) */
     int collected = n_chunks;
-    struct qd_imatrix_collector c = {.sums = s, .process_output = process_output};
+    struct qd_imatrix_collector c = {.sums = s, .process_output = process_output, .nn = engine_nn};
     if (n_ctx < 16) {
         const int last = n_chunks - (n_chunks - 1) / n_seq * n_seq;
         collected = (int64_t)last * n_ctx < 16 ? n_chunks - last : n_chunks;

@@ -87,9 +87,7 @@ static int kld_chunk(struct ppl *p, int chunk, int rows, const float *logits, in
 {
     if (qd_kld_base_read_chunk(p->base, p->base_rows, p->hook_err, sizeof p->hook_err))
         return 1;
-    const int64_t words = qd_kld_row_words(n_vocab);
-    for (int i = 0; i < rows - 1; i++)
-        qd_kld_stats_add(p->kld, logits + (int64_t)i * n_vocab, n_vocab, p->base_rows + (int64_t)i * words, targets[i]);
+    qd_kld_stats_add_rows(p->kld, logits, rows - 1, n_vocab, p->base_rows, targets);
     if (chunk == 0)
         qd_kld_print_header(stdout);
     qd_kld_print_chunk(p->kld, chunk + 1, stdout);

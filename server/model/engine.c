@@ -67,7 +67,13 @@ static void nn_unbind(const struct qd_nn_backend *nn, const float *host)
 
 /* The block's weights handed to the backend (the matrices the matmuls read, the norms and
  * biases the other ops do), or taken back. */
-static int is_vector(const struct qd_model_tensor *w) { return w->rows == 1 && w->experts == 1; }
+#define V QD_W_BIT
+static const uint64_t vector_roles =
+    V(QD_W_ATTN_NORM) | V(QD_W_ATTN_Q_NORM) | V(QD_W_ATTN_K_NORM) | V(QD_W_FFN_NORM) | V(QD_W_ATTN_QA_NORM) |
+    V(QD_W_ATTN_KV_A_NORM) | V(QD_W_ATTN_POST_NORM) | V(QD_W_FFN_POST_NORM) | V(QD_W_ATTN_Q_B) | V(QD_W_ATTN_K_B) |
+    V(QD_W_ATTN_V_B) | V(QD_W_ATTN_OUT_B) | V(QD_W_FFN_GATE_B) | V(QD_W_FFN_UP_B) | V(QD_W_FFN_DOWN_B) |
+    V(QD_W_FFN_EXP_PROBS_B);
+#undef V
 
 static enum qd_status bind_block(const struct qd_nn_backend *nn, const struct qd_model_block *b, char *err,
                                  size_t errlen)
@@ -75,7 +81,8 @@ static enum qd_status bind_block(const struct qd_nn_backend *nn, const struct qd
     for (int i = 0; i < QD_W_COUNT; i++) {
         const struct qd_model_tensor *w = &b->w[i];
         enum qd_status st = w->data ? nn_bind(nn, w->data, w->rows * w->cols * w->experts,
-                                              is_vector(w) ? QD_NN_VECTOR : QD_NN_MATRIX, w->name, err, errlen)
+                                              vector_roles & QD_W_BIT(i) ? QD_NN_VECTOR : QD_NN_MATRIX, w->name,
+                                              err, errlen)
                                     : QD_OK;
         if (st != QD_OK)
             return st;

@@ -21,6 +21,7 @@
 #include "common.cuh"
 
 #define NN_PIECE_BYTES ((size_t)64 << 20) /* staging, bf16 activations, attention scores: each */
+#define NN_SUMS_BYTES ((size_t)4 << 20)   /* an importance row: up to 1 M columns */
 
 struct binding {
     const float *host;
@@ -37,13 +38,15 @@ struct owned {
 static struct {
     int open;
     cudaStream_t stream;
+    cudaStream_t upload;      /* weights' copies, from the engine's loading thread while the ops run */
     cublasHandle_t blas;
     size_t limit, used, peak;
     struct binding *bind;
     int n_bind, cap_bind;
     struct owned *own;
     int n_own, cap_own;
-    float *staging;           /* f32 pieces of a matrix on their way to bf16 */
+    float *staging;           /* f32 pieces of a matrix on their way to bf16 (the upload stream's) */
+    float *sums;              /* the importance sums' row (add_squares) */
     __nv_bfloat16 *xbuf;      /* a matmul's activations in bf16, a piece of rows at a time */
     float *scores;            /* attention scores of some heads x some query rows */
     unsigned long long *flag; /* first non-finite index */
@@ -125,7 +128,7 @@ static void *own(size_t bytes, int managed)
     return p;
 }
 
-static void disown(void *p)
+static void disown_locked(void *p)
 {
     for (int i = 0; i < nn.n_own; i++)
         if (nn.own[i].p == p) {
@@ -150,9 +153,11 @@ static void nn_free(void *p)
     if (!p)
         return;
     pthread_mutex_lock(&nn_lock);
-    disown(p);
+    disown_locked(p);
     pthread_mutex_unlock(&nn_lock);
 }
+
+
 
 static void nn_sync(void) { NN_CHECK(cudaStreamSynchronize(nn.stream), "cudaStreamSynchronize"); }
 
@@ -175,7 +180,7 @@ static unsigned grid_for(int64_t n, int threads)
 }
 
 /* The device address standing for host address p of a bound weight of this kind, or p itself. */
-static const void *dev_of(const void *p, enum qd_nn_weight_kind kind)
+static const void *dev_of_locked(const void *p, enum qd_nn_weight_kind kind)
 {
     for (int i = 0; i < nn.n_bind; i++) {
         const struct binding *b = &nn.bind[i];
@@ -188,13 +193,21 @@ static const void *dev_of(const void *p, enum qd_nn_weight_kind kind)
     return p;
 }
 
+static const void *dev_of(const void *p, enum qd_nn_weight_kind kind)
+{
+    pthread_mutex_lock(&nn_lock);
+    const void *d = dev_of_locked(p, kind);
+    pthread_mutex_unlock(&nn_lock);
+    return d;
+}
+
 static const float *vec(const float *p) { return p ? (const float *)dev_of(p, QD_NN_VECTOR) : NULL; }
 
 static void nn_unbind_locked(const float *host)
 {
     for (int i = 0; i < nn.n_bind; i++)
         if (nn.bind[i].host == host) {
-            disown(nn.bind[i].dev);
+            disown_locked(nn.bind[i].dev);
             nn.bind[i] = nn.bind[--nn.n_bind];
             return;
         }
@@ -207,33 +220,44 @@ static void nn_unbind(const float *host)
     pthread_mutex_unlock(&nn_lock);
 }
 
+/* Called from the engine's loading thread while the ops of the block before run: the copy
+ * goes on the upload stream and is finished when this returns; the table is locked only to
+ * change it. One bind at a time (the staging buffer is the upload stream's). */
 static enum qd_status nn_bind(const float *host, int64_t n, enum qd_nn_weight_kind kind)
 {
+    const size_t bytes = (size_t)n * (kind == QD_NN_MATRIX ? 2 : 4);
     pthread_mutex_lock(&nn_lock);
     nn_unbind_locked(host);
-    enum qd_status st = QD_ENOMEM;
-    const size_t bytes = (size_t)n * (kind == QD_NN_MATRIX ? 2 : 4);
     void *dev = own(bytes, 0);
-    if (!dev || !grow((void **)&nn.bind, &nn.cap_bind, nn.n_bind + 1, sizeof *nn.bind)) {
-        if (dev)
-            disown(dev);
-        goto out;
-    }
-    if (kind == QD_NN_VECTOR)
-        NN_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, nn.stream), "weight upload");
-    else /* f32 pieces through the staging buffer, each rounded to bf16 on the device */
-        for (int64_t at = 0; at < n; at += (int64_t)(NN_PIECE_BYTES / 4)) {
-            const int64_t m = n - at < (int64_t)(NN_PIECE_BYTES / 4) ? n - at : (int64_t)(NN_PIECE_BYTES / 4);
-            NN_CHECK(cudaMemcpyAsync(nn.staging, host + at, (size_t)m * 4, cudaMemcpyHostToDevice, nn.stream),
-                     "weight upload");
-            k_to_bf16<<<grid_for(m, 256), 256, 0, nn.stream>>>((__nv_bfloat16 *)dev + at, nn.staging, m);
-            NN_LAUNCHED("bf16 rounding");
-        }
-    nn.bind[nn.n_bind++] = (struct binding){host, n, kind, dev};
-    st = nn.error[0] ? QD_EDEVICE : QD_OK;
-out:
+    int room = dev && grow((void **)&nn.bind, &nn.cap_bind, nn.n_bind + 1, sizeof *nn.bind);
     pthread_mutex_unlock(&nn_lock);
-    return st;
+    if (!room) {
+        if (dev)
+            nn_free(dev);
+        return QD_ENOMEM;
+    }
+    cudaError_t e = cudaSuccess;
+    if (kind == QD_NN_VECTOR)
+        e = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, nn.upload);
+    else /* f32 pieces through the staging buffer, each rounded to bf16 on the device */
+        for (int64_t at = 0; e == cudaSuccess && at < n; at += (int64_t)(NN_PIECE_BYTES / 4)) {
+            const int64_t m = n - at < (int64_t)(NN_PIECE_BYTES / 4) ? n - at : (int64_t)(NN_PIECE_BYTES / 4);
+            if ((e = cudaMemcpyAsync(nn.staging, host + at, (size_t)m * 4, cudaMemcpyHostToDevice, nn.upload)) ==
+                cudaSuccess) {
+                k_to_bf16<<<grid_for(m, 256), 256, 0, nn.upload>>>((__nv_bfloat16 *)dev + at, nn.staging, m);
+                e = cudaGetLastError();
+            }
+        }
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(nn.upload);
+    pthread_mutex_lock(&nn_lock);
+    if (e != cudaSuccess) {
+        fail("weight upload", e);
+        disown_locked(dev);
+    } else
+        nn.bind[nn.n_bind++] = (struct binding){host, n, kind, dev};
+    pthread_mutex_unlock(&nn_lock);
+    return e == cudaSuccess ? QD_OK : e == cudaErrorMemoryAllocation ? QD_ENOMEM : QD_EDEVICE;
 }
 
 /* ---- matmul ---------------------------------------------------------------------------------- */
@@ -599,8 +623,8 @@ __global__ void k_add_squares(float *acc, const float *x, int64_t T, int64_t K)
 
 static void nn_add_squares(float *acc, const float *x, int64_t T, int64_t K)
 {
-    float *dacc = nn.staging; /* (K floats; the staging buffer is free between bindings) */
-    if ((size_t)K * sizeof(float) > NN_PIECE_BYTES) {
+    float *dacc = nn.sums;
+    if ((size_t)K * sizeof(float) > NN_SUMS_BYTES) {
         if (!nn.error[0])
             snprintf(nn.error, sizeof nn.error, "an importance row of %lld values is too wide", (long long)K);
         return;
@@ -633,7 +657,8 @@ extern "C" enum qd_status qd_nn_cuda_open(int device, size_t limit, char *err, s
         cudaGetLastError();
         return QD_EDEVICE;
     }
-    if ((e = cudaSetDevice(device)) != cudaSuccess || (e = cudaStreamCreateWithFlags(&nn.stream, cudaStreamNonBlocking))) {
+    if ((e = cudaSetDevice(device)) != cudaSuccess || (e = cudaStreamCreateWithFlags(&nn.stream, cudaStreamNonBlocking)) ||
+        (e = cudaStreamCreateWithFlags(&nn.upload, cudaStreamNonBlocking))) {
         snprintf(err, errlen, "CUDA device %d: %s", device, cudaGetErrorString(e));
         return QD_EDEVICE;
     }
@@ -643,10 +668,10 @@ extern "C" enum qd_status qd_nn_cuda_open(int device, size_t limit, char *err, s
     }
     nn.limit = limit;
     if (!(nn.staging = (float *)own(NN_PIECE_BYTES, 0)) || !(nn.xbuf = (__nv_bfloat16 *)own(NN_PIECE_BYTES, 0)) ||
-        !(nn.scores = (float *)own(NN_PIECE_BYTES, 0)) ||
+        !(nn.scores = (float *)own(NN_PIECE_BYTES, 0)) || !(nn.sums = (float *)own(NN_SUMS_BYTES, 0)) ||
         !(nn.flag = (unsigned long long *)own(sizeof *nn.flag, 0))) {
         snprintf(err, errlen, "the device's scratch (%zu MiB) does not fit the memory allowed (--max-device-bytes)",
-                 3 * (NN_PIECE_BYTES >> 20));
+                 (3 * NN_PIECE_BYTES + NN_SUMS_BYTES) >> 20);
         return QD_ENOMEM;
     }
     nn.open = 1;

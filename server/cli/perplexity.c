@@ -143,6 +143,7 @@ static void add_run(cJSON *j, const struct qd_engine_stats *stats)
     cJSON_AddNumberToObject(j, "chunks_together", stats->chunks_together);
     cJSON_AddNumberToObject(j, "seconds", stats->seconds);
     cJSON_AddNumberToObject(j, "read_seconds", stats->read_seconds);
+    cJSON_AddNumberToObject(j, "load_wait_seconds", stats->load_wait_seconds);
     cJSON *mem = cJSON_AddObjectToObject(j, "memory");
     cJSON_AddNumberToObject(mem, "peak_bytes", (double)stats->peak_bytes);
     cJSON_AddNumberToObject(mem, "hidden_bytes", (double)stats->hidden_bytes);

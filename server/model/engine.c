@@ -1,6 +1,7 @@
 /* The layer-major driver (engine.h). */
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,6 +187,54 @@ done:
     return st;
 }
 
+/* The next block read (and handed to the backend) on a thread of its own while the chunks run
+ * through this one: on a backend with memory of its own the disk, the host's conversions and
+ * the copies overlap the device's work. */
+struct loader {
+    pthread_t thread;
+    int running;
+    struct qd_model *m;
+    const struct qd_nn_backend *nn;
+    struct qd_model_block *b;
+    int layer;
+    enum qd_status st;
+    double seconds;
+    char err[512];
+};
+
+static void *loader_main(void *arg)
+{
+    struct loader *l = arg;
+    const double t0 = now_s();
+    l->st = qd_model_block_load(l->m, l->layer, l->b, l->err, sizeof l->err);
+    if (l->st == QD_OK)
+        l->st = bind_block(l->nn, l->b, l->err, sizeof l->err);
+    l->seconds = now_s() - t0;
+    return NULL;
+}
+
+static void loader_start(struct loader *l, int layer, struct qd_model_block *b)
+{
+    l->layer = layer, l->b = b, l->st = QD_OK, l->err[0] = 0;
+    l->running = pthread_create(&l->thread, NULL, loader_main, l) == 0;
+    if (!l->running) /* no thread: here and now */
+        loader_main(l);
+}
+
+/* Waits for the loader; its status (and message in err). */
+static enum qd_status loader_wait(struct loader *l, struct qd_engine_stats *stats, char *err, size_t errlen)
+{
+    const double t0 = now_s();
+    if (l->running)
+        pthread_join(l->thread, NULL);
+    l->running = 0;
+    stats->load_wait_seconds += now_s() - t0;
+    stats->read_seconds += l->seconds;
+    if (l->st != QD_OK)
+        snprintf(err, errlen, "%s", l->err);
+    return l->st;
+}
+
 /* Chunks run together through a block on a backend with memory of its own (fewer, larger
  * matmuls; the attention still keeps to each chunk): as many as make about GROUP_TOKENS tokens.
  * The CPU runs one chunk at a time (its matmuls gain nothing from more rows). */
@@ -216,7 +265,11 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
     int group = nn->alloc ? (int)(GROUP_TOKENS / T) : 1;
     group = group < 1 ? 1 : group > n_chunks ? n_chunks : group;
     enum qd_status st = QD_ENOMEM;
-    struct qd_model_block block = {0};
+    struct qd_model_block blocks[2] = {{0}};
+    struct qd_model_block *block = &blocks[0];
+    /* a device backend reads the next block while this one runs (two blocks' weights held) */
+    const int prefetch = nn->alloc != NULL;
+    struct loader loader = {.m = m, .nn = nn};
     int32_t *pos = NULL;
     float *hidden = NULL, *scratch = NULL, *stage = NULL;
     int hidden_host = 0;
@@ -234,11 +287,12 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
             goto done;
     if (nn->alloc) {
         /* a reservation the size of the largest block in the backend's form (matrices in bf16) */
-        void *reserve = nn->alloc(stats->block_bytes / 2 + ((size_t)64 << 20));
+        const size_t weights = stats->block_bytes / 2 * (prefetch ? 2 : 1) + ((size_t)1 << 20);
+        void *reserve = nn->alloc(weights);
         if (!reserve) {
-            snprintf(err, errlen, "a block of this model needs %.0f MiB of %s memory for its weights (bf16) and "
-                     "more for one chunk's activations; allow more device memory (--max-device-bytes) or use "
-                     "--backend cpu", (double)(stats->block_bytes / 2) / 1048576.0, nn->name);
+            snprintf(err, errlen, "this model's blocks need %.0f MiB of %s memory for their weights (bf16, the one "
+                     "running and the next) and more for one chunk's activations; allow more device memory "
+                     "(--max-device-bytes) or use --backend cpu", (double)weights / 1048576.0, nn->name);
             st = QD_ENOMEM;
             goto done;
         }
@@ -252,9 +306,9 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
         }
         nn->free(reserve);
         if (!scratch) {
-            snprintf(err, errlen, "the largest block's weights (%.0f MiB in bf16) and one chunk's activations do not "
-                     "fit the %s memory allowed; allow more (--max-device-bytes) or use --backend cpu",
-                     (double)(stats->block_bytes / 2) / 1048576.0, nn->name);
+            snprintf(err, errlen, "the blocks' weights (%.0f MiB in bf16) and one chunk's activations do not fit the "
+                     "%s memory allowed; allow more (--max-device-bytes) or use --backend cpu",
+                     (double)weights / 1048576.0, nn->name);
             st = QD_ENOMEM;
             goto done;
         }
@@ -293,14 +347,23 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
 
     struct qd_block_scratch s;
     qd_block_scratch_init(&s, scratch, hp, group * T);
-    for (int layer = 0; layer < hp->n_layer; layer++) {
-        t0 = now_s();
-        nn_sync(nn); /* the last block's ops are done with the weights' host buffers */
-        unbind_block(nn, &block);
-        if ((st = qd_model_block_load(m, layer, &block, err, errlen)) != QD_OK ||
-            (st = bind_block(nn, &block, err, errlen)) != QD_OK)
+    if (hp->n_layer > 0) {
+        loader_start(&loader, 0, &blocks[0]);
+        if ((st = loader_wait(&loader, stats, err, errlen)) != QD_OK)
             goto done;
-        stats->read_seconds += now_s() - t0;
+    }
+    for (int layer = 0; layer < hp->n_layer; layer++) {
+        block = &blocks[prefetch ? layer % 2 : 0];
+        struct qd_model_block *next = &blocks[(layer + 1) % 2];
+        if (!prefetch && layer > 0) { /* one block's buffers, the last block's ops done with them */
+            nn_sync(nn);
+            unbind_block(nn, block);
+            loader_start(&loader, layer, block);
+            if ((st = loader_wait(&loader, stats, err, errlen)) != QD_OK)
+                goto done;
+        }
+        if (prefetch && layer + 1 < hp->n_layer)
+            loader_start(&loader, layer + 1, next);
         for (int c0 = 0; c0 < n_chunks; c0 += group) {
             if (stopped(h)) {
                 snprintf(err, errlen, "cancelled");
@@ -314,7 +377,7 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
                 nn_sync(nn);
                 memcpy(stage, x, bytes);
             }
-            struct qd_block_run r = {.m = m, .b = &block, .nn = nn, .layer = layer, .hidden = stage ? stage : x,
+            struct qd_block_run r = {.m = m, .b = block, .nn = nn, .layer = layer, .hidden = stage ? stage : x,
                                      .T = n * T, .seq = T, .pos = pos, .s = &s,
                                      .on_matmul_input = h ? h->on_matmul_input : NULL,
                                      .on_matmul_expert_input = h ? h->on_matmul_expert_input : NULL,
@@ -342,13 +405,21 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
                 memcpy(x, stage, bytes);
             }
         }
+        if (prefetch) { /* this block's weights go; the next one's are there */
+            nn_sync(nn);
+            unbind_block(nn, block);
+            if (layer + 1 < hp->n_layer && (st = loader_wait(&loader, stats, err, errlen)) != QD_OK)
+                goto done;
+        }
         if (h && h->on_progress)
             h->on_progress(h->ctx, layer + 1, (int)hp->n_layer + 1);
     }
     /* the blocks' memory goes before the head's comes */
     nn_sync(nn);
-    unbind_block(nn, &block);
-    qd_model_block_free(&block);
+    for (int i = 0; i < 2; i++) {
+        unbind_block(nn, &blocks[i]);
+        qd_model_block_free(&blocks[i]);
+    }
     nn_release(nn, scratch);
     scratch = NULL;
     st = run_head(m, hidden, hidden_host, n_chunks, o, h, nn, stats, err, errlen);
@@ -359,9 +430,13 @@ done:
         const size_t blocks = stats->block_bytes + stats->scratch_bytes;
         stats->peak_bytes = stats->hidden_bytes + (blocks > stats->head_bytes ? blocks : stats->head_bytes);
     }
+    if (loader.running) /* a failure while the next block loads: it finishes first */
+        loader_wait(&loader, stats, NULL, 0);
     nn_sync(nn);
-    unbind_block(nn, &block);
-    qd_model_block_free(&block);
+    for (int i = 0; i < 2; i++) {
+        unbind_block(nn, &blocks[i]);
+        qd_model_block_free(&blocks[i]);
+    }
     if (pos)
         nn_unbind(nn, (const float *)pos);
     for (int i = 0; i < 2; i++)

@@ -47,7 +47,9 @@ struct qd_engine_hooks {
 };
 
 struct qd_engine_stats {
-    double seconds, read_seconds; /* the whole run; of it, reading and dequantizing weights */
+    double seconds, read_seconds; /* the whole run; reading, dequantizing and handing the backend
+                                     the weights (on a device backend, behind the blocks' work) */
+    double load_wait_seconds;     /* of the run, the blocks waited for their weights */
     size_t hidden_bytes;          /* the chunks' hidden states */
     size_t block_bytes;           /* the largest block's weights in f32 */
     size_t scratch_bytes;         /* one chunk's activations inside a block */

@@ -103,9 +103,9 @@ def test_cap_too_small_for_a_block_is_refused(models, tmp_path):
 
 
 def test_capped_run_within_bound(models, tmp_path):
-    """200 MiB is the backend's own scratch (3 x 64 MiB) and a little: one chunk at a time."""
+    """256 MiB: the backend's own scratch (3 x 64 + 4 MiB) and a little for the model."""
     case = "llama-gqa"
     cpu = perplexity(models[case], "cpu", tmp_path / "cpu.bin")
-    gpu = perplexity(models[case], "cuda", tmp_path / "gpu.bin", "--max-device-bytes", "200MiB")
-    assert gpu["memory"]["device_peak_bytes"] <= 200 << 20
-    compare(case, tmp_path / "cpu.bin", tmp_path / "gpu.bin", cpu, gpu, "cuda under 200 MiB")
+    gpu = perplexity(models[case], "cuda", tmp_path / "gpu.bin", "--max-device-bytes", "256MiB")
+    assert gpu["memory"]["device_peak_bytes"] <= 256 << 20
+    compare(case, tmp_path / "cpu.bin", tmp_path / "gpu.bin", cpu, gpu, "cuda under 256 MiB")

@@ -150,6 +150,8 @@ struct qd_nn_backend {
     void (*unbind)(const float *host);
     int64_t (*first_nonfinite)(const float *x, int64_t n);
     size_t (*peak_bytes)(void);          /* the most of its own memory held so far (NULL: none) */
+    /* bytes of the backend's memory at src copied into host memory at dst (NULL: the host's own) */
+    void (*to_host)(void *dst, const void *src, size_t bytes);
     /* acc [K] (host memory) += x[t][j]^2 for the rows t in order, in f32: the importance
      * matrix's sums (llama-imatrix's order), without the rows leaving the backend */
     void (*add_squares)(float *acc, const float *x, int64_t T, int64_t K);

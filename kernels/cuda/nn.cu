@@ -163,6 +163,12 @@ static void nn_sync(void) { NN_CHECK(cudaStreamSynchronize(nn.stream), "cudaStre
 
 static size_t nn_peak(void) { return nn.peak; }
 
+static void nn_to_host(void *dst, const void *src, size_t bytes)
+{
+    NN_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, nn.stream), "copy to the host");
+    nn_sync();
+}
+
 static const char *nn_error(void) { return nn.error[0] ? nn.error : NULL; }
 
 /* ---- weights --------------------------------------------------------------------------------- */
@@ -638,7 +644,7 @@ static void nn_add_squares(float *acc, const float *x, int64_t T, int64_t K)
 
 extern "C" const struct qd_nn_backend qd_nn_cuda = {
     /* .name */ "cuda",
-    nn_alloc, nn_free, nn_sync, nn_bind, nn_unbind, nn_first_nonfinite, nn_peak, nn_add_squares, nn_error,
+    nn_alloc, nn_free, nn_sync, nn_bind, nn_unbind, nn_first_nonfinite, nn_peak, nn_to_host, nn_add_squares, nn_error,
     nn_matmul, nn_add_row, nn_add, nn_scale, nn_softcap, nn_rms_norm, nn_layer_norm, nn_rope, nn_attention, nn_glu,
     nn_round, nn_moe_route, nn_moe_sum, nn_sigmoid_gate,
 };

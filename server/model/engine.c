@@ -111,7 +111,7 @@ static enum qd_status run_head(struct qd_model *m, float *hidden, int hidden_hos
     float *norm = alloc_floats(n_embd, "the output norm", err, errlen);
     float *bias = m->output_b ? alloc_floats(n_vocab, "the output bias", err, errlen) : NULL;
     float *out = alloc_floats(n_vocab * n_embd, "the output projection in f32", err, errlen);
-    float *cur = NULL, *logits = NULL;
+    float *cur = NULL, *logits = NULL, *host_logits = NULL;
     if (!norm || !out || (m->output_b && !bias))
         goto done;
     stats->head_bytes = (size_t)(n_embd + (m->output_b ? n_vocab : 0) + n_vocab * n_embd + (int64_t)rows * n_embd +
@@ -129,7 +129,8 @@ static enum qd_status run_head(struct qd_model *m, float *hidden, int hidden_hos
     stats->read_seconds += now_s() - t0;
     st = QD_ENOMEM;
     if (!(cur = nn_floats(nn, (int64_t)rows * n_embd, "the output norm's activations", err, errlen)) ||
-        !(logits = nn_floats(nn, (int64_t)rows * n_vocab, "one chunk's logits", err, errlen)))
+        !(logits = nn_floats(nn, (int64_t)rows * n_vocab, "one chunk's logits", err, errlen)) ||
+        (nn->to_host && !(host_logits = alloc_floats((int64_t)rows * n_vocab, "one chunk's logits", err, errlen))))
         goto done;
     for (int c = 0; c < n_chunks; c++) {
         if (stopped(h)) {
@@ -168,8 +169,13 @@ static enum qd_status run_head(struct qd_model *m, float *hidden, int hidden_hos
             st = QD_ENONFINITE;
             goto done;
         }
-        nn_sync(nn);
-        if (h && h->on_logits && h->on_logits(h->ctx, c, o->logits_from, rows, logits, n_vocab)) {
+        const float *seen = logits;
+        if (host_logits) { /* one copy, not the pages' migration */
+            nn->to_host(host_logits, logits, (size_t)rows * (size_t)n_vocab * sizeof *logits);
+            seen = host_logits;
+        } else
+            nn_sync(nn);
+        if (h && h->on_logits && h->on_logits(h->ctx, c, o->logits_from, rows, seen, n_vocab)) {
             snprintf(err, errlen, "stopped by the logits consumer");
             st = QD_ECANCELED;
             goto done;
@@ -179,7 +185,7 @@ static enum qd_status run_head(struct qd_model *m, float *hidden, int hidden_hos
 done:
     nn_sync(nn);
     nn_unbind(nn, norm), nn_unbind(nn, out), nn_unbind(nn, bias);
-    free(norm), free(bias), free(out);
+    free(norm), free(bias), free(out), free(host_logits);
     if (cur)
         nn_release(nn, cur);
     if (logits)

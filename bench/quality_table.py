@@ -87,7 +87,7 @@ def cpu_model():
     return platform.processor() or "unknown"
 
 
-def render(res, path):
+def render(res, path, final=True):
     rows = {(r["mix"], r["imatrix"]): r for r in res["rows"]}
     b = res["base"]
     L = ["# Quality of the GGUF mixes: SmolLM2-135M-Instruct", "",
@@ -111,8 +111,12 @@ def render(res, path):
     fmt = lambda r, k, f: (f % r[k]) if r else "—"
     for mix, req in res["mixes"]:
         a, w = (None if req else rows.get((mix, False))), rows.get((mix, True))
-        if (not req and not a) or not w:
-            missing.append(mix + ("" if w or req else " (without)") + ("" if w else " (with)"))
+        gone = [] if a or req else ["without"]
+        gone += [] if w else ["with"]
+        failed = {(fl["mix"], fl["imatrix"]) for fl in res.get("failed", [])}
+        gone = [g for g in gone if (mix, g == "with") not in failed]
+        if gone:
+            missing.append("%s (%s)" % (mix, " and ".join(gone)))
         if not a and not w:
             continue
         bpw = (w or a)["bpw"]
@@ -125,8 +129,14 @@ def render(res, path):
             L.append("| %s | %.2f | %s → %s | %s → %s | %s → %s |" % (name, bpw, fmt(a, "ppl", "%.3f"), fmt(w, "ppl", "%.3f"),
                      fmt(a, "kld", "%.4f"), fmt(w, "kld", "%.4f"), fmt(a, "same_top_p", "%.1f %%"), fmt(w, "same_top_p", "%.1f %%")))
     L.append("")
-    if missing:
-        L.append("Not measured (the run stopped at its deadline before them): " + ", ".join(missing) + ".")
+    for fl in res.get("failed", []):
+        L.append("Failed: %s%s: `%s`" % (fl["mix"], " with the imatrix" if fl["imatrix"] else "",
+                                         fl["error"].strip().splitlines()[-1]))
+    if missing and not final:
+        L.append("In progress; not measured yet: " + ", ".join(missing) + ".")
+    elif missing:
+        L.append("Not measured (the run reached its --stop-at time before starting them, or they were left "
+                 "out with --only; no figures are given for them): " + ", ".join(missing) + ".")
     else:
         L.append("Every mix measured.")
     L += ["", "Reproduce: `make quality-table` (bench/quality_table.py; the raw figures: `docs/quality.json`). "
@@ -149,7 +159,13 @@ def main():
     ap.add_argument("--only", help="comma-separated mixes (default: all)")
     ap.add_argument("--json", default=os.path.join(ROOT, "docs", "quality.json"))
     ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "QUALITY.md"))
+    ap.add_argument("--render", action="store_true", help="only write --doc from --json")
+    ap.add_argument("--resume", action="store_true", help="keep --json's rows (same settings) and measure the rest")
     a = ap.parse_args()
+    if a.render:
+        with open(a.json) as f:
+            render(json.load(f), a.doc)
+        return
     q, t = a.quantd, ["-t", a.threads]
     os.makedirs(a.work, exist_ok=True)
     stop = None
@@ -178,28 +194,47 @@ def main():
            "evaluation": "the " + ", ".join(LICENCES) + " licence texts (/usr/share/common-licenses), concatenated",
            "ctx": a.ctx, "imatrix_chunks": a.imatrix_chunks, "cores": os.cpu_count(), "cpu": cpu_model(),
            "commit": commit, "date": datetime.date.today().isoformat(),
-           "command": "make quality-table" + (" (--stop-at %s)" % a.stop_at if a.stop_at else ""),
+           "command": "make quality-table" + (' QUALITY_ARGS="%s"' % " ".join(sys.argv[1:]) if sys.argv[1:] else ""),
            "base": {"ppl": bj["ppl"], "ppl_error": bj["ppl_error"], "chunks": bj["chunks"],
                     "tokens_scored": bj["tokens_scored"]},
            "mixes": all_mixes, "rows": []}
+    if a.resume and os.path.exists(a.json):
+        with open(a.json) as f:
+            old = json.load(f)
+        same = ("ctx", "imatrix_chunks", "base", "calibration", "evaluation")
+        if all(old.get(k) == res[k] for k in same):
+            res["rows"], res["commit"], res["date"] = old["rows"], old["commit"], old["date"]
+            log("resumed: %d rows kept" % len(res["rows"]))
+        else:
+            log("not resumed: %s has other settings" % a.json)
+    done = {(r["mix"], r["imatrix"]) for r in res["rows"]}
     only = set(a.only.split(",")) if a.only else None
     order = sorted(all_mixes, key=lambda mr: FIRST.index(mr[0]) if mr[0] in FIRST else len(FIRST))
     for mix, required in order:
         if only and mix not in only:
             continue
         for with_im in ([True] if required else [False, True]):
+            if (mix, with_im) in done:
+                continue
             if stop and datetime.datetime.now() >= stop:
                 log("stop time reached: %s%s not started" % (mix, " (imatrix)" if with_im else ""))
                 continue
             out = os.path.join(a.work, "%s%s.gguf" % (mix, "-imatrix" if with_im else ""))
             log(mix, "imatrix" if with_im else "")
             t0 = time.time()
-            cs = last_json(run([q, "convert", "--in", f16, "--out", out, "--recipe", mix, "--force",
-                                *(["--imatrix", im] if with_im else [])]).stdout)["summary"]
-            t1 = time.time()
-            kj = last_json(run([q, "perplexity", "-m", out, "--kl-divergence-base", base, "--kl-divergence",
-                                *t]).stdout)
-            os.unlink(out)
+            try:
+                cs = last_json(run([q, "convert", "--in", f16, "--out", out, "--recipe", mix, "--force",
+                                    *(["--imatrix", im] if with_im else [])]).stdout)["summary"]
+                t1 = time.time()
+                kj = last_json(run([q, "perplexity", "-m", out, "--kl-divergence-base", base, "--kl-divergence",
+                                    *t]).stdout)
+            except RuntimeError as e:  # a mix that fails is reported as failed, the others go on
+                log("  failed:", str(e).splitlines()[-1])
+                res.setdefault("failed", []).append({"mix": mix, "imatrix": with_im, "error": str(e)[-600:]})
+                continue
+            finally:
+                if os.path.exists(out):
+                    os.unlink(out)
             row = {"mix": mix, "imatrix": with_im, "imatrix_required": required, "bpw": cs["bits_per_weight"],
                    "ppl": kj["ppl"]["q"], "ppl_error": kj["ppl"]["q_error"], "kld": kj["kld"]["mean"],
                    "kld_error": kj["kld"]["mean_error"], "kld_median": kj["kld"].get("median"),
@@ -209,7 +244,7 @@ def main():
             res["rows"].append(row)
             with open(a.json, "w") as f:
                 json.dump(res, f, indent=1)
-            render(res, a.doc)
+            render(res, a.doc, final=False)
     with open(a.json, "w") as f:
         json.dump(res, f, indent=1)
     render(res, a.doc)

@@ -79,6 +79,18 @@ def texts(work):
     return calib, evalt
 
 
+def types_of(convert_stdout):
+    """{"q4_0": n, ...}: the types the conversion gave the block weights (its JSON lines), the
+    token embedding (q8_0 in every mix here: tied to the output) left out"""
+    out = {}
+    for line in convert_stdout.splitlines():
+        if line.startswith('{"tensor"'):
+            t = json.loads(line)
+            if t["name"].startswith("blk.") and t["fmt"] != "copied":
+                out[t["fmt"]] = out.get(t["fmt"], 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def cpu_model():
     with open("/proc/cpuinfo") as f:
         for line in f:
@@ -103,10 +115,31 @@ def render(res, path, final=True):
          "- F16 perplexity on it: %.4f ± %.4f." % (b["ppl"], b["ppl_error"]),
          "- Command: `%s`" % res["command"],
          "- Machine: this %d-core x86 machine (%s), CPU backend; commit %s, %s." % (res["cores"], res["cpu"], res["commit"], res["date"]),
-         "- bpw: the output's bits per weight (quantd convert's summary). \"required\": llama-quantize "
-         "refuses the mix without an importance matrix, so it has the with-imatrix row only.", "",
-         "| mix | bpw | PPL without → with imatrix | mean KLD without → with | same top token without → with |",
-         "|---|---|---|---|---|"]
+         "- bpw: the output's bits per weight (quantd convert's summary; the tied token embedding, 28 M of "
+         "the 135 M weights, is q8_0 in every mix). \"required\": the mix is made with an importance "
+         "matrix only, so it has the with-imatrix figures only.", "",
+         "How to read it, for this model:",
+         "",
+         "- Its width, 576, is not a multiple of 256: llama-quantize's rules (which quantd follows) give every "
+         "tensor whose rows are 576 long (attention, FFN gate and up) a fallback type (q4_0, q5_0, q5_1, q8_0 "
+         "for the K-quants, iq4_nl for the IQ mixes); only ffn_down (rows of 1536) gets the mix's own type. "
+         "The column of types shows it; mixes that end with the same types (Q2_K and Q3_K_S) give the same "
+         "figures.",
+         "- The F16 is the published Q4_1 dequantized, so its weights lie on Q4_1's grid: Q4_1 gives it back "
+         "exactly (KLD 0), and a format whose grid can hold Q4_1's (q5_1 with an importance matrix, whose "
+         "scale search finds it) comes out near zero, while q5_1 without one (its scale is (max-min)/31, "
+         "off that grid) does worse than q5_0. Those rows say more about the source than about the formats.",
+         "- TQ1_0 and TQ2_0 are ternary formats for models trained ternary (BitNet-style): on this model "
+         "their ffn_down breaks it, as the figures show (the two hold the same ternary values, packed apart, "
+         "hence the same figures); they are listed because the recipe table has them. MXFP4_MOE changes "
+         "experts only: on this dense model it is Q8_0.",
+         "- The files are llama-quantize's (quantd writes them byte for byte; checked for this model's Q5_1 "
+         "and IQ3_S without an importance matrix, the rows that look worst for their size): the figures are "
+         "those of the mixes, not of quantd.",
+         ""]
+    L += [
+         "| mix | bpw | block weights' types | PPL without → with imatrix | mean KLD without → with | same top token without → with |",
+         "|---|---|---|---|---|---|"]
     missing = []
     fmt = lambda r, k, f: (f % r[k]) if r else "—"
     for mix, req in res["mixes"]:
@@ -120,13 +153,14 @@ def render(res, path, final=True):
         if not a and not w:
             continue
         bpw = (w or a)["bpw"]
+        types = ", ".join("%s ×%d" % kv for kv in (w or a).get("types", {}).items()) or "?"
         name = mix + (" (required)" if req else "")
         if req:
-            L.append("| %s | %.2f | %s | %s | %s |" % (name, bpw, fmt(w, "ppl", "%.3f"),
+            L.append("| %s | %.2f | %s | %s | %s | %s |" % (name, bpw, types, fmt(w, "ppl", "%.3f"),
                      fmt(w, "kld", "%.4f") + (" ± %.4f" % w["kld_error"] if w else ""),
                      fmt(w, "same_top_p", "%.1f %%")))
         else:
-            L.append("| %s | %.2f | %s → %s | %s → %s | %s → %s |" % (name, bpw, fmt(a, "ppl", "%.3f"), fmt(w, "ppl", "%.3f"),
+            L.append("| %s | %.2f | %s | %s → %s | %s → %s | %s → %s |" % (name, bpw, types, fmt(a, "ppl", "%.3f"), fmt(w, "ppl", "%.3f"),
                      fmt(a, "kld", "%.4f"), fmt(w, "kld", "%.4f"), fmt(a, "same_top_p", "%.1f %%"), fmt(w, "same_top_p", "%.1f %%")))
     L.append("")
     for fl in res.get("failed", []):
@@ -164,7 +198,15 @@ def main():
     a = ap.parse_args()
     if a.render:
         with open(a.json) as f:
-            render(json.load(f), a.doc)
+            res = json.load(f)
+        for r in res["rows"]:  # rows measured before the types were recorded: the same plan, dry
+            if "types" not in r:
+                f16, im = os.path.join(a.work, "smollm2-f16.gguf"), os.path.join(a.work, "calibration.imatrix.gguf")
+                r["types"] = types_of(run([a.quantd, "convert", "--in", f16, "--recipe", r["mix"], "--dry-run",
+                                           *(["--imatrix", im] if r["imatrix"] else [])]).stdout)
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+        render(res, a.doc)
         return
     q, t = a.quantd, ["-t", a.threads]
     os.makedirs(a.work, exist_ok=True)
@@ -223,8 +265,9 @@ def main():
             log(mix, "imatrix" if with_im else "")
             t0 = time.time()
             try:
-                cs = last_json(run([q, "convert", "--in", f16, "--out", out, "--recipe", mix, "--force",
-                                    *(["--imatrix", im] if with_im else [])]).stdout)["summary"]
+                cp = run([q, "convert", "--in", f16, "--out", out, "--recipe", mix, "--force",
+                          *(["--imatrix", im] if with_im else [])])
+                cs = last_json(cp.stdout)["summary"]
                 t1 = time.time()
                 kj = last_json(run([q, "perplexity", "-m", out, "--kl-divergence-base", base, "--kl-divergence",
                                     *t]).stdout)
@@ -236,6 +279,7 @@ def main():
                 if os.path.exists(out):
                     os.unlink(out)
             row = {"mix": mix, "imatrix": with_im, "imatrix_required": required, "bpw": cs["bits_per_weight"],
+                   "types": types_of(cp.stdout),
                    "ppl": kj["ppl"]["q"], "ppl_error": kj["ppl"]["q_error"], "kld": kj["kld"]["mean"],
                    "kld_error": kj["kld"]["mean_error"], "kld_median": kj["kld"].get("median"),
                    "same_top_p": 100 * kj["same_top_p"], "same_top_p_error": 100 * kj["same_top_p_error"],

@@ -152,15 +152,20 @@ def render(res, path, final=True):
             missing.append("%s (%s)" % (mix, " and ".join(gone)))
         if not a and not w:
             continue
-        bpw = (w or a)["bpw"]
-        types = ", ".join("%s ×%d" % kv for kv in (w or a).get("types", {}).items()) or "?"
+        bpw = "%.2f" % (w or a)["bpw"]
+        if a and w and a["bpw"] != w["bpw"]:
+            bpw = "%.2f → %.2f" % (a["bpw"], w["bpw"])
+        tl = lambda r: ", ".join("%s ×%d" % kv for kv in r.get("types", {}).items()) or "?"
+        types = tl(w or a)
+        if a and w and tl(a) != tl(w):  # llama-quantize's rules may look at whether there is a matrix
+            types = "without: %s; with: %s" % (tl(a), tl(w))
         name = mix + (" (required)" if req else "")
         if req:
-            L.append("| %s | %.2f | %s | %s | %s | %s |" % (name, bpw, types, fmt(w, "ppl", "%.3f"),
+            L.append("| %s | %s | %s | %s | %s | %s |" % (name, bpw, types, fmt(w, "ppl", "%.3f"),
                      fmt(w, "kld", "%.4f") + (" ± %.4f" % w["kld_error"] if w else ""),
                      fmt(w, "same_top_p", "%.1f %%")))
         else:
-            L.append("| %s | %.2f | %s | %s → %s | %s → %s | %s → %s |" % (name, bpw, types, fmt(a, "ppl", "%.3f"), fmt(w, "ppl", "%.3f"),
+            L.append("| %s | %s | %s | %s → %s | %s → %s | %s → %s |" % (name, bpw, types, fmt(a, "ppl", "%.3f"), fmt(w, "ppl", "%.3f"),
                      fmt(a, "kld", "%.4f"), fmt(w, "kld", "%.4f"), fmt(a, "same_top_p", "%.1f %%"), fmt(w, "same_top_p", "%.1f %%")))
     L.append("")
     for fl in res.get("failed", []):

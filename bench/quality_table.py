@@ -153,7 +153,7 @@ def render(res, path, final=True):
         if not a and not w:
             continue
         bpw = "%.2f" % (w or a)["bpw"]
-        if a and w and a["bpw"] != w["bpw"]:
+        if a and w and "%.2f" % a["bpw"] != bpw:
             bpw = "%.2f → %.2f" % (a["bpw"], w["bpw"])
         tl = lambda r: ", ".join("%s ×%d" % kv for kv in r.get("types", {}).items()) or "?"
         types = tl(w or a)

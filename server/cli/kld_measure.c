@@ -83,9 +83,7 @@ static int on_logits(void *ctx, int chunk, int from, int rows, const float *logi
     }
     if (qd_kld_base_read_chunk(p->base, p->rows, p->err, sizeof p->err))
         return 1;
-    const int64_t words = qd_kld_row_words(n_vocab);
-    for (int i = 0; i < rows - 1; i++)
-        qd_kld_stats_add(p->kld, logits + (int64_t)i * n_vocab, n_vocab, p->rows + (int64_t)i * words, targets[i]);
+    qd_kld_stats_add_rows(p->kld, logits, rows - 1, n_vocab, p->rows, targets);
     return 0;
 }
 

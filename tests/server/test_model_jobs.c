@@ -8,7 +8,8 @@
  * - every refusal is a JSON error naming the problem and no server path: paths outside
  *   --data-dir, missing files, an existing output without overwrite, unknown or ill-typed
  *   fields, an architecture the engine lacks, a model without a vocabulary (before the job is
- *   accepted), a text shorter than two chunks (the job's result). */
+ *   accepted), a text shorter than two chunks and a base logits file of another text (the job's
+ *   result). */
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <math.h>
@@ -391,6 +392,15 @@ static void bad_requests_are_refused_naming_the_problem(void **state)
     assert_int_equal(finish(id, &res), 400);
     cJSON_Delete(res);
     assert_int_equal(left("short"), 0);
+
+    /* a base logits file computed over another text (perplexity_job_is_the_cli wrote it) */
+    submit("perplexity", "{\"model\": \"m.gguf\", \"kl_divergence_base\": \"out/base.kld\", \"kl_divergence\": true, "
+           "\"text\": \"short.txt\"}", id, sizeof id);
+    assert_int_equal(finish(id, &res), 400);
+    msg = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "error"), "message"));
+    if (!msg || !strstr(msg, "another text") || !strstr(msg, "out/base.kld"))
+        fail_msg("base of another text: %s", msg ? msg : "(no message)");
+    cJSON_Delete(res);
 }
 
 int main(void)

@@ -49,8 +49,14 @@ void qd_run_progress_print(void *ctx, const struct qd_run_progress *p)
         fprintf(k->to, "{\"progress\":{\"done\":%d,\"total\":%d,\"stage\":\"%s\"}}\n",
                 layers ? p->layers_done : p->chunks_done, layers ? p->layers_total : p->chunks_total, p->stage);
     } else {
-        fprintf(k->to, "\r%s: layers %d/%d, chunks %d/%d", k->what, p->layers_done, p->layers_total, p->chunks_done,
-                p->chunks_total);
+        /* one bar over both stages: the blocks, then the chunks through the head */
+        const int total = p->layers_total + p->chunks_total, done = p->layers_done + p->chunks_done;
+        char bar[21];
+        for (int i = 0; i < 20; i++)
+            bar[i] = total > 0 && i < 20 * done / total ? '#' : '.';
+        bar[20] = 0;
+        fprintf(k->to, "\r%s: [%s] layers %d/%d, chunks %d/%d", k->what, bar, p->layers_done, p->layers_total,
+                p->chunks_done, p->chunks_total);
         if (!strcmp(p->stage, "done"))
             fputc('\n', k->to);
     }

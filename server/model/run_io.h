@@ -30,8 +30,8 @@ struct qd_run_io {
  * the text leaves as it is printed. NULL without memory. */
 FILE *qd_run_io_open(const struct qd_run_io *io, enum qd_run_stream s);
 
-/* The progress shown by the CLI: on a terminal one line rewritten with \r ("perplexity: layers
- * 12/30, chunks 0/4"), else one JSON line per step ({"progress":{"done":12,"total":31,"stage":
+/* The progress shown by the CLI: on a terminal one line rewritten with \r ("perplexity: [####....]
+ * layers 12/30, chunks 0/4"), else one JSON line per step ({"progress":{"done":12,"total":31,"stage":
  * "layers"}}), both on `to`. ctx: a struct qd_run_progress_sink. */
 struct qd_run_progress_sink {
     FILE *to;

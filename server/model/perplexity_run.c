@@ -29,6 +29,7 @@ struct ppl {
     const struct qd_run_io *io;
     struct qd_run_progress progress;
     char hook_err[512];
+    enum qd_status hook_status; /* what stopped the run from a hook: a damaged base, a failed write */
 };
 
 static void tell(struct ppl *p, const char *stage)
@@ -41,7 +42,7 @@ static void tell(struct ppl *p, const char *stage)
 /* --kl-divergence: the chunk's rows against the base's, and llama-perplexity's running line */
 static int kld_chunk(struct ppl *p, int chunk, int rows, const float *logits, int64_t n_vocab, const int32_t *targets)
 {
-    if (qd_kld_base_read_chunk(p->base, p->base_rows, p->hook_err, sizeof p->hook_err))
+    if ((p->hook_status = qd_kld_base_read_chunk(p->base, p->base_rows, p->hook_err, sizeof p->hook_err)) != QD_OK)
         return 1;
     const int64_t words = qd_kld_row_words(n_vocab);
     for (int i = 0; i < rows - 1; i++)
@@ -58,8 +59,8 @@ static int score_chunk(struct ppl *p, int chunk, int rows, const float *logits, 
     if (p->kld)
         return kld_chunk(p, chunk, rows, logits, n_vocab, targets);
     if (p->writer) { /* llama-perplexity sums its float figure when it writes a base */
-        if (qd_kld_writer_chunk(p->writer, logits, rows - 1, targets, &p->sum.nll, &p->sum.nll2, p->hook_err,
-                                sizeof p->hook_err))
+        if ((p->hook_status = qd_kld_writer_chunk(p->writer, logits, rows - 1, targets, &p->sum.nll, &p->sum.nll2,
+                                                  p->hook_err, sizeof p->hook_err)) != QD_OK)
             return 1;
         p->sum.count += rows - 1;
     } else /* the last position predicts past the chunk */
@@ -68,6 +69,7 @@ static int score_chunk(struct ppl *p, int chunk, int rows, const float *logits, 
     const size_t n_logits = (size_t)rows * (size_t)n_vocab;
     if (p->dump && fwrite(logits, sizeof *logits, n_logits, p->dump) != n_logits) {
         snprintf(p->hook_err, sizeof p->hook_err, "%s", strerror(errno));
+        p->hook_status = QD_EIO;
         return 1;
     }
     return 0;
@@ -117,7 +119,7 @@ static enum qd_status run_failed(const struct ppl *p, enum qd_status st, const c
                                  size_t errlen)
 {
     snprintf(err, errlen, "%s", p->hook_err[0] ? p->hook_err : engine_err);
-    return p->hook_err[0] && st == QD_ECANCELED ? QD_EIO : st;
+    return p->hook_err[0] && st == QD_ECANCELED ? p->hook_status : st;
 }
 
 /* --kl-divergence: the model over the base file's tokens, against its log-probabilities, as

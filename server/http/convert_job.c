@@ -31,24 +31,6 @@ static void scrub_request(const struct qd_convert_request *r, char *msg, size_t 
         qd_data_path_unroot(r->root, msg, cap);
 }
 
-/* Whether a JSON text holds a NUL in a string (\u0000: cJSON's strings would end there, a path
- * silently cut short) or a raw one. */
-static int json_has_nul(const char *body, size_t len)
-{
-    if (memchr(body, 0, len))
-        return 1;
-    for (size_t i = 0, in = 0; i < len; i++) {
-        if (body[i] == '"')
-            in = !in;
-        else if (in && body[i] == '\\' && i + 1 < len) {
-            if (body[i + 1] == 'u' && i + 5 < len && !strncmp(body + i + 2, "0000", 4))
-                return 1;
-            i++; /* (the escaped character) */
-        }
-    }
-    return 0;
-}
-
 /* A source directory's files, whatever links they are, stay inside root and are files or
  * directories: the engine reads some of them by name (config.json, the shards, the tokenizer
  * it copies). */
@@ -330,7 +312,7 @@ struct qd_convert_request *qd_convert_request_parse(const char *data_dir, const 
         return NULL;
     }
     r->spool_fd[0] = r->spool_fd[1] = -1;
-    if (body && json_has_nul(body, len)) {
+    if (body && qd_data_path_json_has_nul(body, len)) {
         qd_reply_error(err, 400, "bad_request", "the request holds a NUL character (\\u0000): paths and names "
                        "cannot contain one");
         goto bad;

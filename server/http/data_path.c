@@ -102,3 +102,19 @@ void qd_data_path_unroot(const char *root, char *msg, size_t cap)
     qd_data_path_scrub(msg, cap, prefix, "");
     qd_data_path_scrub(msg, cap, root, "--data-dir");
 }
+
+int qd_data_path_json_has_nul(const char *body, size_t len)
+{
+    if (memchr(body, 0, len))
+        return 1;
+    for (size_t i = 0, in = 0; i < len; i++) {
+        if (body[i] == '"')
+            in = !in;
+        else if (in && body[i] == '\\' && i + 1 < len) {
+            if (body[i + 1] == 'u' && i + 5 < len && !strncmp(body + i + 2, "0000", 4))
+                return 1;
+            i++; /* (the escaped character) */
+        }
+    }
+    return 0;
+}

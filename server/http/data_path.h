@@ -19,5 +19,8 @@ int qd_data_path_confine(const char *root, const char *what, const char *rel, in
 void qd_data_path_scrub(char *msg, size_t cap, const char *from, const char *to);
 /* The data directory's paths in msg made relative to it ("root/x" -> "x", root -> "--data-dir"). */
 void qd_data_path_unroot(const char *root, char *msg, size_t cap);
+/* Whether a JSON text holds a NUL, raw or as \u0000 in a string (cJSON's string would end
+ * there: a path silently cut short). */
+int qd_data_path_json_has_nul(const char *body, size_t len);
 
 #endif

@@ -285,8 +285,9 @@ struct qd_model_job_request *qd_model_job_parse(int op, const char *data_dir, co
     r->ppl.max_chunks = r->imx.max_chunks = -1;
     r->ppl.cache_k = r->ppl.cache_v = r->imx.cache_k = r->imx.cache_v = QD_F16; /* llama.cpp's default */
     const char *paths[sizeof fields / sizeof *fields] = {0};
-    if (body && memchr(body, 0, len)) {
-        qd_reply_error(err, 400, "bad_request", "the request holds a NUL character");
+    if (body && qd_data_path_json_has_nul(body, len)) {
+        qd_reply_error(err, 400, "bad_request", "the request holds a NUL character (\\u0000): paths cannot contain "
+                       "one");
         goto bad;
     }
     if (!cJSON_IsObject(o)) {
@@ -298,22 +299,24 @@ struct qd_model_job_request *qd_model_job_parse(int op, const char *data_dir, co
     const cJSON *in_file = cJSON_GetObjectItemCaseSensitive(o, "in_file");
     if (check_options(r, paths, in_file, err))
         goto bad;
-    if ((given(paths, "model") && qd_data_path_confine(root, "model", given(paths, "model"), 1, &r->model, err)) ||
-        (given(paths, "text") && qd_data_path_confine(root, "text", given(paths, "text"), 1, &r->text, err)) ||
-        (given(paths, "tokens") && qd_data_path_confine(root, "tokens", given(paths, "tokens"), 1, &r->tokens, err)) ||
+    const char *model = given(paths, "model"), *text = given(paths, "text"), *tokens = given(paths, "tokens");
+    const char *base = given(paths, "kl_divergence_base"), *output = given(paths, "output");
+    if ((model && qd_data_path_confine(root, "model", model, 1, &r->model, err)) ||
+        (text && qd_data_path_confine(root, "text", text, 1, &r->text, err)) ||
+        (tokens && qd_data_path_confine(root, "tokens", tokens, 1, &r->tokens, err)) ||
         (in_file && in_files(r, in_file, err)))
         goto bad;
-    if (given(paths, "kl_divergence_base") && (r->ppl.kl_divergence ? qd_data_path_confine(root, "kl_divergence_base", given(paths, "kl_divergence_base"), 1,
-                                                                  &r->kld_base, err)
-                                           : output_path(r, "kl_divergence_base", given(paths, "kl_divergence_base"), &r->kld_base, err)))
+    /* the base logits: read with kl_divergence, else written */
+    if (base && (r->ppl.kl_divergence ? qd_data_path_confine(root, "kl_divergence_base", base, 1, &r->kld_base, err)
+                                      : output_path(r, "kl_divergence_base", base, &r->kld_base, err)))
         goto bad;
-    if (given(paths, "output") && output_path(r, "output", given(paths, "output"), &r->output, err))
+    if (output && output_path(r, "output", output, &r->output, err))
         goto bad;
     if (r->model && check_model(r, err))
         goto bad;
     r->ppl.model = r->imx.model = r->model;
     r->ppl.text = r->imx.text = r->text;
-    r->imx.dataset = given(paths, "text") ? given(paths, "text") : given(paths, "tokens"); /* (as the client names it) */
+    r->imx.dataset = text ? text : tokens; /* (as the client names it) */
     r->ppl.tokens = r->imx.tokens = r->tokens;
     r->ppl.kld_base = r->kld_base;
     r->imx.output = r->output;

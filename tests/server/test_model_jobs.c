@@ -375,6 +375,7 @@ static void bad_requests_are_refused_naming_the_problem(void **state)
     expect_refusal(&srv, I, 400, "bad_param", "{\"in_file\": \"out/i.gguf\", \"output\": \"out/x.gguf\", "
                    "\"output_format\": \"bin\"}", "gguf or dat");
     expect_refusal(&srv, I, 400, "bad_json", "[1]", NULL);
+    expect_refusal(&srv, P, 400, "bad_request", "{\"model\": \"m.gguf\\u0000x\", \"tokens\": \"tokens.bin\"}", "NUL");
     expect_refusal(&srv, "nope", 400, "bad_op", "{}", "perplexity, imatrix");
     expect_refusal(&plain, P, 403, "forbidden", "{\"model\": \"m.gguf\", \"tokens\": \"tokens.bin\"}", "--data-dir");
 

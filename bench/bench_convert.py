@@ -105,13 +105,14 @@ m.save_pretrained({d!r}, max_shard_size="5GB")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def make_gguf(path, size):
+def make_gguf(path, size, extra=()):
+    """The SIZES[size]-shaped BF16 GGUF (tests/checkpoint/tiny_gguf.py; `extra`: more of its arguments)."""
     if os.path.exists(path):
         return
     h, ffn, layers, heads, kv, vocab = SIZES[size]
     subprocess.run([sys.executable, os.path.join(ROOT, "tests", "checkpoint", "tiny_gguf.py"), path, "bf16",
                     "--hidden", str(h), "--ffn", str(ffn), "--layers", str(layers), "--heads", str(heads),
-                    "--kv-heads", str(kv), "--vocab", str(vocab)], check=True)
+                    "--kv-heads", str(kv), "--vocab", str(vocab), *extra], check=True)
 
 
 def devices_args(backend, devices):

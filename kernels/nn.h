@@ -49,6 +49,8 @@ struct qd_nn_attn {
                        scale (Gemma 2's attention logit soft-capping); 0: none */
     int64_t window; /* > 0: query t sees positions t - window + 1 .. t only (llama.cpp's standard
                        sliding window, is_masked_swa); 0: all of 0..t */
+    int64_t seq;    /* > 0: the T rows are independent sequences of seq tokens each (chunks run
+                       together), each attending within itself only; 0: one sequence of T */
 };
 
 enum qd_glu_kind { QD_GLU_SILU, QD_GLU_GELU };
@@ -117,13 +119,44 @@ void qd_nn_sigmoid_gate(float *y, const float *g, int64_t T, int64_t n);
  * cache of that type holds. QD_F32 leaves x as it is. */
 void qd_nn_round(float *x, int64_t n, enum qd_dtype dtype);
 
+/* acc[j] += x[t][j] * x[t][j] for t = 0..T-1 in order, f32 (the CPU's add_squares) */
+void qd_nn_add_squares(float *acc, const float *x, int64_t T, int64_t K);
+/* The first non-finite value of x [n], or -1. */
+int64_t qd_nn_first_nonfinite(const float *x, int64_t n);
+
 /* Threads the ops use (0: the CPU backend's count, kernels/cpu/parallel.c). */
 void qd_nn_set_threads(int n);
 
+/* What a weight is to a backend that keeps its own copy (qd_nn_backend.bind): a matrix the
+ * matmuls read (a device keeps it in bf16) or a vector the other ops read (kept in f32). */
+enum qd_nn_weight_kind { QD_NN_MATRIX, QD_NN_VECTOR };
+
 /* The op table the engine calls through: one per backend, so that a second backend is a second
- * table, not a second engine. */
+ * table, not a second engine.
+ *
+ * Memory: activations live in what alloc gives (the CPU: malloc; CUDA: managed memory, which
+ * the host may also read and write once sync has returned, so that rare host-side steps such as
+ * gathering an expert's rows need no op of their own). Weights stay in host f32 where the model
+ * loader put them; bind hands one to the backend (CUDA copies it to the device, a matrix in
+ * bf16, and from then on maps the host address and any address inside it to its copy: the ops
+ * are called with the host pointers either way); unbind forgets it. A NULL memory op means the
+ * host's (malloc, free, nothing to bind, nothing to wait for). */
 struct qd_nn_backend {
     const char *name;
+    void *(*alloc)(size_t bytes);        /* NULL: no memory (or over the backend's limit) */
+    void (*free)(void *p);
+    void (*sync)(void);                  /* the ops so far are done; the host may read their output */
+    enum qd_status (*bind)(const float *host, int64_t n, enum qd_nn_weight_kind kind);
+    void (*unbind)(const float *host);
+    int64_t (*first_nonfinite)(const float *x, int64_t n);
+    size_t (*peak_bytes)(void);          /* the most of its own memory held so far (NULL: none) */
+    /* bytes of the backend's memory at src copied into host memory at dst (NULL: the host's own) */
+    void (*to_host)(void *dst, const void *src, size_t bytes);
+    /* acc [K] (host memory) += x[t][j]^2 for the rows t in order, in f32: the importance
+     * matrix's sums (llama-imatrix's order), without the rows leaving the backend */
+    void (*add_squares)(float *acc, const float *x, int64_t T, int64_t K);
+    const char *(*error)(void);          /* NULL, or what failed (the ops return nothing: a device
+                                            backend keeps its first failure; NULL op: never fails) */
     void (*matmul)(float *y, const float *x, const float *w, int64_t T, int64_t K, int64_t N);
     void (*add_row)(float *y, const float *b, int64_t T, int64_t n);
     void (*add)(float *y, const float *a, int64_t n);
@@ -143,6 +176,12 @@ struct qd_nn_backend {
 };
 
 extern const struct qd_nn_backend qd_nn_cpu;
+
+/* The CUDA backend (kernels/cuda/nn.cu; only in builds with CUDA, QD_WITH_CUDA): opens `device`
+ * with `limit` bytes of device memory at most (0: no limit but the device's own), counting every
+ * allocation the backend makes; QD_OK, or a status with err. Called again, it sets the limit. */
+extern const struct qd_nn_backend qd_nn_cuda;
+enum qd_status qd_nn_cuda_open(int device, size_t limit, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -512,7 +512,8 @@ static void attn_worker(void *ctx, int tid, int nth)
     }
 }
 
-enum qd_status qd_nn_attention(float *out, const float *q, const float *k, const float *v, const struct qd_nn_attn *a)
+static enum qd_status attention_one(float *out, const float *q, const float *k, const float *v,
+                                    const struct qd_nn_attn *a)
 {
     struct attn_job j = {.out = out, .q = q, .k = k, .a = a};
     j.row_blocks = (a->T + ATTN_ROWS - 1) / ATTN_ROWS;
@@ -541,8 +542,43 @@ enum qd_status qd_nn_attention(float *out, const float *q, const float *k, const
     return QD_OK;
 }
 
+enum qd_status qd_nn_attention(float *out, const float *q, const float *k, const float *v, const struct qd_nn_attn *a)
+{
+    if (a->seq <= 0 || a->seq >= a->T)
+        return attention_one(out, q, k, v, a);
+    /* sequences one after another, each its own causal attention */
+    struct qd_nn_attn one = *a;
+    const int64_t out_stride = (int64_t)a->n_head * a->head_dim_v;
+    for (int64_t t0 = 0; t0 < a->T; t0 += a->seq) {
+        one.T = a->T - t0 < a->seq ? a->T - t0 : a->seq;
+        one.seq = 0;
+        enum qd_status st = attention_one(out + t0 * out_stride, q + t0 * a->q_stride, k + t0 * a->k_stride,
+                                          v + t0 * a->v_stride, &one);
+        if (st != QD_OK)
+            return st;
+    }
+    return QD_OK;
+}
+
+void qd_nn_add_squares(float *acc, const float *x, int64_t T, int64_t K)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < K; j++)
+            acc[j] += x[t * K + j] * x[t * K + j];
+}
+
+int64_t qd_nn_first_nonfinite(const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return i;
+    return -1;
+}
+
 const struct qd_nn_backend qd_nn_cpu = {
     .name = "cpu",
+    .first_nonfinite = qd_nn_first_nonfinite,
+    .add_squares = qd_nn_add_squares,
     .matmul = qd_nn_matmul,
     .add_row = qd_nn_add_row,
     .add = qd_nn_add,

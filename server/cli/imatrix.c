@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli/cli.h"
+#include "model/engine_backend.h"
 #include "model/imatrix_run.h"
 #include "model/model.h"
 #include "model/model_input.h"
@@ -20,7 +21,7 @@ static void usage(FILE *to)
     fprintf(to,
             "usage: quantd imatrix -m MODEL (-f TEXT | --tokens FILE) [-o OUT] [-c N] [--chunks N] [--process-output]\n"
             "                      [--output-format gguf|dat] [--in-file FILE ...] [--no-ppl] [--chunk N] [-t N]\n"
-            "                      [--progress auto|bar|json|none]\n"
+            "                      [--backend auto|cpu|cuda] [--max-device-bytes N] [--progress auto|bar|json|none]\n"
             "       quantd imatrix --in-file A --in-file B ... [-o OUT] [-c N]   (combine only)\n"
             "  llama-imatrix's importance matrix of a GGUF model over a text's tokens: per weight of the\n"
             "  blocks, the sum of the squares of each input column over the tokens and their count, in\n"
@@ -47,6 +48,9 @@ static void usage(FILE *to)
             "                      accepted; the file is written once, at the end\n"
             "  -ctk, -ctv TYPE     the KV cache's types (f16, the default as in llama.cpp, bf16 or f32)\n"
             "  -t N                threads (default: every core)\n"
+            "  --backend B         auto (default: CUDA where built and a device answers, else the CPU),\n"
+            "                      cpu or cuda (bf16 matmul inputs with f32 sums there)\n"
+            "  --max-device-bytes N  the most device memory the run may hold (4GiB, 512MiB, ...)\n"
             "  --progress MODE     on stderr: bar (one line rewritten: layers and chunks), json (a line\n"
             "                      a step), none; auto (default): the bar on a terminal, else JSON lines\n",
             qd_model_arch_names());
@@ -81,6 +85,9 @@ int qd_cli_imatrix(int argc, char **argv)
     int format = 0, ignored; /* format: 0 unsaid, 1 gguf, 2 dat */
     enum qd_dtype cache[2] = {QD_F16, QD_F16}; /* llama.cpp's default KV cache */
     enum qd_cli_progress progress = QD_CLI_PROGRESS_AUTO;
+    const char *backend = "auto";
+    size_t max_device_bytes = 0;
+    const struct qd_nn_backend *nn = NULL;
     const char **in_files = calloc((size_t)(argc ? argc : 1), sizeof *in_files);
     int n_in = 0, rc = 2;
     if (!in_files) {
@@ -112,7 +119,13 @@ int qd_cli_imatrix(int argc, char **argv)
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) text_path = v;
         else if (!strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--output-file")) out = v;
         else if (!strcmp(a, "--in-file")) in_files[n_in++] = argv[i];
-        else if (!strcmp(a, "--progress")) {
+        else if (!strcmp(a, "--backend")) backend = v;
+        else if (!strcmp(a, "--max-device-bytes")) {
+            if (qd_parse_bytes(v, &max_device_bytes)) {
+                fprintf(stderr, "quantd imatrix: --max-device-bytes takes a byte count such as 4GiB, not '%s'\n", v);
+                goto done;
+            }
+        } else if (!strcmp(a, "--progress")) {
             if (qd_cli_progress_parse(v, &progress)) {
                 fprintf(stderr, "quantd imatrix: --progress takes auto, bar, json or none, not '%s'\n", v);
                 goto done;
@@ -164,13 +177,20 @@ int qd_cli_imatrix(int argc, char **argv)
                 tokens_path ? "--tokens" : "-f");
         goto done;
     }
+    if (tokens_path || text_path) {
+        char why[320];
+        if (qd_engine_backend(backend, max_device_bytes, &nn, why, sizeof why)) {
+            fprintf(stderr, "quantd imatrix: %s\n", why);
+            goto done;
+        }
+    }
     rc = 1;
     struct qd_run_progress_sink sink;
     struct qd_imatrix_opts o = {.model = model_path, .text = text_path, .tokens = tokens_path, .output = out,
                                 .format = format, .in_files = in_files, .n_in_files = n_in, .n_ctx = n_ctx,
                                 .max_chunks = max_chunks, .from_chunk = from_chunk, .n_batch = n_batch,
                                 .threads = threads, .process_output = process_output, .no_ppl = !ppl,
-                                .cache_k = cache[0], .cache_v = cache[1]};
+                                .cache_k = cache[0], .cache_v = cache[1], .nn = nn};
     qd_cli_run_io(&o.io, &sink, "imatrix", progress);
     char err[1024];
     cJSON *summary = NULL;

@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "cli/cli.h"
+#include "model/engine_backend.h"
 #include "model/model.h"
 #include "model/perplexity_run.h"
 
@@ -17,7 +18,8 @@ static void usage(FILE *to)
 {
     fprintf(to,
             "usage: quantd perplexity -m MODEL (-f TEXT | --tokens FILE) [-c N] [--chunks N] [-b N] [-t N]\n"
-            "                         [--kl-divergence-base FILE [--kl-divergence]] [--progress auto|bar|json|none]\n"
+            "                         [--kl-divergence-base FILE [--kl-divergence]] [--backend B]\n"
+            "                         [--max-device-bytes N] [--progress auto|bar|json|none]\n"
             "  llama-perplexity's perplexity of a GGUF model over a text's tokens, scored as it scores them:\n"
             "  chunks of -c tokens (default 512), each chunk's first token replaced by BOS when the\n"
             "  vocabulary adds one, each chunk scored over its second half.\n"
@@ -31,6 +33,12 @@ static void usage(FILE *to)
             "  --chunks N       at most N chunks (default: all that fit)\n"
             "  -b N             llama-perplexity's batch size (accepted; whole chunks run at once here)\n"
             "  -t N             threads (default: every core)\n"
+            "  --backend B      auto (default: CUDA where built and a device answers, else the CPU), cpu\n"
+            "                   or cuda: on CUDA the matmuls take bf16 inputs with f32 sums, so the\n"
+            "                   figures differ from the CPU's f32 ones in their last digits\n"
+            "  --max-device-bytes N  the most device memory the run may hold (4GiB, 512MiB, ...; default:\n"
+            "                   the device's): the blocks stream through it one at a time, the chunks'\n"
+            "                   hidden states stay in host memory when they do not fit\n"
             "  -ctk, -ctv TYPE  the KV cache's types (--cache-type-k/-v: f16, the default as in llama.cpp,\n"
             "                   bf16 or f32): keys and values rounded to them, as llama.cpp stores them\n"
             "  --dump-logits FILE  write each chunk's logits from position n_ctx/2 on, raw f32\n"
@@ -75,6 +83,8 @@ int qd_cli_perplexity(int argc, char **argv)
     int n_ctx = 512, max_chunks = -1, n_batch = 2048, threads = 0, kl_divergence = 0, ctx_given = 0;
     enum qd_dtype cache_k = QD_F16, cache_v = QD_F16; /* llama.cpp's default KV cache */
     enum qd_cli_progress progress = QD_CLI_PROGRESS_AUTO;
+    const char *backend = "auto";
+    size_t max_device_bytes = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -95,7 +105,13 @@ int qd_cli_perplexity(int argc, char **argv)
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) text_path = v;
         else if (!strcmp(a, "--dump-logits")) dump_path = v;
         else if (!strcmp(a, "--kl-divergence-base")) base_path = v;
-        else if (!strcmp(a, "--progress")) {
+        else if (!strcmp(a, "--backend")) backend = v;
+        else if (!strcmp(a, "--max-device-bytes")) {
+            if (qd_parse_bytes(v, &max_device_bytes)) {
+                fprintf(stderr, "quantd perplexity: --max-device-bytes takes a byte count such as 4GiB, not '%s'\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--progress")) {
             if (qd_cli_progress_parse(v, &progress)) {
                 fprintf(stderr, "quantd perplexity: --progress takes auto, bar, json or none, not '%s'\n", v);
                 return 2;
@@ -125,6 +141,12 @@ int qd_cli_perplexity(int argc, char **argv)
             return 2;
         }
     }
+    const struct qd_nn_backend *nn;
+    char why[320];
+    if (qd_engine_backend(backend, max_device_bytes, &nn, why, sizeof why)) {
+        fprintf(stderr, "quantd perplexity: %s\n", why);
+        return 2;
+    }
     if (kl_divergence && !base_path) {
         fprintf(stderr, "quantd perplexity: --kl-divergence needs --kl-divergence-base FILE, the base model's "
                 "log-probabilities (written by a run of the base model with --kl-divergence-base FILE alone)\n");
@@ -147,7 +169,7 @@ int qd_cli_perplexity(int argc, char **argv)
     struct qd_perplexity_opts o = {.model = model_path, .text = text_path, .tokens = tokens_path,
                                    .kld_base = base_path, .kl_divergence = kl_divergence, .dump_logits = dump_path,
                                    .n_ctx = ctx_given ? n_ctx : 0, .max_chunks = max_chunks, .n_batch = n_batch,
-                                   .threads = threads, .cache_k = cache_k, .cache_v = cache_v};
+                                   .threads = threads, .cache_k = cache_k, .cache_v = cache_v, .nn = nn};
     qd_cli_run_io(&o.io, &sink, "perplexity", progress);
     char err[1024];
     cJSON *summary = NULL;

@@ -3,6 +3,7 @@
 
 #include <limits.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 
 #include "http/data_path.h"
 #include "http/work_job.h"
+#include "model/engine_backend.h"
 #include "model/imatrix_run.h"
 #include "model/model.h"
 #include "model/perplexity_run.h"
@@ -25,6 +27,8 @@ struct qd_model_job_request {
     char *dataset; /* the text's (or the token file's) name as the request gives it, recorded in the matrix */
     int n_in;
     int overwrite;
+    char backend[8];          /* auto, cpu or cuda (engine_backend.h), resolved when the run starts */
+    size_t max_device_bytes;  /* 0: the device's */
     struct qd_perplexity_opts ppl;
     struct qd_imatrix_opts imx;
     /* the progress, written by the run's worker, read by GET /jobs/{id} */
@@ -38,7 +42,7 @@ static const char *const stage_names[] = {[STAGE_QUEUED] = "queued", [STAGE_LAYE
 /* ---- the request ------------------------------------------------------------------------------ */
 
 /* The body's members: one row each, with the ops that take it (bits of 1 << op). */
-enum kind { PATH_IN, PATH_OUT, KLD_BASE, IN_FILES, INT, BOOL, CACHE_TYPE, FORMAT };
+enum kind { PATH_IN, PATH_OUT, KLD_BASE, IN_FILES, INT, BOOL, CACHE_TYPE, FORMAT, BACKEND, BYTES };
 #define PPL (1 << QD_OP_PERPLEXITY)
 #define IMX (1 << QD_OP_IMATRIX)
 static const struct field {
@@ -51,6 +55,7 @@ static const struct field {
     {"chunks", INT, PPL | IMX, -1},          {"batch_size", INT, PPL | IMX, 1},
     {"threads", INT, PPL | IMX, 1},          {"cache_type_k", CACHE_TYPE, PPL | IMX, 0},
     {"cache_type_v", CACHE_TYPE, PPL | IMX, 0}, {"overwrite", BOOL, PPL | IMX, 0},
+    {"backend", BACKEND, PPL | IMX, 0},      {"max_device_bytes", BYTES, PPL | IMX, 0},
     {"kl_divergence_base", KLD_BASE, PPL, 0}, {"kl_divergence", BOOL, PPL, 0},
     {"output", PATH_OUT, IMX, 0},            {"output_format", FORMAT, IMX, 0},
     {"in_file", IN_FILES, IMX, 0},           {"process_output", BOOL, IMX, 0},
@@ -146,6 +151,31 @@ static int member(struct qd_model_job_request *r, const cJSON *it, const char **
         *(k[11] == 'k' ? &r->imx.cache_k : &r->imx.cache_v) = t;
         return 0;
     }
+    case BACKEND:
+        if (!cJSON_IsString(it) || (strcmp(it->valuestring, "auto") && strcmp(it->valuestring, "cpu") &&
+                                    strcmp(it->valuestring, "cuda"))) {
+            qd_reply_error(err, 400, "bad_param", "backend takes auto, cpu or cuda");
+            return -1;
+        }
+#ifndef QD_WITH_CUDA
+        if (!strcmp(it->valuestring, "cuda")) {
+            qd_reply_error(err, 400, "bad_param", "backend cuda: this quantd was built without CUDA (use auto or cpu)");
+            return -1;
+        }
+#endif
+        snprintf(r->backend, sizeof r->backend, "%s", it->valuestring);
+        return 0;
+    case BYTES:
+        if (cJSON_IsNumber(it) && it->valuedouble >= 0 && it->valuedouble < 1e18 &&
+            it->valuedouble == (double)(long long)it->valuedouble) {
+            r->max_device_bytes = (size_t)it->valuedouble;
+            return 0;
+        }
+        if (!cJSON_IsString(it) || qd_parse_bytes(it->valuestring, &r->max_device_bytes)) {
+            qd_reply_error(err, 400, "bad_param", "max_device_bytes takes a byte count (4294967296, or \"4GiB\")");
+            return -1;
+        }
+        return 0;
     case FORMAT:
         if (!cJSON_IsString(it) || (strcmp(it->valuestring, "gguf") && strcmp(it->valuestring, "dat"))) {
             qd_reply_error(err, 400, "bad_param", "output_format takes gguf or dat");
@@ -282,6 +312,7 @@ struct qd_model_job_request *qd_model_job_parse(int op, const char *data_dir, co
         return NULL;
     }
     r->op = op;
+    snprintf(r->backend, sizeof r->backend, "auto");
     r->ppl.max_chunks = r->imx.max_chunks = -1;
     r->ppl.cache_k = r->ppl.cache_v = r->imx.cache_k = r->imx.cache_v = QD_F16; /* llama.cpp's default */
     const char *paths[sizeof fields / sizeof *fields] = {0};
@@ -358,6 +389,10 @@ static void on_progress(void *ctx, const struct qd_run_progress *p)
                                                                                                        : STAGE_DONE);
 }
 
+/* Runs of the model take turns: the engine's device backend is one per process (one stream, one
+ * memory limit). */
+static pthread_mutex_t run_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static void model_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
 {
     struct qd_model_job_request *r = j->payload;
@@ -366,13 +401,20 @@ static void model_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
     char err[1024];
     cJSON *summary = NULL;
     enum qd_status st;
-    if (r->op == QD_OP_PERPLEXITY) {
+    pthread_mutex_lock(&run_lock);
+    const struct qd_nn_backend *nn = NULL;
+    if (qd_engine_backend(r->backend, r->max_device_bytes, &nn, err, sizeof err)) {
+        st = QD_EDEVICE; /* (no device answers: the job's error) */
+    } else if (r->op == QD_OP_PERPLEXITY) {
+        r->ppl.nn = nn;
         r->ppl.io = io;
         st = qd_perplexity_run(&r->ppl, &summary, err, sizeof err);
     } else {
+        r->imx.nn = nn;
         r->imx.io = io;
         st = qd_imatrix_run(&r->imx, &summary, err, sizeof err);
     }
+    pthread_mutex_unlock(&run_lock);
     malloc_trim(0); /* (a model's blocks in f32 are large allocations; their pages go back now) */
     if (st == QD_OK) /* (a run that only combines matrices has no blocks to report) */
         atomic_store(&r->stage, STAGE_DONE);
@@ -380,7 +422,8 @@ static void model_job_run(struct qd_job *j, struct qd_backend *b, void *worker)
         qd_data_path_unroot(r->root, err, sizeof err);
         qd_reply_error(&j->reply, qd_status_http(st), qd_status_code(st), "%s", err);
     } else {
-        cJSON_AddStringToObject(summary, "backend", "cpu");
+        if (!cJSON_HasObjectItem(summary, "backend")) /* (matrices only combined: no engine ran) */
+            cJSON_AddStringToObject(summary, "backend", "cpu");
         /* the process's peak memory is the daemon's, not the run's (conversion jobs leave it out too) */
         cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(summary, "memory"), "peak_rss_bytes");
         char *printed = cJSON_PrintUnformatted(summary);

@@ -1,8 +1,9 @@
 /* Runs of the model as service jobs: POST /jobs?op=perplexity (quantd perplexity: perplexity,
  * the base logits file, the KL divergence to it) and POST /jobs?op=imatrix (quantd imatrix). The
  * JSON body takes the command line's options by their long names with '_' (model, text, tokens,
- * ctx_size, chunks, batch_size, threads, cache_type_k/v; kl_divergence_base, kl_divergence;
- * output, output_format, in_file, process_output, from_chunk, no_ppl) and overwrite; every path
+ * ctx_size, chunks, batch_size, threads, cache_type_k/v, backend, max_device_bytes;
+ * kl_divergence_base, kl_divergence; output, output_format, in_file, process_output, from_chunk,
+ * no_ppl) and overwrite; runs take turns (one at a time in the process); every path
  * is relative to --data-dir and confined to it as a conversion's are (data_path.h). The request is
  * checked whole before the job is accepted (paths, options, the model's architecture and
  * vocabulary); the run (model/perplexity_run.h, model/imatrix_run.h) reports its progress in the

@@ -39,6 +39,8 @@ static void expert_linear(struct qd_block_run *r, float *out, const float *x, in
                           int expert)
 {
     const struct qd_model_tensor *w = &r->b->w[role];
+    if (r->on_matmul_expert_input || r->on_matmul_input)
+        qd_graph_sync(r);
     if (r->on_matmul_expert_input)
         r->on_matmul_expert_input(r->hook_ctx, r->layer, w->name, expert, (int)w->experts, x, n, w->cols);
     else if (r->on_matmul_input)
@@ -54,6 +56,7 @@ static void run_expert(struct qd_block_run *r, int e)
     struct qd_block_scratch *s = r->s;
     const int64_t n_embd = hp->n_embd, used = hp->n_expert_used, n_ff = r->b->w[QD_W_FFN_UP_EXPS].rows;
     int64_t n = 0;
+    qd_graph_sync(r); /* the routing's ids and the activations, read here */
     for (int64_t t = 0; t < r->T; t++)
         for (int64_t j = 0; j < used; j++)
             if (s->expert_ids[t * used + j] == e) {
@@ -69,6 +72,7 @@ static void run_expert(struct qd_block_run *r, int e)
         expert_linear(r, s->gate, s->expert_x, n, QD_W_FFN_GATE_EXPS, e);
         r->nn->glu(s->gate, s->gate, s->up, n * n_ff, r->m->arch->act);
     } else { /* no gate: act(up), as act(up) * 1.0 (exact) */
+        qd_graph_sync(r);
         for (int64_t i = 0; i < n * n_ff; i++)
             s->gate[i] = s->up[i];
         for (int64_t i = 0; i < n * n_ff; i++)
@@ -76,6 +80,7 @@ static void run_expert(struct qd_block_run *r, int e)
         r->nn->glu(s->gate, s->gate, s->up, n * n_ff, r->m->arch->act);
     }
     expert_linear(r, s->expert_y, s->gate, n, QD_W_FFN_DOWN_EXPS, e);
+    qd_graph_sync(r);
     for (int64_t i = 0; i < n; i++) {
         float *slot = s->expert_out + (int64_t)s->expert_rows[i] * n_embd;
         for (int64_t c = 0; c < n_embd; c++)

@@ -22,7 +22,10 @@ struct qd_engine_opts {
     /* K and V rounded to these types as llama.cpp's KV cache holds them (its default: f16;
      * QD_F32 keeps them exact; f16 and bf16 are the others) */
     enum qd_dtype cache_k, cache_v;
-    const struct qd_nn_backend *nn; /* NULL: the CPU */
+    const struct qd_nn_backend *nn; /* NULL: the CPU; a backend with memory of its own (CUDA) runs
+                                       several chunks through a block at once and holds the
+                                       largest block's weights, the hidden states where they fit
+                                       (the host's memory otherwise) and the activations */
 };
 
 struct qd_engine_hooks {
@@ -44,12 +47,16 @@ struct qd_engine_hooks {
 };
 
 struct qd_engine_stats {
-    double seconds, read_seconds; /* the whole run; of it, reading and dequantizing weights */
+    double seconds, read_seconds; /* the whole run; reading, dequantizing and handing the backend
+                                     the weights (on a device backend, behind the blocks' work) */
+    double load_wait_seconds;     /* of the run, the blocks waited for their weights */
     size_t hidden_bytes;          /* the chunks' hidden states */
     size_t block_bytes;           /* the largest block's weights in f32 */
     size_t scratch_bytes;         /* one chunk's activations inside a block */
     size_t head_bytes;            /* the output norm and projection in f32 + one chunk's logits */
     size_t peak_bytes;            /* the most of these held at once */
+    size_t device_peak_bytes;     /* a backend with memory of its own: the most it held (0: none) */
+    int chunks_together;          /* chunks run through a block at once */
 };
 
 /* Runs n_chunks chunks of o->n_ctx tokens (tokens: [n_chunks][n_ctx], each chunk as the model

@@ -82,8 +82,10 @@ void qd_graph_linear(struct qd_block_run *r, float *out, const float *x, enum qd
                      enum qd_model_weight bias)
 {
     const struct qd_model_tensor *w = weight(r, role), *b = weight(r, bias);
-    if (r->on_matmul_input)
+    if (r->on_matmul_input) {
+        qd_graph_sync(r);
         r->on_matmul_input(r->hook_ctx, r->layer, w->name, x, r->T, w->cols);
+    }
     r->nn->matmul(out, x, w->data, r->T, w->cols, w->rows);
     if (b)
         r->nn->add_row(out, b->data, r->T, w->rows);
@@ -105,8 +107,10 @@ static void graph_qkv(struct qd_block_run *r)
     const struct qd_model_hparams *hp = &r->m->hp;
     const int64_t q = (int64_t)hp->n_head * hp->head_dim_k, k = (int64_t)hp->n_head_kv * hp->head_dim_k;
     const int64_t v = (int64_t)hp->n_head_kv * hp->head_dim_v;
-    if (r->on_matmul_input)
+    if (r->on_matmul_input) {
+        qd_graph_sync(r);
         r->on_matmul_input(r->hook_ctx, r->layer, qkv->name, s->cur, r->T, qkv->cols);
+    }
     r->nn->matmul(s->q, s->cur, qkv->data, r->T, qkv->cols, q);
     r->nn->matmul(s->k, s->cur, qkv->data + q * qkv->cols, r->T, qkv->cols, k);
     r->nn->matmul(s->v, s->cur, qkv->data + (q + k) * qkv->cols, r->T, qkv->cols, v);
@@ -145,7 +149,7 @@ enum qd_status qd_graph_attention(struct qd_block_run *r)
                                  .head_dim_k = hp->head_dim_k, .head_dim_v = hp->head_dim_v, .q_stride = q_width,
                                  .k_stride = k_width, .v_stride = v_width,
                                  .scale = r->m->arch->q_prescale ? 1.0f : hp->attn_scale,
-                                 .softcap = hp->attn_softcap, .window = swa ? hp->n_swa : 0};
+                                 .softcap = hp->attn_softcap, .window = swa ? hp->n_swa : 0, .seq = r->seq};
     if (st == QD_OK)
         st = r->nn->attention(s->attn, s->q, s->k, s->v, &a);
     if (st != QD_OK) {
@@ -164,8 +168,10 @@ void qd_graph_ffn(struct qd_block_run *r)
     if (r->m->arch->ffn_up_fused) {
         /* phi3 (LLM_FFN_SWIGLU, LLM_FFN_SEQ): one matmul to [2 n_ff], ggml_swiglu of its halves,
          * the first the gate */
-        if (r->on_matmul_input)
+        if (r->on_matmul_input) {
+            qd_graph_sync(r);
             r->on_matmul_input(r->hook_ctx, r->layer, up->name, s->cur, r->T, up->cols);
+        }
         r->nn->matmul(s->gate, s->cur, up->data, r->T, up->cols, n_ff);
         r->nn->matmul(s->up, s->cur, up->data + n_ff * up->cols, r->T, up->cols, n_ff);
     } else {

@@ -53,11 +53,21 @@ struct qd_block_run {
     qd_matmul_expert_input_fn on_matmul_expert_input;
     qd_matmul_head_input_fn on_matmul_head_input;
     void *hook_ctx;
+    int64_t seq;          /* the T rows are chunks of seq tokens run together, each attending within
+                             itself (T itself: one chunk) */
     enum qd_dtype cache_k, cache_v; /* K (after rope) and V rounded to these, as llama.cpp's KV cache
                                        of that type holds them (QD_F32: as they are) */
     char *err;
     size_t errlen;
 };
+
+/* Before the host reads or writes activations itself (a hook, an expert's gathered rows): the
+ * backend's ops so far are done (kernels/nn.h: its memory is the host's once they are). */
+static inline void qd_graph_sync(const struct qd_block_run *r)
+{
+    if (r->nn->sync)
+        r->nn->sync();
+}
 
 /* Floats of scratch one chunk of T tokens needs, and the scratch laid out in buf. */
 int64_t qd_block_scratch_floats(const struct qd_model_hparams *hp, int64_t T);

@@ -44,11 +44,14 @@ static int all_finite(const float *v, int64_t n)
     return 1;
 }
 
-/* acc += x * x, row by row in f32: llama-imatrix's order */
-static void add_squares(float *acc, const float *x, int64_t K)
+/* acc += x * x over T rows of K, row by row in f32: llama-imatrix's order (on the backend
+ * that holds the rows) */
+static void add_squares(const struct qd_imatrix_collector *c, float *acc, const float *x, int64_t T, int64_t K)
 {
-    for (int64_t j = 0; j < K; j++)
-        acc[j] += x[j] * x[j];
+    if (c->nn && c->nn->add_squares)
+        c->nn->add_squares(acc, x, T, K);
+    else
+        qd_nn_add_squares(acc, x, T, K);
 }
 
 void qd_imatrix_collect_matmul(void *ctx, int layer, const char *weight, const float *x, int64_t T, int64_t K)
@@ -62,8 +65,7 @@ void qd_imatrix_collect_matmul(void *ctx, int layer, const char *weight, const f
     struct qd_imatrix_stat *e = entry(c, weight, K, 1);
     if (!e)
         return;
-    for (int64_t t = 0; t < T; t++)
-        add_squares(e->sums, x + t * K, K);
+    add_squares(c, e->sums, x, T, K);
     if (!all_finite(e->sums, K)) {
         snprintf(c->err, sizeof c->err, "non-finite values detected in %s (the sums of x^2 overflow f32)", weight);
         fail(c, QD_ENONFINITE);
@@ -98,7 +100,7 @@ enum qd_status qd_imatrix_collect_experts(struct qd_imatrix_collector *c, const 
                 fail(c, QD_EINVAL);
                 return c->status;
             }
-            add_squares(e->sums + ex * K, x + (t * x_rows + slot % x_rows) * K, K);
+            qd_nn_add_squares(e->sums + ex * K, x + (t * x_rows + slot % x_rows) * K, 1, K);
             e->counts[ex]++;
         }
     if (!all_finite(e->sums, K * n_expert)) {
@@ -124,8 +126,7 @@ void qd_imatrix_collect_expert_matmul(void *ctx, int layer, const char *weight, 
     if (!e)
         return;
     float *acc = e->sums + (int64_t)expert * K;
-    for (int64_t t = 0; t < rows; t++)
-        add_squares(acc, x + t * K, K);
+    add_squares(c, acc, x, rows, K);
     if (!all_finite(acc, K)) {
         snprintf(c->err, sizeof c->err, "non-finite values detected in %s (the sums of x^2 overflow f32)", weight);
         fail(c, QD_ENONFINITE);
@@ -150,8 +151,7 @@ void qd_imatrix_collect_head_matmul(void *ctx, int layer, const char *weight, in
     if (!e)
         return;
     float *acc = e->sums + (int64_t)head * K;
-    for (int64_t t = 0; t < T; t++)
-        add_squares(acc, x + t * K, K);
+    add_squares(c, acc, x, T, K);
     if (!all_finite(acc, K)) {
         snprintf(c->err, sizeof c->err, "non-finite values detected in %s (the sums of x^2 overflow f32)", weight);
         fail(c, QD_ENONFINITE);

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "checkpoint/imatrix_sums.h"
+#include "../../kernels/nn.h"
 #include "../../kernels/registry.h"
 
 struct qd_imatrix_collector {
@@ -18,6 +19,8 @@ struct qd_imatrix_collector {
     int process_output; /* collect the output head (--process-output) */
     int min_tokens;     /* the fewest tokens of a matmul collected (0: llama-imatrix's 16; a caller
                            whose chunks run several to a batch there, as short ones do, sets 1) */
+    const struct qd_nn_backend *nn; /* the engine's backend, whose memory the rows are in (NULL:
+                                       the host's) */
     int last;           /* the entry the last call used (the next is usually the one after) */
     volatile int stop;  /* set on a failure: the engine's cancel flag */
     enum qd_status status;

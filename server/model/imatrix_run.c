@@ -155,7 +155,7 @@ enum qd_status qd_imatrix_compute(const struct qd_imatrix_opts *o, struct qd_ima
      * tokens: chunks under 16 tokens are collected, except those of a last batch of fewer than
      * 16 tokens (its perplexity still counts; they run again without the collector) */
     int collected = n_chunks;
-    struct qd_imatrix_collector c = {.sums = s, .process_output = o->process_output};
+    struct qd_imatrix_collector c = {.sums = s, .process_output = o->process_output, .nn = o->nn};
     if (n_ctx < 16) {
         const int last = n_chunks - (n_chunks - 1) / n_seq * n_seq;
         collected = (int64_t)last * n_ctx < 16 ? n_chunks - last : n_chunks;
@@ -166,7 +166,7 @@ enum qd_status qd_imatrix_compute(const struct qd_imatrix_opts *o, struct qd_ima
                     .io = &o->io, .progress = {.chunks_total = n_chunks}};
     /* the head's rows: every position when its input is collected (llama-imatrix asks for
      * every logit), else the scored half */
-    struct qd_engine_opts eo = {.n_ctx = n_ctx, .logits_from = o->process_output ? 0 : n_ctx / 2,
+    struct qd_engine_opts eo = {.nn = o->nn, .n_ctx = n_ctx, .logits_from = o->process_output ? 0 : n_ctx / 2,
                                 .threads = o->threads, .cache_k = o->cache_k, .cache_v = o->cache_v};
     struct qd_engine_hooks h = {.ctx = &r, .on_logits = on_logits, .on_matmul_input = on_matmul_input,
                                 .on_matmul_expert_input = on_matmul_expert_input,
@@ -202,8 +202,12 @@ enum qd_status qd_imatrix_compute(const struct qd_imatrix_opts *o, struct qd_ima
         } else
             fprintf(out, "Unexpected negative standard deviation of log(prob)\n");
     }
-    fprintf(log, "imatrix: %.2f s (%.2f s reading weights), %.1f MiB at most\n", res->stats.seconds,
+    fprintf(log, "imatrix: %.2f s (%.2f s reading weights), %.1f MiB at most", res->stats.seconds,
             res->stats.read_seconds, (double)res->stats.peak_bytes / 1048576.0);
+    if (res->stats.device_peak_bytes)
+        fprintf(log, ", %.1f MiB of %s memory at most", (double)res->stats.device_peak_bytes / 1048576.0,
+                o->nn ? o->nn->name : "device");
+    fprintf(log, "\n");
     status = QD_OK;
 done:
     if (out)
@@ -314,11 +318,13 @@ enum qd_status qd_imatrix_run(const struct qd_imatrix_opts *o, cJSON **summary, 
         cJSON_AddNumberToObject(j, "ppl_error", res.ln_ppl_error * exp(res.ln_ppl));
     }
     if (res.chunks) {
+        cJSON_AddStringToObject(j, "backend", o->nn ? o->nn->name : "cpu");
         cJSON_AddNumberToObject(j, "seconds", res.stats.seconds);
         cJSON_AddNumberToObject(j, "read_seconds", res.stats.read_seconds);
         cJSON *mem = cJSON_AddObjectToObject(j, "memory");
         cJSON_AddNumberToObject(mem, "peak_bytes", (double)res.stats.peak_bytes);
         cJSON_AddNumberToObject(mem, "peak_rss_bytes", (double)qd_peak_rss_bytes());
+        cJSON_AddNumberToObject(mem, "device_peak_bytes", (double)res.stats.device_peak_bytes);
     }
     *summary = j;
     st = QD_OK;

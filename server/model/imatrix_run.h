@@ -32,6 +32,7 @@ struct qd_imatrix_opts {
     int process_output;         /* collect output.weight's input too */
     int no_ppl;                 /* skip the perplexity */
     enum qd_dtype cache_k, cache_v; /* the KV cache's types (llama.cpp's default: f16) */
+    const struct qd_nn_backend *nn; /* the engine's backend (engine_backend.h; NULL: the CPU) */
     struct qd_run_io io;
 };
 

@@ -3,6 +3,8 @@
  * values in float, the sums in double), so that the same logits give the same digits. */
 #include "model/kld.h"
 
+#include "../../kernels/cpu/cpu.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,8 +63,14 @@ void qd_kld_stats_free(struct qd_kld_stats *s)
     memset(s, 0, sizeof *s);
 }
 
-void qd_kld_stats_add(struct qd_kld_stats *s, const float *logits, int64_t n_vocab, const uint16_t *base_row,
-                      int32_t tok)
+/* One position's figures, computed apart from the sums so that rows can run on every core. */
+struct kld_row {
+    float nll, nll_base, p_diff;
+    double kld;
+    int same_top;
+};
+
+static void kld_row(struct kld_row *r, const float *logits, int64_t n_vocab, const uint16_t *base_row, int32_t tok)
 {
     float max = logits[0];
     int64_t imax = 0;
@@ -80,13 +88,8 @@ void qd_kld_stats_add(struct qd_kld_stats *s, const float *logits, int64_t n_voc
     memcpy(&min_log_prob, base_row + 2, 4);
     const uint16_t *code = base_row + 4;
 
-    const float nll = max + log_sum_exp - logits[tok];
-    s->sum_nll += nll;
-    s->sum_nll2 += nll * nll;
-    const float nll_base = -(scale * code[tok] + min_log_prob);
-    s->sum_nll_base += nll_base;
-    s->sum_nll_base2 += nll_base * nll_base;
-    s->sum_nll_nll_base += nll * nll_base;
+    r->nll = max + log_sum_exp - logits[tok];
+    r->nll_base = -(scale * code[tok] + min_log_prob);
 
     /* KL(base || model) over the base's codes; positions below the codes' reach count nothing */
     const float log_norm = max + log_sum_exp;
@@ -102,21 +105,75 @@ void qd_kld_stats_add(struct qd_kld_stats *s, const float *logits, int64_t n_voc
         if (log_p_base > -16.f)
             kld += expf(log_p_base) * (log_p_base - logits[i] + log_norm);
     }
-    s->sum_kld += kld;
-    s->sum_kld2 += kld * kld;
-    s->n_same_top += imax == imax_base;
+    r->kld = kld;
+    r->same_top = imax == imax_base;
+    r->p_diff = expf(-r->nll) - expf(-r->nll_base);
+}
 
-    const float p_diff = expf(-nll) - expf(-nll_base);
+/* the sums, in position order */
+static void kld_sum(struct qd_kld_stats *s, const struct kld_row *r)
+{
+    const float nll = r->nll, nll_base = r->nll_base, p_diff = r->p_diff;
+    s->sum_nll += nll;
+    s->sum_nll2 += nll * nll;
+    s->sum_nll_base += nll_base;
+    s->sum_nll_base2 += nll_base * nll_base;
+    s->sum_nll_nll_base += nll * nll_base;
+    s->sum_kld += r->kld;
+    s->sum_kld2 += r->kld * r->kld;
+    s->n_same_top += r->same_top;
     s->sum_p_diff += p_diff;
     const double p_diff2 = p_diff * p_diff;
     s->sum_p_diff2 += p_diff2;
     s->sum_p_diff4 += p_diff2 * p_diff2;
     s->max_p_diff = s->max_p_diff < fabsf(p_diff) ? fabsf(p_diff) : s->max_p_diff;
     if (s->count < s->capacity) {
-        s->kld_values[s->count] = (float)kld;
+        s->kld_values[s->count] = (float)r->kld;
         s->p_diff_values[s->count] = p_diff;
     }
     s->count++;
+}
+
+void qd_kld_stats_add(struct qd_kld_stats *s, const float *logits, int64_t n_vocab, const uint16_t *base_row,
+                      int32_t tok)
+{
+    struct kld_row r;
+    kld_row(&r, logits, n_vocab, base_row, tok);
+    kld_sum(s, &r);
+}
+
+struct kld_job {
+    const float *logits;
+    int64_t n_vocab, words;
+    const uint16_t *base_rows;
+    const int32_t *targets;
+    int rows;
+    struct kld_row *out;
+};
+
+static void kld_rows(void *ctx, int tid, int n)
+{
+    const struct kld_job *j = ctx;
+    for (int i = tid; i < j->rows; i += n)
+        kld_row(&j->out[i], j->logits + (int64_t)i * j->n_vocab, j->n_vocab, j->base_rows + (int64_t)i * j->words,
+                j->targets[i]);
+}
+
+void qd_kld_stats_add_rows(struct qd_kld_stats *s, const float *logits, int rows, int64_t n_vocab,
+                           const uint16_t *base_rows, const int32_t *targets)
+{
+    struct kld_row *r = malloc((size_t)(rows > 0 ? rows : 1) * sizeof *r);
+    const int64_t words = qd_kld_row_words(n_vocab);
+    if (!r) { /* one at a time */
+        for (int i = 0; i < rows; i++)
+            qd_kld_stats_add(s, logits + (int64_t)i * n_vocab, n_vocab, base_rows + (int64_t)i * words, targets[i]);
+        return;
+    }
+    struct kld_job j = {logits, n_vocab, words, base_rows, targets, rows, r};
+    qd_cpu_parallel(qd_cpu_threads() < rows ? qd_cpu_threads() : rows, kld_rows, &j);
+    for (int i = 0; i < rows; i++)
+        kld_sum(s, &r[i]);
+    free(r);
 }
 
 /* ---- llama-perplexity's figures from the sums ---- */

@@ -91,6 +91,10 @@ void qd_kld_stats_free(struct qd_kld_stats *s);
 /* One scored position: the model's logits against the base row, tok the position's next token. */
 void qd_kld_stats_add(struct qd_kld_stats *s, const float *logits, int64_t n_vocab, const uint16_t *base_row,
                       int32_t tok);
+/* rows positions at once (on every core; the sums as qd_kld_stats_add row by row gives them):
+ * logits [rows][n_vocab], base_rows [rows][qd_kld_row_words], targets [rows] */
+void qd_kld_stats_add_rows(struct qd_kld_stats *s, const float *logits, int rows, int64_t n_vocab,
+                           const uint16_t *base_rows, const int32_t *targets);
 /* llama-perplexity's table: its header line, and the running line after chunk `chunk` (1-based). */
 void qd_kld_print_header(FILE *out);
 void qd_kld_print_chunk(const struct qd_kld_stats *s, int chunk, FILE *out);

@@ -3,6 +3,8 @@
  * temporary name beside its place, renamed there only when whole. */
 #include "model/kld.h"
 
+#include "../../kernels/cpu/cpu.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -183,19 +185,51 @@ enum qd_status qd_kld_writer_open(const char *path, int32_t n_ctx, int32_t n_voc
     return QD_OK;
 }
 
+struct encode_job {
+    const float *logits;
+    int64_t n_vocab, words;
+    const int32_t *targets;
+    int rows;
+    uint16_t *buf;
+    double *nll;
+};
+
+static void encode_rows(void *ctx, int tid, int n)
+{
+    const struct encode_job *j = ctx;
+    for (int r = tid; r < j->rows; r += n)
+        j->nll[r] = qd_kld_encode_row(j->logits + (int64_t)r * j->n_vocab, j->n_vocab, j->targets[r],
+                                      j->buf + (int64_t)r * j->words);
+}
+
 enum qd_status qd_kld_writer_chunk(struct qd_kld_writer *w, const float *logits, int rows, const int32_t *targets,
                                    double *nll, double *nll2, char *err, size_t errlen)
 {
     const int64_t words = qd_kld_row_words(w->n_vocab);
+    /* the rows encoded on every core, then written and summed in order */
+    uint16_t *buf = malloc((size_t)(rows > 0 ? rows : 1) * (size_t)words * 2);
+    double *v = malloc((size_t)(rows > 0 ? rows : 1) * sizeof *v);
+    if (buf && v) {
+        struct encode_job j = {logits, w->n_vocab, words, targets, rows, buf, v};
+        qd_cpu_parallel(qd_cpu_threads() < rows ? qd_cpu_threads() : rows, encode_rows, &j);
+    }
     for (int r = 0; r < rows; r++) {
-        const double v = qd_kld_encode_row(logits + (int64_t)r * w->n_vocab, w->n_vocab, targets[r], w->row);
-        *nll += v;
-        *nll2 += v * v;
-        if (fwrite(w->row, 2, (size_t)words, w->f) != (size_t)words) {
+        uint16_t *row = buf && v ? buf + (int64_t)r * words : w->row;
+        const double x = buf && v ? v[r] : qd_kld_encode_row(logits + (int64_t)r * w->n_vocab, w->n_vocab, targets[r], row);
+        *nll += x;
+        *nll2 += x * x;
+        if (!(buf && v) && fwrite(row, 2, (size_t)words, w->f) != (size_t)words) {
             snprintf(err, errlen, "%s: %s", w->tmp, strerror(errno));
+            free(buf), free(v);
             return QD_EIO;
         }
     }
+    if (buf && v && rows > 0 && fwrite(buf, 2, (size_t)(rows * words), w->f) != (size_t)(rows * words)) {
+        snprintf(err, errlen, "%s: %s", w->tmp, strerror(errno));
+        free(buf), free(v);
+        return QD_EIO;
+    }
+    free(buf), free(v);
     return QD_OK;
 }
 

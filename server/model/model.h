@@ -145,6 +145,9 @@ struct qd_model {
     float *rope_freqs;    /* n_rot/2 values, or NULL */
     const struct qd_gguf_tensor *token_embd, *output, *output_norm, *output_b;
     float *rope_short, *rope_long; /* LongRoPE's factors (n_rot/2 each), or NULL (phi3) */
+    int release_pages;    /* the file's pages dropped once read (a model larger than half the
+                             memory: its pages would push out everything else); a smaller one
+                             stays cached for the next run, as a mapped file does */
 };
 
 /* Opens the model at path (a GGUF, or a split model's first shard) and checks everything a pass
@@ -173,7 +176,7 @@ enum qd_status qd_model_rows(const struct qd_model *m, const struct qd_gguf_tens
 /* The whole tensor t in f32 into out (rows x cols values). */
 enum qd_status qd_model_tensor_f32(const struct qd_model *m, const struct qd_gguf_tensor *t, float *out, char *err,
                                    size_t errlen);
-/* Drops the file's cached pages of t (a weight read once per run). */
+/* Drops the file's cached pages of t (a weight read once per run) where m->release_pages. */
 void qd_model_release(const struct qd_model *m, const struct qd_gguf_tensor *t);
 
 #endif

@@ -44,9 +44,7 @@ static int kld_chunk(struct ppl *p, int chunk, int rows, const float *logits, in
 {
     if ((p->hook_status = qd_kld_base_read_chunk(p->base, p->base_rows, p->hook_err, sizeof p->hook_err)) != QD_OK)
         return 1;
-    const int64_t words = qd_kld_row_words(n_vocab);
-    for (int i = 0; i < rows - 1; i++)
-        qd_kld_stats_add(p->kld, logits + (int64_t)i * n_vocab, n_vocab, p->base_rows + (int64_t)i * words, targets[i]);
+    qd_kld_stats_add_rows(p->kld, logits, rows - 1, n_vocab, p->base_rows, targets);
     if (chunk == 0)
         qd_kld_print_header(p->out);
     qd_kld_print_chunk(p->kld, chunk + 1, p->out);
@@ -100,11 +98,14 @@ static int same_file(const char *a, const char *b)
     return a && b && !stat(a, &sa) && !stat(b, &sb) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-/* the run's time and memory, in each summary */
-static void add_run(cJSON *j, const struct qd_engine_stats *stats)
+/* the run's backend, time and memory, in each summary */
+static void add_run(cJSON *j, const struct qd_perplexity_opts *o, const struct qd_engine_stats *stats)
 {
+    cJSON_AddStringToObject(j, "backend", o->nn ? o->nn->name : "cpu");
+    cJSON_AddNumberToObject(j, "chunks_together", stats->chunks_together);
     cJSON_AddNumberToObject(j, "seconds", stats->seconds);
     cJSON_AddNumberToObject(j, "read_seconds", stats->read_seconds);
+    cJSON_AddNumberToObject(j, "load_wait_seconds", stats->load_wait_seconds);
     cJSON *mem = cJSON_AddObjectToObject(j, "memory");
     cJSON_AddNumberToObject(mem, "peak_bytes", (double)stats->peak_bytes);
     cJSON_AddNumberToObject(mem, "hidden_bytes", (double)stats->hidden_bytes);
@@ -112,6 +113,7 @@ static void add_run(cJSON *j, const struct qd_engine_stats *stats)
     cJSON_AddNumberToObject(mem, "scratch_bytes", (double)stats->scratch_bytes);
     cJSON_AddNumberToObject(mem, "head_bytes", (double)stats->head_bytes);
     cJSON_AddNumberToObject(mem, "peak_rss_bytes", (double)qd_peak_rss_bytes());
+    cJSON_AddNumberToObject(mem, "device_peak_bytes", (double)stats->device_peak_bytes);
 }
 
 /* The engine's failure: a hook's message first, a stop asked by the caller as QD_ECANCELED. */
@@ -192,7 +194,7 @@ static enum qd_status kld_run(const struct qd_perplexity_opts *o, struct ppl *p,
     const int n_seq = o->n_batch / n_ctx > 1 ? o->n_batch / n_ctx : 1;
     fprintf(p->log, "kl_divergence: computing over %d chunks, n_ctx=%d, batch_size=%d, n_seq=%d\n", n_chunks, n_ctx,
             o->n_batch, n_seq);
-    struct qd_engine_opts eo = {.n_ctx = n_ctx, .logits_from = n_ctx / 2, .threads = o->threads,
+    struct qd_engine_opts eo = {.nn = o->nn, .n_ctx = n_ctx, .logits_from = n_ctx / 2, .threads = o->threads,
                                 .cache_k = o->cache_k, .cache_v = o->cache_v};
     struct qd_engine_hooks h = {.ctx = p, .on_logits = on_logits, .on_progress = on_progress, .cancel = o->io.cancel};
     struct qd_engine_stats stats;
@@ -212,7 +214,7 @@ static enum qd_status kld_run(const struct qd_perplexity_opts *o, struct ppl *p,
     qd_kld_report(&kld, p->out, j);
     cJSON_AddStringToObject(j, "cache_type_k", qd_dtype_name(o->cache_k));
     cJSON_AddStringToObject(j, "cache_type_v", qd_dtype_name(o->cache_v));
-    add_run(j, &stats);
+    add_run(j, o, &stats);
     fprintf(p->out, "\n");
     *summary = j;
 done:
@@ -317,7 +319,7 @@ static enum qd_status ppl_run(const struct qd_perplexity_opts *o, struct ppl *p,
     fprintf(p->log, "perplexity: calculating perplexity over %d chunks, n_ctx=%d, batch_size=%d, n_seq=%d\n",
             p->n_chunks, n_ctx, o->n_batch < n_seq * n_ctx ? o->n_batch : n_seq * n_ctx, n_seq);
 
-    struct qd_engine_opts eo = {.n_ctx = n_ctx, .logits_from = p->first, .threads = o->threads,
+    struct qd_engine_opts eo = {.nn = o->nn, .n_ctx = n_ctx, .logits_from = p->first, .threads = o->threads,
                                 .cache_k = o->cache_k, .cache_v = o->cache_v};
     struct qd_engine_hooks h = {.ctx = p, .on_logits = on_logits, .on_progress = on_progress, .cancel = o->io.cancel};
     struct qd_engine_stats stats;
@@ -363,7 +365,7 @@ static enum qd_status ppl_run(const struct qd_perplexity_opts *o, struct ppl *p,
     cJSON_AddNumberToObject(j, "n_ctx", n_ctx);
     cJSON_AddStringToObject(j, "cache_type_k", qd_dtype_name(o->cache_k));
     cJSON_AddStringToObject(j, "cache_type_v", qd_dtype_name(o->cache_v));
-    add_run(j, &stats);
+    add_run(j, o, &stats);
     *summary = j;
     status = QD_OK;
 done:

@@ -16,6 +16,7 @@
 #include <cjson/cJSON.h>
 
 #include "model/run_io.h"
+#include "../../kernels/nn.h"
 #include "../../kernels/registry.h"
 
 struct qd_perplexity_opts {
@@ -30,6 +31,7 @@ struct qd_perplexity_opts {
     int n_batch;             /* llama-perplexity's -b (only its lines depend on it; whole chunks run at once) */
     int threads;             /* 0: every core */
     enum qd_dtype cache_k, cache_v; /* the KV cache's types (llama.cpp's default: f16) */
+    const struct qd_nn_backend *nn; /* the engine's backend (engine_backend.h; NULL: the CPU) */
     struct qd_run_io io;
 };
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A tiny random Llama as llama.cpp loads it, written with the `gguf` package's own writer:
-usage: tiny_gguf.py OUT.gguf [f32|f16|bf16] [--ffn N] [--layers N] [--hidden N] [--seed N] [--cases]
+usage: tiny_gguf.py OUT.gguf [f32|f16|bf16] [--ffn N] [--layers N] [--hidden N] [--seed N] [--ctx N] [--cases]
 
 The vocabulary is SentencePiece-style with byte fallback (<unk>, <s>, </s>, the 256 byte tokens
 and a few pieces), so llama.cpp can tokenize any prompt. Norms are F32 (as convert_hf_to_gguf
@@ -64,6 +64,7 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=0, help="pad the vocabulary to N tokens")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--ctx", type=int, default=256, help="context_length")
     ap.add_argument("--cases", action="store_true")
     ap.add_argument("--no-file-type", action="store_true",
                     help="leave general.file_type out (llama.cpp's loader then guesses it)")
@@ -80,7 +81,7 @@ def main():
 
     w = gguf.GGUFWriter(a.out, "llama")
     w.add_name("quantd tiny llama")
-    w.add_context_length(256)
+    w.add_context_length(a.ctx)
     w.add_embedding_length(h)
     w.add_block_count(a.layers)
     w.add_feed_forward_length(a.ffn)

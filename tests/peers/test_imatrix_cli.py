@@ -4,6 +4,8 @@ tests/consumers/test_llama_cpp_imatrix.py), on tiny F32 models (tests/model/tiny
 - each file's layout as llama-imatrix writes it: the same keys and values (datasets, chunk count,
   chunk size), the same tensors in the same order and shapes (GGUF), the same entries, calls and
   trailer (.dat); the counts equal and every value within a relative 1e-4;
+- the mixtures of experts (qwen3moe, deepseek2; 8 experts): the 3-D *_exps tensors' per-expert
+  counts equal (uneven, adding up to tokens x experts used) and their per-expert sums within 1e-4;
 - the perplexity printed alongside within a relative 1e-4;
 - --in-file combining of GGUF and .dat files byte for byte as llama-imatrix combines them;
 - IQ2_XXS quantized by quantd convert from quantd's matrix and from llama-imatrix's: at least
@@ -252,3 +254,33 @@ def test_text_runs_as_its_token_ids(models, tmp_path):
     quantd("imatrix", *common, "-o", tmp_path / "text.gguf")
     quantd("imatrix", *common, "--tokens", TOKENS, "-o", tmp_path / "ids.gguf")
     assert open(tmp_path / "text.gguf", "rb").read() == open(tmp_path / "ids.gguf", "rb").read()
+
+
+MOE = [f for f in COMPUTED if RECORD["models"][RUNS[f]["model"]].count("--experts")]
+
+
+def test_moe_fixtures_hold_per_expert_counts(models, tmp_path):
+    """The mixtures of experts' files (8 experts, 2 a token): each 3-D *_exps tensor has one
+    count per expert, uneven (the routing's), adding up to tokens x experts used, and quantd's
+    equal; the .dat files' calls for them as llama-imatrix derives them from those counts."""
+    assert sorted(MOE) == ["deepseek2.dat", "deepseek2.gguf", "qwen3moe.dat", "qwen3moe.gguf"]
+    for file in MOE:
+        run = RUNS[file]
+        args = RECORD["models"][run["model"]]
+        n_expert, n_used = (int(args[args.index(k) + 1]) for k in ("--experts", "--experts-used"))
+        n_tokens = int(run["args"][run["args"].index("-c") + 1]) * int(run["args"][run["args"].index("--chunks") + 1])
+        out = tmp_path / file
+        imatrix_like_the_fixture(models, file, out)
+        if file.endswith(".dat"):
+            ours = {n: c for n, c, _ in read_dat(out)[0] if "_exps" in n}
+            ref = {n: c for n, c, _ in read_dat(os.path.join(FIXTURES, file))[0] if "_exps" in n}
+            assert len(ref) >= 6 and ours == ref
+            continue
+        _, tensors = read_gguf(out)
+        _, tensors_ref = read_gguf(os.path.join(FIXTURES, file))
+        counts = {n: (s, v) for n, s, v in tensors if "_exps" in n and n.endswith(".counts")}
+        counts_ref = {n: (s, v) for n, s, v in tensors_ref if "_exps" in n and n.endswith(".counts")}
+        assert len(counts_ref) >= 6 and sorted(counts) == sorted(counts_ref)
+        for name, (shape, want) in counts_ref.items():
+            assert shape == [1, n_expert] and want.sum() == n_tokens * n_used and want.min() < want.max(), name
+            assert counts[name][0] == shape and (counts[name][1] == want).all(), name

@@ -178,9 +178,12 @@ static void perplexity_job_is_the_cli(void **state)
     char id[64];
     cJSON *res, *ref;
     submit("perplexity", "{\"model\": \"m.gguf\", \"tokens\": \"tokens.bin\", \"ctx_size\": 64, \"chunks\": 4, "
-           "\"threads\": 2, \"kl_divergence_base\": \"out/base.kld\"}", id, sizeof id);
+           "\"threads\": 2, \"kl_divergence_base\": \"out/base.kld\", \"backend\": \"cpu\", \"max_device_bytes\": \"4GiB\"}",
+           id, sizeof id);
     assert_int_equal(finish(id, &res), 200);
-    ref = cli("perplexity -m m.gguf --tokens tokens.bin -c 64 --chunks 4 -t 2 --kl-divergence-base cli.kld");
+    ref = cli("perplexity -m m.gguf --tokens tokens.bin -c 64 --chunks 4 -t 2 --kl-divergence-base cli.kld "
+              "--backend cpu");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(res, "backend")), "cpu");
     assert_non_null(ref);
     assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(res, "model")), "m.gguf");
     assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(res, "kl_divergence_base")), "out/base.kld");
@@ -377,6 +380,10 @@ static void bad_requests_are_refused_naming_the_problem(void **state)
     expect_refusal(&srv, I, 400, "bad_param", "{\"in_file\": \"out/i.gguf\", \"output\": \"out/x.gguf\", "
                    "\"output_format\": \"bin\"}", "gguf or dat");
     expect_refusal(&srv, I, 400, "bad_json", "[1]", NULL);
+    expect_refusal(&srv, P, 400, "bad_param", "{\"model\": \"m.gguf\", \"tokens\": \"tokens.bin\", \"backend\": \"tpu\"}",
+                   "auto, cpu or cuda");
+    expect_refusal(&srv, P, 400, "bad_param", "{\"model\": \"m.gguf\", \"tokens\": \"tokens.bin\", \"max_device_bytes\": "
+                   "\"lots\"}", "byte count");
     expect_refusal(&srv, P, 400, "bad_request", "{\"model\": \"m.gguf\\u0000x\", \"tokens\": \"tokens.bin\"}", "NUL");
     expect_refusal(&srv, "nope", 400, "bad_op", "{}", "perplexity, imatrix");
     expect_refusal(&plain, P, 403, "forbidden", "{\"model\": \"m.gguf\", \"tokens\": \"tokens.bin\"}", "--data-dir");

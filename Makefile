@@ -26,6 +26,7 @@
 #   make bench-iqgrid    the iq2_xxs/iq3_xxs/iq1_s searches on one core, scalar against AVX2 (bench/bench_iqgrid.c)
 #   make bench-convert   whole-model conversion against reading the files (bench/bench_convert.py)
 #   make bench-model     quantd imatrix / perplexity / KLD speed against the bound and llama.cpp (bench/bench_model.py)
+#   make quality-table   SmolLM2's perplexity, KL divergence and same top token for every GGUF mix (docs/QUALITY.md)
 #   make bench-latency   p50/p90/p99 at fixed request rates with hey (bench/bench_latency.py)
 #   make bench-kquant-imx  importance-weighted K-quant blocks on one core, scalar against AVX2
 #   make soak            10 minutes at twice the CPU backend's capacity, hostile clients (tests/soak)
@@ -87,7 +88,7 @@ KERNEL_OBJS := $(KERNEL_SRCS:%.c=$(BUILD)/%.o) $(CUDA_OBJS)
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/%.o)
 SERVICE_OBJS := $(filter-out $(BUILD)/server/main.o,$(SERVER_OBJS))
 
-.PHONY: all help deps venv openapi check-openapi test test-unit test-gpu-model bench-iq4 bench-iqgrid test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-pinned bench-kquant-imx bench-convert bench-model bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
+.PHONY: all help deps venv openapi check-openapi test test-unit test-gpu-model bench-iq4 bench-iqgrid test-peers test-service test-deploy test-gpu test-faults test-consumers test-api-fuzz fuzz-api fuzz-long bench-gpu bench-pinned bench-kquant-imx bench-convert bench-model quality-table bench-latency soak test-soak-verdict soak-leak-check check-cuda sanitize fuzz bench run demo clean check-deps
 all: check-deps bin/quantd
 
 help:
@@ -321,6 +322,12 @@ BENCH_CONVERT_DIR ?= $(BUILD)/bench-convert
 bench-convert: bin/quantd .venv/ok
 	.venv/bin/python bench/bench_convert.py $(BENCH_CONVERT_DIR) --size $(BENCH_CONVERT_SIZE) \
 	  --json $(BUILD)/bench-convert.json
+
+# The quality table of docs/QUALITY.md (bench/quality_table.py): every GGUF mix of SmolLM2-135M-Instruct
+# without and with an importance matrix, its perplexity, KL divergence and same top token against the
+# F16 (tens of minutes on a CPU; not in CI). QUALITY_ARGS passes options (--stop-at HH:MM, --only MIX,...).
+quality-table: bin/quantd
+	nice $(PYTHON) bench/quality_table.py $(QUALITY_ARGS)
 
 # Soak and overload (tests/soak/soak.py): twice the CPU backend's capacity, async jobs followed
 # to their end, clients that walk away or trickle, /healthz probed; SOAK_SECONDS (600).

@@ -146,7 +146,11 @@ struct qd_nn_backend {
     void *(*alloc)(size_t bytes);        /* NULL: no memory (or over the backend's limit) */
     void (*free)(void *p);
     void (*sync)(void);                  /* the ops so far are done; the host may read their output */
-    enum qd_status (*bind)(const float *host, int64_t n, enum qd_nn_weight_kind kind);
+    /* host: the weight's f32 address the ops are handed; src, dtype: where its n values are
+     * (src == host, QD_F32; or a file's f16 / bf16 / f32 bytes, host then an address standing
+     * for them, never read) */
+    enum qd_status (*bind)(const float *host, int64_t n, enum qd_nn_weight_kind kind, const void *src,
+                           enum qd_dtype dtype);
     void (*unbind)(const float *host);
     int64_t (*first_nonfinite)(const float *x, int64_t n);
     size_t (*peak_bytes)(void);          /* the most of its own memory held so far (NULL: none) */

@@ -226,12 +226,25 @@ static void nn_unbind(const float *host)
     pthread_mutex_unlock(&nn_lock);
 }
 
+__global__ void k_f16_to_bf16(__nv_bfloat16 *y, const uint16_t *x, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16_rn(qd_f16_to_f32(x[i]));
+}
+
 /* Called from the engine's loading thread while the ops of the block before run: the copy
  * goes on the upload stream and is finished when this returns; the table is locked only to
- * change it. One bind at a time (the staging buffer is the upload stream's). */
-static enum qd_status nn_bind(const float *host, int64_t n, enum qd_nn_weight_kind kind)
+ * change it. One bind at a time (the staging buffer is the upload stream's). A bf16 matrix is
+ * copied as it is; f32 and f16 ones through the staging buffer, rounded to bf16 there. */
+static enum qd_status nn_bind(const float *host, int64_t n, enum qd_nn_weight_kind kind, const void *src,
+                              enum qd_dtype dtype)
 {
     const size_t bytes = (size_t)n * (kind == QD_NN_MATRIX ? 2 : 4);
+    if (kind == QD_NN_VECTOR && dtype != QD_F32) {
+        if (!nn.error[0])
+            snprintf(nn.error, sizeof nn.error, "a vector weight handed over in 16 bits (an engine bug)");
+        return QD_EINVAL;
+    }
     pthread_mutex_lock(&nn_lock);
     nn_unbind_locked(host);
     void *dev = own(bytes, 0);
@@ -243,17 +256,25 @@ static enum qd_status nn_bind(const float *host, int64_t n, enum qd_nn_weight_ki
         return QD_ENOMEM;
     }
     cudaError_t e = cudaSuccess;
-    if (kind == QD_NN_VECTOR)
-        e = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, nn.upload);
-    else /* f32 pieces through the staging buffer, each rounded to bf16 on the device */
-        for (int64_t at = 0; e == cudaSuccess && at < n; at += (int64_t)(NN_PIECE_BYTES / 4)) {
-            const int64_t m = n - at < (int64_t)(NN_PIECE_BYTES / 4) ? n - at : (int64_t)(NN_PIECE_BYTES / 4);
-            if ((e = cudaMemcpyAsync(nn.staging, host + at, (size_t)m * 4, cudaMemcpyHostToDevice, nn.upload)) ==
-                cudaSuccess) {
+    if (kind == QD_NN_VECTOR || dtype == QD_BF16)
+        e = cudaMemcpyAsync(dev, src, bytes, cudaMemcpyHostToDevice, nn.upload);
+    else {
+        const size_t elem = dtype == QD_F16 ? 2 : 4;
+        const int64_t piece = (int64_t)(NN_PIECE_BYTES / elem);
+        for (int64_t at = 0; e == cudaSuccess && at < n; at += piece) {
+            const int64_t m = n - at < piece ? n - at : piece;
+            e = cudaMemcpyAsync(nn.staging, (const char *)src + at * elem, (size_t)m * elem, cudaMemcpyHostToDevice,
+                                nn.upload);
+            if (e != cudaSuccess)
+                break;
+            if (dtype == QD_F16)
+                k_f16_to_bf16<<<grid_for(m, 256), 256, 0, nn.upload>>>((__nv_bfloat16 *)dev + at,
+                                                                       (const uint16_t *)nn.staging, m);
+            else
                 k_to_bf16<<<grid_for(m, 256), 256, 0, nn.upload>>>((__nv_bfloat16 *)dev + at, nn.staging, m);
-                e = cudaGetLastError();
-            }
+            e = cudaGetLastError();
         }
+    }
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(nn.upload);
     pthread_mutex_lock(&nn_lock);

@@ -3,6 +3,10 @@
 #ifndef QD_CLI_H
 #define QD_CLI_H
 
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
 #include "checkpoint/convert_request.h"
 #include "model/run_io.h"
 
@@ -32,6 +36,10 @@ struct qd_cli_conversion {
      * the request's --imatrix names), recorded under calibrate_name */
     const char *calibrate_text, *calibrate_tokens, *calibrate_name, *calibrate_out;
     int calibrate_ctx, calibrate_chunks;
+    /* --kld TEXT: the output's KL divergence from the source over the text (kld_measure.c), in
+     * chunks of --kld-ctx N tokens (512), at most --kld-chunks N; kld_base: its temporary */
+    const char *kld_text, *kld_base;
+    int kld_ctx, kld_chunks;
 };
 /* 0, 1 (failed), 2 (a bad request), or 128 + the signal that stopped it. */
 int qd_cli_convert_run(const struct qd_cli_conversion *c);
@@ -57,5 +65,25 @@ int qd_cli_progress_parse(const char *v, enum qd_cli_progress *out);
  * on the bar ("perplexity"). */
 void qd_cli_run_io(struct qd_run_io *io, struct qd_run_progress_sink *sink, const char *what,
                    enum qd_cli_progress mode);
+/* quantd convert --kld (kld_measure.c): the text tokenized with the source's vocabulary and
+ * checked before the conversion, measured after it. */
+struct qd_cli_kld {
+    const char *source, *text;
+    int n_ctx, max_chunks;  /* max_chunks -1: every chunk the text fills */
+    int threads;            /* 0: every core */
+    const volatile int *cancel;
+    int32_t *tokens;        /* set by qd_cli_kld_prepare */
+    int n_chunks;
+};
+/* The source must be a GGUF the engine runs and the text at least two chunks long (quantd
+ * perplexity's rule). 0, or 1 / 2 (a bad request) with a message on stderr. */
+int qd_cli_kld_prepare(const char *prog, struct qd_cli_kld *k);
+/* The source's log-probabilities into base_path (a temporary, removed before returning), the
+ * output against them; the statistics of quantd perplexity --kl-divergence's summary into
+ * `into`: mean, mean_error, median and the percentiles of the divergence at its top level, with
+ * same_top_p, ppl {q, base, ...} and delta_p {...}. 0, or 1 with a message on stderr. */
+int qd_cli_kld_measure(const char *prog, const struct qd_cli_kld *k, const char *output, const char *base_path,
+                       cJSON *into);
+void qd_cli_kld_free(struct qd_cli_kld *k);
 
 #endif

@@ -52,6 +52,10 @@ static void usage(FILE *to)
             "      chunks of --calibrate-ctx N tokens, default 512, at most --calibrate-chunks N) and\n"
             "      used as --imatrix is, recorded under the text's name; --calibrate-tokens FILE: from\n"
             "      token ids instead (with --calibrate TEXT too, recorded under the text's name)\n"
+            "    --kld TEXT: then the output's KL divergence from the source over the text, as quantd\n"
+            "      perplexity --kl-divergence-base (source) and --kl-divergence (output) compute it, in\n"
+            "      chunks of --kld-ctx N tokens (default 512), at most --kld-chunks N; under \"kld\" in\n"
+            "      the summary (mean, median, percentiles, same_top_p, ppl {q, base}, delta_p)\n"
             "  llama-quantize's own command line (IN [OUT] TYPE [nthreads]): quantd llama-quantize --help.\n"
             "  Exit status: 0, 1 (the input, the destination or the conversion failed), 2 (a bad request).\n",
             qd_convert_layouts_text(), qd_gguf_recipe_names());
@@ -107,8 +111,9 @@ static const char *signal_name(int sig)
 
 /* The signal that asked the conversion to stop (the pipeline polls it before each tensor). */
 static volatile int stop_signal;
-/* the importance matrix --calibrate-tokens made, removed with the other temporaries */
-static const char *calibrate_file;
+/* the importance matrix --calibrate made and the source's log-probabilities --kld writes,
+ * removed with the other temporaries */
+static const char *calibrate_file, *kld_file;
 
 /* Waits for a stop signal and passes it on through stop_signal. A second one, or a conversion
  * that has not stopped within 10 s (a read that does not return), removes every temporary now
@@ -125,10 +130,15 @@ static void *watch_signals(void *arg)
     int n = qd_convert_remove_temporaries();
     if (calibrate_file && !unlink(calibrate_file))
         n++;
+    if (kld_file && !unlink(kld_file))
+        n++;
     fprintf(stderr, "\nquantd convert: stopped by %s; %d temporar%s removed\n", signal_name(sig), n,
             n == 1 ? "y" : "ies");
     _exit(128 + sig);
 }
+
+static int run_converted(const struct qd_cli_conversion *c, struct qd_convert_spec *spec, struct qd_convert_opts *op,
+                         const struct qd_cli_kld *kld);
 
 /* Runs the resolved request: the input and destination checked before any device is opened, the
  * conversion, and its summary as the last line. 0, 1 (failed), or 128 + a stop signal. */
@@ -157,6 +167,24 @@ static int run(const struct qd_cli_conversion *c, struct qd_convert_spec *spec)
         fprintf(stderr, "%s: %s\n", prog, err);
         return 1;
     }
+    /* --kld: the source runs on the engine and the text is long enough, before anything is made */
+    struct qd_cli_kld kld = {.source = c->src, .text = c->kld_text, .n_ctx = c->kld_ctx, .max_chunks = c->kld_chunks,
+                             .threads = c->cpu_threads, .cancel = &stop_signal};
+    int rc = c->kld_text ? qd_cli_kld_prepare(prog, &kld) : 0;
+    if (!rc)
+        rc = run_converted(c, spec, &o, &kld);
+    qd_cli_kld_free(&kld);
+    return rc;
+}
+
+/* run()'s rest, once --kld's text is tokenized */
+static int run_converted(const struct qd_cli_conversion *c, struct qd_convert_spec *spec, struct qd_convert_opts *op,
+                         const struct qd_cli_kld *kld)
+{
+    const char *prog = c->prog, *backend_name = c->backend;
+    struct qd_convert_opts o = *op;
+    enum qd_status st;
+    char err[1024];
     /* the importance matrix, once the destination is known to take the output */
     if (c->calibrate_out &&
         qd_cli_imatrix_make(prog, c->src, c->calibrate_text, c->calibrate_tokens, c->calibrate_name, c->calibrate_ctx,
@@ -232,6 +260,18 @@ static int run(const struct qd_cli_conversion *c, struct qd_convert_spec *spec)
     cJSON *sum = qd_convert_summary_json(spec, &s, name), *line = cJSON_CreateObject();
     cJSON_AddStringToObject(sum, "in", o.src); /* what only the command line has */
     cJSON_AddStringToObject(sum, "out", o.dst ? o.dst : "");
+    if (c->kld_text) {
+        if (pr.tty)
+            fprintf(stderr, "%s: the KL divergence over %s (%d chunks of %d tokens)\n", prog, c->kld_text,
+                    kld->n_chunks, kld->n_ctx);
+        cJSON *k = cJSON_AddObjectToObject(sum, "kld");
+        if (qd_cli_kld_measure(prog, kld, o.dst, c->kld_base, k)) {
+            fprintf(stderr, "%s: %s is written whole; its KL divergence was not measured\n", prog, o.dst);
+            cJSON_Delete(sum);
+            cJSON_Delete(line);
+            return stop_signal ? 128 + stop_signal : 1;
+        }
+    }
     cJSON_AddNumberToObject(sum, "peak_rss_bytes", (double)qd_peak_rss_bytes());
     cJSON_AddItemToObject(line, "summary", sum);
     char *text = cJSON_PrintUnformatted(line);
@@ -274,8 +314,8 @@ int qd_cli_convert_run(const struct qd_cli_conversion *c)
 int qd_cli_convert(int argc, char **argv)
 {
     struct qd_cli_conversion c = {.prog = "quantd convert", .in_name = "--in SRC", .out_name = "--out DST", .backend = "auto",
-                                  .calibrate_ctx = 512, .calibrate_chunks = -1};
-    char calibrate_path[4096];
+                                  .calibrate_ctx = 512, .calibrate_chunks = -1, .kld_ctx = 512, .kld_chunks = -1};
+    char calibrate_path[4096], kld_path[4096];
     struct qd_convert_arg *args = calloc((size_t)argc + 1, sizeof *args);
     if (!args) {
         fprintf(stderr, "quantd convert: no memory\n");
@@ -312,16 +352,19 @@ int qd_cli_convert(int argc, char **argv)
             else if (!strcmp(a, "--devices")) c.devices = v;
             else if (!strcmp(a, "--calibrate")) c.calibrate_text = v;
             else if (!strcmp(a, "--calibrate-tokens")) c.calibrate_tokens = v;
-            else if (!strcmp(a, "--calibrate-ctx") || !strcmp(a, "--calibrate-chunks")) {
-                /* a chunk of fewer than 16 tokens gives no matrix (llama-imatrix's rule) */
-                const int ctx = !strcmp(a, "--calibrate-ctx"), least = ctx ? 16 : 1;
+            else if (!strcmp(a, "--kld")) c.kld_text = v;
+            else if (!strcmp(a, "--calibrate-ctx") || !strcmp(a, "--calibrate-chunks") || !strcmp(a, "--kld-ctx") ||
+                     !strcmp(a, "--kld-chunks")) {
+                /* a chunk of fewer than 16 tokens gives no matrix (llama-imatrix's rule); a KL
+                 * divergence needs 4 (one scored position, quantd perplexity's least) */
+                const int ctx = !!strstr(a, "-ctx"), kld = !strncmp(a, "--kld", 5), least = ctx ? (kld ? 4 : 16) : 1;
                 char *end;
                 long n = strtol(v, &end, 10);
                 if (!*v || *end || n < least || n > 1 << 24) {
                     fprintf(stderr, "quantd convert: %s takes an integer >= %d, not '%s'\n", a, least, v);
                     rc = 2;
                 } else
-                    *(ctx ? &c.calibrate_ctx : &c.calibrate_chunks) = (int)n;
+                    *(kld ? (ctx ? &c.kld_ctx : &c.kld_chunks) : ctx ? &c.calibrate_ctx : &c.calibrate_chunks) = (int)n;
             }
             else if (!strcmp(a, "--fmt") || !strcmp(a, "--recipe") || !strcmp(a, "--skip") || !strcmp(a, "--only") ||
                      !strcmp(a, "--param"))
@@ -345,6 +388,18 @@ int qd_cli_convert(int argc, char **argv)
         c.calibrate_out = calibrate_file = calibrate_path;
         c.calibrate_name = c.calibrate_text ? c.calibrate_text : c.calibrate_tokens;
         args[c.nargs++] = (struct qd_convert_arg){"imatrix", calibrate_path};
+    }
+    if (rc < 0 && c.kld_text) {
+        /* one GGUF out, written: what the engine reads */
+        for (int i = 0; i < c.nargs; i++)
+            if (!strcmp(args[i].key, "dry-run") || !strcmp(args[i].key, "keep-split") ||
+                !strncmp(args[i].key, "split-max-", 10)) {
+                fprintf(stderr, "quantd convert: --kld measures one output file: leave out --%s\n", args[i].key);
+                rc = 2;
+            }
+        const char *tmp = getenv("TMPDIR");
+        snprintf(kld_path, sizeof kld_path, "%s/quantd-kld-%ld.logits", tmp && *tmp ? tmp : "/tmp", (long)getpid());
+        c.kld_base = kld_file = kld_path;
     }
     if (rc < 0)
         rc = qd_cli_convert_run(&c);

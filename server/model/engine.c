@@ -50,14 +50,21 @@ static void nn_sync(const struct qd_nn_backend *nn)
         nn->sync();
 }
 
-static enum qd_status nn_bind(const struct qd_nn_backend *nn, const float *host, int64_t n, enum qd_nn_weight_kind kind,
-                              const char *what, char *err, size_t errlen)
+static enum qd_status nn_bind_from(const struct qd_nn_backend *nn, const float *host, int64_t n,
+                                   enum qd_nn_weight_kind kind, const void *src, enum qd_dtype dtype, const char *what,
+                                   char *err, size_t errlen)
 {
-    enum qd_status st = nn->bind && host ? nn->bind(host, n, kind) : QD_OK;
+    enum qd_status st = nn->bind && host ? nn->bind(host, n, kind, src, dtype) : QD_OK;
     if (st != QD_OK)
         snprintf(err, errlen, "%s: no %s memory for %s (%.1f MiB)", st == QD_ENOMEM ? "out of memory" : "device error",
                  nn->name, what, (double)n * (kind == QD_NN_MATRIX ? 2 : 4) / 1048576.0);
     return st;
+}
+
+static enum qd_status nn_bind(const struct qd_nn_backend *nn, const float *host, int64_t n, enum qd_nn_weight_kind kind,
+                              const char *what, char *err, size_t errlen)
+{
+    return nn_bind_from(nn, host, n, kind, host, QD_F32, what, err, errlen);
 }
 
 static void nn_unbind(const struct qd_nn_backend *nn, const float *host)
@@ -76,15 +83,18 @@ static const uint64_t vector_roles =
     V(QD_W_FFN_EXP_PROBS_B);
 #undef V
 
-static enum qd_status bind_block(const struct qd_nn_backend *nn, const struct qd_model_block *b, char *err,
-                                 size_t errlen)
+static enum qd_status bind_block(const struct qd_model *m, const struct qd_nn_backend *nn,
+                                 const struct qd_model_block *b, char *err, size_t errlen)
 {
     for (int i = 0; i < QD_W_COUNT; i++) {
         const struct qd_model_tensor *w = &b->w[i];
-        enum qd_status st = w->data ? nn_bind(nn, w->data, w->rows * w->cols * w->experts,
-                                              vector_roles & QD_W_BIT(i) ? QD_NN_VECTOR : QD_NN_MATRIX, w->name,
-                                              err, errlen)
+        const void *src = b->raw[i] ? b->raw[i] : w->data;
+        enum qd_status st = w->data ? nn_bind_from(nn, w->data, w->rows * w->cols * w->experts,
+                                                   vector_roles & QD_W_BIT(i) ? QD_NN_VECTOR : QD_NN_MATRIX, src,
+                                                   b->raw[i] ? b->raw_type[i] : QD_F32, w->name, err, errlen)
                                     : QD_OK;
+        if (b->raw_tensor[i]) /* copied: the file's pages may go */
+            qd_model_release(m, b->raw_tensor[i]);
         if (st != QD_OK)
             return st;
     }
@@ -214,7 +224,7 @@ static void *loader_main(void *arg)
     const double t0 = now_s();
     l->st = qd_model_block_load(l->m, l->layer, l->b, l->err, sizeof l->err);
     if (l->st == QD_OK)
-        l->st = bind_block(l->nn, l->b, l->err, sizeof l->err);
+        l->st = bind_block(l->m, l->nn, l->b, l->err, sizeof l->err);
     l->seconds = now_s() - t0;
     return NULL;
 }
@@ -276,6 +286,8 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
     /* a device backend reads the next block while this one runs (two blocks' weights held) */
     const int prefetch = nn->alloc != NULL;
     struct loader loader = {.m = m, .nn = nn};
+    if (nn->bind) /* a backend with its own copies takes 16-bit and f32 matrices as stored */
+        blocks[0].keep_raw = blocks[1].keep_raw = ~vector_roles & (QD_W_BIT(QD_W_COUNT) - 1);
     int32_t *pos = NULL;
     float *hidden = NULL, *scratch = NULL, *stage = NULL;
     int hidden_host = 0;

@@ -300,7 +300,7 @@ void qd_kld_report(struct qd_kld_stats *s, FILE *out, cJSON *summary)
             pq[i] = mid ? median(s->p_diff_values, n) : percentile(s->p_diff_values, n, PCT[i].fraction);
         }
     }
-    if (s->count >= 100) { /* llama-perplexity prints no statistics on fewer values */
+    if (out && s->count >= 100) { /* llama-perplexity prints no statistics on fewer values */
         fprintf(out, "====== Perplexity statistics ======\n");
         fprintf(out, "Mean PPL(Q)                   : %10.6lf ± %10.6lf\n", f.ppl, f.ppl_unc);
         fprintf(out, "Mean PPL(base)                : %10.6lf ± %10.6lf\n", f.ppl_base, f.ppl_base_unc);

@@ -98,9 +98,9 @@ void qd_kld_stats_add_rows(struct qd_kld_stats *s, const float *logits, int rows
 /* llama-perplexity's table: its header line, and the running line after chunk `chunk` (1-based). */
 void qd_kld_print_header(FILE *out);
 void qd_kld_print_chunk(const struct qd_kld_stats *s, int chunk, FILE *out);
-/* The final statistics: llama-perplexity's three sections (printed only from 100 scored positions
- * on, as it does) and every figure into `summary` (fractions, not percent) whatever the count.
- * Sorts the value arrays. */
+/* The final statistics: llama-perplexity's three sections (printed to out, unless NULL, only
+ * from 100 scored positions on, as it does) and every figure into `summary` (fractions, not
+ * percent) whatever the count. Sorts the value arrays. */
 void qd_kld_report(struct qd_kld_stats *s, FILE *out, cJSON *summary);
 
 #endif

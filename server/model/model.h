@@ -133,6 +133,15 @@ struct qd_model_block {
     char names[QD_W_COUNT][QD_GGUF_MAX_NAME];
     float *buf[QD_W_COUNT];      /* the allocations behind w[].data, kept across blocks */
     size_t capacity[QD_W_COUNT]; /* floats allocated per role */
+    /* Roles the caller takes as stored when the file holds them in f32, f16 or bf16 (a device
+     * backend copies those bytes itself): their w[].data is an address of the right size left
+     * unwritten (what the backend maps to its copy), raw[] the file's bytes, raw_type[] their
+     * type (QD_F32 / QD_F16 / QD_BF16; QD_F32 with raw NULL: widened as any other). Set by the
+     * caller before qd_model_block_load. */
+    uint64_t keep_raw;
+    const void *raw[QD_W_COUNT];
+    enum qd_dtype raw_type[QD_W_COUNT];
+    const struct qd_gguf_tensor *raw_tensor[QD_W_COUNT];
 };
 
 struct qd_model {

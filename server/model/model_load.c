@@ -555,6 +555,14 @@ enum qd_status qd_model_block_load(struct qd_model *m, int layer, struct qd_mode
         mt->cols = t->ne[0];
         mt->rows = t->ne[1];
         mt->experts = t->ne[2];
+        b->raw[w] = NULL, b->raw_tensor[w] = NULL, b->raw_type[w] = QD_F32;
+        if ((b->keep_raw & QD_W_BIT(w)) &&
+            (t->type == QD_GGML_F32 || t->type == QD_GGML_F16 || t->type == QD_GGML_BF16)) {
+            b->raw[w] = t->data; /* (its pages released by the caller once it has copied them) */
+            b->raw_tensor[w] = t;
+            b->raw_type[w] = t->type == QD_GGML_F32 ? QD_F32 : t->type == QD_GGML_F16 ? QD_F16 : QD_BF16;
+            continue;
+        }
         enum qd_status st = qd_model_tensor_f32(m, t, mt->data, err, errlen);
         if (st != QD_OK) {
             char why[512];

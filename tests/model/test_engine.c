@@ -12,7 +12,13 @@
  *   plain hook gets those rows under the tensor's name;
  * - the loader refuses an architecture it lacks (listing those it runs), a missing block tensor,
  *   a tensor of the wrong shape, a model without a vocabulary, a mixture of experts without
- *   experts. */
+ *   experts;
+ * - on a backend with memory of its own (emul_backend.h: bf16 matrices and matmul inputs, on
+ *   the CPU), every weight an op reads was handed over (none read from host memory), chunks run
+ *   together, the logits within bf16's reach of the CPU's (plain and with experts); under a
+ *   limit the hidden states stay in host memory and give the same logits bit for bit, a limit
+ *   below a block's weights is refused naming --max-device-bytes, and everything the backend
+ *   gave is given back. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +29,7 @@
 #include <cmocka.h>
 
 #include "../checkpoint/gguf_bytes.h"
+#include "emul_backend.h"
 #include "model/engine.h"
 
 enum { EMBD = 16, FF = 24, HEADS = 4, KV_HEADS = 2, HD = 4, LAYERS = 2, VOCAB = 40, CTX = 8 };
@@ -437,6 +444,98 @@ static void loader_refusals_name_the_problem(void **state)
     }
 }
 
+/* ---- a backend with memory of its own ------------------------------------------------------ */
+
+static enum qd_status run_on(const char *path, const int32_t *tokens, int chunks, const struct qd_nn_backend *nn,
+                             float *logits, struct qd_engine_stats *stats, char *err)
+{
+    struct qd_model m;
+    enum qd_status st;
+    if (qd_model_open(path, &m, &st, err, 512)) {
+        qd_model_close(&m);
+        return st;
+    }
+    struct record r;
+    fresh(&r, chunks);
+    struct qd_engine_opts o = {.n_ctx = CTX, .logits_from = 3, .threads = 2, .cache_k = QD_F32, .cache_v = QD_F32,
+                               .nn = nn};
+    struct qd_engine_hooks h = {.ctx = &r, .on_logits = on_logits};
+    st = qd_engine_run(&m, tokens, chunks, &o, &h, stats, err, 512);
+    memcpy(logits, r.logits, (size_t)chunks * (CTX - 3) * VOCAB * sizeof *logits);
+    free(r.logits);
+    qd_model_close(&m);
+    return st;
+}
+
+/* the worst row's largest difference over its largest logit */
+static double worst_row(const float *a, const float *b, int rows)
+{
+    double worst = 0;
+    for (int i = 0; i < rows; i++) {
+        double d = 0, top = 0;
+        for (int j = 0; j < VOCAB; j++) {
+            d = fmax(d, fabs((double)a[i * VOCAB + j] - b[i * VOCAB + j]));
+            top = fmax(top, fabs((double)a[i * VOCAB + j]));
+        }
+        worst = fmax(worst, d / top);
+    }
+    return worst;
+}
+
+static void device_backend_gets_every_weight_and_runs_chunks_together(void **state)
+{
+    (void)state;
+    enum { CHUNKS = 64 };
+    const struct tiny cases[2] = {{.drop_tensor = -1}, {.drop_tensor = -1, .experts = 1}};
+    static int32_t tokens[CHUNKS * CTX];
+    for (int i = 0; i < CHUNKS * CTX; i++)
+        tokens[i] = (i * 7 + 3) % VOCAB;
+    const int rows = CHUNKS * (CTX - 3);
+    float *cpu = malloc((size_t)rows * VOCAB * sizeof *cpu), *dev = malloc((size_t)rows * VOCAB * sizeof *dev);
+    float *capped = malloc((size_t)rows * VOCAB * sizeof *capped);
+    for (int c = 0; c < 2; c++) {
+        char path[64], err[512];
+        write_tiny(&cases[c], path);
+        struct qd_engine_stats stats;
+        assert_int_equal(run_on(path, tokens, CHUNKS, NULL, cpu, &stats, err), QD_OK);
+        emu_reset(0);
+        assert_int_equal(run_on(path, tokens, CHUNKS, &emu_backend, dev, &stats, err), QD_OK);
+        assert_null(emu.error[0] ? emu.error : NULL);
+        assert_int_equal(stats.chunks_together, CHUNKS); /* 64 x 8 tokens: one group */
+        assert_true(stats.device_peak_bytes > 0 && emu.binds > 0);
+        assert_int_equal(emu.n_bind, 0); /* everything handed back */
+        assert_int_equal(emu.n_own, 0);
+        const double worst = worst_row(cpu, dev, rows);
+        print_message("emulated bf16 device vs the CPU (%s): worst row %.2e\n", c ? "experts" : "dense", worst);
+        assert_true(worst > 0 && worst < 3e-2); /* bf16 inputs move the logits, within its rounding's reach */
+
+        /* a limit that holds one chunk's activations beside the weights but not the hidden states:
+         * they stay in host memory, the chunks go one at a time, the same logits bit for bit */
+        struct qd_model m;
+        enum qd_status st;
+        assert_int_equal(qd_model_open(path, &m, &st, err, 512), 0);
+        const size_t weights = qd_model_block_bytes(&m) / 2 * 2 + ((size_t)1 << 20);
+        const size_t one = (size_t)(qd_block_scratch_floats(&m.hp, CTX) + CTX * EMBD) * sizeof(float);
+        qd_model_close(&m);
+        const size_t head = (size_t)VOCAB * EMBD * 2 + (size_t)EMBD * 4 + (size_t)(CTX - 3) * (EMBD + VOCAB) * 4;
+        emu_reset(weights + (one > head ? one : head) + (size_t)CTX * 4 + 1024);
+        assert_int_equal(run_on(path, tokens, CHUNKS, &emu_backend, capped, &stats, err), QD_OK);
+        assert_int_equal(stats.chunks_together, 1);
+        assert_true(stats.device_peak_bytes <= emu.limit);
+        assert_memory_equal(capped, dev, (size_t)rows * VOCAB * sizeof *dev);
+
+        /* a limit below the blocks' weights is refused, naming the flag */
+        emu_reset(4096);
+        assert_int_equal(run_on(path, tokens, CHUNKS, &emu_backend, capped, &stats, err), QD_ENOMEM);
+        assert_non_null(strstr(err, "--max-device-bytes"));
+        assert_int_equal(emu.n_bind, 0);
+        assert_int_equal(emu.n_own, 0);
+        unlink(path);
+    }
+    emu_reset(0);
+    free(cpu), free(dev), free(capped);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -445,6 +544,7 @@ int main(void)
         cmocka_unit_test(token_outside_the_vocabulary_is_refused),
         cmocka_unit_test(expert_hook_tells_each_expert_its_rows),
         cmocka_unit_test(loader_refusals_name_the_problem),
+        cmocka_unit_test(device_backend_gets_every_weight_and_runs_chunks_together),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 
 #include "../../kernels/quantize.h"
-#include "cli/files.h"
+#include "common/files.h"
 #include "common/report_json.h"
 
 #define ERRLEN 8192

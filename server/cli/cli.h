@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "checkpoint/convert_request.h"
+#include "model/run_io.h"
 
 int qd_cli_formats(int argc, char **argv);
 int qd_cli_quantize(int argc, char **argv);
@@ -52,6 +53,18 @@ int qd_cli_imatrix(int argc, char **argv);
 int qd_cli_imatrix_make(const char *prog, const char *model, const char *text_path, const char *tokens_path,
                         const char *dataset, int n_ctx, int max_chunks, int threads, const char *out);
 
+/* How perplexity and imatrix show a run of the model (model_run.c): its lines on stdout and
+ * stderr as llama.cpp prints them, and its progress on stderr by --progress: bar (one line
+ * rewritten with \r: layers and chunks), json (a JSON line a step: {"progress":{"done":N,
+ * "total":M,"stage":"layers"|"chunks"|"done"}}), none; auto, the default: the bar on a terminal,
+ * else JSON lines. */
+enum qd_cli_progress { QD_CLI_PROGRESS_AUTO, QD_CLI_PROGRESS_BAR, QD_CLI_PROGRESS_JSON, QD_CLI_PROGRESS_NONE };
+/* auto, bar, json or none: 0, else -1 */
+int qd_cli_progress_parse(const char *v, enum qd_cli_progress *out);
+/* io's callbacks (io->ctx: sink, which the caller keeps while the run lasts); what names the run
+ * on the bar ("perplexity"). */
+void qd_cli_run_io(struct qd_run_io *io, struct qd_run_progress_sink *sink, const char *what,
+                   enum qd_cli_progress mode);
 /* quantd convert --kld (kld_measure.c): the text tokenized with the source's vocabulary and
  * checked before the conversion, measured after it. */
 struct qd_cli_kld {

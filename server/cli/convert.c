@@ -19,7 +19,7 @@
 #include "checkpoint/gguf_recipe.h"
 #include "checkpoint/pipeline.h"
 #include "cli/cli.h"
-#include "cli/files.h"
+#include "common/files.h"
 
 static void usage(FILE *to)
 {

@@ -16,7 +16,7 @@
 #include "../../kernels/registry.h"
 #include "checkpoint/convert.h"
 #include "checkpoint/gguf_recipe.h"
-#include "cli/files.h"
+#include "common/files.h"
 #include "queue/jobs.h"
 
 #define MARK "# quantd openapi:"

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/files.h"
+#include "common/files.h"
 #include "model/tokenizer.h"
 
 static void usage(FILE *to)

@@ -16,36 +16,38 @@ int qd_req_from_query(struct qd_req *q, const struct qd_kv *kv, int n, int allow
                       struct qd_reply *err)
 {
     char msg[ERRLEN];
-    /* a conversion job's query is its request's (convert_job.c resolves it with its body, as
-     * every conversion is resolved): nothing of it is read here */
-    for (int i = 0; allow_op && i < n; i++)
-        if (!strcmp(kv[i].key, "op") && kv[i].value && !strcmp(kv[i].value, "convert")) {
-            q->op = QD_OP_CONVERT;
-            for (int k = 0; k < n; k++)
-                if (!strcmp(kv[k].key, "op") && strcmp(kv[k].value ? kv[k].value : "", "convert")) {
-                    qd_reply_error(err, 400, "bad_op", "op is given twice (convert and '%.64s')",
-                                   kv[k].value ? kv[k].value : "");
-                    return -1;
-                }
-            return 0;
+    /* the op, by its name in the ops' table (work.h) */
+    int seen = -1;
+    for (int i = 0; allow_op && i < n; i++) {
+        if (strcmp(kv[i].key, "op"))
+            continue;
+        const char *v = kv[i].value ? kv[i].value : "";
+        int op = 0;
+        while (qd_op_name(op) && strcmp(qd_op_name(op), v))
+            op++;
+        if (!qd_op_name(op)) {
+            char names[256] = "";
+            for (int k = 0; qd_op_name(k); k++)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", qd_op_name(k));
+            qd_reply_error(err, 400, "bad_op", "op must be one of %s (got '%.64s')", names, v);
+            return -1;
         }
+        if (seen >= 0 && seen != op && (qd_op_names_files(seen) || qd_op_names_files(op))) {
+            qd_reply_error(err, 400, "bad_op", "op is given twice (%s and '%.64s')", qd_op_name(seen), v);
+            return -1;
+        }
+        q->op = (enum qd_op)(seen = op);
+    }
+    /* a whole-model job's query is its request's (convert_job.c, model_job.c resolve it with
+     * its body): nothing more of it is read here */
+    if (qd_op_names_files(q->op))
+        return 0;
     /* fmt first: whether another key is a parameter depends on it */
     for (int i = 0; i < n; i++) {
         const char *k = kv[i].key, *v = kv[i].value ? kv[i].value : "";
         if (!strcmp(k, "fmt")) {
             if (!(q->f = qd_format_find(v))) {
                 qd_reply_error(err, 400, "unknown_format", "unknown format '%.64s' (GET /formats lists them)", v);
-                return -1;
-            }
-        } else if (!strcmp(k, "op") && allow_op) {
-            if (!strcmp(v, "quantize"))
-                q->op = QD_OP_QUANTIZE;
-            else if (!strcmp(v, "dequantize"))
-                q->op = QD_OP_DEQUANTIZE;
-            else if (!strcmp(v, "convert"))
-                q->op = QD_OP_CONVERT;
-            else {
-                qd_reply_error(err, 400, "bad_op", "op must be quantize, dequantize or convert (got '%.64s')", v);
                 return -1;
             }
         }
@@ -111,7 +113,7 @@ int qd_body_kind(const struct qd_req *q, const char *ct, const char *body, size_
     int untyped = !ct || !*ct || media_is(ct, "application/x-www-form-urlencoded");
     if (ct && media_is(ct, "application/json"))
         return QD_BODY_JSON;
-    if (ct && media_is(ct, "application/octet-stream") && q->op != QD_OP_CONVERT)
+    if (ct && media_is(ct, "application/octet-stream") && !qd_op_names_files(q->op))
         return q->op == QD_OP_QUANTIZE ? QD_BODY_RAW : QD_BODY_SAFETENSORS;
     if (!untyped)
         return -1;
@@ -124,7 +126,7 @@ int qd_body_kind(const struct qd_req *q, const char *ct, const char *body, size_
             i++;
         return q->has_shape || (q->has_dtype && !(i < len && body[i] == '{')) ? QD_BODY_RAW : QD_BODY_JSON;
     }
-    if (q->op == QD_OP_CONVERT) /* a JSON request naming files, never a tensor */
+    if (qd_op_names_files(q->op)) /* a JSON request naming files, never a tensor */
         return QD_BODY_JSON;
     if (len >= 9 && body[8] == '{') {
         uint64_t h = 0;

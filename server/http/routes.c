@@ -15,6 +15,7 @@
 #include "http/decode.h"
 #include "http/encode.h"
 #include "http/linger.h"
+#include "http/model_job.h"
 #include "http/reply.h"
 #include "http/watchdog.h"
 #include "http/work_job.h"
@@ -134,6 +135,7 @@ static void job_json_reply(struct qd_reply *r, int status, struct qd_job *j)
         cJSON_AddNumberToObject(p, "bytes_per_s", secs > 0 ? done / secs : 0);
         cJSON_AddNumberToObject(p, "eta_s", secs > 0 && done > 0 && st != QD_JOB_DONE ? (total - done) / (done / secs) : 0);
     }
+    qd_model_job_progress_json(j, o); /* (layers and chunks, for perplexity and imatrix jobs) */
     cJSON_AddStringToObject(o, "status", qd_job_state_name(st));
     cJSON_AddNumberToObject(o, "created", j->created_unix);
     char loc[96];
@@ -172,15 +174,21 @@ static enum MHD_Result start_work(struct MHD_Connection *mc, struct conn *c, con
     const char *ct = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
     int kind = qd_body_kind(&c->req, ct, c->body, c->len);
     struct qd_convert_request *conv = NULL;
+    struct qd_model_job_request *run = NULL; /* a perplexity or imatrix job */
     if (c->r->model_body) { /* the spooled model; the answer is the converted file */
         conv = qd_convert_upload_finish(c->upload, &c->reply);
         c->upload = NULL;
         if (!conv)
             return qd_conn_send(mc, c, &c->reply, 1);
-    } else if (c->req.op == QD_OP_CONVERT && c->len > (size_t)qd_srv.config->max_json_bytes) {
-        qd_reply_error(&c->reply, 413, "json_too_large", "the convert request takes %zu bytes of JSON, over "
-                       "--max-json-bytes (%lld)", c->len, qd_srv.config->max_json_bytes);
+    } else if (qd_op_names_files(c->req.op) && c->len > (size_t)qd_srv.config->max_json_bytes) {
+        qd_reply_error(&c->reply, 413, "json_too_large", "the %s request takes %zu bytes of JSON, over "
+                       "--max-json-bytes (%lld)", qd_op_name(c->req.op), c->len, qd_srv.config->max_json_bytes);
         return qd_conn_send(mc, c, &c->reply, 1);
+    } else if (c->req.op == QD_OP_PERPLEXITY || c->req.op == QD_OP_IMATRIX) { /* checked whole, as conversions are */
+        struct query q = {.n = 0};
+        if (!query_of(mc, c, &q) || !(run = qd_model_job_parse(c->req.op, qd_srv.config->data_dir, q.kv, q.n, c->body,
+                                                                c->len, &c->reply)))
+            return qd_conn_send(mc, c, &c->reply, 1);
     } else if (c->req.op == QD_OP_CONVERT) { /* the query and the body, checked whole before it is accepted */
         struct query q = {.n = 0};
         if (!query_of(mc, c, &q) ||
@@ -189,20 +197,21 @@ static enum MHD_Result start_work(struct MHD_Connection *mc, struct conn *c, con
     }
     if (conv)
         conv->max_header_bytes = (uint64_t)qd_srv.config->max_safetensors_header_bytes;
-    if (c->r->async && !conv && /* checked before it is accepted, as sync calls are */
+    if (c->r->async && !conv && !run && /* checked before it is accepted, as sync calls are */
         qd_work_precheck(&c->req, (enum qd_body_kind)kind, c->body, c->len, &c->label_f, &c->reply))
         return qd_conn_send(mc, c, &c->reply, 1);
     struct qd_job *j = qd_job_new();
     if (!j) {
         qd_convert_request_free(conv);
+        qd_model_job_free(run);
         qd_reply_error(&c->reply, 503, "out_of_memory", "no memory for a job");
         return qd_conn_send(mc, c, &c->reply, 1);
     }
-    j->type = conv ? &qd_convert_job_type : &qd_work_job_type;
-    j->payload = conv;
+    j->type = conv ? &qd_convert_job_type : run ? &qd_model_job_type : &qd_work_job_type;
+    j->payload = conv ? (void *)conv : (void *)run;
     j->req = c->req;
     j->kind = (enum qd_body_kind)kind;
-    if (!conv) { /* (a conversion's JSON is read: it stays with the connection) */
+    if (!conv && !run) { /* (a whole-model job's JSON is read: it stays with the connection) */
         j->body = c->body;
         j->body_len = c->len;
         j->body_reserved = c->reserved;

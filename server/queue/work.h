@@ -9,15 +9,24 @@
 
 #include "../../kernels/quantize.h"
 
-enum qd_op { QD_OP_QUANTIZE, QD_OP_DEQUANTIZE, QD_OP_CONVERT /* /jobs only: a whole model */ };
+/* /jobs only: QD_OP_CONVERT converts a whole model; QD_OP_PERPLEXITY and QD_OP_IMATRIX run one
+ * (quantd perplexity, quantd imatrix). Their query is their request's (a JSON body of files). */
+enum qd_op { QD_OP_QUANTIZE, QD_OP_DEQUANTIZE, QD_OP_CONVERT, QD_OP_PERPLEXITY, QD_OP_IMATRIX };
 
 /* An op's name as the API spells it (/jobs?op=, a job's "op"; api/openapi.yaml's JobOp is made
  * from these), NULL past the last. */
 static inline const char *qd_op_name(int op)
 {
     static const char *const names[] = {[QD_OP_QUANTIZE] = "quantize", [QD_OP_DEQUANTIZE] = "dequantize",
-                                        [QD_OP_CONVERT] = "convert"};
+                                        [QD_OP_CONVERT] = "convert", [QD_OP_PERPLEXITY] = "perplexity",
+                                        [QD_OP_IMATRIX] = "imatrix"};
     return op >= 0 && op < (int)(sizeof names / sizeof *names) ? names[op] : NULL;
+}
+
+/* Whether an op's request is a JSON body naming files under --data-dir (a whole-model job). */
+static inline int qd_op_names_files(int op)
+{
+    return op == QD_OP_CONVERT || op == QD_OP_PERPLEXITY || op == QD_OP_IMATRIX;
 }
 
 #define QD_REQ_MAX_PARAMS 16

@@ -19,7 +19,7 @@
 
 #include "checkpoint/imatrix.h"
 #include "checkpoint/imatrix_sums.h"
-#include "cli/files.h"
+#include "common/files.h"
 #include "model/imatrix_collect.h"
 
 static void fill(float *x, int64_t n, float scale)

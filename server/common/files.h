@@ -1,4 +1,4 @@
-/* Whole-file reads and writes for the CLI, and the process's peak memory its summaries report. */
+/* Whole-file reads and writes, and the process's peak memory the CLI's and the jobs' summaries report. */
 #ifndef QD_FILES_H
 #define QD_FILES_H
 

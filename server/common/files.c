@@ -1,4 +1,4 @@
-#include "cli/files.h"
+#include "common/files.h"
 
 #include <errno.h>
 #include <inttypes.h>

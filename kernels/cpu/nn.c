@@ -99,7 +99,7 @@ static inline float dot8(const float *x, const float *y, int64_t n)
  * vector fill the 16 AVX2 registers. */
 #define MM_TB 8
 #define MM_NB 48
-#define MM_KB 512
+#define MM_KB 1024
 #define MM_RM 4
 #define MM_RN 3
 
@@ -523,8 +523,8 @@ static enum qd_status attention_one(float *out, const float *q, const float *k, 
     j.len8 = (a->T + 7) / 8 * 8;
     const int nth = threads_for(j.tasks);
     const int64_t dv = a->head_dim_v;
-    float *vt = malloc((size_t)((int64_t)a->n_head_kv * dv * j.len8) * sizeof *vt);
-    j.scores = malloc((size_t)(nth * ATTN_ROWS * j.len8) * sizeof *j.scores);
+    float *vt = aligned_alloc(64, ((size_t)((int64_t)a->n_head_kv * dv * j.len8) * sizeof *vt + 63) / 64 * 64);
+    j.scores = aligned_alloc(64, ((size_t)(nth * ATTN_ROWS * j.len8) * sizeof *j.scores + 63) / 64 * 64);
     if (!vt || !j.scores) {
         free(vt), free(j.scores);
         return QD_ENOMEM;

@@ -19,7 +19,10 @@ static double now_s(void)
 
 static float *alloc_floats(int64_t n, const char *what, char *err, size_t errlen)
 {
-    float *p = n > 0 && (uint64_t)n <= SIZE_MAX / sizeof(float) ? malloc((size_t)n * sizeof(float)) : NULL;
+    /* 64-byte aligned, as the block's weights (model_load.c) */
+    float *p = n > 0 && (uint64_t)n <= SIZE_MAX / sizeof(float) - 16
+                   ? aligned_alloc(64, ((size_t)n * sizeof(float) + 63) / 64 * 64)
+                   : NULL;
     if (!p)
         snprintf(err, errlen, "no memory for %s (%.1f MiB)", what, (double)n * sizeof(float) / 1048576.0);
     return p;

@@ -76,6 +76,38 @@ static inline float l8_sum(lanes8 v)
 }
 #endif
 
+/* Weights as the matmul reads them: f32, or a file's f16 / bf16 values widened lane by lane as
+ * they load (exact: the same sums as their f32 copy, from half the bytes). */
+enum { W_F32, W_F16, W_BF16 };
+
+static inline float w_at(const void *w, int64_t i, int wt)
+{
+    if (wt == W_F32)
+        return ((const float *)w)[i];
+    const uint16_t h = ((const uint16_t *)w)[i];
+    return wt == W_F16 ? qd_f16_to_f32(h) : qd_bf16_to_f32(h);
+}
+
+#ifdef NN_AVX2
+static inline lanes8 w_load(const void *w, int64_t i, int wt)
+{
+    if (wt == W_F32)
+        return _mm256_loadu_ps((const float *)w + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+    if (wt == W_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#else
+static inline lanes8 w_load(const void *w, int64_t i, int wt)
+{
+    lanes8 r;
+    for (int l = 0; l < 8; l++)
+        r.v[l] = w_at(w, i + l, wt);
+    return r;
+}
+#endif
+
 /* x . y over n: 8 lanes of fused multiply-adds, their sum, then the tail (n % 8) in order. */
 static inline float dot8(const float *x, const float *y, int64_t n)
 {
@@ -104,10 +136,10 @@ static inline float dot8(const float *x, const float *y, int64_t n)
 #define MM_RN 3
 
 /* acc[i][j] += x[i] . w[j] over [k0, k1) (k1 - k0 a multiple of 8) for rm x rn of the tile;
- * rows of x and of w lie ldx and ldw floats apart */
-static inline __attribute__((always_inline)) void mm_micro(int rm, int rn, const float *x, int64_t ldx, const float *w,
-                                                           int64_t ldw, int64_t k0, int64_t k1, lanes8 *acc,
-                                                           int acc_stride)
+ * rows of x and of w lie ldx and ldw values apart (w's of type wt) */
+static inline __attribute__((always_inline)) void mm_micro(int rm, int rn, int wt, const float *x, int64_t ldx,
+                                                           const void *w, int64_t ldw, int64_t k0, int64_t k1,
+                                                           lanes8 *acc, int acc_stride)
 {
     lanes8 a[MM_RM][MM_RN];
     for (int i = 0; i < rm; i++)
@@ -116,7 +148,7 @@ static inline __attribute__((always_inline)) void mm_micro(int rm, int rn, const
     for (int64_t k = k0; k < k1; k += 8) {
         lanes8 wv[MM_RN];
         for (int j = 0; j < rn; j++)
-            wv[j] = l8_load(w + j * ldw + k);
+            wv[j] = w_load(w, j * ldw + k, wt);
         for (int i = 0; i < rm; i++) {
             lanes8 xv = l8_load(x + i * ldx + k);
             for (int j = 0; j < rn; j++)
@@ -128,26 +160,34 @@ static inline __attribute__((always_inline)) void mm_micro(int rm, int rn, const
             acc[i * acc_stride + j] = a[i][j];
 }
 
-#define MM_CASE(RM, RN)                                                                                                \
-    case RM * 4 + RN:                                                                                                  \
-        mm_micro(RM, RN, x, ldx, w, ldw, k0, k1, acc, acc_stride);                                                     \
+#define MM_CASE(WT, RM, RN)                                                                                            \
+    case (WT) * 16 + RM * 4 + RN:                                                                                      \
+        mm_micro(RM, RN, WT, x, ldx, w, ldw, k0, k1, acc, acc_stride);                                                 \
         break;
+#define MM_CASES(WT)                                                                                                   \
+    MM_CASE(WT, 4, 3) MM_CASE(WT, 4, 2) MM_CASE(WT, 4, 1) MM_CASE(WT, 3, 3) MM_CASE(WT, 3, 2) MM_CASE(WT, 3, 1)        \
+    MM_CASE(WT, 2, 3) MM_CASE(WT, 2, 2) MM_CASE(WT, 2, 1) MM_CASE(WT, 1, 3) MM_CASE(WT, 1, 2) MM_CASE(WT, 1, 1)
 
-static void mm_micro_any(int rm, int rn, const float *x, int64_t ldx, const float *w, int64_t ldw, int64_t k0,
+static void mm_micro_any(int rm, int rn, int wt, const float *x, int64_t ldx, const void *w, int64_t ldw, int64_t k0,
                          int64_t k1, lanes8 *acc, int acc_stride)
 {
-    switch (rm * 4 + rn) {
-        MM_CASE(4, 3) MM_CASE(4, 2) MM_CASE(4, 1) MM_CASE(3, 3) MM_CASE(3, 2) MM_CASE(3, 1)
-        MM_CASE(2, 3) MM_CASE(2, 2) MM_CASE(2, 1) MM_CASE(1, 3) MM_CASE(1, 2) MM_CASE(1, 1)
+    switch (wt * 16 + rm * 4 + rn) {
+        MM_CASES(W_F32) MM_CASES(W_F16) MM_CASES(W_BF16)
     default:
         break;
     }
 }
 
+/* w advanced by n values of type wt */
+static inline const void *w_off(const void *w, int64_t n, int wt)
+{
+    return (const char *)w + n * (wt == W_F32 ? 4 : 2);
+}
+
 /* One macro tile: y[i][j] = x[i] . w[j] for i < tb <= MM_TB, j < nb <= MM_NB over K, rows
  * ldx, ldw, ldy apart; acc holds MM_TB * MM_NB lanes (the caller's, 96 KiB). */
-static void mm_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t ldw, int tb, int nb,
-                    int64_t K, lanes8 *acc)
+static void mm_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const void *w, int wt, int64_t ldw, int tb,
+                    int nb, int64_t K, lanes8 *acc)
 {
     const int64_t K8 = K / 8 * 8;
     for (int i = 0; i < tb * MM_NB; i++)
@@ -158,7 +198,8 @@ static void mm_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const fl
             const int rn = nb - jn < MM_RN ? nb - jn : MM_RN;
             for (int it = 0; it < tb; it += MM_RM) {
                 const int rm = tb - it < MM_RM ? tb - it : MM_RM;
-                mm_micro_any(rm, rn, x + it * ldx, ldx, w + jn * ldw, ldw, k0, k1, acc + it * MM_NB + jn, MM_NB);
+                mm_micro_any(rm, rn, wt, x + it * ldx, ldx, w_off(w, jn * ldw, wt), ldw, k0, k1, acc + it * MM_NB + jn,
+                             MM_NB);
             }
         }
     }
@@ -166,9 +207,8 @@ static void mm_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const fl
         const float *xr = x + it * ldx;
         for (int jn = 0; jn < nb; jn++) {
             float s = l8_sum(acc[it * MM_NB + jn]);
-            const float *wr = w + jn * ldw;
             for (int64_t k = K8; k < K; k++) /* the tail of a row that is not whole lanes */
-                s += xr[k] * wr[k];
+                s += xr[k] * w_at(w, jn * ldw + k, wt);
             y[it * ldy + jn] = s;
         }
     }
@@ -180,13 +220,15 @@ static void mm_serial(float *y, int64_t ldy, const float *x, int64_t ldx, const 
 {
     for (int64_t t0 = 0; t0 < M; t0 += MM_TB)
         for (int64_t n0 = 0; n0 < N; n0 += MM_NB)
-            mm_tile(y + t0 * ldy + n0, ldy, x + t0 * ldx, ldx, w + n0 * ldw, ldw,
+            mm_tile(y + t0 * ldy + n0, ldy, x + t0 * ldx, ldx, w + n0 * ldw, W_F32, ldw,
                     (int)(M - t0 < MM_TB ? M - t0 : MM_TB), (int)(N - n0 < MM_NB ? N - n0 : MM_NB), K, acc);
 }
 
 struct mm_job {
     float *y;
-    const float *x, *w;
+    const float *x;
+    const void *w;
+    int wt;
     int64_t T, K, N, tiles_t, tiles;
     int64_t next; /* the next macro tile, taken atomically */
 };
@@ -198,17 +240,83 @@ static void mm_worker(void *ctx, int tid, int n)
     lanes8 acc[MM_TB * MM_NB]; /* 96 KiB of a worker's stack */
     for (int64_t tile; (tile = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->tiles;) {
         const int64_t t0 = tile % j->tiles_t * MM_TB, n0 = tile / j->tiles_t * MM_NB;
-        mm_tile(j->y + t0 * j->N + n0, j->N, j->x + t0 * j->K, j->K, j->w + n0 * j->K, j->K,
+        mm_tile(j->y + t0 * j->N + n0, j->N, j->x + t0 * j->K, j->K, w_off(j->w, n0 * j->K, j->wt), j->wt, j->K,
                 (int)(j->T - t0 < MM_TB ? j->T - t0 : MM_TB), (int)(j->N - n0 < MM_NB ? j->N - n0 : MM_NB), j->K, acc);
     }
 }
 
-void qd_nn_matmul(float *y, const float *x, const float *w, int64_t T, int64_t K, int64_t N)
+static void matmul_typed(float *y, const float *x, const void *w, int wt, int64_t T, int64_t K, int64_t N)
 {
-    struct mm_job j = {.y = y, .x = x, .w = w, .T = T, .K = K, .N = N};
+    struct mm_job j = {.y = y, .x = x, .w = w, .wt = wt, .T = T, .K = K, .N = N};
     j.tiles_t = (T + MM_TB - 1) / MM_TB;
     j.tiles = j.tiles_t * ((N + MM_NB - 1) / MM_NB);
     qd_cpu_parallel(threads_for(j.tiles), mm_worker, &j);
+}
+
+void qd_nn_matmul(float *y, const float *x, const float *w, int64_t T, int64_t K, int64_t N)
+{
+    matmul_typed(y, x, w, W_F32, T, K, N);
+}
+
+/* ---- weights kept as the file stores them -------------------------------------------------- */
+
+/* A matrix bound in f16 / bf16 (qd_nn_cpu.bind): the host address the ops are handed stands
+ * for the file's bytes, which the matmul reads as they are. The table is changed between
+ * blocks, by the thread that runs them. */
+#define CPU_BINDS 64
+static struct {
+    const float *host;
+    int64_t n;
+    const void *src;
+    int wt;
+} cpu_bind[CPU_BINDS];
+static int cpu_binds;
+static pthread_mutex_t cpu_bind_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void cpu_unbind(const float *host)
+{
+    pthread_mutex_lock(&cpu_bind_lock);
+    for (int i = 0; i < cpu_binds; i++)
+        if (cpu_bind[i].host == host) {
+            cpu_bind[i] = cpu_bind[--cpu_binds];
+            break;
+        }
+    pthread_mutex_unlock(&cpu_bind_lock);
+}
+
+static enum qd_status cpu_bind_weight(const float *host, int64_t n, enum qd_nn_weight_kind kind, const void *src,
+                                      enum qd_dtype dtype)
+{
+    cpu_unbind(host);
+    if (src == (const void *)host) /* widened to f32 at host: read there */
+        return QD_OK;
+    if (kind != QD_NN_MATRIX || (dtype != QD_F16 && dtype != QD_BF16 && dtype != QD_F32))
+        return QD_EINVAL;
+    pthread_mutex_lock(&cpu_bind_lock);
+    enum qd_status st = QD_ENOMEM;
+    if (cpu_binds < CPU_BINDS) {
+        cpu_bind[cpu_binds].host = host, cpu_bind[cpu_binds].n = n, cpu_bind[cpu_binds].src = src;
+        cpu_bind[cpu_binds++].wt = dtype == QD_F16 ? W_F16 : dtype == QD_BF16 ? W_BF16 : W_F32;
+        st = QD_OK;
+    }
+    pthread_mutex_unlock(&cpu_bind_lock);
+    return st;
+}
+
+/* the matmul on a bound matrix's own bytes, or on w as it is */
+static void cpu_matmul(float *y, const float *x, const float *w, int64_t T, int64_t K, int64_t N)
+{
+    const void *src = w;
+    int wt = W_F32;
+    pthread_mutex_lock(&cpu_bind_lock);
+    for (int i = 0; i < cpu_binds; i++)
+        if (w >= cpu_bind[i].host && w < cpu_bind[i].host + cpu_bind[i].n) {
+            wt = cpu_bind[i].wt;
+            src = w_off(cpu_bind[i].src, w - cpu_bind[i].host, wt);
+            break;
+        }
+    pthread_mutex_unlock(&cpu_bind_lock);
+    matmul_typed(y, x, src, wt, T, K, N);
 }
 
 /* ---- elementwise ---------------------------------------------------------------------------- */
@@ -579,9 +687,11 @@ int64_t qd_nn_first_nonfinite(const float *x, int64_t n)
 
 const struct qd_nn_backend qd_nn_cpu = {
     .name = "cpu",
+    .bind = cpu_bind_weight,
+    .unbind = cpu_unbind,
     .first_nonfinite = qd_nn_first_nonfinite,
     .add_squares = qd_nn_add_squares,
-    .matmul = qd_nn_matmul,
+    .matmul = cpu_matmul,
     .add_row = qd_nn_add_row,
     .add = qd_nn_add,
     .scale = qd_nn_scale,

@@ -96,18 +96,21 @@ static enum qd_status bind_block(const struct qd_model *m, const struct qd_nn_ba
                                                    vector_roles & QD_W_BIT(i) ? QD_NN_VECTOR : QD_NN_MATRIX, src,
                                                    b->raw[i] ? b->raw_type[i] : QD_F32, w->name, err, errlen)
                                     : QD_OK;
-        if (b->raw_tensor[i]) /* copied: the file's pages may go */
-            qd_model_release(m, b->raw_tensor[i]);
         if (st != QD_OK)
             return st;
     }
     return QD_OK;
 }
 
-static void unbind_block(const struct qd_nn_backend *nn, const struct qd_model_block *b)
+/* (the file's pages of the weights taken as stored go then: the CPU reads them until here) */
+static void unbind_block(const struct qd_model *m, const struct qd_nn_backend *nn, struct qd_model_block *b)
 {
-    for (int i = 0; i < QD_W_COUNT; i++)
+    for (int i = 0; i < QD_W_COUNT; i++) {
         nn_unbind(nn, b->w[i].data);
+        if (b->raw_tensor[i])
+            qd_model_release(m, b->raw_tensor[i]);
+        b->raw_tensor[i] = NULL, b->raw[i] = NULL;
+    }
 }
 
 static int stopped(const struct qd_engine_hooks *h) { return h && h->cancel && *h->cancel; }
@@ -378,7 +381,7 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
         struct qd_model_block *next = &blocks[(layer + 1) % 2];
         if (!prefetch && layer > 0) { /* one block's buffers, the last block's ops done with them */
             nn_sync(nn);
-            unbind_block(nn, block);
+            unbind_block(m, nn, block);
             loader_start(&loader, layer, block);
             if ((st = loader_wait(&loader, stats, err, errlen)) != QD_OK)
                 goto done;
@@ -428,7 +431,7 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
         }
         if (prefetch) { /* this block's weights go; the next one's are there */
             nn_sync(nn);
-            unbind_block(nn, block);
+            unbind_block(m, nn, block);
             if (layer + 1 < hp->n_layer && (st = loader_wait(&loader, stats, err, errlen)) != QD_OK)
                 goto done;
         }
@@ -438,7 +441,7 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
     /* the blocks' memory goes before the head's comes */
     nn_sync(nn);
     for (int i = 0; i < 2; i++) {
-        unbind_block(nn, &blocks[i]);
+        unbind_block(m, nn, &blocks[i]);
         qd_model_block_free(&blocks[i]);
     }
     nn_release(nn, scratch);
@@ -455,7 +458,7 @@ done:
         loader_wait(&loader, stats, NULL, 0);
     nn_sync(nn);
     for (int i = 0; i < 2; i++) {
-        unbind_block(nn, &blocks[i]);
+        unbind_block(m, nn, &blocks[i]);
         qd_model_block_free(&blocks[i]);
     }
     if (pos)

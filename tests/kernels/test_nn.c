@@ -63,6 +63,43 @@ static void matmul_row_does_not_depend_on_the_batch_or_threads(void **state)
     free(x), free(w), free(all), free(one);
 }
 
+/* The CPU backend's matmul on a matrix bound as the file stores it (f16, bf16, or f32 bytes at
+ * another address) equals the f32 matmul on its widened copy bit for bit: the values widen
+ * exactly as they load; slices (a fused weight's rows, an expert) map inside the binding. */
+static void matmul_on_16_bit_weights_equals_their_f32_copy(void **state)
+{
+    (void)state;
+    test_seed();
+    const int64_t T = 37, K = 1027, N = 53; /* K: a tail past the lanes */
+    float *x = randn(T * K, 1.0f), *w = randn(2 * N * K, 0.05f);
+    float *key = malloc((size_t)(2 * N * K) * sizeof *key); /* the address the ops are handed, never read */
+    uint16_t *h = malloc((size_t)(2 * N * K) * 2);
+    float *wide = malloc((size_t)(2 * N * K) * sizeof *wide), *want = malloc((size_t)(T * N) * sizeof *want);
+    float *got = malloc((size_t)(T * N) * sizeof *got);
+    const enum qd_dtype types[3] = {QD_F16, QD_BF16, QD_F32};
+    for (int t = 0; t < 3; t++) {
+        for (int64_t i = 0; i < 2 * N * K; i++) {
+            h[i] = types[t] == QD_F16 ? qd_f32_to_f16(w[i]) : qd_f32_to_bf16(w[i]);
+            wide[i] = types[t] == QD_F32 ? w[i] : types[t] == QD_F16 ? qd_f16_to_f32(h[i]) : qd_bf16_to_f32(h[i]);
+            key[i] = NAN;
+        }
+        assert_int_equal(qd_nn_cpu.bind(key, 2 * N * K, QD_NN_MATRIX, types[t] == QD_F32 ? (const void *)wide : h,
+                                         types[t]), QD_OK);
+        for (int half = 0; half < 2; half++) { /* the second half: a slice inside the binding */
+            qd_nn_matmul(want, x, wide + half * N * K, T, K, N);
+            qd_nn_cpu.matmul(got, x, key + half * N * K, T, K, N);
+            assert_memory_equal(got, want, (size_t)(T * N) * sizeof *got);
+        }
+        qd_nn_cpu.unbind(key);
+        for (int64_t i = 0; i < 2 * N * K; i++) /* unbound: the handed address itself is read */
+            key[i] = wide[i];
+        qd_nn_cpu.matmul(got, x, key, T, K, N);
+        qd_nn_matmul(want, x, wide, T, K, N);
+        assert_memory_equal(got, want, (size_t)(T * N) * sizeof *got);
+    }
+    free(x), free(w), free(key), free(h), free(wide), free(want), free(got);
+}
+
 static void rms_norm_matches_its_definition(void **state)
 {
     (void)state;
@@ -306,6 +343,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(matmul_matches_double_reference),
         cmocka_unit_test(matmul_row_does_not_depend_on_the_batch_or_threads),
+        cmocka_unit_test(matmul_on_16_bit_weights_equals_their_f32_copy),
         cmocka_unit_test(rms_norm_matches_its_definition),
         cmocka_unit_test(rope_normal_and_neox_rotate_their_pairs),
         cmocka_unit_test(attention_matches_causal_softmax_with_gqa),

@@ -80,7 +80,7 @@ CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCC_FLAGS  ?= -O3 -std=c++17 --fmad=false -gencode=arch=compute_90,code=sm_90 \
                -gencode=arch=compute_90,code=compute_90 -Xcompiler -Wall
 override CFLAGS += -DQD_WITH_CUDA -I$(CUDA_HOME)/include
-LDLIBS      += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
+LDLIBS      += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 CUDA_OBJS   := $(CUDA_SRCS:%.cu=$(BUILD)/%.o)
 endif
 

@@ -9,8 +9,12 @@
  * sync); weights are bound: copied from their host f32 to device memory (matrices in bf16), the
  * host address then standing for the copy. Everything this file allocates counts against the
  * limit qd_nn_cuda_open sets (--max-device-bytes). The ops run in order on one stream; a CUDA
- * failure is kept and reported by qd_nn_cuda.error (the ops themselves return nothing). */
+ * failure is kept and reported by qd_nn_cuda.error (the ops themselves return nothing).
+ *
+ * cuBLAS is opened when the backend is (dlopen), not linked: loading it costs every quantd
+ * process some 70 MB of resident pages, which a conversion or the daemon never needs. */
 #include <cublas_v2.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -52,6 +56,42 @@ static struct {
     unsigned long long *flag; /* first non-finite index */
     char error[256];
 } nn;
+
+/* the cuBLAS calls this file makes, from the library opened by qd_nn_cuda_open */
+static struct {
+    void *lib;
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasSetStream_v2) set_stream;
+    cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
+                              const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
+                              cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+    cublasStatus_t (*sgemm_batched)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                    const float *, const float *, int, long long, const float *, int, long long,
+                                    const float *, float *, int, long long, int);
+} blas;
+
+static int blas_open(char *err, size_t errlen)
+{
+    /* the toolkit's library beside the runtime quantd was built with (the binary's run path),
+     * then the loader's usual places */
+    static const char *const names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so",
+                                        "/usr/local/cuda/lib64/libcublas.so"};
+    for (size_t i = 0; i < sizeof names / sizeof *names && !blas.lib; i++)
+        blas.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!blas.lib) {
+        snprintf(err, errlen, "cuBLAS (libcublas.so, part of the CUDA Toolkit) could not be loaded: %s", dlerror());
+        return -1;
+    }
+    blas.create = (decltype(blas.create))dlsym(blas.lib, "cublasCreate_v2");
+    blas.set_stream = (decltype(blas.set_stream))dlsym(blas.lib, "cublasSetStream_v2");
+    blas.gemm_ex = (decltype(blas.gemm_ex))dlsym(blas.lib, "cublasGemmEx");
+    blas.sgemm_batched = (decltype(blas.sgemm_batched))dlsym(blas.lib, "cublasSgemmStridedBatched");
+    if (!blas.create || !blas.set_stream || !blas.gemm_ex || !blas.sgemm_batched) {
+        snprintf(err, errlen, "the cuBLAS library found lacks a function the engine calls");
+        return -1;
+    }
+    return 0;
+}
 
 static pthread_mutex_t nn_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -306,7 +346,7 @@ static void nn_matmul(float *y, const float *x, const float *w, int64_t T, int64
         const int64_t m = T - t0 < rows ? T - t0 : rows;
         k_to_bf16<<<grid_for(m * K, 256), 256, 0, nn.stream>>>(nn.xbuf, x + t0 * K, m * K);
         NN_LAUNCHED("bf16 activations");
-        blas_check(cublasGemmEx(nn.blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)m, (int)K, &one, wb, CUDA_R_16BF,
+        blas_check(blas.gemm_ex(nn.blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)m, (int)K, &one, wb, CUDA_R_16BF,
                                 (int)K, nn.xbuf, CUDA_R_16BF, (int)K, &zero, y + t0 * N, CUDA_R_32F, (int)N,
                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "cublasGemmEx");
@@ -566,7 +606,7 @@ static enum qd_status attention_seq(float *out, const float *q, const float *k, 
         for (int64_t r0 = 0; r0 < T; r0 += rows) {
             const int64_t m = T - r0 < rows ? T - r0 : rows, keys = r0 + m; /* causal: keys up to the last row */
             /* scores[h][i][j] = q_h[r0 + i] . k[j], column-major C (keys x m) per head, ld keys */
-            blas_check(cublasSgemmStridedBatched(nn.blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)keys, (int)m, (int)dk, &one,
+            blas_check(blas.sgemm_batched(nn.blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)keys, (int)m, (int)dk, &one,
                                                  k + hk * dk, (int)a->k_stride, 0,
                                                  q + r0 * a->q_stride + (int64_t)hk * group * dk, (int)a->q_stride, dk,
                                                  &zero, nn.scores, (int)keys, m * keys, group),
@@ -575,7 +615,7 @@ static enum qd_status attention_seq(float *out, const float *q, const float *k, 
                                                                      a->window);
             NN_LAUNCHED("softmax");
             /* out_h[r0 + i] = sum_j p[h][i][j] v[j] */
-            blas_check(cublasSgemmStridedBatched(nn.blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)dv, (int)m, (int)keys, &one,
+            blas_check(blas.sgemm_batched(nn.blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)dv, (int)m, (int)keys, &one,
                                                  v + hk * dv, (int)a->v_stride, 0, nn.scores, (int)keys, m * keys,
                                                  &zero, out + r0 * out_stride + (int64_t)hk * group * dv,
                                                  (int)out_stride, dv, group),
@@ -689,7 +729,9 @@ extern "C" enum qd_status qd_nn_cuda_open(int device, size_t limit, char *err, s
         snprintf(err, errlen, "CUDA device %d: %s", device, cudaGetErrorString(e));
         return QD_EDEVICE;
     }
-    if (cublasCreate(&nn.blas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(nn.blas, nn.stream) != CUBLAS_STATUS_SUCCESS) {
+    if (blas_open(err, errlen))
+        return QD_EDEVICE;
+    if (blas.create(&nn.blas) != CUBLAS_STATUS_SUCCESS || blas.set_stream(nn.blas, nn.stream) != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, errlen, "cuBLAS could not start on CUDA device %d", device);
         return QD_EDEVICE;
     }

@@ -263,11 +263,12 @@ $(BUILD)/fuzz/fuzz_tokenizer: $(FUZZ_TOKENIZER_SRCS) $(wildcard server/model/tok
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_TOKENIZER_SRCS) -lm -pthread
 # llama-perplexity's base logits file (server/model/kld_file.c) and the statistics over its rows.
-FUZZ_KLD_SRCS := tests/model/fuzz_kld_base.c server/model/kld_file.c server/model/kld.c
+# (the kernels: the statistics run their rows on every core, kernels/cpu/parallel.c)
+FUZZ_KLD_SRCS := tests/model/fuzz_kld_base.c server/model/kld_file.c server/model/kld.c $(KERNEL_SRCS)
 $(BUILD)/fuzz/fuzz_kld_base: $(FUZZ_KLD_SRCS) server/model/kld.h
 	@mkdir -p $(dir $@)
 	clang -g -O1 -std=gnu11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-	  $(FP_FLAGS) -Iserver -o $@ $(FUZZ_KLD_SRCS) -lcjson -lm -pthread
+	  $(FP_FLAGS) $(ARCH_FLAGS) -Iserver -o $@ $(FUZZ_KLD_SRCS) -lcjson -lm -pthread
 FUZZ_LIMIT ?= -max_total_time=$(FUZZ_SECONDS)
 fuzz: $(BUILD)/fuzz/fuzz_decode $(BUILD)/fuzz/fuzz_readers $(BUILD)/fuzz/fuzz_tokenizer $(BUILD)/fuzz/fuzz_kld_base $(VOCAB_DIR)/ok
 	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/corpus_readers $(BUILD)/fuzz/corpus_tokenizer $(BUILD)/fuzz/corpus_kld

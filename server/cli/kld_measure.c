@@ -5,7 +5,8 @@
  * The source's log-probabilities go through the base logits file itself, written to a temporary:
  * a row is n_vocab uint16 (llama-perplexity's encoding), so a 150k vocabulary over 100 chunks of
  * 512 tokens is 7.7 GB, more than memory should hold, and one chunk of rows at a time is read
- * back while the output runs. The figures are then those of the two commands by hand, bit for bit. */
+ * back while the output runs. The two passes are those commands' own run (model/perplexity_run.h),
+ * so the figures are theirs by hand, bit for bit. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,9 +16,8 @@
 
 #include "cli/cli.h"
 #include "model/engine.h"
-#include "model/kld.h"
 #include "model/model_input.h"
-#include "model/ppl.h"
+#include "model/perplexity_run.h"
 
 int qd_cli_kld_prepare(const char *prog, struct qd_cli_kld *k)
 {
@@ -60,75 +60,23 @@ void qd_cli_kld_free(struct qd_cli_kld *k)
     k->tokens = NULL;
 }
 
-struct pass {
-    const int32_t *tokens; /* the text's own (a target is never the substituted BOS) */
-    int n_ctx;
-    struct qd_kld_writer *writer; /* the source's pass */
-    struct qd_ppl sum;
-    struct qd_kld_base *base;     /* the output's pass */
-    struct qd_kld_stats *kld;
-    uint16_t *rows;
-    char err[512];
-};
-
-static int on_logits(void *ctx, int chunk, int from, int rows, const float *logits, int64_t n_vocab)
-{
-    struct pass *p = ctx;
-    const int32_t *targets = p->tokens + (int64_t)chunk * p->n_ctx + from + 1;
-    if (p->writer) { /* the last position predicts past the chunk */
-        if (qd_kld_writer_chunk(p->writer, logits, rows - 1, targets, &p->sum.nll, &p->sum.nll2, p->err, sizeof p->err))
-            return 1;
-        p->sum.count += rows - 1;
-        return 0;
-    }
-    if (qd_kld_base_read_chunk(p->base, p->rows, p->err, sizeof p->err))
-        return 1;
-    qd_kld_stats_add_rows(p->kld, logits, rows - 1, n_vocab, p->rows, targets);
-    return 0;
-}
-
-/* One model over the chunks (each chunk's first token BOS where its vocabulary adds one). */
-static int pass_run(const char *prog, const char *what, const char *path, const struct qd_cli_kld *k, struct pass *p,
-                    int64_t *n_vocab, double *seconds)
+/* One of the two commands (model/perplexity_run.h): the source writing the base file, or the
+ * output read against it; its lines dropped. Its summary, or NULL after saying why. */
+static cJSON *perplexity(const char *prog, const struct qd_cli_kld *k, const char *model, const char *base_path,
+                         int kl_divergence)
 {
     char err[1024];
-    struct qd_model m;
-    enum qd_status status;
-    int rc = 1;
-    int32_t *chunks = NULL;
-    memset(&m, 0, sizeof m);
-    if (qd_model_open(path, &m, &status, err, sizeof err)) {
-        fprintf(stderr, "%s: --kld: the engine cannot run the %s %s: %s\n", prog, what, path, err);
-        goto done;
+    cJSON *summary = NULL;
+    const struct qd_perplexity_opts o = {.model = model, .text = kl_divergence ? NULL : k->text,
+                                         .kld_base = base_path, .kl_divergence = kl_divergence, .n_ctx = k->n_ctx,
+                                         .max_chunks = k->n_chunks, .n_batch = 2048, .threads = k->threads,
+                                         .cache_k = QD_F16, .cache_v = QD_F16, /* quantd perplexity's defaults */
+                                         .io = {.cancel = k->cancel}};
+    if (qd_perplexity_run(&o, &summary, err, sizeof err) != QD_OK) {
+        fprintf(stderr, "%s: --kld: the %s %s: %s\n", prog, kl_divergence ? "output" : "source", model, err);
+        return NULL;
     }
-    if (*n_vocab && m.hp.n_vocab != *n_vocab) {
-        fprintf(stderr, "%s: --kld: the %s %s has a vocabulary of %" PRId64 " tokens, the source %" PRId64 "\n", prog,
-                what, path, m.hp.n_vocab, *n_vocab);
-        goto done;
-    }
-    *n_vocab = m.hp.n_vocab;
-    const size_t n = (size_t)k->n_chunks * (size_t)k->n_ctx;
-    if (!(chunks = malloc(n * sizeof *chunks))) {
-        fprintf(stderr, "%s: --kld: no memory for %zu tokens\n", prog, n);
-        goto done;
-    }
-    memcpy(chunks, k->tokens, n * sizeof *chunks);
-    for (int c = 0; m.add_bos && c < k->n_chunks; c++)
-        chunks[(int64_t)c * k->n_ctx] = m.bos;
-    struct qd_engine_opts o = {.n_ctx = k->n_ctx, .logits_from = k->n_ctx / 2, .threads = k->threads,
-                               .cache_k = QD_F16, .cache_v = QD_F16}; /* quantd perplexity's defaults */
-    struct qd_engine_hooks h = {.ctx = p, .on_logits = on_logits, .cancel = k->cancel};
-    struct qd_engine_stats stats;
-    if (qd_engine_run(&m, chunks, k->n_chunks, &o, &h, &stats, err, sizeof err) != QD_OK) {
-        fprintf(stderr, "%s: --kld: the %s %s: %s\n", prog, what, path, p->err[0] ? p->err : err);
-        goto done;
-    }
-    *seconds += stats.seconds;
-    rc = 0;
-done:
-    free(chunks);
-    qd_model_close(&m);
-    return rc;
+    return summary;
 }
 
 /* from's members into `into`, under their names, in order */
@@ -147,70 +95,31 @@ static void move_items(cJSON *from, cJSON *into)
 int qd_cli_kld_measure(const char *prog, const struct qd_cli_kld *k, const char *output, const char *base_path,
                        cJSON *into)
 {
-    char err[1024];
-    int64_t n_vocab = 0;
-    double seconds = 0;
     int rc = 1;
-    struct qd_kld_writer writer = {0};
-    struct qd_kld_base base;
-    struct qd_kld_stats kld = {0};
-    struct pass p = {.tokens = k->tokens, .n_ctx = k->n_ctx};
-    memset(&base, 0, sizeof base);
-    /* the source: its log-probabilities written as --kl-divergence-base writes them (the header
-     * wants the vocabulary's size first) */
-    struct qd_model m;
-    enum qd_status status;
-    memset(&m, 0, sizeof m);
-    if (qd_model_open(k->source, &m, &status, err, sizeof err)) {
-        fprintf(stderr, "%s: --kld: %s: %s\n", prog, k->source, err);
-        qd_model_close(&m);
-        return 1;
-    }
-    const int32_t vocab = (int32_t)m.hp.n_vocab;
-    qd_model_close(&m);
-    if (qd_kld_writer_open(base_path, k->n_ctx, vocab, k->n_chunks, k->tokens, &writer, err, sizeof err)) {
-        fprintf(stderr, "%s: --kld: %s\n", prog, err);
-        return 1;
-    }
-    p.writer = &writer;
-    if (pass_run(prog, "source", k->source, k, &p, &n_vocab, &seconds))
+    cJSON *source = perplexity(prog, k, k->source, base_path, 0), *r = NULL, *figures;
+    if (!source || !(r = perplexity(prog, k, output, base_path, 1)))
         goto done;
-    if (qd_kld_writer_commit(&writer, err, sizeof err)) {
-        fprintf(stderr, "%s: --kld: %s\n", prog, err);
-        goto done;
-    }
-    /* the output against it, as --kl-divergence reads it */
-    const int rows = qd_kld_rows(k->n_ctx);
-    if (qd_kld_base_open(base_path, &base, err, sizeof err) ||
-        (qd_kld_stats_init(&kld, (int64_t)k->n_chunks * rows) != QD_OK && snprintf(err, sizeof err, "no memory")) ||
-        (!(p.rows = malloc((size_t)rows * 2 * (size_t)qd_kld_row_words(vocab))) && snprintf(err, sizeof err,
-                                                                                             "no memory"))) {
-        fprintf(stderr, "%s: --kld: %s\n", prog, err);
-        goto done;
-    }
-    p.writer = NULL, p.base = &base, p.kld = &kld;
-    if (pass_run(prog, "output", output, k, &p, &n_vocab, &seconds))
-        goto done;
-    cJSON *r = cJSON_CreateObject(), *figures;
-    qd_kld_report(&kld, NULL, r);
     cJSON_AddStringToObject(into, "text", k->text);
     cJSON_AddNumberToObject(into, "n_ctx", k->n_ctx);
     cJSON_AddNumberToObject(into, "chunks", k->n_chunks);
-    cJSON_AddNumberToObject(into, "tokens_scored", (double)kld.count);
+    cJSON_AddItemToObject(into, "tokens_scored", cJSON_DetachItemFromObject(r, "tokens_scored"));
     /* kld.h's figures flat under "kld": the divergence's own (mean, mean_error, median, the
-     * percentiles), then same_top_p and the perplexities and delta-p as objects */
+     * percentiles), then the perplexities, delta-p and same_top_p as qd_kld_report gives them */
     if ((figures = cJSON_DetachItemFromObject(r, "kld")))
         move_items(figures, into);
     cJSON_Delete(figures);
-    move_items(r, into);
-    cJSON_Delete(r);
-    cJSON_AddNumberToObject(into, "seconds", seconds);
+    static const char *const report[] = {"ppl", "delta_p", "same_top_p", "same_top_p_error"};
+    for (size_t i = 0; i < sizeof report / sizeof *report; i++) {
+        cJSON *item = cJSON_DetachItemFromObject(r, report[i]);
+        if (item)
+            cJSON_AddItemToObject(into, report[i], item);
+    }
+    cJSON_AddNumberToObject(into, "seconds", cJSON_GetNumberValue(cJSON_GetObjectItem(source, "seconds")) +
+                                                 cJSON_GetNumberValue(cJSON_GetObjectItem(r, "seconds")));
     rc = 0;
 done:
-    free(p.rows);
-    qd_kld_stats_free(&kld);
-    qd_kld_base_close(&base);
-    qd_kld_writer_abort(&writer); /* an unfinished temporary; nothing after a commit */
-    unlink(base_path);
+    cJSON_Delete(source);
+    cJSON_Delete(r);
+    unlink(base_path); /* (the run leaves no temporary of its own) */
     return rc;
 }

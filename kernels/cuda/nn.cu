@@ -710,10 +710,23 @@ extern "C" const struct qd_nn_backend qd_nn_cuda = {
     nn_round, nn_moe_route, nn_moe_sum, nn_sigmoid_gate,
 };
 
+/* The limit asked for (0: none), kept below what the card has free besides what this file already
+ * holds. Activations are managed memory, and asking for more of it than the card has free can
+ * stall the device; the margin leaves room for cuBLAS's workspace and the context's growth. */
+static size_t limit_within(size_t asked, size_t held, size_t free_b)
+{
+    const size_t margin = ((size_t)512 << 20) + free_b / 32;
+    const size_t usable = held + (free_b > margin ? free_b - margin : 0);
+    return asked && asked < usable ? asked : usable;
+}
+
 extern "C" enum qd_status qd_nn_cuda_open(int device, size_t limit, char *err, size_t errlen)
 {
     if (nn.open) {
-        nn.limit = limit;
+        size_t free_b = 0, total_b = 0;
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
+            cudaGetLastError();
+        nn.limit = limit_within(limit, nn.used, free_b);
         return QD_OK;
     }
     int count = 0;
@@ -735,7 +748,12 @@ extern "C" enum qd_status qd_nn_cuda_open(int device, size_t limit, char *err, s
         snprintf(err, errlen, "cuBLAS could not start on CUDA device %d", device);
         return QD_EDEVICE;
     }
-    nn.limit = limit;
+    size_t free_b = 0, total_b = 0;
+    if ((e = cudaMemGetInfo(&free_b, &total_b)) != cudaSuccess) {
+        snprintf(err, errlen, "CUDA device %d: %s", device, cudaGetErrorString(e));
+        return QD_EDEVICE;
+    }
+    nn.limit = limit_within(limit, 0, free_b);
     if (!(nn.staging = (float *)own(NN_PIECE_BYTES, 0)) || !(nn.xbuf = (__nv_bfloat16 *)own(NN_PIECE_BYTES, 0)) ||
         !(nn.scores = (float *)own(NN_PIECE_BYTES, 0)) || !(nn.sums = (float *)own(NN_SUMS_BYTES, 0)) ||
         !(nn.flag = (unsigned long long *)own(sizeof *nn.flag, 0))) {

@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include "checkpoint/convert_request.h"
+#include "model/engine_backend.h"
 #include "model/run_io.h"
 
 int qd_cli_formats(int argc, char **argv);
@@ -40,6 +41,8 @@ struct qd_cli_conversion {
      * chunks of --kld-ctx N tokens (512), at most --kld-chunks N; kld_base: its temporary */
     const char *kld_text, *kld_base;
     int kld_ctx, kld_chunks;
+    size_t max_device_bytes;       /* --max-device-bytes: the engine's (--calibrate, --kld) device
+                                      memory; 0: what the device has */
 };
 /* 0, 1 (failed), 2 (a bad request), or 128 + the signal that stopped it. */
 int qd_cli_convert_run(const struct qd_cli_conversion *c);
@@ -48,10 +51,12 @@ int qd_cli_tokenize(int argc, char **argv);
 int qd_cli_imatrix(int argc, char **argv);
 /* quantd imatrix's computation without its command line: the GGUF importance matrix of model
  * over text_path's text or tokens_path's ids (model_input.h; chunks of n_ctx, at most
- * max_chunks, -1 all), its dataset named dataset, written whole to out. 0, or 1 with a message
+ * max_chunks, -1 all) on the engine's backend nn (NULL: the CPU), its dataset named dataset,
+ * written whole to out. 0, or 1 with a message
  * on stderr that begins with prog. */
 int qd_cli_imatrix_make(const char *prog, const char *model, const char *text_path, const char *tokens_path,
-                        const char *dataset, int n_ctx, int max_chunks, int threads, const char *out);
+                        const char *dataset, int n_ctx, int max_chunks, int threads,
+                        const struct qd_nn_backend *nn, const char *out);
 
 /* How perplexity and imatrix show a run of the model (model_run.c): its lines on stdout and
  * stderr as llama.cpp prints them, and its progress on stderr by --progress: bar (one line
@@ -71,6 +76,7 @@ struct qd_cli_kld {
     const char *source, *text;
     int n_ctx, max_chunks;  /* max_chunks -1: every chunk the text fills */
     int threads;            /* 0: every core */
+    const struct qd_nn_backend *nn; /* the engine's backend (NULL: the CPU) */
     const volatile int *cancel;
     int32_t *tokens;        /* set by qd_cli_kld_prepare */
     int n_chunks;

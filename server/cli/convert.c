@@ -56,6 +56,8 @@ static void usage(FILE *to)
             "      perplexity --kl-divergence-base (source) and --kl-divergence (output) compute it, in\n"
             "      chunks of --kld-ctx N tokens (default 512), at most --kld-chunks N; under \"kld\" in\n"
             "      the summary (mean, median, percentiles, same_top_p, ppl {q, base}, delta_p)\n"
+            "    --calibrate and --kld run the model on --backend's device (auto: CUDA where built and\n"
+            "      a device answers, else the CPU), holding at most --max-device-bytes N (4GiB, ...)\n"
             "  llama-quantize's own command line (IN [OUT] TYPE [nthreads]): quantd llama-quantize --help.\n"
             "  Exit status: 0, 1 (the input, the destination or the conversion failed), 2 (a bad request).\n",
             qd_convert_layouts_text(), qd_gguf_recipe_names());
@@ -167,9 +169,16 @@ static int run(const struct qd_cli_conversion *c, struct qd_convert_spec *spec)
         fprintf(stderr, "%s: %s\n", prog, err);
         return 1;
     }
+    /* --calibrate and --kld run the model: the engine's backend, as quantd imatrix and perplexity
+     * choose it */
+    const struct qd_nn_backend *nn = NULL;
+    if ((c->calibrate_out || c->kld_text) && qd_engine_backend(backend_name, c->max_device_bytes, &nn, err, sizeof err)) {
+        fprintf(stderr, "%s: %s\n", prog, err);
+        return 1;
+    }
     /* --kld: the source runs on the engine and the text is long enough, before anything is made */
     struct qd_cli_kld kld = {.source = c->src, .text = c->kld_text, .n_ctx = c->kld_ctx, .max_chunks = c->kld_chunks,
-                             .threads = c->cpu_threads, .cancel = &stop_signal};
+                             .threads = c->cpu_threads, .nn = nn, .cancel = &stop_signal};
     int rc = c->kld_text ? qd_cli_kld_prepare(prog, &kld) : 0;
     if (!rc)
         rc = run_converted(c, spec, &o, &kld);
@@ -188,7 +197,7 @@ static int run_converted(const struct qd_cli_conversion *c, struct qd_convert_sp
     /* the importance matrix, once the destination is known to take the output */
     if (c->calibrate_out &&
         qd_cli_imatrix_make(prog, c->src, c->calibrate_text, c->calibrate_tokens, c->calibrate_name, c->calibrate_ctx,
-                            c->calibrate_chunks, c->cpu_threads, c->calibrate_out))
+                            c->calibrate_chunks, c->cpu_threads, kld->nn, c->calibrate_out))
         return 1;
     /* SIGINT, SIGTERM, SIGHUP: the conversion stops at its next tensor and removes what it wrote
      * (watch_signals); blocked here, before any thread starts, so that every thread inherits it */
@@ -350,6 +359,12 @@ int qd_cli_convert(int argc, char **argv)
             else if (!strcmp(a, "--out")) c.dst = v;
             else if (!strcmp(a, "--backend")) c.backend = v;
             else if (!strcmp(a, "--devices")) c.devices = v;
+            else if (!strcmp(a, "--max-device-bytes")) {
+                if (qd_parse_bytes(v, &c.max_device_bytes)) {
+                    fprintf(stderr, "quantd convert: --max-device-bytes takes a byte count such as 4GiB, not '%s'\n", v);
+                    rc = 2;
+                }
+            }
             else if (!strcmp(a, "--calibrate")) c.calibrate_text = v;
             else if (!strcmp(a, "--calibrate-tokens")) c.calibrate_tokens = v;
             else if (!strcmp(a, "--kld")) c.kld_text = v;

@@ -206,7 +206,8 @@ done:
 }
 
 int qd_cli_imatrix_make(const char *prog, const char *model, const char *text_path, const char *tokens_path,
-                        const char *dataset, int n_ctx, int max_chunks, int threads, const char *out)
+                        const char *dataset, int n_ctx, int max_chunks, int threads,
+                        const struct qd_nn_backend *nn, const char *out)
 {
     char err[1024];
     int64_t n_tokens = 0;
@@ -219,7 +220,7 @@ int qd_cli_imatrix_make(const char *prog, const char *model, const char *text_pa
     struct qd_imatrix_sums s = {.chunk_size = n_ctx};
     struct qd_run_progress_sink sink;
     struct qd_imatrix_opts o = {.model = model, .n_ctx = n_ctx, .max_chunks = max_chunks, .threads = threads,
-                                .no_ppl = 1, .cache_k = QD_F16, .cache_v = QD_F16};
+                                .no_ppl = 1, .cache_k = QD_F16, .cache_v = QD_F16, .nn = nn};
     qd_cli_run_io(&o.io, &sink, "imatrix", QD_CLI_PROGRESS_AUTO);
     struct qd_imatrix_result res;
     int rc = 0;

@@ -71,7 +71,7 @@ static cJSON *perplexity(const char *prog, const struct qd_cli_kld *k, const cha
                                          .kld_base = base_path, .kl_divergence = kl_divergence, .n_ctx = k->n_ctx,
                                          .max_chunks = k->n_chunks, .n_batch = 2048, .threads = k->threads,
                                          .cache_k = QD_F16, .cache_v = QD_F16, /* quantd perplexity's defaults */
-                                         .io = {.cancel = k->cancel}};
+                                         .nn = k->nn, .io = {.cancel = k->cancel}};
     if (qd_perplexity_run(&o, &summary, err, sizeof err) != QD_OK) {
         fprintf(stderr, "%s: --kld: the %s %s: %s\n", prog, kl_divergence ? "output" : "source", model, err);
         return NULL;

@@ -124,6 +124,8 @@ static enum qd_status run_head(struct qd_model *m, float *hidden, int hidden_hos
     const int rows = o->n_ctx - o->logits_from;
     const int64_t n_vocab = hp->n_vocab, n_embd = hp->n_embd;
     enum qd_status st = QD_ENOMEM;
+    const int gt = m->output->type;
+    const int as_stored = nn->bind && (gt == QD_GGML_F32 || gt == QD_GGML_F16 || gt == QD_GGML_BF16);
     float *norm = alloc_floats(n_embd, "the output norm", err, errlen);
     float *bias = m->output_b ? alloc_floats(n_vocab, "the output bias", err, errlen) : NULL;
     float *out = alloc_floats(n_vocab * n_embd, "the output projection in f32", err, errlen);
@@ -133,13 +135,20 @@ static enum qd_status run_head(struct qd_model *m, float *hidden, int hidden_hos
     stats->head_bytes = (size_t)(n_embd + (m->output_b ? n_vocab : 0) + n_vocab * n_embd + (int64_t)rows * n_embd +
                                  (int64_t)rows * n_vocab) * sizeof(float);
     double t0 = now_s();
+    /* a 16-bit or f32 projection is handed over as stored, as the blocks' matrices are: `out`
+     * is then an address left unwritten that stands for it (no f32 copy of the vocabulary) */
+    if (as_stored)
+        stats->head_bytes -= (size_t)(n_vocab * n_embd) * sizeof(float);
     if ((st = qd_model_tensor_f32(m, m->output_norm, norm, err, errlen)) != QD_OK ||
-        (st = qd_model_tensor_f32(m, m->output, out, err, errlen)) != QD_OK ||
+        (!as_stored && (st = qd_model_tensor_f32(m, m->output, out, err, errlen)) != QD_OK) ||
         (bias && (st = qd_model_tensor_f32(m, m->output_b, bias, err, errlen)) != QD_OK))
         goto done;
-    qd_model_release(m, m->output);
+    if (!as_stored)
+        qd_model_release(m, m->output);
     if ((st = nn_bind(nn, norm, n_embd, QD_NN_VECTOR, "the output norm", err, errlen)) != QD_OK ||
-        (st = nn_bind(nn, out, n_vocab * n_embd, QD_NN_MATRIX, "the output projection", err, errlen)) != QD_OK ||
+        (st = nn_bind_from(nn, out, n_vocab * n_embd, QD_NN_MATRIX, as_stored ? (const void *)m->output->data : (const void *)out,
+                           gt == QD_GGML_F16 && as_stored ? QD_F16 : gt == QD_GGML_BF16 && as_stored ? QD_BF16 : QD_F32,
+                           "the output projection", err, errlen)) != QD_OK ||
         (st = nn_bind(nn, bias, n_vocab, QD_NN_VECTOR, "the output bias", err, errlen)) != QD_OK)
         goto done;
     stats->read_seconds += now_s() - t0;
@@ -201,6 +210,8 @@ static enum qd_status run_head(struct qd_model *m, float *hidden, int hidden_hos
 done:
     nn_sync(nn);
     nn_unbind(nn, norm), nn_unbind(nn, out), nn_unbind(nn, bias);
+    if (as_stored) /* (read until here) */
+        qd_model_release(m, m->output);
     free(norm), free(bias), free(out), free(host_logits);
     if (cur)
         nn_release(nn, cur);

@@ -86,8 +86,8 @@ static const uint64_t vector_roles =
     V(QD_W_FFN_EXP_PROBS_B);
 #undef V
 
-static enum qd_status bind_block(const struct qd_model *m, const struct qd_nn_backend *nn,
-                                 const struct qd_model_block *b, char *err, size_t errlen)
+static enum qd_status bind_block(const struct qd_nn_backend *nn, const struct qd_model_block *b, char *err,
+                                 size_t errlen)
 {
     for (int i = 0; i < QD_W_COUNT; i++) {
         const struct qd_model_tensor *w = &b->w[i];
@@ -241,16 +241,17 @@ static void *loader_main(void *arg)
     const double t0 = now_s();
     l->st = qd_model_block_load(l->m, l->layer, l->b, l->err, sizeof l->err);
     if (l->st == QD_OK)
-        l->st = bind_block(l->m, l->nn, l->b, l->err, sizeof l->err);
+        l->st = bind_block(l->nn, l->b, l->err, sizeof l->err);
     l->seconds = now_s() - t0;
     return NULL;
 }
 
-static void loader_start(struct loader *l, int layer, struct qd_model_block *b)
+/* On its own thread when `behind` (the ops of the block before still to run), else here and now */
+static void loader_start(struct loader *l, int layer, struct qd_model_block *b, int behind)
 {
     l->layer = layer, l->b = b, l->st = QD_OK, l->err[0] = 0;
-    l->running = pthread_create(&l->thread, NULL, loader_main, l) == 0;
-    if (!l->running) /* no thread: here and now */
+    l->running = behind && pthread_create(&l->thread, NULL, loader_main, l) == 0;
+    if (!l->running)
         loader_main(l);
 }
 
@@ -386,7 +387,7 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
     struct qd_block_scratch s;
     qd_block_scratch_init(&s, scratch, hp, group * T);
     if (hp->n_layer > 0) {
-        loader_start(&loader, 0, &blocks[0]);
+        loader_start(&loader, 0, &blocks[0], 0);
         if ((st = loader_wait(&loader, stats, err, errlen)) != QD_OK)
             goto done;
     }
@@ -396,12 +397,12 @@ enum qd_status qd_engine_run(struct qd_model *m, const int32_t *tokens, int n_ch
         if (!prefetch && layer > 0) { /* one block's buffers, the last block's ops done with them */
             nn_sync(nn);
             unbind_block(m, nn, block);
-            loader_start(&loader, layer, block);
+            loader_start(&loader, layer, block, 0);
             if ((st = loader_wait(&loader, stats, err, errlen)) != QD_OK)
                 goto done;
         }
         if (prefetch && layer + 1 < hp->n_layer)
-            loader_start(&loader, layer + 1, next);
+            loader_start(&loader, layer + 1, next, 1);
         for (int c0 = 0; c0 < n_chunks; c0 += group) {
             if (stopped(h)) {
                 snprintf(err, errlen, "cancelled");

@@ -114,6 +114,11 @@ void qd_nn_moe_sum(float *out, const float *experts, const float *weights, int64
 /* y[t][i] *= sigmoid(g[t]), the sigmoid taken as silu(g) / g (qwen2moe's shared-expert gate,
  * as llama.cpp computes it); y [T][n], g [T]. */
 void qd_nn_sigmoid_gate(float *y, const float *g, int64_t T, int64_t n);
+/* The rows an expert runs on, moved as they are: dst[i] = src[rows[i] / div] (gather: the
+ * tokens routed to it, rows being token x n_used + slot), and dst[rows[i]] = src[i] (scatter:
+ * its outputs to their slots); rows of n values, i < count. */
+void qd_nn_gather_rows(float *dst, const float *src, const int32_t *rows, int64_t count, int64_t n, int64_t div);
+void qd_nn_scatter_rows(float *dst, const float *src, const int32_t *rows, int64_t count, int64_t n);
 
 /* x[i] rounded to dtype (QD_F16 or QD_BF16, nearest even as ggml converts) and back: what a KV
  * cache of that type holds. QD_F32 leaves x as it is. */
@@ -177,6 +182,8 @@ struct qd_nn_backend {
                       const struct qd_nn_moe_gating *g);
     void (*moe_sum)(float *out, const float *experts, const float *weights, int64_t T, int n_used, int64_t n);
     void (*sigmoid_gate)(float *y, const float *g, int64_t T, int64_t n);
+    void (*gather_rows)(float *dst, const float *src, const int32_t *rows, int64_t count, int64_t n, int64_t div);
+    void (*scatter_rows)(float *dst, const float *src, const int32_t *rows, int64_t count, int64_t n);
 };
 
 extern const struct qd_nn_backend qd_nn_cpu;

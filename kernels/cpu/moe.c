@@ -4,6 +4,7 @@
  * clamp, div, scale, mul, add). */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../nn.h"
 
@@ -130,4 +131,16 @@ void qd_nn_sigmoid_gate(float *y, const float *g, int64_t T, int64_t n)
         for (int64_t i = 0; i < n; i++)
             y[t * n + i] *= gate;
     }
+}
+
+void qd_nn_gather_rows(float *dst, const float *src, const int32_t *rows, int64_t count, int64_t n, int64_t div)
+{
+    for (int64_t i = 0; i < count; i++)
+        memcpy(dst + i * n, src + rows[i] / div * n, (size_t)n * sizeof *dst);
+}
+
+void qd_nn_scatter_rows(float *dst, const float *src, const int32_t *rows, int64_t count, int64_t n)
+{
+    for (int64_t i = 0; i < count; i++)
+        memcpy(dst + (int64_t)rows[i] * n, src + i * n, (size_t)n * sizeof *dst);
 }

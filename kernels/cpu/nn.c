@@ -705,4 +705,6 @@ const struct qd_nn_backend qd_nn_cpu = {
     .moe_route = qd_nn_moe_route,
     .moe_sum = qd_nn_moe_sum,
     .sigmoid_gate = qd_nn_sigmoid_gate,
+    .gather_rows = qd_nn_gather_rows,
+    .scatter_rows = qd_nn_scatter_rows,
 };

@@ -639,8 +639,10 @@ static enum qd_status nn_attention(float *out, const float *q, const float *k, c
     return QD_OK;
 }
 
-/* ---- the mixture of experts' routing and sum: the CPU's, on managed memory ------------------- */
+/* ---- the mixture of experts ------------------------------------------------------------------ */
 
+/* The routing on the CPU, over managed memory: the router's logits are T x n_expert, small, and
+ * the choice's order of comparisons is the CPU's own. */
 static void nn_moe_route(int32_t *ids, float *weights, float *logits, int64_t T, int n_expert, int n_used,
                          const struct qd_nn_moe_gating *g)
 {
@@ -648,10 +650,45 @@ static void nn_moe_route(int32_t *ids, float *weights, float *logits, int64_t T,
     qd_nn_moe_route(ids, weights, logits, T, n_expert, n_used, g); /* (g->bias: the host's copy) */
 }
 
+/* the CPU's sum: each product rounded to f32, added in slot order (no contraction: --fmad=false) */
+__global__ void k_moe_sum(float *out, const float *experts, const float *weights, int64_t T, int n_used, int64_t n)
+{
+    GRID_STRIDE(i, T * n)
+    {
+        const int64_t t = i / n, c = i % n;
+        const float *e = experts + t * n_used * n + c, *w = weights + t * n_used;
+        float y = e[0] * w[0];
+        for (int j = 1; j < n_used; j++) {
+            const float product = e[(int64_t)j * n] * w[j];
+            y = y + product;
+        }
+        out[i] = y;
+    }
+}
+
 static void nn_moe_sum(float *out, const float *experts, const float *weights, int64_t T, int n_used, int64_t n)
 {
-    nn_sync();
-    qd_nn_moe_sum(out, experts, weights, T, n_used, n);
+    LAUNCH(k_moe_sum, T * n, out, experts, weights, T, n_used, n);
+}
+
+__global__ void k_gather_rows(float *dst, const float *src, const int32_t *rows, int64_t count, int64_t n, int64_t div)
+{
+    GRID_STRIDE(i, count * n) dst[i] = src[(int64_t)rows[i / n] / div * n + i % n];
+}
+
+__global__ void k_scatter_rows(float *dst, const float *src, const int32_t *rows, int64_t count, int64_t n)
+{
+    GRID_STRIDE(i, count * n) dst[(int64_t)rows[i / n] * n + i % n] = src[i];
+}
+
+static void nn_gather_rows(float *dst, const float *src, const int32_t *rows, int64_t count, int64_t n, int64_t div)
+{
+    LAUNCH(k_gather_rows, count * n, dst, src, rows, count, n, div);
+}
+
+static void nn_scatter_rows(float *dst, const float *src, const int32_t *rows, int64_t count, int64_t n)
+{
+    LAUNCH(k_scatter_rows, count * n, dst, src, rows, count, n);
 }
 
 /* ---- the non-finite check ------------------------------------------------------------------- */
@@ -707,7 +744,7 @@ extern "C" const struct qd_nn_backend qd_nn_cuda = {
     /* .name */ "cuda",
     nn_alloc, nn_free, nn_sync, nn_bind, nn_unbind, nn_first_nonfinite, nn_peak, nn_to_host, nn_add_squares, nn_error,
     nn_matmul, nn_add_row, nn_add, nn_scale, nn_softcap, nn_rms_norm, nn_layer_norm, nn_rope, nn_attention, nn_glu,
-    nn_round, nn_moe_route, nn_moe_sum, nn_sigmoid_gate,
+    nn_round, nn_moe_route, nn_moe_sum, nn_sigmoid_gate, nn_gather_rows, nn_scatter_rows,
 };
 
 /* The limit asked for (0: none), kept below what the card has free besides what this file already

@@ -48,25 +48,14 @@ static void expert_linear(struct qd_block_run *r, float *out, const float *x, in
     r->nn->matmul(out, x, w->data + (int64_t)expert * w->rows * w->cols, n, w->cols, w->rows);
 }
 
-/* Expert e on the tokens routed to it: their activations gathered, the expert's FFN, each
- * output stored in its token's slot. */
-static void run_expert(struct qd_block_run *r, int e)
+/* Expert e on its n rows (token x n_used + slot, from the routing): their activations
+ * gathered, the expert's FFN, each output moved to its token's slot; on the backend's memory. */
+static void run_expert(struct qd_block_run *r, int e, const int32_t *rows, int64_t n)
 {
     const struct qd_model_hparams *hp = &r->m->hp;
     struct qd_block_scratch *s = r->s;
-    const int64_t n_embd = hp->n_embd, used = hp->n_expert_used, n_ff = r->b->w[QD_W_FFN_UP_EXPS].rows;
-    int64_t n = 0;
-    qd_graph_sync(r); /* the routing's ids and the activations, read here */
-    for (int64_t t = 0; t < r->T; t++)
-        for (int64_t j = 0; j < used; j++)
-            if (s->expert_ids[t * used + j] == e) {
-                s->expert_rows[n] = (int32_t)(t * used + j);
-                for (int64_t i = 0; i < n_embd; i++)
-                    s->expert_x[n * n_embd + i] = s->cur[t * n_embd + i];
-                n++;
-            }
-    if (!n)
-        return;
+    const int64_t n_embd = hp->n_embd, n_ff = r->b->w[QD_W_FFN_UP_EXPS].rows;
+    r->nn->gather_rows(s->expert_x, s->cur, rows, n, n_embd, hp->n_expert_used);
     expert_linear(r, s->up, s->expert_x, n, QD_W_FFN_UP_EXPS, e);
     if (r->b->w[QD_W_FFN_GATE_EXPS].data) {
         expert_linear(r, s->gate, s->expert_x, n, QD_W_FFN_GATE_EXPS, e);
@@ -80,12 +69,7 @@ static void run_expert(struct qd_block_run *r, int e)
         r->nn->glu(s->gate, s->gate, s->up, n * n_ff, r->m->arch->act);
     }
     expert_linear(r, s->expert_y, s->gate, n, QD_W_FFN_DOWN_EXPS, e);
-    qd_graph_sync(r);
-    for (int64_t i = 0; i < n; i++) {
-        float *slot = s->expert_out + (int64_t)s->expert_rows[i] * n_embd;
-        for (int64_t c = 0; c < n_embd; c++)
-            slot[c] = s->expert_y[i * n_embd + c];
-    }
+    r->nn->scatter_rows(s->expert_out, s->expert_y, rows, n, n_embd);
 }
 
 /* The shared expert (qwen2moe: gated by sigmoid(gate_inp_shexp . x)), added to r->s->proj */
@@ -114,8 +98,21 @@ void qd_graph_moe(struct qd_block_run *r)
     if (r->b->w[QD_W_FFN_EXP_PROBS_B].data)
         gating.bias = r->b->w[QD_W_FFN_EXP_PROBS_B].data;
     r->nn->moe_route(s->expert_ids, s->expert_w, s->router, r->T, hp->n_expert, hp->n_expert_used, &gating);
+    /* every expert's rows listed first (the host reads the ids once), each expert's in a range
+     * of its own: the experts then run one after another with no wait between them */
+    int64_t start[QD_NN_MAX_EXPERTS + 1], n = 0;
+    const int64_t slots = r->T * hp->n_expert_used;
+    qd_graph_sync(r);
+    for (int e = 0; e < hp->n_expert; e++) {
+        start[e] = n;
+        for (int64_t i = 0; i < slots; i++)
+            if (s->expert_ids[i] == e)
+                s->expert_rows[n++] = (int32_t)i;
+    }
+    start[hp->n_expert] = n;
     for (int e = 0; e < hp->n_expert; e++)
-        run_expert(r, e);
+        if (start[e + 1] > start[e])
+            run_expert(r, e, s->expert_rows + start[e], start[e + 1] - start[e]);
     r->nn->moe_sum(s->proj, s->expert_out, s->expert_w, r->T, hp->n_expert_used, hp->n_embd);
     if (r->b->w[QD_W_FFN_UP_SHEXP].data)
         shared_expert(r);

@@ -21,7 +21,7 @@ static int64_t ffn_width(const struct qd_model_hparams *hp)
 static int64_t moe_floats(const struct qd_model_hparams *hp, int64_t T)
 {
     const int64_t k = hp->n_expert_used;
-    return hp->n_expert ? T * (hp->n_expert + 2 * k + 1 + 2 * hp->n_embd + k * hp->n_embd) : 0;
+    return hp->n_expert ? T * (hp->n_expert + 3 * k + 2 * hp->n_embd + k * hp->n_embd) : 0;
 }
 
 int64_t qd_block_scratch_floats(const struct qd_model_hparams *hp, int64_t T)
@@ -54,7 +54,7 @@ void qd_block_scratch_init(struct qd_block_scratch *s, float *buf, const struct 
     s->expert_w = s->router + T * hp->n_expert;
     s->expert_ids = (int32_t *)(s->expert_w + T * used); /* int32 and float are both 4 bytes */
     s->expert_rows = s->expert_ids + T * used;
-    s->expert_x = (float *)(s->expert_rows + T);
+    s->expert_x = (float *)(s->expert_rows + T * used);
     s->expert_y = s->expert_x + T * hp->n_embd;
     s->expert_out = s->expert_y + T * hp->n_embd;
 }

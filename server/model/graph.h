@@ -34,7 +34,8 @@ struct qd_block_scratch {
     float *router;        /* [T][n_expert]: the router's logits, then probabilities */
     float *expert_w;      /* [T][n_expert_used] */
     int32_t *expert_ids;  /* [T][n_expert_used] */
-    int32_t *expert_rows; /* [T]: the tokens routed to one expert */
+    int32_t *expert_rows; /* [T][n_expert_used]: the rows routed to each expert, expert after
+                             expert (token x n_expert_used + slot) */
     float *expert_x;      /* [T][n_embd]: their activations */
     float *expert_y;      /* [T][n_embd]: one expert's outputs */
     float *expert_out;    /* [T][n_expert_used][n_embd]: each token's experts' outputs, by slot */

@@ -196,7 +196,7 @@ static const struct qd_nn_backend emu_backend = {
     .matmul = emu_matmul, .add_row = emu_add_row, .add = qd_nn_add, .scale = qd_nn_scale, .softcap = qd_nn_softcap,
     .rms_norm = emu_rms_norm, .layer_norm = emu_layer_norm, .rope = emu_rope, .attention = qd_nn_attention,
     .glu = qd_nn_glu, .round = qd_nn_round, .moe_route = qd_nn_moe_route, .moe_sum = qd_nn_moe_sum,
-    .sigmoid_gate = qd_nn_sigmoid_gate,
+    .sigmoid_gate = qd_nn_sigmoid_gate, .gather_rows = qd_nn_gather_rows, .scatter_rows = qd_nn_scatter_rows,
 };
 
 /* A fresh emulated device with `limit` bytes (0: none). */

@@ -3,7 +3,7 @@
 divergence) against the pass's bound and against llama.cpp's tools. Not run in CI.
 
 usage: bench_model.py --mode gpu WORKDIR [--size 8b|1b|300m|tiny] [-c 512] [--chunks 100] [--cap 4GiB]
-                      [--repeat 3] [--llama-repeat 1] [--json OUT]
+                      [--repeat 3] [--llama-repeat 1] [--warm-up 1] [--only all|quantd|llama] [--json OUT]
        bench_model.py --mode cpu WORKDIR --model GGUF [--text FILE] [-c 512] [--chunks 10]
                       [--repeat 3] [--json OUT]
 
@@ -32,9 +32,11 @@ cpu: on 2 cores (taskset -c 0,1; -t 2 for every tool): quantd imatrix and quantd
      tests/fixtures/model/text.txt repeated to chunks x c tokens of the model's vocabulary) and
      model (SmolLM2-135M-Instruct F16 is the intended one: make bench-model BENCH_MODEL_MODE=cpu
      makes it), -c and --chunks; the page cache warmed by a `cat` of the model first.
-Every figure is the median of --repeat runs (quantd on the GPU after one warm-up run: the CUDA
-context's first start; llama.cpp's tools --llama-repeat runs, no warm-up), printed and written to
---json (default WORKDIR/bench-model.json) with the command that made it."""
+Every figure is the median of --repeat runs (quantd on the GPU after --warm-up untimed runs,
+default 1: the CUDA context's first start; llama.cpp's tools --llama-repeat runs, no warm-up),
+printed and written to --json (default WORKDIR/bench-model.json) with the command that made it.
+--only quantd / --only llama runs one side's rows (the bound's rows always): the two halves of one
+comparison on a machine held for a short time."""
 import argparse
 import json
 import os
@@ -83,19 +85,20 @@ def run_once(cmd):
     return time.perf_counter() - t, p
 
 
-def timed(rows, name, cmd, repeat, warm_up=False):
-    """Runs cmd (warm-up, then `repeat` times): a row with the median wall seconds, each run's,
-    and quantd's JSON summary line when it prints one; a failed run gives a row with its error."""
-    row = {"case": name, "command": shown(cmd)}
+def timed(rows, name, cmd, repeat, warm_up=0):
+    """Runs cmd (warm_up untimed runs, then `repeat` times): a row with the median wall seconds,
+    each run's, and quantd's JSON summary line when it prints one; a failed run gives a row with
+    its error."""
+    row = {"case": name, "command": shown(cmd), "warm_up_runs": int(warm_up)}
     walls = []
-    for i in range(repeat + bool(warm_up)):
+    for i in range(repeat + int(warm_up)):
         wall, p = run_once(cmd)
         if p.returncode:
             row["error"] = f"exit {p.returncode}: {(p.stderr.strip() or p.stdout.strip())[-1500:]}"
             print(f"# {name}: FAILED ({row['error'][-300:]})", flush=True)
             rows.append(row)
             return row
-        if i or not warm_up:
+        if i >= int(warm_up):
             walls.append(wall)
     last = (p.stdout.strip().splitlines() or [""])[-1]
     if last.startswith("{"):
@@ -191,7 +194,7 @@ def gpu_mode(a, rows, info):
     info.update(model=model, model_bytes=os.path.getsize(model), size=a.size, tokens=n, matrix_params=params,
                 flops=flops, tokens_file=ids)
     cat = timed(rows, "cat model > /dev/null (page cache warm)", ["sh", "-c", f"cat '{model}' > /dev/null"],
-                a.repeat, warm_up=True)
+                a.repeat, warm_up=1)
     rate = gemm_rate(rows)
     bound = max(cat["seconds"], flops / rate) if rate else cat["seconds"]
     info["bound"] = {"seconds": bound, "cat_seconds": cat["seconds"], "flops": flops, "gemm_flops_per_s": rate,
@@ -206,7 +209,7 @@ def gpu_mode(a, rows, info):
              [*common, "--kl-divergence-base", base]),
             ("perplexity", "quantd perplexity --kl-divergence", [*common, "--kl-divergence-base", base,
                                                                  "--kl-divergence"]))
-    for cap in (None, a.cap):
+    for cap in (None, a.cap) if a.only != "llama" else ():
         extra = ["--backend", "cuda"] + (["--max-device-bytes", a.cap] if cap else [])
         for sub, name, args in runs:
             label = f"{name} (cuda{', --max-device-bytes ' + cap if cap else ''})"
@@ -215,7 +218,7 @@ def gpu_mode(a, rows, info):
             if miss:
                 noted(rows, label, cmd, "flag missing: " + ", ".join(miss))
                 continue
-            row = timed(rows, label, cmd, a.repeat, warm_up=True)
+            row = timed(rows, label, cmd, a.repeat, warm_up=a.warm_up)
             if "seconds" in row:
                 row["vs_bound"] = row["seconds"] / bound
     why = llama_cuda(a.llama_bin)
@@ -230,6 +233,8 @@ def gpu_mode(a, rows, info):
              ("llama-perplexity --kl-divergence -ngl 99",
               [tool("llama-perplexity"), "-m", model, "-c", a.ctx, "--chunks", a.chunks, "-ngl", "99",
                "--kl-divergence-base", lbase, "--kl-divergence"]))
+    if a.only == "quantd":
+        why = "left out (--only quantd)"
     if why:
         for name, cmd in lruns:
             noted(rows, name, cmd, why)
@@ -304,6 +309,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--llama-repeat", type=int, help="llama.cpp's runs (default 1 on the GPU, --repeat on the CPU)")
     ap.add_argument("--keep", action="store_true", help="keep the outputs and base-logits files")
+    ap.add_argument("--only", default="all", choices=["all", "quantd", "llama"], help="gpu: which tools run")
+    ap.add_argument("--warm-up", type=int, default=1, help="gpu: quantd's untimed runs before each timed set")
     ap.add_argument("--json")
     a = ap.parse_args()
     a.chunks = a.chunks or (100 if a.mode == "gpu" else 10)

@@ -26,6 +26,8 @@
 
 #define NN_PIECE_BYTES ((size_t)64 << 20) /* staging, bf16 activations, attention scores: each */
 #define NN_SUMS_BYTES ((size_t)4 << 20)   /* an importance row: up to 1 M columns */
+#define NN_PIN_BYTES ((size_t)32 << 20)   /* each of the two pinned buffers weights go through */
+#define NN_COPY_THREADS 8                 /* the host threads that fill one */
 
 struct binding {
     const float *host;
@@ -50,6 +52,8 @@ static struct {
     struct owned *own;
     int n_own, cap_own;
     float *staging;           /* f32 pieces of a matrix on their way to bf16 (the upload stream's) */
+    void *pinned[2];          /* host pieces of a weight on their way to the device */
+    cudaEvent_t pinned_free[2]; /* each pinned buffer's last copy done */
     float *sums;              /* the importance sums' row (add_squares) */
     __nv_bfloat16 *xbuf;      /* a matmul's activations in bf16, a piece of rows at a time */
     float *scores;            /* attention scores of some heads x some query rows */
@@ -272,10 +276,80 @@ __global__ void k_f16_to_bf16(__nv_bfloat16 *y, const uint16_t *x, int64_t n)
         y[i] = __float2bfloat16_rn(qd_f16_to_f32(x[i]));
 }
 
+/* A piece of the file's bytes into pinned memory, by NN_COPY_THREADS threads: a memcpy from the
+ * mapped file (page faults included) runs at a few GB/s a thread, the copy to the device at
+ * some 50 GB/s from pinned memory; a copy from pageable memory would be one thread's speed. */
+struct copy_part {
+    char *dst;
+    const char *src;
+    size_t bytes;
+};
+
+static void *copy_part_main(void *arg)
+{
+    const struct copy_part *c = (const struct copy_part *)arg;
+    memcpy(c->dst, c->src, c->bytes);
+    return NULL;
+}
+
+static void copy_parallel(void *dst, const void *src, size_t bytes)
+{
+    struct copy_part part[NN_COPY_THREADS];
+    pthread_t th[NN_COPY_THREADS];
+    int started[NN_COPY_THREADS] = {0};
+    const size_t each = (bytes / NN_COPY_THREADS + 4095) / 4096 * 4096;
+    for (int i = 0; i < NN_COPY_THREADS; i++) {
+        const size_t at = (size_t)i * each < bytes ? (size_t)i * each : bytes;
+        part[i] = (struct copy_part){(char *)dst + at, (const char *)src + at, bytes - at < each ? bytes - at : each};
+        if (i > 0 && part[i].bytes)
+            started[i] = pthread_create(&th[i], NULL, copy_part_main, &part[i]) == 0;
+    }
+    copy_part_main(&part[0]);
+    for (int i = 1; i < NN_COPY_THREADS; i++)
+        if (started[i])
+            pthread_join(th[i], NULL);
+        else if (part[i].bytes) /* no thread: here */
+            copy_part_main(&part[i]);
+}
+
+/* A weight's n values of dtype at host address src into dev (a vector: f32 as it is; a matrix:
+ * bf16, rounded on the device from f16 or f32 through the staging buffer), on the upload stream,
+ * through the two pinned buffers in turn; done when this returns. */
+static cudaError_t upload(void *dev, const void *src, int64_t n, enum qd_nn_weight_kind kind, enum qd_dtype dtype)
+{
+    const size_t elem = dtype == QD_F32 ? 4 : 2;
+    const int direct = kind == QD_NN_VECTOR || dtype == QD_BF16; /* the bytes are the device's form */
+    const int64_t piece = (int64_t)((direct ? NN_PIN_BYTES : (NN_PIN_BYTES < NN_PIECE_BYTES ? NN_PIN_BYTES
+                                                                                            : NN_PIECE_BYTES)) / elem);
+    cudaError_t e = cudaSuccess;
+    for (int64_t at = 0, k = 0; e == cudaSuccess && at < n; at += piece, k++) {
+        const int64_t m = n - at < piece ? n - at : piece;
+        const size_t bytes = (size_t)m * elem;
+        void *pin = nn.pinned[k % 2];
+        if ((e = cudaEventSynchronize(nn.pinned_free[k % 2])) != cudaSuccess)
+            break;
+        copy_parallel(pin, (const char *)src + at * elem, bytes);
+        if ((e = cudaMemcpyAsync(direct ? (char *)dev + at * elem : (char *)nn.staging, pin, bytes,
+                                 cudaMemcpyHostToDevice, nn.upload)) != cudaSuccess ||
+            (e = cudaEventRecord(nn.pinned_free[k % 2], nn.upload)) != cudaSuccess)
+            break;
+        if (direct)
+            continue;
+        if (dtype == QD_F16)
+            k_f16_to_bf16<<<grid_for(m, 256), 256, 0, nn.upload>>>((__nv_bfloat16 *)dev + at,
+                                                                   (const uint16_t *)nn.staging, m);
+        else
+            k_to_bf16<<<grid_for(m, 256), 256, 0, nn.upload>>>((__nv_bfloat16 *)dev + at, nn.staging, m);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(nn.upload);
+    return e;
+}
+
 /* Called from the engine's loading thread while the ops of the block before run: the copy
- * goes on the upload stream and is finished when this returns; the table is locked only to
- * change it. One bind at a time (the staging buffer is the upload stream's). A bf16 matrix is
- * copied as it is; f32 and f16 ones through the staging buffer, rounded to bf16 there. */
+ * (upload) goes on the upload stream and is finished when this returns; the table is locked only
+ * to change it. One bind at a time: the pinned and staging buffers are the upload's. */
 static enum qd_status nn_bind(const float *host, int64_t n, enum qd_nn_weight_kind kind, const void *src,
                               enum qd_dtype dtype)
 {
@@ -295,28 +369,7 @@ static enum qd_status nn_bind(const float *host, int64_t n, enum qd_nn_weight_ki
             nn_free(dev);
         return QD_ENOMEM;
     }
-    cudaError_t e = cudaSuccess;
-    if (kind == QD_NN_VECTOR || dtype == QD_BF16)
-        e = cudaMemcpyAsync(dev, src, bytes, cudaMemcpyHostToDevice, nn.upload);
-    else {
-        const size_t elem = dtype == QD_F16 ? 2 : 4;
-        const int64_t piece = (int64_t)(NN_PIECE_BYTES / elem);
-        for (int64_t at = 0; e == cudaSuccess && at < n; at += piece) {
-            const int64_t m = n - at < piece ? n - at : piece;
-            e = cudaMemcpyAsync(nn.staging, (const char *)src + at * elem, (size_t)m * elem, cudaMemcpyHostToDevice,
-                                nn.upload);
-            if (e != cudaSuccess)
-                break;
-            if (dtype == QD_F16)
-                k_f16_to_bf16<<<grid_for(m, 256), 256, 0, nn.upload>>>((__nv_bfloat16 *)dev + at,
-                                                                       (const uint16_t *)nn.staging, m);
-            else
-                k_to_bf16<<<grid_for(m, 256), 256, 0, nn.upload>>>((__nv_bfloat16 *)dev + at, nn.staging, m);
-            e = cudaGetLastError();
-        }
-    }
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(nn.upload);
+    const cudaError_t e = upload(dev, src, n, kind, dtype);
     pthread_mutex_lock(&nn_lock);
     if (e != cudaSuccess) {
         fail("weight upload", e);
@@ -781,6 +834,13 @@ extern "C" enum qd_status qd_nn_cuda_open(int device, size_t limit, char *err, s
     }
     if (blas_open(err, errlen))
         return QD_EDEVICE;
+    for (int i = 0; i < 2; i++)
+        if ((e = cudaHostAlloc(&nn.pinned[i], NN_PIN_BYTES, cudaHostAllocDefault)) != cudaSuccess ||
+            (e = cudaEventCreateWithFlags(&nn.pinned_free[i], cudaEventDisableTiming)) != cudaSuccess) {
+            snprintf(err, errlen, "CUDA device %d: pinned host memory for the weights' copies: %s", device,
+                     cudaGetErrorString(e));
+            return QD_EDEVICE;
+        }
     if (blas.create(&nn.blas) != CUBLAS_STATUS_SUCCESS || blas.set_stream(nn.blas, nn.stream) != CUBLAS_STATUS_SUCCESS) {
         snprintf(err, errlen, "cuBLAS could not start on CUDA device %d", device);
         return QD_EDEVICE;

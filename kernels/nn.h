@@ -161,8 +161,9 @@ struct qd_nn_backend {
     size_t (*peak_bytes)(void);          /* the most of its own memory held so far (NULL: none) */
     /* bytes of the backend's memory at src copied into host memory at dst (NULL: the host's own) */
     void (*to_host)(void *dst, const void *src, size_t bytes);
-    /* acc [K] (host memory) += x[t][j]^2 for the rows t in order, in f32: the importance
-     * matrix's sums (llama-imatrix's order), without the rows leaving the backend */
+    /* acc [K] (host memory) += x[t][j]^2 over the rows, in f32: the importance matrix's sums,
+     * without the rows leaving the backend (the CPU row by row, llama-imatrix's order; a device
+     * may add parts of the rows side by side first) */
     void (*add_squares)(float *acc, const float *x, int64_t T, int64_t K);
     const char *(*error)(void);          /* NULL, or what failed (the ops return nothing: a device
                                             backend keeps its first failure; NULL op: never fails) */
